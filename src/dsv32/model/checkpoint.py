@@ -1,0 +1,187 @@
+"""Checkpoints in Hugging Face format: ``config.json`` + safetensors under the weight names that
+transformers' ``DeepseekV32ForCausalLM.save_pretrained`` writes (= the hub checkpoint's names).
+
+- Sharded checkpoints (``model.safetensors.index.json``) load shard by shard.
+- FP8 (e4m3) weights with 128×128 ``weight_scale_inv`` blocks (the hub's format) are dequantized:
+  ``w[i, j] = q[i, j] · scale_inv[i // 128, j // 128]``.
+- Multi-token-prediction layers (index ≥ ``num_hidden_layers``) are skipped with a log line.
+- ``e_score_correction_bias`` and the indexer's ``weights_proj`` stay fp32 whatever ``dtype`` is,
+  as in the released model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from dsv32.model.config import ModelConfig
+
+if TYPE_CHECKING:
+    from dsv32.model.transformer import DeepseekV32
+
+log = logging.getLogger(__name__)
+
+FP8_BLOCK = 128
+INDEX_FILE = "model.safetensors.index.json"
+_FP32_KEYS = ("e_score_correction_bias", "indexer.weights_proj.weight")
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
+# Checkpoints store experts one by one; the model stacks them (see RoutedExperts).
+_EXPERT_RE = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_STACKED_RE = re.compile(r"^(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
+
+
+def dequantize_fp8_blocks(
+    weight: torch.Tensor, scale_inv: torch.Tensor, block: int = FP8_BLOCK
+) -> torch.Tensor:
+    """``weight`` ``[N, M]`` (float8_e4m3fn) and ``scale_inv`` ``[ceil(N/b), ceil(M/b)]`` → fp32."""
+    N, M = weight.shape
+    scale = scale_inv.float().repeat_interleave(block, 0)[:N].repeat_interleave(block, 1)[:, :M]
+    return weight.float() * scale
+
+
+def quantize_fp8_blocks(weight: torch.Tensor, block: int = FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`dequantize_fp8_blocks`: per 128×128 block, scale so that the block's max
+    magnitude maps to e4m3's max (448). Returns ``(weight_fp8, scale_inv)``."""
+    N, M = weight.shape
+    nb, mb = -(-N // block), -(-M // block)
+    padded = weight.float().new_zeros(nb * block, mb * block)
+    padded[:N, :M] = weight.float()
+    blocks = padded.view(nb, block, mb, block)
+    amax = blocks.abs().amax(dim=(1, 3)).clamp_min(1e-12)
+    scale_inv = amax / torch.finfo(torch.float8_e4m3fn).max
+    q = (blocks / scale_inv[:, None, :, None]).view(nb * block, mb * block)[:N, :M]
+    return q.to(torch.float8_e4m3fn), scale_inv
+
+
+def _shard_files(path: Path) -> list[Path]:
+    index = path / INDEX_FILE
+    if index.is_file():
+        with open(index, encoding="utf-8") as f:
+            return [path / name for name in sorted(set(json.load(f)["weight_map"].values()))]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors (nor {INDEX_FILE}) in {path}")
+    return files
+
+
+def iter_checkpoint_tensors(path: str | Path, config: ModelConfig, dtype: torch.dtype):
+    """Yield ``(name, tensor)`` for the model's weights: FP8 dequantized, MTP layers skipped,
+    cast to ``dtype`` (fp32 for the keys the released model keeps in fp32)."""
+    path = Path(path)
+    skipped_mtp = 0
+    for file in _shard_files(path):
+        with safe_open(str(file), framework="pt") as f:
+            names = set(f.keys())
+            for name in sorted(names):
+                if name.endswith("_scale_inv"):
+                    continue
+                m = _LAYER_RE.match(name)
+                if m and int(m.group(1)) >= config.num_hidden_layers:
+                    skipped_mtp += 1
+                    continue
+                tensor = f.get_tensor(name)
+                if tensor.dtype == torch.float8_e4m3fn:
+                    scale_name = f"{name}_scale_inv"
+                    if scale_name not in names:
+                        raise ValueError(
+                            f"{file.name}: FP8 tensor {name} has no {scale_name} in the same shard"
+                        )
+                    tensor = dequantize_fp8_blocks(tensor, f.get_tensor(scale_name))
+                keep_fp32 = name.endswith(_FP32_KEYS)
+                yield name, tensor.to(torch.float32 if keep_fp32 else dtype)
+    if skipped_mtp:
+        log.info(
+            "skipped %d multi-token-prediction tensors (layers >= %d)", skipped_mtp, config.num_hidden_layers
+        )
+
+
+def load_pretrained(cls, path: str | Path, dtype: torch.dtype, device: str | torch.device) -> DeepseekV32:
+    config = ModelConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = cls(config)
+    shapes = {name: t.shape for name, t in model.state_dict().items()}
+    state: dict[str, torch.Tensor] = {}
+    experts_seen: dict[str, set[int]] = {}
+    for name, tensor in iter_checkpoint_tensors(path, config, dtype):
+        m = _EXPERT_RE.match(name)
+        if m and f"{m[1]}.{m[3]}" in shapes:
+            key, e = f"{m[1]}.{m[3]}", int(m[2])
+            if key not in state:
+                state[key] = torch.empty(shapes[key], dtype=dtype, device=device)
+            state[key][e] = tensor
+            experts_seen.setdefault(key, set()).add(e)
+        else:
+            state[name] = tensor.to(device)
+    expected = set(shapes)
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+        expected.discard("lm_head.weight")
+    missing = sorted(expected - state.keys())
+    missing += [
+        f"{key} (experts {sorted(set(range(shapes[key][0])) - seen)[:4]}…)"
+        for key, seen in experts_seen.items()
+        if len(seen) != shapes[key][0]
+    ]
+    unexpected = sorted(state.keys() - expected)
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {path} does not match its config: missing {missing[:8]}"
+            f"{'…' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
+        )
+    model.load_state_dict(state, assign=True, strict=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.eval()
+
+
+def checkpoint_state_dict(model: DeepseekV32) -> dict[str, torch.Tensor]:
+    """The model's tensors under checkpoint names (stacked experts split into ``experts.{e}.*``)."""
+    state = {}
+    for name, tensor in model.state_dict().items():
+        m = _STACKED_RE.match(name)
+        if m:
+            for e in range(tensor.shape[0]):
+                state[f"{m[1]}.{e}.{m[2]}.weight"] = tensor[e].detach().contiguous()
+        else:
+            state[name] = tensor.detach().contiguous()
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    return state
+
+
+def save_pretrained(model: DeepseekV32, path: str | Path, max_shard_size: int = 4 << 30) -> None:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / "config.json", "w", encoding="utf-8") as f:
+        json.dump(model.config.to_hf_dict(), f, indent=2)
+    state = checkpoint_state_dict(model)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name in sorted(state):
+        nbytes = state[name].numel() * state[name].element_size()
+        if shards[-1] and size + nbytes > max_shard_size:
+            shards.append({})
+            size = 0
+        shards[-1][name] = state[name]
+        size += nbytes
+    for stale in path.glob("model*.safetensors"):
+        stale.unlink()
+    (path / INDEX_FILE).unlink(missing_ok=True)
+    if len(shards) == 1:
+        save_file(shards[0], str(path / "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(path / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    with open(path / INDEX_FILE, "w", encoding="utf-8") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
