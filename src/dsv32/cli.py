@@ -23,11 +23,69 @@ def _add_model(sub: argparse._SubParsersAction) -> None:
 
     info.set_defaults(func=run_info)
 
+    demo = msub.add_parser("demo", help="tiny random V3.2: save, reload, generate, time sparse vs masked")
+    demo.add_argument("--out", default="runs/tiny-model", help="where to save the tiny checkpoint")
+    demo.add_argument("--prompt-len", type=int, default=1024)
+    demo.add_argument("--new-tokens", type=int, default=32)
+
+    def run_demo(args: argparse.Namespace) -> int:
+        from dsv32.engine.speed import run_tiny_demo
+
+        run_tiny_demo(args.out, args.prompt_len, args.new_tokens)
+        return 0
+
+    demo.set_defaults(func=run_demo)
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate from a checkpoint directory (HF format)")
+    p.add_argument("checkpoint")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="text (needs a tokenizer in the checkpoint directory)")
+    src.add_argument("--prompt-ids", help="comma-separated token ids")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    p.add_argument("--seed", type=int, default=0)
+
+    def run(args: argparse.Namespace) -> int:
+        import torch
+
+        from dsv32.engine import generate
+        from dsv32.model import DeepseekV32
+
+        model = DeepseekV32.from_pretrained(args.checkpoint, dtype=getattr(torch, args.dtype))
+        tokenizer = None
+        if args.prompt is not None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
+            ids = tokenizer(args.prompt, add_special_tokens=True)["input_ids"]
+        else:
+            ids = [int(t) for t in args.prompt_ids.split(",")]
+        out = generate(
+            model,
+            [ids],
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            generator=torch.Generator().manual_seed(args.seed),
+        )
+        new = out.tokens[0, : int(out.lengths[0])].tolist()
+        print(tokenizer.decode(new) if tokenizer is not None else ",".join(map(str, new)))
+        return 0
+
+    p.set_defaults(func=run)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dsv32", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_model(sub)
+    _add_generate(sub)
     return parser
 
 
