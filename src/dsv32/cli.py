@@ -6,6 +6,7 @@ Command groups are added by one ``_add_<group>`` function each; keep the work it
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     return int(args.func(args) or 0)
 
 
