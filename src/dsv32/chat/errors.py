@@ -1,0 +1,37 @@
+"""Typed errors of the chat protocol. Both are ``ValueError`` subclasses."""
+
+from __future__ import annotations
+
+
+class ConversationError(ValueError):
+    """A message list that cannot be encoded.
+
+    ``index`` is the position of the offending message in the full conversation (``context`` +
+    ``messages``), or ``None`` when the problem is not tied to one message.
+    """
+
+    def __init__(self, index: int | None, problem: str) -> None:
+        self.index = index
+        self.problem = problem
+        where = f"message {index}" if index is not None else "conversation"
+        super().__init__(f"{where}: {problem}")
+
+
+class ParseError(ValueError):
+    """A completion that is not one well-formed assistant turn.
+
+    ``position`` is the character offset in the completion text where parsing failed and
+    ``expected`` says what the parser was looking for there; ``found`` is a short excerpt of the text
+    at that position (empty at the end of the text).
+    """
+
+    def __init__(self, position: int, expected: str, found: str = "") -> None:
+        self.position = position
+        self.expected = expected
+        self.found = found
+        at = f"found {found!r}" if found else "found the end of the text"
+        super().__init__(f"at position {position}: expected {expected}, {at}")
+
+    def as_dict(self) -> dict[str, object]:
+        """A JSON-friendly record (what lenient parsing lists under ``problems``)."""
+        return {"position": self.position, "expected": self.expected, "message": str(self)}
