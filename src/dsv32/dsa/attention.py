@@ -10,15 +10,38 @@
 than K keys). Each layout has a readable *reference* (dense scores, masked to the selection — O(T·S),
 what transformers does) and a *sparse* path that gathers only the selected entries (O(T·K)), computed
 in query chunks to bound memory. Tests hold the sparse paths to the references.
+
+The sparse paths are plain PyTorch (gather with ``index_select`` on a contiguous row view + batched
+matmul), chunked so the gathered rows stay in cache and, without autograd, writing into reused
+buffers. A Triton/C++ ``kernels`` module can replace them behind the same signatures; none exists yet
+(no GPU in the sessions that built this). :func:`prefer_dense` holds the measured crossover below which
+the masked-dense path (identical results) is faster than the sparse one.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
-# Gathered entries per chunk (chunk_queries · K); bounds the chunk buffers to a few MB.
-_GATHER_BUDGET = 1 << 16
+# Gathered rows per chunk (chunk_queries · K): ~4 MB of fp32 MLA latents, so they stay in L3 between
+# the gather and the two matmuls. Tuned with `python benchmarks/attention.py --tune-attention`.
+GATHER_BUDGET = 1 << 11
+
+# Prefill crossover: below ``DENSE_CROSSOVER_RATIO · k`` keys the masked-dense path (dense attention
+# masked to the same top-k, identical results) is faster than gathering. Measured with
+# `python benchmarks/attention.py --crossover` (2-core AVX2 CPU, fp32, V3.2 dims at 16 heads).
+DENSE_CROSSOVER_RATIO = 4.0
+
+
+def prefer_dense(num_queries: int, num_keys: int, topk: int, crossover_ratio: float | None = None) -> bool:
+    """Whether a prefill of ``num_queries`` queries over ``num_keys`` keys with top-``topk`` selection
+    is faster masked-dense than sparse: ``num_keys < crossover_ratio · topk`` (default
+    :data:`DENSE_CROSSOVER_RATIO`). Decoding (one query) always gathers. Set the ratio to 0 to always
+    use the sparse path, or to ``float("inf")`` to always use the masked-dense one."""
+    ratio = DENSE_CROSSOVER_RATIO if crossover_ratio is None else crossover_ratio
+    return num_queries > 1 and num_keys < ratio * topk
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -74,15 +97,94 @@ def sparse_attention_reference(
     return torch.einsum("bhts,bshd->bthd", probs, vh.float()).to(q.dtype)
 
 
-def _gather_rows(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """``x`` ``[B, S, *F]``, ``indices`` ``[B, T, K]`` (-1 allowed) → ``[B, T, K, *F]``."""
-    B, S = x.shape[:2]
-    flat = indices.clamp_min(0) + torch.arange(B, device=x.device).view(B, 1, 1) * S
-    return x.reshape(B * S, *x.shape[2:]).index_select(0, flat.reshape(-1)).view(*indices.shape, *x.shape[2:])
-
-
 def _chunk(K: int, chunk_size: int | None) -> int:
-    return chunk_size or max(1, _GATHER_BUDGET // max(K, 1))
+    return chunk_size or max(1, GATHER_BUDGET // max(K, 1))
+
+
+def _needs_grad(*tensors: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _row_view(x: torch.Tensor, grad: bool) -> tuple[torch.Tensor, list[int]]:
+    """View ``x`` ``[d0, d1, ..., F]`` as rows: ``(rows [N, F], strides)`` with element
+    ``x[i0, i1, ...]`` at ``rows[i0 * strides[0] + i1 * strides[1] + ...]``, over ``x``'s own memory
+    when its rows are contiguous (cache slices, transposed heads), so nothing is copied."""
+    F_ = x.shape[-1]
+    if grad or x.stride(-1) != 1 or any(st % F_ for st, n in zip(x.stride()[:-1], x.shape) if n > 1):
+        x = x.contiguous()
+        if grad:
+            strides, acc = [], 1
+            for n in reversed(x.shape[:-1]):
+                strides.insert(0, acc)
+                acc *= n
+            return x.reshape(-1, F_), strides
+    strides = [st // F_ if n > 1 else 0 for st, n in zip(x.stride()[:-1], x.shape)]
+    n_rows = 1 + sum((n - 1) * st for n, st in zip(x.shape[:-1], strides))
+    return x.as_strided((n_rows, F_), (F_, 1)), strides
+
+
+class _Selection:
+    """One query chunk of ``topk_indices`` ``[B, n, K]``: ``rows`` (the indices with -1 slots pointing
+    at row 0, for gathering), ``invalid`` ``[B·n, 1, K]`` or None when every slot is filled, and
+    ``empty`` ``[B·n, 1, 1]`` (queries with no slot at all, e.g. padding) or None."""
+
+    def __init__(self, idx: torch.Tensor) -> None:
+        B, n, K = idx.shape
+        bad = idx < 0
+        self.rows, self.invalid, self.empty = idx, None, None
+        if bool(bad.any()):
+            self.rows = idx.clamp_min(0)
+            self.invalid = bad.view(B * n, 1, K)
+            empty = bad.all(dim=-1)
+            if bool(empty.any()):
+                self.empty = empty.view(B * n, 1, 1)
+
+    def gather(
+        self, rows: torch.Tensor, strides: list[int], heads: int = 0, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Selected rows of a :func:`_row_view` of ``[B, S, F]`` → ``[B·n·K, F]``, or of
+        ``[B, S, heads, F]`` → ``[B·heads·n·K, F]`` (head-major: each head's rows together)."""
+        B = self.rows.shape[0]
+        flat = self.rows * strides[1] + (torch.arange(B, device=self.rows.device) * strides[0]).view(B, 1, 1)
+        if heads:
+            h = torch.arange(heads, device=flat.device) * strides[2]
+            flat = flat.unsqueeze(1) + h.view(1, heads, 1, 1)
+        return torch.index_select(rows, 0, flat.view(-1), out=out)
+
+    def softmax(self, scores: torch.Tensor, inplace: bool) -> torch.Tensor:
+        """Softmax over the last dim of ``scores`` ``[B·n, h, K]`` (or ``[B, heads, n, h, K]``)
+        restricted to the filled slots; empty rows give zeros. fp32 result."""
+        if self.invalid is not None:
+            invalid, empty = self.invalid, self.empty
+            if scores.dim() == 5:
+                B, _, n, _, K = scores.shape
+                invalid = invalid.view(B, 1, n, 1, K)
+                empty = None if empty is None else empty.view(B, 1, n, 1, 1)
+            scores = (
+                scores.masked_fill_(invalid, float("-inf"))
+                if inplace
+                else scores.masked_fill(invalid, float("-inf"))
+            )
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+            return probs if empty is None else probs.masked_fill(empty, 0.0)
+        return torch.softmax(scores, dim=-1, dtype=torch.float32)
+
+
+class _Buffers:
+    """Reused per-chunk buffers when autograd is off (the chunks have equal shapes but the last)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.store: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor | None:
+        if not self.enabled:
+            return None
+        numel = math.prod(shape)
+        buf = self.store.get(name)
+        if buf is None or buf.numel() < numel:
+            buf = self.store[name] = like.new_empty(numel)
+        return buf[:numel].view(shape)
 
 
 def sparse_attention(
@@ -95,28 +197,41 @@ def sparse_attention(
 ) -> torch.Tensor:
     """MHA/GQA attention that reads only the selected keys/values: O(T·K) work and memory per chunk.
 
-    Shapes as in the module docstring; returns ``[B, T, H, D_v]`` in ``q.dtype``. Differentiable.
+    Shapes as in the module docstring (``k``/``v`` may be strided views — a cache slice, or
+    ``[B, H_kv, S, D]`` transposed — and are never copied); returns ``[B, T, H, D_v]`` in ``q.dtype``.
+    Differentiable. Per chunk of queries the selected rows are gathered head-major with one
+    ``index_select``, so each (query, KV head) is one small matmul ``[G, D] × [D, K]`` shared by its
+    ``G`` query heads.
     """
     B, T, H, D = q.shape
     Hkv = k.shape[2]
-    G = H // Hkv
-    K = topk_indices.shape[-1]
-    step = _chunk(K, chunk_size)
-    outs = []
+    if H % Hkv:
+        raise ValueError(f"{H} query heads are not a multiple of {Hkv} KV heads")
+    G, Dv, K = H // Hkv, v.shape[-1], topk_indices.shape[-1]
+    grad = _needs_grad(q, k, v)
+    out = q.new_empty(B, T, H, Dv)
+    if T == 0:
+        return out
+    step = _chunk(K * Hkv, chunk_size)
+    krows, kstrides = _row_view(k, grad)
+    vrows, vstrides = _row_view(v, grad)
+    bufs = _Buffers(not grad)
     for start in range(0, T, step):
         idx = topk_indices[:, start : start + step]
-        Tc = idx.shape[1]
-        kg = _gather_rows(k, idx)  # [B, Tc, K, Hkv, D]
-        vg = _gather_rows(v, idx)  # [B, Tc, K, Hkv, Dv]
-        qc = q[:, start : start + step].reshape(B * Tc, Hkv, G, D).transpose(0, 1)  # [Hkv, B*Tc, G, D]
-        kc = kg.reshape(B * Tc, K, Hkv, D).permute(2, 0, 3, 1)  # [Hkv, B*Tc, D, K]
-        scores = torch.matmul(qc, kc) * scale  # [Hkv, B*Tc, G, K]
-        valid = (idx >= 0).reshape(1, B * Tc, 1, K)
-        probs = masked_softmax(scores, valid).to(v.dtype)
-        vc = vg.reshape(B * Tc, K, Hkv, -1).permute(2, 0, 1, 3)  # [Hkv, B*Tc, K, Dv]
-        out = torch.matmul(probs, vc)  # [Hkv, B*Tc, G, Dv]
-        outs.append(out.transpose(0, 1).reshape(B, Tc, H, -1))
-    return torch.cat(outs, dim=1).to(q.dtype) if outs else q.new_empty(B, 0, H, v.shape[-1])
+        n = idx.shape[1]
+        sel = _Selection(idx)
+        kg = sel.gather(krows, kstrides, Hkv, bufs.get("k", (B * Hkv * n * K, D), k))
+        vg = sel.gather(vrows, vstrides, Hkv, bufs.get("v", (B * Hkv * n * K, Dv), v))
+        qc = (q[:, start : start + n] * scale).view(B, n, Hkv, G, D).transpose(1, 2)  # [B, Hkv, n, G, D]
+        scores = torch.bmm(
+            qc.reshape(B * Hkv * n, G, D),
+            kg.view(B * Hkv * n, K, D).transpose(1, 2),
+            out=bufs.get("s", (B * Hkv * n, G, K), kg),
+        )
+        probs = sel.softmax(scores.view(B, Hkv, n, G, K), inplace=not grad).to(v.dtype)
+        oc = torch.bmm(probs.view(B * Hkv * n, G, K), vg.view(B * Hkv * n, K, Dv))  # [B·Hkv·n, G, Dv]
+        out[:, start : start + n] = oc.view(B, Hkv, n, G, Dv).transpose(1, 2).reshape(B, n, H, Dv)
+    return out
 
 
 def sparse_mla_attention_reference(
@@ -138,21 +253,55 @@ def sparse_mla_attention(
     scale: float,
     v_dim: int,
     chunk_size: int | None = None,
+    *,
+    k_rope: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """MQA-mode MLA attention over the selected latents only (the V3.2 case): each gathered latent is
-    shared by all H heads. O(T·K·H·C). Shapes as :func:`sparse_mla_attention_reference`."""
+    shared by all H heads. O(T·K·H·C). Shapes as :func:`sparse_mla_attention_reference`.
+
+    ``k_rope`` ``[B, S, R]``: give the latent ``kv`` ``[B, S, C - R]`` and the rope keys separately
+    (as the model's cache holds them) instead of one concatenated ``[B, S, C]`` tensor — decoding then
+    never copies the cache; ``q`` stays ``[B, T, H, C]`` (latent part first). ``kv``/``k_rope`` may be
+    strided views (cache slices). Per query the scores are one ``[H, C] × [C, K]`` matmul and the
+    output one ``[H, K] × [K, v_dim]``, batched over a chunk of queries; differentiable.
+    """
     B, T, H, C = q.shape
     K = topk_indices.shape[-1]
+    Cl = kv.shape[-1]
+    if (k_rope is None and Cl != C) or (k_rope is not None and Cl + k_rope.shape[-1] != C):
+        raise ValueError(f"q has {C} dims per head but the keys have {Cl} (+ k_rope)")
+    if k_rope is not None and kv.shape[1] <= T * K:  # prefill: one concatenated copy gathers faster
+        kv, k_rope = torch.cat((kv, k_rope), dim=-1), None
+        Cl = C
+    grad = _needs_grad(q, kv, k_rope)
+    out = q.new_empty(B, T, H, v_dim)
+    if T == 0:
+        return out
     step = _chunk(K, chunk_size)
-    outs = []
+    rows, strides = _row_view(kv, grad)
+    if k_rope is not None:
+        rrows, rstrides = _row_view(k_rope, grad)
+    bufs = _Buffers(not grad)
     for start in range(0, T, step):
         idx = topk_indices[:, start : start + step]
-        Tc = idx.shape[1]
-        g = _gather_rows(kv, idx).view(B * Tc, K, C)  # [B*Tc, K, C]
-        scores = torch.matmul(q[:, start : start + step].reshape(B * Tc, H, C), g.transpose(1, 2)) * scale
-        probs = masked_softmax(scores, (idx >= 0).reshape(B * Tc, 1, K)).to(kv.dtype)
-        outs.append(torch.matmul(probs, g[..., :v_dim]).view(B, Tc, H, v_dim))
-    return torch.cat(outs, dim=1).to(q.dtype) if outs else q.new_empty(B, 0, H, v_dim)
+        n = idx.shape[1]
+        sel = _Selection(idx)
+        g = sel.gather(rows, strides, out=bufs.get("kv", (B * n * K, Cl), kv)).view(B * n, K, Cl)
+        qc = (q[:, start : start + n] * scale).reshape(B * n, H, C)
+        scores = torch.bmm(qc[..., :Cl], g.transpose(1, 2), out=bufs.get("s", (B * n, H, K), g))
+        if k_rope is not None:
+            gr = sel.gather(rrows, rstrides, out=bufs.get("kr", (B * n * K, C - Cl), k_rope))
+            gr = gr.view(B * n, K, C - Cl)
+            rope = qc[..., Cl:]
+            scores = (
+                scores.baddbmm_(rope, gr.transpose(1, 2))
+                if not grad
+                else scores.baddbmm(rope, gr.transpose(1, 2))
+            )
+        probs = sel.softmax(scores, inplace=not grad).to(kv.dtype)
+        oc = torch.bmm(probs, g[..., :v_dim])  # [B·n, H, v_dim]
+        out[:, start : start + n] = oc.view(B, n, H, v_dim)
+    return out
 
 
 def dense_mla_attention(

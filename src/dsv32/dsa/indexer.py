@@ -163,6 +163,13 @@ def select_topk(
         else:
             mask = key_padding_mask.bool().unsqueeze(1)
         scores = scores.masked_fill(~mask, float("-inf"))
+    return _exact_topk(scores, k)
+
+
+def _exact_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Top-``min(k, S)`` of ``scores`` ``[..., S]`` (``-inf`` = not selectable → ``-1``) under the
+    exact tie-break rule of :func:`tie_break_keys`."""
+    S = scores.shape[-1]
     keys = tie_break_keys(scores, torch.arange(S, device=scores.device))
     values, indices = keys.topk(min(k, S), dim=-1)
     return indices.masked_fill_(values < _NEG_INF_KEY, -1)
@@ -190,6 +197,14 @@ def tie_break_keys(scores: torch.Tensor, positions: torch.Tensor) -> torch.Tenso
     return _float_order_key(scores) * 2**32 + positions.to(torch.int64)
 
 
+# Defaults of the chunked indexer (any value gives the same selection; these only trade speed and
+# memory). Tuned on a 2-core AVX2 CPU with `python benchmarks/attention.py --tune-indexer`.
+INDEXER_QUERY_CHUNK = 128  # queries scored together: the row buffer is chunk × visible keys (fp32)
+INDEXER_BLOCK_ELEMS = 1 << 18  # logits per scoring block (chunk · H_I · key block), ~1 MB of fp32
+INDEXER_KEY_BLOCK = 512  # smallest key block of a scoring step
+INDEXER_TOPK_WINDOW = 1 << 15  # keys scored between two merges of the streaming top-k
+
+
 def indexer_topk(
     q: torch.Tensor,
     weights: torch.Tensor,
@@ -197,22 +212,169 @@ def indexer_topk(
     topk: int,
     *,
     key_padding_mask: torch.Tensor | None = None,
-    chunk_size: int = 256,
+    chunk_size: int | None = None,
+    key_block: int | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Score and select in query chunks: memory ``O(chunk · S)``, never ``T × S`` at once.
+    """Score and select in query chunks with a streaming top-k: memory ``O(chunk · min(S, window))``,
+    never ``T × S``.
 
-    Same arguments and result as ``select_topk(index_scores(q, weights, k_index), topk)`` with the
-    queries aligned to the end of the keys.
+    The same selection as ``select_topk(index_scores(q, weights, k_index), topk, ...)`` with the queries
+    aligned to the end of the keys (prefill: T == S; decode: T == 1 against a cache), including its
+    exact tie-break rule; only the *order* of the ``K`` slots of a row is unspecified (sort them to
+    compare). ``-1`` marks empty slots.
+
+    How: for each chunk of ``chunk_size`` queries, the visible keys are scored block by block —
+    ``ReLU(q_I · k_I)`` for all ``H_I`` heads is one matmul ``[chunk·H_I, D_I] × [D_I, block]``
+    and the gated head-sum a second one, ``[chunk, 1, H_I] × [chunk, H_I, block]`` — into a row buffer
+    of at most ``window`` keys, whose ``top-(k+1)`` is merged into a running top-(k+1). Causal: key
+    blocks after the chunk's last query are skipped and only the chunk's diagonal is masked. The extra
+    (k+1)-th candidate detects rows whose k-th score ties an unselected one (ReLU zeros); only those
+    rows are re-selected with :func:`tie_break_keys`. A decode query is one matmul over the cache.
+
+    Args:
+        q: ``[B, T, H_I, D_I]``; weights: ``[B, T, H_I]``; k_index: ``[B, S, D_I]`` (S >= T);
+        topk: keys per query (the result has ``min(topk, S)`` columns).
+        key_padding_mask: ``[B, S]`` True for real tokens (padding is never selected).
+        chunk_size, key_block, window: tuning knobs (default: the ``INDEXER_*`` constants).
+
+    Scores are computed in fp32 whatever the input dtype (bf16 inputs are upcast chunk by chunk).
     """
-    B, T = q.shape[:2]
-    S = k_index.shape[1]
-    out = []
-    for start in range(0, T, chunk_size):
-        stop = min(start + chunk_size, T)
-        scores = index_scores(q[:, start:stop], weights[:, start:stop], k_index)
-        out.append(
-            select_topk(scores, topk, key_padding_mask=key_padding_mask, q_offset=start, total_queries=T)
+    if q.dim() != 4 or weights.shape != q.shape[:3] or k_index.dim() != 3:
+        raise ValueError(
+            f"indexer_topk expects q [B, T, H, D], weights [B, T, H], k_index [B, S, D]; got "
+            f"{tuple(q.shape)}, {tuple(weights.shape)}, {tuple(k_index.shape)}"
         )
-    if not out:
-        return q.new_empty((B, 0, min(topk, S)), dtype=torch.long)
-    return torch.cat(out, dim=1)
+    B, T, H, D = q.shape
+    S = k_index.shape[1]
+    if k_index.shape[0] != B or k_index.shape[2] != D:
+        raise ValueError(f"k_index {tuple(k_index.shape)} does not match q {tuple(q.shape)}")
+    if S < T:
+        raise ValueError(f"{T} queries but only {S} keys: queries are aligned to the end of the keys")
+    K = min(topk, S)
+    out = torch.empty((B, T, K), dtype=torch.long, device=q.device)
+    if T == 0 or K == 0:
+        return out
+    chunk = chunk_size or INDEXER_QUERY_CHUNK
+    keys = k_index.float()
+    gates = weights.float()
+    padding = None
+    if key_padding_mask is not None:
+        padding = ~key_padding_mask.bool()
+        if not bool(padding.any()):
+            padding = None
+    plan = _IndexerPlan(
+        keys=keys,
+        topk=K,
+        offset=S - T,
+        padding=padding,
+        key_block=key_block or INDEXER_KEY_BLOCK,
+        window=window or INDEXER_TOPK_WINDOW,
+    )
+    for start in range(0, T, chunk):
+        stop = min(start + chunk, T)
+        out[:, start:stop] = plan.select(q[:, start:stop].float(), gates[:, start:stop], start)
+    return out
+
+
+@dataclass
+class _IndexerPlan:
+    """One :func:`indexer_topk` call: fp32 ``keys`` ``[B, S, D]``, ``offset = S - T`` (query t sees
+    keys ``<= t + offset``), ``padding`` ``[B, S]`` True = padded (or None)."""
+
+    keys: torch.Tensor
+    topk: int
+    offset: int
+    padding: torch.Tensor | None
+    key_block: int
+    window: int
+
+    def score(self, q: torch.Tensor, w: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        """Index scores ``[B, n, hi - lo]`` of queries ``q`` ``[B, n, H, D]`` (gates ``w``) against
+        keys ``lo .. hi - 1`` (no mask), in key blocks of ``~INDEXER_BLOCK_ELEMS`` logits."""
+        B, n, H, D = q.shape
+        qv = q.reshape(B, n * H, D)
+        wv = w.reshape(B, n, 1, H)
+        block = max(self.key_block, INDEXER_BLOCK_ELEMS // (n * H))
+        out = None if hi - lo <= block else q.new_empty((B, n, hi - lo))
+        for b0 in range(lo, hi, block):
+            b1 = min(b0 + block, hi)
+            logits = torch.matmul(qv, self.keys[:, b0:b1].transpose(1, 2)).relu_()  # [B, n·H, blk]
+            summed = torch.matmul(wv, logits.view(B, n, H, b1 - b0)).view(B, n, b1 - b0)
+            if out is None:
+                return summed
+            out[:, :, b0 - lo : b1 - lo] = summed
+        return out
+
+    def mask(self, scores: torch.Tensor, lo: int, first_query: int) -> torch.Tensor:
+        """Set invisible entries of ``scores`` ``[B, n, w]`` (keys ``lo ..``, queries
+        ``first_query ..``) to -inf in place: padding, and the causal diagonal block only."""
+        n, width = scores.shape[1:]
+        if self.padding is not None:
+            scores.masked_fill_(self.padding[:, lo : lo + width].unsqueeze(1), float("-inf"))
+        # Keys up to first_query + offset are visible to every query of the chunk: no mask there.
+        first_partial = first_query + self.offset + 1
+        if first_partial < lo + width:
+            c0 = max(first_partial, lo)
+            cols = torch.arange(c0, lo + width, device=scores.device)
+            rows = torch.arange(n, device=scores.device) + first_query + self.offset
+            scores[:, :, c0 - lo :].masked_fill_(cols.unsqueeze(0) > rows.unsqueeze(1), float("-inf"))
+        return scores
+
+    def select(self, q: torch.Tensor, w: torch.Tensor, first_query: int) -> torch.Tensor:
+        """``topk_indices`` ``[B, n, K]`` of queries ``first_query .. first_query + n - 1``."""
+        B, n = q.shape[:2]
+        K = self.topk
+        visible = first_query + n + self.offset  # keys seen by the chunk's last query
+        values = indices = None
+        for lo in range(0, visible, self.window):
+            hi = min(lo + self.window, visible)
+            scores = self.mask(self.score(q, w, lo, hi), lo, first_query)
+            v, i = scores.topk(min(K + 1, hi - lo), dim=-1, sorted=False)
+            i += lo
+            if values is not None:  # streaming merge with the running top-(k+1)
+                v = torch.cat((values, v), dim=-1)
+                v, j = v.topk(min(K + 1, v.shape[-1]), dim=-1, sorted=False)
+                i = torch.cat((indices, i), dim=-1).gather(-1, j)
+            values, indices = v, i
+        if values.shape[-1] <= K:  # the chunk sees at most K keys: all visible ones are selected
+            indices.masked_fill_(values == float("-inf"), -1)
+            return F.pad(indices, (0, K - values.shape[-1]), value=-1)
+        # Drop the (K+1)-th candidate; a tie between it and a kept one makes the row ambiguous.
+        low, pos = values.min(dim=-1, keepdim=True)
+        ambiguous = ((values == low).sum(-1) >= 2) & (low.squeeze(-1) > float("-inf"))
+        values.scatter_(-1, pos, values[..., K:].clone())
+        indices.scatter_(-1, pos, indices[..., K:].clone())
+        values, indices = values[..., :K], indices[..., :K]
+        indices.masked_fill_(values == float("-inf"), -1)
+        if bool(ambiguous.any()):
+            single_window = visible <= self.window  # then `scores` holds every row's visible keys
+            for b in ambiguous.any(dim=1).nonzero().flatten().tolist():
+                rows = ambiguous[b].nonzero().flatten()
+                if single_window:
+                    row_scores = scores[b, rows]
+                else:
+                    row_scores = self.rescore(q[b, rows], w[b, rows], b, rows + first_query)
+                indices[b, rows] = _resolve_ties(row_scores, low[b, rows], K)
+        return indices
+
+    def rescore(self, q: torch.Tensor, w: torch.Tensor, b: int, t: torch.Tensor) -> torch.Tensor:
+        """Masked scores ``[m, visible]`` of queries ``t`` ``[m]`` (``q`` ``[m, H, D]``) of batch row
+        ``b`` over all keys the last of them sees."""
+        visible = int(t.max()) + self.offset + 1
+        plan = _IndexerPlan(self.keys[b : b + 1], self.topk, self.offset, None, self.key_block, visible)
+        scores = plan.score(q.unsqueeze(0), w.unsqueeze(0), 0, visible)[0]
+        hidden = torch.arange(visible, device=q.device).unsqueeze(0) > (t + self.offset).unsqueeze(1)
+        if self.padding is not None:
+            hidden |= self.padding[b, :visible].unsqueeze(0)
+        return scores.masked_fill_(hidden, float("-inf"))
+
+
+def _resolve_ties(scores: torch.Tensor, kth: torch.Tensor, k: int) -> torch.Tensor:
+    """The exact :func:`select_topk` set for rows ``scores`` ``[m, S]`` whose ``k``-th largest value
+    ``kth`` ``[m, 1]`` is tied with an unselected key: every key above ``kth``, then the latest keys
+    equal to it. One int32 top-k instead of the int64 keys of :func:`tie_break_keys`."""
+    S = scores.shape[-1]
+    pos = torch.arange(S, device=scores.device, dtype=torch.int32).expand_as(scores)
+    rank = torch.where(scores > kth, pos + S, torch.where(scores == kth, pos, -1))
+    return rank.topk(k, dim=-1, sorted=False).indices

@@ -14,9 +14,12 @@ query can see at most ``index_topk`` keys, the selection is everything it sees, 
 attention gives the identical result and is used instead. ``dsa_mode = "dense"`` turns selection off
 (the dense model DSA is trained from, and the warm-up stage).
 
-``sparse_impl`` picks how the selection is applied: ``"gather"`` (default) reads only the selected
-latents, O(T·k); ``"masked"`` is the readable reference — dense scores masked to the selection, O(T·S),
-what transformers does — that tests and benchmarks compare against.
+``sparse_impl`` picks how the selection is applied: ``"gather"`` reads only the selected latents,
+O(T·k); ``"masked"`` is the readable reference — dense scores masked to the selection, O(T·S), what
+transformers does — that tests and benchmarks compare against; ``"auto"`` (default) gathers except for
+a prefill from an empty cache shorter than the measured crossover (``dsv32.dsa.prefer_dense``: fewer
+than ``DENSE_CROSSOVER_RATIO · index_topk`` keys, overridable per layer with ``dense_crossover_ratio``),
+where the masked-dense path gives the identical result faster.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dsv32.dsa import (
     dense_attention,
     dense_mla_attention,
     indexer_topk,
+    prefer_dense,
     selection_mask,
     sparse_mla_attention,
 )
@@ -39,7 +43,7 @@ from dsv32.model.config import ModelConfig
 from dsv32.model.layers import RMSNorm
 
 DSA_MODES = ("sparse", "dense")
-SPARSE_IMPLS = ("gather", "masked")
+SPARSE_IMPLS = ("auto", "gather", "masked")
 
 
 class MLA(nn.Module):
@@ -56,7 +60,8 @@ class MLA(nn.Module):
         self.index_topk = config.index_topk
         self.softmax_scale = config.softmax_scale
         self.dsa_mode = "sparse"
-        self.sparse_impl = "gather"
+        self.sparse_impl = "auto"
+        self.dense_crossover_ratio: float | None = None  # None: dsv32.dsa.DENSE_CROSSOVER_RATIO
         qk_head_dim = config.qk_head_dim
         bias = config.attention_bias
         if config.q_lora_rank:
@@ -122,7 +127,11 @@ class MLA(nn.Module):
                 iq.q, iq.weights, index_keys, self.index_topk, key_padding_mask=key_padding_mask
             )
 
-        if topk_indices is not None and self.sparse_impl == "gather":
+        gather = self.sparse_impl == "gather" or (
+            self.sparse_impl == "auto"
+            and not (start == 0 and prefer_dense(T, S, self.index_topk, self.dense_crossover_ratio))
+        )
+        if topk_indices is not None and gather:
             out = self._mqa(q_nope, q_rope, kv_latent, k_rope, topk_indices=topk_indices)
         else:
             if topk_indices is None:
@@ -151,11 +160,13 @@ class MLA(nn.Module):
         w_kv_b = self.kv_b_proj.weight.view(H, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
         w_uk, w_uv = w_kv_b[:, : self.qk_nope_head_dim], w_kv_b[:, self.qk_nope_head_dim :]
         q = torch.cat((torch.einsum("bthd,hdc->bthc", q_nope, w_uk), q_rope), dim=-1)
-        kv = torch.cat((kv_latent, k_rope), dim=-1)
         if topk_indices is None:
+            kv = torch.cat((kv_latent, k_rope), dim=-1)
             latent_out = dense_mla_attention(q, kv, self.softmax_scale, self.kv_lora_rank, mask)
-        else:
-            latent_out = sparse_mla_attention(q, kv, topk_indices, self.softmax_scale, self.kv_lora_rank)
+        else:  # latents and rope keys stay where the cache holds them: decode copies nothing
+            latent_out = sparse_mla_attention(
+                q, kv_latent, topk_indices, self.softmax_scale, self.kv_lora_rank, k_rope=k_rope
+            )
         return torch.einsum("bthc,hdc->bthd", latent_out, w_uv)
 
 

@@ -1,0 +1,526 @@
+"""DSA attention speed: ours (O(L·k)) against dense SDPA, masked-dense DSA and dense MLA decode.
+
+    python benchmarks/attention.py                      # full grid: L 1K..32K × k {256, 512, 2048}
+    python benchmarks/attention.py --quick              # L 1K..4K × k {256, 512}, 2 repetitions
+    python benchmarks/attention.py --seq-len 8192 --topk 512 --json   # one point, one JSON line
+    python benchmarks/attention.py --crossover          # where sparse prefill starts to beat dense
+    python benchmarks/attention.py --tune               # chunk-size sweep of the fast paths
+
+Default shape: V3.2 attention at a small width — 16 heads, qk 128 (nope) + 64 (rope), v 128,
+latent 512 + rope 64, indexer 4 heads × 64 — batch 1, fp32, all CPU cores (``--threads``).
+
+What each timing covers (inputs are the per-token projections a layer has made before attention;
+all paths of one point see the same tensors):
+
+- prefill (a) ``sdpa``: ``F.scaled_dot_product_attention(is_causal=True)`` over per-head q/K/V
+  ``[B, 16, L, 192|128]`` precomputed like a standard model's cache — what a dense model runs;
+- prefill (b) ``masked_dense``: the transformers way — our indexer's top-k, a boolean ``[B, L, L]``
+  selection mask, then SDPA with that mask over the same per-head K/V (O(L²));
+- prefill (c) ``ours``: the whole DSA attention in MLA's MQA mode — absorb ``W_UK`` into the queries,
+  indexer scoring + top-k (chunked, streaming), sparse attention over the gathered latents, ``W_UV``
+  on the output; ``ours_mha_gather``: the same selection in MHA mode — expand per-head K/V from the
+  latents with ``kv_b_proj`` (timed) and gather them per head (``dsv32.dsa.sparse_attention``);
+- decode (one new query against a cache of L entries, mean of ``--decode-steps`` calls):
+  (a) ``sdpa`` over the per-head K/V cache; (d) ``dense_mla``: absorbed MQA over all L latents
+  ``[B, L, 576]`` — how V3.1 decodes; (c) ``ours``: absorbed query, indexer over the whole cache
+  (one matmul) + top-k, attention over the k gathered latents, ``W_UV``.
+- ``peak_mem_mb``: growth of the process's peak resident memory during the first call of a path
+  (Linux ``VmHWM``, reset before each call); an allocator may reuse freed pages, so it is a lower
+  bound; tests/dsa/test_memory.py checks the sparse path's allocations exactly.
+
+Repetitions are interleaved (a, b, c, a, b, c, ...) and every ratio is a ratio of medians from the
+same run. Writes ``runs/bench/attention.json`` and ``attention.png`` (grid), or
+``attention_crossover.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from dsv32 import dsa
+from dsv32.dsa import indexer_topk, selection_mask, sparse_attention, sparse_mla_attention
+
+GRID_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
+GRID_TOPK = (256, 512, 2048)
+QUICK_LENGTHS = (1024, 2048, 4096)
+QUICK_TOPK = (256, 512)
+
+
+@dataclass
+class Shape:
+    """Attention dims (V3.2's per-head dims, 16 heads instead of 128)."""
+
+    batch: int = 1
+    heads: int = 16
+    qk_nope: int = 128
+    qk_rope: int = 64
+    v_dim: int = 128
+    kv_lora: int = 512
+    index_heads: int = 4
+    index_dim: int = 64
+
+    def describe(self) -> str:
+        return (
+            f"batch {self.batch}, {self.heads} heads, qk {self.qk_nope}+{self.qk_rope}, v {self.v_dim}, "
+            f"latent {self.kv_lora} + rope {self.qk_rope}, indexer {self.index_heads} heads × {self.index_dim}"
+        )
+
+
+class Inputs:
+    """Random per-token projections of one layer for ``L`` tokens (what attention receives)."""
+
+    def __init__(self, s: Shape, L: int, dtype: torch.dtype, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+
+        def randn(*shape, std=1.0):
+            return (torch.randn(*shape, generator=g) * std).to(dtype)
+
+        B, H = s.batch, s.heads
+        self.shape, self.L = s, L
+        self.scale = (s.qk_nope + s.qk_rope) ** -0.5
+        self.q_nope = randn(B, L, H, s.qk_nope)
+        self.q_rope = randn(B, L, H, s.qk_rope)
+        self.kv = randn(B, L, s.kv_lora + s.qk_rope)  # MLA cache: normalized latent + roped key
+        self.w_kv_b = randn(H, s.qk_nope + s.v_dim, s.kv_lora, std=s.kv_lora**-0.5)
+        self.w_uk, self.w_uv = self.w_kv_b[:, : s.qk_nope], self.w_kv_b[:, s.qk_nope :]
+        self.iq = randn(B, L, s.index_heads, s.index_dim)
+        self.iw = randn(B, L, s.index_heads, std=(s.index_heads * s.index_dim) ** -0.5).float()
+        self.ik = randn(B, L, s.index_dim)
+        # (a)/(b): per-head q/K/V, precomputed as a standard model's cache holds them.
+        k_nope, v = self.expand()
+        self.q_mha = torch.cat((self.q_nope, self.q_rope), -1).transpose(1, 2).contiguous()
+        k = torch.cat((k_nope, self.kv[..., s.kv_lora :].unsqueeze(2).expand(B, L, H, s.qk_rope)), -1)
+        self.k_mha = k.transpose(1, 2).contiguous()
+        self.v_mha = v.transpose(1, 2).contiguous()
+
+    def expand(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """MHA mode: per-head ``k_nope``, ``v`` ``[B, L, H, *]`` from the latents (``kv_b_proj``)."""
+        s = self.shape
+        kv = F.linear(self.kv[..., : s.kv_lora], self.w_kv_b.reshape(-1, s.kv_lora))
+        return kv.view(s.batch, self.L, s.heads, -1).split([s.qk_nope, s.v_dim], dim=-1)
+
+    def absorbed_queries(self, rows: slice) -> torch.Tensor:
+        """MQA mode: ``[B, T, H, 576]`` = (q_nope · W_UK, q_rope)."""
+        q = torch.einsum("bthd,hdc->bthc", self.q_nope[:, rows], self.w_uk)
+        return torch.cat((q, self.q_rope[:, rows]), dim=-1)
+
+
+# --- the timed paths -------------------------------------------------------------------------
+
+
+def prefill_sdpa(x: Inputs, topk: int) -> torch.Tensor:
+    return F.scaled_dot_product_attention(x.q_mha, x.k_mha, x.v_mha, is_causal=True, scale=x.scale)
+
+
+def prefill_masked_dense(x: Inputs, topk: int) -> torch.Tensor:
+    idx = indexer_topk(x.iq, x.iw, x.ik, topk)
+    mask = selection_mask(idx, x.L).unsqueeze(1)  # [B, 1, L, L]
+    return F.scaled_dot_product_attention(x.q_mha, x.k_mha, x.v_mha, attn_mask=mask, scale=x.scale)
+
+
+def prefill_ours(x: Inputs, topk: int) -> torch.Tensor:
+    q = x.absorbed_queries(slice(None))
+    idx = indexer_topk(x.iq, x.iw, x.ik, topk)
+    latent_out = sparse_mla_attention(q, x.kv, idx, x.scale, x.shape.kv_lora)
+    return torch.einsum("bthc,hdc->bthd", latent_out, x.w_uv)
+
+
+def prefill_ours_mha_gather(x: Inputs, topk: int) -> torch.Tensor:
+    s = x.shape
+    k_nope, v = x.expand()
+    k = torch.cat((k_nope, x.kv[..., s.kv_lora :].unsqueeze(2).expand(-1, -1, s.heads, -1)), dim=-1)
+    q = torch.cat((x.q_nope, x.q_rope), dim=-1)
+    idx = indexer_topk(x.iq, x.iw, x.ik, topk)
+    return sparse_attention(q, k, v, idx, x.scale)
+
+
+def decode_sdpa(x: Inputs, topk: int) -> torch.Tensor:
+    q = x.q_mha[:, :, -1:]
+    return F.scaled_dot_product_attention(q, x.k_mha, x.v_mha, scale=x.scale)
+
+
+def decode_dense_mla(x: Inputs, topk: int) -> torch.Tensor:
+    q = x.absorbed_queries(slice(-1, None))[:, 0]  # [B, H, 576]
+    scores = torch.matmul(q, x.kv.transpose(1, 2)).mul_(x.scale)  # [B, H, L]
+    latent_out = torch.matmul(scores.softmax(dim=-1), x.kv[..., : x.shape.kv_lora])
+    return torch.einsum("bhc,hdc->bhd", latent_out, x.w_uv)
+
+
+def decode_ours(x: Inputs, topk: int) -> torch.Tensor:
+    q = x.absorbed_queries(slice(-1, None))  # [B, 1, H, 576]
+    idx = indexer_topk(x.iq[:, -1:], x.iw[:, -1:], x.ik, topk)  # [B, 1, k]
+    latent_out = sparse_mla_attention(q, x.kv, idx, x.scale, x.shape.kv_lora)
+    return torch.einsum("bthc,hdc->bthd", latent_out, x.w_uv)
+
+
+COVERS = {
+    "prefill.sdpa": "(a) causal SDPA over precomputed per-head q/K/V (a dense model)",
+    "prefill.masked_dense": "(b) indexer top-k + [B,L,L] selection mask + masked SDPA over per-head K/V",
+    "prefill.ours": "(c) MQA mode: W_UK absorption + indexer scores/top-k + gathered-latent attention + W_UV",
+    "prefill.ours_mha_gather": "(c') MHA mode: kv_b_proj expansion + indexer top-k + per-head K/V gather",
+    "decode.sdpa": "(a) one query, SDPA over the per-head K/V cache",
+    "decode.dense_mla": "(d) one query, absorbed MQA over all L latents (V3.1 decode) incl. W_UK/W_UV",
+    "decode.ours": "(c) one query, W_UK + indexer over the cache + top-k + k gathered latents + W_UV",
+}
+
+
+# --- measurement ---------------------------------------------------------------------------
+
+
+def _vm(field: str) -> int:
+    """A ``/proc/self/status`` memory field in kB (0 where unavailable)."""
+    try:
+        m = re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text())
+    except OSError:
+        return 0
+    return int(m.group(1)) if m else 0
+
+
+def _reset_peak() -> int:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return 0
+    return _vm("VmRSS")
+
+
+def timed(fn: Callable[[], object], calls: int, measure_memory: bool) -> tuple[float, float | None]:
+    """Seconds per call (mean of ``calls``) and the peak-RSS growth in MB (first call only)."""
+    mem = None
+    if measure_memory:
+        base = _reset_peak()
+        start = time.perf_counter()
+        fn()
+        elapsed = time.perf_counter() - start
+        mem = (_vm("VmHWM") - base) / 1024 if base else None
+        calls -= 1
+        if calls == 0:
+            return elapsed, mem
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (elapsed + time.perf_counter() - start) / (calls + 1), mem
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls, mem
+
+
+@dataclass
+class Plan:
+    lengths: tuple[int, ...]
+    topks: tuple[int, ...]
+    reps: int
+    decode_steps: int
+    masked_max_len: int
+    mha_max_len: int
+    dtype: torch.dtype
+    shape: Shape
+
+
+def measure_length(plan: Plan, L: int, log: Callable[[str], None]) -> list[dict]:
+    """All paths at one length for every k, repetitions interleaved → one result dict per k."""
+    x = Inputs(plan.shape, L, plan.dtype)
+    jobs: list[tuple[str, int | None, Callable[[], object], int]] = [
+        ("prefill.sdpa", None, lambda: prefill_sdpa(x, 0), 1)
+    ]
+    for k in plan.topks:
+        if plan.masked_max_len >= L:
+            jobs.append(("prefill.masked_dense", k, lambda k=k: prefill_masked_dense(x, k), 1))
+        jobs.append(("prefill.ours", k, lambda k=k: prefill_ours(x, k), 1))
+        if plan.mha_max_len >= L:
+            jobs.append(("prefill.ours_mha_gather", k, lambda k=k: prefill_ours_mha_gather(x, k), 1))
+    steps = plan.decode_steps
+    jobs.append(("decode.sdpa", None, lambda: decode_sdpa(x, 0), steps))
+    jobs.append(("decode.dense_mla", None, lambda: decode_dense_mla(x, 0), steps))
+    for k in plan.topks:
+        jobs.append(("decode.ours", k, lambda k=k: decode_ours(x, k), steps))
+    # Warm-up (allocator, lazy init) on short decode calls only: prefill calls are long enough.
+    for name, _, fn, _ in jobs:
+        if name.startswith("decode"):
+            fn()
+    times: dict[tuple[str, int | None], list[float]] = {}
+    mems: dict[tuple[str, int | None], float | None] = {}
+    with torch.no_grad():
+        for rep in range(plan.reps):
+            for name, k, fn, calls in jobs:
+                t, mem = timed(fn, calls, measure_memory=rep == 0)
+                times.setdefault((name, k), []).append(t)
+                if rep == 0:
+                    mems[(name, k)] = mem
+                log(f"  L={L:>6} rep {rep + 1}/{plan.reps} {name:<24} k={k or '-':<5} {t * 1e3:10.1f} ms")
+    results = []
+    for k in plan.topks:
+
+        def get(name, kk=None, k=k):
+            key = (name, kk)
+            return statistics.median(times[key]) if key in times else None
+
+        def reps_of(name, kk=None):
+            return times.get((name, kk))
+
+        def mem_of(name, kk=None):
+            m = mems.get((name, kk))
+            return None if m is None else round(m, 1)
+
+        pre = {
+            "sdpa": get("prefill.sdpa"),
+            "masked_dense": get("prefill.masked_dense", k),
+            "ours": get("prefill.ours", k),
+            "ours_mha_gather": get("prefill.ours_mha_gather", k),
+        }
+        dec = {
+            "sdpa": get("decode.sdpa"),
+            "dense_mla": get("decode.dense_mla"),
+            "ours": get("decode.ours", k),
+        }
+        layouts = {m: pre[m] for m in ("ours", "ours_mha_gather") if pre[m] is not None}
+        r = {
+            "seq_len": L,
+            "topk": k,
+            "batch": plan.shape.batch,
+            "threads": torch.get_num_threads(),
+            "dtype": str(plan.dtype).removeprefix("torch."),
+            "reps": plan.reps,
+            "prefill_s": pre,
+            "decode_s_per_token": dec,
+            "prefill_speedup_vs_sdpa": pre["sdpa"] / pre["ours"],
+            "prefill_speedup_vs_masked_dense": (
+                pre["masked_dense"] / pre["ours"] if pre["masked_dense"] is not None else None
+            ),
+            "decode_speedup_vs_sdpa": dec["sdpa"] / dec["ours"],
+            "decode_speedup_vs_dense_mla": dec["dense_mla"] / dec["ours"],
+            "prefill_faster_gather_layout": min(layouts, key=layouts.get),
+            "mla_prefill_dispatch": "sparse" if not dsa.prefer_dense(L, L, k) else "masked_dense",
+            "peak_mem_mb": {
+                "prefill.sdpa": mem_of("prefill.sdpa"),
+                "prefill.masked_dense": mem_of("prefill.masked_dense", k),
+                "prefill.ours": mem_of("prefill.ours", k),
+                "prefill.ours_mha_gather": mem_of("prefill.ours_mha_gather", k),
+                "decode.sdpa": mem_of("decode.sdpa"),
+                "decode.dense_mla": mem_of("decode.dense_mla"),
+                "decode.ours": mem_of("decode.ours", k),
+            },
+            "repetitions_s": {
+                "prefill.sdpa": reps_of("prefill.sdpa"),
+                "prefill.masked_dense": reps_of("prefill.masked_dense", k),
+                "prefill.ours": reps_of("prefill.ours", k),
+                "prefill.ours_mha_gather": reps_of("prefill.ours_mha_gather", k),
+                "decode.sdpa": reps_of("decode.sdpa"),
+                "decode.dense_mla": reps_of("decode.dense_mla"),
+                "decode.ours": reps_of("decode.ours", k),
+            },
+            "covers": COVERS,
+        }
+        results.append(r)
+    return results
+
+
+def summarize(r: dict) -> str:
+    p, d = r["prefill_s"], r["decode_s_per_token"]
+
+    def ms(v):
+        return "      -" if v is None else f"{v * 1e3:9.1f}"
+
+    return (
+        f"L={r['seq_len']:>6} k={r['topk']:>5} | prefill ms: sdpa {ms(p['sdpa'])} masked {ms(p['masked_dense'])} "
+        f"ours {ms(p['ours'])} (mha-gather {ms(p['ours_mha_gather'])}) → {r['prefill_speedup_vs_sdpa']:5.2f}x "
+        f"| decode ms: sdpa {ms(d['sdpa'])} dense-mla {ms(d['dense_mla'])} ours {ms(d['ours'])} → "
+        f"{r['decode_speedup_vs_sdpa']:6.2f}x / {r['decode_speedup_vs_dense_mla']:5.2f}x"
+    )
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    lengths = sorted({r["seq_len"] for r in results})
+    first = {L: next(r for r in results if r["seq_len"] == L) for L in lengths}
+    ax1.plot(lengths, [first[L]["prefill_s"]["sdpa"] for L in lengths], "k-o", label="(a) dense SDPA")
+    ax2.plot(
+        lengths, [first[L]["decode_s_per_token"]["sdpa"] * 1e3 for L in lengths], "k-o", label="(a) SDPA"
+    )
+    ax2.plot(
+        lengths,
+        [first[L]["decode_s_per_token"]["dense_mla"] * 1e3 for L in lengths],
+        "k--s",
+        label="(d) dense MLA (MQA)",
+    )
+    for k in sorted({r["topk"] for r in results}):
+        rows = sorted((r for r in results if r["topk"] == k), key=lambda r: r["seq_len"])
+        Ls = [r["seq_len"] for r in rows]
+        (line,) = ax1.plot(Ls, [r["prefill_s"]["ours"] for r in rows], "-o", label=f"(c) ours k={k}")
+        masked = [
+            (r["seq_len"], r["prefill_s"]["masked_dense"]) for r in rows if r["prefill_s"]["masked_dense"]
+        ]
+        if masked:
+            ax1.plot(*zip(*masked), ":x", color=line.get_color(), label=f"(b) masked-dense k={k}")
+        ax2.plot(Ls, [r["decode_s_per_token"]["ours"] * 1e3 for r in rows], "-o", label=f"(c) ours k={k}")
+    for ax, title, unit in ((ax1, "prefill latency", "s"), (ax2, "decode latency per token", "ms")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence / cache length L")
+        ax.set_ylabel(unit)
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    r0 = results[0]
+    fig.suptitle(f"DSA attention, {r0['threads']} threads, {r0['dtype']}, batch {r0['batch']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --- crossover and tuning ------------------------------------------------------------------
+
+
+def crossover(plan: Plan, ratios: tuple[float, ...], log: Callable[[str], None]) -> dict:
+    """Prefill (b) masked-dense vs (c) sparse for L = ratio · k: the smallest ratio from which the
+    sparse path wins at every measured larger ratio, per k."""
+    out: dict = {"ratios": list(ratios), "per_topk": {}}
+    for k in plan.topks:
+        rows = []
+        for ratio in ratios:
+            L = int(ratio * k)
+            x = Inputs(plan.shape, L, plan.dtype)
+            tb, tc = [], []
+            with torch.no_grad():
+                for _ in range(plan.reps):
+                    tb.append(timed(lambda x=x, k=k: prefill_masked_dense(x, k), 1, False)[0])
+                    tc.append(timed(lambda x=x, k=k: prefill_ours(x, k), 1, False)[0])
+            b, c = statistics.median(tb), statistics.median(tc)
+            rows.append({"seq_len": L, "ratio": ratio, "masked_dense_s": b, "sparse_s": c})
+            log(
+                f"  k={k:>5} L={L:>6} (L/k={ratio:4.1f}) masked-dense {b * 1e3:9.1f} ms  sparse {c * 1e3:9.1f} ms"
+            )
+        wins = [r["sparse_s"] < r["masked_dense_s"] for r in rows]
+        first = next((i for i in range(len(rows)) if all(wins[i:])), None)
+        out["per_topk"][k] = {
+            "rows": rows,
+            "crossover_ratio": None if first is None else rows[first]["ratio"],
+        }
+    found = [v["crossover_ratio"] for v in out["per_topk"].values() if v["crossover_ratio"] is not None]
+    out["crossover_ratio"] = max(found) if found else None
+    out["current_default"] = dsa.DENSE_CROSSOVER_RATIO
+    return out
+
+
+def tune(plan: Plan, L: int, k: int, log: Callable[[str], None]) -> dict:
+    """Sweep the chunking knobs of the fast paths at one point (results are identical)."""
+    from dsv32.dsa import attention as attn_mod
+    from dsv32.dsa import indexer as idx_mod
+
+    x = Inputs(plan.shape, L, plan.dtype)
+    q = x.absorbed_queries(slice(None))
+    idx = indexer_topk(x.iq, x.iw, x.ik, k)
+    out: dict = {"seq_len": L, "topk": k, "indexer": {}, "gather_budget": {}}
+    with torch.no_grad():
+        for chunk in (32, 64, 128, 256):
+            t = min(
+                timed(lambda c=chunk: indexer_topk(x.iq, x.iw, x.ik, k, chunk_size=c), 1, False)[0]
+                for _ in range(plan.reps)
+            )
+            out["indexer"][chunk] = t
+            log(f"  indexer chunk {chunk:>4}: {t * 1e3:9.1f} ms")
+        saved = attn_mod.GATHER_BUDGET
+        try:
+            for budget in (512, 1024, 2048, 4096, 8192):
+                attn_mod.GATHER_BUDGET = budget
+                t = min(
+                    timed(lambda: sparse_mla_attention(q, x.kv, idx, x.scale, 512), 1, False)[0]
+                    for _ in range(plan.reps)
+                )
+                out["gather_budget"][budget] = t
+                log(f"  gather budget {budget:>5} rows: {t * 1e3:9.1f} ms")
+        finally:
+            attn_mod.GATHER_BUDGET = saved
+    out["defaults"] = {"INDEXER_QUERY_CHUNK": idx_mod.INDEXER_QUERY_CHUNK, "GATHER_BUDGET": saved}
+    return out
+
+
+def main(argv: list[str] | None = None) -> list[dict] | dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seq-len", type=int, nargs="*", help=f"lengths (default {GRID_LENGTHS})")
+    ap.add_argument("--topk", type=int, nargs="*", help=f"k values (default {GRID_TOPK})")
+    ap.add_argument("--json", action="store_true", help="print one JSON line per point (no table)")
+    ap.add_argument("--quick", action="store_true", help=f"L {QUICK_LENGTHS}, k {QUICK_TOPK}, 2 repetitions")
+    ap.add_argument("--crossover", action="store_true", help="measure the dense/sparse prefill crossover")
+    ap.add_argument("--tune", action="store_true", help="sweep chunk sizes at one point (default 4096/512)")
+    ap.add_argument("--reps", type=int, help="interleaved repetitions; the median is reported (default 3)")
+    ap.add_argument("--decode-steps", type=int, default=10, help="decode calls averaged per repetition")
+    ap.add_argument("--masked-max-len", type=int, default=8192, help="skip (b) above this L (O(L²) time)")
+    ap.add_argument("--mha-max-len", type=int, default=8192, help="skip the MHA-gather variant above this L")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: all cores)")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    ap.add_argument("--out", default="runs/bench", help="output directory")
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    shape = Shape(batch=args.batch)
+    lengths = tuple(args.seq_len or (QUICK_LENGTHS if args.quick else GRID_LENGTHS))
+    topks = tuple(args.topk or (QUICK_TOPK if args.quick else GRID_TOPK))
+    reps = args.reps or (2 if args.quick else 3)
+    plan = Plan(lengths, topks, reps, args.decode_steps, args.masked_max_len, args.mha_max_len,
+                getattr(torch, args.dtype), shape)  # fmt: skip
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+    log(
+        f"DSA attention benchmark — shape: {shape.describe()}; {args.dtype}, {torch.get_num_threads()} threads"
+    )
+    if args.tune:
+        result = tune(plan, (args.seq_len or [4096])[0], (args.topk or [512])[0], log)
+        (out_dir / "attention_tune.json").write_text(json.dumps(result, indent=2))
+        return result
+    if args.crossover:
+        plan.topks = tuple(args.topk or (256, 512))
+        result = crossover(plan, (1.5, 2, 3, 4, 6, 8), log)
+        result.update(shape=asdict(shape), threads=torch.get_num_threads(), dtype=args.dtype)
+        (out_dir / "attention_crossover.json").write_text(json.dumps(result, indent=2))
+        log(f"crossover L/k: {result['crossover_ratio']} (default in dsv32.dsa: {dsa.DENSE_CROSSOVER_RATIO})")
+        if args.json:
+            print(json.dumps(result))
+        return result
+
+    results: list[dict] = []
+    for L in lengths:
+        for r in measure_length(plan, L, log):
+            r["shape"] = asdict(shape)
+            results.append(r)
+            if args.json:
+                print(json.dumps(r), flush=True)
+            else:
+                log(summarize(r))
+    if len(results) == 1:
+        r = results[0]
+        (out_dir / f"attention_L{r['seq_len']}_k{r['topk']}.json").write_text(json.dumps(r, indent=2))
+    elif results:
+        (out_dir / "attention.json").write_text(json.dumps(results, indent=2))
+        plot(results, out_dir / "attention.png")
+        log(f"wrote {out_dir / 'attention.json'} and {out_dir / 'attention.png'}")
+        for r in results:
+            log(summarize(r))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""Every fast DSA path equals its readable torch reference (fp32) on random shapes: chunk sizes that do
+not divide L, k >= L, batch > 1, padded batches, decode against a cache, strided cache views, ties."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dsv32 import dsa
+from dsv32.dsa import (
+    index_scores,
+    indexer_topk,
+    select_topk,
+    sparse_attention,
+    sparse_attention_reference,
+    sparse_mla_attention,
+    sparse_mla_attention_reference,
+)
+
+FAST = settings(max_examples=60, deadline=None, derandomize=True)
+
+
+def _padding(B: int, S: int, g: torch.Generator) -> torch.Tensor:
+    """Left padding of random length per row (row 0 may be all padding)."""
+    lengths = torch.randint(0, S + 1, (B,), generator=g)
+    return torch.arange(S).unsqueeze(0) >= (S - lengths).unsqueeze(1)
+
+
+def _sets(idx: torch.Tensor) -> torch.Tensor:
+    return idx.sort(dim=-1).values
+
+
+@st.composite
+def indexer_case(draw):
+    B = draw(st.integers(1, 3))
+    T = draw(st.integers(1, 70))
+    S = T + draw(st.sampled_from([0, 0, 1, 9, 40]))  # prefill, or queries continuing a cache
+    return dict(
+        B=B, T=T, S=S, H=draw(st.integers(1, 4)), D=draw(st.sampled_from([4, 8])),
+        topk=draw(st.integers(1, S + 8)), chunk=draw(st.integers(1, 33)), key_block=draw(st.integers(1, 17)),
+        window=draw(st.integers(1, 90)), ties=draw(st.booleans()), padded=draw(st.booleans()),
+        positive_gates=draw(st.booleans()), seed=draw(st.integers(0, 2**16)),
+    )  # fmt: skip
+
+
+@FAST
+@given(indexer_case())
+def test_chunked_streaming_indexer_equals_reference(c):
+    g = torch.Generator().manual_seed(c["seed"])
+    q = torch.randn(c["B"], c["T"], c["H"], c["D"], generator=g)
+    w = torch.randn(c["B"], c["T"], c["H"], generator=g)
+    k = torch.randn(c["B"], c["S"], c["D"], generator=g)
+    if c["positive_gates"]:
+        w = w.abs()
+    if c["ties"]:  # small integers: exact ties everywhere, including ReLU zeros
+        q, w, k = q.round(), w.round(), k.round()
+    pad = _padding(c["B"], c["S"], g) if c["padded"] else None
+    expected = select_topk(index_scores(q, w, k), c["topk"], key_padding_mask=pad)
+    got = indexer_topk(
+        q, w, k, c["topk"], key_padding_mask=pad, chunk_size=c["chunk"], key_block=c["key_block"],
+        window=c["window"],
+    )  # fmt: skip
+    assert got.shape == expected.shape == (c["B"], c["T"], min(c["topk"], c["S"]))
+    assert torch.equal(_sets(got), _sets(expected))
+
+
+def test_indexer_defaults_long_rows_and_decode_agree():
+    """Default knobs at a length with several chunks and windows, and one decode query per position
+    selecting exactly what the prefill selected for that position (ties included)."""
+    g = torch.Generator().manual_seed(0)
+    T, topk = 300, 40
+    q = torch.randn(2, T, 4, 16, generator=g).round()
+    w = torch.randn(2, T, 4, generator=g)
+    k = torch.randn(2, T, 16, generator=g).round()
+    prefill = indexer_topk(q, w, k, topk)
+    assert torch.equal(_sets(prefill), _sets(select_topk(index_scores(q, w, k), topk)))
+    for t in (0, topk - 1, topk, topk + 1, 157, T - 1):
+        decode = indexer_topk(q[:, t : t + 1], w[:, t : t + 1], k[:, : t + 1], topk)
+        for b in range(2):
+            assert set(decode[b, 0].tolist()) - {-1} == set(prefill[b, t].tolist()) - {-1}
+
+
+def test_indexer_bf16_inputs_select_like_fp32():
+    g = torch.Generator().manual_seed(1)
+    q, w, k = (
+        torch.randn(2, 50, 3, 8, generator=g),
+        torch.randn(2, 50, 3, generator=g),
+        torch.randn(2, 50, 8, generator=g),
+    )
+    qb, kb = q.bfloat16(), k.bfloat16()
+    got = indexer_topk(qb, w, kb, 7, chunk_size=16)
+    assert torch.equal(_sets(got), _sets(select_topk(index_scores(qb, w, kb), 7)))
+
+
+def test_indexer_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="only 3 keys"):
+        indexer_topk(torch.randn(1, 5, 2, 4), torch.randn(1, 5, 2), torch.randn(1, 3, 4), 2)
+    with pytest.raises(ValueError, match="expects q"):
+        indexer_topk(torch.randn(5, 2, 4), torch.randn(5, 2), torch.randn(1, 5, 4), 2)
+
+
+@st.composite
+def attention_case(draw):
+    B = draw(st.integers(1, 3))
+    T = draw(st.integers(1, 40))
+    S = T + draw(st.sampled_from([0, 0, 3, 50]))
+    return dict(
+        B=B, T=T, S=S, Hkv=draw(st.integers(1, 3)), G=draw(st.integers(1, 3)), D=draw(st.sampled_from([4, 8])),
+        Dv=draw(st.integers(1, 9)), topk=draw(st.integers(1, S + 6)), chunk=draw(st.integers(1, 23)),
+        padded=draw(st.booleans()), layout=draw(st.sampled_from(["token", "head", "cache"])),
+        seed=draw(st.integers(0, 2**16)),
+    )  # fmt: skip
+
+
+def _selection(B, T, S, topk, padded, g):
+    pad = _padding(B, S, g) if padded else None
+    return select_topk(torch.randn(B, T, S, generator=g), topk, key_padding_mask=pad)
+
+
+def _keys(B, S, Hkv, D, layout, g):
+    """``[B, S, Hkv, D]`` in the layout under test: token-major, a transposed ``[B, Hkv, S, D]``
+    tensor, or a slice of a larger preallocated cache (strided over batch and positions)."""
+    if layout == "head":
+        return torch.randn(B, Hkv, S, D, generator=g).transpose(1, 2)
+    if layout == "cache":
+        return torch.randn(B, S + 7, Hkv, D, generator=g)[:, 2 : S + 2]
+    return torch.randn(B, S, Hkv, D, generator=g)
+
+
+@FAST
+@given(attention_case())
+def test_sparse_attention_equals_reference(c):
+    g = torch.Generator().manual_seed(c["seed"])
+    B, T, S, Hkv, G = c["B"], c["T"], c["S"], c["Hkv"], c["G"]
+    idx = _selection(B, T, S, c["topk"], c["padded"], g)
+    q = torch.randn(B, T, Hkv * G, c["D"], generator=g)
+    k = _keys(B, S, Hkv, c["D"], c["layout"], g)
+    v = _keys(B, S, Hkv, c["Dv"], c["layout"], g)
+    expected = sparse_attention_reference(q, k, v, idx, 0.37)
+    with torch.no_grad():
+        got = sparse_attention(q, k, v, idx, 0.37, chunk_size=c["chunk"])
+    assert got.shape == (B, T, Hkv * G, c["Dv"])
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
+
+
+@st.composite
+def mla_case(draw):
+    B = draw(st.integers(1, 3))
+    T = draw(st.integers(1, 30))
+    S = T + draw(st.sampled_from([0, 0, 4, 60]))
+    return dict(
+        B=B, T=T, S=S, H=draw(st.integers(1, 4)), latent=draw(st.sampled_from([8, 12])),
+        rope=draw(st.sampled_from([2, 4])), v_dim=draw(st.integers(1, 8)), topk=draw(st.integers(1, S + 6)),
+        chunk=draw(st.integers(1, 19)), padded=draw(st.booleans()), split=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
+    )  # fmt: skip
+
+
+@FAST
+@given(mla_case())
+def test_sparse_mla_attention_equals_reference(c):
+    g = torch.Generator().manual_seed(c["seed"])
+    B, T, S, H, Cl, R = c["B"], c["T"], c["S"], c["H"], c["latent"], c["rope"]
+    idx = _selection(B, T, S, c["topk"], c["padded"], g)
+    q = torch.randn(B, T, H, Cl + R, generator=g)
+    cache = torch.randn(B, S + 5, Cl + R + 3, generator=g)  # a preallocated cache, sliced as the model does
+    latent, k_rope = cache[:, :S, :Cl], cache[:, :S, Cl : Cl + R]
+    expected = sparse_mla_attention_reference(q, torch.cat((latent, k_rope), -1), idx, 0.29, c["v_dim"])
+    with torch.no_grad():
+        if c["split"]:
+            got = sparse_mla_attention(q, latent, idx, 0.29, c["v_dim"], chunk_size=c["chunk"], k_rope=k_rope)
+        else:
+            got = sparse_mla_attention(
+                q, torch.cat((latent, k_rope), -1), idx, 0.29, c["v_dim"], chunk_size=c["chunk"]
+            )
+    assert got.shape == (B, T, H, c["v_dim"])
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
+
+
+def test_mla_decode_with_split_cache_equals_reference():
+    """One query against a long cache (the k_rope path that never concatenates the cache)."""
+    g = torch.Generator().manual_seed(3)
+    B, S, H, Cl, R, topk = 2, 200, 4, 16, 4, 24
+    cache = torch.randn(B, 256, Cl + R, generator=g)
+    q = torch.randn(B, 1, H, Cl + R, generator=g)
+    pad = _padding(B, S, g)
+    idx = select_topk(torch.randn(B, 1, S, generator=g), topk, key_padding_mask=pad)
+    got = sparse_mla_attention(q, cache[:, :S, :Cl], idx, 0.2, Cl, k_rope=cache[:, :S, Cl:])
+    torch.testing.assert_close(got, sparse_mla_attention_reference(q, cache[:, :S], idx, 0.2, Cl))
+
+
+def test_gradients_equal_reference():
+    g = torch.Generator().manual_seed(4)
+    B, T, S, Hkv, G, D = 2, 13, 17, 2, 2, 8
+    idx = _selection(B, T, S, 6, True, g)
+    leaves = [
+        torch.randn(B, T, Hkv * G, D, generator=g),
+        torch.randn(B, S, Hkv, D, generator=g),
+        torch.randn(B, S, Hkv, 5, generator=g),
+    ]
+    ref_in = [t.clone().requires_grad_() for t in leaves]
+    fast_in = [t.clone().requires_grad_() for t in leaves]
+    up = torch.randn(B, T, Hkv * G, 5, generator=g)
+    (sparse_attention_reference(*ref_in, idx, 0.3) * up).sum().backward()
+    (sparse_attention(*fast_in, idx, 0.3, chunk_size=4) * up).sum().backward()
+    for a, b in zip(ref_in, fast_in):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-5)
+
+    q, kv = torch.randn(B, T, 3, 10, generator=g), torch.randn(B, S, 10, generator=g)
+    ref_in = [q.clone().requires_grad_(), kv.clone().requires_grad_()]
+    fast_in = [q.clone().requires_grad_(), kv.clone().requires_grad_()]
+    up = torch.randn(B, T, 3, 6, generator=g)
+    (sparse_mla_attention_reference(*ref_in, idx, 0.3, 6) * up).sum().backward()
+    (sparse_mla_attention(*fast_in, idx, 0.3, 6, chunk_size=5) * up).sum().backward()
+    for a, b in zip(ref_in, fast_in):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_fast_paths_track_reference():
+    g = torch.Generator().manual_seed(5)
+    idx = _selection(2, 20, 30, 8, True, g)
+    q, k, v = (
+        torch.randn(2, 20, 4, 8, generator=g),
+        torch.randn(2, 30, 2, 8, generator=g),
+        torch.randn(2, 30, 2, 8, generator=g),
+    )
+    expected = sparse_attention_reference(q, k, v, idx, 0.3)
+    got = sparse_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), idx, 0.3)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected, atol=3e-2, rtol=3e-2)
+    kv = torch.randn(2, 30, 12, generator=g)
+    qm = torch.randn(2, 20, 3, 12, generator=g)
+    got = sparse_mla_attention(qm.bfloat16(), kv.bfloat16(), idx, 0.3, 8)
+    torch.testing.assert_close(
+        got.float(), sparse_mla_attention_reference(qm, kv, idx, 0.3, 8), atol=3e-2, rtol=3e-2
+    )
+
+
+def test_prefer_dense_is_a_length_crossover_for_prefill_only():
+    ratio = dsa.DENSE_CROSSOVER_RATIO
+    k = 512
+    assert dsa.prefer_dense(100, int(ratio * k) - 1, k)
+    assert not dsa.prefer_dense(100, int(ratio * k) + 1, k)
+    assert not dsa.prefer_dense(1, 10, k)  # decode always gathers
+    assert not dsa.prefer_dense(100, 1000, k, crossover_ratio=0)
+    assert dsa.prefer_dense(100, 10**9, k, crossover_ratio=float("inf"))
+
+
+def test_mla_dispatch_masked_below_crossover_gather_above(monkeypatch):
+    """``sparse_impl="auto"``: the masked-dense path below the crossover, the gather path above, and
+    both give what the explicit implementations give."""
+    from dsv32.engine.speed import tiny_config
+    from dsv32.model import attention as mla_module
+    from dsv32.model.attention import MLA
+    from dsv32.model.rope import RotaryEmbedding
+
+    cfg = tiny_config(index_topk=8)
+    torch.manual_seed(0)
+    layer = MLA(cfg, 0).eval()
+    rope = RotaryEmbedding(cfg)
+    calls = []
+    real = mla_module.sparse_mla_attention
+    monkeypatch.setattr(
+        mla_module, "sparse_mla_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    )
+    for T, gathers in ((20, False), (40, True)):  # crossover at 8 · ratio keys
+        layer.dense_crossover_ratio = 3.0
+        x = torch.randn(2, T, cfg.hidden_size)
+        cos, sin = rope(torch.arange(T).expand(2, T))
+        outs = {}
+        with torch.no_grad():
+            for impl in ("masked", "gather", "auto"):
+                layer.sparse_impl = impl
+                calls.clear()
+                outs[impl] = layer(x, cos, sin)
+                used_gather = bool(calls)
+        assert used_gather == gathers
+        torch.testing.assert_close(outs["auto"], outs["gather"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(outs["masked"], outs["gather"], atol=1e-5, rtol=1e-5)
