@@ -82,11 +82,50 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _add_chat(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("chat", help="the V3.2 conversation protocol: encode, parse, chat template")
+    csub = p.add_subparsers(dest="chat_cmd", required=True)
+    enc = csub.add_parser("encode", help="print the V3.2 prompt of a conversation JSON file")
+    enc.add_argument("file", help='a JSON list of messages, or {"messages": [...], "tools": [...]}')
+    enc.add_argument("--mode", choices=["thinking", "chat"], default="thinking")
+    enc.add_argument("--no-bos", action="store_true", help="leave out <｜begin▁of▁sentence｜>")
+    par = csub.add_parser("parse", help="parse a completion text file into an assistant message (JSON)")
+    par.add_argument("file", help="exactly the generated text, up to and including the end token")
+    par.add_argument("--mode", choices=["thinking", "chat"], default="thinking")
+    par.add_argument("--lenient", action="store_true", help="recover what is possible; list problems")
+    csub.add_parser("template", help="print the V3.2 Jinja chat_template (for transformers / vLLM)")
+
+    def run(args: argparse.Namespace) -> int:
+        import json
+
+        from dsv32 import chat
+
+        try:
+            if args.chat_cmd == "encode":
+                with open(args.file, encoding="utf-8") as f:
+                    messages = chat.conversation_from_json(json.load(f))
+                print(chat.encode_messages(messages, args.mode, add_bos=not args.no_bos))
+            elif args.chat_cmd == "parse":
+                with open(args.file, encoding="utf-8", newline="") as f:
+                    text = f.read()
+                message = chat.parse_completion(text, args.mode, strict=not args.lenient)
+                print(json.dumps(message, ensure_ascii=False, indent=2))
+            else:
+                sys.stdout.write(chat.chat_template())
+        except (OSError, ValueError) as err:  # ConversationError, ParseError, bad JSON are ValueErrors
+            print(f"dsv32 chat {args.chat_cmd}: {err}", file=sys.stderr)
+            return 1
+        return 0
+
+    p.set_defaults(func=run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dsv32", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_model(sub)
     _add_generate(sub)
+    _add_chat(sub)
     return parser
 
 

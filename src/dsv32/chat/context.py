@@ -36,6 +36,9 @@ def apply_thinking_context(messages: Sequence[Mapping[str, Any]]) -> list[dict[s
     and what it learned. (Frameworks that send tool results as *user* messages trigger the drop on
     every step; the paper recommends non-thinking mode for them.)
 
+    :func:`~dsv32.chat.encode.encode_messages` lays the conversation out accordingly: user turns
+    before the last one end with ``</think>`` and their assistant turns carry no reasoning.
+
     A ``developer`` message counts as a user message here (it is rendered as a user turn). Returns
     new message dicts (shallow copies); the input is not modified.
     """

@@ -15,10 +15,8 @@ Rules (``L`` = index of the last user or developer message, thinking mode unless
   ``<result>`` each, in order; after the last one ``<think>`` reopens thinking (at or after L) or
   ``</think>`` closes it (before L, chat mode).
 
-``drop_thinking=True`` (the released behavior) applies :func:`~dsv32.chat.context.apply_thinking_context`.
-``drop_thinking=False`` is an extension for training and rollouts that keep all reasoning: every
-round is laid out like the last one (user turns open ``<think>``, assistant turns keep
-``reasoning</think>``), so no reasoning is lost and the encoding never changes a prefix.
+The layout itself enforces the thinking context rule of §3.2.1
+(:func:`~dsv32.chat.context.apply_thinking_context`): a turn before L has no place for reasoning.
 
 Deviation from DeepSeek's ``encoding_dsv32.py``: there, a developer message before the last user
 message is dropped when thinking is dropped, which misaligns message indices and fails; here it is
@@ -114,7 +112,6 @@ def render_segments(
     if thinking and drop_thinking:
         full = apply_thinking_context(full)
     last_user = last_user_index(full)
-    keep_all = thinking and not drop_thinking
 
     segments: list[Segment] = []
     if add_bos and not context:
@@ -122,7 +119,7 @@ def render_segments(
     calls = answered = 0
     for index, message in enumerate(full):
         role = message["role"]
-        opens_thinking = thinking and (index == last_user or keep_all)
+        opens_thinking = thinking and index == last_user
         if role == "system":
             text = (message.get("content") or "") + _system_blocks(message)
         elif role == "user":
@@ -133,13 +130,13 @@ def render_segments(
             text = P.USER + body + P.ASSISTANT + (P.THINK_START if opens_thinking else P.THINK_END)
         elif role == "assistant":
             calls, answered = len(message.get("tool_calls") or []), 0
-            text = _render_assistant(index, message, thinking and (index > last_user or keep_all))
+            text = _render_assistant(index, message, thinking and index > last_user)
         else:  # tool (check_conversation guarantees a pending call)
             answered += 1
             text = P.RESULTS_OPEN if answered == 1 else ""
             text += P.RESULT_OPEN + message["content"] + P.RESULT_CLOSE
             if answered == calls:
-                reopen = thinking and (index >= last_user or keep_all)
+                reopen = thinking and index >= last_user
                 text += P.RESULTS_CLOSE + "\n\n" + (P.THINK_START if reopen else P.THINK_END)
         if index >= len(context):
             segments.append(Segment(index, role, text))
@@ -165,13 +162,14 @@ def encode_messages(
         thinking_mode: ``"thinking"`` (the model reasons inside ``<think>``) or ``"chat"``.
         context: messages already encoded; only ``messages`` are rendered, as they appear after
             ``context``. ``encode(context) + encode(new, context=context) == encode(context + new)``
-            holds in chat mode, with ``drop_thinking=False``, and whenever ``new`` adds no user or
-            developer message (a rollout appending assistant turns and tool results). A new user
+            holds in chat mode and whenever ``new`` adds no user or developer message (a rollout
+            appending assistant turns and tool results). A new user
             turn ends the round: by §3.2.1 earlier reasoning is dropped, which changes the prefix, so
             re-encode the whole conversation then. In every case ``encode(new, context=context)`` is
             the exact tail of ``encode(context + new)``.
-        drop_thinking: apply the thinking context rule (released behavior); False keeps all
-            reasoning (see the module docstring).
+        drop_thinking: strip ``reasoning_content`` from assistant turns before the last user
+            message before rendering (thinking mode). Kept for parity with DeepSeek's encoder: the
+            released layout has no place for that reasoning, so the text is the same either way.
         add_bos: start with ``<｜begin▁of▁sentence｜>`` (only when ``context`` is empty).
 
     Raises:

@@ -6,8 +6,7 @@ for Hugging Face transformers' ``apply_chat_template`` and for servers that use 
 
 Template variables: ``messages``; ``tools`` (attached like :func:`~dsv32.chat.context.attach_tools`);
 the mode as ``thinking_mode`` (``"thinking"``/``"chat"``) or as a boolean ``thinking`` /
-``enable_thinking`` (default: thinking); ``drop_thinking`` (default true); ``add_bos`` (default
-true). ``add_generation_prompt`` is not needed: a V3.2 user turn already ends with the opening of
+``enable_thinking`` (default: thinking); ``add_bos`` (default true). ``add_generation_prompt`` is not needed: a V3.2 user turn already ends with the opening of
 the assistant turn. Assistant turns are wrapped in ``{% generation %}`` so that
 ``return_assistant_tokens_mask=True`` marks what the model generated.
 
@@ -37,9 +36,7 @@ _TEMPLATE = r"""
 {%- if mode not in ['thinking', 'chat'] -%}
   {{- raise_exception("thinking_mode must be 'thinking' or 'chat'") -}}
 {%- endif -%}
-{%- set drop = true if drop_thinking is not defined or drop_thinking is none else drop_thinking -%}
 {%- set bos = true if add_bos is not defined or add_bos is none else add_bos -%}
-{%- set keep_all = mode == 'thinking' and not drop -%}
 {%- macro system_blocks(m) -%}
   {%- if m.tools -%}
     {{- '\n\n' + @TOOLS_PROMPT_HEAD@ -}}
@@ -71,7 +68,7 @@ _TEMPLATE = r"""
 {%- if bos -%}{{- @BOS@ -}}{%- endif -%}
 {%- for m in msgs -%}
   {%- set i = loop.index0 -%}
-  {%- set opens = mode == 'thinking' and (i == ns.last_user or keep_all) -%}
+  {%- set opens = mode == 'thinking' and i == ns.last_user -%}
   {%- if m.role != 'tool' and ns.answered < ns.calls -%}
     {{- raise_exception('message ' ~ i ~ ': a ' ~ m.role ~ ' message follows assistant message ' ~ ns.owner ~ ' before all its tool calls got results') -}}
   {%- endif -%}
@@ -96,7 +93,7 @@ _TEMPLATE = r"""
       {{- raise_exception('message ' ~ i ~ ': in thinking mode an assistant turn after the last user message needs reasoning_content or tool_calls') -}}
     {%- endif -%}
     {%- generation -%}
-    {%- if mode == 'thinking' and (i > ns.last_user or keep_all) -%}
+    {%- if mode == 'thinking' and i > ns.last_user -%}
       {{- (m.reasoning_content or '') + @THINK_END@ -}}
     {%- endif -%}
     {{- m.content or '' -}}
@@ -130,7 +127,7 @@ _TEMPLATE = r"""
     {{- @RESULT_OPEN@ + m.content + @RESULT_CLOSE@ -}}
     {%- if ns.answered == ns.calls -%}
       {{- @RESULTS_CLOSE@ + '\n\n' -}}
-      {{- @THINK_START@ if mode == 'thinking' and (i >= ns.last_user or keep_all) else @THINK_END@ -}}
+      {{- @THINK_START@ if mode == 'thinking' and i >= ns.last_user else @THINK_END@ -}}
     {%- endif -%}
   {%- else -%}
     {{- raise_exception('message ' ~ i ~ ': unknown role ' ~ m.role) -}}

@@ -44,7 +44,6 @@ def tokenize_conversation(
     messages: Sequence[Mapping[str, Any]],
     thinking_mode: str = "thinking",
     *,
-    drop_thinking: bool = True,
     add_bos: bool = True,
     train_on: Literal["all", "last_round"] = "all",
 ) -> tuple[list[int], list[int]]:
@@ -74,7 +73,7 @@ def tokenize_conversation(
             f"the tokenizer lacks the V3.2 special tokens {missing}; call "
             "dsv32.chat.add_v32_special_tokens(tokenizer) and resize the model's embeddings to len(tokenizer)"
         )
-    segments = render_segments(messages, thinking_mode, None, drop_thinking, add_bos)
+    segments = render_segments(messages, thinking_mode, None, True, add_bos)
     last_user = last_user_index(messages)
 
     def trained(segment: Any) -> bool:
