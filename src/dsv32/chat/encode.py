@@ -31,6 +31,7 @@ from typing import Any
 
 from dsv32.chat import protocol as P
 from dsv32.chat.context import apply_thinking_context, last_user_index
+from dsv32.chat.errors import ConversationError
 from dsv32.chat.validate import check_conversation, to_json, tool_call_arguments
 
 
@@ -105,6 +106,9 @@ def render_segments(
     add_bos: bool = True,
 ) -> list[Segment]:
     """The prompt of :func:`encode_messages`, as one :class:`Segment` per rendered message."""
+    for name, value in (("messages", messages), ("context", context or [])):
+        if not isinstance(value, Sequence) or isinstance(value, str | bytes):
+            raise ConversationError(None, f"{name} must be a list of dicts, got {type(value).__name__}")
     context = list(context or [])
     full = context + list(messages)
     check_conversation(full, thinking_mode)

@@ -113,7 +113,7 @@ class _Parser:
         self.expect(P.PARAM_OPEN)
         key_at = self.pos
         key = self.read_until('" string="', "parameter name")
-        if not key or '"' in key or "\n" in key or P.DSML in key:
+        if '"' in key or "\n" in key or P.DSML in key:
             self.abandon(key_at, "a parameter name (no quotes, newlines or DSML tags)")
         if key in arguments:
             self.abandon(key_at, f"a new parameter name ({key!r} was already given)")

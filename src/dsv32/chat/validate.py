@@ -18,6 +18,7 @@ from typing import Any
 
 from dsv32.chat.context import last_user_index
 from dsv32.chat.errors import ConversationError
+from dsv32.chat.protocol import DSML
 
 ROLES = ("system", "user", "developer", "assistant", "tool")
 THINKING_MODES = ("thinking", "chat")
@@ -43,9 +44,10 @@ def tool_call_arguments(index: int, position: int, tool_call: Mapping[str, Any])
     if not isinstance(function, Mapping):
         raise ConversationError(index, f"tool call {position} has no `function` object (OpenAI format)")
     name = function.get("name")
-    if not isinstance(name, str) or not name or '"' in name or "\n" in name:
+    if not isinstance(name, str) or not name or '"' in name or "\n" in name or DSML in name:
         raise ConversationError(
-            index, f"tool call {position} needs a non-empty function name without quotes or newlines"
+            index,
+            f"tool call {position} needs a non-empty function name without quotes, newlines or DSML tags",
         )
     raw = function.get("arguments")
     if isinstance(raw, str):
@@ -67,9 +69,11 @@ def tool_call_arguments(index: int, position: int, tool_call: Mapping[str, Any])
             f"tool call {position} ({name}): arguments must be a JSON object, got {type(arguments).__name__}",
         )
     for key, value in arguments.items():
-        if not isinstance(key, str) or '"' in key or "\n" in key:
+        if not isinstance(key, str) or '"' in key or "\n" in key or DSML in key:
             raise ConversationError(
-                index, f"tool call {position} ({name}): argument name {key!r} must be a string without quotes"
+                index,
+                f"tool call {position} ({name}): argument name {key!r} must be a string without quotes, "
+                "newlines or DSML tags",
             )
         if not isinstance(value, str):
             try:
