@@ -261,6 +261,7 @@ def measure_length(plan: Plan, L: int, log: Callable[[str], None]) -> list[dict]
                 if rep == 0:
                     mems[(name, k)] = mem
                 log(f"  L={L:>6} rep {rep + 1}/{plan.reps} {name:<24} k={k or '-':<5} {t * 1e3:10.1f} ms")
+    load_1min = round(os.getloadavg()[0], 2)  # after the runs: other jobs make ratios noisy
     results = []
     for k in plan.topks:
 
@@ -292,6 +293,7 @@ def measure_length(plan: Plan, L: int, log: Callable[[str], None]) -> list[dict]
             "topk": k,
             "batch": plan.shape.batch,
             "threads": torch.get_num_threads(),
+            "load_average_1min": load_1min,
             "dtype": str(plan.dtype).removeprefix("torch."),
             "reps": plan.reps,
             "prefill_s": pre,
@@ -487,6 +489,12 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
     log(
         f"DSA attention benchmark — shape: {shape.describe()}; {args.dtype}, {torch.get_num_threads()} threads"
     )
+    busy = os.getloadavg()[0]
+    if busy > 0.5:
+        log(
+            f"warning: load average {busy:.2f}: other processes are running. With every core in use by torch "
+            "a busy core stalls each parallel op, so timings (ours: many small ops) suffer most."
+        )
     if args.tune:
         result = tune(plan, (args.seq_len or [4096])[0], (args.topk or [512])[0], log)
         (out_dir / "attention_tune.json").write_text(json.dumps(result, indent=2))

@@ -277,12 +277,16 @@ def sparse_mla_attention(
     out = q.new_empty(B, T, H, v_dim)
     if T == 0:
         return out
+    # Leading queries that selected every key they see need no gather: causal dense attention.
+    first = 0 if k_rope is not None else _selects_all_prefix(topk_indices, kv.shape[1])
+    if first:
+        out[:, :first] = _causal_dense_mla(q[:, :first], kv, scale, v_dim, kv.shape[1] - T)
     step = _chunk(K, chunk_size)
     rows, strides = _row_view(kv, grad)
     if k_rope is not None:
         rrows, rstrides = _row_view(k_rope, grad)
     bufs = _Buffers(not grad)
-    for start in range(0, T, step):
+    for start in range(first, T, step):
         idx = topk_indices[:, start : start + step]
         n = idx.shape[1]
         sel = _Selection(idx)
@@ -301,6 +305,47 @@ def sparse_mla_attention(
         probs = sel.softmax(scores, inplace=not grad).to(kv.dtype)
         oc = torch.bmm(probs, g[..., :v_dim])  # [B·n, H, v_dim]
         out[:, start : start + n] = oc.view(B, n, H, v_dim)
+    return out
+
+
+def _selects_all_prefix(topk_indices: torch.Tensor, S: int) -> int:
+    """How many leading queries (in every batch row) selected exactly the keys they can see — query t
+    sees ``0 .. t + S - T``; true for every query that sees at most K keys when the selection comes from
+    :func:`~dsv32.dsa.select_topk` without padding. Their attention is plain causal attention."""
+    B, T, K = topk_indices.shape
+    offset = S - T
+    n = min(T, K - offset)
+    if n <= 1:
+        return 0
+    head = topk_indices[:, :n]
+    seen = torch.arange(n, device=head.device) + offset  # last visible key of each query
+    full = ((head >= 0).sum(-1) == seen + 1) & (head.amax(-1) <= seen)  # distinct indices assumed
+    full = full.all(dim=0)
+    return n if bool(full.all()) else int(full.long().cumprod(0).sum())
+
+
+def _causal_dense_mla(
+    q: torch.Tensor, kv: torch.Tensor, scale: float, v_dim: int, offset: int
+) -> torch.Tensor:
+    """MQA-mode attention of queries ``q`` ``[B, n, H, C]`` (positions ``offset ..``) over every key up
+    to their own, in query blocks that read only the keys they can see: ``[B, n, H, v_dim]``."""
+    B, n, H, C = q.shape
+    out = q.new_empty(B, n, H, v_dim)
+    block = max(1, (1 << 20) // (H * (n + offset)))  # ~4 MB of fp32 scores per block
+    for a in range(0, n, block):
+        b = min(a + block, n)
+        keys = kv[:, : b + offset]  # [B, b + offset, C]
+        scores = torch.matmul(q[:, a:b].reshape(B, (b - a) * H, C) * scale, keys.transpose(1, 2))
+        scores = scores.view(B, b - a, H, b + offset)
+        later = torch.arange(b + offset, device=q.device) > (
+            torch.arange(a, b, device=q.device) + offset
+        ).unsqueeze(1)
+        probs = torch.softmax(
+            scores.masked_fill(later.view(1, b - a, 1, -1), float("-inf")), dim=-1, dtype=torch.float32
+        )
+        out[:, a:b] = torch.matmul(probs.to(kv.dtype).view(B, (b - a) * H, -1), keys[..., :v_dim]).view(
+            B, b - a, H, v_dim
+        )
     return out
 
 

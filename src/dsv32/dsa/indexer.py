@@ -16,7 +16,8 @@ model: callers pass detached inputs (paper §2.1.1, "we detach the indexer input
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -271,9 +272,10 @@ def indexer_topk(
         key_block=key_block or INDEXER_KEY_BLOCK,
         window=window or INDEXER_TOPK_WINDOW,
     )
-    for start in range(0, T, chunk):
-        stop = min(start + chunk, T)
-        out[:, start:stop] = plan.select(q[:, start:stop].float(), gates[:, start:stop], start)
+    with torch.no_grad():  # indices only: nothing here is differentiable
+        for start in range(0, T, chunk):
+            stop = min(start + chunk, T)
+            out[:, start:stop] = plan.select(q[:, start:stop].float(), gates[:, start:stop], start)
     return out
 
 
@@ -288,22 +290,36 @@ class _IndexerPlan:
     padding: torch.Tensor | None
     key_block: int
     window: int
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """A contiguous fp32 work tensor reused across chunks (fresh pages cost more than the math)."""
+        numel = math.prod(shape)
+        buf = self.buffers.get(name)
+        if buf is None or buf.numel() < numel:
+            buf = self.buffers[name] = self.keys.new_empty(numel)
+        return buf[:numel].view(shape)
 
     def score(self, q: torch.Tensor, w: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
         """Index scores ``[B, n, hi - lo]`` of queries ``q`` ``[B, n, H, D]`` (gates ``w``) against
-        keys ``lo .. hi - 1`` (no mask), in key blocks of ``~INDEXER_BLOCK_ELEMS`` logits."""
+        keys ``lo .. hi - 1`` (no mask), in key blocks of ``~INDEXER_BLOCK_ELEMS`` logits. The result
+        lives in a reused buffer: valid until the next call."""
         B, n, H, D = q.shape
         qv = q.reshape(B, n * H, D)
         wv = w.reshape(B, n, 1, H)
+        width = hi - lo
         block = max(self.key_block, INDEXER_BLOCK_ELEMS // (n * H))
-        out = None if hi - lo <= block else q.new_empty((B, n, hi - lo))
+        out = self.buffer("rows", (B, n, width))
         for b0 in range(lo, hi, block):
-            b1 = min(b0 + block, hi)
-            logits = torch.matmul(qv, self.keys[:, b0:b1].transpose(1, 2)).relu_()  # [B, n·H, blk]
-            summed = torch.matmul(wv, logits.view(B, n, H, b1 - b0)).view(B, n, b1 - b0)
-            if out is None:
-                return summed
-            out[:, :, b0 - lo : b1 - lo] = summed
+            nb = min(b0 + block, hi) - b0
+            logits = self.buffer("logits", (B, n * H, nb))
+            torch.matmul(qv, self.keys[:, b0 : b0 + nb].transpose(1, 2), out=logits).relu_()
+            if nb == width:  # one block: the gated head-sum writes the rows directly
+                torch.matmul(wv, logits.view(B, n, H, nb), out=out.view(B, n, 1, nb))
+            else:
+                summed = self.buffer("summed", (B, n, 1, nb))
+                torch.matmul(wv, logits.view(B, n, H, nb), out=summed)
+                out[:, :, b0 - lo : b0 - lo + nb] = summed.view(B, n, nb)
         return out
 
     def mask(self, scores: torch.Tensor, lo: int, first_query: int) -> torch.Tensor:
