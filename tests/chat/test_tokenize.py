@@ -126,3 +126,36 @@ def test_template_rejects_what_encode_rejects(tokenizer, fixture_input):
         tokenizer.apply_chat_template(
             fixture_input["messages"], chat_template=chat_template(), tokenize=False
         )
+
+
+def _call(name, **arguments):
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "1+1=?"}],
+    [
+        {"role": "system", "content": "S", "response_format": {"type": "json_object"}},
+        {"role": "developer", "content": "D", "tools": [{"type": "function", "function": {"name": "f"}}]},
+        {"role": "assistant", "reasoning_content": "r", "tool_calls": [_call("f", a=1, b="x"), _call("f")]},
+        {"role": "tool", "content": "one"},
+        {"role": "tool", "content": "two"},
+        {"role": "assistant", "reasoning_content": "r2", "content": "done"},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "reasoning_content": "r3", "tool_calls": [_call("f", l=[1, {"k": None}])]},
+    ],
+    [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "tool_calls": [_call("g", x=True), _call("g", x=False)]},
+        {"role": "tool", "content": "pending: the second result has not arrived"},
+    ],
+]
+
+
+@pytest.mark.parametrize("messages", CONVERSATIONS)
+@pytest.mark.parametrize("thinking", [True, False])
+def test_apply_chat_template_equals_encode_messages(smollm2_tokenizer, messages, thinking):
+    rendered = smollm2_tokenizer.apply_chat_template(
+        messages, chat_template=chat_template(), tokenize=False, thinking=thinking
+    )
+    assert rendered == encode_messages(messages, "thinking" if thinking else "chat")

@@ -18,9 +18,11 @@ Rules (``L`` = index of the last user or developer message, thinking mode unless
 The layout itself enforces the thinking context rule of §3.2.1
 (:func:`~dsv32.chat.context.apply_thinking_context`): a turn before L has no place for reasoning.
 
-Deviation from DeepSeek's ``encoding_dsv32.py``: there, a developer message before the last user
-message is dropped when thinking is dropped, which misaligns message indices and fails; here it is
-rendered as the user turn it is.
+Deviations from DeepSeek's ``encoding_dsv32.py``, all on input it cannot encode correctly: a
+developer message before the last user message is rendered as the user turn it is (there it is
+dropped, which misaligns message indices and fails); ``tools`` on a user message, non-string
+content, missing tool results before the next turn and non-finite numbers raise
+:class:`ConversationError` instead of being ignored or written as ``None``/``NaN``.
 """
 
 from __future__ import annotations

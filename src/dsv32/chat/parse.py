@@ -9,8 +9,10 @@ after the last user message::
     INVOKE   = '<｜DSML｜invoke name="NAME">\\n' PARAM ("\\n" PARAM)* "\\n</｜DSML｜invoke>"   (0+ params)
     PARAM    = '<｜DSML｜parameter name="KEY" string="true|false">VALUE</｜DSML｜parameter>'
 
-``string="true"`` values are taken verbatim; ``string="false"`` values must be JSON. REASONING and
-CONTENT may not contain special tokens or DSML tags.
+``string="true"`` values are taken verbatim; ``string="false"`` values must be JSON (finite numbers),
+and ``arguments`` is re-serialized with ``json.dumps`` (DeepSeek's parser splices the raw text; the
+two agree on everything the encoder writes). REASONING and CONTENT may not contain special tokens or
+DSML tags (also ``<｜User｜>``/``<｜Assistant｜>``, which DeepSeek's parser does not check).
 
 Strict mode (the default) raises :class:`~dsv32.chat.errors.ParseError` at the first deviation, with
 its position and what was expected; no other exception escapes. Lenient mode (``strict=False``) is
