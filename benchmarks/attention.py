@@ -14,8 +14,9 @@ all paths of one point see the same tensors):
 
 - prefill (a) ``sdpa``: ``F.scaled_dot_product_attention(is_causal=True)`` over per-head q/K/V
   ``[B, 16, L, 192|128]`` precomputed like a standard model's cache — what a dense model runs;
-- prefill (b) ``masked_dense``: the transformers way — our indexer's top-k, a boolean ``[B, L, L]``
-  selection mask, then SDPA with that mask over the same per-head K/V (O(L²));
+- prefill (b) ``masked_dense``: the transformers way — MLA's MHA mode (per-head K/V expanded from the
+  latents with ``kv_b_proj``, timed), our indexer's top-k, a boolean ``[B, L, L]`` selection mask, and
+  SDPA with that mask (O(L²)); this is also the model's masked path that ``--crossover`` compares;
 - prefill (c) ``ours``: the whole DSA attention in MLA's MQA mode — absorb ``W_UK`` into the queries,
   indexer scoring + top-k (chunked, streaming), sparse attention over the gathered latents, ``W_UV``
   on the output; ``ours_mha_gather``: the same selection in MHA mode — expand per-head K/V from the
@@ -24,9 +25,11 @@ all paths of one point see the same tensors):
   (a) ``sdpa`` over the per-head K/V cache; (d) ``dense_mla``: absorbed MQA over all L latents
   ``[B, L, 576]`` — how V3.1 decodes; (c) ``ours``: absorbed query, indexer over the whole cache
   (one matmul) + top-k, attention over the k gathered latents, ``W_UV``.
-- ``peak_mem_mb``: growth of the process's peak resident memory during the first call of a path
-  (Linux ``VmHWM``, reset before each call); an allocator may reuse freed pages, so it is a lower
-  bound; tests/dsa/test_memory.py checks the sparse path's allocations exactly.
+- ``peak_mem_mb``: peak MB of tensors alive at once during one call (allocator events recorded by
+  the torch profiler), not counting the inputs — the same instrument as tests/dsa/test_memory.py.
+- ``others_cpu_share``: share of the machine's CPU time other processes used during each timed
+  repetition. The benchmark waits for a quiet machine before each measurement and repeats contended
+  ones (``--max-wait``, ``--retries``): with torch on every core, a busy core stalls each parallel op.
 
 Repetitions are interleaved (a, b, c, a, b, c, ...) and every ratio is a ratio of medians from the
 same run. Writes ``runs/bench/attention.json`` and ``attention.png`` (grid), or
@@ -37,8 +40,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import re
 import statistics
 import sys
 import time
@@ -48,6 +51,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
 
 from dsv32 import dsa
 from dsv32.dsa import indexer_topk, selection_mask, sparse_attention, sparse_mla_attention
@@ -125,9 +129,14 @@ def prefill_sdpa(x: Inputs, topk: int) -> torch.Tensor:
 
 
 def prefill_masked_dense(x: Inputs, topk: int) -> torch.Tensor:
+    s = x.shape
+    k_nope, v = x.expand()  # MHA mode, as transformers' DeepseekV32 (and our masked path) run it
+    k = torch.cat((k_nope, x.kv[..., s.kv_lora :].unsqueeze(2).expand(-1, -1, s.heads, -1)), dim=-1)
     idx = indexer_topk(x.iq, x.iw, x.ik, topk)
     mask = selection_mask(idx, x.L).unsqueeze(1)  # [B, 1, L, L]
-    return F.scaled_dot_product_attention(x.q_mha, x.k_mha, x.v_mha, attn_mask=mask, scale=x.scale)
+    return F.scaled_dot_product_attention(
+        x.q_mha, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=x.scale
+    )
 
 
 def prefill_ours(x: Inputs, topk: int) -> torch.Tensor:
@@ -167,7 +176,7 @@ def decode_ours(x: Inputs, topk: int) -> torch.Tensor:
 
 COVERS = {
     "prefill.sdpa": "(a) causal SDPA over precomputed per-head q/K/V (a dense model)",
-    "prefill.masked_dense": "(b) indexer top-k + [B,L,L] selection mask + masked SDPA over per-head K/V",
+    "prefill.masked_dense": "(b) kv_b_proj expansion + indexer top-k + [B,L,L] selection mask + masked SDPA",
     "prefill.ours": "(c) MQA mode: W_UK absorption + indexer scores/top-k + gathered-latent attention + W_UV",
     "prefill.ours_mha_gather": "(c') MHA mode: kv_b_proj expansion + indexer top-k + per-head K/V gather",
     "decode.sdpa": "(a) one query, SDPA over the per-head K/V cache",
@@ -179,43 +188,83 @@ COVERS = {
 # --- measurement ---------------------------------------------------------------------------
 
 
-def _vm(field: str) -> int:
-    """A ``/proc/self/status`` memory field in kB (0 where unavailable)."""
-    try:
-        m = re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text())
-    except OSError:
-        return 0
-    return int(m.group(1)) if m else 0
-
-
-def _reset_peak() -> int:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return 0
-    return _vm("VmRSS")
-
-
-def timed(fn: Callable[[], object], calls: int, measure_memory: bool) -> tuple[float, float | None]:
-    """Seconds per call (mean of ``calls``) and the peak-RSS growth in MB (first call only)."""
-    mem = None
-    if measure_memory:
-        base = _reset_peak()
-        start = time.perf_counter()
+def peak_mb(fn: Callable[[], object]) -> float:
+    """Peak MB of tensors allocated and alive at once while ``fn`` runs (the allocator's events,
+    recorded by the torch profiler; inputs allocated before the call are not counted)."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-        elapsed = time.perf_counter() - start
-        mem = (_vm("VmHWM") - base) / 1024 if base else None
-        calls -= 1
-        if calls == 0:
-            return elapsed, mem
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        return (elapsed + time.perf_counter() - start) / (calls + 1), mem
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls, mem
+    events = sorted(
+        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
+    )
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return round(peak / 2**20, 1)
+
+
+class Meter:
+    """Wall-clock timing that knows when other processes competed for the CPU.
+
+    With torch using every core, one busy core stalls each parallel op, so a measurement taken while
+    another job runs can be many times too slow. Before each measurement the meter waits (up to
+    ``max_wait`` s) for a quiet machine; after it, it computes ``others`` — the share of the machine's
+    CPU time used by other processes during the call (``/proc/stat`` minus our own CPU time) — and
+    repeats a contended measurement up to ``retries`` times. ``others`` is reported with each timing.
+    """
+
+    def __init__(self, threshold: float = 0.1, max_wait: float = 120.0, retries: int = 2) -> None:
+        self.threshold, self.max_wait, self.retries = threshold, max_wait, retries
+        self.cpus = os.cpu_count() or 1
+        self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.available = self._busy() is not None
+
+    def _busy(self) -> float | None:
+        """CPU-seconds the whole machine has been busy (None where /proc/stat is missing)."""
+        try:
+            fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        except OSError:
+            return None
+        ticks = [int(f) for f in fields]
+        return (sum(ticks) - ticks[3] - ticks[4]) / self.hz  # all but idle and iowait
+
+    @staticmethod
+    def _own() -> float:
+        t = os.times()
+        return t.user + t.system
+
+    def others(self, wall: float, busy0: float, own0: float) -> float:
+        if not self.available or wall <= 0:
+            return 0.0
+        foreign = (self._busy() - busy0) - (self._own() - own0)
+        return max(0.0, foreign / (wall * self.cpus))
+
+    def wait_quiet(self) -> None:
+        if not self.available:
+            return
+        deadline = time.monotonic() + self.max_wait
+        while True:
+            busy0, own0, t0 = self._busy(), self._own(), time.perf_counter()
+            time.sleep(0.3)
+            if self.others(time.perf_counter() - t0, busy0, own0) < self.threshold / 2:
+                return
+            if time.monotonic() > deadline:
+                return
+            time.sleep(1.0)
+
+    def run(self, fn: Callable[[], object], calls: int) -> tuple[float, float]:
+        """Seconds per call (mean of ``calls``) and the others' share of the machine meanwhile."""
+        for attempt in range(self.retries + 1):
+            self.wait_quiet()
+            busy0, own0 = (self._busy(), self._own()) if self.available else (0.0, 0.0)
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            wall = time.perf_counter() - start
+            others = self.others(wall, busy0, own0)
+            if others < self.threshold or attempt == self.retries:
+                return wall / calls, round(others, 3)
+        raise AssertionError("unreachable")
 
 
 @dataclass
@@ -230,7 +279,7 @@ class Plan:
     shape: Shape
 
 
-def measure_length(plan: Plan, L: int, log: Callable[[str], None]) -> list[dict]:
+def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None]) -> list[dict]:
     """All paths at one length for every k, repetitions interleaved → one result dict per k."""
     x = Inputs(plan.shape, L, plan.dtype)
     jobs: list[tuple[str, int | None, Callable[[], object], int]] = [
@@ -247,20 +296,31 @@ def measure_length(plan: Plan, L: int, log: Callable[[str], None]) -> list[dict]
     jobs.append(("decode.dense_mla", None, lambda: decode_dense_mla(x, 0), steps))
     for k in plan.topks:
         jobs.append(("decode.ours", k, lambda k=k: decode_ours(x, k), steps))
-    # Warm-up (allocator, lazy init) on short decode calls only: prefill calls are long enough.
-    for name, _, fn, _ in jobs:
-        if name.startswith("decode"):
-            fn()
-    times: dict[tuple[str, int | None], list[float]] = {}
+    # Peak memory, one profiled call per path (also the warm-up); the long dense prefill is profiled
+    # inside its first timed repetition instead (one op: the profiler adds nothing measurable).
     mems: dict[tuple[str, int | None], float | None] = {}
+    times: dict[tuple[str, int | None], list[float]] = {}
+    contention: dict[tuple[str, int | None], list[float]] = {}
     with torch.no_grad():
+        for name, k, fn, _ in jobs:
+            if name != "prefill.sdpa":
+                mems[(name, k)] = peak_mb(fn)
         for rep in range(plan.reps):
             for name, k, fn, calls in jobs:
-                t, mem = timed(fn, calls, measure_memory=rep == 0)
+                if (name, k) not in mems:
+                    holder = {}
+                    t, others = meter.run(
+                        lambda fn=fn, holder=holder: holder.setdefault("mb", peak_mb(fn)), calls
+                    )
+                    mems[(name, k)] = holder["mb"]
+                else:
+                    t, others = meter.run(fn, calls)
                 times.setdefault((name, k), []).append(t)
-                if rep == 0:
-                    mems[(name, k)] = mem
-                log(f"  L={L:>6} rep {rep + 1}/{plan.reps} {name:<24} k={k or '-':<5} {t * 1e3:10.1f} ms")
+                contention.setdefault((name, k), []).append(others)
+                flag = f"  (others used {others:.0%} of the CPU)" if others >= meter.threshold else ""
+                log(
+                    f"  L={L:>6} rep {rep + 1}/{plan.reps} {name:<24} k={k or '-':<5} {t * 1e3:10.1f} ms{flag}"
+                )
     load_1min = round(os.getloadavg()[0], 2)  # after the runs: other jobs make ratios noisy
     results = []
     for k in plan.topks:
@@ -271,6 +331,9 @@ def measure_length(plan: Plan, L: int, log: Callable[[str], None]) -> list[dict]
 
         def reps_of(name, kk=None):
             return times.get((name, kk))
+
+        def others_of(name, kk=None):
+            return contention.get((name, kk))
 
         def mem_of(name, kk=None):
             m = mems.get((name, kk))
@@ -323,6 +386,15 @@ def measure_length(plan: Plan, L: int, log: Callable[[str], None]) -> list[dict]
                 "decode.sdpa": reps_of("decode.sdpa"),
                 "decode.dense_mla": reps_of("decode.dense_mla"),
                 "decode.ours": reps_of("decode.ours", k),
+            },
+            "others_cpu_share": {
+                "prefill.sdpa": others_of("prefill.sdpa"),
+                "prefill.masked_dense": others_of("prefill.masked_dense", k),
+                "prefill.ours": others_of("prefill.ours", k),
+                "prefill.ours_mha_gather": others_of("prefill.ours_mha_gather", k),
+                "decode.sdpa": others_of("decode.sdpa"),
+                "decode.dense_mla": others_of("decode.dense_mla"),
+                "decode.ours": others_of("decode.ours", k),
             },
             "covers": COVERS,
         }
@@ -391,7 +463,7 @@ def plot(results: list[dict], path: Path) -> None:
 # --- crossover and tuning ------------------------------------------------------------------
 
 
-def crossover(plan: Plan, ratios: tuple[float, ...], log: Callable[[str], None]) -> dict:
+def crossover(plan: Plan, ratios: tuple[float, ...], meter: Meter, log: Callable[[str], None]) -> dict:
     """Prefill (b) masked-dense vs (c) sparse for L = ratio · k: the smallest ratio from which the
     sparse path wins at every measured larger ratio, per k."""
     out: dict = {"ratios": list(ratios), "per_topk": {}}
@@ -402,27 +474,42 @@ def crossover(plan: Plan, ratios: tuple[float, ...], log: Callable[[str], None])
             x = Inputs(plan.shape, L, plan.dtype)
             tb, tc = [], []
             with torch.no_grad():
+                prefill_masked_dense(x, k)  # warm-up
+                prefill_ours(x, k)
                 for _ in range(plan.reps):
-                    tb.append(timed(lambda x=x, k=k: prefill_masked_dense(x, k), 1, False)[0])
-                    tc.append(timed(lambda x=x, k=k: prefill_ours(x, k), 1, False)[0])
+                    tb.append(meter.run(lambda x=x, k=k: prefill_masked_dense(x, k), 1)[0])
+                    tc.append(meter.run(lambda x=x, k=k: prefill_ours(x, k), 1)[0])
             b, c = statistics.median(tb), statistics.median(tc)
             rows.append({"seq_len": L, "ratio": ratio, "masked_dense_s": b, "sparse_s": c})
             log(
                 f"  k={k:>5} L={L:>6} (L/k={ratio:4.1f}) masked-dense {b * 1e3:9.1f} ms  sparse {c * 1e3:9.1f} ms"
             )
-        wins = [r["sparse_s"] < r["masked_dense_s"] for r in rows]
-        first = next((i for i in range(len(rows)) if all(wins[i:])), None)
-        out["per_topk"][k] = {
-            "rows": rows,
-            "crossover_ratio": None if first is None else rows[first]["ratio"],
-        }
+        out["per_topk"][k] = {"rows": rows, **crossover_point(rows)}
     found = [v["crossover_ratio"] for v in out["per_topk"].values() if v["crossover_ratio"] is not None]
     out["crossover_ratio"] = max(found) if found else None
     out["current_default"] = dsa.DENSE_CROSSOVER_RATIO
     return out
 
 
-def tune(plan: Plan, L: int, k: int, log: Callable[[str], None]) -> dict:
+def crossover_point(rows: list[dict]) -> dict:
+    """``first_winning_ratio``: the smallest measured L/k from which sparse wins at every larger one;
+    ``crossover_ratio``: where the speed ratio crosses 1, interpolated in log-log between it and the
+    measured ratio below (None if sparse never wins; the smallest ratio if it always does)."""
+    wins = [r["sparse_s"] < r["masked_dense_s"] for r in rows]
+    first = next((i for i in range(len(rows)) if all(wins[i:])), None)
+    if first is None:
+        return {"first_winning_ratio": None, "crossover_ratio": None}
+    ratio = rows[first]["ratio"]
+    if first > 0:
+        lo, hi = rows[first - 1], rows[first]
+        y0 = math.log(lo["masked_dense_s"] / lo["sparse_s"])
+        y1 = math.log(hi["masked_dense_s"] / hi["sparse_s"])
+        x0, x1 = math.log(lo["ratio"]), math.log(hi["ratio"])
+        ratio = math.exp(x0 + (x1 - x0) * (0 - y0) / (y1 - y0)) if y1 != y0 else hi["ratio"]
+    return {"first_winning_ratio": rows[first]["ratio"], "crossover_ratio": round(ratio, 2)}
+
+
+def tune(plan: Plan, L: int, k: int, meter: Meter, log: Callable[[str], None]) -> dict:
     """Sweep the chunking knobs of the fast paths at one point (results are identical)."""
     from dsv32.dsa import attention as attn_mod
     from dsv32.dsa import indexer as idx_mod
@@ -434,7 +521,7 @@ def tune(plan: Plan, L: int, k: int, log: Callable[[str], None]) -> dict:
     with torch.no_grad():
         for chunk in (32, 64, 128, 256):
             t = min(
-                timed(lambda c=chunk: indexer_topk(x.iq, x.iw, x.ik, k, chunk_size=c), 1, False)[0]
+                meter.run(lambda c=chunk: indexer_topk(x.iq, x.iw, x.ik, k, chunk_size=c), 1)[0]
                 for _ in range(plan.reps)
             )
             out["indexer"][chunk] = t
@@ -444,7 +531,7 @@ def tune(plan: Plan, L: int, k: int, log: Callable[[str], None]) -> dict:
             for budget in (512, 1024, 2048, 4096, 8192):
                 attn_mod.GATHER_BUDGET = budget
                 t = min(
-                    timed(lambda: sparse_mla_attention(q, x.kv, idx, x.scale, 512), 1, False)[0]
+                    meter.run(lambda: sparse_mla_attention(q, x.kv, idx, x.scale, 512), 1)[0]
                     for _ in range(plan.reps)
                 )
                 out["gather_budget"][budget] = t
@@ -470,8 +557,15 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: all cores)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    ap.add_argument(
+        "--max-wait", type=float, default=120.0, help="seconds to wait for a quiet CPU per measurement"
+    )
+    ap.add_argument(
+        "--retries", type=int, default=2, help="re-runs of a measurement other processes disturbed"
+    )
     ap.add_argument("--out", default="runs/bench", help="output directory")
     args = ap.parse_args(argv)
+    meter = Meter(max_wait=args.max_wait, retries=args.retries)
 
     torch.set_num_threads(args.threads)
     shape = Shape(batch=args.batch)
@@ -496,12 +590,12 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
             "a busy core stalls each parallel op, so timings (ours: many small ops) suffer most."
         )
     if args.tune:
-        result = tune(plan, (args.seq_len or [4096])[0], (args.topk or [512])[0], log)
+        result = tune(plan, (args.seq_len or [4096])[0], (args.topk or [512])[0], meter, log)
         (out_dir / "attention_tune.json").write_text(json.dumps(result, indent=2))
         return result
     if args.crossover:
         plan.topks = tuple(args.topk or (256, 512))
-        result = crossover(plan, (1.5, 2, 3, 4, 6, 8), log)
+        result = crossover(plan, (1.5, 2, 3, 4, 5, 6, 8, 12), meter, log)
         result.update(shape=asdict(shape), threads=torch.get_num_threads(), dtype=args.dtype)
         (out_dir / "attention_crossover.json").write_text(json.dumps(result, indent=2))
         log(f"crossover L/k: {result['crossover_ratio']} (default in dsv32.dsa: {dsa.DENSE_CROSSOVER_RATIO})")
@@ -511,7 +605,7 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
 
     results: list[dict] = []
     for L in lengths:
-        for r in measure_length(plan, L, log):
+        for r in measure_length(plan, L, meter, log):
             r["shape"] = asdict(shape)
             results.append(r)
             if args.json:

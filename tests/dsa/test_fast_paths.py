@@ -66,17 +66,17 @@ def test_chunked_streaming_indexer_equals_reference(c):
     assert torch.equal(_sets(got), _sets(expected))
 
 
-def test_indexer_defaults_long_rows_and_decode_agree():
-    """Default knobs at a length with several chunks and windows, and one decode query per position
-    selecting exactly what the prefill selected for that position (ties included)."""
+@pytest.mark.parametrize(("T", "topk"), [(300, 40), (700, 9)])  # (700, 9): coarse-to-fine row top-k
+def test_indexer_defaults_long_rows_and_decode_agree(T, topk):
+    """Default knobs at a length with several chunks, and one decode query per position selecting
+    exactly what the prefill selected for that position (ties included)."""
     g = torch.Generator().manual_seed(0)
-    T, topk = 300, 40
     q = torch.randn(2, T, 4, 16, generator=g).round()
     w = torch.randn(2, T, 4, generator=g)
     k = torch.randn(2, T, 16, generator=g).round()
     prefill = indexer_topk(q, w, k, topk)
     assert torch.equal(_sets(prefill), _sets(select_topk(index_scores(q, w, k), topk)))
-    for t in (0, topk - 1, topk, topk + 1, 157, T - 1):
+    for t in (0, topk - 1, topk, topk + 1, 157, T - 1):  # around k, and far beyond it
         decode = indexer_topk(q[:, t : t + 1], w[:, t : t + 1], k[:, : t + 1], topk)
         for b in range(2):
             assert set(decode[b, 0].tolist()) - {-1} == set(prefill[b, t].tolist()) - {-1}

@@ -29,10 +29,13 @@ import torch.nn.functional as F
 # the gather and the two matmuls. Tuned with `python benchmarks/attention.py --tune-attention`.
 GATHER_BUDGET = 1 << 11
 
-# Prefill crossover: below ``DENSE_CROSSOVER_RATIO · k`` keys the masked-dense path (dense attention
-# masked to the same top-k, identical results) is faster than gathering. Measured with
-# `python benchmarks/attention.py --crossover` (2-core AVX2 CPU, fp32, V3.2 dims at 16 heads).
-DENSE_CROSSOVER_RATIO = 4.0
+# Prefill crossover: below ``DENSE_CROSSOVER_RATIO · k`` keys the masked-dense path (MHA mode, dense
+# attention masked to the same top-k: identical results) is faster than the sparse one. Measured with
+# `python benchmarks/attention.py --crossover` (2-core AVX2 EPYC, fp32, 2 threads, V3.2 dims at 16
+# heads; masked-dense / sparse prefill time at L/k = 3, 4, 6, 8: k=256 0.57 0.86 1.33 1.52,
+# k=512 0.89 0.94 1.26 1.61); the speed ratio crosses 1 at L/k = 4.6 (k=256) and 4.4 (k=512).
+# Machine-dependent: re-measure and override per model (``MLA.dense_crossover_ratio``) or here.
+DENSE_CROSSOVER_RATIO = 4.6
 
 
 def prefer_dense(num_queries: int, num_keys: int, topk: int, crossover_ratio: float | None = None) -> bool:

@@ -346,7 +346,7 @@ class _IndexerPlan:
         for lo in range(0, visible, self.window):
             hi = min(lo + self.window, visible)
             scores = self.mask(self.score(q, w, lo, hi), lo, first_query)
-            v, i = scores.topk(min(K + 1, hi - lo), dim=-1, sorted=False)
+            v, i = _row_topk(scores, min(K + 1, hi - lo))
             i += lo
             if values is not None:  # streaming merge with the running top-(k+1)
                 v = torch.cat((values, v), dim=-1)
@@ -384,6 +384,30 @@ class _IndexerPlan:
         if self.padding is not None:
             hidden |= self.padding[b, :visible].unsqueeze(0)
         return scores.masked_fill_(hidden, float("-inf"))
+
+
+def _row_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``topk(k)`` of the last dim of ``scores`` ``[B, n, W]`` (contiguous rows), unsorted.
+
+    Coarse to fine when rows are long: the maxima of groups of ``g`` keys pick the top-``k`` groups,
+    and the top-``k`` keys lie inside them (each group holding one of them has a maximum at least as
+    large; with ties, the *values* returned are still exactly the top-``k`` multiset). Two top-k calls
+    over ``W/g`` and ``k·g`` elements replace one over ``W``: ~2-4× less work at ``W/k`` ≥ 16.
+    """
+    W = scores.shape[-1]
+    g = max(2, round(math.sqrt(W / max(k, 1))))
+    if W // g + k * g > 0.6 * W or W // g < k:
+        return scores.topk(k, dim=-1, sorted=False)
+    B, n = scores.shape[:2]
+    G = W // g
+    groups = scores[..., : G * g].unflatten(-1, (G, g)).amax(dim=-1)  # [B, n, G]
+    top_groups = groups.topk(k, dim=-1, sorted=False).indices
+    cand = (top_groups.unsqueeze(-1) * g + torch.arange(g, device=scores.device)).flatten(-2)
+    if G * g < W:  # the ragged tail joins the candidates as is
+        tail = torch.arange(G * g, W, device=scores.device).expand(B, n, W - G * g)
+        cand = torch.cat((cand, tail), dim=-1)
+    v, j = scores.gather(-1, cand).topk(k, dim=-1, sorted=False)
+    return v, cand.gather(-1, j)
 
 
 def _resolve_ties(scores: torch.Tensor, kth: torch.Tensor, k: int) -> torch.Tensor:
