@@ -6,6 +6,10 @@
   MHA/GQA layouts and for MLA's MQA mode, each with a masked-dense ``*_reference``;
 - :func:`prefer_dense`, :data:`DENSE_CROSSOVER_RATIO` — the measured length below which masked-dense
   prefill beats the sparse path (``benchmarks/attention.py --crossover``);
+- :func:`indexer_kl_loss`, :func:`indexer_kl_loss_chunked` — the indexer's KL objective (Eq. 3/4);
+  :func:`attention_recall` — share of the dense attention mass kept by a selection (and the oracle's);
+- :func:`attach_dsa` (+ :func:`save_dsa`, :func:`load_dsa`, :func:`get_dsa`) — DSA on Hugging Face
+  Llama / Mistral / Qwen2 / Qwen3 models, with ``off`` / ``dense`` (warm-up) / ``sparse`` modes;
 - :func:`apply_rotary` — RoPE in the interleaved (MLA) and half-split (indexer) layouts.
 """
 
@@ -21,6 +25,18 @@ from dsv32.dsa.attention import (
     sparse_mla_attention,
     sparse_mla_attention_reference,
 )
+from dsv32.dsa.hf import (
+    DSAConfig,
+    DSAError,
+    DSAHandle,
+    LayerView,
+    attach_dsa,
+    detach_dsa,
+    get_dsa,
+    has_dsa,
+    load_dsa,
+    save_dsa,
+)
 from dsv32.dsa.indexer import (
     IndexerQueries,
     LightningIndexer,
@@ -29,19 +45,39 @@ from dsv32.dsa.indexer import (
     select_topk,
     visible_mask,
 )
+from dsv32.dsa.loss import (
+    RecallSums,
+    attention_recall,
+    indexer_kl_loss,
+    indexer_kl_loss_chunked,
+)
 from dsv32.dsa.rope import apply_rotary
 
 __all__ = [
     "DENSE_CROSSOVER_RATIO",
+    "DSAConfig",
+    "DSAError",
+    "DSAHandle",
     "IndexerQueries",
+    "LayerView",
     "LightningIndexer",
+    "RecallSums",
     "apply_rotary",
+    "attach_dsa",
+    "attention_recall",
     "dense_attention",
     "dense_mla_attention",
+    "detach_dsa",
+    "get_dsa",
+    "has_dsa",
     "index_scores",
+    "indexer_kl_loss",
+    "indexer_kl_loss_chunked",
     "indexer_topk",
+    "load_dsa",
     "masked_softmax",
     "prefer_dense",
+    "save_dsa",
     "select_topk",
     "selection_mask",
     "sparse_attention",

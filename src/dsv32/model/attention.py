@@ -32,6 +32,7 @@ from dsv32.dsa import (
     apply_rotary,
     dense_attention,
     dense_mla_attention,
+    indexer_kl_loss_chunked,
     indexer_topk,
     prefer_dense,
     selection_mask,
@@ -62,6 +63,10 @@ class MLA(nn.Module):
         self.dsa_mode = "sparse"
         self.sparse_impl = "auto"
         self.dense_crossover_ratio: float | None = None  # None: dsv32.dsa.DENSE_CROSSOVER_RATIO
+        # Training (dsv32.train): when set, a cache-free forward stores the indexer's KL loss here —
+        # Eq. 3 over all visible keys in "dense" mode, Eq. 4 over the selection in "sparse" mode.
+        self.compute_indexer_loss = False
+        self.indexer_loss: torch.Tensor | None = None
         qk_head_dim = config.qk_head_dim
         bias = config.attention_bias
         if config.q_lora_rank:
@@ -127,6 +132,12 @@ class MLA(nn.Module):
                 iq.q, iq.weights, index_keys, self.index_topk, key_padding_mask=key_padding_mask
             )
 
+        if self.compute_indexer_loss and start == 0:
+            iq = self.indexer.project_queries(x_idx, q_input_idx, cos, sin)
+            self.indexer_loss = self._indexer_kl_loss(
+                q_nope, q_rope, kv_latent, k_rope, iq, index_keys, topk_indices, key_padding_mask
+            )
+
         gather = self.sparse_impl == "gather" or (
             self.sparse_impl == "auto"
             and not (start == 0 and prefer_dense(T, S, self.index_topk, self.dense_crossover_ratio))
@@ -141,6 +152,19 @@ class MLA(nn.Module):
             attend = self._mha if start == 0 else self._mqa
             out = attend(q_nope, q_rope, kv_latent, k_rope, mask=mask)
         return self.o_proj(out.reshape(B, T, H * self.v_head_dim))
+
+    def _indexer_kl_loss(self, q_nope, q_rope, kv_latent, k_rope, iq, index_keys, topk_indices, padding):
+        """The indexer's KL loss against this layer's own attention (MHA form, a detached target): the
+        indexer learns only from it, the main model never does (paper §2.1.1)."""
+        B, T, H, _ = q_nope.shape
+        with torch.no_grad():
+            k_nope = self.kv_b_proj(kv_latent).view(B, T, H, -1)[..., : self.qk_nope_head_dim]
+            q = torch.cat((q_nope, q_rope), dim=-1)
+            k = torch.cat((k_nope, k_rope.unsqueeze(2).expand(B, T, H, -1)), dim=-1)
+        return indexer_kl_loss_chunked(
+            q, k, iq.q, iq.weights, index_keys, scale=self.softmax_scale, topk_indices=topk_indices,
+            key_padding_mask=padding,
+        )  # fmt: skip
 
     def _mha(self, q_nope, q_rope, kv_latent, k_rope, mask=None):
         """Expand the latents into per-head K/V and attend (MHA mode); ``mask`` ``[B, T, S]`` or

@@ -1,0 +1,174 @@
+"""attach_dsa on tiny random Hugging Face models of the four supported families."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from dsv32.dsa import (  # noqa: E402
+    DSAError,
+    attach_dsa,
+    detach_dsa,
+    get_dsa,
+    index_scores,
+    indexer_kl_loss,
+    load_dsa,
+    save_dsa,
+)
+
+FAMILIES = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+}
+
+
+def tiny(kind: str = "llama", seed: int = 0, **extra):
+    config_cls, model_cls = FAMILIES[kind]
+    torch.manual_seed(seed)
+    config = config_cls(
+        vocab_size=97,
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,  # GQA
+        head_dim=8,
+        max_position_embeddings=256,
+        **({"sliding_window": None} if kind == "mistral" else {}),
+        **extra,
+    )
+    return model_cls(config).eval()
+
+
+def ids(B=2, T=40, seed=1):
+    return torch.randint(0, 97, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("kind", sorted(FAMILIES))
+def test_off_dense_and_full_topk_leave_logits_unchanged_and_sparse_paths_agree(kind):
+    model = tiny(kind)
+    x = ids()
+    with torch.no_grad():
+        ref = model(x).logits
+        handle = attach_dsa(model, 3, 8, 16)
+        for mode in ("off", "dense"):
+            handle.set_mode(mode)
+            assert torch.equal(model(x).logits, ref), mode
+        handle.set_mode("sparse")
+        handle.set_topk(x.shape[1])  # top-k >= L: every query selects everything it sees
+        assert torch.equal(model(x).logits, ref)
+        handle.set_topk(8)
+        handle.config.sparse_impl = "gather"
+        sparse = model(x).logits
+        handle.config.sparse_impl = "masked"
+        masked = model(x).logits
+        assert not torch.allclose(sparse, ref, atol=1e-3)  # 8 of 40 keys really changes attention
+        torch.testing.assert_close(sparse, masked, atol=2e-5, rtol=1e-5)
+        detach_dsa(model)
+        assert torch.equal(model(x).logits, ref)
+
+
+def test_sparse_generation_with_a_cache_matches_the_full_forward():
+    model = tiny("llama")
+    handle = attach_dsa(model, 3, 8, 6, mode="sparse")
+    prompt = ids(1, 12)
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=10, do_sample=False)
+        full = model(out).logits.argmax(-1)
+    assert torch.equal(full[0, 11:-1], out[0, 12:])
+    assert handle.mode == "sparse"
+
+
+def test_losses_per_layer_and_only_for_chosen_layers():
+    model = tiny("qwen3")
+    handle = attach_dsa(model, 2, 8, 8, layers=[1])
+    handle.collect_loss = True
+    model(ids())
+    losses = handle.pop_losses()
+    assert list(losses) == [1] and losses[1].ndim == 0 and float(losses[1].detach()) > 0
+    handle.set_mode("sparse")
+    model(ids())
+    assert float(handle.pop_losses()[1].detach()) >= 0
+    assert not hasattr(model.model.layers[0].self_attn, "indexer")
+
+
+def test_collected_loss_equals_eq3_on_the_layers_own_attention():
+    model = tiny("llama")
+    handle = attach_dsa(model, 3, 8, 16)
+    model.config._attn_implementation = "eager"  # so the model returns its attention probabilities
+    handle.collect_loss = True
+    out = model(ids(), output_attentions=True)
+    losses = handle.pop_losses()
+    views = []
+    with handle.observing(views.append), torch.no_grad():
+        model(ids())
+    for view in views:
+        iq, ik = view.index_inputs()
+        direct = indexer_kl_loss(out.attentions[view.layer_idx], index_scores(iq.q, iq.weights, ik))
+        torch.testing.assert_close(losses[view.layer_idx], direct, rtol=1e-4, atol=1e-6)
+
+
+def test_gradient_isolation_both_directions():
+    model = tiny("llama")
+    model.train()
+    handle = attach_dsa(model, 3, 8, 8, mode="sparse")
+    handle.collect_loss = True
+    x = ids()
+    logits = model(x).logits
+    lm = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 97), x[:, 1:].reshape(-1))
+    index_loss = sum(handle.pop_losses().values())
+    idx_params = {id(p) for p in handle.indexer_parameters()}
+    lm.backward(retain_graph=True)
+    for name, p in model.named_parameters():
+        if id(p) in idx_params:
+            assert p.grad is None, name  # the LM loss never reaches the indexer
+    assert any(p.grad is not None for p in model.parameters() if id(p) not in idx_params)
+    model.zero_grad(set_to_none=True)
+    index_loss.backward()
+    for name, p in model.named_parameters():
+        if id(p) not in idx_params:
+            assert p.grad is None, name  # the indexer loss never reaches the model
+        else:
+            assert p.grad is not None, name
+
+
+def test_save_load_round_trip(tmp_path):
+    model = tiny("qwen2")
+    handle = attach_dsa(model, 3, 8, 8, mode="sparse", seed=5)
+    with torch.no_grad():
+        for p in handle.indexer_parameters():
+            p.add_(0.1)  # not the seeded init
+        want = model(ids()).logits
+    save_dsa(model, tmp_path / "full")
+    again = load_dsa(tmp_path / "full")
+    assert get_dsa(again).config.index_topk == 8 and get_dsa(again).mode == "sparse"
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids()).logits, want)
+    # Indexers only, into a fresh copy of the same base model.
+    save_dsa(model, tmp_path / "indexers", save_base=False, base_ref="tiny-qwen2")
+    fresh = load_dsa(tmp_path / "indexers", tiny("qwen2"))
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(ids()).logits, want)
+    with pytest.raises(DSAError, match="only the indexers"):
+        load_dsa(tmp_path / "indexers")
+    with pytest.raises(DSAError, match="saved from"):
+        load_dsa(tmp_path / "indexers", tiny("llama"))
+
+
+def test_bad_inputs_raise_typed_errors():
+    model = tiny("llama")
+    with pytest.raises(DSAError, match="mode"):
+        attach_dsa(model, 2, 8, 8, mode="fast")
+    with pytest.raises(DSAError, match="out of range"):
+        attach_dsa(model, 2, 8, 8, layers=[5])
+    with pytest.raises(DSAError, match="no DSA attached"):
+        get_dsa(model)
+    attach_dsa(model, 2, 8, 8)
+    with pytest.raises(DSAError, match="already"):
+        attach_dsa(model, 2, 8, 8)
+    with pytest.raises(DSAError, match="families"):
+        attach_dsa(torch.nn.Linear(2, 2), 2, 8, 8)
