@@ -191,10 +191,11 @@ def test_mla_decode_with_split_cache_equals_reference():
     torch.testing.assert_close(got, sparse_mla_attention_reference(q, cache[:, :S], idx, 0.2, Cl))
 
 
-def test_gradients_equal_reference():
+@pytest.mark.parametrize("padded", [True, False])  # unpadded: the causal-dense prefix runs too
+def test_gradients_equal_reference(padded):
     g = torch.Generator().manual_seed(4)
     B, T, S, Hkv, G, D = 2, 13, 17, 2, 2, 8
-    idx = _selection(B, T, S, 6, True, g)
+    idx = _selection(B, T, S, 6, padded, g)
     leaves = [
         torch.randn(B, T, Hkv * G, D, generator=g),
         torch.randn(B, S, Hkv, D, generator=g),

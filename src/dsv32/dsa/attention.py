@@ -204,7 +204,9 @@ def sparse_attention(
     ``[B, H_kv, S, D]`` transposed — and are never copied); returns ``[B, T, H, D_v]`` in ``q.dtype``.
     Differentiable. Per chunk of queries the selected rows are gathered head-major with one
     ``index_select``, so each (query, KV head) is one small matmul ``[G, D] × [D, K]`` shared by its
-    ``G`` query heads.
+    ``G`` query heads. Leading queries whose selection is every key they can see (a prefill's first
+    K queries) run as causal SDPA instead — the same result without the gather. Selections are assumed
+    to hold distinct indices, as :func:`~dsv32.dsa.select_topk` returns.
     """
     B, T, H, D = q.shape
     Hkv = k.shape[2]
@@ -215,11 +217,16 @@ def sparse_attention(
     out = q.new_empty(B, T, H, Dv)
     if T == 0:
         return out
+    # Leading queries that selected every key they see need no gather: causal dense attention.
+    first = _selects_all_prefix(topk_indices, k.shape[1])
+    if first:
+        seen = first + k.shape[1] - T
+        out[:, :first] = dense_attention(q[:, :first], k[:, :seen], v[:, :seen], scale)
     step = _chunk(K * Hkv, chunk_size)
     krows, kstrides = _row_view(k, grad)
     vrows, vstrides = _row_view(v, grad)
     bufs = _Buffers(not grad)
-    for start in range(0, T, step):
+    for start in range(first, T, step):
         idx = topk_indices[:, start : start + step]
         n = idx.shape[1]
         sel = _Selection(idx)
@@ -266,7 +273,9 @@ def sparse_mla_attention(
     (as the model's cache holds them) instead of one concatenated ``[B, S, C]`` tensor — decoding then
     never copies the cache; ``q`` stays ``[B, T, H, C]`` (latent part first). ``kv``/``k_rope`` may be
     strided views (cache slices). Per query the scores are one ``[H, C] × [C, K]`` matmul and the
-    output one ``[H, K] × [K, v_dim]``, batched over a chunk of queries; differentiable.
+    output one ``[H, K] × [K, v_dim]``, batched over a chunk of queries; differentiable. Leading
+    queries that selected every key they see (a prefill's first K) attend densely and causally, in
+    query blocks that read only the keys they see. Selections must hold distinct indices.
     """
     B, T, H, C = q.shape
     K = topk_indices.shape[-1]

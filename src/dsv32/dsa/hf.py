@@ -240,6 +240,22 @@ class DSAHandle:
             self.config.mode, self.config.index_topk = old_mode, old_k
 
     @contextmanager
+    def using_indexers(self, indexers: dict[int, HFIndexer]) -> Iterator[DSAHandle]:
+        """Temporarily run with other indexers (e.g. :func:`random_indexers`, the untrained baseline)."""
+        if set(indexers) != set(self.modules):
+            raise DSAError(
+                f"indexers for layers {sorted(indexers)} but DSA is on layers {sorted(self.modules)}"
+            )
+        old = {i: m._modules["indexer"] for i, m in self.modules.items()}
+        try:
+            for i, m in self.modules.items():
+                m._modules["indexer"] = indexers[i]
+            yield self
+        finally:
+            for i, m in self.modules.items():
+                m._modules["indexer"] = old[i]
+
+    @contextmanager
     def observing(self, observer: Callable[[LayerView], None]) -> Iterator[DSAHandle]:
         old, self.observer = self.observer, observer
         try:
@@ -322,15 +338,7 @@ def attach_dsa(
                 raise DSAError(
                     f"layer {i}: {type(attn).__name__} has no {name!r}: unsupported attention module"
                 )
-        rope = cfg.index_rope_head_dim
-        if rope is None:
-            rope = min(cfg.index_head_dim, attn.head_dim)
-        if rope > attn.head_dim:
-            raise DSAError(f"index_rope_head_dim={rope} exceeds the model's head_dim={attn.head_dim}")
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed + i)
-            indexer = HFIndexer(hidden_size, cfg.index_n_heads, cfg.index_head_dim, rope, attn.head_dim)
-        attn.indexer = indexer.to(device=param.device, dtype=torch.float32)
+        attn.indexer = _new_indexer(cfg, attn, hidden_size, cfg.seed + i, param.device)
         modules[i] = attn
         window = getattr(attn, "sliding_window", None) or (
             getattr(model.config, "sliding_window", None) if model_type == "mistral" else None
@@ -345,6 +353,30 @@ def attach_dsa(
         attn.forward = _dsa_forward.__get__(attn)
     model.__dict__["_dsa_handle"] = handle
     return handle
+
+
+def _new_indexer(cfg: DSAConfig, attn: nn.Module, hidden_size: int, seed: int, device) -> HFIndexer:
+    rope = cfg.index_rope_head_dim
+    if rope is None:
+        rope = min(cfg.index_head_dim, attn.head_dim)
+    if rope > attn.head_dim:
+        raise DSAError(f"index_rope_head_dim={rope} exceeds the model's head_dim={attn.head_dim}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        indexer = HFIndexer(hidden_size, cfg.index_n_heads, cfg.index_head_dim, rope, attn.head_dim)
+    return indexer.to(device=device, dtype=torch.float32)
+
+
+def random_indexers(model: nn.Module, seed: int | None = None) -> dict[int, HFIndexer]:
+    """Freshly initialized indexers for every DSA layer of ``model`` — what :func:`attach_dsa` starts
+    from (same seeds unless ``seed`` is given): the untrained baseline."""
+    handle = get_dsa(model)
+    base = handle.config.seed if seed is None else seed
+    hidden_size = model.config.hidden_size
+    return {
+        i: _new_indexer(handle.config, attn, hidden_size, base + i, attn.indexer.wk.weight.device)
+        for i, attn in handle.modules.items()
+    }
 
 
 def detach_dsa(model: nn.Module) -> None:

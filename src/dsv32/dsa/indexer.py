@@ -16,14 +16,19 @@ model: callers pass detached inputs (paper §2.1.1, "we detach the indexer input
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from dsv32.dsa.rope import apply_rotary
+from dsv32.dsa.streaming_topk import (
+    INDEXER_KEY_BLOCK,
+    INDEXER_QUERY_CHUNK,
+    INDEXER_TOPK_WINDOW,
+    ChunkedSelector,
+)
 
 
 @dataclass
@@ -198,14 +203,6 @@ def tie_break_keys(scores: torch.Tensor, positions: torch.Tensor) -> torch.Tenso
     return _float_order_key(scores) * 2**32 + positions.to(torch.int64)
 
 
-# Defaults of the chunked indexer (any value gives the same selection; these only trade speed and
-# memory). Tuned on a 2-core AVX2 CPU with `python benchmarks/attention.py --tune-indexer`.
-INDEXER_QUERY_CHUNK = 128  # queries scored together: the row buffer is chunk × visible keys (fp32)
-INDEXER_BLOCK_ELEMS = 1 << 18  # logits per scoring block (chunk · H_I · key block), ~1 MB of fp32
-INDEXER_KEY_BLOCK = 512  # smallest key block of a scoring step
-INDEXER_TOPK_WINDOW = 1 << 15  # keys scored between two merges of the streaming top-k
-
-
 def indexer_topk(
     q: torch.Tensor,
     weights: torch.Tensor,
@@ -231,7 +228,9 @@ def indexer_topk(
     of at most ``window`` keys, whose ``top-(k+1)`` is merged into a running top-(k+1). Causal: key
     blocks after the chunk's last query are skipped and only the chunk's diagonal is masked. The extra
     (k+1)-th candidate detects rows whose k-th score ties an unselected one (ReLU zeros); only those
-    rows are re-selected with :func:`tie_break_keys`. A decode query is one matmul over the cache.
+    rows are re-selected by the exact rule (every key above the k-th score, then the latest tied
+    ones). Long rows use a coarse-to-fine top-k (group maxima first). A decode query is one matmul
+    over the cache.
 
     Args:
         q: ``[B, T, H_I, D_I]``; weights: ``[B, T, H_I]``; k_index: ``[B, S, D_I]`` (S >= T);
@@ -239,7 +238,8 @@ def indexer_topk(
         key_padding_mask: ``[B, S]`` True for real tokens (padding is never selected).
         chunk_size, key_block, window: tuning knobs (default: the ``INDEXER_*`` constants).
 
-    Scores are computed in fp32 whatever the input dtype (bf16 inputs are upcast chunk by chunk).
+    Scores are computed in fp32 whatever the input dtype (bf16 keys are upcast once, queries chunk by
+    chunk). The machinery lives in :mod:`dsv32.dsa.streaming_topk`.
     """
     if q.dim() != 4 or weights.shape != q.shape[:3] or k_index.dim() != 3:
         raise ValueError(
@@ -264,7 +264,7 @@ def indexer_topk(
         padding = ~key_padding_mask.bool()
         if not bool(padding.any()):
             padding = None
-    plan = _IndexerPlan(
+    plan = ChunkedSelector(
         keys=keys,
         topk=K,
         offset=S - T,
@@ -277,144 +277,3 @@ def indexer_topk(
             stop = min(start + chunk, T)
             out[:, start:stop] = plan.select(q[:, start:stop].float(), gates[:, start:stop], start)
     return out
-
-
-@dataclass
-class _IndexerPlan:
-    """One :func:`indexer_topk` call: fp32 ``keys`` ``[B, S, D]``, ``offset = S - T`` (query t sees
-    keys ``<= t + offset``), ``padding`` ``[B, S]`` True = padded (or None)."""
-
-    keys: torch.Tensor
-    topk: int
-    offset: int
-    padding: torch.Tensor | None
-    key_block: int
-    window: int
-    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    def buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        """A contiguous fp32 work tensor reused across chunks (fresh pages cost more than the math)."""
-        numel = math.prod(shape)
-        buf = self.buffers.get(name)
-        if buf is None or buf.numel() < numel:
-            buf = self.buffers[name] = self.keys.new_empty(numel)
-        return buf[:numel].view(shape)
-
-    def score(self, q: torch.Tensor, w: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-        """Index scores ``[B, n, hi - lo]`` of queries ``q`` ``[B, n, H, D]`` (gates ``w``) against
-        keys ``lo .. hi - 1`` (no mask), in key blocks of ``~INDEXER_BLOCK_ELEMS`` logits. The result
-        lives in a reused buffer: valid until the next call."""
-        B, n, H, D = q.shape
-        qv = q.reshape(B, n * H, D)
-        wv = w.reshape(B, n, 1, H)
-        width = hi - lo
-        block = max(self.key_block, INDEXER_BLOCK_ELEMS // (n * H))
-        out = self.buffer("rows", (B, n, width))
-        for b0 in range(lo, hi, block):
-            nb = min(b0 + block, hi) - b0
-            logits = self.buffer("logits", (B, n * H, nb))
-            torch.matmul(qv, self.keys[:, b0 : b0 + nb].transpose(1, 2), out=logits).relu_()
-            if nb == width:  # one block: the gated head-sum writes the rows directly
-                torch.matmul(wv, logits.view(B, n, H, nb), out=out.view(B, n, 1, nb))
-            else:
-                summed = self.buffer("summed", (B, n, 1, nb))
-                torch.matmul(wv, logits.view(B, n, H, nb), out=summed)
-                out[:, :, b0 - lo : b0 - lo + nb] = summed.view(B, n, nb)
-        return out
-
-    def mask(self, scores: torch.Tensor, lo: int, first_query: int) -> torch.Tensor:
-        """Set invisible entries of ``scores`` ``[B, n, w]`` (keys ``lo ..``, queries
-        ``first_query ..``) to -inf in place: padding, and the causal diagonal block only."""
-        n, width = scores.shape[1:]
-        if self.padding is not None:
-            scores.masked_fill_(self.padding[:, lo : lo + width].unsqueeze(1), float("-inf"))
-        # Keys up to first_query + offset are visible to every query of the chunk: no mask there.
-        first_partial = first_query + self.offset + 1
-        if first_partial < lo + width:
-            c0 = max(first_partial, lo)
-            cols = torch.arange(c0, lo + width, device=scores.device)
-            rows = torch.arange(n, device=scores.device) + first_query + self.offset
-            scores[:, :, c0 - lo :].masked_fill_(cols.unsqueeze(0) > rows.unsqueeze(1), float("-inf"))
-        return scores
-
-    def select(self, q: torch.Tensor, w: torch.Tensor, first_query: int) -> torch.Tensor:
-        """``topk_indices`` ``[B, n, K]`` of queries ``first_query .. first_query + n - 1``."""
-        B, n = q.shape[:2]
-        K = self.topk
-        visible = first_query + n + self.offset  # keys seen by the chunk's last query
-        values = indices = None
-        for lo in range(0, visible, self.window):
-            hi = min(lo + self.window, visible)
-            scores = self.mask(self.score(q, w, lo, hi), lo, first_query)
-            v, i = _row_topk(scores, min(K + 1, hi - lo))
-            i += lo
-            if values is not None:  # streaming merge with the running top-(k+1)
-                v = torch.cat((values, v), dim=-1)
-                v, j = v.topk(min(K + 1, v.shape[-1]), dim=-1, sorted=False)
-                i = torch.cat((indices, i), dim=-1).gather(-1, j)
-            values, indices = v, i
-        if values.shape[-1] <= K:  # the chunk sees at most K keys: all visible ones are selected
-            indices.masked_fill_(values == float("-inf"), -1)
-            return F.pad(indices, (0, K - values.shape[-1]), value=-1)
-        # Drop the (K+1)-th candidate; a tie between it and a kept one makes the row ambiguous.
-        low, pos = values.min(dim=-1, keepdim=True)
-        ambiguous = ((values == low).sum(-1) >= 2) & (low.squeeze(-1) > float("-inf"))
-        values.scatter_(-1, pos, values[..., K:].clone())
-        indices.scatter_(-1, pos, indices[..., K:].clone())
-        values, indices = values[..., :K], indices[..., :K]
-        indices.masked_fill_(values == float("-inf"), -1)
-        if bool(ambiguous.any()):
-            single_window = visible <= self.window  # then `scores` holds every row's visible keys
-            for b in ambiguous.any(dim=1).nonzero().flatten().tolist():
-                rows = ambiguous[b].nonzero().flatten()
-                if single_window:
-                    row_scores = scores[b, rows]
-                else:
-                    row_scores = self.rescore(q[b, rows], w[b, rows], b, rows + first_query)
-                indices[b, rows] = _resolve_ties(row_scores, low[b, rows], K)
-        return indices
-
-    def rescore(self, q: torch.Tensor, w: torch.Tensor, b: int, t: torch.Tensor) -> torch.Tensor:
-        """Masked scores ``[m, visible]`` of queries ``t`` ``[m]`` (``q`` ``[m, H, D]``) of batch row
-        ``b`` over all keys the last of them sees."""
-        visible = int(t.max()) + self.offset + 1
-        plan = _IndexerPlan(self.keys[b : b + 1], self.topk, self.offset, None, self.key_block, visible)
-        scores = plan.score(q.unsqueeze(0), w.unsqueeze(0), 0, visible)[0]
-        hidden = torch.arange(visible, device=q.device).unsqueeze(0) > (t + self.offset).unsqueeze(1)
-        if self.padding is not None:
-            hidden |= self.padding[b, :visible].unsqueeze(0)
-        return scores.masked_fill_(hidden, float("-inf"))
-
-
-def _row_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``topk(k)`` of the last dim of ``scores`` ``[B, n, W]`` (contiguous rows), unsorted.
-
-    Coarse to fine when rows are long: the maxima of groups of ``g`` keys pick the top-``k`` groups,
-    and the top-``k`` keys lie inside them (each group holding one of them has a maximum at least as
-    large; with ties, the *values* returned are still exactly the top-``k`` multiset). Two top-k calls
-    over ``W/g`` and ``k·g`` elements replace one over ``W``: ~2-4× less work at ``W/k`` ≥ 16.
-    """
-    W = scores.shape[-1]
-    g = max(2, round(math.sqrt(W / max(k, 1))))
-    if W // g + k * g > 0.6 * W or W // g < k:
-        return scores.topk(k, dim=-1, sorted=False)
-    B, n = scores.shape[:2]
-    G = W // g
-    groups = scores[..., : G * g].unflatten(-1, (G, g)).amax(dim=-1)  # [B, n, G]
-    top_groups = groups.topk(k, dim=-1, sorted=False).indices
-    cand = (top_groups.unsqueeze(-1) * g + torch.arange(g, device=scores.device)).flatten(-2)
-    if G * g < W:  # the ragged tail joins the candidates as is
-        tail = torch.arange(G * g, W, device=scores.device).expand(B, n, W - G * g)
-        cand = torch.cat((cand, tail), dim=-1)
-    v, j = scores.gather(-1, cand).topk(k, dim=-1, sorted=False)
-    return v, cand.gather(-1, j)
-
-
-def _resolve_ties(scores: torch.Tensor, kth: torch.Tensor, k: int) -> torch.Tensor:
-    """The exact :func:`select_topk` set for rows ``scores`` ``[m, S]`` whose ``k``-th largest value
-    ``kth`` ``[m, 1]`` is tied with an unselected key: every key above ``kth``, then the latest keys
-    equal to it. One int32 top-k instead of the int64 keys of :func:`tie_break_keys`."""
-    S = scores.shape[-1]
-    pos = torch.arange(S, device=scores.device, dtype=torch.int32).expand_as(scores)
-    rank = torch.where(scores > kth, pos + S, torch.where(scores == kth, pos, -1))
-    return rank.topk(k, dim=-1, sorted=False).indices

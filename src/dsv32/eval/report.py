@@ -1,0 +1,173 @@
+"""The DSA report: ``dsa_report.json`` (numbers), ``dsa_report.md`` (tables) and ``dsa_recall.png``
+(per-layer recall of the trained and untrained indexers beside the oracle)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dsv32.eval.dsa import EvalPoint
+
+
+def _fmt(x, digits: int = 4) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{100 * x:+.2f}%"
+
+
+def report_dict(points: list[EvalPoint], **extra) -> dict:
+    """The JSON report: the headline fields of the first point (first length, first top-k), the whole
+    grid, its per-layer breakdown, and ``extra`` (stages, timings, after-sparse results...)."""
+    if not points:
+        raise ValueError("no evaluation points to report")
+    head = points[0]
+    out = {
+        "seq_len": head.seq_len,
+        "topk": head.topk,
+        "attention_recall": head.attention_recall,
+        "attention_recall_oracle": head.attention_recall_oracle,
+        "attention_recall_untrained": head.attention_recall_untrained,
+        "ppl_dense": head.ppl_dense,
+        "ppl_dsa": head.ppl_dsa,
+        "ppl_dsa_untrained": head.ppl_dsa_untrained,
+        "ppl_gap": head.ppl_gap,
+        "eval_sequences": head.sequences,
+        "eval_tokens": head.tokens,
+        "per_layer": head.per_layer,
+        "grid": [{k: v for k, v in p.to_dict().items() if k != "per_layer"} for p in points],
+    }
+    out.update(extra)
+    return out
+
+
+def plot_recall(points: list[EvalPoint], png: str | Path) -> Path | None:
+    head = points[0]
+    if not head.per_layer:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers = [r["layer"] for r in head.per_layer]
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    ax.plot(layers, [r["oracle"] for r in head.per_layer], "k--", label="oracle top-k")
+    ax.plot(layers, [r["recall"] for r in head.per_layer], "o-", color="tab:blue", label="trained indexer")
+    if all(r["untrained"] is not None for r in head.per_layer):
+        ax.plot(
+            layers, [r["untrained"] for r in head.per_layer], "x:", color="tab:red", label="untrained indexer"
+        )
+    ax.set_xlabel("layer")
+    ax.set_ylabel("attention recall")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(f"Attention recall at L={head.seq_len}, top-{head.topk}")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    png = Path(png)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
+def markdown_report(report: dict, title: str = "DSA evaluation") -> str:
+    """Markdown tables of a :func:`report_dict` (with the optional ``after_sparse`` / ``stages`` /
+    ``timings`` sections the demo adds)."""
+    lines = [f"# {title}", ""]
+    if "model" in report:
+        lines += [f"Model: `{report['model']}`; held-out text: {report.get('data', '')}", ""]
+    lines += [
+        f"Held-out: {report['eval_sequences']} sequences × {report['seq_len']} tokens; top-k {report['topk']}.",
+        "",
+        "| | perplexity | vs dense | attention recall |",
+        "|---|---|---|---|",
+        f"| dense | {_fmt(report['ppl_dense'])} | | |",
+        f"| DSA, warmed-up indexer | {_fmt(report['ppl_dsa'])} | {_pct(report['ppl_gap'])} | "
+        f"{_fmt(report['attention_recall'])} |",
+    ]
+    if report.get("ppl_dsa_untrained") is not None:
+        gap = report["ppl_dsa_untrained"] / report["ppl_dense"] - 1
+        lines.append(
+            f"| DSA, untrained indexer | {_fmt(report['ppl_dsa_untrained'])} | {_pct(gap)} | "
+            f"{_fmt(report.get('attention_recall_untrained'))} |"
+        )
+    after = report.get("after_sparse")
+    if after:
+        lines.append(
+            f"| DSA after the sparse stage | {_fmt(after['ppl_dsa'])} | {_pct(after['ppl_dsa'] / report['ppl_dense'] - 1)} | "
+            f"{_fmt(after.get('attention_recall'))} |"
+        )
+        if after.get("ppl_dense") is not None:
+            lines.append(
+                f"| (same model, dense) | {_fmt(after['ppl_dense'])} | {_pct(after['ppl_dense'] / report['ppl_dense'] - 1)} | |"
+            )
+    if report.get("attention_recall_oracle") is not None:
+        lines.append(f"| oracle top-k | | | {_fmt(report['attention_recall_oracle'])} |")
+    lines.append("")
+    if after:
+        lines += [
+            "Gap DSA vs dense of the same model: "
+            f"{_pct(report['ppl_gap'])} after warm-up → {_pct(after.get('ppl_gap_same_model'))} after the sparse stage "
+            f"(vs the original dense model: {_pct(after.get('ppl_gap_vs_original'))}).",
+            "",
+        ]
+    if len(report.get("grid", [])) > 1:
+        lines += [
+            "## All lengths and top-k",
+            "",
+            "| L | top-k | ppl dense | ppl DSA | gap | ppl untrained | recall | oracle | untrained recall |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for p in report["grid"]:
+            lines.append(
+                f"| {p['seq_len']} | {p['topk']} | {_fmt(p['ppl_dense'])} | {_fmt(p['ppl_dsa'])} | {_pct(p['ppl_gap'])} | "
+                f"{_fmt(p['ppl_dsa_untrained'])} | {_fmt(p['attention_recall'])} | "
+                f"{_fmt(p['attention_recall_oracle'])} | {_fmt(p['attention_recall_untrained'])} |"
+            )
+        lines.append("")
+    if report.get("per_layer"):
+        lines += [
+            f"## Per layer (L={report['seq_len']}, top-{report['topk']})",
+            "",
+            "![recall per layer](dsa_recall.png)",
+            "",
+            "| layer | recall | oracle | untrained |",
+            "|---|---|---|---|",
+        ]
+        for r in report["per_layer"]:
+            lines.append(
+                f"| {r['layer']} | {_fmt(r['recall'])} | {_fmt(r['oracle'])} | {_fmt(r['untrained'])} |"
+            )
+        lines.append("")
+    if report.get("stages"):
+        lines += ["## Training", "", "| stage | steps | tokens | final indexer loss | final LM loss | time |"]
+        lines.append("|---|---|---|---|---|---|")
+        for name, s in report["stages"].items():
+            lines.append(
+                f"| {name} | {s.get('steps')} | {s.get('tokens')} | {_fmt(s.get('loss_indexer'))} | "
+                f"{_fmt(s.get('loss_lm'))} | {_fmt(s.get('seconds'), 0)} s |"
+            )
+        lines.append("")
+    if report.get("timings"):
+        lines += ["Wall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in report["timings"].items()), ""]
+    return "\n".join(lines)
+
+
+def write_report(
+    out_dir: str | Path, report: dict, points: list[EvalPoint], title: str = "DSA evaluation"
+) -> Path:
+    """Write ``dsa_report.json``, ``dsa_recall.png`` and ``dsa_report.md`` under ``out_dir``; returns
+    the Markdown path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "dsa_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    plot_recall(points, out / "dsa_recall.png")
+    md = out / "dsa_report.md"
+    md.write_text(markdown_report(report, title) + "\n")
+    return md

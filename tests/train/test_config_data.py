@@ -1,0 +1,122 @@
+"""Recipes (TOML + overrides) and the data pipeline (documents, split, packing, order)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dsv32.train.config import ConfigError, StageConfig, load_run_config
+from dsv32.train.data import is_held_out, list_documents, load_token_data, sequence_order
+from dsv32.train.pipeline import config_from_cli, demo_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class CharTokenizer:
+    """A stand-in tokenizer: one id per byte, 256 = end of text."""
+
+    eos_token_id = 256
+
+    def get_vocab(self):
+        return {"<|endoftext|>": 256}
+
+    def __call__(self, text, add_special_tokens=False, verbose=False):
+        return {"input_ids": list(text.encode())}
+
+
+def test_recipes_in_configs_load_and_the_demo_recipe_matches_the_built_in_one():
+    for path in sorted((ROOT / "configs").glob("*.toml")):
+        cfg = load_run_config(path)
+        assert cfg.warmup.stage == "warmup" and cfg.sparse.stage == "sparse", path
+    file_cfg = load_run_config(ROOT / "configs" / "smollm2-demo.toml")
+    assert file_cfg.to_dict() == demo_config().to_dict()
+
+
+def test_overrides_defaults_and_errors(tmp_path):
+    cfg = load_run_config(
+        None, ["warmup.steps=7", "dsa.layers=[0, 2]", "data.source=some/dir", "sparse.lr=1e-5"]
+    )
+    assert cfg.warmup.steps == 7 and cfg.dsa.layers == [0, 2] and cfg.data.source == "some/dir"
+    assert cfg.warmup.lr == 1e-3 and cfg.sparse.lr == 1e-5  # unset lr → the paper's value for the stage
+    with pytest.raises(ConfigError, match="unknown keys"):
+        load_run_config(None, ["warmup.stepz=3"])
+    with pytest.raises(ConfigError, match="unknown sections"):
+        load_run_config(None, ["optim.lr=3"])
+    with pytest.raises(ConfigError, match="replay"):
+        StageConfig(stage="sparse", replay=2)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[warmup\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_run_config(bad)
+    cfg, out = config_from_cli(
+        "eval", {"model": "m", "seq_len": 512, "topk": 64, "set": ["eval.sequences=3"], "out": str(tmp_path)}
+    )
+    assert (
+        cfg.model.name == "m"
+        and cfg.eval.seq_lens == [512]
+        and cfg.eval.topks == [64]
+        and cfg.eval.sequences == 3
+    )
+    assert out == tmp_path
+
+
+def test_sparse_and_eval_pick_up_the_previous_stage(tmp_path):
+    (tmp_path / "warmup" / "model").mkdir(parents=True)
+    cfg, _ = config_from_cli("sparse", {"set": [f"out_dir={json.dumps(str(tmp_path))}"]})
+    assert cfg.model.name == str(tmp_path / "warmup" / "model")
+    (tmp_path / "sparse" / "model").mkdir(parents=True)
+    cfg, _ = config_from_cli("eval", {"set": [f"out_dir={json.dumps(str(tmp_path))}"]})
+    assert cfg.model.name == str(tmp_path / "sparse" / "model")
+
+
+def test_documents_split_by_name_and_pack(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(60):
+        (corpus / f"doc{i}.txt").write_text(f"document {i} " * 20)
+    (corpus / "skip.bin").write_bytes(b"\x00")
+    jsonl = tmp_path / "extra.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"text": f"record {i} " * 10}) for i in range(5)) + "\n")
+    cfg = load_run_config(
+        None, [f"data.source={json.dumps(f'{corpus},{jsonl}')}", "data.seq_len=64", "data.eval_percent=20"]
+    ).data
+    docs = list_documents(cfg)
+    assert len(docs) == 65 and {d.name for d in docs if d.line is not None} == {
+        f"extra.jsonl:{i}" for i in range(5)
+    }
+    held = [d.name for d in docs if is_held_out(d.name, 20.0)]
+    assert 3 < len(held) < 25  # ~20 %
+    assert held == [d.name for d in docs if is_held_out(d.name, 20.0)]  # deterministic
+    data = load_token_data(cfg, CharTokenizer(), 10_000, 2_000)
+    seqs = data.train_sequences()
+    assert seqs.shape[1] == 64 and seqs.dtype == torch.long and (seqs == 256).any()  # separators
+    assert data.eval_sequences(32).shape[1] == 32
+    again = load_token_data(cfg, CharTokenizer(), 10_000, 2_000)
+    assert torch.equal(again.train_stream, data.train_stream)
+    with pytest.raises(ConfigError, match="neither"):
+        list_documents(load_run_config(None, ["data.source=/no/such/path"]).data)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"body": "x"}\n')
+    with pytest.raises(ConfigError, match="text_field"):
+        load_token_data(
+            load_run_config(None, [f"data.source={json.dumps(str(bad))}"]).data, CharTokenizer(), 100, 100
+        )
+
+
+def test_stdlib_corpus_is_found_and_split():
+    cfg = load_run_config(None).data
+    docs = list_documents(cfg)
+    assert len(docs) > 300 and all(d.name.startswith("stdlib/") for d in docs)
+    assert not any("site-packages" in d.name for d in docs)
+    held = sum(is_held_out(d.name, cfg.eval_percent) for d in docs)
+    assert 0.02 < held / len(docs) < 0.09
+
+
+def test_sequence_order_is_a_permutation_per_pass_and_resumable():
+    order = sequence_order(5, seed=3, start=0, count=15)
+    for p in range(3):
+        assert sorted(order[5 * p : 5 * p + 5]) == list(range(5))
+    assert sequence_order(5, seed=3, start=7, count=4) == order[7:11]

@@ -1,0 +1,153 @@
+"""The DSA trainer on tiny random models: stage semantics, exact resume, replay, native model."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from dsv32.dsa import DSAConfig
+from dsv32.train import ModelSpec, StageConfig, TokenData, load_dsa_model, read_metrics, train_stage
+from dsv32.train.trainer import lr_factor
+
+DSA = DSAConfig(index_n_heads=2, index_head_dim=16, index_topk=8)
+
+
+def token_data(n=12, T=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return TokenData.from_sequences(
+        torch.randint(0, 257, (n, T), generator=g), torch.randint(0, 257, (4, T), generator=g)
+    )
+
+
+def load(name="tiny-llama"):
+    return load_dsa_model(ModelSpec(name=name), DSA)
+
+
+def snapshot(dm):
+    return {n: p.detach().clone() for n, p in dm.model.named_parameters()}
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-native"])
+def test_warmup_trains_only_the_indexer_and_sparse_trains_everything(tmp_path, name):
+    dm = load(name)
+    data = token_data()
+    before = snapshot(dm)
+    warm = train_stage(
+        dm, data, StageConfig(stage="warmup", steps=3, batch_size=2, lr=1e-2), tmp_path / "w", progress=False
+    )
+    after = snapshot(dm)
+    changed = {n for n in before if not torch.equal(before[n], after[n])}
+    assert changed and all(".indexer." in n for n in changed)
+    assert any(".indexer.wq_b." in n for n in changed) and any(".indexer.wk." in n for n in changed)
+    assert len(warm.metrics) == 3 and all(m["loss_indexer"] >= 0 for m in warm.metrics)
+    assert (tmp_path / "w" / "loss.png").is_file() and (tmp_path / "w" / "model").is_dir()
+    sparse = train_stage(
+        dm,
+        data,
+        StageConfig(stage="sparse", steps=2, batch_size=2, lr=1e-3, index_topk=8),
+        tmp_path / "s",
+        progress=False,
+    )
+    final = snapshot(dm)
+    assert any(not torch.equal(after[n], final[n]) for n in after if ".indexer." not in n)
+    assert all("loss_lm" in m and m["grad_norm_model"] is not None for m in sparse.metrics)
+    assert all(p.requires_grad for p in dm.model.parameters())  # restored after training
+
+
+@pytest.mark.parametrize("stage", ["warmup", "sparse"])
+def test_exact_resume_retraces_the_same_loss_curve(tmp_path, stage):
+    data = token_data()
+    cfg = StageConfig(
+        stage=stage,
+        steps=6,
+        batch_size=2,
+        grad_accum=2,
+        lr=3e-3,
+        warmup_steps=2,
+        loss_queries=20,
+        save_every=2,
+    )
+    straight = load()
+    train_stage(straight, data, cfg, tmp_path / "a", progress=False)
+    first = load()
+    train_stage(first, data, cfg, tmp_path / "b", progress=False, stop_after=3)  # "interrupted" after step 3
+    assert [m["step"] for m in read_metrics(tmp_path / "b" / "metrics.jsonl")] == [1, 2, 3]
+    resumed = load()  # a fresh process: model rebuilt, state from the checkpoint
+    train_stage(resumed, data, cfg, tmp_path / "b", progress=False)
+    a = read_metrics(tmp_path / "a" / "metrics.jsonl")
+    b = read_metrics(tmp_path / "b" / "metrics.jsonl")
+    assert [m["step"] for m in b] == list(range(1, 7))
+    for x, y in zip(a, b):
+        assert x["loss_indexer"] == y["loss_indexer"] and x.get("loss_lm") == y.get("loss_lm"), (x, y)
+    for (n, p), (_, q) in zip(straight.model.named_parameters(), resumed.model.named_parameters()):
+        assert torch.equal(p, q), n
+
+
+def test_replayed_activations_give_the_online_gradient(tmp_path):
+    data = token_data(n=4)
+    online, replayed = load(), load()
+    train_stage(
+        online,
+        data,
+        StageConfig(stage="warmup", steps=1, batch_size=4, lr=1e-2),
+        tmp_path / "o",
+        progress=False,
+    )
+    cfg = StageConfig(stage="warmup", steps=1, batch_size=4, lr=1e-2, replay=2, replay_pool=4)
+    train_stage(replayed, data, cfg, tmp_path / "r", progress=False)
+    for (n, p), (_, q) in zip(online.model.named_parameters(), replayed.model.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6, msg=n)
+    # Replay reuses each pool: 3 steps of batch 2 over a pool of 2 read 2 distinct sequences.
+    cfg = StageConfig(stage="warmup", steps=3, batch_size=2, lr=1e-2, replay=3, replay_pool=2)
+    result = train_stage(load(), token_data(n=8), cfg, tmp_path / "r2", progress=False)
+    assert result.steps == 3
+
+
+def test_lr_schedule_warms_up_then_decays_to_the_floor():
+    cfg = StageConfig(stage="sparse", steps=10, warmup_steps=2, min_lr_ratio=0.1)
+    f = [lr_factor(s, cfg) for s in range(10)]
+    assert f[0] == 0.5 and f[1] == 1.0 and f[2] == 1.0
+    assert all(a >= b for a, b in itertools.pairwise(f[2:])) and f[-1] == pytest.approx(0.1)
+    assert StageConfig(stage="warmup").lr == 1e-3 and StageConfig(stage="sparse").lr == 7.3e-6
+
+
+def test_saved_stage_reloads(tmp_path):
+    dm = load()
+    data = token_data()
+    train_stage(
+        dm, data, StageConfig(stage="warmup", steps=2, batch_size=2, lr=1e-2), tmp_path / "w", progress=False
+    )
+    meta = json.loads((tmp_path / "w" / "model" / "dsa_config.json").read_text())
+    assert meta["base"] == "tiny-llama"  # indexers only: the base is unchanged
+    again = load_dsa_model(ModelSpec(name=str(tmp_path / "w" / "model")))
+    x = data.eval_sequences()[:1]
+    dm.set_mode("sparse")
+    again.set_mode("sparse")
+    with torch.no_grad():
+        torch.testing.assert_close(again.logits(x), dm.logits(x))
+    train_stage(dm, data, StageConfig(stage="sparse", steps=1, batch_size=2), tmp_path / "s", progress=False)
+    full = load_dsa_model(ModelSpec(name=str(tmp_path / "s" / "model")))
+    with torch.no_grad():
+        torch.testing.assert_close(full.logits(x), dm.logits(x))
+
+
+def test_native_gradient_isolation():
+    dm = load("tiny-native")
+    dm.set_mode("sparse", 8)
+    dm.collect_losses(True)
+    x = token_data(n=2).train_sequences()
+    nll, n = dm.lm_loss_sum(x)
+    losses = dm.pop_losses()
+    assert len(losses) == 2
+    idx = {id(p) for _, p in dm.indexer_named_parameters()}
+    (nll / n).backward(retain_graph=True)
+    assert all(p.grad is None for p in dm.model.parameters() if id(p) in idx)
+    dm.model.zero_grad(set_to_none=True)
+    sum(losses.values()).backward()
+    assert all(p.grad is None for p in dm.model.parameters() if id(p) not in idx)
+    assert all(p.grad is not None for _, p in dm.indexer_named_parameters())
