@@ -25,6 +25,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from dsv32.dsa.sparse_autograd import SparseAttentionFunction
+
 # Gathered rows per chunk (chunk_queries · K): ~4 MB of fp32 MLA latents, so they stay in L3 between
 # the gather and the two matmuls. Tuned with `python benchmarks/attention.py --tune-attention`.
 GATHER_BUDGET = 1 << 11
@@ -223,6 +225,9 @@ def sparse_attention(
         seen = first + k.shape[1] - T
         out[:, :first] = dense_attention(q[:, :first], k[:, :seen], v[:, :seen], scale)
     step = _chunk(K * Hkv, chunk_size)
+    if grad:  # recompute-in-backward: memory O(chunk · K), not O(T · K) per layer
+        rest = SparseAttentionFunction.apply(q[:, first:], k, v, topk_indices[:, first:], scale, step)
+        return torch.cat((out[:, :first], rest), dim=1) if first else rest
     krows, kstrides = _row_view(k, grad)
     vrows, vstrides = _row_view(v, grad)
     bufs = _Buffers(not grad)

@@ -1,0 +1,111 @@
+"""Memory-efficient gradients of top-k sparse attention (MHA/GQA layout).
+
+Autograd through the gather + bmm forward of :func:`~dsv32.dsa.sparse_attention` keeps every chunk's
+gathered keys and values alive until the backward: ``T · H_kv · K · (D + D_v)`` floats per layer —
+805 MB per layer for SmolLM2 at T = 2048, K = 256, i.e. 24 GB for its 30 layers. Like
+FlashAttention, :class:`SparseAttentionFunction` keeps only ``q``, ``k``, ``v``, the selection, the
+output and the per-row log-sum-exp, and recomputes each chunk's gather in the backward:
+
+    P = exp(S − lse),  S = scale · q Kᵀ
+    dV_sel = Pᵀ dO          dP = dO V_selᵀ          dS = P ⊙ (dP − rowsum(dO ⊙ O))
+    dq = scale · dS K_sel   dK_sel = scale · dSᵀ q
+
+and scatters ``dK_sel`` / ``dV_sel`` back with ``index_add_``. Extra memory is O(chunk · K) whatever
+T is. Empty slots (``-1``) get probability 0, so they add nothing to any gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _flat_rows(idx: torch.Tensor, S: int, Hkv: int) -> torch.Tensor:
+    """Row ids ``[B, Hkv, n, K]`` into a contiguous ``[B·S·Hkv, D]`` view of ``[B, S, Hkv, D]``, head
+    major; empty slots (-1) point at row 0 of their batch (their probability is zeroed)."""
+    B = idx.shape[0]
+    rows = idx.clamp_min(0) * Hkv + (torch.arange(B, device=idx.device) * (S * Hkv)).view(B, 1, 1)
+    return rows.unsqueeze(1) + torch.arange(Hkv, device=idx.device).view(1, Hkv, 1, 1)
+
+
+def _chunk_scores(q, krows, idx, start, n, scale, Hkv, G, S):
+    """Scores ``[B·Hkv·n, G, K]`` (fp32, empty slots −inf) of queries ``start..start+n`` and their
+    gathered keys; also returns the scaled queries and gathered keys and the row ids."""
+    B, _, H, D = q.shape
+    K = idx.shape[-1]
+    sel = idx[:, start : start + n]
+    rows = _flat_rows(sel, S, Hkv)  # [B, Hkv, n, K]
+    kg = krows.index_select(0, rows.reshape(-1)).view(B * Hkv * n, K, D)
+    qc = (q[:, start : start + n] * scale).view(B, n, Hkv, G, D).transpose(1, 2).reshape(B * Hkv * n, G, D)
+    scores = torch.bmm(qc, kg.transpose(1, 2)).float()
+    invalid = (sel < 0).unsqueeze(1).expand(B, Hkv, n, K).reshape(B * Hkv * n, 1, K)
+    return scores.masked_fill_(invalid, float("-inf")), qc, kg, rows
+
+
+class SparseAttentionFunction(torch.autograd.Function):
+    """``out [B, T, H, D_v] = attention of q [B, T, H, D] over k [B, S, H_kv, D], v [B, S, H_kv, D_v]``
+    restricted to ``topk_indices [B, T, K]``; queries with no selected key give 0. ``chunk``: queries
+    per recomputation step."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, topk_indices, scale: float, chunk: int):
+        B, T, H, D = q.shape
+        S, Hkv, Dv = k.shape[1], k.shape[2], v.shape[-1]
+        G = H // Hkv
+        k, v = k.contiguous(), v.contiguous()
+        krows, vrows = k.view(-1, D), v.view(-1, Dv)
+        out = q.new_empty(B, T, H, Dv)
+        lse = torch.empty(B * Hkv, T, G, dtype=torch.float32, device=q.device)  # per (b, head, query)
+        for start in range(0, T, chunk):
+            n = min(chunk, T - start)
+            scores, _, _, rows = _chunk_scores(q, krows, topk_indices, start, n, scale, Hkv, G, S)
+            m = scores.logsumexp(-1, keepdim=True)  # [B·Hkv·n, G, 1]; -inf for empty rows
+            probs = (scores - m.clamp_min(torch.finfo(torch.float32).min)).exp_()
+            vg = vrows.index_select(0, rows.reshape(-1)).view(B * Hkv * n, -1, Dv)
+            oc = torch.bmm(probs.to(v.dtype), vg)  # [B·Hkv·n, G, Dv]
+            out[:, start : start + n] = oc.view(B, Hkv, n, G, Dv).transpose(1, 2).reshape(B, n, H, Dv)
+            lse[:, start : start + n] = m.view(B * Hkv, n, G)
+        ctx.save_for_backward(q, k, v, topk_indices, out, lse)
+        ctx.scale, ctx.chunk = scale, chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, idx, out, lse = ctx.saved_tensors
+        scale, chunk = ctx.scale, ctx.chunk
+        B, T, H, D = q.shape
+        S, Hkv, Dv = k.shape[1], k.shape[2], v.shape[-1]
+        G = H // Hkv
+        krows, vrows = k.view(-1, D), v.view(-1, Dv)
+        dq = torch.empty_like(q) if ctx.needs_input_grad[0] else None
+        dk = torch.zeros(B * S * Hkv, D, dtype=torch.float32, device=k.device)
+        dv = torch.zeros(B * S * Hkv, Dv, dtype=torch.float32, device=v.device)
+        grad_out = grad_out.contiguous()
+        for start in range(0, T, chunk):
+            n = min(chunk, T - start)
+            scores, qc, kg, rows = _chunk_scores(q, krows, idx, start, n, scale, Hkv, G, S)
+            m = lse[:, start : start + n].reshape(B * Hkv * n, G, 1).clamp_min(torch.finfo(torch.float32).min)
+            probs = (scores - m).exp_()  # [B·Hkv·n, G, K]
+            vg = vrows.index_select(0, rows.reshape(-1)).view(B * Hkv * n, -1, Dv).float()
+            do = (
+                grad_out[:, start : start + n]
+                .view(B, n, Hkv, G, Dv)
+                .transpose(1, 2)
+                .reshape(B * Hkv * n, G, Dv)
+            )
+            oc = out[:, start : start + n].view(B, n, Hkv, G, Dv).transpose(1, 2).reshape(B * Hkv * n, G, Dv)
+            do = do.float()
+            delta = (do * oc.float()).sum(-1, keepdim=True)  # [B·Hkv·n, G, 1]
+            dp = torch.bmm(do, vg.transpose(1, 2))
+            ds = probs.mul_(dp - delta) if not ctx.needs_input_grad[2] else probs * (dp - delta)
+            if ctx.needs_input_grad[2]:
+                dv.index_add_(0, rows.reshape(-1), torch.bmm(probs.transpose(1, 2), do).view(-1, Dv))
+            if dq is not None:
+                dqc = torch.bmm(ds, kg.float()) * scale  # [B·Hkv·n, G, D]
+                dq[:, start : start + n] = (
+                    dqc.view(B, Hkv, n, G, D).transpose(1, 2).reshape(B, n, H, D).to(q.dtype)
+                )
+            if ctx.needs_input_grad[1]:
+                dk.index_add_(0, rows.reshape(-1), torch.bmm(ds.transpose(1, 2), qc.float()).view(-1, D))
+        dk = dk.view(B, S, Hkv, D).to(k.dtype) if ctx.needs_input_grad[1] else None
+        dv = dv.view(B, S, Hkv, Dv).to(v.dtype) if ctx.needs_input_grad[2] else None
+        return dq, dk, dv, None, None, None
