@@ -1,13 +1,11 @@
-"""Batched generation, sampling truncation and the records RL needs (logprobs, kept sets, routing)."""
+"""Batched generation on the native V3.2 model and the records RL needs (logprobs, kept sets, routing)."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
 
-from dsv32.engine import SamplingParams, generate, kept_mask, sample_next
+from dsv32.engine import generate, kept_logprobs
 from dsv32.model import DeepseekV32, ModelConfig
 
 
@@ -58,30 +56,34 @@ def test_sampling_is_reproducible_and_records_kept_sets(model):
     kw = dict(max_new_tokens=10, temperature=0.8, top_p=0.9, top_k=20, eos_token_id=[], return_kept=True)
     a = generate(model, [[1, 2, 3], [4, 5]], generator=torch.Generator().manual_seed(0), **kw)
     b = generate(model, [[1, 2, 3], [4, 5]], generator=torch.Generator().manual_seed(0), **kw)
-    assert torch.equal(a.tokens, b.tokens)
-    for row in range(2):
-        assert len(a.kept_token_ids[row]) == 10
-        for step, kept in enumerate(a.kept_token_ids[row]):
-            assert 1 <= len(kept) <= 20
-            assert int(a.tokens[row, step]) in kept.tolist()
-    assert (a.logprobs <= 0).all()
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.kept_token_ids, b.kept_token_ids)
+    kept = a.kept_token_ids
+    assert kept.dtype == torch.int32 and kept.shape[:2] == (2, 10) and 1 <= kept.shape[2] <= 20
+    assert kept.shape[2] == int((kept >= 0).sum(-1).max())  # K = the largest kept set, no wider
+    assert (kept == a.tokens[..., None]).sum(-1).eq(1).all()  # the sampled token is kept, once
+    assert (a.logprobs <= 0).all() and (a.logprobs[(kept >= 0).sum(-1) > 1] < 0).all()
+    # π_old renormalized over the kept ids, recomputed from a full forward, is the sampling log-prob
+    with torch.no_grad():
+        logits = model(a.sequences[:, :-1], attention_mask=a.attention_mask[:, :-1]).logits[:, -10:]
+    renorm = kept_logprobs(logits, kept, 0.8)
+    at = (kept == a.tokens[..., None]).int().argmax(-1, keepdim=True)
+    torch.testing.assert_close(renorm.gather(-1, at).squeeze(-1), a.logprobs, rtol=0, atol=1e-4)
 
 
-def test_top_k_and_top_p_truncation():
-    logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]))
-    assert kept_mask(logits, SamplingParams(top_k=2)).tolist() == [[True, True, False, False, False]]
-    # mass before each token: 0, .5, .7, .85, .95 -> top_p=0.8 keeps the first three
-    assert kept_mask(logits, SamplingParams(top_p=0.8)).tolist() == [[True, True, True, False, False]]
-    assert kept_mask(logits, SamplingParams(top_p=0.01)).tolist() == [[True, False, False, False, False]]
-    tok, logp, keep = sample_next(logits, SamplingParams(top_p=0.8), torch.Generator().manual_seed(1))
-    assert keep[0, tok].item()
-    assert math.isclose(logp.exp().item(), [0.5, 0.2, 0.15][tok.item()] / 0.85, rel_tol=1e-5)
-
-
-@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-2)])
-def test_bad_sampling_params(bad):
-    with pytest.raises(ValueError):
-        SamplingParams(**bad)
+def test_finished_rows_leave_the_batch_and_the_others_are_unchanged(model):
+    prompts = [[5, 9, 12], [8, 4, 2, 30]]
+    free = generate(model, prompts, max_new_tokens=12, temperature=0.0, eos_token_id=[], return_kept=True)
+    eos = int(free.tokens[0, 2])
+    assert eos not in free.tokens[1].tolist()
+    out = generate(model, prompts, 12, 0.0, eos_token_id=eos, pad_token_id=0, return_kept=True)
+    first = free.tokens[0].tolist().index(eos)
+    assert out.lengths.tolist() == [first + 1, 12]
+    assert torch.equal(out.tokens[1], free.tokens[1])
+    torch.testing.assert_close(out.logprobs[1], free.logprobs[1], rtol=0, atol=1e-4)
+    assert (out.logprobs[0, first + 1 :] == 0).all() and (out.tokens[0, first + 1 :] == 0).all()  # pad
+    assert out.kept_token_ids.shape == (2, 12, 1)  # greedy: the argmax
+    assert torch.equal(out.kept_token_ids[1, :, 0], free.tokens[1].int())
+    assert (out.kept_token_ids[0, first + 1 :] == -1).all()
 
 
 def test_routing_is_recorded_and_replays_exactly(model):

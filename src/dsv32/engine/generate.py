@@ -1,8 +1,10 @@
-"""Batched generation over a :class:`~dsv32.model.DeepseekV32` with its sparse KV cache.
+"""Batched generation over a :class:`~dsv32.model.DeepseekV32` (with its sparse KV cache) or a
+Hugging Face causal LM, with the records RL needs: sampling log-probs, kept token sets, MoE routing.
 
-Prefill writes the prompt's MLA latents and indexer keys into the cache; each decode step scores the
-whole cache with the lightning indexer and attends to the selected ``index_topk`` latents only.
-Prompts of different lengths are left-padded; padding is masked out of attention and selection.
+Prompts of different lengths are left-padded; padding is masked out of attention (and, for V3.2, of
+the indexer's selection). One decode loop serves both kinds of model through a small backend
+(:mod:`dsv32.engine.backends`: prefill and one-token step). Rows that reached EOS are dropped from the
+model's batch when the backend allows it, so the remaining steps cost only the rows still generating.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dsv32.engine.backends import backend_for, eos_ids
 from dsv32.engine.sampling import SamplingParams, sample_next
 
 
@@ -22,11 +25,17 @@ class GenerationOutput:
     - ``sequences`` ``[B, P + N]``: left-padded prompts followed by the new tokens;
     - ``attention_mask`` ``[B, P + N]``: 1 for prompt tokens and generated tokens up to EOS;
     - ``tokens`` ``[B, N]``: generated tokens (``pad_token_id`` after a row stopped);
-    - ``logprobs`` ``[B, N]``: sampling log-probs (see :mod:`dsv32.engine.sampling`; 0 after stop);
+    - ``logprobs`` ``[B, N]``: sampling log-probs (0 after stop): with ``temperature > 0`` those of the
+      truncated, renormalized distribution that was sampled from (π_old over the kept set, see
+      :mod:`dsv32.engine.sampling`); greedy: the model's untruncated ``log_softmax(logits)``;
     - ``lengths`` ``[B]``: generated tokens per row, EOS included;
     - ``routing`` ``[num_moe_layers, B, P + N - 1, k]`` expert indices of every position that was
-      run through the model (the last token never is), if requested;
-    - ``kept_token_ids``: per row, per step, the token ids kept by top-k/top-p, if requested.
+      run through the model (the last token never is), if requested (native model only);
+    - ``kept_token_ids`` ``[B, N, K]`` ``int32``, if requested (Keep Sampling Mask): the token ids
+      that survived top-k/top-p at each step, most likely first, -1-padded to K = the largest kept set
+      in the batch (K <= ``top_k`` when it is set; 1 for greedy: the argmax; the whole vocabulary
+      without truncation). All -1 after a row stopped. The sampled token is always among them, and
+      ``kept_logprobs(logits, kept_token_ids, temperature)`` renormalizes π_θ over them.
     """
 
     sequences: torch.Tensor
@@ -35,7 +44,7 @@ class GenerationOutput:
     logprobs: torch.Tensor
     lengths: torch.Tensor
     routing: torch.Tensor | None = None
-    kept_token_ids: list[list[torch.Tensor]] | None = None
+    kept_token_ids: torch.Tensor | None = None
 
 
 def pad_prompts(
@@ -72,50 +81,60 @@ def generate(
     return_routing: bool = False,
     return_kept: bool = False,
 ) -> GenerationOutput:
-    """Generate up to ``max_new_tokens`` per prompt (``temperature=0``: greedy).
+    """Generate up to ``max_new_tokens`` per prompt (``temperature=0``: greedy) with ``model``, a
+    :class:`~dsv32.model.DeepseekV32` or a transformers causal LM (``LlamaForCausalLM``, Qwen2/3, ...).
 
     ``input_ids``: a ``[B, P]`` tensor (with ``attention_mask`` for left padding) or a list of token
-    lists of any lengths. Stops a row at any of ``eos_token_id`` (default: the model config's), and the
-    whole batch once every row stopped.
+    lists of any lengths. Stops a row at any of ``eos_token_id`` (default: the model's generation
+    config's, else its config's; ``[]`` never stops), and the whole batch once every row stopped.
+    ``pad_token_id`` (default: the config's, else the first EOS, else 0) fills prompts and stopped rows.
+    ``generator`` makes sampling reproducible. ``return_routing`` (V3.2 only) records MoE routing (Keep
+    Routing); ``return_kept`` the kept token sets (Keep Sampling Mask). See :class:`GenerationOutput`.
     """
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
-    cfg = model.config
-    if eos_token_id is None:
-        eos_token_id = cfg.eos_token_id
-    eos = torch.as_tensor([] if eos_token_id is None else eos_token_id, dtype=torch.long).flatten()
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    backend = backend_for(model, return_routing)
+    device = backend.device
+    eos = eos_ids(backend.eos_token_id if eos_token_id is None else eos_token_id, device)
     if pad_token_id is None:
-        pad_token_id = cfg.pad_token_id if cfg.pad_token_id is not None else int(eos[0]) if len(eos) else 0
-    device = model.lm_head.weight.device
+        pad_token_id = backend.pad_token_id
+    if pad_token_id is None:
+        pad_token_id = int(eos[0]) if len(eos) else 0
     ids, mask = pad_prompts(input_ids, pad_token_id, device)
     if attention_mask is not None:
+        if attention_mask.shape != ids.shape:
+            raise ValueError(
+                f"attention_mask must have the shape of input_ids {tuple(ids.shape)}, "
+                f"got {tuple(attention_mask.shape)}"
+            )
         mask = attention_mask.to(device).long()
     B, P = ids.shape
-    eos = eos.to(device)
 
-    cache = model.new_cache(B, P + max_new_tokens)
-    out = model(ids, attention_mask=mask, cache=cache, logits_to_keep=1, return_routing=return_routing)
-    tokens, logprobs, routing = [], [], [out.routing] if return_routing else None
-    kept: list[list[torch.Tensor]] | None = [[] for _ in range(B)] if return_kept else None
+    logits = backend.prefill(ids, mask, max_len=P + max_new_tokens)  # [B, V]
+    rows = torch.arange(B, device=device)  # batch rows still in the model's batch
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     lengths = torch.zeros(B, dtype=torch.long, device=device)
+    tokens, logprobs, kept = [], [], []
     for step in range(max_new_tokens):
-        tok, logp, keep = sample_next(out.logits[:, -1], params, generator)
+        tok, logp, keep = sample_next(logits, params, generator)  # over `rows`
         live = ~finished  # rows for which this token is real (EOS included)
-        tok = tok.masked_fill(finished, pad_token_id)
+        tok = _scatter_rows(tok, rows, B, pad_token_id).masked_fill(finished, pad_token_id)
         tokens.append(tok)
-        logprobs.append(logp.masked_fill(finished, 0.0))
-        if kept is not None:
-            for b in live.nonzero().flatten().tolist():
-                # greedy keeps exactly the argmax (it is top-k with k = 1)
-                kept[b].append(keep[b].nonzero().flatten() if keep is not None else tok[b : b + 1].clone())
+        logprobs.append(_scatter_rows(logp, rows, B, 0.0).masked_fill(finished, 0.0))
+        if return_kept:
+            kept.append(_scatter_rows(keep.int(), rows, B, -1).masked_fill(finished[:, None], -1))
         lengths += live.long()
         finished |= torch.isin(tok, eos)
         mask = torch.cat((mask, live.long()[:, None]), dim=1)
-        if bool(finished.all()) or step == max_new_tokens - 1:
+        if step == max_new_tokens - 1 or bool(finished.all()):
             break
-        out = model(tok[:, None], attention_mask=mask, cache=cache, return_routing=return_routing)
-        if routing is not None:
-            routing.append(out.routing)
+        if backend.can_drop_rows:
+            still = ~finished[rows]
+            if not bool(still.all()):
+                backend.drop_rows(still.nonzero().squeeze(1))
+                rows = rows[still]
+        logits = backend.step(tok[rows], mask[rows])
 
     new = torch.stack(tokens, dim=1)
     return GenerationOutput(
@@ -124,6 +143,23 @@ def generate(
         tokens=new,
         logprobs=torch.stack(logprobs, dim=1),
         lengths=lengths,
-        routing=torch.cat(routing, dim=2) if routing and routing[0] is not None else None,
-        kept_token_ids=kept,
+        routing=backend.recorded_routing(),
+        kept_token_ids=_stack_kept(kept) if return_kept else None,
+    )
+
+
+def _scatter_rows(values: torch.Tensor, rows: torch.Tensor, B: int, fill) -> torch.Tensor:
+    """``values`` ``[b, *]`` of batch rows ``rows`` → ``[B, *]``, ``fill`` for the other rows."""
+    if len(rows) == B:
+        return values
+    out = values.new_full((B, *values.shape[1:]), fill)
+    out[rows] = values
+    return out
+
+
+def _stack_kept(kept: list[torch.Tensor]) -> torch.Tensor:
+    """Per-step ``[B, K_t]`` kept ids → ``[B, N, K]``, -1-padded to the largest kept set recorded."""
+    K = max(int((k >= 0).sum(-1).max()) for k in kept)
+    return torch.stack(
+        [torch.nn.functional.pad(k[:, :K], (0, K - min(K, k.shape[1])), value=-1) for k in kept], 1
     )

@@ -1,11 +1,16 @@
-"""Next-token sampling that records what RL needs: the sampling log-probability of each token and,
-optionally, the kept token set (Keep Sampling Mask, paper §3.1).
+"""Next-token sampling that records what RL needs: the sampling log-probability of each token and the
+kept token set (Keep Sampling Mask, paper §3.1).
 
 ``temperature == 0`` is greedy. Otherwise logits are divided by the temperature, truncated to the
 ``top_k`` most likely tokens and to the smallest set whose probability reaches ``top_p`` (the most
 likely token is always kept), renormalized over the kept set, and sampled. The returned log-prob is
-that of the distribution actually sampled from — π_old over the kept set, which is exactly what the
-trainer must renormalize π_θ against.
+that of the distribution actually sampled from — π_old over the kept set — and the kept ids are
+returned with it, so that the trainer renormalizes π_θ over exactly the same action subspace:
+:func:`kept_logprobs` is that renormalization, the same computation the sampler makes.
+
+:func:`kept_mask` is the readable reference (a ``[B, V]`` mask from one full sort);
+:func:`truncate` is the fast path :func:`sample_next` uses (a partial ``topk``, widened only for the rows
+that need more tokens to reach ``top_p``), and returns the kept ids directly, most likely first.
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
+FIRST_WINDOW = 256  # tokens the top-p search looks at first; widened 8x for rows that need more
 
 
 @dataclass
@@ -36,36 +44,99 @@ class SamplingParams:
         return self.temperature == 0
 
 
+def _mass_before(probs: torch.Tensor) -> torch.Tensor:
+    """Exclusive cumulative sum along the last dim (monotone, so a threshold on it keeps a prefix)."""
+    return F.pad(probs.cumsum(dim=-1)[..., :-1], (1, 0))
+
+
+def _top_p_count(sorted_logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``[B]`` size of the kept prefix of ``[B, n]`` log-probs in descending order."""
+    return (_mass_before(sorted_logprobs.exp()) < top_p).sum(-1)
+
+
 def kept_mask(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Boolean ``[B, V]``: tokens that survive top-k and top-p truncation of ``logits / temperature``."""
+    """Reference: boolean ``[B, V]``, the tokens that survive top-k and then top-p truncation of
+    ``logits / temperature``. A token is kept if the probability mass strictly before it (in
+    descending order) is below ``top_p``, so the most likely token always is."""
     B, V = logits.shape
     keep = torch.ones(B, V, dtype=torch.bool, device=logits.device)
     if params.top_k and params.top_k < V:
-        kth = logits.topk(params.top_k, dim=-1).values[:, -1:]
-        keep &= logits >= kth
+        keep = torch.zeros_like(keep).scatter(-1, logits.topk(params.top_k, dim=-1).indices, True)
     if params.top_p < 1.0:
-        scaled = (logits / params.temperature).masked_fill(~keep, float("-inf"))
-        probs, order = scaled.softmax(dim=-1).sort(dim=-1, descending=True)
-        # keep a token if the mass strictly before it is < top_p (so the top token is always kept)
-        before = probs.cumsum(dim=-1) - probs
-        keep_sorted = before < params.top_p
-        keep &= torch.zeros_like(keep).scatter(-1, order, keep_sorted)
+        scaled = (logits.float() / params.temperature).masked_fill(~keep, float("-inf"))
+        order = scaled.argsort(dim=-1, descending=True)  # by logit: equal probabilities stay ordered
+        probs = scaled.softmax(dim=-1).gather(-1, order)
+        keep &= torch.zeros_like(keep).scatter(-1, order, _mass_before(probs) < params.top_p)
     return keep
+
+
+def truncate(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fast top-k/top-p truncation of ``logits`` ``[B, V]`` (``temperature > 0``).
+
+    Returns ``(kept_ids [B, K], kept_logits [B, K])``: the kept token ids, most likely first, padded
+    with -1 to K = the largest kept set in the batch, and ``logits / temperature`` at those ids (-inf
+    at padding). Without truncation the kept set is the whole vocabulary in id order (K = V).
+    """
+    scaled = logits.float() / params.temperature
+    B, V = scaled.shape
+    limit = params.top_k if 0 < params.top_k < V else V
+    if params.top_p >= 1.0:
+        if limit == V:
+            return torch.arange(V, device=scaled.device).expand(B, V), scaled
+        vals, ids = scaled.topk(limit, dim=-1)
+        return ids, vals
+    if limit < V:  # top-p inside the top-k set: its probabilities are normalized over the set
+        vals, ids = scaled.topk(limit, dim=-1)
+        count = _top_p_count(vals - vals.logsumexp(-1, keepdim=True), params.top_p)
+    else:  # a partial top-k, widened only for the rows whose kept prefix does not end inside it
+        log_norm = scaled.logsumexp(-1, keepdim=True)
+        window = min(V, FIRST_WINDOW)
+        vals, ids = scaled.topk(window, dim=-1)
+        count = _top_p_count(vals - log_norm, params.top_p)
+        short = count == window
+        while window < V and bool(short.any()):
+            window = min(V, 8 * window)
+            rows = short.nonzero().squeeze(1)
+            wide_vals, wide_ids = scaled[rows].topk(window, dim=-1)
+            vals = F.pad(vals, (0, window - vals.shape[1]), value=float("-inf"))
+            ids = F.pad(ids, (0, window - ids.shape[1]), value=-1)
+            vals[rows], ids[rows] = wide_vals, wide_ids
+            count[rows] = _top_p_count(wide_vals - log_norm[rows], params.top_p)
+            short = torch.zeros_like(short).index_fill(0, rows[count[rows] == window], True)
+    K = int(count.max())
+    pad = torch.arange(K, device=scaled.device) >= count[:, None]
+    return ids[:, :K].masked_fill(pad, -1), vals[:, :K].masked_fill(pad, float("-inf"))
+
+
+def kept_logprobs(logits: torch.Tensor, kept_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``log_softmax(logits / temperature)`` renormalized over ``kept_ids`` (Keep Sampling Mask).
+
+    ``logits`` ``[..., V]``, ``kept_ids`` ``[..., K]`` (-1 = padding) → ``[..., K]`` log-probs, -inf at
+    padding. Positions with no kept id at all (after a row finished) get a finite ``-log K``; mask them.
+    Differentiable in ``logits``: this is π_θ over π_old's action subspace, for the trainer.
+    """
+    pad = kept_ids < 0
+    vals = logits.float().gather(-1, kept_ids.long().clamp_min(0)) / temperature
+    vals = vals.masked_fill(pad, float("-inf")).masked_fill(pad.all(-1, keepdim=True), 0.0)
+    return vals.log_softmax(dim=-1)
 
 
 def sample_next(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``logits`` ``[B, V]`` → ``(tokens [B], logprobs [B], kept [B, V] or None)``.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``logits`` ``[B, V]`` → ``(tokens [B], logprobs [B], kept_ids [B, K])``.
 
-    Greedy returns the log-prob under the untruncated model distribution and ``kept = None``.
+    Sampling: ``logprobs`` are those of the truncated, renormalized distribution, i.e. exactly
+    ``kept_logprobs(logits, kept_ids, temperature)`` at the token; ``kept_ids`` as :func:`truncate`.
+    Greedy: the kept set is the argmax alone (``K = 1``) and ``logprobs`` are the untruncated model
+    log-probs ``log_softmax(logits)`` (renormalizing over one token would always give 0).
     """
     logits = logits.float()
     if params.greedy:
-        logp = logits.log_softmax(dim=-1)
         tokens = logits.argmax(dim=-1)
-        return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1), None
-    keep = kept_mask(logits, params)
-    logp = (logits / params.temperature).masked_fill(~keep, float("-inf")).log_softmax(dim=-1)
-    tokens = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1), keep
+        logp = logits.gather(-1, tokens[:, None]).squeeze(-1) - logits.logsumexp(dim=-1)
+        return tokens, logp, tokens[:, None]
+    kept_ids, kept_logits = truncate(logits, params)
+    logp = kept_logits.log_softmax(dim=-1)
+    choice = torch.multinomial(logp.exp(), 1, generator=generator)
+    return kept_ids.gather(-1, choice).squeeze(-1), logp.gather(-1, choice).squeeze(-1), kept_ids

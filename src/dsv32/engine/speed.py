@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from dsv32.engine.generate import generate
+from dsv32.engine.generate import generate, pad_prompts
 
 
 @dataclass
@@ -81,3 +81,63 @@ def run_tiny_demo(
         f"  masked reference: prefill {m.prefill_tokens_per_s:8.0f} tok/s   decode {m.decode_tokens_per_s:6.1f} tok/s"
     )
     return {"tokens": out.tokens[0].tolist(), **{k: vars(v) for k, v in results.items()}}
+
+
+@dataclass
+class GenerateSpeed:
+    """Generated tokens (EOS included, padding not) and wall time of one or more ``generate`` calls."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+@torch.no_grad()
+def compare_generate_speed(
+    model,
+    prompts: list[list[int]],
+    max_new_tokens: int = 128,
+    temperature: float = 1.0,
+    top_p: float = 0.95,
+    top_k: int = 0,
+    stop_at_eos: bool = True,
+    repeats: int = 2,
+    seed: int = 0,
+) -> dict[str, GenerateSpeed]:
+    """Sampling throughput of :func:`generate` against transformers' own ``model.generate`` on the same
+    left-padded prompts of a Hugging Face causal LM, in the same process, runs alternated (a shared
+    machine's speed drifts). ``stop_at_eos=False`` generates ``max_new_tokens`` for every row in both.
+    Returns ``{"dsv32": ..., "transformers": ...}``."""
+    import copy
+
+    from dsv32.engine.backends import HFBackend, eos_ids
+
+    backend = HFBackend(model)
+    eos = eos_ids(backend.eos_token_id, backend.device) if stop_at_eos else eos_ids([], backend.device)
+    pad = backend.pad_token_id if backend.pad_token_id is not None else int(eos[0]) if len(eos) else 0
+    ids, mask = pad_prompts(prompts, pad, backend.device)
+    hf_config = copy.deepcopy(model.generation_config)
+    hf_config.update(
+        eos_token_id=eos.tolist() or None, pad_token_id=pad, max_new_tokens=max_new_tokens, do_sample=True,
+        temperature=temperature, top_p=top_p, top_k=top_k,
+    )  # fmt: skip
+    speeds = {"dsv32": GenerateSpeed(), "transformers": GenerateSpeed()}
+    for r in range(repeats):
+        t0 = time.perf_counter()
+        out = generate(
+            model, ids, max_new_tokens, temperature, top_p, top_k, attention_mask=mask,
+            eos_token_id=eos.tolist(), pad_token_id=pad, generator=torch.Generator().manual_seed(seed + r),
+        )  # fmt: skip
+        speeds["dsv32"].seconds += time.perf_counter() - t0
+        speeds["dsv32"].tokens += int(out.lengths.sum())
+        torch.manual_seed(seed + r)
+        t0 = time.perf_counter()
+        new = model.generate(ids, attention_mask=mask, generation_config=hf_config)[:, ids.shape[1] :]
+        speeds["transformers"].seconds += time.perf_counter() - t0
+        stopped = torch.isin(new, eos).long()
+        # a row's tokens run up to its first EOS, included (or to the end)
+        speeds["transformers"].tokens += int((stopped.cumsum(1) - stopped == 0).sum())
+    return speeds

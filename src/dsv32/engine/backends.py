@@ -1,0 +1,153 @@
+"""How :func:`~dsv32.engine.generate` drives each kind of model: a prefill and a one-token step.
+
+The decode loop is shared; a backend only owns the model's KV cache and knows its call convention:
+
+- :class:`NativeBackend` — :class:`~dsv32.model.DeepseekV32` with its preallocated sparse
+  :class:`~dsv32.model.cache.KVCache` (MLA latents + indexer keys), optionally recording MoE routing;
+- :class:`HFBackend` — a Hugging Face causal LM (Llama, Qwen2/3, Mistral, ..., with or without DSA
+  attached) with transformers' ``DynamicCache``. Positions are counted from the attention mask, so a
+  left-padded row sees the same positions as the same prompt alone.
+
+Both take the attention mask over every token so far (``[b, S]``, 1 = real) and return the next-token
+logits ``[b, V]`` of the last position only. ``drop_rows`` removes finished rows from the cache so
+later steps only compute rows that are still generating (``can_drop_rows`` says whether it may).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+
+import torch
+
+from dsv32.model import DeepseekV32
+
+
+class NativeBackend:
+    """:class:`~dsv32.model.DeepseekV32`: the cache is allocated for ``max_len`` tokens at prefill."""
+
+    def __init__(self, model: DeepseekV32, return_routing: bool = False) -> None:
+        self.model = model
+        self.return_routing = return_routing
+        self.cache = None
+        self.routing: list[torch.Tensor] = []  # [num_moe_layers, B, T, k] per forward
+        cfg = model.config
+        self.eos_token_id = cfg.eos_token_id
+        self.pad_token_id = cfg.pad_token_id
+        self.device = model.lm_head.weight.device
+
+    @property
+    def can_drop_rows(self) -> bool:
+        return not self.return_routing  # routing is recorded for every row and position
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_len: int) -> torch.Tensor:
+        self.cache = self.model.new_cache(input_ids.shape[0], max_len)
+        return self._forward(input_ids, attention_mask, logits_to_keep=1)
+
+    def step(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self._forward(tokens[:, None], attention_mask)
+
+    def drop_rows(self, keep: torch.Tensor) -> None:
+        self.cache.reorder(keep)
+
+    def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs) -> torch.Tensor:
+        out = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            cache=self.cache,
+            return_routing=self.return_routing,
+            **kwargs,
+        )
+        if self.return_routing and out.routing is not None:
+            self.routing.append(out.routing)
+        return out.logits[:, -1]
+
+    def recorded_routing(self) -> torch.Tensor | None:
+        """``[num_moe_layers, B, P + steps, k]``, or None (not asked for, or no MoE layer)."""
+        return torch.cat(self.routing, dim=2) if self.routing else None
+
+
+class HFBackend:
+    """A transformers causal LM with a ``DynamicCache`` (``past_key_values``, ``use_cache=True``)."""
+
+    def __init__(self, model) -> None:
+        from dsv32.dsa.hf import has_dsa
+
+        self.model = model
+        self.cache = None
+        # transformers' models compute the LM head on the last position only with `logits_to_keep=1`
+        self.prefill_kwargs = (
+            {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+        )
+        # DSA keeps indexer keys on the cache object beside K/V, for every row: rows stay in the batch
+        self.can_drop_rows = not has_dsa(model)
+        gen, cfg = getattr(model, "generation_config", None), model.config
+        self.eos_token_id = _first_set(getattr(gen, "eos_token_id", None), getattr(cfg, "eos_token_id", None))
+        self.pad_token_id = _first_set(getattr(gen, "pad_token_id", None), getattr(cfg, "pad_token_id", None))
+        self.device = model.device
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_len: int) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.model.config)
+        return self._forward(input_ids, attention_mask, **self.prefill_kwargs)
+
+    def step(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self._forward(tokens[:, None], attention_mask)
+
+    def drop_rows(self, keep: torch.Tensor) -> None:
+        self.cache.batch_select_indices(keep)
+
+    def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs) -> torch.Tensor:
+        T = input_ids.shape[1]
+        # position = number of real tokens before this one: padding does not shift a row's positions
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)[:, -T:]
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=self.cache,
+            use_cache=True,
+            **kwargs,
+        )
+        self.cache = out.past_key_values
+        return out.logits[:, -1]
+
+    def recorded_routing(self) -> None:
+        return None
+
+
+def _first_set(*values):
+    return next((v for v in values if v is not None), None)
+
+
+def backend_for(model, return_routing: bool = False) -> NativeBackend | HFBackend:
+    """The backend of ``model``: a :class:`~dsv32.model.DeepseekV32` or a transformers causal LM."""
+    if isinstance(model, DeepseekV32):
+        return NativeBackend(model, return_routing)
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # transformers is an optional dependency
+        PreTrainedModel = None
+    if PreTrainedModel is None or not isinstance(model, PreTrainedModel):
+        raise TypeError(
+            "generate needs a dsv32.model.DeepseekV32 or a transformers causal LM, "
+            f"got {type(model).__name__}"
+        )
+    if not model.can_generate():
+        raise TypeError(
+            f"{type(model).__name__} has no language-model head; load it with AutoModelForCausalLM"
+        )
+    if return_routing:
+        raise ValueError(
+            f"return_routing=True needs a MoE model with routing capture (dsv32.model.DeepseekV32); "
+            f"{type(model).__name__} is a transformers model: pass return_routing=False"
+        )
+    return HFBackend(model)
+
+
+def eos_ids(eos_token_id: int | Sequence[int] | None, device: torch.device) -> torch.Tensor:
+    """``[n]`` EOS ids (possibly none) from an int, a list, or None."""
+    return torch.as_tensor(
+        [] if eos_token_id is None else eos_token_id, dtype=torch.long, device=device
+    ).flatten()
