@@ -1,0 +1,32 @@
+"""Stable GRPO as in DeepSeek-V3.2 (paper §3, §3.1).
+
+- :mod:`~dsv32.rl.loss` — the objective as pure functions: :func:`grpo_loss` (clipped ratio, unbiased
+  KL of Eq. 7, Off-Policy Sequence Mask of Eq. 9), :func:`group_advantages`, :func:`token_logprobs`
+  (Keep Sampling Mask, training side);
+- :mod:`~dsv32.rl.rewards` — rule-based outcome, format, length, language consistency, generative RM;
+- :mod:`~dsv32.rl.tasks` — prompt sources (procedural arithmetic, JSONL) and the domain mix;
+- :mod:`~dsv32.rl.policy` / :mod:`~dsv32.rl.rollout` — the model being trained and its batched
+  rollouts (sampling log-probs, kept sets, Keep Routing, a multi-turn hook);
+- :mod:`~dsv32.rl.trainer` — the loop: :func:`train_grpo` (``dsv32 rl train``).
+"""
+
+from dsv32.rl.config import GRPOConfig, PolicyConfig, RLConfig, RLConfigError, SourceConfig, load_rl_config
+from dsv32.rl.loss import group_advantages, grpo_loss, kept_log_mass, sequence_kl_coefs, token_logprobs
+from dsv32.rl.rollout import Rollouts, SamplingConfig, rollout
+
+__all__ = [
+    "GRPOConfig",
+    "PolicyConfig",
+    "RLConfig",
+    "RLConfigError",
+    "Rollouts",
+    "SamplingConfig",
+    "SourceConfig",
+    "group_advantages",
+    "grpo_loss",
+    "kept_log_mass",
+    "load_rl_config",
+    "rollout",
+    "sequence_kl_coefs",
+    "token_logprobs",
+]

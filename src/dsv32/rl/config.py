@@ -1,0 +1,189 @@
+"""The GRPO recipe as plain dataclasses, read from TOML (``configs/rl-*.toml``) with
+``section.field=value`` overrides. Field names follow the paper (§3.1) where it names the thing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsv32.rl.rollout import SamplingConfig
+
+
+class RLConfigError(ValueError):
+    """A recipe or override that does not fit the RL config schema."""
+
+
+@dataclass
+class PolicyConfig:
+    """``name``: ``"smollm2"``, ``"tiny-llama"``, ``"tiny-native"``, an HF model dir, or a native V3.2
+    checkpoint. ``thinking``: V3.2-format prompts in thinking mode (native models that speak it)."""
+
+    name: str = "smollm2"
+    device: str = "auto"
+    thinking: bool = False
+
+
+@dataclass
+class GRPOConfig:
+    """The objective (Eq. 5/8) and its stability tricks.
+
+    - ``group_size`` G samples per prompt; ``prompts_per_step`` prompts per rollout batch;
+    - ``mini_batches`` updates per rollout batch (the batch is split; > 1 is the off-policy regime that
+      the tricks exist for) and ``epochs`` passes over it; ``micro_batch`` rows per forward;
+    - ``clip_eps`` ε; ``kl_coef`` β (default for every domain) and ``domain_kl_coef`` per domain (the
+      paper keeps KL weak or off for math); ``kl_estimator``: ``"unbiased"`` (Eq. 7) or ``"k3"``;
+    - ``opsm_delta`` δ of the Off-Policy Sequence Mask (Eq. 9), None = off;
+    - ``keep_sampling_mask`` renormalize π_θ / π_ref over the sampled kept sets; ``keep_routing``
+      replay the rollout's MoE routing (native model);
+    - ``old_logprobs``: π_old of the ratio — ``"sampling"`` (the engine's log-probs, as in Eq. 9; no
+      extra forward) or ``"recompute"`` (a no-grad training-side forward before the updates);
+    - ``advantage_scale``: ``"none"`` (the paper: R − mean) or ``"std"`` (original GRPO).
+    """
+
+    steps: int = 100
+    prompts_per_step: int = 8
+    group_size: int = 8
+    mini_batches: int = 2
+    epochs: int = 1
+    micro_batch: int = 16
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    warmup_steps: int = 0
+    clip_grad: float = 1.0
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0
+    domain_kl_coef: dict[str, float] = field(default_factory=dict)
+    kl_estimator: str = "unbiased"
+    opsm_delta: float | None = None
+    keep_sampling_mask: bool = True
+    keep_routing: bool = True
+    old_logprobs: str = "sampling"
+    advantage_scale: str = "none"
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "prompts_per_step", "group_size", "mini_batches", "epochs", "micro_batch"):
+            if getattr(self, name) < 1:
+                raise RLConfigError(f"grpo.{name} must be >= 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise RLConfigError("grpo.group_size must be >= 2: advantages are relative to the group")
+        if (self.prompts_per_step * self.group_size) % self.mini_batches:
+            raise RLConfigError(
+                f"prompts_per_step × group_size = {self.prompts_per_step * self.group_size} is not divisible "
+                f"by mini_batches = {self.mini_batches}"
+            )
+        if self.old_logprobs not in ("sampling", "recompute"):
+            raise RLConfigError(
+                f"grpo.old_logprobs must be 'sampling' or 'recompute', got {self.old_logprobs!r}"
+            )
+        if self.kl_estimator not in ("unbiased", "k3"):
+            raise RLConfigError(f"grpo.kl_estimator must be 'unbiased' or 'k3', got {self.kl_estimator!r}")
+        if self.advantage_scale not in ("none", "std"):
+            raise RLConfigError(f"grpo.advantage_scale must be 'none' or 'std', got {self.advantage_scale!r}")
+
+    def kl_for(self, domain: str) -> float:
+        return float(self.domain_kl_coef.get(domain, self.kl_coef))
+
+
+@dataclass
+class SourceConfig:
+    """One prompt source: ``kind`` ``"arithmetic"`` (procedural word problems) or ``"jsonl"``
+    (``path``); ``weight`` in the mix; arithmetic options ``kinds`` and ``max_operand``."""
+
+    kind: str = "arithmetic"
+    weight: float = 1.0
+    path: str = ""
+    domain: str = ""
+    kinds: list[str] = field(default_factory=lambda: ["add", "sub", "mul", "two_step"])
+    max_operand: int = 20
+
+
+@dataclass
+class EvalConfig:
+    """Held-out accuracy (greedy) on ``problems`` arithmetic eval-split problems, before training,
+    every ``every`` steps (0: only at the end) and after."""
+
+    problems: int = 64
+    every: int = 0
+    max_new_tokens: int = 256
+    batch_size: int = 32
+
+
+@dataclass
+class RLConfig:
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=1.0, top_p=0.95))
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    sources: list[SourceConfig] = field(default_factory=lambda: [SourceConfig()])
+    rewards: dict[str, dict[str, Any]] = field(default_factory=dict)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    out_dir: str = "runs/rl"
+    seed: int = 0
+    save_every: int = 0
+    log_every: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_SECTIONS = {"policy": PolicyConfig, "sampling": SamplingConfig, "grpo": GRPOConfig, "eval": EvalConfig}
+
+
+def _build(cls, data: Any, where: str):
+    if not isinstance(data, dict):
+        raise RLConfigError(f"[{where}] must be a table, got {type(data).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise RLConfigError(f"unknown keys in [{where}]: {unknown}; known: {sorted(known)}")
+    try:
+        return cls(**data)
+    except TypeError as err:
+        raise RLConfigError(f"[{where}]: {err}") from err
+
+
+def rl_config_from_dict(data: dict[str, Any]) -> RLConfig:
+    """Nested dicts (TOML) → :class:`RLConfig`; missing sections and fields keep their defaults."""
+    base = RLConfig().to_dict()
+    top = {"out_dir", "seed", "save_every", "log_every", "sources", "rewards"}
+    unknown = sorted(set(data) - set(_SECTIONS) - top)
+    if unknown:
+        raise RLConfigError(f"unknown sections {unknown}; known: {sorted(_SECTIONS)} and {sorted(top)}")
+    kwargs: dict[str, Any] = {
+        name: _build(cls, {**base[name], **data.get(name, {})}, name) for name, cls in _SECTIONS.items()
+    }
+    sources = data.get("sources", base["sources"])
+    if not isinstance(sources, list) or not sources:
+        raise RLConfigError("sources must be a non-empty array of tables ([[sources]])")
+    kwargs["sources"] = [_build(SourceConfig, s, f"sources.{i}") for i, s in enumerate(sources)]
+    rewards = data.get("rewards", {})
+    if not isinstance(rewards, dict):
+        raise RLConfigError("[rewards] must be a table of per-domain tables")
+    for name in ("out_dir", "seed", "save_every", "log_every"):
+        kwargs[name] = data.get(name, base[name])
+    return RLConfig(**kwargs, rewards=rewards)
+
+
+def load_rl_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RLConfig:
+    """Read a TOML recipe (defaults when ``path`` is None) and apply ``section.field=value`` overrides."""
+    from dsv32.train.config import ConfigError, apply_override
+
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except OSError as err:
+            raise RLConfigError(f"cannot read recipe {path}: {err}") from err
+        except tomllib.TOMLDecodeError as err:
+            raise RLConfigError(f"{path} is not valid TOML: {err}") from err
+    for item in overrides or []:
+        try:
+            apply_override(data, item)
+        except ConfigError as err:
+            raise RLConfigError(str(err)) from err
+    return rl_config_from_dict(data)

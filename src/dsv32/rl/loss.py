@@ -1,0 +1,269 @@
+"""The GRPO objective as DeepSeek-V3.2 uses it (paper §3.1), as pure functions.
+
+    J(θ) = 1/G Σ_i 1/|o_i| Σ_t [ min(r A, clip(r, 1-ε, 1+ε) A) · M_i  -  β_i · KL_i,t ]    (Eq. 5, 8)
+
+    r_i,t   = π_θ(o_i,t) / π_old(o_i,t)                                                     (Eq. 6)
+    KL_i,t  = r_i,t · ( π_ref/π_θ - log(π_ref/π_θ) - 1 )       unbiased K3 estimate          (Eq. 7)
+    M_i     = 0  iff  A_i < 0  and  1/|o_i| Σ_t log(π_sampling/π_θ) > δ,  else 1              (Eq. 9)
+
+- :func:`grpo_loss` returns ``-J`` and metrics; :func:`group_advantages` gives ``A_i = R_i - mean(R)``;
+  :func:`sequence_kl_coefs` turns per-domain KL strengths into a per-sequence β.
+- Keep Sampling Mask, training side: :func:`token_logprobs` renormalizes π_θ over the token set that
+  top-k/top-p kept when sampling, so π_θ and π_old share one action space; :func:`kept_log_mass` is the
+  log-probability mass of that set (what the log-ratio would be off by without the mask).
+
+All per-token tensors are ``[B, T]`` (B sequences, T positions), aligned so that position t holds the
+log-probability of token o_t; ``mask`` marks the completion tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+KL_ESTIMATORS = ("unbiased", "k3")
+
+
+def _check_shape(name: str, x: torch.Tensor | None, shape: tuple[int, ...], what: str) -> None:
+    if x is not None and tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {list(shape)} ({what}), got {list(x.shape)}")
+
+
+def _seq_mean(x: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` → ``[B]``: mean of x over each sequence's masked tokens (0 for an empty row)."""
+    return (x * mask).sum(-1) / lengths.clamp_min(1)
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    ref_logprobs: torch.Tensor | None = None,
+    sampling_logprobs: torch.Tensor | None = None,
+    clip_eps: float = 0.2,
+    kl_coef: float | torch.Tensor = 0.0,
+    kl_estimator: str = "unbiased",
+    opsm_delta: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``-J(θ)`` of Eq. 8 for a batch of sequences, and metrics (Python floats).
+
+    Args:
+        logprobs: ``[B, T]`` log π_θ(o_t), differentiable.
+        old_logprobs: ``[B, T]`` log π_old(o_t), the policy the ratio r is taken against (Eq. 6).
+        advantages: ``[B]`` A_i, one per sequence (see :func:`group_advantages`).
+        mask: ``[B, T]`` bool or float, nonzero on completion tokens. Values elsewhere are ignored,
+            even inf/NaN.
+        ref_logprobs: ``[B, T]`` log π_ref(o_t); required when ``kl_coef`` is nonzero.
+        sampling_logprobs: ``[B, T]`` log-probs returned by the inference engine; Eq. 9 measures the
+            divergence against these (falls back to ``old_logprobs``).
+        clip_eps: ε of the clipped ratio.
+        kl_coef: β ≥ 0, a float or a ``[B]`` tensor (per-sequence, e.g. per-domain strength).
+        kl_estimator: ``"unbiased"`` (Eq. 7, the K3 estimate times the non-detached ratio r, whose
+            gradient is unbiased for tokens sampled from π_old) or ``"k3"`` (Schulman's plain K3).
+        opsm_delta: δ of Off-Policy Sequence Masking (Eq. 9); ``None`` turns it off.
+
+    Each sequence contributes the mean over its masked tokens, then sequences are averaged; rows with
+    no masked token are left out of that average. An empty batch gives a zero loss that is still
+    connected to ``logprobs``. M_i zeroes only the policy-gradient term, never the KL term.
+
+    Metrics: ``clip_frac`` (share of tokens where the clipped branch won and differs), ``opsm_masked_frac``
+    (share of sequences with M_i = 0), ``ratio_mean/max/min`` (r over masked tokens), ``kl`` (the
+    estimate, averaged like the loss; reported whenever ``ref_logprobs`` is given, even at β = 0),
+    ``pg_loss`` + ``kl_loss`` (= loss), ``log_ratio_sampling`` (mean over sequences of the Eq. 9
+    divergence), ``tokens``.
+    """
+    if logprobs.dim() != 2 or not logprobs.is_floating_point():
+        raise ValueError(f"logprobs must be a floating [B, T] tensor, got {list(logprobs.shape)}")
+    B, T = logprobs.shape
+    per_token = {"old_logprobs": old_logprobs, "mask": mask, "ref_logprobs": ref_logprobs}
+    for name, x in {**per_token, "sampling_logprobs": sampling_logprobs}.items():
+        _check_shape(name, x, (B, T), "[B, T] like logprobs")
+    _check_shape("advantages", advantages, (B,), "[B], one per sequence")
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {kl_estimator!r}")
+    if clip_eps < 0:
+        raise ValueError(f"clip_eps must be >= 0, got {clip_eps}")
+    beta = torch.as_tensor(kl_coef, dtype=logprobs.dtype, device=logprobs.device)
+    if beta.dim() == 0:
+        beta = beta.expand(B)
+    _check_shape("kl_coef", beta, (B,), "a float or [B], one per sequence")
+    if bool((beta < 0).any()):
+        raise ValueError("kl_coef must be >= 0 (it is a penalty strength β)")
+    use_kl = bool((beta != 0).any())
+    if use_kl and ref_logprobs is None:
+        raise ValueError("kl_coef is nonzero but ref_logprobs was not given: pass log π_ref or set kl_coef=0")
+    if not bool(torch.isfinite(advantages).all()):
+        raise ValueError("advantages contain inf or NaN")
+
+    mask = mask != 0
+    mask_f = mask.to(logprobs.dtype)
+    lengths = mask_f.sum(-1)  # |o_i|, [B]
+    has_tokens = lengths > 0
+    n_seqs = has_tokens.sum().clamp_min(1)
+    n_tokens = int(lengths.sum())
+    A = advantages.to(logprobs.dtype)[:, None]  # [B, 1]
+
+    # Eq. 6: the ratio, with padding positions set to log r = 0 so garbage there can never leak a NaN.
+    log_r = torch.where(mask, logprobs - old_logprobs, 0.0)
+    r = log_r.exp()
+    pg_unclipped = r * A
+    pg_clipped = r.clamp(1 - clip_eps, 1 + clip_eps) * A
+    pg = torch.minimum(pg_unclipped, pg_clipped)  # [B, T]
+
+    # Eq. 9: Off-Policy Sequence Masking, decided with π_θ detached.
+    log_pi_sampling = sampling_logprobs if sampling_logprobs is not None else old_logprobs
+    log_ratio_sampling = _seq_mean(
+        torch.where(mask, log_pi_sampling - logprobs.detach(), 0.0), mask_f, lengths
+    )  # [B]
+    if opsm_delta is None:
+        opsm_masked = torch.zeros(B, dtype=torch.bool, device=logprobs.device)
+    else:
+        opsm_masked = (advantages < 0) & (log_ratio_sampling > opsm_delta) & has_tokens
+    M = (~opsm_masked).to(logprobs.dtype)[:, None]  # [B, 1]
+
+    # Eq. 7: K3 = π_ref/π_θ - log(π_ref/π_θ) - 1 = expm1(x) - x with x = log π_ref - log π_θ.
+    if ref_logprobs is not None:
+        x = torch.where(mask, ref_logprobs - logprobs, 0.0)
+        kl = torch.expm1(x) - x
+        if kl_estimator == "unbiased":
+            kl = r * kl  # r not detached: its gradient is what makes the estimate unbiased
+    else:
+        kl = torch.zeros_like(logprobs)
+
+    pg_seq = _seq_mean(pg * M, mask_f, lengths)  # [B]
+    kl_seq = _seq_mean(kl, mask_f, lengths)  # [B]
+    J_seq = pg_seq - beta * kl_seq if use_kl else pg_seq
+    loss = -(J_seq * has_tokens).sum() / n_seqs
+
+    with torch.no_grad():
+
+        def batch_mean(per_seq: torch.Tensor) -> float:
+            return float((per_seq * has_tokens).sum() / n_seqs)
+
+        clipped = mask & (pg_clipped < pg_unclipped)
+        r_tokens = r[mask]
+        metrics = {
+            "clip_frac": float(clipped.sum()) / max(n_tokens, 1),
+            "opsm_masked_frac": float(opsm_masked.sum()) / max(int(has_tokens.sum()), 1),
+            "ratio_mean": float(r_tokens.mean()) if n_tokens else 1.0,
+            "ratio_max": float(r_tokens.max()) if n_tokens else 1.0,
+            "ratio_min": float(r_tokens.min()) if n_tokens else 1.0,
+            "kl": batch_mean(kl_seq),
+            "pg_loss": -batch_mean(pg_seq),
+            "kl_loss": batch_mean(beta * kl_seq) if use_kl else 0.0,
+            "log_ratio_sampling": batch_mean(log_ratio_sampling),
+            "tokens": float(n_tokens),
+        }
+    return loss, metrics
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "none") -> torch.Tensor:
+    """``[N]`` rewards of consecutive groups of ``group_size`` → ``[N]`` advantages A_i = R_i - mean(R).
+
+    ``scale="none"`` is the paper's form (§3.1); ``scale="std"`` also divides by the group's
+    (population) standard deviation + 1e-6, as the original GRPO does. A group of equal rewards gets
+    exactly zero advantages.
+    """
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be a [N] tensor, got shape {list(rewards.shape)}")
+    if group_size < 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards has {rewards.numel()} entries, not a multiple of group_size={group_size}")
+    if scale not in ("none", "std"):
+        raise ValueError(f"scale must be 'none' or 'std', got {scale!r}")
+    R = rewards.float() if not rewards.is_floating_point() else rewards
+    R = R.reshape(-1, group_size)  # [groups, G]
+    A = R - R.mean(-1, keepdim=True)
+    if scale == "std":
+        A = A / (R.std(-1, correction=0, keepdim=True) + 1e-6)
+    equal = R.amax(-1, keepdim=True) == R.amin(-1, keepdim=True)
+    return torch.where(equal, torch.zeros_like(A), A).view(-1)
+
+
+def sequence_kl_coefs(domains: list[str], coefs: Mapping[str, float], default: float = 0.0) -> torch.Tensor:
+    """``[B]`` β per sequence from its domain (the paper sets KL strength per domain; weak or none for
+    math). Domains missing from ``coefs`` get ``default``."""
+    betas = [float(coefs.get(d, default)) for d in domains]
+    if any(b < 0 for b in betas):
+        raise ValueError(f"KL coefficients must be >= 0, got {dict(coefs)} (default {default})")
+    return torch.tensor(betas, dtype=torch.float32)
+
+
+# ---------------------------------------------------------------- Keep Sampling Mask (training side)
+
+
+def _scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """z = logits / τ in at least float32: at most one new ``[B, T, V]`` tensor (none for fp32, τ=1)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature} (greedy rollouts have no kept set)")
+    if logits.dtype in (torch.float32, torch.float64):
+        return logits if temperature == 1.0 else logits / temperature
+    z = logits.float()  # the one copy; dividing it in place is autograd-safe (the cast saves nothing)
+    return z if temperature == 1.0 else z.div_(temperature)
+
+
+def _kept_logsumexp(z: torch.Tensor, kept_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``z`` ``[B, T, V]``, ``kept_ids`` ``[B, T, K]`` → (logsumexp of z over the kept set ``[B, T]``,
+    has_record ``[B, T]``); -inf where there is no record."""
+    B, T, V = z.shape
+    if kept_ids.dim() != 3 or tuple(kept_ids.shape[:2]) != (B, T):
+        raise ValueError(
+            f"kept_ids must have shape [{B}, {T}, K] (-1 padded ids), got {list(kept_ids.shape)}"
+        )
+    if kept_ids.is_floating_point():
+        raise ValueError(f"kept_ids must be integer token ids, got {kept_ids.dtype}")
+    if kept_ids.numel() and int(kept_ids.max()) >= V:
+        raise ValueError(f"kept_ids holds id {int(kept_ids.max())}, outside the vocabulary of size {V}")
+    kept = kept_ids >= 0
+    ids = kept_ids.sort(-1).values
+    if bool(((ids[..., 1:] == ids[..., :-1]) & (ids[..., 1:] >= 0)).any()):
+        raise ValueError("kept_ids lists a token id twice at one position")
+    has_record = kept.any(-1)
+    z_kept = z.gather(-1, kept_ids.clamp_min(0).long()).masked_fill(~kept, float("-inf"))  # [B, T, K]
+    return z_kept.logsumexp(-1), has_record
+
+
+def token_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, kept_ids: torch.Tensor | None = None, temperature: float = 1.0
+) -> torch.Tensor:
+    """log π_θ(o_t) ``[B, T]`` for ``tokens`` ``[B, T]`` under ``logits`` ``[B, T, V]`` (logits[b, t] is
+    the distribution token[b, t] was drawn from), with Keep Sampling Mask:
+
+        log π_θ(o_t) = z[o_t] - logsumexp_{v ∈ kept_t} z[v],     z = logits / τ
+
+    ``kept_ids`` ``[B, T, K]``: the distinct ids top-k/top-p kept when sampling position t, padded
+    with -1; a position with no record (all -1: prompt, padding) uses the full softmax, as does
+    ``kept_ids=None``. A token outside its kept set is a ValueError. Differentiable w.r.t. ``logits``.
+    """
+    if logits.dim() != 3 or tuple(tokens.shape) != tuple(logits.shape[:2]):
+        raise ValueError(
+            f"logits must be [B, T, V] and tokens [B, T]; got {list(logits.shape)} and {list(tokens.shape)}"
+        )
+    z = _scaled_logits(logits, temperature)
+    z_token = z.gather(-1, tokens.long()[..., None]).squeeze(-1)  # [B, T]
+    lse_full = z.logsumexp(-1)  # [B, T]
+    if kept_ids is None:
+        return z_token - lse_full
+    lse_kept, has_record = _kept_logsumexp(z, kept_ids)
+    in_kept = (kept_ids == tokens[..., None]).any(-1) | ~has_record
+    if not bool(in_kept.all()):
+        b, t = (~in_kept).nonzero()[0].tolist()
+        raise ValueError(
+            f"token {int(tokens[b, t])} at [{b}, {t}] is not in its kept set: kept_ids does not belong to "
+            "these tokens (check the alignment of the sampling record)"
+        )
+    return z_token - torch.where(has_record, lse_kept, lse_full)
+
+
+def kept_log_mass(logits: torch.Tensor, kept_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``[B, T]``: log Σ_{v ∈ kept_t} softmax(logits / τ)[v], the log of the untruncated mass of the
+    kept set (0 where there is no record). Without Keep Sampling Mask the training-side log-ratio
+    log π_θ - log π_sampling of an unchanged policy equals exactly this, instead of 0."""
+    if logits.dim() != 3:
+        raise ValueError(f"logits must be [B, T, V], got {list(logits.shape)}")
+    z = _scaled_logits(logits, temperature)
+    lse_kept, has_record = _kept_logsumexp(z, kept_ids)
+    lse_full = z.logsumexp(-1)
+    return torch.where(has_record, lse_kept - lse_full, 0.0)

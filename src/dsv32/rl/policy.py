@@ -1,0 +1,207 @@
+"""The policy the RL loop trains: a model, its tokenizer, how prompts are rendered for it, and the
+training-side log-probabilities of what it sampled.
+
+Two kinds of model, one interface:
+
+- **Hugging Face** causal LMs (Llama / Qwen / Mistral; SmolLM2-135M-Instruct is the small real one).
+  Prompts go through the tokenizer's own chat template.
+- the **native** :class:`dsv32.model.DeepseekV32`. Prompts are the V3.2 conversation format
+  (:func:`dsv32.chat.encode_messages`, thinking or chat mode) when the tokenizer knows the V3.2
+  special tokens, plain text otherwise. Its MoE routing can be recorded and replayed (Keep Routing).
+
+:meth:`Policy.action_logprobs` is the training forward: log π_θ of the sampled tokens, renormalized
+over the recorded kept sets (Keep Sampling Mask) at the sampling temperature, with the recorded
+expert routing forced (Keep Routing) — so π_θ and π_old share one action space and one parameter
+subspace (paper §3.1).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dsv32.rl.loss import token_logprobs
+from dsv32.rl.tasks import Task
+
+logger = logging.getLogger(__name__)
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as token ids 0..255 and 256 as end of text: a tokenizer for tiny test models."""
+
+    eos_token_id = 256
+    pad_token_id = 256
+    chat_template = None
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+
+    def __len__(self) -> int:
+        return 257
+
+
+@dataclass
+class Policy:
+    """``kind``: ``"hf"`` or ``"native"``; ``thinking``: for V3.2-format prompts, thinking mode."""
+
+    model: nn.Module
+    tokenizer: object
+    kind: str
+    thinking: bool = False
+    source: str = ""
+
+    # ------------------------------------------------------------------ prompts
+    @property
+    def speaks_v32(self) -> bool:
+        """True when prompts use the V3.2 conversation format (native model + V3.2 tokenizer)."""
+        if self.kind != "native" or isinstance(self.tokenizer, ByteTokenizer):
+            return False
+        from dsv32.chat import missing_special_tokens
+
+        return not missing_special_tokens(self.tokenizer)
+
+    def messages(self, task: Task) -> list[dict]:
+        msgs = [{"role": "system", "content": task.system}] if task.system else []
+        return [*msgs, {"role": "user", "content": task.prompt}]
+
+    def render(self, task: Task) -> str:
+        """The prompt text the model continues."""
+        if self.speaks_v32:
+            from dsv32.chat import encode_messages
+
+            mode = "thinking" if self.thinking else "chat"
+            return encode_messages(self.messages(task), thinking_mode=mode, add_bos=False)
+        template = getattr(self.tokenizer, "chat_template", None)
+        if template:
+            return self.tokenizer.apply_chat_template(
+                self.messages(task), add_generation_prompt=True, tokenize=False
+            )
+        system = f"{task.system}\n" if task.system else ""
+        return f"{system}{task.prompt}\n"
+
+    def prompt_ids(self, task: Task) -> list[int]:
+        text = self.render(task)
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        if self.speaks_v32 and bos is not None:
+            ids = [bos, *ids]
+        return ids
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    @property
+    def eos_token_id(self) -> list[int]:
+        ids = []
+        gen = getattr(self.model, "generation_config", None)
+        for source in (getattr(gen, "eos_token_id", None), getattr(self.tokenizer, "eos_token_id", None)):
+            if source is None:
+                continue
+            ids += list(source) if isinstance(source, (list, tuple)) else [source]
+        return sorted(set(ids))
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        return int(pad if pad is not None else self.eos_token_id[0])
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ------------------------------------------------------------------ training forward
+    def action_logprobs(
+        self,
+        sequences: torch.Tensor,
+        attention_mask: torch.Tensor,
+        start: int,
+        *,
+        kept_ids: torch.Tensor | None = None,
+        routing: torch.Tensor | None = None,
+        temperature: float = 1.0,
+    ) -> torch.Tensor:
+        """log π_θ of ``sequences[:, start:]`` given everything before, ``[B, L - start]``.
+
+        ``sequences``/``attention_mask`` ``[B, L]`` (left-padded prompts, then actions);
+        ``kept_ids`` ``[B, L - start, K]`` (−1 padded) renormalizes over the kept sets;
+        ``routing`` ``[num_moe_layers, B, L - 1, k]`` forces the experts (native model only).
+        Only the last ``L - start`` positions go through the LM head.
+        """
+        ids = sequences[:, :-1]
+        mask = attention_mask[:, :-1]
+        T = sequences.shape[1] - start
+        if self.kind == "native":
+            out = self.model(ids, attention_mask=mask, routing=routing, logits_to_keep=T)
+        else:
+            if routing is not None:
+                raise ValueError("Keep Routing needs the native MoE model; this policy is a dense HF model")
+            positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
+            out = self.model(
+                input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=T, use_cache=False
+            )
+        return token_logprobs(out.logits, sequences[:, start:], kept_ids, temperature)
+
+
+def load_policy(name: str, *, thinking: bool = False, device: str = "auto") -> Policy:
+    """``"smollm2"`` (SmolLM2-135M-Instruct, offline), ``"tiny-llama"`` / ``"tiny-native"`` (tiny random
+    models with a byte tokenizer, for tests), an HF model directory, or a native V3.2 checkpoint."""
+    from pathlib import Path
+
+    from dsv32.train.models import (
+        _is_native_checkpoint,
+        resolve_device,
+        tiny_llama_config,
+        tiny_native_config,
+    )
+
+    dev = resolve_device(device)
+    if name == "smollm2":
+        from dsv32.train.models import load_smollm2
+
+        model, tok = load_smollm2()
+        kind = "hf"
+    elif name == "tiny-llama":
+        from transformers import LlamaForCausalLM
+
+        torch.manual_seed(0)
+        model, tok, kind = LlamaForCausalLM(tiny_llama_config()), ByteTokenizer(), "hf"
+        model.generation_config.eos_token_id = ByteTokenizer.eos_token_id
+    elif name == "tiny-native":
+        from dsv32.model import DeepseekV32
+
+        torch.manual_seed(0)
+        cfg = tiny_native_config(eos_token_id=ByteTokenizer.eos_token_id, pad_token_id=256)
+        model, tok, kind = DeepseekV32(cfg), ByteTokenizer(), "native"
+    elif _is_native_checkpoint(Path(name)):
+        from transformers import AutoTokenizer
+
+        from dsv32.model import DeepseekV32
+
+        model, tok, kind = (
+            DeepseekV32.from_pretrained(name, dtype=torch.float32),
+            AutoTokenizer.from_pretrained(name),
+            "native",
+        )
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        try:
+            model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
+            tok = AutoTokenizer.from_pretrained(name)
+        except OSError as err:
+            raise ValueError(
+                f"cannot load policy {name!r}: not 'smollm2', 'tiny-llama', 'tiny-native', a native V3.2 "
+                f"checkpoint, or an HF model directory available offline ({err})"
+            ) from err
+        kind = "hf"
+    model.to(dev)
+    return Policy(model, tok, kind, thinking=thinking, source=name)

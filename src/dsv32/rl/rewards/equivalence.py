@@ -1,0 +1,179 @@
+"""Are two math answers equal? math-verify (LaTeX → SymPy → compare) with a hard timeout in any thread.
+
+math-verify can spend unbounded time on adversarial LaTeX (``x^x^…^x`` thirty levels deep does not
+finish in minutes), and its own timeout uses ``signal.alarm``, which works only in the main thread
+(anywhere else it raises ``ValueError``). :func:`answers_equal` therefore picks the guard by thread:
+
+- **main thread (POSIX)**: math-verify's own timeout (``parse(parsing_timeout=…)``,
+  ``verify(timeout_seconds=…)``, whole seconds, applied to each parse and each comparison). No extra
+  process. It installs a SIGALRM handler for the duration of the call and cancels any pending alarm.
+- **any other thread** (or no SIGALRM, e.g. Windows): the check runs in a worker subprocess (this
+  file run as a script; it imports only the standard library and math-verify) with math-verify's
+  timeouts disabled (``None``), and the caller waits at most ``timeout_seconds`` for the whole check.
+  A worker that overruns is killed and the answer counts as not equal; workers start on first use
+  (about a second: SymPy import), one per concurrent caller, and are reused.
+- ``timeout_seconds=None``: no timeout at all, in-process in every thread — guard it yourself.
+
+Errors: called with ``raise_on_error=False`` (its default), math-verify turns every parsing or
+comparison error, and its own ``TimeoutException``, into an empty parse or ``False``; the only error
+it re-raises is the ``ValueError`` for signals off the main thread, which the routing above never
+triggers. So nothing is caught here: garbage in gives ``False``, not an exception.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import math
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+
+logger = logging.getLogger(__name__)
+
+WORKER_STARTUP_TIMEOUT_S = 120.0  # importing SymPy on a loaded machine; a failed start raises
+
+
+def as_latex(answer: str) -> str:
+    """A bare answer (``3/4``, ``\\frac{1}{2}``, ``1,000``) wrapped in ``\\boxed{}``, so that math-verify's
+    LaTeX extractor reads it whole (a bare ``\\sqrt{2}`` or ``(1,2)`` is otherwise not recognised)."""
+    text = answer.strip()
+    if "\\boxed" in text or "$" in text or "\\(" in text or "\\[" in text:
+        return text
+    return "\\boxed{" + text + "}"
+
+
+def answers_equal_in_process(pred: str, gold: str, timeout_seconds: int | None) -> bool:
+    """math-verify in this thread: ``parse`` both, ``verify(gold, pred)``. ``timeout_seconds`` is passed
+    to math-verify as is (``None`` disables its signal-based timeout)."""
+    from math_verify import parse, verify
+
+    gold_parsed = parse(as_latex(gold), parsing_timeout=timeout_seconds)
+    pred_parsed = parse(as_latex(pred), parsing_timeout=timeout_seconds)
+    if not gold_parsed or not pred_parsed:
+        return False
+    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=timeout_seconds))
+
+
+def answers_equal(pred: str, gold: str, *, timeout_seconds: float | None = 5) -> bool:
+    """True when the answer ``pred`` is mathematically equal to the reference ``gold`` (both LaTeX or
+    plain text: ``\\frac{3}{4}`` equals ``0.75``, ``1,000`` equals ``1000``). Never raises on odd
+    text; an answer whose check runs past ``timeout_seconds`` is not equal (see the module doc)."""
+    if timeout_seconds is None:
+        return answers_equal_in_process(pred, gold, None)
+    if timeout_seconds <= 0:
+        raise ValueError(f"timeout_seconds must be > 0 or None (no timeout), got {timeout_seconds}")
+    if hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread():
+        return answers_equal_in_process(pred, gold, max(1, math.ceil(timeout_seconds)))
+    return _POOL.check(pred, gold, timeout_seconds)
+
+
+class _Worker:
+    """One subprocess running :func:`_serve`; a reader thread moves its reply lines into a queue so the
+    caller can wait with a timeout."""
+
+    def __init__(self) -> None:
+        env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", os.path.abspath(__file__)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+            env=env,
+        )
+        self.replies: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        threading.Thread(target=self._read, daemon=True, name="math-verify-reader").start()
+        try:
+            ready = self.replies.get(timeout=WORKER_STARTUP_TIMEOUT_S)
+        except queue.Empty:
+            ready = None
+        if ready != "ready\n":
+            self.kill()
+            raise RuntimeError(
+                f"the math-verify worker did not start (got {ready!r}); run `{sys.executable} {__file__}` "
+                "to see its error (is math-verify installed in this environment?)"
+            )
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.replies.put(line)
+        self.replies.put(None)  # end of output: the worker exited or was killed
+
+    def ask(self, pred: str, gold: str, timeout_seconds: float) -> bool | None:
+        """The worker's verdict, or None when it overran the timeout or died."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps([pred, gold]) + "\n")
+            self.proc.stdin.flush()
+            reply = self.replies.get(timeout=timeout_seconds)
+        except (BrokenPipeError, OSError, queue.Empty):
+            return None
+        return None if reply is None else reply.strip() == "1"
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
+
+
+class _WorkerPool:
+    """Idle workers, shared by all threads; a caller takes one (or starts one) and returns it after."""
+
+    def __init__(self) -> None:
+        self._idle: list[_Worker] = []
+        self._all: set[_Worker] = set()
+        self._lock = threading.Lock()
+
+    def check(self, pred: str, gold: str, timeout_seconds: float) -> bool:
+        with self._lock:
+            worker = self._idle.pop() if self._idle else None
+        if worker is None:
+            worker = _Worker()
+            with self._lock:
+                self._all.add(worker)
+        verdict = worker.ask(pred, gold, timeout_seconds)
+        if verdict is None:
+            logger.warning(
+                "math-verify check ran past %.1f s (or its worker died): scored as not equal", timeout_seconds
+            )
+            with self._lock:
+                self._all.discard(worker)
+            worker.kill()
+            return False
+        with self._lock:
+            self._idle.append(worker)
+        return verdict
+
+    def close(self) -> None:
+        """Kill every worker (registered at interpreter exit)."""
+        with self._lock:
+            workers, self._all, self._idle = list(self._all), set(), []
+        for worker in workers:
+            worker.kill()
+
+
+_POOL = _WorkerPool()
+atexit.register(_POOL.close)
+
+
+def _serve() -> None:
+    """Worker loop: one JSON ``[pred, gold]`` per input line → ``1`` or ``0`` per output line."""
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout is disabled" is intended here
+    import math_verify  # noqa: F401  (import before announcing readiness: it is the slow part)
+
+    print("ready", flush=True)
+    for line in sys.stdin:
+        pred, gold = json.loads(line)
+        print("1" if answers_equal_in_process(pred, gold, None) else "0", flush=True)
+
+
+if __name__ == "__main__":
+    _serve()

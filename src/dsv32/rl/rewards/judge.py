@@ -1,0 +1,307 @@
+"""Generative reward model (paper §3): a judge LLM grades a response against a per-prompt rubric.
+
+    grm = GenerativeRewardModel(base_url="http://localhost:8000/v1", model="judge")   # any OpenAI-
+    grm = GenerativeRewardModel(judge=lambda messages: my_model_chat(messages))        # or local
+    grm.evaluate(question, response, rubric)  # Judgement(reward=0.7, score=7.0, text=..., error=None)
+
+The judge reasons briefly and ends with ``Score: X/10``; :func:`parse_score` reads the score and the
+reward is ``score / scale`` in [0, 1]. When the request fails (after retries) or the reply holds no
+score, the reward is ``fallback`` and :attr:`GenerativeRewardModel.stats` counts it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a meticulous, impartial grader. You judge a response to a user's request against a rubric "
+    "written for that request. Reward only what the response actually achieves; do not let its length, "
+    "confidence or style sway you unless the rubric asks for them."
+)
+DEFAULT_RUBRIC = (
+    "The response answers the request correctly and completely, follows every instruction in it, is "
+    "honest about uncertainty, and is clear and well organised."
+)
+USER_TEMPLATE = """Grade the response below against the rubric.
+
+[Question]
+{question}
+
+[Rubric]
+{rubric}
+
+[Response]
+{response}
+
+First reason briefly (a few sentences) about how well the response meets each point of the rubric. \
+Then end with one final line, exactly in this form:
+Score: X/{scale}
+where X is a number from 0 (fails the rubric) to {scale} (fully meets it)."""
+
+
+class RewardModelError(ValueError):
+    """The reward model is misconfigured (no backend, bad URL, rejected key, wrong judge type)."""
+
+
+class JudgeError(RuntimeError):
+    """One judge request failed (server errors after all retries, unreadable reply). A local ``judge``
+    callable may raise it to report a failure: the reward is then the fallback. Other exceptions from
+    a local judge propagate."""
+
+
+@dataclass
+class JudgeStats:
+    """Counters since construction: ``requests`` (evaluations), ``failures`` (judge failed: fallback),
+    ``parse_failures`` (reply without a score: fallback), ``retries`` (HTTP attempts repeated)."""
+
+    requests: int = 0
+    failures: int = 0
+    parse_failures: int = 0
+    retries: int = 0
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """``reward`` in [0, 1] (``score / scale``, or the fallback); ``score`` None when the judge failed
+    or gave none; ``text`` the judge's reply (None when the request failed); ``error`` why the
+    fallback was used."""
+
+    reward: float
+    score: float | None
+    text: str | None
+    error: str | None = None
+
+
+# --- score parsing -----------------------------------------------------------------------------------
+
+_NUM = r"([-+]?\d+(?:\.\d+)?)"
+_KEYWORD_SCORE = re.compile(
+    r"(?:\b(?:score|rating|grade)\b|评分|分数|得分)"
+    r"[\s*_:=：]*(?:is\s+|of\s+)?[\s*_\[]*" + _NUM + r"[\s*_\]]*"
+    r"(?:(?:/|out\s+of\b|of\b)\s*(\d+(?:\.\d+)?))?",
+    re.IGNORECASE,
+)
+_BRACKETED_SCORE = re.compile(r"\[\[\s*" + _NUM + r"\s*\]\]|\\boxed\{\s*" + _NUM + r"\s*\}")
+_FRACTION_SCORE = re.compile(_NUM + r"\s*(?:/|out\s+of\b)\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
+
+
+def parse_score(text: str, scale: float = 10) -> float | None:
+    """The judge's final score in [0, scale], or None if the text has none. In order of trust, the
+    last match of: a keyword form (``Score: 7``, ``score = 7/10``, ``**Score:** 8.5``, ``Rating:
+    [[6]]``, ``Final score is 9``, ``评分：8``); a bracketed number (``[[6]]``, ``\\boxed{6}``); a
+    fraction over the scale (``7 out of 10``, ``7/10``; other fractions such as "meets 2/3 criteria"
+    are not scores). A score over another denominator is rescaled (``4/5`` → 8 on a 10 scale);
+    out-of-range scores are clamped."""
+    if scale <= 0:
+        raise ValueError(f"scale must be > 0, got {scale}")
+    keyword = list(_KEYWORD_SCORE.finditer(text))
+    if keyword:
+        value, denominator = keyword[-1].group(1), keyword[-1].group(2)
+    else:
+        bracketed = list(_BRACKETED_SCORE.finditer(text))
+        fractions = [m for m in _FRACTION_SCORE.finditer(text) if float(m.group(2)) == scale]
+        if bracketed:
+            value, denominator = bracketed[-1].group(1) or bracketed[-1].group(2), None
+        elif fractions:
+            value, denominator = fractions[-1].group(1), fractions[-1].group(2)
+        else:
+            return None
+    score = float(value)
+    if denominator is not None and float(denominator) > 0:
+        score = score / float(denominator) * scale
+    return min(max(score, 0.0), float(scale))
+
+
+# --- the model -----------------------------------------------------------------------------------------
+
+
+class GenerativeRewardModel:
+    """A judge LLM behind an OpenAI-compatible endpoint (``base_url`` + ``model``) or a local callable
+    ``judge(messages) -> str``; exactly one of the two.
+
+    HTTP: POST ``{base_url}/chat/completions`` (``base_url`` usually ends in ``/v1``) with
+    ``temperature`` (0: greedy judging), ``max_tokens`` and ``extra_body``; bearer ``api_key`` (default:
+    env ``OPENAI_API_KEY``; none sent if unset). Up to ``max_retries`` retries on 429, 5xx, connection
+    errors and timeouts, waiting ``backoff · 2^k`` seconds (or the server's ``Retry-After``). 401, 403
+    and 404 mean misconfiguration and raise :class:`RewardModelError`; other 4xx fail the request.
+    Thread-safe: several threads may evaluate at once.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str | None = None,
+        model: str | None = None,
+        api_key: str | None = None,
+        judge: Callable[[list[dict[str, str]]], str] | None = None,
+        scale: float = 10,
+        fallback: float = 0.0,
+        timeout: float = 120.0,
+        max_retries: int = 3,
+        backoff: float = 1.0,
+        temperature: float = 0.0,
+        max_tokens: int = 1024,
+        system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+        default_rubric: str = DEFAULT_RUBRIC,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        if (base_url is None) == (judge is None):
+            raise RewardModelError(
+                "give the judge either as base_url= (+ model=) of an OpenAI-compatible server "
+                "or as judge= (a callable messages -> reply text), not "
+                + ("both" if judge is not None else "neither")
+            )
+        if base_url is not None and not model:
+            raise RewardModelError(
+                f"base_url={base_url!r} needs model= (the judge model's name on that server)"
+            )
+        if judge is not None and not callable(judge):
+            raise RewardModelError(f"judge must be callable(messages) -> str, got {type(judge).__name__}")
+        if scale <= 0:
+            raise RewardModelError(f"scale must be > 0, got {scale}")
+        if not 0.0 <= fallback <= 1.0:
+            raise RewardModelError(f"fallback is a reward in [0, 1], got {fallback}")
+        if max_retries < 0 or timeout <= 0 or backoff < 0:
+            raise RewardModelError(
+                f"need max_retries >= 0, timeout > 0, backoff >= 0; got {max_retries}, {timeout}, {backoff}"
+            )
+        self.base_url = base_url.rstrip("/") if base_url is not None else None
+        self.model = model
+        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self.judge = judge
+        self.scale = scale
+        self.fallback = fallback
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.system_prompt = system_prompt
+        self.default_rubric = default_rubric
+        self.extra_body = dict(extra_body or {})
+        self.stats = JudgeStats()
+        self._lock = threading.Lock()
+
+    def messages(self, question: str, response: str, rubric: str | None = None) -> list[dict[str, str]]:
+        """The judge's chat: system prompt + the grading request (question, rubric, response)."""
+        user = USER_TEMPLATE.format(
+            question=question.strip(),
+            rubric=(rubric or self.default_rubric).strip(),
+            response=response.strip(),
+            scale=f"{self.scale:g}",
+        )
+        return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": user}]
+
+    def evaluate(self, question: str, response: str, rubric: str | None = None) -> Judgement:
+        """Ask the judge; the reward is ``score / scale``, or ``fallback`` (counted in :attr:`stats`)."""
+        self._count("requests")
+        try:
+            text = self.complete(self.messages(question, response, rubric))
+        except JudgeError as err:
+            self._count("failures")
+            logger.warning("reward model request failed, reward = fallback %s: %s", self.fallback, err)
+            return Judgement(self.fallback, None, None, str(err))
+        score = parse_score(text, self.scale)
+        if score is None:
+            self._count("parse_failures")
+            logger.warning(
+                "no score in the judge's reply, reward = fallback %s: %r", self.fallback, text[-200:]
+            )
+            return Judgement(self.fallback, None, text, "no score in the judge's reply")
+        return Judgement(score / self.scale, score, text)
+
+    def __call__(self, question: str, response: str, rubric: str | None = None) -> float:
+        return self.evaluate(question, response, rubric).reward
+
+    def complete(self, messages: list[dict[str, str]]) -> str:
+        """The judge's reply text. Raises :class:`JudgeError` when the request fails."""
+        if self.judge is not None:
+            reply = self.judge(messages)
+            if not isinstance(reply, str):
+                raise RewardModelError(f"the judge callable must return str, got {type(reply).__name__}")
+            return reply
+        return self._post(messages)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            setattr(self.stats, name, getattr(self.stats, name) + n)
+
+    def _post(self, messages: list[dict[str, str]]) -> str:
+        url = f"{self.base_url}/chat/completions"
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            **self.extra_body,
+        }
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        data = json.dumps(body).encode("utf-8")
+        problem = ""
+        for attempt in range(self.max_retries + 1):
+            delay = min(self.backoff * 2**attempt, 60.0)
+            request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as reply:
+                    raw = reply.read()
+            except urllib.error.HTTPError as err:
+                detail = _error_body(err)
+                if err.code in (401, 403, 404):
+                    raise RewardModelError(
+                        f"{url} answered HTTP {err.code} ({detail}): check base_url (usually ending in /v1), "
+                        "model and api_key / OPENAI_API_KEY"
+                    ) from err
+                if err.code != 429 and err.code < 500:
+                    raise JudgeError(f"{url} answered HTTP {err.code}: {detail}") from err
+                problem = f"HTTP {err.code}: {detail}"
+                delay = _retry_after(err, default=delay)
+            except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as err:
+                problem = f"{type(err).__name__}: {err}"
+            else:
+                return _reply_text(raw, url)
+            if attempt < self.max_retries:
+                self._count("retries")
+                time.sleep(delay)
+        raise JudgeError(f"{url}: no answer after {self.max_retries + 1} attempts; last: {problem}")
+
+
+def _error_body(err: urllib.error.HTTPError) -> str:
+    try:
+        return err.read().decode("utf-8", "replace")[:300] or err.reason
+    except (OSError, http.client.HTTPException):
+        return str(err.reason)
+
+
+def _retry_after(err: urllib.error.HTTPError, default: float) -> float:
+    value = err.headers.get("Retry-After") if err.headers else None
+    try:
+        return min(float(value), 60.0) if value is not None else default
+    except ValueError:  # an HTTP date: not worth parsing
+        return default
+
+
+def _reply_text(raw: bytes, url: str) -> str:
+    """``choices[0].message.content`` of a chat completion (``reasoning_content`` if content is empty)."""
+    try:
+        message = json.loads(raw.decode("utf-8"))["choices"][0]["message"]
+        content = message.get("content") or message.get("reasoning_content") or ""
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as err:
+        raise JudgeError(f"{url} sent no chat completion ({type(err).__name__}): {raw[:200]!r}") from err
+    if not isinstance(content, str):
+        raise JudgeError(f"{url} sent a non-text message content: {content!r}"[:300])
+    return content

@@ -1,0 +1,205 @@
+"""Rollouts: G samples per prompt from the current policy, with what the GRPO update needs.
+
+Each sample records, per generated token, the sampling log-probability returned by the engine
+(π_old in Eq. 9), the token set kept by top-k/top-p (Keep Sampling Mask) and, for the native MoE
+model, the experts every position was routed to (Keep Routing). All rows of a batch share one layout:
+left-padded prompts in columns ``[0, start)``, then the completion in ``[start, L)``, right-padded.
+
+Multi-turn tool use goes through a :class:`TurnHook`: after each generated turn the hook sees the
+completion so far and may return text to append (a rendered tool result, plus whatever opens the next
+assistant turn); the policy then continues. Appended tokens are part of the context but not actions
+(``action_mask`` 0), so the loss never trains on tool output. The environments that produce such text
+arrive with the agent issues; any callable with this signature plugs in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from dsv32.engine import generate
+from dsv32.rl.policy import Policy
+from dsv32.rl.tasks import Task
+
+TurnHook = Callable[[Task, str, int], "str | None"]
+"""``hook(task, completion_so_far, turn) -> text to append, or None to end the episode``."""
+
+
+@dataclass
+class SamplingConfig:
+    """How rollouts are sampled (the paper samples with top-p and keeps its mask).
+
+    ``max_new_tokens`` bounds each turn; ``max_turns`` the turns of a multi-turn episode;
+    ``max_total_tokens`` the whole completion (turns + appended tool text)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    max_turns: int = 1
+    max_total_tokens: int = 1024
+
+
+@dataclass
+class Rollouts:
+    """A batch of B = prompts × G samples (rows of one group are consecutive).
+
+    - ``sequences`` / ``attention_mask`` ``[B, L]``: prompt (left-padded) + completion (right-padded);
+    - ``start``: first completion column; the loss tensors below are ``[B, T]`` with ``T = L - start``;
+    - ``action_mask`` ``[B, T]``: tokens the policy generated (the loss runs over these only);
+    - ``sampling_logprobs`` ``[B, T]``: the engine's log-probs (0 off the actions);
+    - ``kept_ids`` ``[B, T, K]`` −1-padded kept sets, or None (sampling without truncation);
+    - ``routing`` ``[num_moe_layers, B, L - 1, k]`` recorded experts, or None;
+    - ``completions``: decoded completion per row (appended tool text included); ``num_tokens``:
+      generated tokens per row; ``truncated``: the episode hit a token budget before its end token.
+    """
+
+    tasks: list[Task]
+    sequences: torch.Tensor
+    attention_mask: torch.Tensor
+    start: int
+    action_mask: torch.Tensor
+    sampling_logprobs: torch.Tensor
+    kept_ids: torch.Tensor | None
+    routing: torch.Tensor | None
+    completions: list[str]
+    num_tokens: list[int]
+    truncated: list[bool]
+
+    def __len__(self) -> int:
+        return self.sequences.shape[0]
+
+    def rows(self, idx: torch.Tensor) -> dict:
+        """The tensors of rows ``idx`` as keyword arguments of :meth:`Policy.action_logprobs`."""
+        return {
+            "sequences": self.sequences[idx],
+            "attention_mask": self.attention_mask[idx],
+            "start": self.start,
+            "kept_ids": None if self.kept_ids is None else self.kept_ids[idx],
+            "routing": None if self.routing is None else self.routing[:, idx],
+        }
+
+
+def rollout(
+    policy: Policy,
+    tasks: list[Task],
+    group_size: int,
+    sampling: SamplingConfig,
+    *,
+    generator: torch.Generator | None = None,
+    keep_routing: bool = False,
+    hook: TurnHook | None = None,
+) -> Rollouts:
+    """Sample ``group_size`` completions for each task (one batched generate per turn)."""
+    if keep_routing and policy.kind != "native":
+        raise ValueError("keep_routing needs the native MoE model (HF policies are dense)")
+    if keep_routing and hook is not None and sampling.max_turns > 1:
+        raise ValueError("Keep Routing is recorded for single-turn rollouts only")
+    rows = [t for t in tasks for _ in range(group_size)]
+    prompts = [policy.prompt_ids(t) for t in rows]
+    params = dict(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+    # Kept sets matter only when sampling truncates (greedy keeps the argmax: nothing to renormalize).
+    truncating = sampling.temperature > 0 and (sampling.top_p < 1.0 or sampling.top_k > 0)
+    eos = policy.eos_token_id
+    pad = policy.pad_token_id
+    # Per row: completion tokens, which are actions, their logprobs and kept sets.
+    tokens: list[list[int]] = [[] for _ in rows]
+    actions: list[list[bool]] = [[] for _ in rows]
+    logps: list[list[float]] = [[] for _ in rows]
+    kept: list[list[torch.Tensor]] = [[] for _ in rows]
+    truncated = [False] * len(rows)
+    routing = None
+    active = list(range(len(rows)))
+    for turn in range(sampling.max_turns):
+        budget = [sampling.max_total_tokens - len(tokens[i]) for i in active]
+        active = [i for i, b in zip(active, budget) if b > 0]
+        if not active:
+            break
+        n_new = min(sampling.max_new_tokens, max(sampling.max_total_tokens - len(tokens[i]) for i in active))
+        out = generate(
+            policy.model,
+            [prompts[i] + tokens[i] for i in active],
+            max_new_tokens=n_new,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            generator=generator,
+            return_routing=keep_routing,
+            return_kept=truncating,
+            **params,
+        )
+        if keep_routing:
+            routing = out.routing
+        still = []
+        for j, i in enumerate(active):
+            n = int(out.lengths[j])
+            n = min(n, sampling.max_total_tokens - len(tokens[i]))
+            new = out.tokens[j, :n].tolist()
+            ended = n > 0 and new[-1] in eos
+            tokens[i] += new
+            actions[i] += [True] * n
+            logps[i] += out.logprobs[j, :n].tolist()
+            if truncating:
+                kept[i].append(out.kept_token_ids[j, :n])
+            if not ended:
+                truncated[i] = True  # cut by the token budget (the episode may still continue below)
+            if hook is not None and ended and turn + 1 < sampling.max_turns:
+                text = hook(rows[i], policy.decode(tokens[i]), turn)
+                if text:
+                    extra = policy.encode(text)[: max(0, sampling.max_total_tokens - len(tokens[i]))]
+                    tokens[i] += extra
+                    actions[i] += [False] * len(extra)
+                    logps[i] += [0.0] * len(extra)
+                    if truncating:
+                        kept[i].append(torch.full((len(extra), 1), -1, dtype=torch.int32))
+                    truncated[i] = False
+                    still.append(i)
+        active = still
+    kept_sets = kept if truncating else None
+    return _assemble(policy, rows, prompts, tokens, actions, logps, kept_sets, truncated, routing, pad)
+
+
+def _assemble(policy, rows, prompts, tokens, actions, logps, kept, truncated, routing, pad) -> Rollouts:
+    B = len(rows)
+    P = max(len(p) for p in prompts)
+    T = max(1, max(len(t) for t in tokens))
+    seq = torch.full((B, P + T), pad, dtype=torch.long)
+    mask = torch.zeros(B, P + T, dtype=torch.long)
+    action = torch.zeros(B, T, dtype=torch.bool)
+    logp = torch.zeros(B, T)
+    kept_ids = None
+    if kept is not None:
+        K = max((k.shape[-1] for ks in kept for k in ks if k.numel()), default=1)
+        kept_ids = torch.full((B, T, K), -1, dtype=torch.int32)
+    for i in range(B):
+        p, t = prompts[i], tokens[i]
+        seq[i, P - len(p) : P] = torch.tensor(p)
+        mask[i, P - len(p) : P + len(t)] = 1
+        if t:
+            seq[i, P : P + len(t)] = torch.tensor(t)
+            action[i, : len(t)] = torch.tensor(actions[i])
+            logp[i, : len(t)] = torch.tensor(logps[i])
+            if kept_ids is not None:
+                cat = [torch.nn.functional.pad(k, (0, K - k.shape[-1]), value=-1) for k in kept[i]]
+                kept_ids[i, : len(t)] = torch.cat(cat)
+    if routing is not None:
+        # The engine's routing covers its own layout (same left padding, width P + N - 1 ≤ L - 1).
+        width = P + T - 1
+        if routing.shape[2] < width:
+            routing = torch.nn.functional.pad(routing, (0, 0, 0, width - routing.shape[2]))
+        routing = routing[:, :, :width].contiguous()
+    device = policy.device
+    return Rollouts(
+        tasks=rows,
+        sequences=seq.to(device),
+        attention_mask=mask.to(device),
+        start=P,
+        action_mask=action.to(device),
+        sampling_logprobs=logp.to(device),
+        kept_ids=None if kept_ids is None else kept_ids.to(device),
+        routing=None if routing is None else routing.to(device),
+        completions=[policy.decode(t) for t in tokens],
+        num_tokens=[sum(a) for a in actions],
+        truncated=truncated,
+    )

@@ -1,0 +1,213 @@
+"""Prompt sources for RL: what the policy is asked, and what the reward checks against.
+
+A :class:`Task` is one prompt with its domain (which reward applies, which KL strength) and, where
+there is one, its reference answer or grading rubric. Sources:
+
+- :class:`ArithmeticWordProblems` — procedurally generated grade-school word problems with exact
+  integer answers (one or two operations), for the math reward. Deterministic: problem ``i`` of a
+  split is a function of ``(seed, split, i)``; the held-out split never repeats a training question.
+- :class:`JsonlTasks` — your own prompts: one JSON object per line with ``prompt`` (or
+  ``question``), optional ``answer``, ``rubric``, ``domain``.
+- :class:`MixedTasks` — several sources drawn with fixed weights: the paper mixes reasoning, agent
+  and alignment data in one RL stage so that no domain is forgotten.
+
+Math prompts use the paper's evaluation template (Appendix D): ``{question}\\nPlease reason step by
+step, and put your final answer within \\boxed{}.``
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MATH_TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+
+
+class TaskError(ValueError):
+    """A task source that cannot be read or does not fit the expected format."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One RL prompt. ``prompt`` is the user message; ``answer`` the reference for rule-based rewards;
+    ``rubric`` the grading rubric for the generative reward model; ``domain`` selects the reward and
+    the KL coefficient."""
+
+    id: str
+    domain: str
+    prompt: str
+    answer: str | None = None
+    rubric: str | None = None
+    system: str | None = None
+
+
+def _rng(*parts: object) -> random.Random:
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "little"))
+
+
+_NAMES = ["Ava", "Ben", "Chloe", "Diego", "Emma", "Farid", "Grace", "Hiro", "Ines", "Jamal", "Kira", "Liam"]
+_ITEMS = ["apples", "books", "marbles", "stickers", "pencils", "cookies", "coins", "cards", "shells", "eggs"]
+_PLACES = ["box", "bag", "basket", "jar", "shelf", "drawer"]
+
+
+def _add(r: random.Random, n: int) -> tuple[str, int]:
+    name, item = r.choice(_NAMES), r.choice(_ITEMS)
+    a, b = r.randint(2, n), r.randint(2, n)
+    return f"{name} has {a} {item}. {name} gets {b} more {item}. How many {item} does {name} have now?", a + b
+
+
+def _sub(r: random.Random, n: int) -> tuple[str, int]:
+    name, item = r.choice(_NAMES), r.choice(_ITEMS)
+    a = r.randint(3, n + 2)
+    b = r.randint(1, a - 1)
+    return f"{name} had {a} {item} and gave away {b} of them. How many {item} does {name} have left?", a - b
+
+
+def _mul(r: random.Random, n: int) -> tuple[str, int]:
+    item, place = r.choice(_ITEMS), r.choice(_PLACES)
+    a, b = r.randint(2, max(2, n // 2)), r.randint(2, 9)
+    return (
+        f"There are {a} {place}es with {b} {item} in each {place}. How many {item} are there in total?",
+        a * b,
+    )
+
+
+def _two_step(r: random.Random, n: int) -> tuple[str, int]:
+    name, item = r.choice(_NAMES), r.choice(_ITEMS)
+    a, b = r.randint(5, n + 5), r.randint(2, n)
+    c = r.randint(1, a + b - 1)
+    q = (
+        f"{name} has {a} {item}, buys {b} more, and then gives {c} to a friend. "
+        f"How many {item} does {name} have now?"
+    )
+    return q, a + b - c
+
+
+_KINDS = {"add": _add, "sub": _sub, "mul": _mul, "two_step": _two_step}
+
+
+@dataclass
+class ArithmeticWordProblems:
+    """Grade-school word problems with integer answers.
+
+    ``kinds``: which templates (``add``, ``sub``, ``mul``, ``two_step``); ``max_operand``: operand
+    range (difficulty); ``split``: ``"train"`` or ``"eval"`` — eval questions are generated first
+    and excluded from train, so the splits never share a question.
+    """
+
+    seed: int = 0
+    kinds: Sequence[str] = ("add", "sub", "mul", "two_step")
+    max_operand: int = 20
+    domain: str = "math"
+    split: str = "train"
+    eval_size: int = 200
+    _eval_questions: set[str] = field(default_factory=set, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.kinds) - set(_KINDS))
+        if unknown or not self.kinds:
+            raise TaskError(f"unknown arithmetic kinds {unknown}; known: {sorted(_KINDS)}")
+        if self.split not in ("train", "eval"):
+            raise TaskError(f"split must be 'train' or 'eval', got {self.split!r}")
+        if self.split == "train":
+            held_out = ArithmeticWordProblems(self.seed, self.kinds, self.max_operand, self.domain, "eval")
+            self._eval_questions = {held_out._make(i)[0] for i in range(self.eval_size)}
+
+    def _make(self, i: int) -> tuple[str, int]:
+        r = _rng("arith", self.seed, self.split, i)
+        return _KINDS[r.choice(list(self.kinds))](r, self.max_operand)
+
+    def get(self, i: int) -> Task:
+        """Problem ``i`` of the split (train skips questions that are in the eval split)."""
+        attempt = 0
+        while True:
+            question, answer = self._make(i if attempt == 0 else f"{i}.{attempt}")
+            if question not in self._eval_questions:
+                break
+            attempt += 1
+        return Task(
+            id=f"arith-{self.split}-{i}",
+            domain=self.domain,
+            prompt=MATH_TEMPLATE.format(question=question),
+            answer=str(answer),
+        )
+
+    def take(self, n: int, start: int = 0) -> list[Task]:
+        return [self.get(i) for i in range(start, start + n)]
+
+
+@dataclass
+class JsonlTasks:
+    """Tasks from a JSONL file: ``prompt`` or ``question`` (wrapped in the math template when the
+    domain is ``math``), optional ``answer``, ``rubric``, ``domain`` (default ``domain``), ``id``,
+    ``system``. Problem ``i`` wraps around the file."""
+
+    path: str
+    domain: str = "general"
+    tasks: list[Task] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        path = Path(self.path)
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError as err:
+            raise TaskError(f"cannot read tasks from {path}: {err}") from err
+        for n, raw in enumerate(lines, 1):
+            if not raw.strip():
+                continue
+            try:
+                rec = json.loads(raw)
+            except json.JSONDecodeError as err:
+                raise TaskError(f"{path}:{n}: not JSON ({err})") from err
+            text = rec.get("prompt", rec.get("question")) if isinstance(rec, dict) else None
+            if not isinstance(text, str):
+                raise TaskError(f"{path}:{n}: needs a string 'prompt' or 'question'")
+            domain = rec.get("domain", self.domain)
+            if "prompt" not in rec and domain == "math":
+                text = MATH_TEMPLATE.format(question=text)
+            answer = rec.get("answer")
+            self.tasks.append(
+                Task(
+                    id=str(rec.get("id", f"{path.stem}-{n}")),
+                    domain=domain,
+                    prompt=text,
+                    answer=None if answer is None else str(answer),
+                    rubric=rec.get("rubric"),
+                    system=rec.get("system"),
+                )
+            )
+        if not self.tasks:
+            raise TaskError(f"{path} holds no tasks")
+
+    def get(self, i: int) -> Task:
+        return self.tasks[i % len(self.tasks)]
+
+
+@dataclass
+class MixedTasks:
+    """Draws from several sources with fixed weights. ``sample(step, n)`` is deterministic in
+    ``(seed, step)``; each source keeps its own running index so no prompt repeats before the source
+    wraps around."""
+
+    sources: list[tuple[object, float]]
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.sources or any(w <= 0 for _, w in self.sources):
+            raise TaskError("MixedTasks needs at least one source, each with a positive weight")
+
+    def sample(self, step: int, n: int) -> list[Task]:
+        r = _rng("mix", self.seed, step)
+        weights = [w for _, w in self.sources]
+        picks = r.choices(range(len(self.sources)), weights=weights, k=n)
+        out = []
+        for j, s in enumerate(picks):
+            source = self.sources[s][0]
+            # Source-local index: steps × n slots, so two steps never draw the same problem.
+            out.append(source.get(step * n + j))
+        return out

@@ -1,0 +1,487 @@
+"""The GRPO loop (paper §3.1): rollouts → rewards → group advantages → several mini-batch updates.
+
+One step:
+
+1. draw ``prompts_per_step`` tasks from the domain mix and sample ``group_size`` completions each with
+   the current policy (π_old), recording sampling log-probs, kept sets and MoE routing;
+2. score every completion with its domain's reward; ``A = R − mean(group)``;
+3. log-probs of the frozen reference model (only when some domain has a KL coefficient);
+4. split the batch into ``mini_batches`` (× ``epochs``) and take one optimizer step per mini-batch —
+   from the second one on, π_θ ≠ π_old: the off-policy regime that the unbiased KL estimate, the
+   Off-Policy Sequence Mask, Keep Routing and Keep Sampling Mask exist for.
+
+Exact resume: tasks and sampling noise of step ``s`` are functions of ``(seed, s)``; a checkpoint
+holds the policy, the optimizer and the step. Outputs under ``out_dir``: ``metrics.jsonl`` (one line
+per step), ``eval.jsonl`` (held-out accuracy), ``rl.png``, ``checkpoints/step_NNNNNN/``, ``model/``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from dsv32.rl.config import GRPOConfig, RLConfig, RLConfigError
+from dsv32.rl.loss import group_advantages, grpo_loss, sequence_kl_coefs
+from dsv32.rl.policy import Policy, load_policy
+from dsv32.rl.rewards_setup import RewardFn, build_reward_fn, score
+from dsv32.rl.rollout import Rollouts, SamplingConfig, TurnHook, rollout
+from dsv32.rl.tasks import ArithmeticWordProblems, JsonlTasks, MixedTasks, Task
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RLResult:
+    out_dir: Path
+    steps: int
+    seconds: float
+    metrics: list[dict] = field(default_factory=list)
+    eval_before: dict | None = None
+    eval_after: dict | None = None
+    model_dir: Path | None = None
+
+    def summary(self) -> str:
+        lines = [f"dsv32 rl train: {self.steps} steps in {self.seconds:.0f} s → {self.out_dir}"]
+        if self.eval_before and self.eval_after:
+            b, a = self.eval_before, self.eval_after
+            lines.append(
+                f"held-out accuracy {b['accuracy']:.3f} → {a['accuracy']:.3f}, reward {b['reward']:.3f} → "
+                f"{a['reward']:.3f} ({a['problems']} problems, greedy)"
+            )
+        if self.metrics:
+            first, last = self.metrics[0], self.metrics[-1]
+            lines.append(
+                f"train reward {first['reward_mean']:.3f} (step 1) → {last['reward_mean']:.3f} (step {last['step']})"
+            )
+        return "\n".join(lines)
+
+
+def build_tasks(cfg: RLConfig) -> MixedTasks:
+    sources = []
+    for s in cfg.sources:
+        if s.kind == "arithmetic":
+            src = ArithmeticWordProblems(cfg.seed, s.kinds, s.max_operand, s.domain or "math")
+        elif s.kind == "jsonl":
+            if not s.path:
+                raise RLConfigError("a jsonl source needs a path")
+            src = JsonlTasks(s.path, s.domain or "general")
+        else:
+            raise RLConfigError(f"unknown source kind {s.kind!r}; known: 'arithmetic', 'jsonl'")
+        sources.append((src, s.weight))
+    return MixedTasks(sources, seed=cfg.seed)
+
+
+def eval_tasks(cfg: RLConfig) -> list[Task]:
+    """The held-out problems: the eval split of the first arithmetic source."""
+    for s in cfg.sources:
+        if s.kind == "arithmetic":
+            src = ArithmeticWordProblems(cfg.seed, s.kinds, s.max_operand, s.domain or "math", split="eval")
+            return src.take(cfg.eval.problems)
+    return []
+
+
+@torch.no_grad()
+def evaluate(
+    policy: Policy, tasks: list[Task], reward_fn: RewardFn, max_new_tokens: int, batch_size: int
+) -> dict:
+    """Greedy accuracy (share of outcome-correct answers) and mean reward on ``tasks``."""
+    was = policy.model.training
+    policy.model.eval()
+    correct, rewards, lengths, samples = [], [], [], []
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens, max_total_tokens=max_new_tokens)
+    for a in range(0, len(tasks), batch_size):
+        batch = rollout(policy, tasks[a : a + batch_size], 1, greedy)
+        for res, text, n in zip(score(reward_fn, batch), batch.completions, batch.num_tokens):
+            correct.append(bool(res.correct))
+            rewards.append(res.total)
+            lengths.append(n)
+            if len(samples) < 3:
+                samples.append(text)
+    policy.model.train(was)
+    n = max(1, len(tasks))
+    return {
+        "accuracy": sum(correct) / n,
+        "reward": sum(rewards) / n,
+        "mean_tokens": sum(lengths) / n,
+        "problems": len(tasks),
+        "samples": samples,
+    }
+
+
+def _generator(seed: int, *parts: int) -> torch.Generator:
+    g = torch.Generator()
+    value = seed
+    for p in parts:
+        value = (value * 1_000_003 + p) % (2**63 - 1)
+    return g.manual_seed(value)
+
+
+def _lr_factor(step: int, cfg: GRPOConfig) -> float:
+    return min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
+
+
+def grpo_update(
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    batch: Rollouts,
+    advantages: torch.Tensor,
+    cfg: GRPOConfig,
+    *,
+    temperature: float,
+    ref_logprobs: torch.Tensor | None,
+    kl_coefs: torch.Tensor,
+    generator: torch.Generator,
+) -> list[dict]:
+    """The mini-batch updates of one rollout batch; returns one metrics dict per optimizer step."""
+    B = len(batch)
+    mask = batch.action_mask
+    kept = batch.kept_ids if cfg.keep_sampling_mask else None
+    routing = batch.routing if cfg.keep_routing else None
+    sampling = batch.sampling_logprobs
+    if cfg.old_logprobs == "recompute":
+        with torch.no_grad():
+            old = torch.cat(
+                [
+                    policy.action_logprobs(**_rows(batch, idx, kept, routing), temperature=temperature)
+                    for idx in torch.arange(B, device=mask.device).split(cfg.micro_batch)
+                ]
+            )
+    else:
+        old = sampling
+    size = B // cfg.mini_batches
+    records = []
+    for _ in range(cfg.epochs):
+        order = torch.randperm(B, generator=generator).to(mask.device)
+        for mb in order.split(size):
+            rows_with_tokens = int((mask[mb].sum(-1) > 0).sum())
+            sums: dict[str, float] = {}
+            for micro in mb.split(cfg.micro_batch):
+                logp = policy.action_logprobs(**_rows(batch, micro, kept, routing), temperature=temperature)
+                loss, m = grpo_loss(
+                    logp,
+                    old[micro],
+                    advantages[micro],
+                    mask[micro],
+                    ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro],
+                    sampling_logprobs=sampling[micro],
+                    clip_eps=cfg.clip_eps,
+                    kl_coef=kl_coefs[micro] if ref_logprobs is not None else 0.0,
+                    kl_estimator=cfg.kl_estimator,
+                    opsm_delta=cfg.opsm_delta,
+                )
+                m["abs_log_ratio"] = _abs_log_ratio(logp.detach(), old[micro], mask[micro])
+                # grpo_loss averages over the micro-batch's sequences: weight to the mini-batch mean.
+                share = int((mask[micro].sum(-1) > 0).sum()) / max(1, rows_with_tokens)
+                (loss * share).backward()
+                for k, v in m.items():
+                    if isinstance(v, (int, float)) and k not in ("ratio_max", "ratio_min", "tokens"):
+                        sums[k] = sums.get(k, 0.0) + v * share
+                sums["ratio_max"] = max(sums.get("ratio_max", -math.inf), m["ratio_max"])
+                sums["ratio_min"] = min(sums.get("ratio_min", math.inf), m["ratio_min"])
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad or math.inf))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            records.append(sums)
+    return records
+
+
+def _abs_log_ratio(logp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean |log π_θ − log π_old| over the action tokens: how far the policy moved (or, on the first,
+    on-policy update, how far training and inference disagree)."""
+    m = mask.bool()
+    return float((logp - old).abs()[m].mean()) if bool(m.any()) else 0.0
+
+
+def _rows(batch: Rollouts, idx, kept, routing) -> dict:
+    rows = batch.rows(idx)
+    rows["kept_ids"] = None if kept is None else kept[idx]
+    rows["routing"] = None if routing is None else routing[:, idx]
+    return rows
+
+
+def _reference_logprobs(ref: Policy, batch: Rollouts, cfg: GRPOConfig, temperature: float) -> torch.Tensor:
+    kept = batch.kept_ids if cfg.keep_sampling_mask else None
+    routing = batch.routing if cfg.keep_routing else None
+    with torch.no_grad():
+        idx_all = torch.arange(len(batch), device=batch.sequences.device)
+        return torch.cat(
+            [
+                ref.action_logprobs(**_rows(batch, idx, kept, routing), temperature=temperature)
+                for idx in idx_all.split(cfg.micro_batch)
+            ]
+        )
+
+
+class _Checkpoints:
+    """``out_dir/checkpoints/step_NNNNNN/{policy.safetensors, optimizer.pt, state.json}`` (last ``keep``)."""
+
+    def __init__(self, out: Path, keep: int = 1) -> None:
+        self.root, self.keep = out / "checkpoints", keep
+
+    def latest(self) -> Path | None:
+        done = sorted(p for p in self.root.glob("step_*") if (p / "state.json").is_file())
+        return done[-1] if done else None
+
+    def save(self, step: int, policy: Policy, optimizer) -> None:
+        from safetensors.torch import save_model
+
+        final, tmp = self.root / f"step_{step:06d}", self.root / f".tmp_{step:06d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_model(policy.model, str(tmp / "policy.safetensors"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        (tmp / "state.json").write_text(json.dumps({"step": step}))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in sorted(self.root.glob("step_*"))[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def load(self, path: Path, policy: Policy, optimizer) -> int:
+        from safetensors.torch import load_model
+
+        load_model(policy.model, str(path / "policy.safetensors"), device=str(policy.device))
+        optimizer.load_state_dict(
+            torch.load(path / "optimizer.pt", map_location=policy.device, weights_only=False)
+        )
+        return int(json.loads((path / "state.json").read_text())["step"])
+
+
+def train_grpo(
+    cfg: RLConfig,
+    *,
+    policy: Policy | None = None,
+    reward_fn: RewardFn | None = None,
+    hook: TurnHook | None = None,
+    resume: bool = True,
+    progress: bool = True,
+    stop_after: int | None = None,
+    evaluate_before: bool = True,
+    on_step: Callable[[dict], None] | None = None,
+) -> RLResult:
+    """Run GRPO as configured. ``policy``/``reward_fn`` default to those the config names; ``hook``
+    enables multi-turn rollouts (``sampling.max_turns`` > 1); ``stop_after`` interrupts after that step
+    (with a checkpoint), as if the process had been killed."""
+    from tqdm.auto import tqdm
+
+    from dsv32.rl.plot import plot_rl_metrics
+
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    torch.manual_seed(cfg.seed)
+    policy = policy or load_policy(cfg.policy.name, thinking=cfg.policy.thinking, device=cfg.policy.device)
+    reward_fn = reward_fn or build_reward_fn(
+        cfg.rewards, max_tokens=completion_budget(cfg.sampling), thinking=cfg.policy.thinking
+    )
+    g = cfg.grpo
+    if g.keep_routing and policy.kind != "native":
+        g = replace(g, keep_routing=False)  # dense models have no routing to keep
+    tasks = build_tasks(cfg)
+    held_out = eval_tasks(cfg)
+    needs_ref = g.kl_coef > 0 or any(v > 0 for v in g.domain_kl_coef.values())
+    ref = None
+    if needs_ref:
+        ref = Policy(
+            copy.deepcopy(policy.model).eval().requires_grad_(False),
+            policy.tokenizer,
+            policy.kind,
+            policy.thinking,
+        )
+    decay = [p for p in policy.model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in policy.model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": g.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=g.lr,
+        betas=tuple(g.betas),
+    )
+    ckpts = _Checkpoints(out)
+    metrics_path, eval_path = out / "metrics.jsonl", out / "eval.jsonl"
+    step = 0
+    result = RLResult(out, 0, 0.0)
+    if resume and (latest := ckpts.latest()) is not None:
+        step = ckpts.load(latest, policy, optimizer)
+        _truncate(metrics_path, step)
+        logger.info("rl: resumed from %s (step %d)", latest, step)
+    else:
+        for path in (metrics_path, eval_path):
+            path.unlink(missing_ok=True)
+        if evaluate_before and held_out:
+            result.eval_before = _eval(policy, held_out, reward_fn, cfg, 0, eval_path, progress)
+    last = cfg.grpo.steps if stop_after is None else min(cfg.grpo.steps, stop_after)
+    start = time.time()
+    bar = tqdm(total=g.steps, initial=step, desc="grpo", disable=not progress, dynamic_ncols=True)
+    policy.model.train()
+    try:
+        while step < last:
+            record = grpo_step(policy, ref, optimizer, tasks, reward_fn, cfg, g, step, hook)
+            step += 1
+            record["seconds"] = round(time.time() - start, 2)
+            with metrics_path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+            result.metrics.append(record)
+            if on_step is not None:
+                on_step(record)
+            bar.set_postfix(reward=f"{record['reward_mean']:.3f}", acc=f"{record['accuracy']:.2f}")
+            bar.update(1)
+            if cfg.eval.every and step % cfg.eval.every == 0 and step < g.steps and held_out:
+                _eval(policy, held_out, reward_fn, cfg, step, eval_path, progress)
+            if (cfg.save_every and step % cfg.save_every == 0) or step == last:
+                ckpts.save(step, policy, optimizer)
+    finally:
+        bar.close()
+        policy.model.eval()
+    result.steps, result.seconds = step, time.time() - start
+    if step >= g.steps:
+        if held_out:
+            result.eval_after = _eval(policy, held_out, reward_fn, cfg, step, eval_path, progress)
+        result.model_dir = _save_policy(policy, out / "model")
+    plot_rl_metrics(metrics_path, eval_path, out / "rl.png")
+    return result
+
+
+def completion_budget(sampling: SamplingConfig) -> int:
+    """The token budget the length penalty is measured against."""
+    return sampling.max_new_tokens if sampling.max_turns == 1 else sampling.max_total_tokens
+
+
+def grpo_step(
+    policy, ref, optimizer, tasks, reward_fn, cfg: RLConfig, g: GRPOConfig, step: int, hook
+) -> dict:
+    """One rollout batch and its updates; returns the step's metrics."""
+    for group in optimizer.param_groups:
+        group["lr"] = g.lr * _lr_factor(step, g)
+    t0 = time.time()
+    batch_tasks = tasks.sample(step, g.prompts_per_step)
+    policy.model.eval()
+    with torch.no_grad():
+        batch = rollout(
+            policy,
+            batch_tasks,
+            g.group_size,
+            cfg.sampling,
+            generator=_generator(cfg.seed, step, 1),
+            keep_routing=g.keep_routing,
+            hook=hook,
+        )
+    policy.model.train()
+    t_rollout = time.time() - t0
+    results = score(reward_fn, batch)
+    rewards = torch.tensor([r.total for r in results], dtype=torch.float32)
+    advantages = group_advantages(rewards, g.group_size, scale=g.advantage_scale).to(batch.sequences.device)
+    domains = [t.domain for t in batch.tasks]
+    kl_coefs = sequence_kl_coefs(domains, g.domain_kl_coef, default=g.kl_coef).to(batch.sequences.device)
+    t1 = time.time()
+    ref_lp = _reference_logprobs(ref, batch, g, cfg.sampling.temperature) if ref is not None else None
+    updates = grpo_update(
+        policy,
+        optimizer,
+        batch,
+        advantages,
+        g,
+        temperature=cfg.sampling.temperature,
+        ref_logprobs=ref_lp,
+        kl_coefs=kl_coefs,
+        generator=_generator(cfg.seed, step, 2),
+    )
+    t_update = time.time() - t1
+    correct = [r.correct for r in results if r.correct is not None]
+    groups = rewards.view(-1, g.group_size)
+    record = {
+        "step": step + 1,
+        "lr": optimizer.param_groups[0]["lr"],
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+        "accuracy": sum(correct) / len(correct) if correct else float("nan"),
+        "zero_adv_groups": float((groups.max(-1).values == groups.min(-1).values).float().mean()),
+        "length_mean": sum(batch.num_tokens) / len(batch),
+        "length_max": max(batch.num_tokens),
+        "truncated_frac": sum(batch.truncated) / len(batch),
+        "rollout_s": round(t_rollout, 2),
+        "update_s": round(t_update, 2),
+    }
+    by_domain: dict[str, list[float]] = {}
+    for d, r in zip(domains, results):
+        by_domain.setdefault(d, []).append(r.total)
+    if len(by_domain) > 1:
+        record["reward_by_domain"] = {d: sum(v) / len(v) for d, v in by_domain.items()}
+    components: dict[str, list[float]] = {}
+    for r in results:
+        for k, v in r.components.items():
+            components.setdefault(k, []).append(v)
+    record["reward_components"] = {k: sum(v) / len(v) for k, v in components.items()}
+    # The first update is on-policy: its ratio shows the training/inference mismatch alone.
+    first, later = updates[0], updates[1:]
+    record |= _mean(updates)
+    record["first_update_ratio_mean"] = first["ratio_mean"]
+    record["first_update_log_ratio_sampling"] = first["log_ratio_sampling"]
+    if later:
+        record["later_updates_ratio_mean"] = _mean(later)["ratio_mean"]
+        record["later_updates_abs_log_ratio"] = _mean(later)["abs_log_ratio"]
+    record["first_update_abs_log_ratio"] = first["abs_log_ratio"]
+    return record
+
+
+def _mean(records: list[dict]) -> dict:
+    keys = {k for r in records for k in r}
+    return {k: sum(r[k] for r in records if k in r) / sum(1 for r in records if k in r) for k in keys}
+
+
+def _eval(policy, tasks, reward_fn, cfg: RLConfig, step: int, path: Path, progress: bool) -> dict:
+    t = time.time()
+    res = evaluate(policy, tasks, reward_fn, cfg.eval.max_new_tokens, cfg.eval.batch_size)
+    res |= {"step": step, "seconds": round(time.time() - t, 1)}
+    with path.open("a") as f:
+        f.write(json.dumps(res) + "\n")
+    if progress:
+        logger.info(
+            "rl eval @%d: accuracy %.3f, reward %.3f (%d problems)",
+            step,
+            res["accuracy"],
+            res["reward"],
+            res["problems"],
+        )
+    return res
+
+
+def run_eval(cfg: RLConfig, progress: bool = True) -> dict:
+    """``dsv32 rl eval``: greedy held-out accuracy of ``cfg.policy`` (written to ``out_dir/eval.jsonl``)."""
+    policy = load_policy(cfg.policy.name, thinking=cfg.policy.thinking, device=cfg.policy.device)
+    reward_fn = build_reward_fn(
+        cfg.rewards, max_tokens=completion_budget(cfg.sampling), thinking=cfg.policy.thinking
+    )
+    tasks = eval_tasks(cfg)
+    if not tasks:
+        raise RLConfigError("no held-out problems: the recipe has no arithmetic source")
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    res = _eval(policy, tasks, reward_fn, cfg, 0, out / "eval.jsonl", progress)
+    print(json.dumps({k: v for k, v in res.items() if k != "samples"}))
+    return res
+
+
+def _save_policy(policy: Policy, path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    policy.model.save_pretrained(path)
+    if hasattr(policy.tokenizer, "save_pretrained"):
+        policy.tokenizer.save_pretrained(path)
+    return path
+
+
+def _truncate(path: Path, step: int) -> None:
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in keep))
+
+
+__all__ = ["RLResult", "build_tasks", "evaluate", "grpo_step", "grpo_update", "train_grpo"]
