@@ -12,6 +12,7 @@ from dsv32.dsa import (
     index_scores,
     indexer_kl_loss,
     indexer_kl_loss_chunked,
+    oracle_topk,
     select_topk,
 )
 
@@ -194,3 +195,27 @@ def test_attention_recall_matches_direct_computation_and_oracle_bounds_it():
     oracle_sel = select_topk(p, 3)
     best = attention_recall(q, k, oracle_sel, scale=0.5)
     assert best.mean_recall == pytest.approx(best.mean_oracle, rel=1e-6)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_oracle_topk_is_the_head_summed_attention_top_k_and_reaches_the_oracle_recall(padded):
+    q, k, *_ = make(T=9, S=12, seed=7)
+    pad = None
+    if padded:
+        pad = torch.ones(2, 12, dtype=torch.bool)
+        pad[1, :4] = False  # left padding of row 1
+    for K in (3, 5, 20):
+        got = oracle_topk(q, k, K, scale=0.5, key_padding_mask=pad, chunk_size=4)
+        p = dense_probs(q, k, 0.5, key_padding_mask=pad).sum(1)  # [B, T, S] head sum
+        assert got.shape == (2, 9, min(K, 12))
+        for b in range(2):
+            for t in range(9):
+                visible = [s for s in range(12) if s <= t + 3 and (pad is None or bool(pad[b, s]))]
+                chosen = [int(i) for i in got[b, t] if i >= 0]
+                assert len(chosen) == min(K, len(visible)) and len(set(chosen)) == len(chosen)
+                assert set(chosen) <= set(visible)
+                best = sorted((float(p[b, t, s]) for s in visible), reverse=True)[: len(chosen)]
+                assert sum(float(p[b, t, s]) for s in chosen) == pytest.approx(sum(best), rel=1e-9)
+        rec = attention_recall(q, k, got, scale=0.5, key_padding_mask=pad)
+        if rec.queries:
+            assert rec.mean_recall == pytest.approx(rec.mean_oracle, rel=1e-9)

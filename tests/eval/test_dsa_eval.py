@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from dsv32.dsa import DSAConfig, get_dsa
+from dsv32.dsa import DSAConfig, get_dsa, oracle_topk
 from dsv32.eval import evaluate_dsa, report_dict, write_report
 from dsv32.train import ModelSpec, load_dsa_model
 
@@ -28,6 +28,19 @@ def test_eval_grid_report_and_consistency(tmp_path):
     assert len(head.per_layer) == 2 and head.recall_queries == 2 * (48 - 8)
     full = points[1]  # top-k >= L: DSA is the dense model
     assert full.ppl_dsa == pytest.approx(full.ppl_dense, rel=1e-6) and full.attention_recall == 1.0
+    assert full.ppl_dsa_oracle == pytest.approx(full.ppl_dense, rel=1e-6)
+    assert head.ppl_dsa_oracle is not None and head.ppl_dsa_oracle != head.ppl_dsa
+    # Under selecting_oracle() the sparse layers attend to the oracle top-k of their own q/k.
+    handle = get_dsa(dm.model)
+    views = []
+    dm.set_mode("sparse", 8)
+    with handle.selecting_oracle(), handle.observing(views.append), torch.no_grad():
+        dm.logits(seqs[48])
+    assert len(views) == 2 and not handle.oracle
+    for view in views:
+        expected = oracle_topk(view.q, view.k, 8, scale=view.scale)
+        assert torch.equal(view.topk_indices.sort(-1).values, expected.sort(-1).values)
+    dm.set_mode("dense")
     assert get_dsa(dm.model).mode == "dense" and dm.topk == 8  # restored
     # Selecting with the trained indexer beats nothing in expectation, but a random indexer's recall
     # must sit between the trivial recency baseline and the oracle on every layer.
@@ -48,5 +61,5 @@ def test_native_model_eval_reports_perplexities_only():
     dm = load_dsa_model(ModelSpec(name="tiny-native"), DSAConfig(index_topk=8))
     seqs = {32: torch.randint(0, 257, (1, 32), generator=torch.Generator().manual_seed(1))}
     (point,) = evaluate_dsa(dm, seqs, [8], progress=False)
-    assert point.attention_recall is None and point.ppl_dsa_untrained is None
+    assert point.attention_recall is None and point.ppl_dsa_untrained is None and point.ppl_dsa_oracle is None
     assert point.ppl_dense > 1 and point.ppl_dsa > 1

@@ -29,6 +29,8 @@ class CharTokenizer:
 
 def test_recipes_in_configs_load_and_the_demo_recipe_matches_the_built_in_one():
     for path in sorted((ROOT / "configs").glob("*.toml")):
+        if path.name.startswith("rl-"):
+            continue  # GRPO recipes: tests/rl
         cfg = load_run_config(path)
         assert cfg.warmup.stage == "warmup" and cfg.sparse.stage == "sparse", path
     file_cfg = load_run_config(ROOT / "configs" / "smollm2-demo.toml")

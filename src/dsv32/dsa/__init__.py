@@ -8,6 +8,7 @@
   prefill beats the sparse path (``benchmarks/attention.py --crossover``);
 - :func:`indexer_kl_loss`, :func:`indexer_kl_loss_chunked` — the indexer's KL objective (Eq. 3/4);
   :func:`attention_recall` — share of the dense attention mass kept by a selection (and the oracle's);
+  :func:`oracle_topk` — the best possible selection (head-summed dense attention), for evaluation;
 - :func:`attach_dsa` (+ :func:`save_dsa`, :func:`load_dsa`, :func:`get_dsa`) — DSA on Hugging Face
   Llama / Mistral / Qwen2 / Qwen3 models, with ``off`` / ``dense`` (warm-up) / ``sparse`` modes;
 - :func:`apply_rotary` — RoPE in the interleaved (MLA) and half-split (indexer) layouts.
@@ -50,6 +51,7 @@ from dsv32.dsa.loss import (
     attention_recall,
     indexer_kl_loss,
     indexer_kl_loss_chunked,
+    oracle_topk,
 )
 from dsv32.dsa.rope import apply_rotary
 
@@ -76,6 +78,7 @@ __all__ = [
     "indexer_topk",
     "load_dsa",
     "masked_softmax",
+    "oracle_topk",
     "prefer_dense",
     "save_dsa",
     "select_topk",

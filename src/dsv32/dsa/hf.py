@@ -45,7 +45,7 @@ from torch import nn
 
 from dsv32.dsa.attention import dense_attention, prefer_dense, selection_mask, sparse_attention
 from dsv32.dsa.indexer import IndexerQueries, LightningIndexer, indexer_topk
-from dsv32.dsa.loss import indexer_kl_loss_chunked
+from dsv32.dsa.loss import indexer_kl_loss_chunked, oracle_topk
 
 logger = logging.getLogger(__name__)
 
@@ -200,6 +200,7 @@ class DSAHandle:
     loss_query_rows: torch.Tensor | None = None  # optional subsample of query rows for the losses
     losses: dict[int, torch.Tensor] = field(default_factory=dict)
     observer: Callable[[LayerView], None] | None = None
+    oracle: bool = False  # sparse mode selects the oracle top-k (evaluation: the indexer's upper bound)
 
     @property
     def mode(self) -> str:
@@ -254,6 +255,17 @@ class DSAHandle:
         finally:
             for i, m in self.modules.items():
                 m._modules["indexer"] = old[i]
+
+    @contextmanager
+    def selecting_oracle(self) -> Iterator[DSAHandle]:
+        """Temporarily let sparse mode attend to the oracle top-k — the keys with the largest
+        head-summed dense attention — instead of the indexer's: what a perfect indexer would give.
+        Evaluation only (it computes the dense attention of every layer, O(T·S))."""
+        old, self.oracle = self.oracle, True
+        try:
+            yield self
+        finally:
+            self.oracle = old
 
     @contextmanager
     def observing(self, observer: Callable[[LayerView], None]) -> Iterator[DSAHandle]:
@@ -481,7 +493,15 @@ def _dsa_forward(
         padding = _key_padding(attention_mask, S)
         if needs_index:
             queries = indexer.project_queries(x, x, icos, isin)
-        if sparse:
+        if sparse and handle.oracle:
+            topk_indices = oracle_topk(
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                cfg.index_topk,
+                scale=self.scaling,
+                key_padding_mask=padding,
+            )
+        elif sparse:
             topk_indices = indexer_topk(
                 queries.q, queries.weights, keys, cfg.index_topk, key_padding_mask=padding
             )

@@ -373,3 +373,41 @@ def attention_recall(
                 )
             )
     return out[""] if single else out
+
+
+@torch.no_grad()
+def oracle_topk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    topk: int,
+    *,
+    scale: float,
+    key_padding_mask: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """The best possible selection: per query, the ``topk`` keys with the largest head-summed dense
+    attention (what a perfect indexer would pick; the oracle of :func:`attention_recall`).
+
+    Shapes as :func:`attention_recall`; returns ``topk_indices`` ``[B, T, min(topk, S)]`` with ``-1`` in
+    the slots of queries that see fewer keys. Evaluation only: it computes the dense attention.
+    """
+    B, T, H, _ = q.shape
+    S = k.shape[1]
+    K = min(topk, S)
+    out = torch.full((B, T, K), -1, dtype=torch.long, device=q.device)
+    chunk = chunk_size or _default_chunk(H, S)
+    for a in range(0, T, chunk):
+        rows = torch.arange(a, min(a + chunk, T), device=q.device)
+        last = rows + (S - T)
+        width = int(last.max()) + 1
+        keys = (torch.arange(width, device=q.device) <= last.unsqueeze(1)).unsqueeze(0)
+        if key_padding_mask is not None:
+            keys = keys & key_padding_mask[:, :width].bool().unsqueeze(1)
+        logits = (_attention_logits(q[:, rows], k[:, :width]) * scale).masked_fill(
+            ~keys.unsqueeze(2), float("-inf")
+        )
+        p = torch.nan_to_num(torch.softmax(logits, dim=-1), nan=0.0).sum(2)  # [B, n, width]
+        n_take = min(K, width)
+        values, idx = p.masked_fill(~keys, -1.0).topk(n_take, dim=-1)
+        out[:, rows, :n_take] = idx.masked_fill(values < 0, -1)
+    return out

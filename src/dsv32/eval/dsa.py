@@ -4,6 +4,9 @@ For each sequence length L and top-k on held-out sequences:
 
 - ``ppl_dense`` — the model with dense attention; ``ppl_dsa`` — with DSA at top-k (Eq. 2);
   ``ppl_dsa_untrained`` — DSA with freshly initialized indexers (same seeds as :func:`attach_dsa`);
+  ``ppl_dsa_oracle`` — DSA attending to the oracle top-k (the keys with the largest head-summed dense
+  attention): the best any indexer could do at this k, so ``ppl_dsa / ppl_dsa_oracle`` is what is
+  left for indexer training to win;
 - ``attention_recall`` — share of the dense attention mass (head-averaged) inside the indexer's
   top-k, averaged over layers, heads and the queries that see more than k keys (for the others any
   selection is complete, so they are left out); ``attention_recall_oracle`` — the same for the best
@@ -42,6 +45,7 @@ class EvalPoint:
     ppl_dense: float
     ppl_dsa: float
     ppl_dsa_untrained: float | None = None
+    ppl_dsa_oracle: float | None = None
     attention_recall: float | None = None
     attention_recall_oracle: float | None = None
     attention_recall_untrained: float | None = None
@@ -134,6 +138,7 @@ def evaluate_dsa(
     batch_size: int = 1,
     untrained: bool = True,
     recall: bool = True,
+    oracle: bool = True,
     ppl_dense: dict[int, float] | None = None,
     progress: bool = True,
 ) -> list[EvalPoint]:
@@ -142,7 +147,7 @@ def evaluate_dsa(
     when no recall is asked). The model's DSA mode and top-k are restored afterwards."""
     hf = dm.kind == "hf"
     if not hf:
-        untrained = recall = False
+        untrained = recall = oracle = False
     fresh = random_indexers(dm.model) if hf and untrained else None
     old_mode, old_k = (get_dsa(dm.model).mode if hf else "sparse"), dm.topk
     points: list[EvalPoint] = []
@@ -167,6 +172,12 @@ def evaluate_dsa(
                 if fresh is not None:
                     with get_dsa(dm.model).using_indexers(fresh):
                         base = _ppl(*_nll(dm, seqs, batch_size))
+                best = None
+                if oracle and k < L:
+                    with get_dsa(dm.model).selecting_oracle():
+                        best = _ppl(*_nll(dm, seqs, batch_size))
+                elif oracle:
+                    best = sparse  # top-k >= L: every selection is complete
                 rec, orc, unt, queries, rows = observer.summary(k) if observer else (None, None, None, 0, [])
                 if observer is not None and k >= L:
                     rec = orc = unt = 1.0  # every query selects all it sees
@@ -179,6 +190,7 @@ def evaluate_dsa(
                         ppl_dense=dense,
                         ppl_dsa=sparse,
                         ppl_dsa_untrained=base,
+                        ppl_dsa_oracle=best,
                         attention_recall=rec,
                         attention_recall_oracle=orc,
                         attention_recall_untrained=unt,
@@ -189,6 +201,8 @@ def evaluate_dsa(
                 msg = f"eval L={L} k={k}: DSA ppl {sparse:.4f}"
                 if base is not None:
                     msg += f", untrained {base:.4f}"
+                if best is not None:
+                    msg += f", oracle top-k {best:.4f}"
                 if rec is not None:
                     msg += f"; recall {rec:.4f} (oracle {orc:.4f})"
                 _log(progress, msg + f" ({time.time() - t1:.0f} s)")

@@ -36,6 +36,7 @@ def report_dict(points: list[EvalPoint], **extra) -> dict:
         "ppl_dense": head.ppl_dense,
         "ppl_dsa": head.ppl_dsa,
         "ppl_dsa_untrained": head.ppl_dsa_untrained,
+        "ppl_dsa_oracle": head.ppl_dsa_oracle,
         "ppl_gap": head.ppl_gap,
         "eval_sequences": head.sequences,
         "eval_tokens": head.tokens,
@@ -107,8 +108,12 @@ def markdown_report(report: dict, title: str = "DSA evaluation") -> str:
             lines.append(
                 f"| (same model, dense) | {_fmt(after['ppl_dense'])} | {_pct(after['ppl_dense'] / report['ppl_dense'] - 1)} | |"
             )
-    if report.get("attention_recall_oracle") is not None:
-        lines.append(f"| oracle top-k | | | {_fmt(report['attention_recall_oracle'])} |")
+    if report.get("attention_recall_oracle") is not None or report.get("ppl_dsa_oracle") is not None:
+        best = report.get("ppl_dsa_oracle")
+        gap = None if best is None else best / report["ppl_dense"] - 1
+        lines.append(
+            f"| DSA, oracle top-k | {_fmt(best)} | {_pct(gap)} | {_fmt(report.get('attention_recall_oracle'))} |"
+        )
     lines.append("")
     if after:
         lines += [
@@ -121,12 +126,13 @@ def markdown_report(report: dict, title: str = "DSA evaluation") -> str:
         lines += [
             "## All lengths and top-k",
             "",
-            "| L | top-k | ppl dense | ppl DSA | gap | ppl untrained | recall | oracle | untrained recall |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| L | top-k | ppl dense | ppl DSA | gap | ppl oracle top-k | ppl untrained | recall | oracle | untrained recall |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for p in report["grid"]:
             lines.append(
                 f"| {p['seq_len']} | {p['topk']} | {_fmt(p['ppl_dense'])} | {_fmt(p['ppl_dsa'])} | {_pct(p['ppl_gap'])} | "
+                f"{_fmt(p['ppl_dsa_oracle'])} | "
                 f"{_fmt(p['ppl_dsa_untrained'])} | {_fmt(p['attention_recall'])} | "
                 f"{_fmt(p['attention_recall_oracle'])} | {_fmt(p['attention_recall_untrained'])} |"
             )

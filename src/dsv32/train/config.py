@@ -120,7 +120,8 @@ class StageConfig:
 class EvalConfig:
     """``dsv32 dsa eval``: perplexity dense vs DSA at each ``topks`` × ``seq_lens`` on ``sequences``
     held-out sequences; attention recall (and the oracle's) at each top-k; ``untrained`` adds the
-    same numbers for freshly initialized indexers (the baseline)."""
+    same numbers for freshly initialized indexers (the baseline); ``oracle`` the perplexity with the
+    oracle top-k selection (the best any indexer could reach at that k)."""
 
     seq_lens: list[int] = field(default_factory=lambda: [2048])
     topks: list[int] = field(default_factory=lambda: [256])
@@ -128,6 +129,7 @@ class EvalConfig:
     batch_size: int = 1
     untrained: bool = True
     recall: bool = True
+    oracle: bool = True
 
 
 @dataclass
