@@ -44,6 +44,12 @@ def test_arithmetic_problems_are_correct_deterministic_and_split():
     assert [t.prompt for t in ArithmeticWordProblems(seed=4).take(20)] != [t.prompt for t in tasks[:20]]
     with pytest.raises(TaskError, match="unknown arithmetic kinds"):
         ArithmeticWordProblems(kinds=("divide",))
+    brief = ArithmeticWordProblems(seed=3, template="brief").get(0)
+    assert brief.answer == tasks[0].answer and brief.prompt.split("\n")[0] == tasks[0].prompt.split("\n")[0]
+    assert "\\boxed{5}" in brief.system and brief.prompt.endswith("final number in \\boxed{}.")
+    assert tasks[0].system is None
+    with pytest.raises(TaskError, match="unknown template"):
+        ArithmeticWordProblems(template="cot")
 
 
 def test_jsonl_tasks_and_errors(tmp_path):

@@ -92,7 +92,8 @@ class GRPOConfig:
 @dataclass
 class SourceConfig:
     """One prompt source: ``kind`` ``"arithmetic"`` (procedural word problems) or ``"jsonl"``
-    (``path``); ``weight`` in the mix; arithmetic options ``kinds`` and ``max_operand``."""
+    (``path``); ``weight`` in the mix; arithmetic options ``kinds``, ``max_operand`` and ``template``
+    (``"paper"``: the paper's math prompt; ``"brief"``: short answers, one-example system prompt)."""
 
     kind: str = "arithmetic"
     weight: float = 1.0
@@ -100,6 +101,7 @@ class SourceConfig:
     domain: str = ""
     kinds: list[str] = field(default_factory=lambda: ["add", "sub", "mul", "two_step"])
     max_operand: int = 20
+    template: str = "paper"
 
 
 @dataclass

@@ -26,6 +26,16 @@ from pathlib import Path
 
 MATH_TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 
+# For small models that do not know the \boxed{} convention: a short-answer instruction and a system
+# prompt with one worked example (a cold-start prompt in the spirit of the paper's Appendix B).
+BRIEF_TEMPLATE = "{question}\nGive a short answer and put the final number in \\boxed{{}}."
+BRIEF_SYSTEM = (
+    "Answer math word problems briefly and put the final number in \\boxed{}.\n"
+    "Example: Tom has 3 apples and gets 2 more. How many apples does Tom have now?\n"
+    "Answer: 3 + 2 = 5. Tom has \\boxed{5} apples."
+)
+TEMPLATES = {"paper": (MATH_TEMPLATE, None), "brief": (BRIEF_TEMPLATE, BRIEF_SYSTEM)}
+
 
 class TaskError(ValueError):
     """A task source that cannot be read or does not fit the expected format."""
@@ -97,7 +107,8 @@ class ArithmeticWordProblems:
 
     ``kinds``: which templates (``add``, ``sub``, ``mul``, ``two_step``); ``max_operand``: operand
     range (difficulty); ``split``: ``"train"`` or ``"eval"`` — eval questions are generated first
-    and excluded from train, so the splits never share a question.
+    and excluded from train, so the splits never share a question; ``template``: ``"paper"`` (the
+    paper's math prompt) or ``"brief"`` (short answer, with a one-example system prompt).
     """
 
     seed: int = 0
@@ -106,16 +117,21 @@ class ArithmeticWordProblems:
     domain: str = "math"
     split: str = "train"
     eval_size: int = 200
+    template: str = "paper"
     _eval_questions: set[str] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.kinds) - set(_KINDS))
         if unknown or not self.kinds:
             raise TaskError(f"unknown arithmetic kinds {unknown}; known: {sorted(_KINDS)}")
+        if self.template not in TEMPLATES:
+            raise TaskError(f"unknown template {self.template!r}; known: {sorted(TEMPLATES)}")
         if self.split not in ("train", "eval"):
             raise TaskError(f"split must be 'train' or 'eval', got {self.split!r}")
         if self.split == "train":
-            held_out = ArithmeticWordProblems(self.seed, self.kinds, self.max_operand, self.domain, "eval")
+            held_out = ArithmeticWordProblems(
+                self.seed, self.kinds, self.max_operand, self.domain, "eval", self.eval_size
+            )
             self._eval_questions = {held_out._make(i)[0] for i in range(self.eval_size)}
 
     def _make(self, i: int) -> tuple[str, int]:
@@ -130,11 +146,13 @@ class ArithmeticWordProblems:
             if question not in self._eval_questions:
                 break
             attempt += 1
+        template, system = TEMPLATES[self.template]
         return Task(
             id=f"arith-{self.split}-{i}",
             domain=self.domain,
-            prompt=MATH_TEMPLATE.format(question=question),
+            prompt=template.format(question=question),
             answer=str(answer),
+            system=system,
         )
 
     def take(self, n: int, start: int = 0) -> list[Task]:

@@ -69,7 +69,9 @@ def build_tasks(cfg: RLConfig) -> MixedTasks:
     sources = []
     for s in cfg.sources:
         if s.kind == "arithmetic":
-            src = ArithmeticWordProblems(cfg.seed, s.kinds, s.max_operand, s.domain or "math")
+            src = ArithmeticWordProblems(
+                cfg.seed, s.kinds, s.max_operand, s.domain or "math", template=s.template
+            )
         elif s.kind == "jsonl":
             if not s.path:
                 raise RLConfigError("a jsonl source needs a path")
@@ -84,7 +86,9 @@ def eval_tasks(cfg: RLConfig) -> list[Task]:
     """The held-out problems: the eval split of the first arithmetic source."""
     for s in cfg.sources:
         if s.kind == "arithmetic":
-            src = ArithmeticWordProblems(cfg.seed, s.kinds, s.max_operand, s.domain or "math", split="eval")
+            src = ArithmeticWordProblems(
+                cfg.seed, s.kinds, s.max_operand, s.domain or "math", split="eval", template=s.template
+            )
             return src.take(cfg.eval.problems)
     return []
 
