@@ -13,7 +13,10 @@ What each timing covers (inputs are the per-token projections a layer has made b
 all paths of one point see the same tensors):
 
 - prefill (a) ``sdpa``: ``F.scaled_dot_product_attention(is_causal=True)`` over per-head q/K/V
-  ``[B, 16, L, 192|128]`` precomputed like a standard model's cache — what a dense model runs;
+  ``[B, 16, L, 192|128]`` precomputed like a standard model's cache — what a dense model runs — with
+  V zero-padded to 192 so PyTorch's flash kernel runs (the fastest dense baseline on this CPU);
+  ``sdpa_math`` is the same call with V left at 128, which falls back to the math backend (O(L²)
+  memory, ~4× slower at 8K; skipped above ``--math-max-len``);
 - prefill (b) ``masked_dense``: the transformers way — MLA's MHA mode (per-head K/V expanded from the
   latents with ``kv_b_proj``, timed), our indexer's top-k, a boolean ``[B, L, L]`` selection mask, and
   SDPA with that mask (O(L²)); this is also the model's masked path that ``--crossover`` compares;
@@ -125,6 +128,17 @@ class Inputs:
 
 
 def prefill_sdpa(x: Inputs, topk: int) -> torch.Tensor:
+    """The fastest dense SDPA PyTorch has here: its flash kernel needs V as wide as Q/K (192), so V is
+    zero-padded from 128 and the output sliced back (what MLA prefill kernels do too)."""
+    qk, dv = x.q_mha.shape[-1], x.v_mha.shape[-1]
+    v = F.pad(x.v_mha, (0, qk - dv))
+    out = F.scaled_dot_product_attention(x.q_mha, x.k_mha, v, is_causal=True, scale=x.scale)
+    return out[..., :dv]
+
+
+def prefill_sdpa_math(x: Inputs, topk: int) -> torch.Tensor:
+    """SDPA called as is: V narrower than Q/K rules out the flash kernel → the math backend, which
+    materializes the [B, H, L, L] scores (O(L²) memory)."""
     return F.scaled_dot_product_attention(x.q_mha, x.k_mha, x.v_mha, is_causal=True, scale=x.scale)
 
 
@@ -175,7 +189,8 @@ def decode_ours(x: Inputs, topk: int) -> torch.Tensor:
 
 
 COVERS = {
-    "prefill.sdpa": "(a) causal SDPA over precomputed per-head q/K/V (a dense model)",
+    "prefill.sdpa": "(a) causal flash SDPA over precomputed per-head q/K/V, V zero-padded to 192 (a dense model)",
+    "prefill.sdpa_math": "(a-math) the same SDPA call with V at 128: PyTorch falls back to the O(L²) math path",
     "prefill.masked_dense": "(b) kv_b_proj expansion + indexer top-k + [B,L,L] selection mask + masked SDPA",
     "prefill.ours": "(c) MQA mode: W_UK absorption + indexer scores/top-k + gathered-latent attention + W_UV",
     "prefill.ours_mha_gather": "(c') MHA mode: kv_b_proj expansion + indexer top-k + per-head K/V gather",
@@ -275,6 +290,7 @@ class Plan:
     decode_steps: int
     masked_max_len: int
     mha_max_len: int
+    math_max_len: int
     dtype: torch.dtype
     shape: Shape
 
@@ -285,6 +301,8 @@ def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None])
     jobs: list[tuple[str, int | None, Callable[[], object], int]] = [
         ("prefill.sdpa", None, lambda: prefill_sdpa(x, 0), 1)
     ]
+    if plan.math_max_len >= L:
+        jobs.append(("prefill.sdpa_math", None, lambda: prefill_sdpa_math(x, 0), 1))
     for k in plan.topks:
         if plan.masked_max_len >= L:
             jobs.append(("prefill.masked_dense", k, lambda k=k: prefill_masked_dense(x, k), 1))
@@ -303,7 +321,7 @@ def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None])
     contention: dict[tuple[str, int | None], list[float]] = {}
     with torch.no_grad():
         for name, k, fn, _ in jobs:
-            if name != "prefill.sdpa":
+            if name not in ("prefill.sdpa", "prefill.sdpa_math"):
                 mems[(name, k)] = peak_mb(fn)
         for rep in range(plan.reps):
             for name, k, fn, calls in jobs:
@@ -341,6 +359,7 @@ def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None])
 
         pre = {
             "sdpa": get("prefill.sdpa"),
+            "sdpa_math": get("prefill.sdpa_math"),
             "masked_dense": get("prefill.masked_dense", k),
             "ours": get("prefill.ours", k),
             "ours_mha_gather": get("prefill.ours_mha_gather", k),
@@ -362,6 +381,7 @@ def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None])
             "prefill_s": pre,
             "decode_s_per_token": dec,
             "prefill_speedup_vs_sdpa": pre["sdpa"] / pre["ours"],
+            "prefill_speedup_vs_sdpa_math": pre["sdpa_math"] / pre["ours"] if pre["sdpa_math"] else None,
             "prefill_speedup_vs_masked_dense": (
                 pre["masked_dense"] / pre["ours"] if pre["masked_dense"] is not None else None
             ),
@@ -371,6 +391,7 @@ def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None])
             "mla_prefill_dispatch": "sparse" if not dsa.prefer_dense(L, L, k) else "masked_dense",
             "peak_mem_mb": {
                 "prefill.sdpa": mem_of("prefill.sdpa"),
+                "prefill.sdpa_math": mem_of("prefill.sdpa_math"),
                 "prefill.masked_dense": mem_of("prefill.masked_dense", k),
                 "prefill.ours": mem_of("prefill.ours", k),
                 "prefill.ours_mha_gather": mem_of("prefill.ours_mha_gather", k),
@@ -380,6 +401,7 @@ def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None])
             },
             "repetitions_s": {
                 "prefill.sdpa": reps_of("prefill.sdpa"),
+                "prefill.sdpa_math": reps_of("prefill.sdpa_math"),
                 "prefill.masked_dense": reps_of("prefill.masked_dense", k),
                 "prefill.ours": reps_of("prefill.ours", k),
                 "prefill.ours_mha_gather": reps_of("prefill.ours_mha_gather", k),
@@ -389,6 +411,7 @@ def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None])
             },
             "others_cpu_share": {
                 "prefill.sdpa": others_of("prefill.sdpa"),
+                "prefill.sdpa_math": others_of("prefill.sdpa_math"),
                 "prefill.masked_dense": others_of("prefill.masked_dense", k),
                 "prefill.ours": others_of("prefill.ours", k),
                 "prefill.ours_mha_gather": others_of("prefill.ours_mha_gather", k),
@@ -554,6 +577,12 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
     ap.add_argument("--decode-steps", type=int, default=10, help="decode calls averaged per repetition")
     ap.add_argument("--masked-max-len", type=int, default=8192, help="skip (b) above this L (O(L²) time)")
     ap.add_argument("--mha-max-len", type=int, default=8192, help="skip the MHA-gather variant above this L")
+    ap.add_argument(
+        "--math-max-len",
+        type=int,
+        default=16384,
+        help="skip (a-math) above this L (its L² scores: 68 GB at 32K)",
+    )
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: all cores)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
@@ -573,7 +602,7 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
     topks = tuple(args.topk or (QUICK_TOPK if args.quick else GRID_TOPK))
     reps = args.reps or (2 if args.quick else 3)
     plan = Plan(lengths, topks, reps, args.decode_steps, args.masked_max_len, args.mha_max_len,
-                getattr(torch, args.dtype), shape)  # fmt: skip
+                args.math_max_len, getattr(torch, args.dtype), shape)  # fmt: skip
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 

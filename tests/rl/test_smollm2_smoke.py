@@ -56,3 +56,26 @@ def test_grpo_raises_held_out_accuracy_on_smollm2(tmp_path):
     cfg = load_rl_config(ROOT / "configs" / "rl-smollm2-arith.toml", [f"out_dir={tmp_path}"])
     result = train_grpo(cfg, progress=False)
     assert result.eval_after["accuracy"] > result.eval_before["accuracy"] + 0.1
+
+
+def test_native_policy_speaks_the_v32_format_when_its_tokenizer_does():
+    from dsv32.chat import add_v32_special_tokens, encode_messages
+    from dsv32.rl.policy import Policy
+    from dsv32.rl.tasks import ArithmeticWordProblems
+    from dsv32.train.models import load_smollm2
+
+    _, tok = load_smollm2()
+    native = load_policy("tiny-native", device="cpu").model
+    task = ArithmeticWordProblems(template="brief").get(0)
+    plain = Policy(native, tok, "native")
+    assert not plain.speaks_v32  # SmolLM2's tokenizer lacks the V3.2 tokens: its own chat template
+    add_v32_special_tokens(tok)
+    for thinking, mode in ((True, "thinking"), (False, "chat")):
+        policy = Policy(native, tok, "native", thinking=thinking)
+        assert policy.speaks_v32
+        messages = [{"role": "system", "content": task.system}, {"role": "user", "content": task.prompt}]
+        assert policy.render(task) == encode_messages(messages, thinking_mode=mode, add_bos=True)
+        ids = policy.prompt_ids(task)
+        assert ids[0] == tok.convert_tokens_to_ids("<｜begin▁of▁sentence｜>")
+        assert tok.decode(ids) == policy.render(task)
+    assert policy.render(task).endswith("<｜Assistant｜></think>")

@@ -138,6 +138,19 @@ def test_exact_resume_and_reference_kl(tmp_path):
     assert any(m["kl"] > 0 for m in a[1:])  # the policy moved away from the frozen reference
 
 
+def test_recomputed_old_logprobs_top_k_and_std_advantages(tmp_path):
+    over = {
+        "grpo.steps": 2,
+        "grpo.old_logprobs": "recompute",
+        "grpo.advantage_scale": "std",
+        "sampling.top_k": 20,
+    }
+    result = train_grpo(_recipe(tmp_path, **over), reward_fn=LetterReward(), progress=False)
+    for m in result.metrics:  # π_old recomputed by the training forward: the first update is on-policy
+        assert abs(m["first_update_ratio_mean"] - 1) < 1e-5 and m["first_update_abs_log_ratio"] < 1e-5
+        assert m["later_updates_abs_log_ratio"] > 0
+
+
 def test_multi_turn_hook_appends_tool_text_that_is_not_trained_on():
     policy = load_policy("tiny-llama", device="cpu")
     calls = []

@@ -60,10 +60,15 @@ def plot_rl_metrics(metrics_path: str | Path, eval_path: str | Path, png_path: s
     ax.grid(alpha=0.3)
     ax = axes[1][1]
     ax.plot(steps, series("length_mean"), label="completion tokens (mean)", color="tab:orange")
-    ax.plot(steps, series("truncated_frac"), label="truncated fraction", color="tab:red", alpha=0.6)
     ax.set_xlabel("step")
-    ax.legend(fontsize=8)
+    ax.set_ylabel("tokens")
     ax.grid(alpha=0.3)
+    twin = ax.twinx()
+    twin.plot(steps, series("truncated_frac"), label="truncated fraction", color="tab:red", alpha=0.6)
+    twin.set_ylim(0, 1)
+    twin.set_ylabel("truncated fraction")
+    lines = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+    ax.legend(lines, [str(line.get_label()) for line in lines], fontsize=8)
     fig.suptitle("GRPO")
     fig.tight_layout()
     png_path = Path(png_path)

@@ -76,7 +76,7 @@ class Policy:
             from dsv32.chat import encode_messages
 
             mode = "thinking" if self.thinking else "chat"
-            return encode_messages(self.messages(task), thinking_mode=mode, add_bos=False)
+            return encode_messages(self.messages(task), thinking_mode=mode, add_bos=True)
         template = getattr(self.tokenizer, "chat_template", None)
         if template:
             return self.tokenizer.apply_chat_template(
@@ -86,12 +86,7 @@ class Policy:
         return f"{system}{task.prompt}\n"
 
     def prompt_ids(self, task: Task) -> list[int]:
-        text = self.render(task)
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        bos = getattr(self.tokenizer, "bos_token_id", None)
-        if self.speaks_v32 and bos is not None:
-            ids = [bos, *ids]
-        return ids
+        return list(self.tokenizer.encode(self.render(task), add_special_tokens=False))
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
