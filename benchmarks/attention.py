@@ -565,6 +565,64 @@ def tune(plan: Plan, L: int, k: int, meter: Meter, log: Callable[[str], None]) -
     return out
 
 
+def overlapping_selection(
+    B: int, T: int, S: int, k: int, ratio: float, block: int, seed: int = 0
+) -> torch.Tensor:
+    """``[B, T, k]`` selections of the last ``T`` of ``S`` positions in which each block of ``block``
+    neighbouring queries draws its keys from one shared pool of ``ratio · k`` keys visible to all of
+    them — a controlled stand-in for a trained indexer (whose 64-query unions are ~3·k, see
+    ``dsv32.dsa.union``); ``ratio = block`` approaches independent selections."""
+    g = torch.Generator().manual_seed(seed)
+    out = torch.empty(B, T, k, dtype=torch.long)
+    for start in range(0, T, block):
+        n = min(block, T - start)
+        visible = S - T + start + 1
+        pool_size = min(visible, max(k, round(ratio * k)))
+        for b in range(B):
+            pool = torch.randperm(visible, generator=g)[:pool_size]
+            pick = torch.rand(n, pool_size, generator=g).topk(k, dim=-1).indices
+            out[b, start : start + n] = pool[pick]
+    return out
+
+
+def union_sweep(plan: Plan, L: int, k: int, meter: Meter, log: Callable[[str], None]) -> dict:
+    """Union blocks vs per-query gathers of :func:`dsv32.dsa.sparse_attention` (GQA layout) on
+    selections with a controlled union size, for :data:`dsv32.dsa.union.UNION_MAX_RATIO_GQA`. The
+    queries are the last half of ``L`` positions, so every pool fits in the visible keys. (MLA's MQA
+    mode measured no gain from union blocks at any ratio and has none.)"""
+    from dsv32.dsa import attention as attn_mod
+    from dsv32.dsa import union as union_mod
+
+    s = plan.shape
+    T = L // 2
+    g = torch.Generator().manual_seed(1)
+    # GQA layout of a small dense model (SmolLM2-135M: 9 query heads on 3 KV heads of 64 dims).
+    gqa_q = torch.randn(s.batch, T, 9, 64, generator=g)
+    gqa_k = torch.randn(s.batch, L, 3, 64, generator=g)
+    gqa_v = torch.randn(s.batch, L, 3, 64, generator=g)
+    layouts = {
+        "gqa": lambda idx, r: attn_mod.sparse_attention(gqa_q, gqa_k, gqa_v, idx, 0.125, union_ratio=r),
+    }
+    out: dict = {"seq_len": L, "queries": T, "topk": k, "block": union_mod.UNION_BLOCK, "layouts": {}}
+    with torch.no_grad():
+        for name, fn in layouts.items():
+            rows = []
+            for ratio in (1.25, 1.5, 2, 3, 4, 6, 8, 12, 16, 24):
+                idx = overlapping_selection(s.batch, T, L, k, ratio, union_mod.UNION_BLOCK)
+                t_gather, t_union = (
+                    min(meter.run(lambda f=fn, i=idx, r=r: f(i, r), 1)[0] for _ in range(plan.reps))
+                    for r in (0.0, float("inf"))
+                )
+                rows.append({"union_ratio": ratio, "gather_s": t_gather, "union_s": t_union,
+                             "union_speedup": t_gather / t_union})  # fmt: skip
+                log(f"  {name} |union|/k {ratio:>5}: gather {t_gather * 1e3:8.1f} ms  union "
+                    f"{t_union * 1e3:8.1f} ms  → {t_gather / t_union:5.2f}x")  # fmt: skip
+            faster = [r["union_ratio"] for r in rows if r["union_speedup"] > 1]
+            out["layouts"][name] = {"rows": rows, "break_even_ratio": max(faster) if faster else None}
+    out["defaults"] = {"UNION_MAX_RATIO_GQA": union_mod.UNION_MAX_RATIO_GQA}
+    return out
+
+
 def main(argv: list[str] | None = None) -> list[dict] | dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seq-len", type=int, nargs="*", help=f"lengths (default {GRID_LENGTHS})")
@@ -573,6 +631,11 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
     ap.add_argument("--quick", action="store_true", help=f"L {QUICK_LENGTHS}, k {QUICK_TOPK}, 2 repetitions")
     ap.add_argument("--crossover", action="store_true", help="measure the dense/sparse prefill crossover")
     ap.add_argument("--tune", action="store_true", help="sweep chunk sizes at one point (default 4096/512)")
+    ap.add_argument(
+        "--union-sweep",
+        action="store_true",
+        help="union blocks vs per-query gathers over the union size (default 8192/512)",
+    )
     ap.add_argument("--reps", type=int, help="interleaved repetitions; the median is reported (default 3)")
     ap.add_argument("--decode-steps", type=int, default=10, help="decode calls averaged per repetition")
     ap.add_argument("--masked-max-len", type=int, default=8192, help="skip (b) above this L (O(L²) time)")
@@ -621,6 +684,14 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
     if args.tune:
         result = tune(plan, (args.seq_len or [4096])[0], (args.topk or [512])[0], meter, log)
         (out_dir / "attention_tune.json").write_text(json.dumps(result, indent=2))
+        return result
+    if args.union_sweep:
+        result = union_sweep(plan, (args.seq_len or [8192])[0], (args.topk or [512])[0], meter, log)
+        result.update(shape=asdict(shape), threads=torch.get_num_threads(), dtype=args.dtype)
+        (out_dir / "attention_union.json").write_text(json.dumps(result, indent=2))
+        log(f"break-even |union|/k: { {n: r['break_even_ratio'] for n, r in result['layouts'].items()} }")
+        if args.json:
+            print(json.dumps(result))
         return result
     if args.crossover:
         plan.topks = tuple(args.topk or (256, 512))

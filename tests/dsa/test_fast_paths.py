@@ -18,6 +18,7 @@ from dsv32.dsa import (
     sparse_mla_attention,
     sparse_mla_attention_reference,
 )
+from dsv32.dsa.union import UNION_BLOCK
 
 FAST = settings(max_examples=60, deadline=None, derandomize=True)
 
@@ -110,13 +111,23 @@ def attention_case(draw):
         B=B, T=T, S=S, Hkv=draw(st.integers(1, 3)), G=draw(st.integers(1, 3)), D=draw(st.sampled_from([4, 8])),
         Dv=draw(st.integers(1, 9)), topk=draw(st.integers(1, S + 6)), chunk=draw(st.integers(1, 23)),
         padded=draw(st.booleans()), layout=draw(st.sampled_from(["token", "head", "cache"])),
-        seed=draw(st.integers(0, 2**16)),
+        overlap=draw(st.booleans()), union=draw(st.sampled_from(UNION_RATIOS)), seed=draw(st.integers(0, 2**16)),
     )  # fmt: skip
 
 
-def _selection(B, T, S, topk, padded, g):
+# union_ratio of the fast paths: the default, never (per-query gathers only), always (every block over
+# its selections' union), and a small ratio that mixes both paths within one call.
+UNION_RATIOS = [None, 0.0, float("inf"), 1.5]
+
+
+def _selection(B, T, S, topk, padded, g, overlap=False):
+    """``select_topk`` of random scores; with ``overlap`` the scores share a per-key component, so
+    neighbouring queries select mostly the same keys (as a trained indexer's do)."""
     pad = _padding(B, S, g) if padded else None
-    return select_topk(torch.randn(B, T, S, generator=g), topk, key_padding_mask=pad)
+    scores = torch.randn(B, T, S, generator=g)
+    if overlap:
+        scores = 0.2 * scores + torch.randn(B, 1, S, generator=g)
+    return select_topk(scores, topk, key_padding_mask=pad)
 
 
 def _keys(B, S, Hkv, D, layout, g):
@@ -134,13 +145,13 @@ def _keys(B, S, Hkv, D, layout, g):
 def test_sparse_attention_equals_reference(c):
     g = torch.Generator().manual_seed(c["seed"])
     B, T, S, Hkv, G = c["B"], c["T"], c["S"], c["Hkv"], c["G"]
-    idx = _selection(B, T, S, c["topk"], c["padded"], g)
+    idx = _selection(B, T, S, c["topk"], c["padded"], g, c["overlap"])
     q = torch.randn(B, T, Hkv * G, c["D"], generator=g)
     k = _keys(B, S, Hkv, c["D"], c["layout"], g)
     v = _keys(B, S, Hkv, c["Dv"], c["layout"], g)
     expected = sparse_attention_reference(q, k, v, idx, 0.37)
     with torch.no_grad():
-        got = sparse_attention(q, k, v, idx, 0.37, chunk_size=c["chunk"])
+        got = sparse_attention(q, k, v, idx, 0.37, chunk_size=c["chunk"], union_ratio=c["union"])
     assert got.shape == (B, T, Hkv * G, c["Dv"])
     torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
 
@@ -148,10 +159,11 @@ def test_sparse_attention_equals_reference(c):
 @FAST
 @given(attention_case())
 def test_sparse_attention_gradients_equal_reference(c):
-    """The recompute-in-backward autograd function against autograd through the masked reference."""
+    """The recompute-in-backward autograd function (per-query gathers and union blocks) against
+    autograd through the masked reference."""
     g = torch.Generator().manual_seed(c["seed"])
     B, T, S, Hkv, G = c["B"], c["T"], c["S"], c["Hkv"], c["G"]
-    idx = _selection(B, T, S, c["topk"], c["padded"], g)
+    idx = _selection(B, T, S, c["topk"], c["padded"], g, c["overlap"])
     leaves = [
         torch.randn(B, T, Hkv * G, c["D"], generator=g, dtype=torch.float64),
         _keys(B, S, Hkv, c["D"], c["layout"], g).double(),
@@ -161,7 +173,9 @@ def test_sparse_attention_gradients_equal_reference(c):
     ref_in = [t.detach().clone().requires_grad_() for t in leaves]
     fast_in = [t.detach().clone().requires_grad_() for t in leaves]
     (sparse_attention_reference(*ref_in, idx, 0.37).double() * up).sum().backward()
-    (sparse_attention(*fast_in, idx, 0.37, chunk_size=c["chunk"]) * up).sum().backward()
+    (
+        sparse_attention(*fast_in, idx, 0.37, chunk_size=c["chunk"], union_ratio=c["union"]) * up
+    ).sum().backward()
     for a, b in zip(ref_in, fast_in):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-5)
 
@@ -198,7 +212,7 @@ def mla_case(draw):
         B=B, T=T, S=S, H=draw(st.integers(1, 4)), latent=draw(st.sampled_from([8, 12])),
         rope=draw(st.sampled_from([2, 4])), v_dim=draw(st.integers(1, 8)), topk=draw(st.integers(1, S + 6)),
         chunk=draw(st.integers(1, 19)), padded=draw(st.booleans()), split=draw(st.booleans()),
-        seed=draw(st.integers(0, 2**16)),
+        overlap=draw(st.booleans()), seed=draw(st.integers(0, 2**16)),
     )  # fmt: skip
 
 
@@ -207,7 +221,7 @@ def mla_case(draw):
 def test_sparse_mla_attention_equals_reference(c):
     g = torch.Generator().manual_seed(c["seed"])
     B, T, S, H, Cl, R = c["B"], c["T"], c["S"], c["H"], c["latent"], c["rope"]
-    idx = _selection(B, T, S, c["topk"], c["padded"], g)
+    idx = _selection(B, T, S, c["topk"], c["padded"], g, c["overlap"])
     q = torch.randn(B, T, H, Cl + R, generator=g)
     cache = torch.randn(B, S + 5, Cl + R + 3, generator=g)  # a preallocated cache, sliced as the model does
     latent, k_rope = cache[:, :S, :Cl], cache[:, :S, Cl : Cl + R]
@@ -324,3 +338,58 @@ def test_mla_dispatch_masked_below_crossover_gather_above(monkeypatch):
         assert used_gather == gathers
         torch.testing.assert_close(outs["auto"], outs["gather"], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(outs["masked"], outs["gather"], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_union_blocks_are_taken_by_overlap_and_equal_reference(overlap, monkeypatch):
+    """Blocks whose selections overlap (a shared per-key score) run over their union, independent
+    selections gather per query; both equal the reference, a row with empty selections included."""
+    from dsv32.dsa import attention as attn
+
+    calls = []
+    real = attn.union_softmax
+    monkeypatch.setattr(attn, "union_softmax", lambda s, m: calls.append(s.shape) or real(s, m))
+    g = torch.Generator().manual_seed(5)
+    B, T, K = 2, 300, 16
+    idx = _selection(B, T, T, K, False, g, overlap)
+    idx[1, :40] = -1  # as for padding: these queries select nothing
+    q = torch.randn(B, T, 6, 8, generator=g)
+    k, v = torch.randn(B, T, 2, 8, generator=g), torch.randn(B, T, 2, 5, generator=g)
+    expected = sparse_attention_reference(q, k, v, idx, 0.3)
+    with torch.no_grad():
+        got = sparse_attention(q, k, v, idx, 0.3, union_ratio=3.0)
+        mla = sparse_mla_attention(q[..., :1, :], k[:, :, 0], idx, 0.3, 5)  # MLA: always per-query
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
+    assert got[1, :40].abs().max() == 0  # nothing selected → zeros, not NaN
+    torch.testing.assert_close(mla, sparse_mla_attention_reference(q[..., :1, :], k[:, :, 0], idx, 0.3, 5))
+    if overlap:
+        assert len(calls) >= B * (T // UNION_BLOCK - 1)  # (nearly) every block, every row
+    else:
+        assert not calls  # 64 queries' independent selections of 16 keys: unions over 3·16
+
+
+def test_union_block_gradients_equal_reference(monkeypatch):
+    """Training through union blocks: forward and backward run over the unions (counted) and give the
+    reference's gradients, with a row whose first queries select nothing."""
+    from dsv32.dsa import sparse_autograd
+
+    calls = []
+    real = sparse_autograd._union_scores
+    monkeypatch.setattr(sparse_autograd, "_union_scores", lambda *a: calls.append(1) or real(*a))
+    g = torch.Generator().manual_seed(9)
+    B, T, K = 2, 200, 12
+    idx = _selection(B, T, T, K, False, g, overlap=True)
+    idx[0, :30] = -1
+    leaves = [
+        torch.randn(B, T, 6, 8, generator=g, dtype=torch.float64),
+        torch.randn(B, T, 2, 8, generator=g, dtype=torch.float64),
+        torch.randn(B, T, 2, 5, generator=g, dtype=torch.float64),
+    ]
+    up = torch.randn(B, T, 6, 5, generator=g, dtype=torch.float64)
+    ref_in = [t.clone().requires_grad_() for t in leaves]
+    fast_in = [t.clone().requires_grad_() for t in leaves]
+    (sparse_attention_reference(*ref_in, idx, 0.3).double() * up).sum().backward()
+    (sparse_attention(*fast_in, idx, 0.3, union_ratio=3.0) * up).sum().backward()
+    for a, b in zip(ref_in, fast_in):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-5)
+    assert len(calls) >= 2 * B * (T // UNION_BLOCK - 1)  # forward and backward, (nearly) every block

@@ -3,7 +3,9 @@
 - :class:`LightningIndexer`, :func:`index_scores` — the lightning indexer (Eq. 1);
 - :func:`select_topk`, :func:`indexer_topk` — fine-grained token selection (Eq. 2);
 - :func:`sparse_attention`, :func:`sparse_mla_attention` — attention over the selection only, for
-  MHA/GQA layouts and for MLA's MQA mode, each with a masked-dense ``*_reference``;
+  MHA/GQA layouts and for MLA's MQA mode, each with a masked-dense ``*_reference``; in the GQA layout
+  blocks of neighbouring queries with overlapping selections run over their union
+  (:mod:`dsv32.dsa.union`);
 - :func:`prefer_dense`, :data:`DENSE_CROSSOVER_RATIO` — the measured length below which masked-dense
   prefill beats the sparse path (``benchmarks/attention.py --crossover``);
 - :func:`indexer_kl_loss`, :func:`indexer_kl_loss_chunked` — the indexer's KL objective (Eq. 3/4);

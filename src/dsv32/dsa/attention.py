@@ -25,7 +25,9 @@ import math
 import torch
 import torch.nn.functional as F
 
+from dsv32.dsa import union
 from dsv32.dsa.sparse_autograd import SparseAttentionFunction
+from dsv32.dsa.union import union_block_size, union_blocks, union_softmax
 
 # Gathered rows per chunk (chunk_queries · K): ~4 MB of fp32 MLA latents, so they stay in L3 between
 # the gather and the two matmuls. Tuned with `python benchmarks/attention.py --tune-attention`.
@@ -199,6 +201,8 @@ def sparse_attention(
     topk_indices: torch.Tensor,
     scale: float,
     chunk_size: int | None = None,
+    *,
+    union_ratio: float | None = None,
 ) -> torch.Tensor:
     """MHA/GQA attention that reads only the selected keys/values: O(T·K) work and memory per chunk.
 
@@ -207,8 +211,11 @@ def sparse_attention(
     Differentiable. Per chunk of queries the selected rows are gathered head-major with one
     ``index_select``, so each (query, KV head) is one small matmul ``[G, D] × [D, K]`` shared by its
     ``G`` query heads. Leading queries whose selection is every key they can see (a prefill's first
-    K queries) run as causal SDPA instead — the same result without the gather. Selections are assumed
-    to hold distinct indices, as :func:`~dsv32.dsa.select_topk` returns.
+    K queries) run as causal SDPA instead — the same result without the gather. Without autograd,
+    blocks of neighbouring queries whose selections overlap (their union holds at most
+    ``union_ratio · K`` keys; default :data:`dsv32.dsa.union.UNION_MAX_RATIO_GQA`, 0 = never) run as one masked
+    attention over that union instead (see :mod:`dsv32.dsa.union`); with autograd too. Selections are assumed to hold
+    distinct indices, as :func:`~dsv32.dsa.select_topk` returns.
     """
     B, T, H, D = q.shape
     Hkv = k.shape[2]
@@ -226,26 +233,49 @@ def sparse_attention(
         out[:, :first] = dense_attention(q[:, :first], k[:, :seen], v[:, :seen], scale)
     step = _chunk(K * Hkv, chunk_size)
     if grad:  # recompute-in-backward: memory O(chunk · K), not O(T · K) per layer
-        rest = SparseAttentionFunction.apply(q[:, first:], k, v, topk_indices[:, first:], scale, step)
+        ratio = union.UNION_MAX_RATIO_GQA if union_ratio is None else union_ratio
+        rest = SparseAttentionFunction.apply(q[:, first:], k, v, topk_indices[:, first:], scale, step, ratio)
         return torch.cat((out[:, :first], rest), dim=1) if first else rest
     krows, kstrides = _row_view(k, grad)
     vrows, vstrides = _row_view(v, grad)
     bufs = _Buffers(not grad)
-    for start in range(first, T, step):
-        idx = topk_indices[:, start : start + step]
+
+    def gather_chunk(start: int, stop: int) -> None:
+        idx = topk_indices[:, start:stop]
         n = idx.shape[1]
         sel = _Selection(idx)
         kg = sel.gather(krows, kstrides, Hkv, bufs.get("k", (B * Hkv * n * K, D), k))
         vg = sel.gather(vrows, vstrides, Hkv, bufs.get("v", (B * Hkv * n * K, Dv), v))
-        qc = (q[:, start : start + n] * scale).view(B, n, Hkv, G, D).transpose(1, 2)  # [B, Hkv, n, G, D]
+        qc = (q[:, start:stop] * scale).view(B, n, Hkv, G, D).transpose(1, 2)  # [B, Hkv, n, G, D]
         scores = torch.bmm(
             qc.reshape(B * Hkv * n, G, D),
             kg.view(B * Hkv * n, K, D).transpose(1, 2),
             out=bufs.get("s", (B * Hkv * n, G, K), kg),
         )
-        probs = sel.softmax(scores.view(B, Hkv, n, G, K), inplace=not grad).to(v.dtype)
+        probs = sel.softmax(scores.view(B, Hkv, n, G, K), inplace=True).to(v.dtype)
         oc = torch.bmm(probs.view(B * Hkv * n, G, K), vg.view(B * Hkv * n, K, Dv))  # [B·Hkv·n, G, Dv]
-        out[:, start : start + n] = oc.view(B, Hkv, n, G, Dv).transpose(1, 2).reshape(B, n, H, Dv)
+        out[:, start:stop] = oc.view(B, Hkv, n, G, Dv).transpose(1, 2).reshape(B, n, H, Dv)
+
+    def union_block(start: int, stop: int, b: int, keys: torch.Tensor, selected: torch.Tensor) -> None:
+        n, U = stop - start, keys.numel()
+        ku = k[b].index_select(0, keys).transpose(0, 1)  # [Hkv, U, D]
+        vu = v[b].index_select(0, keys).transpose(0, 1)
+        qc = (q[b, start:stop] * scale).view(n, Hkv, G, D).permute(1, 0, 2, 3).reshape(Hkv, n * G, D)
+        scores = torch.bmm(qc, ku.transpose(1, 2)).view(Hkv, n, G, U)
+        probs = union_softmax(scores, selected.view(1, n, 1, U)).to(v.dtype)
+        oc = torch.bmm(probs.view(Hkv, n * G, U), vu)  # [Hkv, n·G, Dv]
+        out[b, start:stop] = oc.view(Hkv, n, G, Dv).permute(1, 0, 2, 3).reshape(n, H, Dv)
+
+    ratio = union.UNION_MAX_RATIO_GQA if union_ratio is None else union_ratio
+    ratio = ratio if T - first >= 8 else 0.0  # a decode step or a short tail: plain gathers
+    block = union_block_size(T - first, H, K, ratio) if ratio > 0 else T
+    for start, stop, unions in union_blocks(topk_indices, first, block, ratio * K):
+        if unions is None:
+            for s0 in range(start, stop, step):
+                gather_chunk(s0, min(s0 + step, stop))
+        else:
+            for b, (keys, selected) in enumerate(unions):
+                union_block(start, stop, b, keys, selected)
     return out
 
 
@@ -280,7 +310,9 @@ def sparse_mla_attention(
     strided views (cache slices). Per query the scores are one ``[H, C] × [C, K]`` matmul and the
     output one ``[H, K] × [K, v_dim]``, batched over a chunk of queries; differentiable. Leading
     queries that selected every key they see (a prefill's first K) attend densely and causally, in
-    query blocks that read only the keys they see. Selections must hold distinct indices.
+    query blocks that read only the keys they see. Selections must hold distinct indices. (Unlike
+    :func:`sparse_attention` there are no union blocks here: one gathered latent already serves every
+    head, and union blocks measured slower at any overlap — see :mod:`dsv32.dsa.union`.)
     """
     B, T, H, C = q.shape
     K = topk_indices.shape[-1]
@@ -303,12 +335,13 @@ def sparse_mla_attention(
     if k_rope is not None:
         rrows, rstrides = _row_view(k_rope, grad)
     bufs = _Buffers(not grad)
-    for start in range(first, T, step):
-        idx = topk_indices[:, start : start + step]
+
+    def gather_chunk(start: int, stop: int) -> None:
+        idx = topk_indices[:, start:stop]
         n = idx.shape[1]
         sel = _Selection(idx)
         g = sel.gather(rows, strides, out=bufs.get("kv", (B * n * K, Cl), kv)).view(B * n, K, Cl)
-        qc = (q[:, start : start + n] * scale).reshape(B * n, H, C)
+        qc = (q[:, start:stop] * scale).reshape(B * n, H, C)
         scores = torch.bmm(qc[..., :Cl], g.transpose(1, 2), out=bufs.get("s", (B * n, H, K), g))
         if k_rope is not None:
             gr = sel.gather(rrows, rstrides, out=bufs.get("kr", (B * n * K, C - Cl), k_rope))
@@ -321,7 +354,10 @@ def sparse_mla_attention(
             )
         probs = sel.softmax(scores, inplace=not grad).to(kv.dtype)
         oc = torch.bmm(probs, g[..., :v_dim])  # [B·n, H, v_dim]
-        out[:, start : start + n] = oc.view(B, n, H, v_dim)
+        out[:, start:stop] = oc.view(B, n, H, v_dim)
+
+    for start in range(first, T, step):
+        gather_chunk(start, min(start + step, T))
     return out
 
 

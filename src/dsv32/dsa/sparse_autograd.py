@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from dsv32.dsa.union import union_block_size, union_blocks
+
 
 def _flat_rows(idx: torch.Tensor, S: int, Hkv: int) -> torch.Tensor:
     """Row ids ``[B, Hkv, n, K]`` into a contiguous ``[B·S·Hkv, D]`` view of ``[B, S, Hkv, D]``, head
@@ -41,13 +43,53 @@ def _chunk_scores(q, krows, idx, start, n, scale, Hkv, G, S):
     return scores.masked_fill_(invalid, float("-inf")), qc, kg, rows
 
 
+def _blocks(idx: torch.Tensor, H: int, union_ratio: float, chunk: int):
+    """``(start, stop, unions)`` query ranges: union blocks (``unions`` per batch row), and the other
+    queries in per-query-gather chunks of ``chunk`` (``unions`` None)."""
+    T, K = idx.shape[1], idx.shape[2]
+    ratio = union_ratio if T >= 8 else 0.0
+    block = union_block_size(T, H, K, ratio) if ratio > 0 else max(T, 1)
+    for start, stop, unions in union_blocks(idx, 0, block, ratio * K):
+        if unions is not None:
+            yield start, stop, unions
+        else:
+            for s0 in range(start, stop, chunk):
+                yield s0, min(s0 + chunk, stop), None
+
+
+def _union_scores(q, k, b, start, stop, keys, selected, scale):
+    """One union block (batch row ``b``, queries ``start..stop``): scores ``[Hkv, n, G, U]`` (fp32,
+    unselected keys −inf), the scaled queries ``[Hkv, n·G, D]`` and the union's keys ``[Hkv, U, D]``."""
+    _, _, H, D = q.shape
+    Hkv = k.shape[2]
+    n, G, U = stop - start, H // Hkv, keys.numel()
+    ku = k[b].index_select(0, keys).transpose(0, 1)  # [Hkv, U, D]
+    qc = (q[b, start:stop] * scale).view(n, Hkv, G, D).permute(1, 0, 2, 3).reshape(Hkv, n * G, D)
+    scores = torch.bmm(qc, ku.transpose(1, 2)).float().view(Hkv, n, G, U)
+    return scores.masked_fill_(~selected.view(1, n, 1, U), float("-inf")), qc, ku
+
+
+def _heads_major(x: torch.Tensor, Hkv: int) -> torch.Tensor:
+    """``[n, H, F]`` → ``[Hkv, n·G, F]`` (each KV head's query rows together)."""
+    n, H, F_ = x.shape
+    return x.view(n, Hkv, H // Hkv, F_).permute(1, 0, 2, 3).reshape(Hkv, -1, F_)
+
+
+def _token_major(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``[Hkv, n·G, F]`` → ``[n, H, F]``."""
+    Hkv, _, F_ = x.shape
+    return x.view(Hkv, n, -1, F_).permute(1, 0, 2, 3).reshape(n, -1, F_)
+
+
 class SparseAttentionFunction(torch.autograd.Function):
     """``out [B, T, H, D_v] = attention of q [B, T, H, D] over k [B, S, H_kv, D], v [B, S, H_kv, D_v]``
     restricted to ``topk_indices [B, T, K]``; queries with no selected key give 0. ``chunk``: queries
-    per recomputation step."""
+    per recomputation step of the per-query gathers; ``union_ratio``: blocks of queries whose
+    selections' union holds at most ``union_ratio · K`` keys run over that union instead (forward and
+    backward; :mod:`dsv32.dsa.union`), 0 = never."""
 
     @staticmethod
-    def forward(ctx, q, k, v, topk_indices, scale: float, chunk: int):
+    def forward(ctx, q, k, v, topk_indices, scale: float, chunk: int, union_ratio: float = 0.0):
         B, T, H, D = q.shape
         S, Hkv, Dv = k.shape[1], k.shape[2], v.shape[-1]
         G = H // Hkv
@@ -55,17 +97,27 @@ class SparseAttentionFunction(torch.autograd.Function):
         krows, vrows = k.view(-1, D), v.view(-1, Dv)
         out = q.new_empty(B, T, H, Dv)
         lse = torch.empty(B * Hkv, T, G, dtype=torch.float32, device=q.device)  # per (b, head, query)
-        for start in range(0, T, chunk):
-            n = min(chunk, T - start)
-            scores, _, _, rows = _chunk_scores(q, krows, topk_indices, start, n, scale, Hkv, G, S)
-            m = scores.logsumexp(-1, keepdim=True)  # [B·Hkv·n, G, 1]; -inf for empty rows
-            probs = (scores - m.clamp_min(torch.finfo(torch.float32).min)).exp_()
-            vg = vrows.index_select(0, rows.reshape(-1)).view(B * Hkv * n, -1, Dv)
-            oc = torch.bmm(probs.to(v.dtype), vg)  # [B·Hkv·n, G, Dv]
-            out[:, start : start + n] = oc.view(B, Hkv, n, G, Dv).transpose(1, 2).reshape(B, n, H, Dv)
-            lse[:, start : start + n] = m.view(B * Hkv, n, G)
+        finite_min = torch.finfo(torch.float32).min
+        for start, stop, unions in _blocks(topk_indices, H, union_ratio, chunk):
+            if unions is None:  # per-query gathers
+                n = stop - start
+                scores, _, _, rows = _chunk_scores(q, krows, topk_indices, start, n, scale, Hkv, G, S)
+                m = scores.logsumexp(-1, keepdim=True)  # [B·Hkv·n, G, 1]; -inf for empty rows
+                probs = (scores - m.clamp_min(finite_min)).exp_()
+                vg = vrows.index_select(0, rows.reshape(-1)).view(B * Hkv * n, -1, Dv)
+                oc = torch.bmm(probs.to(v.dtype), vg)  # [B·Hkv·n, G, Dv]
+                out[:, start:stop] = oc.view(B, Hkv, n, G, Dv).transpose(1, 2).reshape(B, n, H, Dv)
+                lse[:, start:stop] = m.view(B * Hkv, n, G)
+                continue
+            for b, (keys, selected) in enumerate(unions):
+                scores, _, _ = _union_scores(q, k, b, start, stop, keys, selected, scale)
+                m = scores.logsumexp(-1, keepdim=True)  # [Hkv, n, G, 1]
+                probs = (scores - m.clamp_min(finite_min)).exp_().view(Hkv, -1, keys.numel())
+                vu = v[b].index_select(0, keys).transpose(0, 1)  # [Hkv, U, Dv]
+                out[b, start:stop] = _token_major(torch.bmm(probs.to(v.dtype), vu), stop - start)
+                lse[b * Hkv : (b + 1) * Hkv, start:stop] = m.squeeze(-1)
         ctx.save_for_backward(q, k, v, topk_indices, out, lse)
-        ctx.scale, ctx.chunk = scale, chunk
+        ctx.scale, ctx.chunk, ctx.union_ratio = scale, chunk, union_ratio
         return out
 
     @staticmethod
@@ -80,32 +132,54 @@ class SparseAttentionFunction(torch.autograd.Function):
         dk = torch.zeros(B * S * Hkv, D, dtype=torch.float32, device=k.device)
         dv = torch.zeros(B * S * Hkv, Dv, dtype=torch.float32, device=v.device)
         grad_out = grad_out.contiguous()
-        for start in range(0, T, chunk):
-            n = min(chunk, T - start)
-            scores, qc, kg, rows = _chunk_scores(q, krows, idx, start, n, scale, Hkv, G, S)
-            m = lse[:, start : start + n].reshape(B * Hkv * n, G, 1).clamp_min(torch.finfo(torch.float32).min)
-            probs = (scores - m).exp_()  # [B·Hkv·n, G, K]
-            vg = vrows.index_select(0, rows.reshape(-1)).view(B * Hkv * n, -1, Dv).float()
-            do = (
-                grad_out[:, start : start + n]
-                .view(B, n, Hkv, G, Dv)
-                .transpose(1, 2)
-                .reshape(B * Hkv * n, G, Dv)
-            )
-            oc = out[:, start : start + n].view(B, n, Hkv, G, Dv).transpose(1, 2).reshape(B * Hkv * n, G, Dv)
-            do = do.float()
-            delta = (do * oc.float()).sum(-1, keepdim=True)  # [B·Hkv·n, G, 1]
-            dp = torch.bmm(do, vg.transpose(1, 2))
-            ds = probs.mul_(dp - delta) if not ctx.needs_input_grad[2] else probs * (dp - delta)
-            if ctx.needs_input_grad[2]:
-                dv.index_add_(0, rows.reshape(-1), torch.bmm(probs.transpose(1, 2), do).view(-1, Dv))
-            if dq is not None:
-                dqc = torch.bmm(ds, kg.float()) * scale  # [B·Hkv·n, G, D]
-                dq[:, start : start + n] = (
-                    dqc.view(B, Hkv, n, G, D).transpose(1, 2).reshape(B, n, H, D).to(q.dtype)
+        finite_min = torch.finfo(torch.float32).min
+        need_dk, need_dv = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        for start, stop, unions in _blocks(idx, H, ctx.union_ratio, chunk):
+            n = stop - start
+            if unions is None:  # per-query gathers
+                scores, qc, kg, rows = _chunk_scores(q, krows, idx, start, n, scale, Hkv, G, S)
+                m = lse[:, start:stop].reshape(B * Hkv * n, G, 1).clamp_min(finite_min)
+                probs = (scores - m).exp_()  # [B·Hkv·n, G, K]
+                vg = vrows.index_select(0, rows.reshape(-1)).view(B * Hkv * n, -1, Dv).float()
+                do = (
+                    grad_out[:, start:stop].view(B, n, Hkv, G, Dv).transpose(1, 2).reshape(B * Hkv * n, G, Dv)
                 )
-            if ctx.needs_input_grad[1]:
-                dk.index_add_(0, rows.reshape(-1), torch.bmm(ds.transpose(1, 2), qc.float()).view(-1, D))
+                oc = out[:, start:stop].view(B, n, Hkv, G, Dv).transpose(1, 2).reshape(B * Hkv * n, G, Dv)
+                do = do.float()
+                delta = (do * oc.float()).sum(-1, keepdim=True)  # [B·Hkv·n, G, 1]
+                dp = torch.bmm(do, vg.transpose(1, 2))
+                ds = probs.mul_(dp - delta) if not need_dv else probs * (dp - delta)
+                if need_dv:
+                    dv.index_add_(0, rows.reshape(-1), torch.bmm(probs.transpose(1, 2), do).view(-1, Dv))
+                if dq is not None:
+                    dqc = torch.bmm(ds, kg.float()) * scale  # [B·Hkv·n, G, D]
+                    dq[:, start:stop] = (
+                        dqc.view(B, Hkv, n, G, D).transpose(1, 2).reshape(B, n, H, D).to(q.dtype)
+                    )
+                if need_dk:
+                    dk.index_add_(0, rows.reshape(-1), torch.bmm(ds.transpose(1, 2), qc.float()).view(-1, D))
+                continue
+            for b, (keys, selected) in enumerate(unions):
+                U = keys.numel()
+                scores, qc, ku = _union_scores(q, k, b, start, stop, keys, selected, scale)
+                m = lse[b * Hkv : (b + 1) * Hkv, start:stop].unsqueeze(-1).clamp_min(finite_min)
+                probs = (scores - m).exp_().view(Hkv, n * G, U)
+                vu = v[b].index_select(0, keys).transpose(0, 1).float()  # [Hkv, U, Dv]
+                do = _heads_major(grad_out[b, start:stop], Hkv).float()  # [Hkv, n·G, Dv]
+                delta = (do * _heads_major(out[b, start:stop], Hkv).float()).sum(-1, keepdim=True)
+                ds = probs * (torch.bmm(do, vu.transpose(1, 2)) - delta)  # [Hkv, n·G, U]
+                # rows of the union's keys in the flat [B·S·Hkv, *] gradients, head-major like ku / vu
+                rows = ((b * S + keys) * Hkv).unsqueeze(0) + torch.arange(Hkv, device=keys.device).unsqueeze(
+                    1
+                )
+                if need_dv:
+                    dv.index_add_(0, rows.reshape(-1), torch.bmm(probs.transpose(1, 2), do).reshape(-1, Dv))
+                if dq is not None:
+                    dq[b, start:stop] = _token_major(torch.bmm(ds, ku.float()) * scale, n).to(q.dtype)
+                if need_dk:
+                    dk.index_add_(
+                        0, rows.reshape(-1), torch.bmm(ds.transpose(1, 2), qc.float()).reshape(-1, D)
+                    )
         dk = dk.view(B, S, Hkv, D).to(k.dtype) if ctx.needs_input_grad[1] else None
         dv = dv.view(B, S, Hkv, Dv).to(v.dtype) if ctx.needs_input_grad[2] else None
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
