@@ -685,23 +685,25 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
         result = tune(plan, (args.seq_len or [4096])[0], (args.topk or [512])[0], meter, log)
         (out_dir / "attention_tune.json").write_text(json.dumps(result, indent=2))
         return result
-    if args.union_sweep:
-        result = union_sweep(plan, (args.seq_len or [8192])[0], (args.topk or [512])[0], meter, log)
+
+    def special(result: dict, name: str, summary: str) -> dict:
+        """A sweep's result: run facts added, written to ``attention_<name>.json``, summarized."""
         result.update(shape=asdict(shape), threads=torch.get_num_threads(), dtype=args.dtype)
-        (out_dir / "attention_union.json").write_text(json.dumps(result, indent=2))
-        log(f"break-even |union|/k: { {n: r['break_even_ratio'] for n, r in result['layouts'].items()} }")
+        (out_dir / f"attention_{name}.json").write_text(json.dumps(result, indent=2))
+        log(summary.format(**result))
         if args.json:
             print(json.dumps(result))
         return result
+
+    if args.union_sweep:
+        result = union_sweep(plan, (args.seq_len or [8192])[0], (args.topk or [512])[0], meter, log)
+        result["break_even"] = {n: r["break_even_ratio"] for n, r in result["layouts"].items()}
+        return special(result, "union", "break-even |union|/k: {break_even}")
     if args.crossover:
         plan.topks = tuple(args.topk or (256, 512))
         result = crossover(plan, (1.5, 2, 3, 4, 5, 6, 8, 12), meter, log)
-        result.update(shape=asdict(shape), threads=torch.get_num_threads(), dtype=args.dtype)
-        (out_dir / "attention_crossover.json").write_text(json.dumps(result, indent=2))
-        log(f"crossover L/k: {result['crossover_ratio']} (default in dsv32.dsa: {dsa.DENSE_CROSSOVER_RATIO})")
-        if args.json:
-            print(json.dumps(result))
-        return result
+        summary = f"crossover L/k: {{crossover_ratio}} (default in dsv32.dsa: {dsa.DENSE_CROSSOVER_RATIO})"
+        return special(result, "crossover", summary)
 
     results: list[dict] = []
     for L in lengths:
