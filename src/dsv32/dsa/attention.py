@@ -13,8 +13,8 @@ in query chunks to bound memory. Tests hold the sparse paths to the references.
 
 The sparse paths are plain PyTorch (gather with ``index_select`` on a contiguous row view + batched
 matmul), chunked so the gathered rows stay in cache and, without autograd, writing into reused
-buffers. A Triton/C++ ``kernels`` module can replace them behind the same signatures; none exists yet
-(no GPU in the sessions that built this). :func:`prefer_dense` holds the measured crossover below which
+buffers. On CUDA, MLA's path (and the indexer) run fused Triton kernels
+(:mod:`dsv32.dsa.triton_kernels`) behind the same signatures when no gradient is needed. :func:`prefer_dense` holds the measured crossover below which
 the masked-dense path (identical results) is faster than the sparse one.
 """
 
@@ -25,7 +25,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from dsv32.dsa import union
+from dsv32.dsa import triton_kernels, union
 from dsv32.dsa.sparse_autograd import SparseAttentionFunction
 from dsv32.dsa.union import union_block_size, union_blocks, union_softmax
 
@@ -312,17 +312,22 @@ def sparse_mla_attention(
     queries that selected every key they see (a prefill's first K) attend densely and causally, in
     query blocks that read only the keys they see. Selections must hold distinct indices. (Unlike
     :func:`sparse_attention` there are no union blocks here: one gathered latent already serves every
-    head, and union blocks measured slower at any overlap — see :mod:`dsv32.dsa.union`.)
+    head, and union blocks measured slower at any overlap — see :mod:`dsv32.dsa.union`.) On CUDA
+    without autograd a fused Triton kernel runs instead (:mod:`dsv32.dsa.triton_kernels`).
     """
     B, T, H, C = q.shape
     K = topk_indices.shape[-1]
     Cl = kv.shape[-1]
     if (k_rope is None and Cl != C) or (k_rope is not None and Cl + k_rope.shape[-1] != C):
         raise ValueError(f"q has {C} dims per head but the keys have {Cl} (+ k_rope)")
+    grad = _needs_grad(q, kv, k_rope)
+    if not grad and T > 0:  # CUDA + Triton: the fused kernel reads latents straight from the cache
+        latent, rope = (kv[..., :v_dim], kv[..., v_dim:]) if k_rope is None else (kv, k_rope)
+        if latent.shape[-1] == v_dim and triton_kernels.mla_supported(q, latent, rope):
+            return triton_kernels.sparse_mla_attention_gpu(q, latent, rope, topk_indices, scale)
     if k_rope is not None and kv.shape[1] <= T * K:  # prefill: one concatenated copy gathers faster
         kv, k_rope = torch.cat((kv, k_rope), dim=-1), None
         Cl = C
-    grad = _needs_grad(q, kv, k_rope)
     out = q.new_empty(B, T, H, v_dim)
     if T == 0:
         return out

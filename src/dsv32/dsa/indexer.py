@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dsv32.dsa import triton_kernels
 from dsv32.dsa.rope import apply_rotary
 from dsv32.dsa.streaming_topk import (
     INDEXER_KEY_BLOCK,
@@ -253,6 +254,8 @@ def indexer_topk(
     if S < T:
         raise ValueError(f"{T} queries but only {S} keys: queries are aligned to the end of the keys")
     K = min(topk, S)
+    if triton_kernels.indexer_supported(q, k_index):  # CUDA: fused scoring kernel, exact top-k per chunk
+        return triton_kernels.indexer_topk_gpu(q, weights, k_index, topk, key_padding_mask)
     out = torch.empty((B, T, K), dtype=torch.long, device=q.device)
     if T == 0 or K == 0:
         return out
