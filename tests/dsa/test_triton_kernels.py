@@ -94,13 +94,16 @@ def test_gpu_topk_follows_the_exact_tie_rule():
     g = torch.Generator().manual_seed(2)
     scores = torch.randn(3, 40, 500, generator=g).clamp_min(0.0).to(DEV)  # about half exactly 0
     scores[:, :, 450:] = float("-inf")
-    for K in (10, 300, 480):
+    for K in (3, 10, 300, 480):  # K = 3: rows 125× longer → the coarse-to-fine selection
         got = tk._topk_exact(scores, K)
         ref = select_topk(scores.cpu(), K, causal=False).to(DEV)
         assert torch.equal(got.sort(-1).values, ref.sort(-1).values)
 
 
-def test_indexer_topk_gpu_selects_the_reference_set():
+@pytest.mark.parametrize("budget", [None, 2 * 300 * 37])  # one chunk, or chunks of 37 queries
+def test_indexer_topk_gpu_selects_the_reference_set(budget, monkeypatch):
+    if budget:
+        monkeypatch.setattr(tk, "INDEXER_GPU_BUDGET", budget)
     g = torch.Generator().manual_seed(11)
     B, T, S, H, D, K = 2, 300, 300, 4, 64, 48
     q = torch.randn(B, T, H, D, generator=g).to(DEV)

@@ -23,6 +23,7 @@ import functools
 import math
 
 import torch
+import torch.nn.functional as F
 
 try:  # Triton ships with CUDA builds of PyTorch; the CPU build has none
     import triton
@@ -209,13 +210,19 @@ def sparse_mla_attention_gpu(
 
 
 def index_scores_gpu(
-    q: torch.Tensor, weights: torch.Tensor, k_index: torch.Tensor, q0: int, n_rows: int, offset: int
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    k_index: torch.Tensor,
+    q0: int,
+    n_rows: int,
+    offset: int,
+    width: int | None = None,
 ) -> torch.Tensor:
-    """Scores ``[B, n_rows, S]`` (fp32) of queries ``q0 .. q0 + n_rows − 1`` of ``q`` ``[B, T, H_I, D_I]``
-    (gates ``weights`` ``[B, T, H_I]``) against ``k_index`` ``[B, S, D_I]``; keys a query cannot see
-    (``s > t + offset``) are ``-inf``."""
+    """Scores ``[B, n_rows, width]`` (fp32) of queries ``q0 .. q0 + n_rows − 1`` of ``q``
+    ``[B, T, H_I, D_I]`` (gates ``weights`` ``[B, T, H_I]``) against the first ``width`` (default all)
+    keys of ``k_index`` ``[B, S, D_I]``; keys a query cannot see (``s > t + offset``) are ``-inf``."""
     B, _, H, D = q.shape
-    S = k_index.shape[1]
+    S = k_index.shape[1] if width is None else width
     q = q[:, q0 : q0 + n_rows]
     q = q if q.stride(-1) == 1 else q.contiguous()
     w = weights[:, q0 : q0 + n_rows]
@@ -238,6 +245,10 @@ def index_scores_gpu(
 
 # fp32 scores per chunk of queries: 2^27 floats (512 MB), so memory stays O(chunk · S).
 INDEXER_GPU_BUDGET = 1 << 27
+# Rows at least this many times longer than K select coarse to fine (group maxima, then candidates).
+# H100, whole 16-head prefill indexer: plain torch.topk faster at L/k = 16-64 (32K/512: 14.7 vs
+# 17.4 ms), coarse-to-fine at 128-256 (64K/512: 53.7 vs 59.6 ms; 128K/512: 179 vs 201 ms).
+COARSE_TOPK_RATIO = 100
 
 
 def indexer_topk_gpu(
@@ -247,8 +258,9 @@ def indexer_topk_gpu(
     topk: int,
     key_padding_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """:func:`~dsv32.dsa.indexer_topk` on the GPU: fused scores per query chunk, then the exact
-    tie-break top-k of :func:`~dsv32.dsa.select_topk`. Shapes as there; ``-1`` marks empty slots."""
+    """:func:`~dsv32.dsa.indexer_topk` on the GPU: fused scores per query chunk over the keys the
+    chunk can see (causal: half the scores and top-k work of a full row), then the exact tie-break
+    top-k of :func:`~dsv32.dsa.select_topk`. Shapes as there; ``-1`` marks empty slots."""
     B, T, H, D = q.shape
     S = k_index.shape[1]
     K = min(topk, S)
@@ -260,26 +272,32 @@ def indexer_topk_gpu(
     padding = None if key_padding_mask is None else ~key_padding_mask.bool().unsqueeze(1)
     for start in range(0, T, chunk):
         n = min(chunk, T - start)
-        scores = index_scores_gpu(q, weights, k_index, start, n, S - T)
+        width = start + n + S - T  # keys the chunk's last query sees: later ones are never scored
+        scores = index_scores_gpu(q, weights, k_index, start, n, S - T, width)
         if padding is not None:
-            scores.masked_fill_(padding, float("-inf"))
-        out[:, start : start + n] = _topk_exact(scores, K)
+            scores.masked_fill_(padding[..., :width], float("-inf"))
+        chosen = _topk_exact(scores, min(K, width))
+        out[:, start : start + n] = F.pad(chosen, (0, K - chosen.shape[-1]), value=-1)
     return out
 
 
 def _topk_exact(scores: torch.Tensor, K: int) -> torch.Tensor:
     """The :func:`~dsv32.dsa.select_topk` set of every row of ``scores`` ``[B, n, S]`` (``-inf`` =
     not selectable → ``-1``). Few rows (decoding): one top-k over the exact (score, position) keys.
-    Many rows: a coarse-to-fine fp32 top-(K+1) (group maxima first, as on the CPU), and the exact tie
-    rule (every key above the K-th score, then the latest equal ones) only for rows whose K-th score
-    ties the (K+1)-th — one host synchronization per chunk."""
+    Many rows: an fp32 top-(K+1) (one ``torch.topk``, or the CPU path's coarse-to-fine top-k for rows
+    over :data:`COARSE_TOPK_RATIO` · K keys), and the exact tie rule (every key above the K-th score, then
+    the latest equal ones) only for rows whose K-th score ties the (K+1)-th — one host
+    synchronization per chunk."""
     from dsv32.dsa.indexer import _exact_topk
     from dsv32.dsa.streaming_topk import _resolve_ties, _row_topk
 
     B, n, S = scores.shape
     if K >= S or B * n <= 64:
         return _exact_topk(scores, K)
-    values, indices = _row_topk(scores, K + 1)  # unsorted
+    if S >= COARSE_TOPK_RATIO * (K + 1):  # long rows: group maxima first, as on the CPU
+        values, indices = _row_topk(scores, K + 1)
+    else:
+        values, indices = scores.topk(K + 1, dim=-1, sorted=False)
     values, order = values.sort(dim=-1, descending=True)
     indices = indices.gather(-1, order)
     kth = values[..., K - 1 : K]
