@@ -31,12 +31,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from dsv32.dsa import (  # noqa: E402
-    indexer_topk,
-    sparse_mla_attention,
-    sparse_mla_attention_reference,
-    triton_kernels,
-)
+from dsv32.dsa import indexer_topk, sparse_mla_attention, sparse_mla_attention_reference  # noqa: E402
+from dsv32.dsa.kernels import gpu as triton_kernels  # noqa: E402
 
 
 class Inputs:

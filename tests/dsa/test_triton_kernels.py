@@ -13,7 +13,7 @@ from dsv32.dsa import (
     sparse_mla_attention,
     sparse_mla_attention_reference,
 )
-from dsv32.dsa import triton_kernels as tk
+from dsv32.dsa.kernels import gpu as tk
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and tk.triton is not None), reason="needs a CUDA GPU and Triton"

@@ -14,7 +14,7 @@ in query chunks to bound memory. Tests hold the sparse paths to the references.
 The sparse paths are plain PyTorch (gather with ``index_select`` on a contiguous row view + batched
 matmul), chunked so the gathered rows stay in cache and, without autograd, writing into reused
 buffers. On CUDA, MLA's path (and the indexer) run fused Triton kernels
-(:mod:`dsv32.dsa.triton_kernels`) behind the same signatures when no gradient is needed. :func:`prefer_dense` holds the measured crossover below which
+(:mod:`dsv32.dsa.kernels.gpu`) behind the same signatures when no gradient is needed. :func:`prefer_dense` holds the measured crossover below which
 the masked-dense path (identical results) is faster than the sparse one.
 """
 
@@ -25,7 +25,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from dsv32.dsa import triton_kernels, union
+from dsv32.dsa import union
+from dsv32.dsa.kernels import gpu as triton_kernels
 from dsv32.dsa.sparse_autograd import SparseAttentionFunction
 from dsv32.dsa.union import union_block_size, union_blocks, union_softmax
 
@@ -313,7 +314,7 @@ def sparse_mla_attention(
     query blocks that read only the keys they see. Selections must hold distinct indices. (Unlike
     :func:`sparse_attention` there are no union blocks here: one gathered latent already serves every
     head, and union blocks measured slower at any overlap — see :mod:`dsv32.dsa.union`.) On CUDA
-    without autograd a fused Triton kernel runs instead (:mod:`dsv32.dsa.triton_kernels`).
+    without autograd a fused Triton kernel runs instead (:mod:`dsv32.dsa.kernels.gpu`).
     """
     B, T, H, C = q.shape
     K = topk_indices.shape[-1]

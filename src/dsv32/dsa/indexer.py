@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dsv32.dsa import triton_kernels
+from dsv32.dsa.kernels import gpu as triton_kernels
 from dsv32.dsa.rope import apply_rotary
 from dsv32.dsa.streaming_topk import (
     INDEXER_KEY_BLOCK,
