@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,20 +171,10 @@ def rl_config_from_dict(data: dict[str, Any]) -> RLConfig:
 
 def load_rl_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RLConfig:
     """Read a TOML recipe (defaults when ``path`` is None) and apply ``section.field=value`` overrides."""
-    from dsv32.train.config import ConfigError, apply_override
+    from dsv32.train.config import ConfigError, read_recipe
 
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except OSError as err:
-            raise RLConfigError(f"cannot read recipe {path}: {err}") from err
-        except tomllib.TOMLDecodeError as err:
-            raise RLConfigError(f"{path} is not valid TOML: {err}") from err
-    for item in overrides or []:
-        try:
-            apply_override(data, item)
-        except ConfigError as err:
-            raise RLConfigError(str(err)) from err
+    try:
+        data = read_recipe(path, overrides)
+    except ConfigError as err:
+        raise RLConfigError(str(err)) from err
     return rl_config_from_dict(data)

@@ -25,8 +25,6 @@ from dsv32.rl.rewards import (
     default_reward_specs,
 )
 
-RewardFn = RewardFunction
-
 
 def local_judge(policy, max_new_tokens: int = 512) -> Callable[[list[dict]], str]:
     """A judge callable over a local :class:`~dsv32.rl.policy.Policy` (greedy, its chat template)."""

@@ -32,9 +32,11 @@ import torch
 from dsv32.rl.config import GRPOConfig, RLConfig, RLConfigError
 from dsv32.rl.loss import group_advantages, grpo_loss, sequence_kl_coefs
 from dsv32.rl.policy import Policy, load_policy
-from dsv32.rl.rewards_setup import RewardFn, build_reward_fn, score
+from dsv32.rl.rewards import RewardFunction
+from dsv32.rl.rewards_setup import build_reward_fn, score
 from dsv32.rl.rollout import Rollouts, SamplingConfig, TurnHook, rollout
 from dsv32.rl.tasks import ArithmeticWordProblems, JsonlTasks, MixedTasks, Task
+from dsv32.train.trainer import truncate_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +97,7 @@ def eval_tasks(cfg: RLConfig) -> list[Task]:
 
 @torch.no_grad()
 def evaluate(
-    policy: Policy, tasks: list[Task], reward_fn: RewardFn, max_new_tokens: int, batch_size: int
+    policy: Policy, tasks: list[Task], reward_fn: RewardFunction, max_new_tokens: int, batch_size: int
 ) -> dict:
     """Greedy accuracy (share of outcome-correct answers) and mean reward on ``tasks``."""
     was = policy.model.training
@@ -264,7 +266,7 @@ def train_grpo(
     cfg: RLConfig,
     *,
     policy: Policy | None = None,
-    reward_fn: RewardFn | None = None,
+    reward_fn: RewardFunction | None = None,
     hook: TurnHook | None = None,
     resume: bool = True,
     progress: bool = True,
@@ -314,7 +316,7 @@ def train_grpo(
     result = RLResult(out, 0, 0.0)
     if resume and (latest := ckpts.latest()) is not None:
         step = ckpts.load(latest, policy, optimizer)
-        _truncate(metrics_path, step)
+        truncate_metrics(metrics_path, step)
         logger.info("rl: resumed from %s (step %d)", latest, step)
     else:
         for path in (metrics_path, eval_path):
@@ -479,13 +481,6 @@ def _save_policy(policy: Policy, path: Path) -> Path:
     if hasattr(policy.tokenizer, "save_pretrained"):
         policy.tokenizer.save_pretrained(path)
     return path
-
-
-def _truncate(path: Path, step: int) -> None:
-    if not path.exists():
-        return
-    keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in keep))
 
 
 __all__ = ["RLResult", "build_tasks", "evaluate", "grpo_step", "grpo_update", "train_grpo"]

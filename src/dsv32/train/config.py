@@ -180,9 +180,9 @@ def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
     return RunConfig(**kwargs, out_dir=str(data.get("out_dir", base["out_dir"])))
 
 
-def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Read a TOML recipe (or the defaults when ``path`` is None) and apply ``section.field=value``
-    overrides (values parsed as TOML/JSON literals, else taken as strings)."""
+def read_recipe(path: str | Path | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """A TOML recipe as a dict (empty when ``path`` is None) with ``section.field=value`` overrides
+    applied (values parsed as TOML/JSON literals, else taken as strings)."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -194,7 +194,13 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
             raise ConfigError(f"{path} is not valid TOML: {err}") from err
     for item in overrides or []:
         apply_override(data, item)
-    return run_config_from_dict(data)
+    return data
+
+
+def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a TOML recipe (or the defaults when ``path`` is None) and apply overrides
+    (:func:`read_recipe`)."""
+    return run_config_from_dict(read_recipe(path, overrides))
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:

@@ -237,7 +237,7 @@ def train_stage(
     if resume and (latest := ckpts.latest()) is not None:
         step = ckpts.load(latest, dm, optimizer, cfg)
         logger.info("%s: resumed from %s (step %d)", cfg.stage, latest, step)
-        _truncate_metrics(metrics_path, step)
+        truncate_metrics(metrics_path, step)
     elif metrics_path.exists():
         metrics_path.unlink()
 
@@ -351,7 +351,8 @@ def _replay_micro(replay: _Replay, g0: int, cfg: StageConfig, rows) -> dict[int,
     return sums
 
 
-def _truncate_metrics(path: Path, step: int) -> None:
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop the lines of a ``metrics.jsonl`` after ``step`` (a resumed run rewrites them)."""
     if not path.exists():
         return
     keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
