@@ -27,7 +27,7 @@ beside the best possible selection of the same size (the oracle top-k of the hea
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -313,6 +313,31 @@ class RecallSums:
 
 
 @torch.no_grad()
+def _head_summed_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scale: float,
+    key_padding_mask: torch.Tensor | None,
+    chunk: int,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Dense attention probabilities summed over heads, chunk of queries by chunk: yields ``rows``
+    ``[n]`` (query indices), ``keys`` ``[B or 1, n, width]`` (which of the first ``width`` keys each
+    query may see) and ``p`` ``[B, n, width]``; queries aligned to the end of the keys, padded keys
+    and queries that see nothing get probability 0."""
+    T, S = q.shape[1], k.shape[1]
+    for a in range(0, T, chunk):
+        rows = torch.arange(a, min(a + chunk, T), device=q.device)
+        last = rows + (S - T)
+        width = int(last.max()) + 1
+        keys = (torch.arange(width, device=q.device) <= last.unsqueeze(1)).unsqueeze(0)
+        if key_padding_mask is not None:
+            keys = keys & key_padding_mask[:, :width].bool().unsqueeze(1)
+        logits = (_attention_logits(q[:, rows], k[:, :width]) * scale).masked_fill(
+            ~keys.unsqueeze(2), float("-inf")
+        )
+        yield rows, keys, torch.nan_to_num(torch.softmax(logits, dim=-1), nan=0.0).sum(2)
+
+
 def attention_recall(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -339,20 +364,14 @@ def attention_recall(
     n_visible_pad = None
     if key_padding_mask is not None:
         n_visible_pad = key_padding_mask.bool().long().cumsum(-1)  # real keys up to each position
-    for a in range(0, T, chunk):
-        rows = torch.arange(a, min(a + chunk, T), device=q.device)
+    for rows, _, p in _head_summed_attention(q, k, scale, key_padding_mask, chunk):
         last = rows + (S - T)
-        width = int(last.max()) + 1
-        keys = (torch.arange(width, device=q.device) <= last.unsqueeze(1)).unsqueeze(0)
-        if key_padding_mask is not None:
-            keys = keys & key_padding_mask[:, :width].bool().unsqueeze(1)
+        width = p.shape[-1]
+        if n_visible_pad is not None:
             seen = n_visible_pad[:, last]  # [B, n]
         else:
             seen = (last + 1).unsqueeze(0).expand(B, -1)
-        logits = (_attention_logits(q[:, rows], k[:, :width]) * scale).masked_fill(
-            ~keys.unsqueeze(2), float("-inf")
-        )
-        p = torch.nan_to_num(torch.softmax(logits, dim=-1), nan=0.0).mean(2)  # [B, n, width]
+        p = p / H  # head-averaged attention [B, n, width]
         counted = {name: seen > idx.shape[-1] for name, idx in sels.items()}
         needed = [idx.shape[-1] for name, idx in sels.items() if bool(counted[name].any())]
         if not needed:
@@ -396,18 +415,8 @@ def oracle_topk(
     K = min(topk, S)
     out = torch.full((B, T, K), -1, dtype=torch.long, device=q.device)
     chunk = chunk_size or _default_chunk(H, S)
-    for a in range(0, T, chunk):
-        rows = torch.arange(a, min(a + chunk, T), device=q.device)
-        last = rows + (S - T)
-        width = int(last.max()) + 1
-        keys = (torch.arange(width, device=q.device) <= last.unsqueeze(1)).unsqueeze(0)
-        if key_padding_mask is not None:
-            keys = keys & key_padding_mask[:, :width].bool().unsqueeze(1)
-        logits = (_attention_logits(q[:, rows], k[:, :width]) * scale).masked_fill(
-            ~keys.unsqueeze(2), float("-inf")
-        )
-        p = torch.nan_to_num(torch.softmax(logits, dim=-1), nan=0.0).sum(2)  # [B, n, width]
-        n_take = min(K, width)
+    for rows, keys, p in _head_summed_attention(q, k, scale, key_padding_mask, chunk):
+        n_take = min(K, p.shape[-1])
         values, idx = p.masked_fill(~keys, -1.0).topk(n_take, dim=-1)
         out[:, rows, :n_take] = idx.masked_fill(values < 0, -1)
     return out
