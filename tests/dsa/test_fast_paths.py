@@ -371,11 +371,11 @@ def test_union_blocks_are_taken_by_overlap_and_equal_reference(overlap, monkeypa
 def test_union_block_gradients_equal_reference(monkeypatch):
     """Training through union blocks: forward and backward run over the unions (counted) and give the
     reference's gradients, with a row whose first queries select nothing."""
-    from dsv32.dsa import sparse_autograd
+    from dsv32.dsa import union
 
     calls = []
-    real = sparse_autograd._union_scores
-    monkeypatch.setattr(sparse_autograd, "_union_scores", lambda *a: calls.append(1) or real(*a))
+    real = union.union_scores
+    monkeypatch.setattr(union, "union_scores", lambda *a: calls.append(1) or real(*a))
     g = torch.Generator().manual_seed(9)
     B, T, K = 2, 200, 12
     idx = _selection(B, T, T, K, False, g, overlap=True)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from dsv32.dsa import union
 from dsv32.dsa.kernels import gpu as triton_kernels
 from dsv32.dsa.sparse_autograd import SparseAttentionFunction
-from dsv32.dsa.union import union_block_size, union_blocks, union_softmax
+from dsv32.dsa.union import query_blocks, token_major, union_softmax
 
 # Gathered rows per chunk (chunk_queries · K): ~4 MB of fp32 MLA latents, so they stay in L3 between
 # the gather and the two matmuls. Tuned with `python benchmarks/attention.py --tune-attention`.
@@ -233,8 +233,8 @@ def sparse_attention(
         seen = first + k.shape[1] - T
         out[:, :first] = dense_attention(q[:, :first], k[:, :seen], v[:, :seen], scale)
     step = _chunk(K * Hkv, chunk_size)
+    ratio = union.UNION_MAX_RATIO_GQA if union_ratio is None else union_ratio
     if grad:  # recompute-in-backward: memory O(chunk · K), not O(T · K) per layer
-        ratio = union.UNION_MAX_RATIO_GQA if union_ratio is None else union_ratio
         rest = SparseAttentionFunction.apply(q[:, first:], k, v, topk_indices[:, first:], scale, step, ratio)
         return torch.cat((out[:, :first], rest), dim=1) if first else rest
     krows, kstrides = _row_view(k, grad)
@@ -259,21 +259,14 @@ def sparse_attention(
 
     def union_block(start: int, stop: int, b: int, keys: torch.Tensor, selected: torch.Tensor) -> None:
         n, U = stop - start, keys.numel()
-        ku = k[b].index_select(0, keys).transpose(0, 1)  # [Hkv, U, D]
-        vu = v[b].index_select(0, keys).transpose(0, 1)
-        qc = (q[b, start:stop] * scale).view(n, Hkv, G, D).permute(1, 0, 2, 3).reshape(Hkv, n * G, D)
-        scores = torch.bmm(qc, ku.transpose(1, 2)).view(Hkv, n, G, U)
-        probs = union_softmax(scores, selected.view(1, n, 1, U)).to(v.dtype)
-        oc = torch.bmm(probs.view(Hkv, n * G, U), vu)  # [Hkv, n·G, Dv]
-        out[b, start:stop] = oc.view(Hkv, n, G, Dv).permute(1, 0, 2, 3).reshape(n, H, Dv)
+        scores, _, _ = union.union_scores(q, k, b, start, stop, keys, selected, scale)
+        probs = union_softmax(scores, selected.view(1, n, 1, U)).to(v.dtype).view(Hkv, n * G, U)
+        vu = v[b].index_select(0, keys).transpose(0, 1)  # [Hkv, U, Dv]
+        out[b, start:stop] = token_major(torch.bmm(probs, vu), n)
 
-    ratio = union.UNION_MAX_RATIO_GQA if union_ratio is None else union_ratio
-    ratio = ratio if T - first >= 8 else 0.0  # a decode step or a short tail: plain gathers
-    block = union_block_size(T - first, H, K, ratio) if ratio > 0 else T
-    for start, stop, unions in union_blocks(topk_indices, first, block, ratio * K):
+    for start, stop, unions in query_blocks(topk_indices, first, H, ratio, step):
         if unions is None:
-            for s0 in range(start, stop, step):
-                gather_chunk(s0, min(s0 + step, stop))
+            gather_chunk(start, stop)
         else:
             for b, (keys, selected) in enumerate(unions):
                 union_block(start, stop, b, keys, selected)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from dsv32.dsa.union import union_block_size, union_blocks
+from dsv32.dsa import union
+from dsv32.dsa.union import heads_major, query_blocks, token_major
 
 
 def _flat_rows(idx: torch.Tensor, S: int, Hkv: int) -> torch.Tensor:
@@ -43,44 +44,6 @@ def _chunk_scores(q, krows, idx, start, n, scale, Hkv, G, S):
     return scores.masked_fill_(invalid, float("-inf")), qc, kg, rows
 
 
-def _blocks(idx: torch.Tensor, H: int, union_ratio: float, chunk: int):
-    """``(start, stop, unions)`` query ranges: union blocks (``unions`` per batch row), and the other
-    queries in per-query-gather chunks of ``chunk`` (``unions`` None)."""
-    T, K = idx.shape[1], idx.shape[2]
-    ratio = union_ratio if T >= 8 else 0.0
-    block = union_block_size(T, H, K, ratio) if ratio > 0 else max(T, 1)
-    for start, stop, unions in union_blocks(idx, 0, block, ratio * K):
-        if unions is not None:
-            yield start, stop, unions
-        else:
-            for s0 in range(start, stop, chunk):
-                yield s0, min(s0 + chunk, stop), None
-
-
-def _union_scores(q, k, b, start, stop, keys, selected, scale):
-    """One union block (batch row ``b``, queries ``start..stop``): scores ``[Hkv, n, G, U]`` (fp32,
-    unselected keys −inf), the scaled queries ``[Hkv, n·G, D]`` and the union's keys ``[Hkv, U, D]``."""
-    _, _, H, D = q.shape
-    Hkv = k.shape[2]
-    n, G, U = stop - start, H // Hkv, keys.numel()
-    ku = k[b].index_select(0, keys).transpose(0, 1)  # [Hkv, U, D]
-    qc = (q[b, start:stop] * scale).view(n, Hkv, G, D).permute(1, 0, 2, 3).reshape(Hkv, n * G, D)
-    scores = torch.bmm(qc, ku.transpose(1, 2)).float().view(Hkv, n, G, U)
-    return scores.masked_fill_(~selected.view(1, n, 1, U), float("-inf")), qc, ku
-
-
-def _heads_major(x: torch.Tensor, Hkv: int) -> torch.Tensor:
-    """``[n, H, F]`` → ``[Hkv, n·G, F]`` (each KV head's query rows together)."""
-    n, H, F_ = x.shape
-    return x.view(n, Hkv, H // Hkv, F_).permute(1, 0, 2, 3).reshape(Hkv, -1, F_)
-
-
-def _token_major(x: torch.Tensor, n: int) -> torch.Tensor:
-    """``[Hkv, n·G, F]`` → ``[n, H, F]``."""
-    Hkv, _, F_ = x.shape
-    return x.view(Hkv, n, -1, F_).permute(1, 0, 2, 3).reshape(n, -1, F_)
-
-
 class SparseAttentionFunction(torch.autograd.Function):
     """``out [B, T, H, D_v] = attention of q [B, T, H, D] over k [B, S, H_kv, D], v [B, S, H_kv, D_v]``
     restricted to ``topk_indices [B, T, K]``; queries with no selected key give 0. ``chunk``: queries
@@ -98,7 +61,8 @@ class SparseAttentionFunction(torch.autograd.Function):
         out = q.new_empty(B, T, H, Dv)
         lse = torch.empty(B * Hkv, T, G, dtype=torch.float32, device=q.device)  # per (b, head, query)
         finite_min = torch.finfo(torch.float32).min
-        for start, stop, unions in _blocks(topk_indices, H, union_ratio, chunk):
+        plan = list(query_blocks(topk_indices, 0, H, union_ratio, chunk))  # reused by the backward
+        for start, stop, unions in plan:
             if unions is None:  # per-query gathers
                 n = stop - start
                 scores, _, _, rows = _chunk_scores(q, krows, topk_indices, start, n, scale, Hkv, G, S)
@@ -110,20 +74,20 @@ class SparseAttentionFunction(torch.autograd.Function):
                 lse[:, start:stop] = m.view(B * Hkv, n, G)
                 continue
             for b, (keys, selected) in enumerate(unions):
-                scores, _, _ = _union_scores(q, k, b, start, stop, keys, selected, scale)
+                scores, _, _ = union.union_scores(q, k, b, start, stop, keys, selected, scale)
                 m = scores.logsumexp(-1, keepdim=True)  # [Hkv, n, G, 1]
                 probs = (scores - m.clamp_min(finite_min)).exp_().view(Hkv, -1, keys.numel())
                 vu = v[b].index_select(0, keys).transpose(0, 1)  # [Hkv, U, Dv]
-                out[b, start:stop] = _token_major(torch.bmm(probs.to(v.dtype), vu), stop - start)
+                out[b, start:stop] = token_major(torch.bmm(probs.to(v.dtype), vu), stop - start)
                 lse[b * Hkv : (b + 1) * Hkv, start:stop] = m.squeeze(-1)
         ctx.save_for_backward(q, k, v, topk_indices, out, lse)
-        ctx.scale, ctx.chunk, ctx.union_ratio = scale, chunk, union_ratio
+        ctx.scale, ctx.plan = scale, plan
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, idx, out, lse = ctx.saved_tensors
-        scale, chunk = ctx.scale, ctx.chunk
+        scale = ctx.scale
         B, T, H, D = q.shape
         S, Hkv, Dv = k.shape[1], k.shape[2], v.shape[-1]
         G = H // Hkv
@@ -134,7 +98,7 @@ class SparseAttentionFunction(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         finite_min = torch.finfo(torch.float32).min
         need_dk, need_dv = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
-        for start, stop, unions in _blocks(idx, H, ctx.union_ratio, chunk):
+        for start, stop, unions in ctx.plan:
             n = stop - start
             if unions is None:  # per-query gathers
                 scores, qc, kg, rows = _chunk_scores(q, krows, idx, start, n, scale, Hkv, G, S)
@@ -161,12 +125,12 @@ class SparseAttentionFunction(torch.autograd.Function):
                 continue
             for b, (keys, selected) in enumerate(unions):
                 U = keys.numel()
-                scores, qc, ku = _union_scores(q, k, b, start, stop, keys, selected, scale)
+                scores, qc, ku = union.union_scores(q, k, b, start, stop, keys, selected, scale)
                 m = lse[b * Hkv : (b + 1) * Hkv, start:stop].unsqueeze(-1).clamp_min(finite_min)
                 probs = (scores - m).exp_().view(Hkv, n * G, U)
                 vu = v[b].index_select(0, keys).transpose(0, 1).float()  # [Hkv, U, Dv]
-                do = _heads_major(grad_out[b, start:stop], Hkv).float()  # [Hkv, n·G, Dv]
-                delta = (do * _heads_major(out[b, start:stop], Hkv).float()).sum(-1, keepdim=True)
+                do = heads_major(grad_out[b, start:stop], Hkv).float()  # [Hkv, n·G, Dv]
+                delta = (do * heads_major(out[b, start:stop], Hkv).float()).sum(-1, keepdim=True)
                 ds = probs * (torch.bmm(do, vu.transpose(1, 2)) - delta)  # [Hkv, n·G, U]
                 # rows of the union's keys in the flat [B·S·Hkv, *] gradients, head-major like ku / vu
                 rows = ((b * S + keys) * Hkv).unsqueeze(0) + torch.arange(Hkv, device=keys.device).unsqueeze(
@@ -175,7 +139,7 @@ class SparseAttentionFunction(torch.autograd.Function):
                 if need_dv:
                     dv.index_add_(0, rows.reshape(-1), torch.bmm(probs.transpose(1, 2), do).reshape(-1, Dv))
                 if dq is not None:
-                    dq[b, start:stop] = _token_major(torch.bmm(ds, ku.float()) * scale, n).to(q.dtype)
+                    dq[b, start:stop] = token_major(torch.bmm(ds, ku.float()) * scale, n).to(q.dtype)
                 if need_dk:
                     dk.index_add_(
                         0, rows.reshape(-1), torch.bmm(ds.transpose(1, 2), qc.float()).reshape(-1, D)

@@ -49,9 +49,9 @@ def selection_union(idx: torch.Tensor, max_keys: float) -> tuple[torch.Tensor, t
 
 
 def union_softmax(scores: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
-    """Softmax of ``scores`` over the keys each query selected (``selected`` broadcast to it, True =
-    kept), in place; a query with no selected key (padding) gets zeros. fp32."""
-    probs = torch.softmax(scores.masked_fill_(~selected, float("-inf")), dim=-1, dtype=torch.float32)
+    """Softmax of :func:`union_scores`' ``scores`` (unselected keys already −inf) with ``selected``
+    broadcast to them; a query with no selected key (padding) gets zeros, not NaN. fp32."""
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
     empty = ~selected.any(dim=-1, keepdim=True)
     return probs.masked_fill_(empty, 0.0) if bool(empty.any()) else probs
 
@@ -72,3 +72,47 @@ def union_blocks(
                 break
             unions.append(u)
         yield start, stop, unions
+
+
+def query_blocks(
+    topk_indices: torch.Tensor, first: int, heads: int, ratio: float, chunk: int
+) -> Iterator[tuple[int, int, list[tuple[torch.Tensor, torch.Tensor]] | None]]:
+    """The plan of a sparse attention call over queries ``first ..``: ``(start, stop, unions)`` for
+    union blocks (``unions`` per batch row, see :func:`union_blocks`) and ``(start, stop, None)`` for
+    the other queries, in per-query-gather chunks of ``chunk``. ``ratio`` 0 (or fewer than 8 queries:
+    a decode step, a short tail) gathers everything."""
+    T, K = topk_indices.shape[1], topk_indices.shape[2]
+    ratio = ratio if T - first >= 8 else 0.0
+    block = union_block_size(T - first, heads, K, ratio) if ratio > 0 else max(T - first, 1)
+    for start, stop, unions in union_blocks(topk_indices, first, block, ratio * K):
+        if unions is not None:
+            yield start, stop, unions
+        else:
+            for s0 in range(start, stop, chunk):
+                yield s0, min(s0 + chunk, stop), None
+
+
+def union_scores(q, k, b, start, stop, keys, selected, scale):
+    """One union block of ``q`` ``[B, T, H, D]`` over ``k`` ``[B, S, H_kv, D]`` (batch row ``b``,
+    queries ``start..stop``, union ``keys`` / ``selected`` of :func:`selection_union`): scores
+    ``[Hkv, n, G, U]`` (fp32, unselected keys −inf), the scaled queries ``[Hkv, n·G, D]`` and the
+    union's keys ``[Hkv, U, D]``."""
+    _, _, H, D = q.shape
+    Hkv = k.shape[2]
+    n, G, U = stop - start, H // Hkv, keys.numel()
+    ku = k[b].index_select(0, keys).transpose(0, 1)  # [Hkv, U, D]
+    qc = (q[b, start:stop] * scale).view(n, Hkv, G, D).permute(1, 0, 2, 3).reshape(Hkv, n * G, D)
+    scores = torch.bmm(qc, ku.transpose(1, 2)).float().view(Hkv, n, G, U)
+    return scores.masked_fill_(~selected.view(1, n, 1, U), float("-inf")), qc, ku
+
+
+def heads_major(x: torch.Tensor, Hkv: int) -> torch.Tensor:
+    """``[n, H, F]`` → ``[Hkv, n·G, F]`` (each KV head's query rows together)."""
+    n, H, F_ = x.shape
+    return x.view(n, Hkv, H // Hkv, F_).permute(1, 0, 2, 3).reshape(Hkv, -1, F_)
+
+
+def token_major(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``[Hkv, n·G, F]`` → ``[n, H, F]``."""
+    Hkv, _, F_ = x.shape
+    return x.view(Hkv, n, -1, F_).permute(1, 0, 2, 3).reshape(n, -1, F_)
