@@ -103,13 +103,7 @@ class ChunkedSelector:
         if values.shape[-1] <= K:  # the chunk sees at most K keys: all visible ones are selected
             indices.masked_fill_(values == float("-inf"), -1)
             return F.pad(indices, (0, K - values.shape[-1]), value=-1)
-        # Drop the (K+1)-th candidate; a tie between it and a kept one makes the row ambiguous.
-        low, pos = values.min(dim=-1, keepdim=True)
-        ambiguous = ((values == low).sum(-1) >= 2) & (low.squeeze(-1) > float("-inf"))
-        values.scatter_(-1, pos, values[..., K:].clone())
-        indices.scatter_(-1, pos, indices[..., K:].clone())
-        values, indices = values[..., :K], indices[..., :K]
-        indices.masked_fill_(values == float("-inf"), -1)
+        indices, ambiguous, low = drop_extra_candidate(values, indices, K)
         if bool(ambiguous.any()):
             single_window = visible <= self.window  # then `scores` holds every row's visible keys
             for b in ambiguous.any(dim=1).nonzero().flatten().tolist():
@@ -155,6 +149,20 @@ def _row_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
         cand = torch.cat((cand, tail), dim=-1)
     v, j = scores.gather(-1, cand).topk(k, dim=-1, sorted=False)
     return v, cand.gather(-1, j)
+
+
+def drop_extra_candidate(
+    values: torch.Tensor, indices: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From each row's top-(k+1) ``values``/``indices`` (unsorted, modified in place) to its top-k
+    ``indices`` (``-1`` for −inf scores), the rows whose k-th score ties the dropped (k+1)-th one
+    (``ambiguous``: the exact rule must re-select them, see :func:`_resolve_ties`) and that score."""
+    low, pos = values.min(dim=-1, keepdim=True)
+    ambiguous = ((values == low).sum(-1) >= 2) & (low.squeeze(-1) > float("-inf"))
+    values.scatter_(-1, pos, values[..., k:].clone())
+    indices.scatter_(-1, pos, indices[..., k:].clone())
+    values, indices = values[..., :k], indices[..., :k]
+    return indices.masked_fill_(values == float("-inf"), -1), ambiguous, low
 
 
 def _resolve_ties(scores: torch.Tensor, kth: torch.Tensor, k: int) -> torch.Tensor:

@@ -289,7 +289,7 @@ def _topk_exact(scores: torch.Tensor, K: int) -> torch.Tensor:
     the latest equal ones) only for rows whose K-th score ties the (K+1)-th — one host
     synchronization per chunk."""
     from dsv32.dsa.indexer import _exact_topk
-    from dsv32.dsa.streaming_topk import _resolve_ties, _row_topk
+    from dsv32.dsa.streaming_topk import _resolve_ties, _row_topk, drop_extra_candidate
 
     B, n, S = scores.shape
     if K >= S or B * n <= 64:
@@ -298,11 +298,7 @@ def _topk_exact(scores: torch.Tensor, K: int) -> torch.Tensor:
         values, indices = _row_topk(scores, K + 1)
     else:
         values, indices = scores.topk(K + 1, dim=-1, sorted=False)
-    values, order = values.sort(dim=-1, descending=True)
-    indices = indices.gather(-1, order)
-    kth = values[..., K - 1 : K]
-    ambiguous = (values[..., K:] == kth).squeeze(-1) & (kth.squeeze(-1) > float("-inf"))
-    indices = indices[..., :K].masked_fill(values[..., :K] == float("-inf"), -1)
+    indices, ambiguous, kth = drop_extra_candidate(values, indices, K)
     rows = ambiguous.nonzero(as_tuple=True)
     if rows[0].numel():
         indices[rows] = _resolve_ties(scores[rows], kth[rows], K)
