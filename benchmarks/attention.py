@@ -88,11 +88,11 @@ class Shape:
 class Inputs:
     """Random per-token projections of one layer for ``L`` tokens (what attention receives)."""
 
-    def __init__(self, s: Shape, L: int, dtype: torch.dtype, seed: int = 0) -> None:
-        g = torch.Generator().manual_seed(seed)
+    def __init__(self, s: Shape, L: int, dtype: torch.dtype, seed: int = 0, device: str = "cpu") -> None:
+        g = torch.Generator(device=device).manual_seed(seed)
 
         def randn(*shape, std=1.0):
-            return (torch.randn(*shape, generator=g) * std).to(dtype)
+            return (torch.randn(*shape, generator=g, device=device) * std).to(dtype)
 
         B, H = s.batch, s.heads
         self.shape, self.L = s, L
@@ -111,6 +111,8 @@ class Inputs:
         k = torch.cat((k_nope, self.kv[..., s.kv_lora :].unsqueeze(2).expand(B, L, H, s.qk_rope)), -1)
         self.k_mha = k.transpose(1, 2).contiguous()
         self.v_mha = v.transpose(1, 2).contiguous()
+        # flash SDPA needs V as wide as Q/K: zero-padded (what MLA prefill kernels do too)
+        self.v_pad = F.pad(self.v_mha, (0, s.qk_nope + s.qk_rope - s.v_dim))
 
     def expand(self) -> tuple[torch.Tensor, torch.Tensor]:
         """MHA mode: per-head ``k_nope``, ``v`` ``[B, L, H, *]`` from the latents (``kv_b_proj``)."""
@@ -128,12 +130,10 @@ class Inputs:
 
 
 def prefill_sdpa(x: Inputs, topk: int) -> torch.Tensor:
-    """The fastest dense SDPA PyTorch has here: its flash kernel needs V as wide as Q/K (192), so V is
-    zero-padded from 128 and the output sliced back (what MLA prefill kernels do too)."""
-    qk, dv = x.q_mha.shape[-1], x.v_mha.shape[-1]
-    v = F.pad(x.v_mha, (0, qk - dv))
-    out = F.scaled_dot_product_attention(x.q_mha, x.k_mha, v, is_causal=True, scale=x.scale)
-    return out[..., :dv]
+    """The fastest dense SDPA PyTorch has here: its flash kernel needs V as wide as Q/K (192), so it
+    runs on V zero-padded from 128 and the output is sliced back."""
+    out = F.scaled_dot_product_attention(x.q_mha, x.k_mha, x.v_pad, is_causal=True, scale=x.scale)
+    return out[..., : x.v_mha.shape[-1]]
 
 
 def prefill_sdpa_math(x: Inputs, topk: int) -> torch.Tensor:

@@ -3,10 +3,11 @@
     python benchmarks/attention_gpu.py                          # L 8K–128K, k 512 / 2048
     python benchmarks/attention_gpu.py --seq-len 32768 --topk 512 --heads 128
 
-Paths (V3.2 attention; default 16 heads like benchmarks/attention.py, ``--heads 128`` for V3.2's):
+The inputs and timed paths are benchmarks/attention.py's, in bf16 on the GPU (default 16 heads,
+``--heads 128`` for V3.2's):
 
-- prefill (a) ``sdpa``: causal ``scaled_dot_product_attention`` over per-head q/K/V (qk 192, v 128;
-  PyTorch picks its fastest backend — flash / cuDNN / memory-efficient); (c) ``ours``: ``W_UK``
+- prefill (a) ``sdpa``: causal ``scaled_dot_product_attention`` over per-head q/K/V (qk 192, V
+  zero-padded from 128 to 192 so that PyTorch's flash kernels apply); (c) ``ours``: ``W_UK``
   absorption, fused indexer scores + exact top-k (:func:`dsv32.dsa.indexer_topk`), fused sparse MLA
   attention over the gathered latents (:func:`dsv32.dsa.sparse_mla_attention`), ``W_UV``;
   ``ours_attention``: the sparse attention kernel alone; ``ours_indexer``: the indexer alone.
@@ -26,75 +27,34 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+# the same inputs and timed paths as the CPU benchmark, on the GPU
+from attention import (  # noqa: E402
+    Inputs,
+    Shape,
+    decode_dense_mla,
+    decode_ours,
+    decode_sdpa,
+    prefill_ours,
+    prefill_sdpa,
+)
 
 from dsv32.dsa import indexer_topk, sparse_mla_attention, sparse_mla_attention_reference  # noqa: E402
 from dsv32.dsa.kernels import gpu as triton_kernels  # noqa: E402
 
 
-class Inputs:
-    def __init__(self, L: int, heads: int, dtype: torch.dtype, seed: int = 0) -> None:
-        g = torch.Generator(device="cuda").manual_seed(seed)
-
-        def randn(*shape, std=1.0):
-            return (torch.randn(*shape, generator=g, device="cuda") * std).to(dtype)
-
-        self.L, self.H = L, heads
-        self.scale = 192**-0.5
-        self.q_nope, self.q_rope = randn(1, L, heads, 128), randn(1, L, heads, 64)
-        self.kv = randn(1, L, 576)
-        w_kv_b = randn(heads, 256, 512, std=512**-0.5)
-        self.w_uk, self.w_uv = w_kv_b[:, :128], w_kv_b[:, 128:]
-        self.iq, self.ik = randn(1, L, 4, 64), randn(1, L, 64)
-        self.iw = randn(1, L, 4, std=256**-0.5).float()
-        kv = F.linear(self.kv[..., :512], w_kv_b.reshape(-1, 512)).view(1, L, heads, 256)
-        k = torch.cat((kv[..., :128], self.kv[..., 512:].unsqueeze(2).expand(1, L, heads, 64)), -1)
-        self.q_mha = torch.cat((self.q_nope, self.q_rope), -1).transpose(1, 2).contiguous()
-        self.k_mha = k.transpose(1, 2).contiguous()
-        self.v_pad = F.pad(kv[..., 128:], (0, 64)).transpose(1, 2).contiguous()
-
-    def absorbed(self, rows: slice) -> torch.Tensor:
-        q = torch.einsum("bthd,hdc->bthc", self.q_nope[:, rows], self.w_uk)
-        return torch.cat((q, self.q_rope[:, rows]), -1)
-
-
-def prefill_sdpa(x: Inputs) -> torch.Tensor:
-    """V zero-padded to Q/K's 192 so that the flash kernels apply (as MLA prefill kernels do)."""
-    out = F.scaled_dot_product_attention(x.q_mha, x.k_mha, x.v_pad, is_causal=True, scale=x.scale)
-    return out[..., :128]
-
-
-def prefill_ours(x: Inputs, k: int) -> torch.Tensor:
-    q = x.absorbed(slice(None))
-    idx = indexer_topk(x.iq, x.iw, x.ik, k)
-    out = sparse_mla_attention(q, x.kv, idx, x.scale, 512)
-    return torch.einsum("bthc,hdc->bthd", out, x.w_uv)
-
-
-def decode_sdpa(x: Inputs) -> torch.Tensor:
-    return F.scaled_dot_product_attention(x.q_mha[:, :, -1:], x.k_mha, x.v_pad, scale=x.scale)[..., :128]
-
-
-def decode_dense_mla(x: Inputs) -> torch.Tensor:
-    q = x.absorbed(slice(-1, None))[:, 0]  # [1, H, 576]
-    p = torch.softmax(torch.matmul(q, x.kv.transpose(1, 2)).float() * x.scale, -1).to(q.dtype)
-    return torch.einsum("bhc,hdc->bhd", torch.matmul(p, x.kv[..., :512]), x.w_uv)
-
-
-def decode_ours(x: Inputs, k: int) -> torch.Tensor:
-    q = x.absorbed(slice(-1, None))
-    idx = indexer_topk(x.iq[:, -1:], x.iw[:, -1:], x.ik, k)
-    out = sparse_mla_attention(q, x.kv, idx, x.scale, 512)
-    return torch.einsum("bthc,hdc->bthd", out, x.w_uv)
+def inputs(L: int, heads: int, seed: int = 0) -> Inputs:
+    return Inputs(Shape(heads=heads), L, torch.bfloat16, seed=seed, device="cuda")
 
 
 def check(heads: int) -> dict:
     """Ours (bf16 kernels) against the fp64 masked reference at 4K tokens, k 512."""
-    x = Inputs(4096, heads, torch.bfloat16, seed=1)
-    q = x.absorbed(slice(None))
+    x = inputs(4096, heads, seed=1)
+    q = x.absorbed_queries(slice(None))
     idx = indexer_topk(x.iq, x.iw, x.ik, 512)
     got = sparse_mla_attention(q, x.kv, idx, x.scale, 512)
     rows = slice(3000, 3064)  # the reference is O(T·S): check a block of late queries
@@ -105,11 +65,11 @@ def check(heads: int) -> dict:
 
 def measure(L: int, heads: int, topks: list[int], ms) -> list[dict]:
     """Every path at one length, one result per k (the dense baselines timed once)."""
-    x = Inputs(L, heads, torch.bfloat16)
-    t_sdpa = ms(lambda: prefill_sdpa(x))
-    t_dec_sdpa, t_dec_mla = ms(lambda: decode_sdpa(x)), ms(lambda: decode_dense_mla(x))
+    x = inputs(L, heads)
+    t_sdpa = ms(lambda: prefill_sdpa(x, 0))
+    t_dec_sdpa, t_dec_mla = ms(lambda: decode_sdpa(x, 0)), ms(lambda: decode_dense_mla(x, 0))
     rows = []
-    q = x.absorbed(slice(None))
+    q = x.absorbed_queries(slice(None))
     for k in topks:
         idx = indexer_topk(x.iq, x.iw, x.ik, k)
         p = {
