@@ -98,7 +98,7 @@ def rollout(
     if keep_routing and hook is not None and sampling.max_turns > 1:
         raise ValueError("Keep Routing is recorded for single-turn rollouts only")
     rows = [t for t in tasks for _ in range(group_size)]
-    prompts = [policy.prompt_ids(t) for t in rows]
+    prompts = [ids for t in tasks for ids in [policy.prompt_ids(t)] * group_size]  # rendered once per task
     params = dict(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
     # Kept sets matter only when sampling truncates (greedy keeps the argmax: nothing to renormalize).
     truncating = sampling.temperature > 0 and (sampling.top_p < 1.0 or sampling.top_k > 0)
@@ -113,8 +113,7 @@ def rollout(
     routing = None
     active = list(range(len(rows)))
     for turn in range(sampling.max_turns):
-        budget = [sampling.max_total_tokens - len(tokens[i]) for i in active]
-        active = [i for i, b in zip(active, budget) if b > 0]
+        active = [i for i in active if len(tokens[i]) < sampling.max_total_tokens]
         if not active:
             break
         n_new = min(sampling.max_new_tokens, max(sampling.max_total_tokens - len(tokens[i]) for i in active))

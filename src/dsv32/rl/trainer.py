@@ -153,16 +153,7 @@ def grpo_update(
     kept = batch.kept_ids if cfg.keep_sampling_mask else None
     routing = batch.routing if cfg.keep_routing else None
     sampling = batch.sampling_logprobs
-    if cfg.old_logprobs == "recompute":
-        with torch.no_grad():
-            old = torch.cat(
-                [
-                    policy.action_logprobs(**_rows(batch, idx, kept, routing), temperature=temperature)
-                    for idx in torch.arange(B, device=mask.device).split(cfg.micro_batch)
-                ]
-            )
-    else:
-        old = sampling
+    old = _batch_logprobs(policy, batch, cfg, temperature) if cfg.old_logprobs == "recompute" else sampling
     size = B // cfg.mini_batches
     records = []
     for _ in range(cfg.epochs):
@@ -215,17 +206,20 @@ def _rows(batch: Rollouts, idx, kept, routing) -> dict:
     return rows
 
 
-def _reference_logprobs(ref: Policy, batch: Rollouts, cfg: GRPOConfig, temperature: float) -> torch.Tensor:
+@torch.no_grad()
+def _batch_logprobs(policy: Policy, batch: Rollouts, cfg: GRPOConfig, temperature: float) -> torch.Tensor:
+    """``policy``'s action log-probs of every row of ``batch`` (micro-batch by micro-batch), with the
+    recorded sampling masks / routing when the config keeps them: the reference policy's, or the
+    current policy's recomputed "old" ones."""
     kept = batch.kept_ids if cfg.keep_sampling_mask else None
     routing = batch.routing if cfg.keep_routing else None
-    with torch.no_grad():
-        idx_all = torch.arange(len(batch), device=batch.sequences.device)
-        return torch.cat(
-            [
-                ref.action_logprobs(**_rows(batch, idx, kept, routing), temperature=temperature)
-                for idx in idx_all.split(cfg.micro_batch)
-            ]
-        )
+    idx_all = torch.arange(len(batch), device=batch.sequences.device)
+    return torch.cat(
+        [
+            policy.action_logprobs(**_rows(batch, idx, kept, routing), temperature=temperature)
+            for idx in idx_all.split(cfg.micro_batch)
+        ]
+    )
 
 
 class _Checkpoints:
@@ -387,7 +381,7 @@ def grpo_step(
     domains = [t.domain for t in batch.tasks]
     kl_coefs = sequence_kl_coefs(domains, g.domain_kl_coef, default=g.kl_coef).to(batch.sequences.device)
     t1 = time.time()
-    ref_lp = _reference_logprobs(ref, batch, g, cfg.sampling.temperature) if ref is not None else None
+    ref_lp = _batch_logprobs(ref, batch, g, cfg.sampling.temperature) if ref is not None else None
     updates = grpo_update(
         policy,
         optimizer,
