@@ -315,7 +315,9 @@ def sparse_mla_attention(
     if (k_rope is None and Cl != C) or (k_rope is not None and Cl + k_rope.shape[-1] != C):
         raise ValueError(f"q has {C} dims per head but the keys have {Cl} (+ k_rope)")
     grad = _needs_grad(q, kv, k_rope)
-    if not grad and T > 0:  # CUDA + Triton: the fused kernel reads latents straight from the cache
+    if (
+        not grad and T > 0 and triton_kernels.available(q)
+    ):  # CUDA + Triton: the fused kernel reads latents straight from the cache
         latent, rope = (kv[..., :v_dim], kv[..., v_dim:]) if k_rope is None else (kv, k_rope)
         if latent.shape[-1] == v_dim and triton_kernels.mla_supported(q, latent, rope):
             return triton_kernels.sparse_mla_attention_gpu(q, latent, rope, topk_indices, scale)

@@ -56,35 +56,20 @@ def union_softmax(scores: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
     return probs.masked_fill_(empty, 0.0) if bool(empty.any()) else probs
 
 
-def union_blocks(
-    topk_indices: torch.Tensor, first: int, block: int, max_keys: float
-) -> Iterator[tuple[int, int, list[tuple[torch.Tensor, torch.Tensor]] | None]]:
-    """Query blocks ``(start, stop, unions)`` from ``first`` on: ``unions`` holds every batch row's
-    :func:`selection_union`, or is None when some row's union is too large (gather that block)."""
-    T = topk_indices.shape[1]
-    for start in range(first, T, block):
-        stop = min(start + block, T)
-        unions = []
-        for row in topk_indices[:, start:stop]:
-            u = selection_union(row, max_keys) if max_keys > 0 else None
-            if u is None:
-                unions = None
-                break
-            unions.append(u)
-        yield start, stop, unions
-
-
 def query_blocks(
     topk_indices: torch.Tensor, first: int, heads: int, ratio: float, chunk: int
 ) -> Iterator[tuple[int, int, list[tuple[torch.Tensor, torch.Tensor]] | None]]:
     """The plan of a sparse attention call over queries ``first ..``: ``(start, stop, unions)`` for
-    union blocks (``unions`` per batch row, see :func:`union_blocks`) and ``(start, stop, None)`` for
-    the other queries, in per-query-gather chunks of ``chunk``. ``ratio`` 0 (or fewer than 8 queries:
-    a decode step, a short tail) gathers everything."""
+    a union block, with every batch row's :func:`selection_union`, and ``(start, stop, None)`` for the
+    other queries (a block where some row's union holds more than ``ratio · K`` keys), in
+    per-query-gather chunks of ``chunk``. ``ratio`` 0 (or fewer than 8 queries: a decode step, a
+    short tail) gathers everything."""
     T, K = topk_indices.shape[1], topk_indices.shape[2]
     ratio = ratio if T - first >= 8 else 0.0
     block = union_block_size(T - first, heads, K, ratio) if ratio > 0 else max(T - first, 1)
-    for start, stop, unions in union_blocks(topk_indices, first, block, ratio * K):
+    for start in range(first, T, block):
+        stop = min(start + block, T)
+        unions = _block_unions(topk_indices[:, start:stop], ratio * K) if ratio > 0 else None
         if unions is not None:
             yield start, stop, unions
         else:
@@ -92,16 +77,26 @@ def query_blocks(
                 yield s0, min(s0 + chunk, stop), None
 
 
+def _block_unions(idx: torch.Tensor, max_keys: float) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """Every batch row's :func:`selection_union` of ``idx`` ``[B, n, K]``, or None when one is too large."""
+    unions = []
+    for row in idx:
+        u = selection_union(row, max_keys)
+        if u is None:
+            return None
+        unions.append(u)
+    return unions
+
+
 def union_scores(q, k, b, start, stop, keys, selected, scale):
     """One union block of ``q`` ``[B, T, H, D]`` over ``k`` ``[B, S, H_kv, D]`` (batch row ``b``,
     queries ``start..stop``, union ``keys`` / ``selected`` of :func:`selection_union`): scores
     ``[Hkv, n, G, U]`` (fp32, unselected keys −inf), the scaled queries ``[Hkv, n·G, D]`` and the
     union's keys ``[Hkv, U, D]``."""
-    _, _, H, D = q.shape
     Hkv = k.shape[2]
-    n, G, U = stop - start, H // Hkv, keys.numel()
+    n, G, U = stop - start, q.shape[2] // Hkv, keys.numel()
     ku = k[b].index_select(0, keys).transpose(0, 1)  # [Hkv, U, D]
-    qc = (q[b, start:stop] * scale).view(n, Hkv, G, D).permute(1, 0, 2, 3).reshape(Hkv, n * G, D)
+    qc = heads_major(q[b, start:stop] * scale, Hkv)  # [Hkv, n·G, D]
     scores = torch.bmm(qc, ku.transpose(1, 2)).float().view(Hkv, n, G, U)
     return scores.masked_fill_(~selected.view(1, n, 1, U), float("-inf")), qc, ku
 

@@ -156,9 +156,6 @@ def sparse_mla_attention_gpu(
     rope: torch.Tensor,
     topk_indices: torch.Tensor,
     scale: float,
-    *,
-    block_h: int | None = None,
-    num_warps: int | None = None,
 ) -> torch.Tensor:
     """Fused :func:`~dsv32.dsa.sparse_mla_attention`: ``q`` ``[B, T, H, D_V + D_PE]`` absorbed
     queries, ``latent`` ``[B, S, D_V]`` (keys' first part and the values) and ``rope`` ``[B, S, D_PE]``
@@ -175,7 +172,7 @@ def sparse_mla_attention_gpu(
     ieee = q.dtype == torch.float32
     # heads per program: each gathered latent tile serves them all (H100, 128 heads at 32K tokens,
     # k 2048: 16 heads 141 ms, 32 heads 120-137 ms, 64 heads 79 ms per prefill; fp32 tests use 16)
-    block_h = block_h or (64 if H >= 64 and not ieee else 16)
+    block_h = 64 if H >= 64 and not ieee else 16
     block_n = 32 if ieee else 64
     head_blocks = triton.cdiv(H, block_h)
     sms = _sm_count(q.device.index)
@@ -197,7 +194,7 @@ def sparse_mla_attention_gpu(
         lse.stride(0), lse.stride(1), lse.stride(2),
         T, H, K, per_split,
         D_V=v_dim, D_PE=C - v_dim, BLOCK_H=block_h, BLOCK_N=block_n, IEEE=ieee,
-        num_warps=num_warps or (4 if ieee else 8), num_stages=1 if ieee else 2,
+        num_warps=4 if ieee else 8, num_stages=1 if ieee else 2,
     )  # fmt: skip
     if splits == 1:
         return out[0]
