@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from dsv32.dsa import union
+from dsv32.dsa.kernels import cpu as cpu_kernels
 from dsv32.dsa.kernels import gpu as triton_kernels
 from dsv32.dsa.sparse_autograd import SparseAttentionFunction
 from dsv32.dsa.union import query_blocks, token_major, union_softmax
@@ -321,7 +322,8 @@ def sparse_mla_attention(
         latent, rope = (kv[..., :v_dim], kv[..., v_dim:]) if k_rope is None else (kv, k_rope)
         if latent.shape[-1] == v_dim and triton_kernels.mla_supported(q, latent, rope):
             return triton_kernels.sparse_mla_attention_gpu(q, latent, rope, topk_indices, scale)
-    if k_rope is not None and kv.shape[1] <= T * K:  # prefill: one concatenated copy gathers faster
+    fused = not grad and T > 0 and cpu_kernels.mla_supported(q, kv, k_rope, v_dim)
+    if k_rope is not None and kv.shape[1] <= T * K and not fused:  # prefill: one copy gathers faster
         kv, k_rope = torch.cat((kv, k_rope), dim=-1), None
         Cl = C
     out = q.new_empty(B, T, H, v_dim)
@@ -331,6 +333,11 @@ def sparse_mla_attention(
     first = 0 if k_rope is not None else _selects_all_prefix(topk_indices, kv.shape[1])
     if first:
         out[:, :first] = _causal_dense_mla(q[:, :first], kv, scale, v_dim, kv.shape[1] - T)
+    if fused:  # CPU, fp32, no autograd: the C kernel reads the selected rows in place
+        cpu_kernels.sparse_mla_attention_cpu(
+            q[:, first:], kv, k_rope, topk_indices[:, first:], scale, v_dim, out=out[:, first:]
+        )
+        return out
     step = _chunk(K, chunk_size)
     rows, strides = _row_view(kv, grad)
     if k_rope is not None:

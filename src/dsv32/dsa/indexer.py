@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dsv32.dsa.kernels import cpu as cpu_kernels
 from dsv32.dsa.kernels import gpu as triton_kernels
 from dsv32.dsa.rope import apply_rotary
 from dsv32.dsa.streaming_topk import (
@@ -237,10 +238,14 @@ def indexer_topk(
         q: ``[B, T, H_I, D_I]``; weights: ``[B, T, H_I]``; k_index: ``[B, S, D_I]`` (S >= T);
         topk: keys per query (the result has ``min(topk, S)`` columns).
         key_padding_mask: ``[B, S]`` True for real tokens (padding is never selected).
-        chunk_size, key_block, window: tuning knobs (default: the ``INDEXER_*`` constants).
+        chunk_size, key_block, window: tuning knobs of the torch path (default: the ``INDEXER_*``
+            constants); giving any of them selects the torch path.
 
     Scores are computed in fp32 whatever the input dtype (bf16 keys are upcast once, queries chunk by
-    chunk). The machinery lives in :mod:`dsv32.dsa.streaming_topk`.
+    chunk). The machinery lives in :mod:`dsv32.dsa.streaming_topk`. On the CPU, when the C kernels
+    build (:mod:`dsv32.dsa.kernels.cpu`) and no tuning knob is given, a fused C kernel scores and
+    selects instead (same contract and tie rule; scores may differ from the matmul's in the last bits,
+    so keys tied to rounding may swap); on CUDA, a Triton kernel.
     """
     if q.dim() != 4 or weights.shape != q.shape[:3] or k_index.dim() != 3:
         raise ValueError(
@@ -256,6 +261,9 @@ def indexer_topk(
     K = min(topk, S)
     if triton_kernels.indexer_supported(q, k_index):  # CUDA: fused scoring kernel, exact top-k per chunk
         return triton_kernels.indexer_topk_gpu(q, weights, k_index, topk, key_padding_mask)
+    knobs = (chunk_size, key_block, window)
+    if all(v is None for v in knobs) and cpu_kernels.indexer_supported(q, k_index):  # CPU: the C kernel
+        return cpu_kernels.indexer_topk_cpu(q, weights, k_index, topk, key_padding_mask)
     out = torch.empty((B, T, K), dtype=torch.long, device=q.device)
     if T == 0 or K == 0:
         return out

@@ -1,0 +1,293 @@
+"""A fused C kernel for MLA's MQA-mode sparse attention on the CPU (``cpu_kernels.c``).
+
+On the CPU the torch path of :func:`dsv32.dsa.sparse_mla_attention` spends more time moving data than
+multiplying: it gathers every query's selected latents into a buffer, then runs two batched matmuls
+and a softmax over it, a few queries per Python iteration. The C kernel reads each query's selected
+rows straight from the cache in L2-sized blocks and keeps the scores, an online softmax and the
+value accumulator in cache, so each selected latent crosses memory once.
+
+The library is compiled at first use with the system's C compiler (``$CC``, else ``cc``/``gcc``/
+``clang``) at ``-O3 -march=native`` into ``$DSV32_CACHE_DIR`` (default ``~/.cache/dsv32``), keyed by
+the source, the compiler and the CPU, and loaded with :mod:`ctypes`. Without a working compiler — or
+with ``DSV32_CPU_KERNELS=0`` — :func:`available` is false and the torch path runs instead (the
+reference the tests hold the kernel to). Queries are split across ``torch.get_num_threads()`` Python
+threads; each C call releases the GIL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import itertools
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+_FLAG_SETS = (["-O3", "-march=native"], ["-O3", "-mcpu=native"], ["-O3"])
+_I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+_ARGTYPES = [_I64] * 6 + [_F32] + [_PTR, _I64, _I64, _PTR, _I64, _PTR, _I64, _PTR, _I64, _PTR, _I64, _I64]
+_INDEXER_ARGTYPES = [_I64] * 4 + [_PTR, _I64, _I64, _PTR, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64]
+KEY_TILE = 16  # as in cpu_kernels.c
+
+
+def _compilers() -> list[str]:
+    names = [os.environ["CC"]] if os.environ.get("CC") else []
+    return [c for c in (*names, "cc", "gcc", "clang") if shutil.which(c)]
+
+
+def _cpu_id() -> str:
+    """What ``-march=native`` depends on: the CPU model and its feature flags."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        lines = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags", "Features"))]
+        return "\n".join(dict.fromkeys(lines))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("DSV32_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dsv32"
+    )
+    return Path(root) / "kernels"
+
+
+def _build() -> Path | None:
+    """Compile ``cpu_kernels.c`` (once per source × compiler × CPU) and return the library's path."""
+    source = SOURCE.read_bytes()
+    errors = []
+    for cc in _compilers():
+        for flags in _FLAG_SETS:
+            key = hashlib.sha256(source + cc.encode() + " ".join(flags).encode() + _cpu_id().encode())
+            lib = cache_dir() / f"dsv32_cpu_{key.hexdigest()[:16]}.so"
+            if lib.exists():
+                return lib
+            lib.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
+                tmp_lib = Path(tmp) / lib.name
+                cmd = [cc, *flags, "-shared", "-fPIC", "-o", str(tmp_lib), str(SOURCE), "-lm"]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode == 0:
+                    os.replace(tmp_lib, lib)  # atomic: concurrent builders race harmlessly
+                    return lib
+                errors.append(f"{' '.join(cmd)}: {proc.stderr.strip()[-500:]}")
+    if errors:
+        warnings.warn(
+            "dsv32: could not build the CPU kernels; using the torch path.\n" + "\n".join(errors),
+            stacklevel=3,
+        )
+    return None
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    if os.environ.get("DSV32_CPU_KERNELS", "1") == "0":
+        return None
+    try:
+        path = _build()
+        if path is None:
+            return None
+        lib = ctypes.CDLL(str(path))
+    except OSError as err:  # pragma: no cover - a broken toolchain or a read-only cache
+        warnings.warn(f"dsv32: could not load the CPU kernels ({err}); using the torch path.", stacklevel=3)
+        return None
+    lib.dsv32_sparse_mqa_f32.argtypes = _ARGTYPES
+    lib.dsv32_sparse_mqa_f32.restype = ctypes.c_int
+    lib.dsv32_indexer_topk_f32.argtypes = _INDEXER_ARGTYPES
+    lib.dsv32_indexer_topk_f32.restype = ctypes.c_int
+    return lib
+
+
+_enabled = True
+
+
+def available() -> bool:
+    """Whether the compiled kernels can be used in this process (builds them on the first call)."""
+    return _enabled and _library() is not None
+
+
+@contextlib.contextmanager
+def enabled(on: bool) -> Iterator[None]:
+    """Turn the C kernels on or off inside a ``with`` block (process-wide): e.g. ``enabled(False)``
+    runs the torch paths, to compare against them."""
+    global _enabled
+    before, _enabled = _enabled, on
+    try:
+        yield
+    finally:
+        _enabled = before
+
+
+def mla_supported(q: torch.Tensor, latent: torch.Tensor, rope: torch.Tensor | None, v_dim: int) -> bool:
+    """Inputs :func:`sparse_mla_attention_cpu` takes: fp32 CPU tensors whose last dim is contiguous,
+    with the latent, rope and value widths multiples of 8."""
+    tensors = (q, latent) if rope is None else (q, latent, rope)
+    widths = (latent.shape[-1], v_dim, 0 if rope is None else rope.shape[-1])
+    return (
+        all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1 for t in tensors)
+        and all(w % 8 == 0 for w in widths)
+        and v_dim <= latent.shape[-1]
+        and available()
+    )
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _executor(workers: int) -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool._max_workers < workers:
+            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dsv32-cpu")
+        return _pool
+
+
+def sparse_mla_attention_cpu(
+    q: torch.Tensor,
+    latent: torch.Tensor,
+    rope: torch.Tensor | None,
+    topk_indices: torch.Tensor,
+    scale: float,
+    v_dim: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """MQA-mode attention over the selected latents with the C kernel.
+
+    ``q`` ``[B, T, H, C]`` (absorbed queries: latent part, then rope part), ``latent`` ``[B, S, Cl]``
+    (its first ``v_dim`` dims are the value), ``rope`` ``[B, S, C - Cl]`` or None (then ``Cl == C``),
+    ``topk_indices`` ``[B, T, K]`` (-1 = empty) → ``[B, T, H, v_dim]`` (or written into ``out``).
+    Views with strided rows (cache slices) are read in place. Check :func:`mla_supported` first."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the CPU kernels are not available (see dsv32.dsa.kernels.cpu)")
+    B, T, H, C = q.shape
+    Cl = latent.shape[-1]
+    Cr = 0 if rope is None else rope.shape[-1]
+    if Cl + Cr != C:
+        raise ValueError(f"q has {C} dims per head but the keys have {Cl} + {Cr}")
+    if q.stride(-1) != 1 or q.stride(2) < C:
+        q = q.contiguous()
+    idx = topk_indices if topk_indices.stride(-1) == 1 else topk_indices.contiguous()
+    idx = idx.to(torch.int64)
+    K = idx.shape[-1]
+    if out is None:
+        out = q.new_empty(B, T, H, v_dim)
+    if T == 0:
+        return out
+    size = q.element_size()
+    workers = max(1, min(torch.get_num_threads(), T))
+    jobs = []
+    for b in range(B):
+        step = -(-T // workers)
+        for start in range(0, T, step):
+            n = min(step, T - start)
+            jobs.append(
+                (
+                    n, H, Cl, Cr, v_dim, K, scale,
+                    q.data_ptr() + (b * q.stride(0) + start * q.stride(1)) * size, q.stride(1), q.stride(2),
+                    latent.data_ptr() + b * latent.stride(0) * size, latent.stride(1),
+                    (rope.data_ptr() + b * rope.stride(0) * size) if rope is not None else None,
+                    rope.stride(1) if rope is not None else 0,
+                    idx.data_ptr() + (b * idx.stride(0) + start * idx.stride(1)) * 8, idx.stride(1),
+                    out.data_ptr() + (b * out.stride(0) + start * out.stride(1)) * size, out.stride(1), out.stride(2),
+                )
+            )  # fmt: skip
+    codes = _run(lib.dsv32_sparse_mqa_f32, jobs, workers)
+    if any(codes):
+        raise MemoryError("dsv32 CPU kernel: could not allocate its scratch memory")
+    return out
+
+
+def indexer_supported(q: torch.Tensor, k_index: torch.Tensor) -> bool:
+    """Inputs :func:`indexer_topk_cpu` takes: CPU tensors (fp32 or upcast from bf16/fp16), indexer
+    heads a multiple of 4 and a head dim a multiple of 8, fewer than 2^31 keys."""
+    H, D = q.shape[-2:]
+    return (
+        q.device.type == "cpu"
+        and k_index.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        and H % 4 == 0
+        and D % 8 == 0
+        and k_index.shape[1] < 2**31
+        and available()
+    )
+
+
+def _balanced_splits(costs: torch.Tensor, parts: int) -> list[int]:
+    """Cut points ``0 = c0 < c1 < ... = n`` splitting rows of ``costs`` into ``parts`` runs of about
+    equal total cost (causal queries see more keys the later they come)."""
+    n = costs.numel()
+    total = torch.cumsum(costs.double(), 0)
+    targets = total[-1] * torch.arange(1, parts, dtype=torch.float64) / parts
+    cuts = torch.searchsorted(total, targets).tolist()
+    return sorted({0, n, *(min(max(c, 1), n - 1) for c in cuts if n > 1)})
+
+
+def indexer_topk_cpu(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    k_index: torch.Tensor,
+    topk: int,
+    key_padding_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Lightning-indexer scores and their exact top-k with the C kernel: the contract of
+    :func:`dsv32.dsa.indexer_topk` (queries aligned to the end of the keys; ``-1`` = empty slot;
+    slots unordered). Scores are fp32 whatever the input dtype. Check :func:`indexer_supported`."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the CPU kernels are not available (see dsv32.dsa.kernels.cpu)")
+    B, T, H, D = q.shape
+    S = k_index.shape[1]
+    K = min(topk, S)
+    out = torch.empty((B, T, K), dtype=torch.long)
+    if T == 0 or K == 0:
+        return out
+    qf = q.float().contiguous()
+    wf = weights.float().contiguous()
+    tiles = -(-S // KEY_TILE)
+    kt = torch.zeros(B, tiles * KEY_TILE, D, dtype=torch.float32)
+    kt[:, :S] = k_index
+    kt = kt.view(B, tiles, KEY_TILE, D).transpose(2, 3).contiguous()  # [B, tiles, D, KEY_TILE]
+    pad = None
+    if key_padding_mask is not None and not bool(key_padding_mask.bool().all()):
+        pad = (~key_padding_mask.bool()).to(torch.uint8).contiguous()
+    offset = S - T
+    workers = max(1, min(torch.get_num_threads(), T))
+    cuts = _balanced_splits((torch.arange(T) + offset + 1).clamp_max(S), workers)
+    jobs = []
+    for b in range(B):
+        for a, z in itertools.pairwise(cuts):
+            jobs.append(
+                (
+                    z - a, H, D, K,
+                    qf[b, a].data_ptr(), qf.stride(1), qf.stride(2),
+                    wf[b, a].data_ptr(), wf.stride(1),
+                    kt[b].data_ptr(), S, offset + a + 1,
+                    None if pad is None else pad[b].data_ptr(),
+                    out[b, a].data_ptr(), out.stride(1),
+                )
+            )  # fmt: skip
+    codes = _run(lib.dsv32_indexer_topk_f32, jobs, workers)
+    if any(codes):
+        raise MemoryError("dsv32 CPU kernel: could not allocate its scratch memory")
+    return out
+
+
+def _run(fn, jobs: list[tuple], workers: int) -> list[int]:
+    """Each job's C call; in parallel on ``workers`` threads (the calls release the GIL)."""
+    if len(jobs) == 1 or workers == 1:
+        return [fn(*a) for a in jobs]
+    return list(_executor(workers).map(lambda a: fn(*a), jobs))

@@ -1,0 +1,376 @@
+/* DSA's CPU hot path: MLA's MQA-mode attention over each query's selected latents, fused.
+ *
+ * The torch path gathers the selected rows into a buffer, then runs two batched matmuls and a softmax
+ * over it — three trips through memory per selected latent and one Python iteration per few queries.
+ * Here each query reads its selected rows straight from the cache in blocks of BLOCK_KEYS and keeps
+ * everything else in cache: the block's scores ([H, BLOCK_KEYS]), an online (running-max) softmax and
+ * the value accumulator ([H, V]). One call handles a run of queries of one batch row; the caller
+ * splits the queries across threads (calls release the GIL).
+ *
+ * Portable C (GCC/Clang vector extensions, 8 floats wide): built at first use with -O3 -march=native
+ * by dsv32/dsa/kernels/cpu.py, which holds the Python side and the shape checks.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float f8 __attribute__((vector_size(32)));
+typedef int32_t i8 __attribute__((vector_size(32)));
+
+#define BLOCK_KEYS 64 /* selected rows per block: 64 latents of 576 fp32 (147 KB) stay in L2 */
+#define TILE_H 4      /* heads per register tile */
+#define TILE_K 3      /* keys per score tile: 4 x 3 accumulators + 7 loads fit 16 registers */
+
+static inline f8 load8(const float *p) {
+    f8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void store8(float *p, f8 v) { memcpy(p, &v, sizeof v); }
+
+static inline f8 splat8(float x) { return (f8){x, x, x, x, x, x, x, x}; }
+
+/* Keep a loaded vector in a register: without this GCC folds the load into every FMA that uses it,
+ * re-reading it from L1 once per use and making the tiles load-bound. */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define IN_REGISTER(v) __asm__("" : "+x"(v))
+#else
+#define IN_REGISTER(v) ((void)0)
+#endif
+
+static inline float hsum8(f8 v) {
+    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+/* e^x for x <= 0 (softmax arguments after subtracting the row max): x = n ln2 + r, |r| <= ln2/2,
+ * e^r by its degree-6 Taylor polynomial (relative error < 2e-7), 2^n through the exponent bits.
+ * Below -87.3 the result is clamped to ~1e-38 instead of 0; callers zero the slots they do not use. */
+static inline f8 exp8(f8 x) {
+    const f8 lo = splat8(-87.3f);
+    i8 below = x < lo;
+    x = (f8)(((i8)x & ~below) | ((i8)lo & below));
+    f8 t = x * splat8(1.44269504088896341f) - splat8(0.5f); /* x <= 0: truncation rounds to nearest */
+    i8 n = __builtin_convertvector(t, i8);
+    f8 nf = __builtin_convertvector(n, f8);
+    f8 r = x - nf * splat8(0.693145751953125f) - nf * splat8(1.42860682030941723212e-6f);
+    f8 p = splat8(1.0f / 720.0f);
+    p = p * r + splat8(1.0f / 120.0f);
+    p = p * r + splat8(1.0f / 24.0f);
+    p = p * r + splat8(1.0f / 6.0f);
+    p = p * r + splat8(0.5f);
+    p = p * r + splat8(1.0f);
+    p = p * r + splat8(1.0f);
+    i8 bits = (n + 127) << 23;
+    return p * (f8)bits;
+}
+
+/* scores[h][j] = scale * (q_h[:Cl] . kp[j][:Cl] + q_h[Cl:] . rp[j][:Cr]) for a TILE_H x TILE_K tile. */
+static inline void score_tile(const float *q, int64_t q_sh, int64_t Cl, int64_t Cr, const float *const *kp,
+                              const float *const *rp, float scale, float *s, int64_t ld_s) {
+    f8 acc[TILE_H][TILE_K];
+    for (int h = 0; h < TILE_H; h++)
+        for (int j = 0; j < TILE_K; j++) acc[h][j] = splat8(0.0f);
+    for (int64_t c = 0; c < Cl; c += 8) {
+        f8 x[TILE_H], y[TILE_K];
+        for (int h = 0; h < TILE_H; h++) x[h] = load8(q + h * q_sh + c);
+        for (int j = 0; j < TILE_K; j++) y[j] = load8(kp[j] + c);
+        for (int h = 0; h < TILE_H; h++)
+            for (int j = 0; j < TILE_K; j++) acc[h][j] += x[h] * y[j];
+    }
+    for (int64_t c = 0; c < Cr; c += 8) {
+        f8 x[TILE_H], y[TILE_K];
+        for (int h = 0; h < TILE_H; h++) x[h] = load8(q + h * q_sh + Cl + c);
+        for (int j = 0; j < TILE_K; j++) y[j] = load8(rp[j] + c);
+        for (int h = 0; h < TILE_H; h++)
+            for (int j = 0; j < TILE_K; j++) acc[h][j] += x[h] * y[j];
+    }
+    for (int h = 0; h < TILE_H; h++)
+        for (int j = 0; j < TILE_K; j++) s[h * ld_s + j] = scale * hsum8(acc[h][j]);
+}
+
+/* The same for one head and one key (tile remainders). */
+static inline float score_one(const float *q, int64_t Cl, int64_t Cr, const float *k, const float *r) {
+    f8 acc = splat8(0.0f);
+    for (int64_t c = 0; c < Cl; c += 8) acc += load8(q + c) * load8(k + c);
+    for (int64_t c = 0; c < Cr; c += 8) acc += load8(q + Cl + c) * load8(r + c);
+    return hsum8(acc);
+}
+
+/* acc[h][d..d+16) += sum_j p[h][j] * kp[j][d..d+16) for TILE_H heads (acc rows ld_acc apart). */
+static inline void value_tile(const float *p, int64_t ld_p, const float *const *kp, int nb, int64_t d,
+                              float *acc, int64_t ld_acc) {
+    f8 a[TILE_H][2];
+    for (int h = 0; h < TILE_H; h++) {
+        a[h][0] = load8(acc + h * ld_acc + d);
+        a[h][1] = load8(acc + h * ld_acc + d + 8);
+    }
+    for (int j = 0; j < nb; j++) {
+        f8 y0 = load8(kp[j] + d), y1 = load8(kp[j] + d + 8);
+        for (int h = 0; h < TILE_H; h++) {
+            f8 w = splat8(p[h * ld_p + j]);
+            a[h][0] += w * y0;
+            a[h][1] += w * y1;
+        }
+    }
+    for (int h = 0; h < TILE_H; h++) {
+        store8(acc + h * ld_acc + d, a[h][0]);
+        store8(acc + h * ld_acc + d + 8, a[h][1]);
+    }
+}
+
+/* acc[d..d+8) += sum_j p[j] * kp[j][d..d+8) for one head (remainders of the tiles above). */
+static inline void value_one(const float *p, const float *const *kp, int nb, int64_t d, float *acc) {
+    f8 a = load8(acc + d);
+    for (int j = 0; j < nb; j++) a += splat8(p[j]) * load8(kp[j] + d);
+    store8(acc + d, a);
+}
+
+/* MQA-mode sparse attention for n queries of one batch row.
+ *
+ *   q[i][h][:]   = q + i*q_sn + h*q_sh            (Cl + Cr floats, contiguous)
+ *   latent row s = kv + s*kv_ld                     (Cl floats; its first V are the value)
+ *   rope row s   = rope + s*rope_ld                 (Cr floats; unused when Cr == 0)
+ *   idx[i][j]    = idx + i*idx_sn + j               (K row numbers, -1 = empty slot)
+ *   out[i][h][:] = out + i*out_sn + h*out_sh        (V floats)
+ *
+ * out = softmax_j(scale * q . key_j) . value_j over the filled slots; a query with none gets zeros.
+ * Cl, Cr and V must be multiples of 8. Returns 0, or -1 when scratch memory could not be allocated. */
+int dsv32_sparse_mqa_f32(int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t V, int64_t K, float scale,
+                         const float *q, int64_t q_sn, int64_t q_sh, const float *kv, int64_t kv_ld,
+                         const float *rope, int64_t rope_ld, const int64_t *idx, int64_t idx_sn, float *out,
+                         int64_t out_sn, int64_t out_sh) {
+    const int64_t ld_s = BLOCK_KEYS;
+    float *s = malloc(sizeof(float) * (size_t)(H * ld_s + H * V + 2 * H));
+    const float **kp = malloc(sizeof(float *) * (size_t)(2 * K + 2 * TILE_K));
+    if (!s || !kp) {
+        free(s);
+        free(kp);
+        return -1;
+    }
+    float *acc = s + H * ld_s, *row_max = acc + H * V, *row_sum = row_max + H;
+    const float **rp = kp + K + TILE_K;
+
+    for (int64_t i = 0; i < n; i++) {
+        const float *qi = q + i * q_sn;
+        const int64_t *ii = idx + i * idx_sn;
+        int64_t nk = 0; /* the filled slots' rows, compacted */
+        for (int64_t j = 0; j < K; j++) {
+            int64_t r = ii[j];
+            if (r < 0) continue;
+            kp[nk] = kv + r * kv_ld;
+            rp[nk] = Cr ? rope + r * rope_ld : kp[nk];
+            nk++;
+        }
+        for (int64_t h = 0; h < H; h++) {
+            row_max[h] = -INFINITY;
+            row_sum[h] = 0.0f;
+        }
+        memset(acc, 0, sizeof(float) * (size_t)(H * V));
+
+        for (int64_t j0 = 0; j0 < nk; j0 += BLOCK_KEYS) {
+            const int nb = (int)(nk - j0 < BLOCK_KEYS ? nk - j0 : BLOCK_KEYS);
+            const float *const *bk = kp + j0, *const *br = rp + j0;
+            /* scores of this block */
+            int64_t h = 0;
+            for (; h + TILE_H <= H; h += TILE_H) {
+                int j = 0;
+                for (; j + TILE_K <= nb; j += TILE_K)
+                    score_tile(qi + h * q_sh, q_sh, Cl, Cr, bk + j, br + j, scale, s + h * ld_s + j, ld_s);
+                for (; j < nb; j++)
+                    for (int hh = 0; hh < TILE_H; hh++)
+                        s[(h + hh) * ld_s + j] = scale * score_one(qi + (h + hh) * q_sh, Cl, Cr, bk[j], br[j]);
+            }
+            for (; h < H; h++)
+                for (int j = 0; j < nb; j++) s[h * ld_s + j] = scale * score_one(qi + h * q_sh, Cl, Cr, bk[j], br[j]);
+            /* online softmax: rescale what was accumulated when a head's running max grows */
+            for (h = 0; h < H; h++) {
+                float *sh = s + h * ld_s, m = row_max[h];
+                for (int j = 0; j < nb; j++) m = sh[j] > m ? sh[j] : m;
+                const float alpha = expf(row_max[h] - m); /* 0 on the first block (max was -inf) */
+                row_max[h] = m;
+                f8 total = splat8(0.0f);
+                for (int j = 0; j < nb; j += 8) {
+                    f8 e = exp8(load8(sh + j) - splat8(m));
+                    for (int l = nb - j; l < 8; l++) e[l] = 0.0f; /* slots past the block's end */
+                    store8(sh + j, e);
+                    total += e;
+                }
+                row_sum[h] = row_sum[h] * alpha + hsum8(total);
+                if (alpha != 1.0f) {
+                    float *ah = acc + h * V;
+                    for (int64_t d = 0; d < V; d += 8) store8(ah + d, load8(ah + d) * splat8(alpha));
+                }
+            }
+            /* values: acc += p . latent[:V] */
+            for (int64_t d = 0; d < V; d += 16) {
+                const int wide = d + 16 <= V;
+                for (h = 0; h + TILE_H <= H && wide; h += TILE_H)
+                    value_tile(s + h * ld_s, ld_s, bk, nb, d, acc + h * V, V);
+                for (; h < H; h++) {
+                    value_one(s + h * ld_s, bk, nb, d, acc + h * V);
+                    if (wide) value_one(s + h * ld_s, bk, nb, d + 8, acc + h * V);
+                }
+            }
+        }
+        for (int64_t h = 0; h < H; h++) {
+            float *o = out + i * out_sn + h * out_sh;
+            const f8 inv = splat8(nk ? 1.0f / row_sum[h] : 0.0f);
+            for (int64_t d = 0; d < V; d += 8) store8(o + d, load8(acc + h * V + d) * inv);
+        }
+    }
+    free(s);
+    free(kp);
+    return 0;
+}
+
+/* ---- the lightning indexer: I[t, s] = sum_h w[t, h] ReLU(q[t, h] . k[s]) and its exact top-k ----
+ *
+ * Keys arrive transposed in tiles of KEY_TILE ([tiles][D][KEY_TILE]) so one query's scores for a tile
+ * are vector lanes, with no horizontal sums. Queries go in blocks of QUERY_BLOCK that share each key
+ * tile while it sits in L1; the block's scores land in a row buffer as order keys (int32 with the
+ * order of the fp32 scores). Each row's top-k is then found coarse to fine: the k-th largest of the
+ * maxima of groups of GROUP keys bounds the k-th score from below (each of those k groups holds a key
+ * at least that large), the keys at or above the bound are the candidates, and a quickselect over
+ * their (score, position) sort keys picks the exact top-k under the rule of
+ * dsv32.dsa.indexer.tie_break_keys: higher score first, then the later position. */
+
+#ifndef KEY_TILE
+#define KEY_TILE 16
+#endif
+#define TILE_V (KEY_TILE / 8) /* vectors per key tile */
+#define QUERY_BLOCK 32
+#define GROUP 8
+#define HIDDEN INT32_MIN /* order key of a key the query does not see (after it, or padding) */
+
+/* fp32 -> int32 with the same order (-0.0 folded into +0.0), as indexer._float_order_key. */
+static inline i8 order8(f8 x) {
+    i8 bits = (i8)(x + splat8(0.0f));
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF);
+}
+
+/* Move the k largest of a[0..n) to a[0..k) (any order): quickselect, median-of-three pivots. */
+#define DEFINE_SELECT_LARGEST(name, type)                                                                   \
+    static void name(type *a, int64_t n, int64_t k) {                                                     \
+        int64_t lo = 0, hi = n - 1;                                                                        \
+        while (lo < hi) {                                                                                  \
+            type x = a[lo], y = a[lo + (hi - lo) / 2], z = a[hi], t;                                       \
+            type pivot = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));             \
+            int64_t i = lo, j = hi;                                                                        \
+            while (i <= j) {                                                                               \
+                while (a[i] > pivot) i++;                                                                  \
+                while (a[j] < pivot) j--;                                                                  \
+                if (i <= j) {                                                                              \
+                    t = a[i], a[i] = a[j], a[j] = t;                                                       \
+                    i++, j--;                                                                              \
+                }                                                                                          \
+            }                                                                                              \
+            if (k - 1 <= j) hi = j;                                                                        \
+            else if (k - 1 >= i) lo = i;                                                                   \
+            else return;                                                                                   \
+        }                                                                                                  \
+    }
+DEFINE_SELECT_LARGEST(select_largest_i32, int32_t)
+DEFINE_SELECT_LARGEST(select_largest_i64, int64_t)
+
+/* The order keys of one query's scores against one key tile (HIDDEN where it does not see the key). */
+static inline void score_keys(const float *qi, int64_t q_sh, const float *wi, int64_t H, int64_t D,
+                              const float *tile, int64_t s0, int64_t seen, const uint8_t *pad, int32_t *row) {
+    f8 score[TILE_V];
+    for (int v = 0; v < TILE_V; v++) score[v] = splat8(0.0f);
+    for (int64_t h = 0; h < H; h += 4) {
+        f8 acc[4][TILE_V];
+        for (int a = 0; a < 4; a++)
+            for (int v = 0; v < TILE_V; v++) acc[a][v] = splat8(0.0f);
+        for (int64_t d = 0; d < D; d++) {
+            f8 k[TILE_V];
+            for (int v = 0; v < TILE_V; v++) {
+                k[v] = load8(tile + d * KEY_TILE + 8 * v);
+                IN_REGISTER(k[v]);
+            }
+            for (int a = 0; a < 4; a++) {
+                f8 x = splat8(qi[(h + a) * q_sh + d]);
+                for (int v = 0; v < TILE_V; v++) acc[a][v] += x * k[v];
+            }
+        }
+        for (int a = 0; a < 4; a++) {
+            const f8 g = splat8(wi[h + a]), zero = splat8(0.0f);
+            for (int v = 0; v < TILE_V; v++) score[v] += g * (f8)((i8)acc[a][v] & (acc[a][v] > zero));
+        }
+    }
+    for (int v = 0; v < TILE_V; v++) {
+        i8 ord = order8(score[v]);
+        memcpy(row + s0 + 8 * v, &ord, sizeof ord);
+    }
+    if (s0 + KEY_TILE > seen || pad)
+        for (int64_t l = 0; l < KEY_TILE; l++)
+            if (s0 + l >= seen || (pad && pad[s0 + l])) row[s0 + l] = HIDDEN;
+}
+
+/* Positions of the k best of row[0..seen) (order keys, HIDDEN = not selectable) into o[0..k), -1
+ * for slots that stay empty. Scratch: groups [seen / GROUP], cand [seen]. */
+static void row_topk(const int32_t *row, int64_t seen, int64_t k, int32_t *groups, int64_t *cand, int64_t *o) {
+    int32_t bound = HIDDEN + 1;
+    const int64_t ng = seen / GROUP;
+    if (ng > k) { /* coarse: the k-th largest group maximum bounds the k-th score from below */
+        for (int64_t g = 0; g < ng; g++) {
+            int32_t m = row[g * GROUP];
+            for (int l = 1; l < GROUP; l++) m = row[g * GROUP + l] > m ? row[g * GROUP + l] : m;
+            groups[g] = m;
+        }
+        select_largest_i32(groups, ng, k);
+        int32_t kth = groups[0];
+        for (int64_t g = 1; g < k; g++) kth = groups[g] < kth ? groups[g] : kth;
+        bound = kth > bound ? kth : bound;
+    }
+    int64_t m = 0;
+    for (int64_t s = 0; s < seen; s++)
+        if (row[s] >= bound) cand[m++] = (int64_t)row[s] * 4294967296LL + s;
+    if (m > k) {
+        select_largest_i64(cand, m, k);
+        m = k;
+    }
+    for (int64_t j = 0; j < k; j++) o[j] = j < m ? (cand[j] & 0xFFFFFFFFLL) : -1;
+}
+
+/* Top-k of n queries of one batch row.
+ *   q[i][h][:]  = q + i*q_sn + h*q_sh   (D floats; D a multiple of 8, H a multiple of 4)
+ *   w[i][h]     = w + i*w_sn + h        (gates, the head scale folded in)
+ *   kt          = key tiles [ceil(S / KEY_TILE)][D][KEY_TILE] (zero padded)
+ *   query i sees keys 0 .. min(visible0 + i, S) - 1, minus padded ones (pad[s] != 0; pad may be NULL)
+ *   out[i][0..K) = out + i*out_sn: the selected positions, unordered; -1 fills slots left empty.
+ * Returns 0, or -1 when memory could not be allocated. */
+int dsv32_indexer_topk_f32(int64_t n, int64_t H, int64_t D, int64_t K, const float *q, int64_t q_sn,
+                           int64_t q_sh, const float *w, int64_t w_sn, const float *kt, int64_t S,
+                           int64_t visible0, const uint8_t *pad, int64_t *out, int64_t out_sn) {
+    const int64_t width = (S + KEY_TILE - 1) / KEY_TILE * KEY_TILE;
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)(QUERY_BLOCK * width + width / GROUP + 1));
+    int64_t *cand = malloc(sizeof(int64_t) * (size_t)width);
+    if (!rows || !cand) {
+        free(rows);
+        free(cand);
+        return -1;
+    }
+    int32_t *groups = rows + QUERY_BLOCK * width;
+    for (int64_t i0 = 0; i0 < n; i0 += QUERY_BLOCK) {
+        const int64_t nq = n - i0 < QUERY_BLOCK ? n - i0 : QUERY_BLOCK;
+        const int64_t seen_max = visible0 + i0 + nq - 1 < S ? visible0 + i0 + nq - 1 : S;
+        for (int64_t s0 = 0; s0 < seen_max; s0 += KEY_TILE) {
+            const float *tile = kt + (s0 / KEY_TILE) * D * KEY_TILE;
+            /* the block's first queries may not see this tile yet (causal diagonal) */
+            for (int64_t i = s0 - visible0 - i0 + 1 > 0 ? s0 - visible0 - i0 + 1 : 0; i < nq; i++) {
+                const int64_t seen = visible0 + i0 + i < S ? visible0 + i0 + i : S;
+                score_keys(q + (i0 + i) * q_sn, q_sh, w + (i0 + i) * w_sn, H, D, tile, s0, seen, pad,
+                           rows + i * width);
+            }
+        }
+        for (int64_t i = 0; i < nq; i++) {
+            const int64_t seen = visible0 + i0 + i < S ? visible0 + i0 + i : S;
+            row_topk(rows + i * width, seen, K, groups, cand, out + (i0 + i) * out_sn);
+        }
+    }
+    free(rows);
+    free(cand);
+    return 0;
+}
