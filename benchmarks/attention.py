@@ -154,9 +154,9 @@ def prefill_masked_dense(x: Inputs, topk: int) -> torch.Tensor:
 
 
 def prefill_ours(x: Inputs, topk: int) -> torch.Tensor:
-    q = x.absorbed_queries(slice(None))
+    q_latent = torch.einsum("bthd,hdc->bthc", x.q_nope, x.w_uk)  # W_UK absorbed, as the model runs it
     idx = indexer_topk(x.iq, x.iw, x.ik, topk)
-    latent_out = sparse_mla_attention(q, x.kv, idx, x.scale, x.shape.kv_lora)
+    latent_out = sparse_mla_attention(q_latent, x.kv, idx, x.scale, x.shape.kv_lora, q_rope=x.q_rope)
     return torch.einsum("bthc,hdc->bthd", latent_out, x.w_uv)
 
 
@@ -182,9 +182,9 @@ def decode_dense_mla(x: Inputs, topk: int) -> torch.Tensor:
 
 
 def decode_ours(x: Inputs, topk: int) -> torch.Tensor:
-    q = x.absorbed_queries(slice(-1, None))  # [B, 1, H, 576]
+    q_latent = torch.einsum("bthd,hdc->bthc", x.q_nope[:, -1:], x.w_uk)  # [B, 1, H, 512]
     idx = indexer_topk(x.iq[:, -1:], x.iw[:, -1:], x.ik, topk)  # [B, 1, k]
-    latent_out = sparse_mla_attention(q, x.kv, idx, x.scale, x.shape.kv_lora)
+    latent_out = sparse_mla_attention(q_latent, x.kv, idx, x.scale, x.shape.kv_lora, q_rope=x.q_rope[:, -1:])
     return torch.einsum("bthc,hdc->bthd", latent_out, x.w_uv)
 
 

@@ -295,14 +295,16 @@ def sparse_mla_attention(
     chunk_size: int | None = None,
     *,
     k_rope: torch.Tensor | None = None,
+    q_rope: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """MQA-mode MLA attention over the selected latents only (the V3.2 case): each gathered latent is
     shared by all H heads. O(T·K·H·C). Shapes as :func:`sparse_mla_attention_reference`.
 
     ``k_rope`` ``[B, S, R]``: give the latent ``kv`` ``[B, S, C - R]`` and the rope keys separately
     (as the model's cache holds them) instead of one concatenated ``[B, S, C]`` tensor — decoding then
-    never copies the cache; ``q`` stays ``[B, T, H, C]`` (latent part first). ``kv``/``k_rope`` may be
-    strided views (cache slices). Per query the scores are one ``[H, C] × [C, K]`` matmul and the
+    never copies the cache. ``q_rope`` ``[B, T, H, R]``: likewise for the queries (``q`` is then the
+    latent part, e.g. the result of the ``W_UK`` absorption, and is not concatenated on the C path).
+    ``q``/``kv``/``k_rope`` may be strided views (cache slices, permuted einsum results). Per query the scores are one ``[H, C] × [C, K]`` matmul and the
     output one ``[H, K] × [K, v_dim]``, batched over a chunk of queries; differentiable. Leading
     queries that selected every key they see (a prefill's first K) attend densely and causally, in
     query blocks that read only the keys they see. Selections must hold distinct indices. (Unlike
@@ -310,20 +312,30 @@ def sparse_mla_attention(
     head, and union blocks measured slower at any overlap — see :mod:`dsv32.dsa.union`.) On CUDA
     without autograd a fused Triton kernel runs instead (:mod:`dsv32.dsa.kernels.gpu`).
     """
+    grad = _needs_grad(q, kv, k_rope, q_rope)
+    if (
+        q_rope is not None
+        and not grad
+        and q.shape[1] > 0
+        and cpu_kernels.mla_supported(q, kv, k_rope, v_dim, q_rope)
+    ):  # CPU + C kernel: the query's two parts are read where they are
+        return _sparse_mla_cpu(q, kv, topk_indices, scale, v_dim, k_rope, q_rope)
+    if q_rope is not None:
+        q = torch.cat((q, q_rope), dim=-1)
     B, T, H, C = q.shape
     K = topk_indices.shape[-1]
     Cl = kv.shape[-1]
     if (k_rope is None and Cl != C) or (k_rope is not None and Cl + k_rope.shape[-1] != C):
         raise ValueError(f"q has {C} dims per head but the keys have {Cl} (+ k_rope)")
-    grad = _needs_grad(q, kv, k_rope)
     if (
         not grad and T > 0 and triton_kernels.available(q)
     ):  # CUDA + Triton: the fused kernel reads latents straight from the cache
         latent, rope = (kv[..., :v_dim], kv[..., v_dim:]) if k_rope is None else (kv, k_rope)
         if latent.shape[-1] == v_dim and triton_kernels.mla_supported(q, latent, rope):
             return triton_kernels.sparse_mla_attention_gpu(q, latent, rope, topk_indices, scale)
-    fused = not grad and T > 0 and cpu_kernels.mla_supported(q, kv, k_rope, v_dim)
-    if k_rope is not None and kv.shape[1] <= T * K and not fused:  # prefill: one copy gathers faster
+    if not grad and T > 0 and cpu_kernels.mla_supported(q, kv, k_rope, v_dim):
+        return _sparse_mla_cpu(q, kv, topk_indices, scale, v_dim, k_rope, None)
+    if k_rope is not None and kv.shape[1] <= T * K:  # prefill: one concatenated copy gathers faster
         kv, k_rope = torch.cat((kv, k_rope), dim=-1), None
         Cl = C
     out = q.new_empty(B, T, H, v_dim)
@@ -333,11 +345,6 @@ def sparse_mla_attention(
     first = 0 if k_rope is not None else _selects_all_prefix(topk_indices, kv.shape[1])
     if first:
         out[:, :first] = _causal_dense_mla(q[:, :first], kv, scale, v_dim, kv.shape[1] - T)
-    if fused:  # CPU, fp32, no autograd: the C kernel reads the selected rows in place
-        cpu_kernels.sparse_mla_attention_cpu(
-            q[:, first:], kv, k_rope, topk_indices[:, first:], scale, v_dim, out=out[:, first:]
-        )
-        return out
     step = _chunk(K, chunk_size)
     rows, strides = _row_view(kv, grad)
     if k_rope is not None:
@@ -366,6 +373,23 @@ def sparse_mla_attention(
 
     for start in range(first, T, step):
         gather_chunk(start, min(start + step, T))
+    return out
+
+
+def _sparse_mla_cpu(q, kv, topk_indices, scale, v_dim, k_rope, q_rope):
+    """:func:`sparse_mla_attention` with the C kernel (CPU, fp32, no autograd); the output is a
+    heads-major view (see :func:`dsv32.dsa.kernels.cpu.sparse_mla_attention_cpu`). A prefill's
+    leading queries that selected every key they see attend densely and causally, as on the torch path."""
+    B, T, H = q.shape[:3]
+    out = q.new_empty(B, H, T, v_dim).transpose(1, 2)
+    first = 0 if k_rope is not None else _selects_all_prefix(topk_indices, kv.shape[1])
+    if first:
+        qf = q[:, :first] if q_rope is None else torch.cat((q[:, :first], q_rope[:, :first]), dim=-1)
+        out[:, :first] = _causal_dense_mla(qf, kv, scale, v_dim, kv.shape[1] - T)
+    rest = (q[:, first:], kv, k_rope, topk_indices[:, first:], scale, v_dim)
+    cpu_kernels.sparse_mla_attention_cpu(
+        *rest, q_rope=None if q_rope is None else q_rope[:, first:], out=out[:, first:]
+    )
     return out
 
 

@@ -183,14 +183,15 @@ class MLA(nn.Module):
         H = q_nope.shape[2]
         w_kv_b = self.kv_b_proj.weight.view(H, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
         w_uk, w_uv = w_kv_b[:, : self.qk_nope_head_dim], w_kv_b[:, self.qk_nope_head_dim :]
-        q = torch.cat((torch.einsum("bthd,hdc->bthc", q_nope, w_uk), q_rope), dim=-1)
+        q_latent = torch.einsum("bthd,hdc->bthc", q_nope, w_uk)
         if topk_indices is None:
-            kv = torch.cat((kv_latent, k_rope), dim=-1)
+            q, kv = torch.cat((q_latent, q_rope), dim=-1), torch.cat((kv_latent, k_rope), dim=-1)
             latent_out = dense_mla_attention(q, kv, self.softmax_scale, self.kv_lora_rank, mask)
         else:  # latents and rope keys stay where the cache holds them: decode copies nothing
             latent_out = sparse_mla_attention(
-                q, kv_latent, topk_indices, self.softmax_scale, self.kv_lora_rank, k_rope=k_rope
-            )
+                q_latent, kv_latent, topk_indices, self.softmax_scale, self.kv_lora_rank,
+                k_rope=k_rope, q_rope=q_rope,
+            )  # fmt: skip
         return torch.einsum("bthc,hdc->bthd", latent_out, w_uv)
 
 

@@ -37,7 +37,7 @@ import torch
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 _FLAG_SETS = (["-O3", "-march=native"], ["-O3", "-mcpu=native"], ["-O3"])
 _I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-_ARGTYPES = [_I64] * 6 + [_F32] + [_PTR, _I64, _I64, _PTR, _I64, _PTR, _I64, _PTR, _I64, _PTR, _I64, _I64]
+_ARGTYPES = [_I64] * 6 + [_F32] + [_PTR, _I64, _I64] * 2 + [_PTR, _I64] * 3 + [_PTR, _I64, _I64]
 _INDEXER_ARGTYPES = [_I64] * 4 + [_PTR, _I64, _I64, _PTR, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64]
 KEY_TILE = 16  # as in cpu_kernels.c
 
@@ -130,13 +130,21 @@ def enabled(on: bool) -> Iterator[None]:
         _enabled = before
 
 
-def mla_supported(q: torch.Tensor, latent: torch.Tensor, rope: torch.Tensor | None, v_dim: int) -> bool:
-    """Inputs :func:`sparse_mla_attention_cpu` takes: fp32 CPU tensors whose last dim is contiguous,
-    with the latent, rope and value widths multiples of 8."""
-    tensors = (q, latent) if rope is None else (q, latent, rope)
-    widths = (latent.shape[-1], v_dim, 0 if rope is None else rope.shape[-1])
+def mla_supported(
+    q: torch.Tensor,
+    latent: torch.Tensor,
+    rope: torch.Tensor | None,
+    v_dim: int,
+    q_rope: torch.Tensor | None = None,
+) -> bool:
+    """Inputs :func:`sparse_mla_attention_cpu` takes: fp32 CPU tensors, the keys' last dim contiguous,
+    the query, key and value widths multiples of 8."""
+    keys = (latent,) if rope is None else (latent, rope)
+    tensors = (q, *keys) if q_rope is None else (q, q_rope, *keys)
+    widths = (q.shape[-1], latent.shape[-1], v_dim, *(t.shape[-1] for t in (rope, q_rope) if t is not None))
     return (
-        all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1 for t in tensors)
+        all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+        and all(t.stride(-1) == 1 for t in keys)
         and all(w % 8 == 0 for w in widths)
         and v_dim <= latent.shape[-1]
         and available()
@@ -162,47 +170,64 @@ def sparse_mla_attention_cpu(
     topk_indices: torch.Tensor,
     scale: float,
     v_dim: int,
+    *,
+    q_rope: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """MQA-mode attention over the selected latents with the C kernel.
 
-    ``q`` ``[B, T, H, C]`` (absorbed queries: latent part, then rope part), ``latent`` ``[B, S, Cl]``
-    (its first ``v_dim`` dims are the value), ``rope`` ``[B, S, C - Cl]`` or None (then ``Cl == C``),
-    ``topk_indices`` ``[B, T, K]`` (-1 = empty) → ``[B, T, H, v_dim]`` (or written into ``out``).
-    Views with strided rows (cache slices) are read in place. Check :func:`mla_supported` first."""
+    Queries: ``q`` ``[B, T, H, C]`` (absorbed: latent part, then rope part), or its latent part with
+    ``q_rope`` ``[B, T, H, R]`` beside it. Keys: ``latent`` ``[B, S, Cl]`` (its first ``v_dim`` dims are
+    the value) with ``rope`` ``[B, S, R]``, or one ``[B, S, C]`` tensor with ``rope`` None.
+    ``topk_indices`` ``[B, T, K]`` (-1 = empty) → ``[B, T, H, v_dim]``, by default a heads-major view
+    (storage ``[B, H, T, v_dim]``, what a per-head ``W_UV`` matmul reads without a copy), or written
+    into ``out``. Every input may be a strided view (cache slices, the permuted result of an einsum):
+    only the last dim must be contiguous. Check :func:`mla_supported` first."""
     lib = _library()
     if lib is None:
         raise RuntimeError("the CPU kernels are not available (see dsv32.dsa.kernels.cpu)")
-    B, T, H, C = q.shape
+    B, T, H, Cq = q.shape
+    C = Cq + (0 if q_rope is None else q_rope.shape[-1])
+    if rope is None:  # one [B, S, C] key tensor: split it where the query splits (if it does)
+        if latent.shape[-1] != C:
+            raise ValueError(f"q has {C} dims per head but the keys have {latent.shape[-1]}")
+        if q_rope is not None:
+            latent, rope = latent[..., :Cq], latent[..., Cq:]
     Cl = latent.shape[-1]
     Cr = 0 if rope is None else rope.shape[-1]
-    if Cl + Cr != C:
-        raise ValueError(f"q has {C} dims per head but the keys have {Cl} + {Cr}")
-    if q.stride(-1) != 1 or q.stride(2) < C:
-        q = q.contiguous()
+    if Cl + Cr != C or (q_rope is not None and Cq != Cl):
+        raise ValueError(f"q has {Cq} + {C - Cq} dims per head but the keys have {Cl} + {Cr}")
+    if Cr and q_rope is None:
+        q_rope = q[..., Cl:]
+    qr = q if q_rope is None else q_rope
+    q, qr = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, qr))
     idx = topk_indices if topk_indices.stride(-1) == 1 else topk_indices.contiguous()
     idx = idx.to(torch.int64)
     K = idx.shape[-1]
     if out is None:
-        out = q.new_empty(B, T, H, v_dim)
+        out = q.new_empty(B, H, T, v_dim).transpose(1, 2)
     if T == 0:
         return out
-    size = q.element_size()
     workers = max(1, min(torch.get_num_threads(), T))
+
+    def at(t: torch.Tensor | None, b: int, start: int = 0) -> int | None:
+        if t is None:
+            return None
+        return t.data_ptr() + (b * t.stride(0) + start * t.stride(1)) * t.element_size()
+
     jobs = []
     for b in range(B):
         step = -(-T // workers)
         for start in range(0, T, step):
-            n = min(step, T - start)
             jobs.append(
                 (
-                    n, H, Cl, Cr, v_dim, K, scale,
-                    q.data_ptr() + (b * q.stride(0) + start * q.stride(1)) * size, q.stride(1), q.stride(2),
-                    latent.data_ptr() + b * latent.stride(0) * size, latent.stride(1),
-                    (rope.data_ptr() + b * rope.stride(0) * size) if rope is not None else None,
-                    rope.stride(1) if rope is not None else 0,
-                    idx.data_ptr() + (b * idx.stride(0) + start * idx.stride(1)) * 8, idx.stride(1),
-                    out.data_ptr() + (b * out.stride(0) + start * out.stride(1)) * size, out.stride(1), out.stride(2),
+                    min(step, T - start), H, Cl, Cr, v_dim, K, scale,
+                    at(q, b, start), q.stride(1), q.stride(2),
+                    at(qr, b, start), qr.stride(1), qr.stride(2),
+                    at(latent, b), latent.stride(1),
+                    at(rope, b), 0 if rope is None else rope.stride(1),
+                    at(idx, b, start), idx.stride(1),
+                    at(out, b, start), out.stride(1), out.stride(2),
                 )
             )  # fmt: skip
     codes = _run(lib.dsv32_sparse_mqa_f32, jobs, workers)

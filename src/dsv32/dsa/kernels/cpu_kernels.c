@@ -19,8 +19,15 @@ typedef float f8 __attribute__((vector_size(32)));
 typedef int32_t i8 __attribute__((vector_size(32)));
 
 #define BLOCK_KEYS 64 /* selected rows per block: 64 latents of 576 fp32 (147 KB) stay in L2 */
-#define TILE_H 4      /* heads per register tile */
-#define TILE_K 3      /* keys per score tile: 4 x 3 accumulators + 7 loads fit 16 registers */
+#ifndef PREFETCH_TILES
+#define PREFETCH_TILES 2 /* key tiles between a row's prefetch and its use */
+#endif
+#ifndef TILE_H
+#define TILE_H 4 /* heads per register tile */
+#endif
+#ifndef TILE_K
+#define TILE_K 3 /* keys per score tile */
+#endif
 
 static inline f8 load8(const float *p) {
     f8 v;
@@ -67,21 +74,26 @@ static inline f8 exp8(f8 x) {
 }
 
 /* scores[h][j] = scale * (q_h[:Cl] . kp[j][:Cl] + q_h[Cl:] . rp[j][:Cr]) for a TILE_H x TILE_K tile. */
-static inline void score_tile(const float *q, int64_t q_sh, int64_t Cl, int64_t Cr, const float *const *kp,
+static inline void score_tile(const float *q, int64_t q_sh, const float *qr, int64_t qr_sh, int64_t Cl, int64_t Cr,
+                              const float *const *kp,
                               const float *const *rp, float scale, float *s, int64_t ld_s) {
     f8 acc[TILE_H][TILE_K];
     for (int h = 0; h < TILE_H; h++)
         for (int j = 0; j < TILE_K; j++) acc[h][j] = splat8(0.0f);
     for (int64_t c = 0; c < Cl; c += 8) {
         f8 x[TILE_H], y[TILE_K];
-        for (int h = 0; h < TILE_H; h++) x[h] = load8(q + h * q_sh + c);
-        for (int j = 0; j < TILE_K; j++) y[j] = load8(kp[j] + c);
-        for (int h = 0; h < TILE_H; h++)
+        for (int j = 0; j < TILE_K; j++) {
+            y[j] = load8(kp[j] + c);
+            IN_REGISTER(y[j]);
+        }
+        for (int h = 0; h < TILE_H; h++) {
+            x[h] = load8(q + h * q_sh + c);
             for (int j = 0; j < TILE_K; j++) acc[h][j] += x[h] * y[j];
+        }
     }
     for (int64_t c = 0; c < Cr; c += 8) {
         f8 x[TILE_H], y[TILE_K];
-        for (int h = 0; h < TILE_H; h++) x[h] = load8(q + h * q_sh + Cl + c);
+        for (int h = 0; h < TILE_H; h++) x[h] = load8(qr + h * qr_sh + c);
         for (int j = 0; j < TILE_K; j++) y[j] = load8(rp[j] + c);
         for (int h = 0; h < TILE_H; h++)
             for (int j = 0; j < TILE_K; j++) acc[h][j] += x[h] * y[j];
@@ -91,10 +103,10 @@ static inline void score_tile(const float *q, int64_t q_sh, int64_t Cl, int64_t 
 }
 
 /* The same for one head and one key (tile remainders). */
-static inline float score_one(const float *q, int64_t Cl, int64_t Cr, const float *k, const float *r) {
+static inline float score_one(const float *q, const float *qr, int64_t Cl, int64_t Cr, const float *k, const float *r) {
     f8 acc = splat8(0.0f);
     for (int64_t c = 0; c < Cl; c += 8) acc += load8(q + c) * load8(k + c);
-    for (int64_t c = 0; c < Cr; c += 8) acc += load8(q + Cl + c) * load8(r + c);
+    for (int64_t c = 0; c < Cr; c += 8) acc += load8(qr + c) * load8(r + c);
     return hsum8(acc);
 }
 
@@ -129,7 +141,8 @@ static inline void value_one(const float *p, const float *const *kp, int nb, int
 
 /* MQA-mode sparse attention for n queries of one batch row.
  *
- *   q[i][h][:]   = q + i*q_sn + h*q_sh            (Cl + Cr floats, contiguous)
+ *   q[i][h][:]   = q + i*q_sn + h*q_sh            (Cl floats, contiguous: the latent part)
+ *   qr[i][h][:]  = qr + i*qr_sn + h*qr_sh         (Cr floats: the rope part)
  *   latent row s = kv + s*kv_ld                     (Cl floats; its first V are the value)
  *   rope row s   = rope + s*rope_ld                 (Cr floats; unused when Cr == 0)
  *   idx[i][j]    = idx + i*idx_sn + j               (K row numbers, -1 = empty slot)
@@ -138,22 +151,30 @@ static inline void value_one(const float *p, const float *const *kp, int nb, int
  * out = softmax_j(scale * q . key_j) . value_j over the filled slots; a query with none gets zeros.
  * Cl, Cr and V must be multiples of 8. Returns 0, or -1 when scratch memory could not be allocated. */
 int dsv32_sparse_mqa_f32(int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t V, int64_t K, float scale,
-                         const float *q, int64_t q_sn, int64_t q_sh, const float *kv, int64_t kv_ld,
+                         const float *q, int64_t q_sn, int64_t q_stride_h, const float *qr, int64_t qr_sn,
+                         int64_t qr_stride_h, const float *kv, int64_t kv_ld,
                          const float *rope, int64_t rope_ld, const int64_t *idx, int64_t idx_sn, float *out,
                          int64_t out_sn, int64_t out_sh) {
     const int64_t ld_s = BLOCK_KEYS;
-    float *s = malloc(sizeof(float) * (size_t)(H * ld_s + H * V + 2 * H));
+    const int64_t C = Cl + Cr;
+    float *s = malloc(sizeof(float) * (size_t)(H * ld_s + H * V + 2 * H + H * C));
     const float **kp = malloc(sizeof(float *) * (size_t)(2 * K + 2 * TILE_K));
     if (!s || !kp) {
         free(s);
         free(kp);
         return -1;
     }
-    float *acc = s + H * ld_s, *row_max = acc + H * V, *row_sum = row_max + H;
+    float *acc = s + H * ld_s, *row_max = acc + H * V, *row_sum = row_max + H, *qbuf = row_sum + H;
     const float **rp = kp + K + TILE_K;
 
     for (int64_t i = 0; i < n; i++) {
-        const float *qi = q + i * q_sn;
+        /* this query's heads side by side (strided or heads-major inputs would alias in L1) */
+        for (int64_t h = 0; h < H; h++) {
+            memcpy(qbuf + h * C, q + i * q_sn + h * q_stride_h, sizeof(float) * (size_t)Cl);
+            if (Cr) memcpy(qbuf + h * C + Cl, qr + i * qr_sn + h * qr_stride_h, sizeof(float) * (size_t)Cr);
+        }
+        const float *qi = qbuf, *qri = qbuf + Cl;
+        const int64_t q_sh = C, qr_sh = C;
         const int64_t *ii = idx + i * idx_sn;
         int64_t nk = 0; /* the filled slots' rows, compacted */
         for (int64_t j = 0; j < K; j++) {
@@ -172,18 +193,25 @@ int dsv32_sparse_mqa_f32(int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t V
         for (int64_t j0 = 0; j0 < nk; j0 += BLOCK_KEYS) {
             const int nb = (int)(nk - j0 < BLOCK_KEYS ? nk - j0 : BLOCK_KEYS);
             const float *const *bk = kp + j0, *const *br = rp + j0;
-            /* scores of this block */
-            int64_t h = 0;
-            for (; h + TILE_H <= H; h += TILE_H) {
-                int j = 0;
-                for (; j + TILE_K <= nb; j += TILE_K)
-                    score_tile(qi + h * q_sh, q_sh, Cl, Cr, bk + j, br + j, scale, s + h * ld_s + j, ld_s);
-                for (; j < nb; j++)
-                    for (int hh = 0; hh < TILE_H; hh++)
-                        s[(h + hh) * ld_s + j] = scale * score_one(qi + (h + hh) * q_sh, Cl, Cr, bk[j], br[j]);
+            /* scores of this block, key tile by key tile: the tile's rows stay in L1 for every head
+             * while the rows PREFETCH_TILES tiles ahead are requested (random rows defeat the
+             * hardware prefetcher) */
+            int64_t h;
+            int j = 0;
+            for (; j + TILE_K <= nb; j += TILE_K) {
+                for (int64_t a = j0 + j + PREFETCH_TILES * TILE_K; a < j0 + j + (PREFETCH_TILES + 1) * TILE_K && a < nk; a++) {
+                    for (int64_t c = 0; c < Cl; c += 16) __builtin_prefetch(kp[a] + c);
+                    for (int64_t c = 0; c < Cr; c += 16) __builtin_prefetch(rp[a] + c);
+                }
+                for (h = 0; h + TILE_H <= H; h += TILE_H)
+                    score_tile(qi + h * q_sh, q_sh, qri + h * qr_sh, qr_sh, Cl, Cr, bk + j, br + j, scale,
+                               s + h * ld_s + j, ld_s);
+                for (; h < H; h++)
+                    for (int jj = j; jj < j + TILE_K; jj++)
+                        s[h * ld_s + jj] = scale * score_one(qi + h * q_sh, qri + h * qr_sh, Cl, Cr, bk[jj], br[jj]);
             }
-            for (; h < H; h++)
-                for (int j = 0; j < nb; j++) s[h * ld_s + j] = scale * score_one(qi + h * q_sh, Cl, Cr, bk[j], br[j]);
+            for (; j < nb; j++)
+                for (h = 0; h < H; h++) s[h * ld_s + j] = scale * score_one(qi + h * q_sh, qri + h * qr_sh, Cl, Cr, bk[j], br[j]);
             /* online softmax: rescale what was accumulated when a head's running max grows */
             for (h = 0; h < H; h++) {
                 float *sh = s + h * ld_s, m = row_max[h];
@@ -240,7 +268,9 @@ int dsv32_sparse_mqa_f32(int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t V
 #define KEY_TILE 16
 #endif
 #define TILE_V (KEY_TILE / 8) /* vectors per key tile */
+#ifndef QUERY_BLOCK
 #define QUERY_BLOCK 32
+#endif
 #define GROUP 8
 #define HIDDEN INT32_MIN /* order key of a key the query does not see (after it, or padding) */
 
