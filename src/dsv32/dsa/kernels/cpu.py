@@ -37,9 +37,22 @@ import torch
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 _FLAG_SETS = (["-O3", "-march=native"], ["-O3", "-mcpu=native"], ["-O3"])
 _I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-_ARGTYPES = [_I64] * 6 + [_F32] + [_PTR, _I64, _I64] * 2 + [_PTR, _I64] * 3 + [_PTR, _I64, _I64]
-_INDEXER_ARGTYPES = [_I64] * 4 + [_PTR, _I64, _I64, _PTR, _I64, _PTR, _I64, _I64, _PTR, _PTR, _I64]
-KEY_TILE = 16  # as in cpu_kernels.c
+_ARGTYPES = [_I64] * 6 + [_F32] + [_PTR, _I64, _I64] * 2 + [_PTR, _I64] * 3 + [_PTR, _I64, _I64, _PTR]
+_INDEXER_ARGTYPES = [_I64] * 4 + [
+    _PTR,
+    _I64,
+    _I64,
+    _PTR,
+    _I64,
+    _PTR,
+    _I64,
+    _I64,
+    _I64,
+    _PTR,
+    _PTR,
+    _I64,
+    _PTR,
+]
 
 
 def _compilers() -> list[str]:
@@ -104,9 +117,13 @@ def _library() -> ctypes.CDLL | None:
         warnings.warn(f"dsv32: could not load the CPU kernels ({err}); using the torch path.", stacklevel=3)
         return None
     lib.dsv32_sparse_mqa_f32.argtypes = _ARGTYPES
-    lib.dsv32_sparse_mqa_f32.restype = ctypes.c_int
+    lib.dsv32_sparse_mqa_f32.restype = None
+    lib.dsv32_sparse_mqa_scratch_bytes.argtypes = [_I64] * 5
+    lib.dsv32_sparse_mqa_scratch_bytes.restype = _I64
     lib.dsv32_indexer_topk_f32.argtypes = _INDEXER_ARGTYPES
-    lib.dsv32_indexer_topk_f32.restype = ctypes.c_int
+    lib.dsv32_indexer_topk_f32.restype = None
+    lib.dsv32_indexer_scratch_bytes.argtypes = [_I64, _I64]
+    lib.dsv32_indexer_scratch_bytes.restype = _I64
     return lib
 
 
@@ -152,14 +169,17 @@ def mla_supported(
 
 
 _pool: ThreadPoolExecutor | None = None
+_pool_size = 0
 _pool_lock = threading.Lock()
 
 
 def _executor(workers: int) -> ThreadPoolExecutor:
-    global _pool
+    """A process-wide thread pool with at least ``workers`` threads."""
+    global _pool, _pool_size
     with _pool_lock:
-        if _pool is None or _pool._max_workers < workers:
+        if _pool is None or _pool_size < workers:
             _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dsv32-cpu")
+            _pool_size = workers
         return _pool
 
 
@@ -216,8 +236,9 @@ def sparse_mla_attention_cpu(
         return t.data_ptr() + (b * t.stride(0) + start * t.stride(1)) * t.element_size()
 
     jobs = []
+    step = -(-T // workers)
+    scratch = _scratch(workers, lib.dsv32_sparse_mqa_scratch_bytes(H, Cl, Cr, v_dim, K))
     for b in range(B):
-        step = -(-T // workers)
         for start in range(0, T, step):
             jobs.append(
                 (
@@ -230,9 +251,7 @@ def sparse_mla_attention_cpu(
                     at(out, b, start), out.stride(1), out.stride(2),
                 )
             )  # fmt: skip
-    codes = _run(lib.dsv32_sparse_mqa_f32, jobs, workers)
-    if any(codes):
-        raise MemoryError("dsv32 CPU kernel: could not allocate its scratch memory")
+    _run(lib.dsv32_sparse_mqa_f32, jobs, scratch)
     return out
 
 
@@ -282,10 +301,9 @@ def indexer_topk_cpu(
         return out
     qf = q.float().contiguous()
     wf = weights.float().contiguous()
-    tiles = -(-S // KEY_TILE)
-    kt = torch.zeros(B, tiles * KEY_TILE, D, dtype=torch.float32)
-    kt[:, :S] = k_index
-    kt = kt.view(B, tiles, KEY_TILE, D).transpose(2, 3).contiguous()  # [B, tiles, D, KEY_TILE]
+    keys = k_index.float()
+    if keys.stride(-1) != 1:
+        keys = keys.contiguous()
     pad = None
     if key_padding_mask is not None and not bool(key_padding_mask.bool().all()):
         pad = (~key_padding_mask.bool()).to(torch.uint8).contiguous()
@@ -293,6 +311,7 @@ def indexer_topk_cpu(
     workers = max(1, min(torch.get_num_threads(), T))
     cuts = _balanced_splits((torch.arange(T) + offset + 1).clamp_max(S), workers)
     jobs = []
+    scratch = _scratch(workers, lib.dsv32_indexer_scratch_bytes(S, D))
     for b in range(B):
         for a, z in itertools.pairwise(cuts):
             jobs.append(
@@ -300,19 +319,31 @@ def indexer_topk_cpu(
                     z - a, H, D, K,
                     qf[b, a].data_ptr(), qf.stride(1), qf.stride(2),
                     wf[b, a].data_ptr(), wf.stride(1),
-                    kt[b].data_ptr(), S, offset + a + 1,
+                    keys[b].data_ptr(), keys.stride(1), S, offset + a + 1,
                     None if pad is None else pad[b].data_ptr(),
                     out[b, a].data_ptr(), out.stride(1),
                 )
             )  # fmt: skip
-    codes = _run(lib.dsv32_indexer_topk_f32, jobs, workers)
-    if any(codes):
-        raise MemoryError("dsv32 CPU kernel: could not allocate its scratch memory")
+    _run(lib.dsv32_indexer_topk_f32, jobs, scratch)
     return out
 
 
-def _run(fn, jobs: list[tuple], workers: int) -> list[int]:
-    """Each job's C call; in parallel on ``workers`` threads (the calls release the GIL)."""
-    if len(jobs) == 1 or workers == 1:
-        return [fn(*a) for a in jobs]
-    return list(_executor(workers).map(lambda a: fn(*a), jobs))
+def _scratch(workers: int, nbytes: int) -> list[torch.Tensor]:
+    """One work buffer per thread, from torch's allocator (so memory profiles see it)."""
+    return [torch.empty(nbytes, dtype=torch.uint8) for _ in range(workers)]
+
+
+def _run(fn, jobs: list[tuple], scratch: list[torch.Tensor]) -> None:
+    """Each job's C call, ``fn(*job, scratch)``: jobs ``i, i + W, ...`` run one after another on thread
+    ``i`` with its own buffer, the ``W = len(scratch)`` threads in parallel (the calls release the GIL)."""
+    workers = len(scratch)
+
+    def worker(i: int) -> None:
+        for job in jobs[i::workers]:
+            fn(*job, scratch[i].data_ptr())
+
+    if workers == 1 or len(jobs) == 1:
+        for job in jobs:
+            fn(*job, scratch[0].data_ptr())
+        return
+    list(_executor(workers).map(worker, range(min(workers, len(jobs)))))

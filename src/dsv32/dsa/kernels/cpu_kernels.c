@@ -12,13 +12,15 @@
  */
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 typedef float f8 __attribute__((vector_size(32)));
 typedef int32_t i8 __attribute__((vector_size(32)));
 
 #define BLOCK_KEYS 64 /* selected rows per block: 64 latents of 576 fp32 (147 KB) stay in L2 */
+#ifndef PREFETCH_HINT
+#define PREFETCH_HINT 3
+#endif
 #ifndef PREFETCH_TILES
 #define PREFETCH_TILES 2 /* key tiles between a row's prefetch and its use */
 #endif
@@ -149,21 +151,22 @@ static inline void value_one(const float *p, const float *const *kp, int nb, int
  *   out[i][h][:] = out + i*out_sn + h*out_sh        (V floats)
  *
  * out = softmax_j(scale * q . key_j) . value_j over the filled slots; a query with none gets zeros.
- * Cl, Cr and V must be multiples of 8. Returns 0, or -1 when scratch memory could not be allocated. */
-int dsv32_sparse_mqa_f32(int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t V, int64_t K, float scale,
-                         const float *q, int64_t q_sn, int64_t q_stride_h, const float *qr, int64_t qr_sn,
-                         int64_t qr_stride_h, const float *kv, int64_t kv_ld,
-                         const float *rope, int64_t rope_ld, const int64_t *idx, int64_t idx_sn, float *out,
-                         int64_t out_sn, int64_t out_sh) {
+ * Cl, Cr and V must be multiples of 8. scratch: dsv32_sparse_mqa_scratch_bytes(...) bytes, 8-aligned
+ * (the caller allocates it, so the memory shows in its allocator's accounting). */
+int64_t dsv32_sparse_mqa_scratch_bytes(int64_t H, int64_t Cl, int64_t Cr, int64_t V, int64_t K) {
+    return (int64_t)sizeof(float *) * (2 * K + 2 * TILE_K) +
+           (int64_t)sizeof(float) * (H * BLOCK_KEYS + H * V + 2 * H + H * (Cl + Cr));
+}
+
+void dsv32_sparse_mqa_f32(int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t V, int64_t K, float scale,
+                          const float *q, int64_t q_sn, int64_t q_stride_h, const float *qr, int64_t qr_sn,
+                          int64_t qr_stride_h, const float *kv, int64_t kv_ld, const float *rope,
+                          int64_t rope_ld, const int64_t *idx, int64_t idx_sn, float *out, int64_t out_sn,
+                          int64_t out_sh, void *scratch) {
     const int64_t ld_s = BLOCK_KEYS;
     const int64_t C = Cl + Cr;
-    float *s = malloc(sizeof(float) * (size_t)(H * ld_s + H * V + 2 * H + H * C));
-    const float **kp = malloc(sizeof(float *) * (size_t)(2 * K + 2 * TILE_K));
-    if (!s || !kp) {
-        free(s);
-        free(kp);
-        return -1;
-    }
+    const float **kp = scratch;
+    float *s = (float *)(kp + 2 * K + 2 * TILE_K);
     float *acc = s + H * ld_s, *row_max = acc + H * V, *row_sum = row_max + H, *qbuf = row_sum + H;
     const float **rp = kp + K + TILE_K;
 
@@ -200,8 +203,8 @@ int dsv32_sparse_mqa_f32(int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t V
             int j = 0;
             for (; j + TILE_K <= nb; j += TILE_K) {
                 for (int64_t a = j0 + j + PREFETCH_TILES * TILE_K; a < j0 + j + (PREFETCH_TILES + 1) * TILE_K && a < nk; a++) {
-                    for (int64_t c = 0; c < Cl; c += 16) __builtin_prefetch(kp[a] + c);
-                    for (int64_t c = 0; c < Cr; c += 16) __builtin_prefetch(rp[a] + c);
+                    for (int64_t c = 0; c < Cl; c += 16) __builtin_prefetch(kp[a] + c, 0, PREFETCH_HINT);
+                    for (int64_t c = 0; c < Cr; c += 16) __builtin_prefetch(rp[a] + c, 0, PREFETCH_HINT);
                 }
                 for (h = 0; h + TILE_H <= H; h += TILE_H)
                     score_tile(qi + h * q_sh, q_sh, qri + h * qr_sh, qr_sh, Cl, Cr, bk + j, br + j, scale,
@@ -248,14 +251,11 @@ int dsv32_sparse_mqa_f32(int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t V
             for (int64_t d = 0; d < V; d += 8) store8(o + d, load8(acc + h * V + d) * inv);
         }
     }
-    free(s);
-    free(kp);
-    return 0;
 }
 
 /* ---- the lightning indexer: I[t, s] = sum_h w[t, h] ReLU(q[t, h] . k[s]) and its exact top-k ----
  *
- * Keys arrive transposed in tiles of KEY_TILE ([tiles][D][KEY_TILE]) so one query's scores for a tile
+ * Keys are transposed a tile of KEY_TILE at a time ([D][KEY_TILE]) so one query's scores for a tile
  * are vector lanes, with no horizontal sums. Queries go in blocks of QUERY_BLOCK that share each key
  * tile while it sits in L1; the block's scores land in a row buffer as order keys (int32 with the
  * order of the fp32 scores). Each row's top-k is then found coarse to fine: the k-th largest of the
@@ -367,27 +367,32 @@ static void row_topk(const int32_t *row, int64_t seen, int64_t k, int32_t *group
 /* Top-k of n queries of one batch row.
  *   q[i][h][:]  = q + i*q_sn + h*q_sh   (D floats; D a multiple of 8, H a multiple of 4)
  *   w[i][h]     = w + i*w_sn + h        (gates, the head scale folded in)
- *   kt          = key tiles [ceil(S / KEY_TILE)][D][KEY_TILE] (zero padded)
+ *   key s       = keys + s*k_ld           (D floats)
  *   query i sees keys 0 .. min(visible0 + i, S) - 1, minus padded ones (pad[s] != 0; pad may be NULL)
  *   out[i][0..K) = out + i*out_sn: the selected positions, unordered; -1 fills slots left empty.
- * Returns 0, or -1 when memory could not be allocated. */
-int dsv32_indexer_topk_f32(int64_t n, int64_t H, int64_t D, int64_t K, const float *q, int64_t q_sn,
-                           int64_t q_sh, const float *w, int64_t w_sn, const float *kt, int64_t S,
-                           int64_t visible0, const uint8_t *pad, int64_t *out, int64_t out_sn) {
+ * scratch: dsv32_indexer_scratch_bytes(S) bytes, 8-aligned (allocated by the caller). */
+int64_t dsv32_indexer_scratch_bytes(int64_t S, int64_t D) {
     const int64_t width = (S + KEY_TILE - 1) / KEY_TILE * KEY_TILE;
-    int32_t *rows = malloc(sizeof(int32_t) * (size_t)(QUERY_BLOCK * width + width / GROUP + 1));
-    int64_t *cand = malloc(sizeof(int64_t) * (size_t)width);
-    if (!rows || !cand) {
-        free(rows);
-        free(cand);
-        return -1;
-    }
+    return (int64_t)sizeof(int64_t) * width + (int64_t)sizeof(float) * KEY_TILE * D +
+           (int64_t)sizeof(int32_t) * (QUERY_BLOCK * width + width / GROUP + 1);
+}
+
+void dsv32_indexer_topk_f32(int64_t n, int64_t H, int64_t D, int64_t K, const float *q, int64_t q_sn,
+                            int64_t q_sh, const float *w, int64_t w_sn, const float *keys, int64_t k_ld, int64_t S,
+                            int64_t visible0, const uint8_t *pad, int64_t *out, int64_t out_sn, void *scratch) {
+    const int64_t width = (S + KEY_TILE - 1) / KEY_TILE * KEY_TILE;
+    int64_t *cand = scratch;
+    float *tile = (float *)(cand + width);
+    int32_t *rows = (int32_t *)(tile + KEY_TILE * D);
     int32_t *groups = rows + QUERY_BLOCK * width;
     for (int64_t i0 = 0; i0 < n; i0 += QUERY_BLOCK) {
         const int64_t nq = n - i0 < QUERY_BLOCK ? n - i0 : QUERY_BLOCK;
         const int64_t seen_max = visible0 + i0 + nq - 1 < S ? visible0 + i0 + nq - 1 : S;
         for (int64_t s0 = 0; s0 < seen_max; s0 += KEY_TILE) {
-            const float *tile = kt + (s0 / KEY_TILE) * D * KEY_TILE;
+            /* the tile transposed ([D][KEY_TILE], zeros past the last key), shared by the block */
+            const int64_t nt = S - s0 < KEY_TILE ? S - s0 : KEY_TILE;
+            for (int64_t l = 0; l < KEY_TILE; l++)
+                for (int64_t d = 0; d < D; d++) tile[d * KEY_TILE + l] = l < nt ? keys[(s0 + l) * k_ld + d] : 0.0f;
             /* the block's first queries may not see this tile yet (causal diagonal) */
             for (int64_t i = s0 - visible0 - i0 + 1 > 0 ? s0 - visible0 - i0 + 1 : 0; i < nq; i++) {
                 const int64_t seen = visible0 + i0 + i < S ? visible0 + i0 + i : S;
@@ -400,7 +405,4 @@ int dsv32_indexer_topk_f32(int64_t n, int64_t H, int64_t D, int64_t K, const flo
             row_topk(rows + i * width, seen, K, groups, cand, out + (i0 + i) * out_sn);
         }
     }
-    free(rows);
-    free(cand);
-    return 0;
 }

@@ -1,0 +1,190 @@
+"""The C kernels behind the CPU fast paths (dsv32.dsa.kernels.cpu) against the torch references: MLA's
+MQA-mode sparse attention and the lightning indexer's exact top-k, on shapes that exercise every tile
+remainder, padding, empty slots, strided and heads-major views, decode against a cache; and the fallback
+to the torch path when no compiler works."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv32.dsa import (
+    index_scores,
+    indexer_topk,
+    select_topk,
+    sparse_mla_attention,
+    sparse_mla_attention_reference,
+)
+from dsv32.dsa.kernels import cpu
+
+pytestmark = pytest.mark.skipif(not cpu._compilers(), reason="no C compiler on this machine")
+
+
+def test_kernels_build_where_a_compiler_exists():
+    assert cpu.available(), "a C compiler exists but the kernels did not build"
+
+
+def _selection(B: int, T: int, S: int, K: int, g: torch.Generator, empty: float = 0.0) -> torch.Tensor:
+    """Random distinct visible keys per query (queries aligned to the end of the keys), -1 where a
+    query sees fewer than K, and a share ``empty`` of slots blanked (padding-like)."""
+    idx = torch.full((B, T, K), -1, dtype=torch.long)
+    for b in range(B):
+        for t in range(T):
+            seen = t + S - T + 1
+            pick = torch.randperm(seen, generator=g)[:K]
+            idx[b, t, : pick.numel()] = pick
+    if empty:
+        idx.masked_fill_(torch.rand(idx.shape, generator=g) < empty, -1)
+    return idx
+
+
+MLA_CASES = [
+    # B, T, S, H, latent, rope, v_dim, K, split keys, split query, empty share
+    (1, 37, 37, 16, 512, 64, 512, 16, False, False, 0.0),  # V3.2 widths, prefill
+    (2, 19, 50, 6, 48, 16, 24, 7, True, True, 0.3),  # head and key-tile remainders, V with an 8-tail
+    (3, 1, 90, 3, 32, 8, 32, 100, True, False, 0.0),  # decode, K > S
+    (2, 23, 23, 5, 40, 0, 16, 9, False, True, 0.5),  # no rope part, many empty slots
+]
+
+
+@pytest.mark.parametrize("B,T,S,H,Cl,R,V,K,split_keys,split_query,empty", MLA_CASES)
+def test_sparse_mla_kernel_equals_reference(
+    B, T, S, H, Cl, R, V, K, split_keys, split_query, empty, monkeypatch
+):
+    g = torch.Generator().manual_seed(B * 1000 + T)
+    C = Cl + R
+    q = torch.randn(B, T, H, C, generator=g)
+    cache = torch.randn(B, S + 5, C + 8, generator=g)  # a strided slice of a longer cache
+    kv = cache[:, :S, :C]
+    idx = _selection(B, T, S, min(K, S), g, empty)
+    idx[0, -1] = -1  # a query with no slot at all attends to nothing
+    ref = sparse_mla_attention_reference(q, kv, idx, 0.3, V)
+    calls = []
+    original = cpu.sparse_mla_attention_cpu
+    monkeypatch.setattr(cpu, "sparse_mla_attention_cpu", lambda *a, **k: calls.append(1) or original(*a, **k))
+    keys = dict(k_rope=kv[..., Cl:]) if split_keys and R else {}
+    latent = kv[..., :Cl] if keys else kv
+    if split_query and R:
+        q_latent = q[..., :Cl].transpose(1, 2).contiguous().transpose(1, 2)  # heads-major, as einsum gives
+        got = sparse_mla_attention(q_latent, latent, idx, 0.3, V, q_rope=q[..., Cl:], **keys)
+    else:
+        got = sparse_mla_attention(q, latent, idx, 0.3, V, **keys)
+    assert calls, "the C kernel did not run"
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    assert got[0, -1].abs().max() == 0
+
+
+def test_sparse_mla_kernel_equals_torch_path_on_a_long_prefill():
+    g = torch.Generator().manual_seed(5)
+    T, H, K = 700, 16, 64
+    q = torch.randn(1, T, H, 576, generator=g)
+    kv = torch.randn(1, T, 576, generator=g)
+    idx = indexer_topk(torch.randn(1, T, 4, 64, generator=g), torch.rand(1, T, 4, generator=g),
+                       torch.randn(1, T, 64, generator=g), K)  # fmt: skip
+    fast = sparse_mla_attention(q, kv, idx, 0.04, 512)
+    with cpu.enabled(False):
+        slow = sparse_mla_attention(q, kv, idx, 0.04, 512)
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+
+
+INDEXER_CASES = [
+    # B, T, S, H, D, K, padded
+    (2, 300, 300, 4, 64, 48, True),
+    (1, 1, 500, 8, 32, 64, False),  # decode
+    (2, 50, 80, 4, 64, 100, False),  # K > S: every visible key
+    (1, 200, 700, 4, 16, 16, False),  # queries continuing a cache
+    (1, 129, 129, 12, 8, 129, True),  # K = S
+]
+
+
+@pytest.mark.parametrize("B,T,S,H,D,K,padded", INDEXER_CASES)
+def test_indexer_kernel_selects_the_reference_set(B, T, S, H, D, K, padded, monkeypatch):
+    g = torch.Generator().manual_seed(T + S)
+    q = torch.randn(B, T, H, D, generator=g)
+    w = torch.randn(B, T, H, generator=g)
+    k = torch.randn(B, S, D, generator=g)
+    pad = None
+    if padded:
+        pad = torch.ones(B, S, dtype=torch.bool)
+        pad[-1, : S // 5] = False
+    calls = []
+    original = cpu.indexer_topk_cpu
+    monkeypatch.setattr(cpu, "indexer_topk_cpu", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    got = indexer_topk(q, w, k, K, key_padding_mask=pad)
+    assert calls, "the C kernel did not run"
+    scores = index_scores(q.double(), w.double(), k.double())
+    ref = select_topk(scores, K, key_padding_mask=pad)
+    got_sets, ref_sets = got.sort(-1).values, ref.sort(-1).values
+    same = (got_sets == ref_sets).all(-1)
+    assert same.float().mean().item() > 0.99
+    for b, t in (~same).nonzero().tolist():  # any difference is between keys tied to rounding
+        diff = torch.tensor(sorted(set(got[b, t].tolist()) ^ set(ref[b, t].tolist())))
+        assert (diff >= 0).all()
+        spread = scores[b, t, diff]
+        assert (spread.max() - spread.min()).item() < 1e-4
+    if pad is not None:
+        hidden = ~pad[-1]
+        assert not hidden[got[-1].clamp_min(0)][got[-1] >= 0].any(), "padding was selected"
+
+
+def test_indexer_kernel_follows_the_exact_tie_rule():
+    """Most scores are exactly 0 (every ReLU is off): the latest tied keys win, exactly as the
+    reference selects them, whatever the row length."""
+    g = torch.Generator().manual_seed(3)
+    q = -torch.rand(1, 64, 4, 64, generator=g)
+    k = torch.rand(1, 200, 64, generator=g)
+    k[0, ::3] = -k[0, ::3]  # a third of the keys score > 0, the rest exactly 0
+    w = torch.rand(1, 64, 4, generator=g)
+    got = indexer_topk(q, w, k, 20)
+    ref = select_topk(index_scores(q, w, k), 20)
+    assert torch.equal(got.sort(-1).values, ref.sort(-1).values)
+
+
+def test_indexer_kernel_prefill_and_decode_select_the_same_keys():
+    g = torch.Generator().manual_seed(9)
+    T, K = 400, 32
+    q = torch.randn(1, T, 4, 64, generator=g)
+    w = torch.randn(1, T, 4, generator=g)
+    k = torch.randn(1, T, 64, generator=g)
+    prefill = indexer_topk(q, w, k, K)
+    for t in (K + 1, 257, T - 1):
+        decode = indexer_topk(q[:, t : t + 1], w[:, t : t + 1], k[:, : t + 1], K)
+        assert torch.equal(decode[0, 0].sort().values, prefill[0, t].sort().values)
+
+
+def test_indexer_kernel_equals_torch_path_on_a_long_prefill():
+    g = torch.Generator().manual_seed(4)
+    T, K = 1500, 128
+    q = torch.randn(1, T, 4, 64, generator=g)
+    w = torch.randn(1, T, 4, generator=g) * 0.06
+    k = torch.randn(1, T, 64, generator=g)
+    fast = indexer_topk(q, w, k, K)
+    with cpu.enabled(False):
+        slow = indexer_topk(q, w, k, K)
+    same = (fast.sort(-1).values == slow.sort(-1).values).all(-1)
+    assert same.float().mean().item() > 0.995
+
+
+def test_a_failed_build_falls_back_to_the_torch_path(tmp_path, monkeypatch):
+    monkeypatch.setattr(cpu, "_compilers", lambda: ["false"])  # a "compiler" that always fails
+    monkeypatch.setenv("DSV32_CACHE_DIR", str(tmp_path))
+    cpu._library.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="could not build the CPU kernels"):
+            assert not cpu.available()
+        g = torch.Generator().manual_seed(0)
+        q, kv = torch.randn(1, 30, 4, 40, generator=g), torch.randn(1, 30, 40, generator=g)
+        idx = _selection(1, 30, 30, 8, g)
+        got = sparse_mla_attention(q, kv, idx, 0.2, 32)
+        torch.testing.assert_close(got, sparse_mla_attention_reference(q, kv, idx, 0.2, 32))
+    finally:
+        cpu._library.cache_clear()
+
+
+def test_the_environment_can_turn_the_kernels_off(monkeypatch):
+    monkeypatch.setenv("DSV32_CPU_KERNELS", "0")
+    cpu._library.cache_clear()
+    try:
+        assert not cpu.available()
+    finally:
+        cpu._library.cache_clear()
