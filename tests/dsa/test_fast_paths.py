@@ -305,6 +305,11 @@ def test_prefer_dense_is_a_length_crossover_for_prefill_only():
     assert not dsa.prefer_dense(1, 10, k)  # decode always gathers
     assert not dsa.prefer_dense(100, 1000, k, crossover_ratio=0)
     assert dsa.prefer_dense(100, 10**9, k, crossover_ratio=float("inf"))
+    # MLA's C kernel makes the sparse side faster: its own, lower crossover
+    fused = dsa.MLA_KERNEL_CROSSOVER_RATIO
+    assert fused < ratio
+    between = int((fused + ratio) / 2 * k)
+    assert dsa.prefer_dense(100, between, k) and not dsa.prefer_dense(100, between, k, mla_kernel=True)
 
 
 def test_mla_dispatch_masked_below_crossover_gather_above(monkeypatch):

@@ -6,8 +6,11 @@
   MHA/GQA layouts and for MLA's MQA mode, each with a masked-dense ``*_reference``; in the GQA layout
   blocks of neighbouring queries with overlapping selections run over their union
   (:mod:`dsv32.dsa.union`);
-- :func:`prefer_dense`, :data:`DENSE_CROSSOVER_RATIO` — the measured length below which masked-dense
-  prefill beats the sparse path (``benchmarks/attention.py --crossover``);
+- :func:`prefer_dense`, :data:`DENSE_CROSSOVER_RATIO`, :data:`MLA_KERNEL_CROSSOVER_RATIO` — the
+  measured length below which masked-dense prefill beats the sparse path
+  (``benchmarks/attention.py --crossover``);
+- :mod:`dsv32.dsa.kernels` — fused kernels behind the fast paths: C for the CPU (built at first use),
+  Triton for CUDA;
 - :func:`indexer_kl_loss`, :func:`indexer_kl_loss_chunked` — the indexer's KL objective (Eq. 3/4);
   :func:`attention_recall` — share of the dense attention mass kept by a selection (and the oracle's);
   :func:`oracle_topk` — the best possible selection (head-summed dense attention), for evaluation;
@@ -18,9 +21,11 @@
 
 from dsv32.dsa.attention import (
     DENSE_CROSSOVER_RATIO,
+    MLA_KERNEL_CROSSOVER_RATIO,
     dense_attention,
     dense_mla_attention,
     masked_softmax,
+    mla_kernel_would_run,
     prefer_dense,
     selection_mask,
     sparse_attention,
@@ -59,6 +64,7 @@ from dsv32.dsa.rope import apply_rotary
 
 __all__ = [
     "DENSE_CROSSOVER_RATIO",
+    "MLA_KERNEL_CROSSOVER_RATIO",
     "DSAConfig",
     "DSAError",
     "DSAHandle",
@@ -80,6 +86,7 @@ __all__ = [
     "indexer_topk",
     "load_dsa",
     "masked_softmax",
+    "mla_kernel_would_run",
     "oracle_topk",
     "prefer_dense",
     "save_dsa",

@@ -40,17 +40,42 @@ GATHER_BUDGET = 1 << 11
 # `python benchmarks/attention.py --crossover` (2-core AVX2 EPYC, fp32, 2 threads, V3.2 dims at 16
 # heads; masked-dense / sparse prefill time at L/k = 3, 4, 6, 8: k=256 0.57 0.86 1.33 1.52,
 # k=512 0.89 0.94 1.26 1.61); the speed ratio crosses 1 at L/k = 4.6 (k=256) and 4.4 (k=512).
+# That is the torch path's crossover (gather + matmuls): the Hugging Face layouts and MLA without the
+# C kernel. With it (CPU, fp32, no autograd) MLA's sparse prefill wins from
+# ``MLA_KERNEL_CROSSOVER_RATIO · k`` keys on: same sweep, masked-dense / sparse at L/k = 2, 3, 4, 6, 8
+# k=256 0.66 0.99 1.33 1.67 2.55, k=512 1.02 1.34 1.59 2.33 2.76 → crossings at 3.0 and 1.95.
 # Machine-dependent: re-measure and override per model (``MLA.dense_crossover_ratio``) or here.
 DENSE_CROSSOVER_RATIO = 4.6
+MLA_KERNEL_CROSSOVER_RATIO = 3.0
 
 
-def prefer_dense(num_queries: int, num_keys: int, topk: int, crossover_ratio: float | None = None) -> bool:
+def prefer_dense(
+    num_queries: int,
+    num_keys: int,
+    topk: int,
+    crossover_ratio: float | None = None,
+    *,
+    mla_kernel: bool = False,
+) -> bool:
     """Whether a prefill of ``num_queries`` queries over ``num_keys`` keys with top-``topk`` selection
     is faster masked-dense than sparse: ``num_keys < crossover_ratio · topk`` (default
-    :data:`DENSE_CROSSOVER_RATIO`). Decoding (one query) always gathers. Set the ratio to 0 to always
-    use the sparse path, or to ``float("inf")`` to always use the masked-dense one."""
-    ratio = DENSE_CROSSOVER_RATIO if crossover_ratio is None else crossover_ratio
+    :data:`DENSE_CROSSOVER_RATIO`, or :data:`MLA_KERNEL_CROSSOVER_RATIO` when ``mla_kernel`` says the
+    sparse side would run MLA's C kernel). Decoding (one query) always gathers. Set the ratio to 0 to
+    always use the sparse path, or to ``float("inf")`` to always use the masked-dense one."""
+    default = MLA_KERNEL_CROSSOVER_RATIO if mla_kernel else DENSE_CROSSOVER_RATIO
+    ratio = default if crossover_ratio is None else crossover_ratio
     return num_queries > 1 and num_keys < ratio * topk
+
+
+def mla_kernel_would_run(x: torch.Tensor) -> bool:
+    """Whether MLA's sparse attention on activations like ``x`` would take the C kernel (CPU, fp32, no
+    autograd, kernels built) — what :func:`prefer_dense` needs to pick its crossover."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and not torch.is_grad_enabled()
+        and cpu_kernels.available()
+    )
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -18,8 +18,9 @@ attention gives the identical result and is used instead. ``dsa_mode = "dense"``
 O(T·k); ``"masked"`` is the readable reference — dense scores masked to the selection, O(T·S), what
 transformers does — that tests and benchmarks compare against; ``"auto"`` (default) gathers except for
 a prefill from an empty cache shorter than the measured crossover (``dsv32.dsa.prefer_dense``: fewer
-than ``DENSE_CROSSOVER_RATIO · index_topk`` keys, overridable per layer with ``dense_crossover_ratio``),
-where the masked-dense path gives the identical result faster.
+than ``DENSE_CROSSOVER_RATIO · index_topk`` keys — ``MLA_KERNEL_CROSSOVER_RATIO`` when the CPU C
+kernel runs the sparse side —, overridable per layer with ``dense_crossover_ratio``), where the
+masked-dense path gives the identical result faster.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from dsv32.dsa import (
     dense_mla_attention,
     indexer_kl_loss_chunked,
     indexer_topk,
+    mla_kernel_would_run,
     prefer_dense,
     selection_mask,
     sparse_mla_attention,
@@ -140,7 +142,12 @@ class MLA(nn.Module):
 
         gather = self.sparse_impl == "gather" or (
             self.sparse_impl == "auto"
-            and not (start == 0 and prefer_dense(T, S, self.index_topk, self.dense_crossover_ratio))
+            and not (
+                start == 0
+                and prefer_dense(
+                    T, S, self.index_topk, self.dense_crossover_ratio, mla_kernel=mla_kernel_would_run(x)
+                )
+            )
         )
         if topk_indices is not None and gather:
             out = self._mqa(q_nope, q_rope, kv_latent, k_rope, topk_indices=topk_indices)
