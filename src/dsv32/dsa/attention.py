@@ -335,14 +335,14 @@ def sparse_mla_attention(
     query blocks that read only the keys they see. Selections must hold distinct indices. (Unlike
     :func:`sparse_attention` there are no union blocks here: one gathered latent already serves every
     head, and union blocks measured slower at any overlap — see :mod:`dsv32.dsa.union`.) On CUDA
-    without autograd a fused Triton kernel runs instead (:mod:`dsv32.dsa.kernels.gpu`).
+    without autograd a fused Triton kernel runs instead (:mod:`dsv32.dsa.kernels.gpu`); on the CPU in
+    fp32 without autograd (and without ``chunk_size``, which tunes the torch path) a fused C kernel
+    (:mod:`dsv32.dsa.kernels.cpu`), whose output is a heads-major view.
     """
     grad = _needs_grad(q, kv, k_rope, q_rope)
+    fused_cpu = chunk_size is None and not grad and q.shape[1] > 0  # chunk_size tunes the torch path
     if (
-        q_rope is not None
-        and not grad
-        and q.shape[1] > 0
-        and cpu_kernels.mla_supported(q, kv, k_rope, v_dim, q_rope)
+        q_rope is not None and fused_cpu and cpu_kernels.mla_supported(q, kv, k_rope, v_dim, q_rope)
     ):  # CPU + C kernel: the query's two parts are read where they are
         return _sparse_mla_cpu(q, kv, topk_indices, scale, v_dim, k_rope, q_rope)
     if q_rope is not None:
@@ -358,7 +358,7 @@ def sparse_mla_attention(
         latent, rope = (kv[..., :v_dim], kv[..., v_dim:]) if k_rope is None else (kv, k_rope)
         if latent.shape[-1] == v_dim and triton_kernels.mla_supported(q, latent, rope):
             return triton_kernels.sparse_mla_attention_gpu(q, latent, rope, topk_indices, scale)
-    if not grad and T > 0 and cpu_kernels.mla_supported(q, kv, k_rope, v_dim):
+    if fused_cpu and cpu_kernels.mla_supported(q, kv, k_rope, v_dim):
         return _sparse_mla_cpu(q, kv, topk_indices, scale, v_dim, k_rope, None)
     if k_rope is not None and kv.shape[1] <= T * K:  # prefill: one concatenated copy gathers faster
         kv, k_rope = torch.cat((kv, k_rope), dim=-1), None

@@ -37,7 +37,7 @@ import torch
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 _FLAG_SETS = (["-O3", "-march=native"], ["-O3", "-mcpu=native"], ["-O3"])
 _I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-_ARGTYPES = [_I64] * 6 + [_F32] + [_PTR, _I64, _I64] * 2 + [_PTR, _I64] * 3 + [_PTR, _I64, _I64, _PTR]
+_ARGTYPES = [_I64] * 6 + [_F32] + [_PTR, _I64, _I64] * 2 + [_PTR, _I64] * 3 + [_PTR, _I64, _I64, _PTR, _PTR]
 _INDEXER_ARGTYPES = [_I64] * 4 + [
     _PTR,
     _I64,
@@ -96,11 +96,8 @@ def _build() -> Path | None:
                     os.replace(tmp_lib, lib)  # atomic: concurrent builders race harmlessly
                     return lib
                 errors.append(f"{' '.join(cmd)}: {proc.stderr.strip()[-500:]}")
-    if errors:
-        warnings.warn(
-            "dsv32: could not build the CPU kernels; using the torch path.\n" + "\n".join(errors),
-            stacklevel=3,
-        )
+    why = "\n".join(errors) if errors else "no C compiler found (set $CC, or install gcc or clang)"
+    warnings.warn(f"dsv32: could not build the CPU kernels; using the torch path.\n{why}", stacklevel=3)
     return None
 
 
@@ -228,30 +225,69 @@ def sparse_mla_attention_cpu(
         out = q.new_empty(B, H, T, v_dim).transpose(1, 2)
     if T == 0:
         return out
-    workers = max(1, min(torch.get_num_threads(), T))
-
-    def at(t: torch.Tensor | None, b: int, start: int = 0) -> int | None:
-        if t is None:
-            return None
-        return t.data_ptr() + (b * t.stride(0) + start * t.stride(1)) * t.element_size()
-
+    threads = max(1, torch.get_num_threads())
+    if threads > B * T and K >= 2 * SPLIT_MIN_KEYS:  # decode: split each selection across threads
+        return _split_selection(
+            q, qr, latent, rope, idx, scale, v_dim, out, min(threads, K // SPLIT_MIN_KEYS)
+        )
+    workers = max(1, min(threads, T))
     jobs = []
     step = -(-T // workers)
     scratch = _scratch(workers, lib.dsv32_sparse_mqa_scratch_bytes(H, Cl, Cr, v_dim, K))
     for b in range(B):
         for start in range(0, T, step):
-            jobs.append(
-                (
-                    min(step, T - start), H, Cl, Cr, v_dim, K, scale,
-                    at(q, b, start), q.stride(1), q.stride(2),
-                    at(qr, b, start), qr.stride(1), qr.stride(2),
-                    at(latent, b), latent.stride(1),
-                    at(rope, b), 0 if rope is None else rope.stride(1),
-                    at(idx, b, start), idx.stride(1),
-                    at(out, b, start), out.stride(1), out.stride(2),
-                )
-            )  # fmt: skip
+            jobs.append(_mqa_job(q, qr, latent, rope, idx, out, b, start, min(step, T - start), scale, v_dim))
     _run(lib.dsv32_sparse_mqa_f32, jobs, scratch)
+    return out
+
+
+SPLIT_MIN_KEYS = 256  # fewest selected keys per thread when a decode step splits its selection
+
+
+def _at(t: torch.Tensor | None, b: int, start: int = 0) -> int | None:
+    """Address of ``t[b, start]`` (None for None)."""
+    if t is None:
+        return None
+    return t.data_ptr() + (b * t.stride(0) + start * t.stride(1)) * t.element_size()
+
+
+def _mqa_job(q, qr, latent, rope, idx, out, b, start, n, scale, v_dim, lse=None) -> tuple:
+    """Arguments of one ``dsv32_sparse_mqa_f32`` call: queries ``start .. start + n`` of batch row
+    ``b`` (``idx`` may be a slice of the selection; ``lse`` ``[n, H]`` or None)."""
+    H, Cl = q.shape[2], latent.shape[-1]
+    Cr = 0 if rope is None else rope.shape[-1]
+    return (
+        n, H, Cl, Cr, v_dim, idx.shape[-1], scale,
+        _at(q, b, start), q.stride(1), q.stride(2),
+        _at(qr, b, start), qr.stride(1), qr.stride(2),
+        _at(latent, b), latent.stride(1),
+        _at(rope, b), 0 if rope is None else rope.stride(1),
+        _at(idx, b, start), idx.stride(1),
+        _at(out, b, start), out.stride(1), out.stride(2),
+        None if lse is None else lse.data_ptr(),
+    )  # fmt: skip
+
+
+def _split_selection(q, qr, latent, rope, idx, scale, v_dim, out, parts: int) -> torch.Tensor:
+    """Few queries (decode): each thread attends over one slice of every query's selection, and the
+    partial results are merged by their log-sum-exp (flash-decoding)."""
+    lib = _library()
+    B, T, H = q.shape[:3]
+    K = idx.shape[-1]
+    cuts = [K * p // parts for p in range(parts + 1)]
+    partial = q.new_empty(parts, B, T, H, v_dim)
+    lse = q.new_empty(parts, B, T, H)
+    Cr = 0 if rope is None else rope.shape[-1]
+    scratch = _scratch(parts, lib.dsv32_sparse_mqa_scratch_bytes(H, latent.shape[-1], Cr, v_dim, K))
+    jobs = []
+    for p, (a, z) in enumerate(itertools.pairwise(cuts)):
+        for b in range(B):
+            job = _mqa_job(q, qr, latent, rope, idx[..., a:z], partial[p], b, 0, T, scale, v_dim, lse[p, b])
+            jobs.append(job)
+    _run(lib.dsv32_sparse_mqa_f32, jobs, scratch, per_worker=B)
+    total = torch.logsumexp(lse, dim=0)  # [B, T, H]; -inf where no part had a key
+    weights = torch.exp(lse - total).nan_to_num_(0.0)  # [parts, B, T, H]
+    out.copy_((partial * weights.unsqueeze(-1)).sum(dim=0))
     return out
 
 
@@ -333,13 +369,15 @@ def _scratch(workers: int, nbytes: int) -> list[torch.Tensor]:
     return [torch.empty(nbytes, dtype=torch.uint8) for _ in range(workers)]
 
 
-def _run(fn, jobs: list[tuple], scratch: list[torch.Tensor]) -> None:
-    """Each job's C call, ``fn(*job, scratch)``: jobs ``i, i + W, ...`` run one after another on thread
-    ``i`` with its own buffer, the ``W = len(scratch)`` threads in parallel (the calls release the GIL)."""
+def _run(fn, jobs: list[tuple], scratch: list[torch.Tensor], per_worker: int | None = None) -> None:
+    """Each job's C call, ``fn(*job, scratch)``, the ``W = len(scratch)`` threads in parallel (the calls
+    release the GIL), each with its own buffer: thread ``i`` runs jobs ``i, i + W, ...``, or with
+    ``per_worker`` the ``i``-th run of that many consecutive jobs."""
     workers = len(scratch)
 
     def worker(i: int) -> None:
-        for job in jobs[i::workers]:
+        mine = jobs[i::workers] if per_worker is None else jobs[i * per_worker : (i + 1) * per_worker]
+        for job in mine:
             fn(*job, scratch[i].data_ptr())
 
     if workers == 1 or len(jobs) == 1:

@@ -151,6 +151,8 @@ static inline void value_one(const float *p, const float *const *kp, int nb, int
  *   out[i][h][:] = out + i*out_sn + h*out_sh        (V floats)
  *
  * out = softmax_j(scale * q . key_j) . value_j over the filled slots; a query with none gets zeros.
+ * lse[i][h] (lse + i*H + h; NULL = not wanted) = log sum_j exp(scale * q . key_j), -inf for none:
+ * what merges the outputs of one query's selection split into parts (decode on several threads).
  * Cl, Cr and V must be multiples of 8. scratch: dsv32_sparse_mqa_scratch_bytes(...) bytes, 8-aligned
  * (the caller allocates it, so the memory shows in its allocator's accounting). */
 int64_t dsv32_sparse_mqa_scratch_bytes(int64_t H, int64_t Cl, int64_t Cr, int64_t V, int64_t K) {
@@ -162,7 +164,7 @@ void dsv32_sparse_mqa_f32(int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t 
                           const float *q, int64_t q_sn, int64_t q_stride_h, const float *qr, int64_t qr_sn,
                           int64_t qr_stride_h, const float *kv, int64_t kv_ld, const float *rope,
                           int64_t rope_ld, const int64_t *idx, int64_t idx_sn, float *out, int64_t out_sn,
-                          int64_t out_sh, void *scratch) {
+                          int64_t out_sh, float *lse, void *scratch) {
     const int64_t ld_s = BLOCK_KEYS;
     const int64_t C = Cl + Cr;
     const float **kp = scratch;
@@ -249,6 +251,7 @@ void dsv32_sparse_mqa_f32(int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t 
             float *o = out + i * out_sn + h * out_sh;
             const f8 inv = splat8(nk ? 1.0f / row_sum[h] : 0.0f);
             for (int64_t d = 0; d < V; d += 8) store8(o + d, load8(acc + h * V + d) * inv);
+            if (lse) lse[i * H + h] = nk ? row_max[h] + logf(row_sum[h]) : -INFINITY;
         }
     }
 }
