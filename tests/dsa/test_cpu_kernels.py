@@ -242,3 +242,17 @@ def test_decode_splits_the_selection_across_threads_and_merges_exactly(monkeypat
     torch.testing.assert_close(
         got, sparse_mla_attention_reference(q, kv, idx, 0.04, 512), rtol=1e-5, atol=1e-5
     )
+
+
+def _run_on_the_kernel_pool() -> int:
+    return cpu._executor(2).submit(lambda: 7).result(timeout=20)
+
+
+def test_a_forked_child_gets_a_thread_pool_of_its_own():
+    """The parent's pool has no threads in a fork()ed child (e.g. a data-loader worker): the child
+    must start its own instead of waiting forever on the copy."""
+    import multiprocessing as mp
+
+    assert _run_on_the_kernel_pool() == 7  # the parent's pool exists
+    with mp.get_context("fork").Pool(1) as pool:
+        assert pool.apply_async(_run_on_the_kernel_pool).get(timeout=60) == 7

@@ -167,16 +167,18 @@ def mla_supported(
 
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
+_pool_pid = 0
 _pool_lock = threading.Lock()
 
 
 def _executor(workers: int) -> ThreadPoolExecutor:
-    """A process-wide thread pool with at least ``workers`` threads."""
-    global _pool, _pool_size
+    """A process-wide thread pool with at least ``workers`` threads (a new one in a forked child,
+    whose copy of the parent's pool has no threads)."""
+    global _pool, _pool_size, _pool_pid
     with _pool_lock:
-        if _pool is None or _pool_size < workers:
+        if _pool is None or _pool_size < workers or _pool_pid != os.getpid():
             _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dsv32-cpu")
-            _pool_size = workers
+            _pool_size, _pool_pid = workers, os.getpid()
         return _pool
 
 
