@@ -256,3 +256,37 @@ def test_a_forked_child_gets_a_thread_pool_of_its_own():
     assert _run_on_the_kernel_pool() == 7  # the parent's pool exists
     with mp.get_context("fork").Pool(1) as pool:
         assert pool.apply_async(_run_on_the_kernel_pool).get(timeout=60) == 7
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_bf16_inputs_run_the_kernel_in_fp32_arithmetic(split, monkeypatch):
+    """bf16 latents, rope keys and queries are read as they are (no upcast copy) and computed in fp32:
+    the result is the fp32 reference on the same values, rounded once to bf16."""
+    g = torch.Generator().manual_seed(6)
+    B, T, S, H, K = 2, 30, 90, 16, 24
+    q = torch.randn(B, T, H, 576, generator=g).bfloat16()
+    kv = torch.randn(B, S, 576, generator=g).bfloat16()
+    idx = _selection(B, T, S, K, g, 0.2)
+    ref = sparse_mla_attention_reference(q.float(), kv.float(), idx, 0.04, 512)
+    calls = []
+    original = cpu.sparse_mla_attention_cpu
+    monkeypatch.setattr(cpu, "sparse_mla_attention_cpu", lambda *a, **k: calls.append(1) or original(*a, **k))
+    with torch.no_grad():
+        if split:
+            got = sparse_mla_attention(q[..., :512], kv[..., :512], idx, 0.04, 512, k_rope=kv[..., 512:],
+                                       q_rope=q[..., 512:])  # fmt: skip
+        else:
+            got = sparse_mla_attention(q, kv, idx, 0.04, 512)
+    assert calls and got.dtype == torch.bfloat16
+    err = (got.float() - ref).abs()
+    assert (err <= ref.abs() * 2**-8 + 1e-6).all()  # one bf16 rounding of the fp32 result
+
+
+def test_bf16_index_keys_select_like_their_fp32_values():
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 200, 4, 64, generator=g)
+    w = torch.randn(1, 200, 4, generator=g)
+    k = torch.randn(1, 200, 64, generator=g).bfloat16()
+    got = indexer_topk(q, w, k, 32)
+    ref = indexer_topk(q, w, k.float(), 32)
+    assert torch.equal(got.sort(-1).values, ref.sort(-1).values)

@@ -68,11 +68,11 @@ def prefer_dense(
 
 
 def mla_kernel_would_run(x: torch.Tensor) -> bool:
-    """Whether MLA's sparse attention on activations like ``x`` would take the C kernel (CPU, fp32, no
-    autograd, kernels built) — what :func:`prefer_dense` needs to pick its crossover."""
+    """Whether MLA's sparse attention on activations like ``x`` would take the C kernel (CPU, fp32 or
+    bf16, no autograd, kernels built) — what :func:`prefer_dense` needs to pick its crossover."""
     return (
         x.device.type == "cpu"
-        and x.dtype == torch.float32
+        and x.dtype in (torch.float32, torch.bfloat16)
         and not torch.is_grad_enabled()
         and cpu_kernels.available()
     )
@@ -336,8 +336,8 @@ def sparse_mla_attention(
     :func:`sparse_attention` there are no union blocks here: one gathered latent already serves every
     head, and union blocks measured slower at any overlap — see :mod:`dsv32.dsa.union`.) On CUDA
     without autograd a fused Triton kernel runs instead (:mod:`dsv32.dsa.kernels.gpu`); on the CPU in
-    fp32 without autograd (and without ``chunk_size``, which tunes the torch path) a fused C kernel
-    (:mod:`dsv32.dsa.kernels.cpu`), whose output is a heads-major view.
+    fp32 or bf16 without autograd (and without ``chunk_size``, which tunes the torch path) a fused C
+    kernel (:mod:`dsv32.dsa.kernels.cpu`), whose output is a heads-major view.
     """
     grad = _needs_grad(q, kv, k_rope, q_rope)
     fused_cpu = chunk_size is None and not grad and q.shape[1] > 0  # chunk_size tunes the torch path

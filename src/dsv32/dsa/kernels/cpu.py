@@ -1,16 +1,19 @@
-"""A fused C kernel for MLA's MQA-mode sparse attention on the CPU (``cpu_kernels.c``).
+"""Fused C kernels for DSA's CPU hot paths (``cpu_kernels.c``): MLA's MQA-mode sparse attention and
+the lightning indexer's scores with their exact top-k.
 
 On the CPU the torch path of :func:`dsv32.dsa.sparse_mla_attention` spends more time moving data than
 multiplying: it gathers every query's selected latents into a buffer, then runs two batched matmuls
 and a softmax over it, a few queries per Python iteration. The C kernel reads each query's selected
 rows straight from the cache in L2-sized blocks and keeps the scores, an online softmax and the
-value accumulator in cache, so each selected latent crosses memory once.
+value accumulator in cache, so each selected latent crosses memory once. The indexer kernel scores a
+block of queries per key tile in registers and selects coarse to fine (see the C source). Inputs may
+be fp32 or bf16 (read as they are: bf16 halves the bytes moved); the arithmetic is fp32.
 
 The library is compiled at first use with the system's C compiler (``$CC``, else ``cc``/``gcc``/
 ``clang``) at ``-O3 -march=native`` into ``$DSV32_CACHE_DIR`` (default ``~/.cache/dsv32``), keyed by
 the source, the compiler and the CPU, and loaded with :mod:`ctypes`. Without a working compiler — or
 with ``DSV32_CPU_KERNELS=0`` — :func:`available` is false and the torch path runs instead (the
-reference the tests hold the kernel to). Queries are split across ``torch.get_num_threads()`` Python
+reference the tests hold the kernels to). Work is split across ``torch.get_num_threads()`` Python
 threads; each C call releases the GIL.
 """
 
@@ -38,6 +41,7 @@ SOURCE = Path(__file__).with_name("cpu_kernels.c")
 _FLAG_SETS = (["-O3", "-march=native"], ["-O3", "-mcpu=native"], ["-O3"])
 _I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 _ARGTYPES = [_I64] * 6 + [_F32] + [_PTR, _I64, _I64] * 2 + [_PTR, _I64] * 3 + [_PTR, _I64, _I64, _PTR, _PTR]
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}  # the kernels' input types
 _INDEXER_ARGTYPES = [_I64] * 4 + [
     _PTR,
     _I64,
@@ -113,12 +117,13 @@ def _library() -> ctypes.CDLL | None:
     except OSError as err:  # pragma: no cover - a broken toolchain or a read-only cache
         warnings.warn(f"dsv32: could not load the CPU kernels ({err}); using the torch path.", stacklevel=3)
         return None
-    lib.dsv32_sparse_mqa_f32.argtypes = _ARGTYPES
-    lib.dsv32_sparse_mqa_f32.restype = None
+    for suffix in ("f32", "bf16"):
+        getattr(lib, f"dsv32_sparse_mqa_{suffix}").argtypes = _ARGTYPES
+        getattr(lib, f"dsv32_sparse_mqa_{suffix}").restype = None
+        getattr(lib, f"dsv32_indexer_topk_{suffix}").argtypes = _INDEXER_ARGTYPES
+        getattr(lib, f"dsv32_indexer_topk_{suffix}").restype = None
     lib.dsv32_sparse_mqa_scratch_bytes.argtypes = [_I64] * 5
     lib.dsv32_sparse_mqa_scratch_bytes.restype = _I64
-    lib.dsv32_indexer_topk_f32.argtypes = _INDEXER_ARGTYPES
-    lib.dsv32_indexer_topk_f32.restype = None
     lib.dsv32_indexer_scratch_bytes.argtypes = [_I64, _I64]
     lib.dsv32_indexer_scratch_bytes.restype = _I64
     return lib
@@ -151,13 +156,14 @@ def mla_supported(
     v_dim: int,
     q_rope: torch.Tensor | None = None,
 ) -> bool:
-    """Inputs :func:`sparse_mla_attention_cpu` takes: fp32 CPU tensors, the keys' last dim contiguous,
-    the query, key and value widths multiples of 8."""
+    """Inputs :func:`sparse_mla_attention_cpu` takes: CPU tensors all fp32 or all bf16, the keys' last
+    dim contiguous, the query, key and value widths multiples of 8."""
     keys = (latent,) if rope is None else (latent, rope)
     tensors = (q, *keys) if q_rope is None else (q, q_rope, *keys)
     widths = (q.shape[-1], latent.shape[-1], v_dim, *(t.shape[-1] for t in (rope, q_rope) if t is not None))
     return (
-        all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+        q.dtype in _SUFFIX
+        and all(t.device.type == "cpu" and t.dtype == q.dtype for t in tensors)
         and all(t.stride(-1) == 1 for t in keys)
         and all(w % 8 == 0 for w in widths)
         and v_dim <= latent.shape[-1]
@@ -239,7 +245,7 @@ def sparse_mla_attention_cpu(
     for b in range(B):
         for start in range(0, T, step):
             jobs.append(_mqa_job(q, qr, latent, rope, idx, out, b, start, min(step, T - start), scale, v_dim))
-    _run(lib.dsv32_sparse_mqa_f32, jobs, scratch)
+    _run(getattr(lib, f"dsv32_sparse_mqa_{_SUFFIX[q.dtype]}"), jobs, scratch)
     return out
 
 
@@ -278,7 +284,7 @@ def _split_selection(q, qr, latent, rope, idx, scale, v_dim, out, parts: int) ->
     K = idx.shape[-1]
     cuts = [K * p // parts for p in range(parts + 1)]
     partial = q.new_empty(parts, B, T, H, v_dim)
-    lse = q.new_empty(parts, B, T, H)
+    lse = q.new_empty(parts, B, T, H, dtype=torch.float32)
     Cr = 0 if rope is None else rope.shape[-1]
     scratch = _scratch(parts, lib.dsv32_sparse_mqa_scratch_bytes(H, latent.shape[-1], Cr, v_dim, K))
     jobs = []
@@ -286,7 +292,7 @@ def _split_selection(q, qr, latent, rope, idx, scale, v_dim, out, parts: int) ->
         for b in range(B):
             job = _mqa_job(q, qr, latent, rope, idx[..., a:z], partial[p], b, 0, T, scale, v_dim, lse[p, b])
             jobs.append(job)
-    _run(lib.dsv32_sparse_mqa_f32, jobs, scratch, per_worker=B)
+    _run(getattr(lib, f"dsv32_sparse_mqa_{_SUFFIX[q.dtype]}"), jobs, scratch, per_worker=B)
     total = torch.logsumexp(lse, dim=0)  # [B, T, H]; -inf where no part had a key
     weights = torch.exp(lse - total).nan_to_num_(0.0)  # [parts, B, T, H]
     out.copy_((partial * weights.unsqueeze(-1)).sum(dim=0))
@@ -294,7 +300,8 @@ def _split_selection(q, qr, latent, rope, idx, scale, v_dim, out, parts: int) ->
 
 
 def indexer_supported(q: torch.Tensor, k_index: torch.Tensor) -> bool:
-    """Inputs :func:`indexer_topk_cpu` takes: CPU tensors (fp32 or upcast from bf16/fp16), indexer
+    """Inputs :func:`indexer_topk_cpu` takes: CPU tensors (keys fp32 or bf16, read as they are; other
+    float types upcast), indexer
     heads a multiple of 4 and a head dim a multiple of 8, fewer than 2^31 keys."""
     H, D = q.shape[-2:]
     return (
@@ -339,7 +346,7 @@ def indexer_topk_cpu(
         return out
     qf = q.float().contiguous()
     wf = weights.float().contiguous()
-    keys = k_index.float()
+    keys = k_index if k_index.dtype in _SUFFIX else k_index.float()  # bf16 keys are read as they are
     if keys.stride(-1) != 1:
         keys = keys.contiguous()
     pad = None
@@ -362,7 +369,7 @@ def indexer_topk_cpu(
                     out[b, a].data_ptr(), out.stride(1),
                 )
             )  # fmt: skip
-    _run(lib.dsv32_indexer_topk_f32, jobs, scratch)
+    _run(getattr(lib, f"dsv32_indexer_topk_{_SUFFIX[keys.dtype]}"), jobs, scratch)
     return out
 
 

@@ -39,6 +39,33 @@ static inline f8 load8(const float *p) {
 
 static inline void store8(float *p, f8 v) { memcpy(p, &v, sizeof v); }
 
+/* Inputs may be fp32 or bf16 (`bf16` is a compile-time constant in every caller, so each kernel is
+ * specialized twice); arithmetic is fp32 either way. bf16 -> fp32 is exact: the bits move up 16. */
+typedef uint16_t u16x8 __attribute__((vector_size(16)));
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+
+static inline f8 loadx(const void *p, int64_t c, const int bf16) {
+    if (!bf16) return load8((const float *)p + c);
+    u16x8 h;
+    memcpy(&h, (const uint16_t *)p + c, sizeof h);
+    return (f8)(__builtin_convertvector(h, u32x8) << 16);
+}
+
+static inline float to_float(const void *p, int64_t c, const int bf16) {
+    if (!bf16) return ((const float *)p)[c];
+    uint32_t bits = (uint32_t)((const uint16_t *)p)[c] << 16;
+    float x;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+/* fp32 -> bf16, rounding to nearest even (what torch's .to(torch.bfloat16) does for finite values). */
+static inline uint16_t to_bf16(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
 static inline f8 splat8(float x) { return (f8){x, x, x, x, x, x, x, x}; }
 
 /* Keep a loaded vector in a register: without this GCC folds the load into every FMA that uses it,
@@ -77,15 +104,15 @@ static inline f8 exp8(f8 x) {
 
 /* scores[h][j] = scale * (q_h[:Cl] . kp[j][:Cl] + q_h[Cl:] . rp[j][:Cr]) for a TILE_H x TILE_K tile. */
 static inline void score_tile(const float *q, int64_t q_sh, const float *qr, int64_t qr_sh, int64_t Cl, int64_t Cr,
-                              const float *const *kp,
-                              const float *const *rp, float scale, float *s, int64_t ld_s) {
+                              const void *const *kp, const void *const *rp, float scale, float *s, int64_t ld_s,
+                              const int bf16) {
     f8 acc[TILE_H][TILE_K];
     for (int h = 0; h < TILE_H; h++)
         for (int j = 0; j < TILE_K; j++) acc[h][j] = splat8(0.0f);
     for (int64_t c = 0; c < Cl; c += 8) {
         f8 x[TILE_H], y[TILE_K];
         for (int j = 0; j < TILE_K; j++) {
-            y[j] = load8(kp[j] + c);
+            y[j] = loadx(kp[j], c, bf16);
             IN_REGISTER(y[j]);
         }
         for (int h = 0; h < TILE_H; h++) {
@@ -96,7 +123,7 @@ static inline void score_tile(const float *q, int64_t q_sh, const float *qr, int
     for (int64_t c = 0; c < Cr; c += 8) {
         f8 x[TILE_H], y[TILE_K];
         for (int h = 0; h < TILE_H; h++) x[h] = load8(qr + h * qr_sh + c);
-        for (int j = 0; j < TILE_K; j++) y[j] = load8(rp[j] + c);
+        for (int j = 0; j < TILE_K; j++) y[j] = loadx(rp[j], c, bf16);
         for (int h = 0; h < TILE_H; h++)
             for (int j = 0; j < TILE_K; j++) acc[h][j] += x[h] * y[j];
     }
@@ -105,23 +132,24 @@ static inline void score_tile(const float *q, int64_t q_sh, const float *qr, int
 }
 
 /* The same for one head and one key (tile remainders). */
-static inline float score_one(const float *q, const float *qr, int64_t Cl, int64_t Cr, const float *k, const float *r) {
+static inline float score_one(const float *q, const float *qr, int64_t Cl, int64_t Cr, const void *k, const void *r,
+                              const int bf16) {
     f8 acc = splat8(0.0f);
-    for (int64_t c = 0; c < Cl; c += 8) acc += load8(q + c) * load8(k + c);
-    for (int64_t c = 0; c < Cr; c += 8) acc += load8(qr + c) * load8(r + c);
+    for (int64_t c = 0; c < Cl; c += 8) acc += load8(q + c) * loadx(k, c, bf16);
+    for (int64_t c = 0; c < Cr; c += 8) acc += load8(qr + c) * loadx(r, c, bf16);
     return hsum8(acc);
 }
 
 /* acc[h][d..d+16) += sum_j p[h][j] * kp[j][d..d+16) for TILE_H heads (acc rows ld_acc apart). */
-static inline void value_tile(const float *p, int64_t ld_p, const float *const *kp, int nb, int64_t d,
-                              float *acc, int64_t ld_acc) {
+static inline void value_tile(const float *p, int64_t ld_p, const void *const *kp, int nb, int64_t d,
+                              float *acc, int64_t ld_acc, const int bf16) {
     f8 a[TILE_H][2];
     for (int h = 0; h < TILE_H; h++) {
         a[h][0] = load8(acc + h * ld_acc + d);
         a[h][1] = load8(acc + h * ld_acc + d + 8);
     }
     for (int j = 0; j < nb; j++) {
-        f8 y0 = load8(kp[j] + d), y1 = load8(kp[j] + d + 8);
+        f8 y0 = loadx(kp[j], d, bf16), y1 = loadx(kp[j], d + 8, bf16);
         for (int h = 0; h < TILE_H; h++) {
             f8 w = splat8(p[h * ld_p + j]);
             a[h][0] += w * y0;
@@ -135,48 +163,51 @@ static inline void value_tile(const float *p, int64_t ld_p, const float *const *
 }
 
 /* acc[d..d+8) += sum_j p[j] * kp[j][d..d+8) for one head (remainders of the tiles above). */
-static inline void value_one(const float *p, const float *const *kp, int nb, int64_t d, float *acc) {
+static inline void value_one(const float *p, const void *const *kp, int nb, int64_t d, float *acc, const int bf16) {
     f8 a = load8(acc + d);
-    for (int j = 0; j < nb; j++) a += splat8(p[j]) * load8(kp[j] + d);
+    for (int j = 0; j < nb; j++) a += splat8(p[j]) * loadx(kp[j], d, bf16);
     store8(acc + d, a);
 }
 
 /* MQA-mode sparse attention for n queries of one batch row.
  *
- *   q[i][h][:]   = q + i*q_sn + h*q_sh            (Cl floats, contiguous: the latent part)
- *   qr[i][h][:]  = qr + i*qr_sn + h*qr_sh         (Cr floats: the rope part)
- *   latent row s = kv + s*kv_ld                     (Cl floats; its first V are the value)
- *   rope row s   = rope + s*rope_ld                 (Cr floats; unused when Cr == 0)
+ *   q[i][h][:]   = q + i*q_sn + h*q_sh            (Cl values, contiguous: the latent part)
+ *   qr[i][h][:]  = qr + i*qr_sn + h*qr_sh         (Cr values: the rope part)
+ *   latent row s = kv + s*kv_ld                     (Cl values; its first V are the value)
+ *   rope row s   = rope + s*rope_ld                 (Cr values; unused when Cr == 0)
  *   idx[i][j]    = idx + i*idx_sn + j               (K row numbers, -1 = empty slot)
- *   out[i][h][:] = out + i*out_sn + h*out_sh        (V floats)
+ *   out[i][h][:] = out + i*out_sn + h*out_sh        (V values)
  *
  * out = softmax_j(scale * q . key_j) . value_j over the filled slots; a query with none gets zeros.
  * lse[i][h] (lse + i*H + h; NULL = not wanted) = log sum_j exp(scale * q . key_j), -inf for none:
  * what merges the outputs of one query's selection split into parts (decode on several threads).
- * Cl, Cr and V must be multiples of 8. scratch: dsv32_sparse_mqa_scratch_bytes(...) bytes, 8-aligned
+ * Strides count elements; q, qr, kv, rope and out are all fp32 (dsv32_sparse_mqa_f32) or all bf16
+ * (dsv32_sparse_mqa_bf16). Cl, Cr and V must be multiples of 8. scratch: dsv32_sparse_mqa_scratch_bytes(...) bytes, 8-aligned
  * (the caller allocates it, so the memory shows in its allocator's accounting). */
 int64_t dsv32_sparse_mqa_scratch_bytes(int64_t H, int64_t Cl, int64_t Cr, int64_t V, int64_t K) {
     return (int64_t)sizeof(float *) * (2 * K + 2 * TILE_K) +
            (int64_t)sizeof(float) * (H * BLOCK_KEYS + H * V + 2 * H + H * (Cl + Cr));
 }
 
-void dsv32_sparse_mqa_f32(int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t V, int64_t K, float scale,
-                          const float *q, int64_t q_sn, int64_t q_stride_h, const float *qr, int64_t qr_sn,
-                          int64_t qr_stride_h, const float *kv, int64_t kv_ld, const float *rope,
-                          int64_t rope_ld, const int64_t *idx, int64_t idx_sn, float *out, int64_t out_sn,
-                          int64_t out_sh, float *lse, void *scratch) {
+static inline __attribute__((always_inline)) void sparse_mqa(
+    int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t V, int64_t K, float scale, const void *q, int64_t q_sn,
+    int64_t q_stride_h, const void *qr, int64_t qr_sn, int64_t qr_stride_h, const void *kv, int64_t kv_ld,
+    const void *rope, int64_t rope_ld, const int64_t *idx, int64_t idx_sn, void *out, int64_t out_sn,
+    int64_t out_sh, float *lse, void *scratch, const int bf16) {
     const int64_t ld_s = BLOCK_KEYS;
-    const int64_t C = Cl + Cr;
-    const float **kp = scratch;
+    const int64_t C = Cl + Cr, esize = bf16 ? 2 : 4;
+    const void **kp = scratch;
     float *s = (float *)(kp + 2 * K + 2 * TILE_K);
     float *acc = s + H * ld_s, *row_max = acc + H * V, *row_sum = row_max + H, *qbuf = row_sum + H;
-    const float **rp = kp + K + TILE_K;
+    const void **rp = kp + K + TILE_K;
 
     for (int64_t i = 0; i < n; i++) {
         /* this query's heads side by side (strided or heads-major inputs would alias in L1) */
         for (int64_t h = 0; h < H; h++) {
-            memcpy(qbuf + h * C, q + i * q_sn + h * q_stride_h, sizeof(float) * (size_t)Cl);
-            if (Cr) memcpy(qbuf + h * C + Cl, qr + i * qr_sn + h * qr_stride_h, sizeof(float) * (size_t)Cr);
+            const char *qh = (const char *)q + (i * q_sn + h * q_stride_h) * esize;
+            const char *qrh = (const char *)qr + (i * qr_sn + h * qr_stride_h) * esize;
+            for (int64_t c = 0; c < Cl; c += 8) store8(qbuf + h * C + c, loadx(qh, c, bf16));
+            for (int64_t c = 0; c < Cr; c += 8) store8(qbuf + h * C + Cl + c, loadx(qrh, c, bf16));
         }
         const float *qi = qbuf, *qri = qbuf + Cl;
         const int64_t q_sh = C, qr_sh = C;
@@ -185,8 +216,8 @@ void dsv32_sparse_mqa_f32(int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t 
         for (int64_t j = 0; j < K; j++) {
             int64_t r = ii[j];
             if (r < 0) continue;
-            kp[nk] = kv + r * kv_ld;
-            rp[nk] = Cr ? rope + r * rope_ld : kp[nk];
+            kp[nk] = (const char *)kv + r * kv_ld * esize;
+            rp[nk] = Cr ? (const char *)rope + r * rope_ld * esize : kp[nk];
             nk++;
         }
         for (int64_t h = 0; h < H; h++) {
@@ -197,7 +228,7 @@ void dsv32_sparse_mqa_f32(int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t 
 
         for (int64_t j0 = 0; j0 < nk; j0 += BLOCK_KEYS) {
             const int nb = (int)(nk - j0 < BLOCK_KEYS ? nk - j0 : BLOCK_KEYS);
-            const float *const *bk = kp + j0, *const *br = rp + j0;
+            const void *const *bk = kp + j0, *const *br = rp + j0;
             /* scores of this block, key tile by key tile: the tile's rows stay in L1 for every head
              * while the rows PREFETCH_TILES tiles ahead are requested (random rows defeat the
              * hardware prefetcher) */
@@ -205,18 +236,20 @@ void dsv32_sparse_mqa_f32(int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t 
             int j = 0;
             for (; j + TILE_K <= nb; j += TILE_K) {
                 for (int64_t a = j0 + j + PREFETCH_TILES * TILE_K; a < j0 + j + (PREFETCH_TILES + 1) * TILE_K && a < nk; a++) {
-                    for (int64_t c = 0; c < Cl; c += 16) __builtin_prefetch(kp[a] + c, 0, PREFETCH_HINT);
-                    for (int64_t c = 0; c < Cr; c += 16) __builtin_prefetch(rp[a] + c, 0, PREFETCH_HINT);
+                    for (int64_t c = 0; c < Cl * esize; c += 64)
+                        __builtin_prefetch((const char *)kp[a] + c, 0, PREFETCH_HINT);
+                    for (int64_t c = 0; c < Cr * esize; c += 64)
+                        __builtin_prefetch((const char *)rp[a] + c, 0, PREFETCH_HINT);
                 }
                 for (h = 0; h + TILE_H <= H; h += TILE_H)
                     score_tile(qi + h * q_sh, q_sh, qri + h * qr_sh, qr_sh, Cl, Cr, bk + j, br + j, scale,
-                               s + h * ld_s + j, ld_s);
+                               s + h * ld_s + j, ld_s, bf16);
                 for (; h < H; h++)
                     for (int jj = j; jj < j + TILE_K; jj++)
-                        s[h * ld_s + jj] = scale * score_one(qi + h * q_sh, qri + h * qr_sh, Cl, Cr, bk[jj], br[jj]);
+                        s[h * ld_s + jj] = scale * score_one(qi + h * q_sh, qri + h * qr_sh, Cl, Cr, bk[jj], br[jj], bf16);
             }
             for (; j < nb; j++)
-                for (h = 0; h < H; h++) s[h * ld_s + j] = scale * score_one(qi + h * q_sh, qri + h * qr_sh, Cl, Cr, bk[j], br[j]);
+                for (h = 0; h < H; h++) s[h * ld_s + j] = scale * score_one(qi + h * q_sh, qri + h * qr_sh, Cl, Cr, bk[j], br[j], bf16);
             /* online softmax: rescale what was accumulated when a head's running max grows */
             for (h = 0; h < H; h++) {
                 float *sh = s + h * ld_s, m = row_max[h];
@@ -240,21 +273,38 @@ void dsv32_sparse_mqa_f32(int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t 
             for (int64_t d = 0; d < V; d += 16) {
                 const int wide = d + 16 <= V;
                 for (h = 0; h + TILE_H <= H && wide; h += TILE_H)
-                    value_tile(s + h * ld_s, ld_s, bk, nb, d, acc + h * V, V);
+                    value_tile(s + h * ld_s, ld_s, bk, nb, d, acc + h * V, V, bf16);
                 for (; h < H; h++) {
-                    value_one(s + h * ld_s, bk, nb, d, acc + h * V);
-                    if (wide) value_one(s + h * ld_s, bk, nb, d + 8, acc + h * V);
+                    value_one(s + h * ld_s, bk, nb, d, acc + h * V, bf16);
+                    if (wide) value_one(s + h * ld_s, bk, nb, d + 8, acc + h * V, bf16);
                 }
             }
         }
         for (int64_t h = 0; h < H; h++) {
-            float *o = out + i * out_sn + h * out_sh;
-            const f8 inv = splat8(nk ? 1.0f / row_sum[h] : 0.0f);
-            for (int64_t d = 0; d < V; d += 8) store8(o + d, load8(acc + h * V + d) * inv);
+            const float inv = nk ? 1.0f / row_sum[h] : 0.0f;
+            if (bf16) {
+                uint16_t *o = (uint16_t *)out + i * out_sn + h * out_sh;
+                for (int64_t d = 0; d < V; d++) o[d] = to_bf16(acc[h * V + d] * inv);
+            } else {
+                float *o = (float *)out + i * out_sn + h * out_sh;
+                for (int64_t d = 0; d < V; d += 8) store8(o + d, load8(acc + h * V + d) * splat8(inv));
+            }
             if (lse) lse[i * H + h] = nk ? row_max[h] + logf(row_sum[h]) : -INFINITY;
         }
     }
 }
+
+#define SPARSE_MQA_ARGS                                                                                      \
+    int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t V, int64_t K, float scale, const void *q, int64_t q_sn, \
+        int64_t q_stride_h, const void *qr, int64_t qr_sn, int64_t qr_stride_h, const void *kv, int64_t kv_ld,    \
+        const void *rope, int64_t rope_ld, const int64_t *idx, int64_t idx_sn, void *out, int64_t out_sn,         \
+        int64_t out_sh, float *lse, void *scratch
+#define SPARSE_MQA_CALL(bf16)                                                                               \
+    sparse_mqa(n, H, Cl, Cr, V, K, scale, q, q_sn, q_stride_h, qr, qr_sn, qr_stride_h, kv, kv_ld, rope, rope_ld, \
+               idx, idx_sn, out, out_sn, out_sh, lse, scratch, bf16)
+
+void dsv32_sparse_mqa_f32(SPARSE_MQA_ARGS) { SPARSE_MQA_CALL(0); }
+void dsv32_sparse_mqa_bf16(SPARSE_MQA_ARGS) { SPARSE_MQA_CALL(1); }
 
 /* ---- the lightning indexer: I[t, s] = sum_h w[t, h] ReLU(q[t, h] . k[s]) and its exact top-k ----
  *
@@ -370,7 +420,7 @@ static void row_topk(const int32_t *row, int64_t seen, int64_t k, int32_t *group
 /* Top-k of n queries of one batch row.
  *   q[i][h][:]  = q + i*q_sn + h*q_sh   (D floats; D a multiple of 8, H a multiple of 4)
  *   w[i][h]     = w + i*w_sn + h        (gates, the head scale folded in)
- *   key s       = keys + s*k_ld           (D floats)
+ *   key s       = keys + s*k_ld           (D values: fp32 for dsv32_indexer_topk_f32, bf16 for _bf16)
  *   query i sees keys 0 .. min(visible0 + i, S) - 1, minus padded ones (pad[s] != 0; pad may be NULL)
  *   out[i][0..K) = out + i*out_sn: the selected positions, unordered; -1 fills slots left empty.
  * scratch: dsv32_indexer_scratch_bytes(S) bytes, 8-aligned (allocated by the caller). */
@@ -380,9 +430,10 @@ int64_t dsv32_indexer_scratch_bytes(int64_t S, int64_t D) {
            (int64_t)sizeof(int32_t) * (QUERY_BLOCK * width + width / GROUP + 1);
 }
 
-void dsv32_indexer_topk_f32(int64_t n, int64_t H, int64_t D, int64_t K, const float *q, int64_t q_sn,
-                            int64_t q_sh, const float *w, int64_t w_sn, const float *keys, int64_t k_ld, int64_t S,
-                            int64_t visible0, const uint8_t *pad, int64_t *out, int64_t out_sn, void *scratch) {
+static inline __attribute__((always_inline)) void indexer_topk(
+    int64_t n, int64_t H, int64_t D, int64_t K, const float *q, int64_t q_sn, int64_t q_sh, const float *w,
+    int64_t w_sn, const void *keys, int64_t k_ld, int64_t S, int64_t visible0, const uint8_t *pad, int64_t *out,
+    int64_t out_sn, void *scratch, const int bf16) {
     const int64_t width = (S + KEY_TILE - 1) / KEY_TILE * KEY_TILE;
     int64_t *cand = scratch;
     float *tile = (float *)(cand + width);
@@ -395,7 +446,7 @@ void dsv32_indexer_topk_f32(int64_t n, int64_t H, int64_t D, int64_t K, const fl
             /* the tile transposed ([D][KEY_TILE], zeros past the last key), shared by the block */
             const int64_t nt = S - s0 < KEY_TILE ? S - s0 : KEY_TILE;
             for (int64_t l = 0; l < KEY_TILE; l++)
-                for (int64_t d = 0; d < D; d++) tile[d * KEY_TILE + l] = l < nt ? keys[(s0 + l) * k_ld + d] : 0.0f;
+                for (int64_t d = 0; d < D; d++) tile[d * KEY_TILE + l] = l < nt ? to_float(keys, (s0 + l) * k_ld + d, bf16) : 0.0f;
             /* the block's first queries may not see this tile yet (causal diagonal) */
             for (int64_t i = s0 - visible0 - i0 + 1 > 0 ? s0 - visible0 - i0 + 1 : 0; i < nq; i++) {
                 const int64_t seen = visible0 + i0 + i < S ? visible0 + i0 + i : S;
@@ -409,3 +460,13 @@ void dsv32_indexer_topk_f32(int64_t n, int64_t H, int64_t D, int64_t K, const fl
         }
     }
 }
+
+#define INDEXER_ARGS                                                                                         \
+    int64_t n, int64_t H, int64_t D, int64_t K, const float *q, int64_t q_sn, int64_t q_sh, const float *w,      \
+        int64_t w_sn, const void *keys, int64_t k_ld, int64_t S, int64_t visible0, const uint8_t *pad,           \
+        int64_t *out, int64_t out_sn, void *scratch
+#define INDEXER_CALL(bf16) \
+    indexer_topk(n, H, D, K, q, q_sn, q_sh, w, w_sn, keys, k_ld, S, visible0, pad, out, out_sn, scratch, bf16)
+
+void dsv32_indexer_topk_f32(INDEXER_ARGS) { INDEXER_CALL(0); }
+void dsv32_indexer_topk_bf16(INDEXER_ARGS) { INDEXER_CALL(1); }
