@@ -224,26 +224,6 @@ def test_sparse_mla_kernel_equals_reference_on_random_shapes(c):
     torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
 
 
-def test_decode_splits_the_selection_across_threads_and_merges_exactly(monkeypatch):
-    """One query with a long selection: each thread attends over a slice and the parts are merged by
-    their log-sum-exp — the same result as one pass (and as the reference), empty slices included."""
-    g = torch.Generator().manual_seed(8)
-    S, H, K = 3000, 16, 1024
-    q = torch.randn(1, 1, H, 576, generator=g)
-    kv = torch.randn(1, S, 576, generator=g)
-    idx = _selection(1, 1, S, K, g)
-    idx[0, 0, : K // 2] = -1  # the first part has no key at all
-    parts = []
-    original = cpu._split_selection
-    monkeypatch.setattr(cpu, "_split_selection", lambda *a: parts.append(a[-1]) or original(*a))
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    got = sparse_mla_attention(q, kv, idx, 0.04, 512)
-    assert parts == [2]
-    torch.testing.assert_close(
-        got, sparse_mla_attention_reference(q, kv, idx, 0.04, 512), rtol=1e-5, atol=1e-5
-    )
-
-
 def _run_on_the_kernel_pool() -> int:
     return cpu._executor(2).submit(lambda: 7).result(timeout=20)
 

@@ -179,8 +179,6 @@ static inline void value_one(const float *p, const void *const *kp, int nb, int6
  *   out[i][h][:] = out + i*out_sn + h*out_sh        (V values)
  *
  * out = softmax_j(scale * q . key_j) . value_j over the filled slots; a query with none gets zeros.
- * lse[i][h] (lse + i*H + h; NULL = not wanted) = log sum_j exp(scale * q . key_j), -inf for none:
- * what merges the outputs of one query's selection split into parts (decode on several threads).
  * Strides count elements; q, qr, kv, rope and out are all fp32 (dsv32_sparse_mqa_f32) or all bf16
  * (dsv32_sparse_mqa_bf16). Cl, Cr and V must be multiples of 8. scratch: dsv32_sparse_mqa_scratch_bytes(...) bytes, 8-aligned
  * (the caller allocates it, so the memory shows in its allocator's accounting). */
@@ -193,7 +191,7 @@ static inline __attribute__((always_inline)) void sparse_mqa(
     int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t V, int64_t K, float scale, const void *q, int64_t q_sn,
     int64_t q_stride_h, const void *qr, int64_t qr_sn, int64_t qr_stride_h, const void *kv, int64_t kv_ld,
     const void *rope, int64_t rope_ld, const int64_t *idx, int64_t idx_sn, void *out, int64_t out_sn,
-    int64_t out_sh, float *lse, void *scratch, const int bf16) {
+    int64_t out_sh, void *scratch, const int bf16) {
     const int64_t ld_s = BLOCK_KEYS;
     const int64_t C = Cl + Cr, esize = bf16 ? 2 : 4;
     const void **kp = scratch;
@@ -289,7 +287,6 @@ static inline __attribute__((always_inline)) void sparse_mqa(
                 float *o = (float *)out + i * out_sn + h * out_sh;
                 for (int64_t d = 0; d < V; d += 8) store8(o + d, load8(acc + h * V + d) * splat8(inv));
             }
-            if (lse) lse[i * H + h] = nk ? row_max[h] + logf(row_sum[h]) : -INFINITY;
         }
     }
 }
@@ -298,10 +295,10 @@ static inline __attribute__((always_inline)) void sparse_mqa(
     int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t V, int64_t K, float scale, const void *q, int64_t q_sn, \
         int64_t q_stride_h, const void *qr, int64_t qr_sn, int64_t qr_stride_h, const void *kv, int64_t kv_ld,    \
         const void *rope, int64_t rope_ld, const int64_t *idx, int64_t idx_sn, void *out, int64_t out_sn,         \
-        int64_t out_sh, float *lse, void *scratch
+        int64_t out_sh, void *scratch
 #define SPARSE_MQA_CALL(bf16)                                                                               \
     sparse_mqa(n, H, Cl, Cr, V, K, scale, q, q_sn, q_stride_h, qr, qr_sn, qr_stride_h, kv, kv_ld, rope, rope_ld, \
-               idx, idx_sn, out, out_sn, out_sh, lse, scratch, bf16)
+               idx, idx_sn, out, out_sn, out_sh, scratch, bf16)
 
 void dsv32_sparse_mqa_f32(SPARSE_MQA_ARGS) { SPARSE_MQA_CALL(0); }
 void dsv32_sparse_mqa_bf16(SPARSE_MQA_ARGS) { SPARSE_MQA_CALL(1); }
