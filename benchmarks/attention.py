@@ -24,10 +24,13 @@ all paths of one point see the same tensors):
   indexer scoring + top-k (chunked, streaming), sparse attention over the gathered latents, ``W_UV``
   on the output; ``ours_mha_gather``: the same selection in MHA mode — expand per-head K/V from the
   latents with ``kv_b_proj`` (timed) and gather them per head (``dsv32.dsa.sparse_attention``);
+  ``ours_torch``: (c) with the C kernels turned off (the torch gather + batched-matmul path), so the
+  kernels' own gain is measured in the same run (skipped above ``--torch-max-len``);
 - decode (one new query against a cache of L entries, mean of ``--decode-steps`` calls):
   (a) ``sdpa`` over the per-head K/V cache; (d) ``dense_mla``: absorbed MQA over all L latents
   ``[B, L, 576]`` — how V3.1 decodes; (c) ``ours``: absorbed query, indexer over the whole cache
-  (one matmul) + top-k, attention over the k gathered latents, ``W_UV``.
+  (one matmul) + top-k, attention over the k gathered latents, ``W_UV``; ``ours_torch`` without the
+  C kernels. On the CPU (fp32/bf16) (c) runs the C kernels of ``dsv32.dsa.kernels.cpu``.
 - ``peak_mem_mb``: peak MB of tensors alive at once during one call (allocator events recorded by
   the torch profiler), not counting the inputs — the same instrument as tests/dsa/test_memory.py.
 - ``others_cpu_share``: share of the machine's CPU time other processes used during each timed
@@ -58,6 +61,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from dsv32 import dsa
 from dsv32.dsa import indexer_topk, selection_mask, sparse_attention, sparse_mla_attention
+from dsv32.dsa.kernels import cpu as cpu_kernels
 
 GRID_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
 GRID_TOPK = (256, 512, 2048)
@@ -169,6 +173,11 @@ def prefill_ours_mha_gather(x: Inputs, topk: int) -> torch.Tensor:
     return sparse_attention(q, k, v, idx, x.scale)
 
 
+def prefill_ours_torch(x: Inputs, topk: int) -> torch.Tensor:
+    with cpu_kernels.enabled(False):  # the same path without the C kernels: torch gather + bmm
+        return prefill_ours(x, topk)
+
+
 def decode_sdpa(x: Inputs, topk: int) -> torch.Tensor:
     q = x.q_mha[:, :, -1:]
     return F.scaled_dot_product_attention(q, x.k_mha, x.v_mha, scale=x.scale)
@@ -188,15 +197,22 @@ def decode_ours(x: Inputs, topk: int) -> torch.Tensor:
     return torch.einsum("bthc,hdc->bthd", latent_out, x.w_uv)
 
 
+def decode_ours_torch(x: Inputs, topk: int) -> torch.Tensor:
+    with cpu_kernels.enabled(False):
+        return decode_ours(x, topk)
+
+
 COVERS = {
     "prefill.sdpa": "(a) causal flash SDPA over precomputed per-head q/K/V, V zero-padded to 192 (a dense model)",
     "prefill.sdpa_math": "(a-math) the same SDPA call with V at 128: PyTorch falls back to the O(L²) math path",
     "prefill.masked_dense": "(b) kv_b_proj expansion + indexer top-k + [B,L,L] selection mask + masked SDPA",
     "prefill.ours": "(c) MQA mode: W_UK absorption + indexer scores/top-k + gathered-latent attention + W_UV",
     "prefill.ours_mha_gather": "(c') MHA mode: kv_b_proj expansion + indexer top-k + per-head K/V gather",
+    "prefill.ours_torch": "(c-torch) (c) without the C kernels: torch indexer + gather + batched matmuls",
     "decode.sdpa": "(a) one query, SDPA over the per-head K/V cache",
     "decode.dense_mla": "(d) one query, absorbed MQA over all L latents (V3.1 decode) incl. W_UK/W_UV",
     "decode.ours": "(c) one query, W_UK + indexer over the cache + top-k + k gathered latents + W_UV",
+    "decode.ours_torch": "(c-torch) (c) without the C kernels",
 }
 
 
@@ -293,11 +309,13 @@ class Plan:
     math_max_len: int
     dtype: torch.dtype
     shape: Shape
+    torch_max_len: int = 0  # (c-torch) up to this L, when the C kernels are built
 
 
 def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None]) -> list[dict]:
     """All paths at one length for every k, repetitions interleaved → one result dict per k."""
     x = Inputs(plan.shape, L, plan.dtype)
+    with_torch = plan.torch_max_len >= L and cpu_kernels.available()
     jobs: list[tuple[str, int | None, Callable[[], object], int]] = [
         ("prefill.sdpa", None, lambda: prefill_sdpa(x, 0), 1)
     ]
@@ -309,11 +327,15 @@ def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None])
         jobs.append(("prefill.ours", k, lambda k=k: prefill_ours(x, k), 1))
         if plan.mha_max_len >= L:
             jobs.append(("prefill.ours_mha_gather", k, lambda k=k: prefill_ours_mha_gather(x, k), 1))
+        if with_torch:
+            jobs.append(("prefill.ours_torch", k, lambda k=k: prefill_ours_torch(x, k), 1))
     steps = plan.decode_steps
     jobs.append(("decode.sdpa", None, lambda: decode_sdpa(x, 0), steps))
     jobs.append(("decode.dense_mla", None, lambda: decode_dense_mla(x, 0), steps))
     for k in plan.topks:
         jobs.append(("decode.ours", k, lambda k=k: decode_ours(x, k), steps))
+        if with_torch:
+            jobs.append(("decode.ours_torch", k, lambda k=k: decode_ours_torch(x, k), steps))
     # Peak memory, one profiled call per path (also the warm-up); the long dense prefill is profiled
     # inside its first timed repetition instead (one op: the profiler adds nothing measurable).
     mems: dict[tuple[str, int | None], float | None] = {}
@@ -363,11 +385,13 @@ def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None])
             "masked_dense": get("prefill.masked_dense", k),
             "ours": get("prefill.ours", k),
             "ours_mha_gather": get("prefill.ours_mha_gather", k),
+            "ours_torch": get("prefill.ours_torch", k),
         }
         dec = {
             "sdpa": get("decode.sdpa"),
             "dense_mla": get("decode.dense_mla"),
             "ours": get("decode.ours", k),
+            "ours_torch": get("decode.ours_torch", k),
         }
         layouts = {m: pre[m] for m in ("ours", "ours_mha_gather") if pre[m] is not None}
         r = {
@@ -387,6 +411,8 @@ def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None])
             ),
             "decode_speedup_vs_sdpa": dec["sdpa"] / dec["ours"],
             "decode_speedup_vs_dense_mla": dec["dense_mla"] / dec["ours"],
+            "prefill_speedup_of_c_kernels": pre["ours_torch"] / pre["ours"] if pre["ours_torch"] else None,
+            "decode_speedup_of_c_kernels": dec["ours_torch"] / dec["ours"] if dec["ours_torch"] else None,
             "prefill_faster_gather_layout": min(layouts, key=layouts.get),
             "mla_prefill_dispatch": "sparse" if not dsa.prefer_dense(L, L, k) else "masked_dense",
             "peak_mem_mb": {
@@ -395,9 +421,11 @@ def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None])
                 "prefill.masked_dense": mem_of("prefill.masked_dense", k),
                 "prefill.ours": mem_of("prefill.ours", k),
                 "prefill.ours_mha_gather": mem_of("prefill.ours_mha_gather", k),
+                "prefill.ours_torch": mem_of("prefill.ours_torch", k),
                 "decode.sdpa": mem_of("decode.sdpa"),
                 "decode.dense_mla": mem_of("decode.dense_mla"),
                 "decode.ours": mem_of("decode.ours", k),
+                "decode.ours_torch": mem_of("decode.ours_torch", k),
             },
             "repetitions_s": {
                 "prefill.sdpa": reps_of("prefill.sdpa"),
@@ -405,9 +433,11 @@ def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None])
                 "prefill.masked_dense": reps_of("prefill.masked_dense", k),
                 "prefill.ours": reps_of("prefill.ours", k),
                 "prefill.ours_mha_gather": reps_of("prefill.ours_mha_gather", k),
+                "prefill.ours_torch": reps_of("prefill.ours_torch", k),
                 "decode.sdpa": reps_of("decode.sdpa"),
                 "decode.dense_mla": reps_of("decode.dense_mla"),
                 "decode.ours": reps_of("decode.ours", k),
+                "decode.ours_torch": reps_of("decode.ours_torch", k),
             },
             "others_cpu_share": {
                 "prefill.sdpa": others_of("prefill.sdpa"),
@@ -415,9 +445,11 @@ def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None])
                 "prefill.masked_dense": others_of("prefill.masked_dense", k),
                 "prefill.ours": others_of("prefill.ours", k),
                 "prefill.ours_mha_gather": others_of("prefill.ours_mha_gather", k),
+                "prefill.ours_torch": others_of("prefill.ours_torch", k),
                 "decode.sdpa": others_of("decode.sdpa"),
                 "decode.dense_mla": others_of("decode.dense_mla"),
                 "decode.ours": others_of("decode.ours", k),
+                "decode.ours_torch": others_of("decode.ours_torch", k),
             },
             "covers": COVERS,
         }
@@ -433,8 +465,10 @@ def summarize(r: dict) -> str:
 
     return (
         f"L={r['seq_len']:>6} k={r['topk']:>5} | prefill ms: sdpa {ms(p['sdpa'])} masked {ms(p['masked_dense'])} "
-        f"ours {ms(p['ours'])} (mha-gather {ms(p['ours_mha_gather'])}) → {r['prefill_speedup_vs_sdpa']:5.2f}x "
-        f"| decode ms: sdpa {ms(d['sdpa'])} dense-mla {ms(d['dense_mla'])} ours {ms(d['ours'])} → "
+        f"ours {ms(p['ours'])} (mha-gather {ms(p['ours_mha_gather'])}, torch path {ms(p['ours_torch'])}) "
+        f"→ {r['prefill_speedup_vs_sdpa']:5.2f}x "
+        f"| decode ms: sdpa {ms(d['sdpa'])} dense-mla {ms(d['dense_mla'])} ours {ms(d['ours'])} "
+        f"(torch path {ms(d['ours_torch'])}) → "
         f"{r['decode_speedup_vs_sdpa']:6.2f}x / {r['decode_speedup_vs_dense_mla']:5.2f}x"
     )
 
@@ -641,6 +675,12 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
     ap.add_argument("--masked-max-len", type=int, default=8192, help="skip (b) above this L (O(L²) time)")
     ap.add_argument("--mha-max-len", type=int, default=8192, help="skip the MHA-gather variant above this L")
     ap.add_argument(
+        "--torch-max-len",
+        type=int,
+        default=32768,
+        help="skip (c-torch), ours without the C kernels, above this L",
+    )
+    ap.add_argument(
         "--math-max-len",
         type=int,
         default=16384,
@@ -665,7 +705,7 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
     topks = tuple(args.topk or (QUICK_TOPK if args.quick else GRID_TOPK))
     reps = args.reps or (2 if args.quick else 3)
     plan = Plan(lengths, topks, reps, args.decode_steps, args.masked_max_len, args.mha_max_len,
-                args.math_max_len, getattr(torch, args.dtype), shape)  # fmt: skip
+                args.math_max_len, getattr(torch, args.dtype), shape, args.torch_max_len)  # fmt: skip
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
