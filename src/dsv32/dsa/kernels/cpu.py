@@ -122,7 +122,7 @@ def _library() -> ctypes.CDLL | None:
         getattr(lib, f"dsv32_indexer_topk_{suffix}").restype = None
     lib.dsv32_sparse_mqa_scratch_bytes.argtypes = [_I64] * 5
     lib.dsv32_sparse_mqa_scratch_bytes.restype = _I64
-    lib.dsv32_indexer_scratch_bytes.argtypes = [_I64, _I64]
+    lib.dsv32_indexer_scratch_bytes.argtypes = [_I64, _I64, _I64]
     lib.dsv32_indexer_scratch_bytes.restype = _I64
     return lib
 
@@ -324,7 +324,8 @@ def indexer_topk_cpu(
     workers = max(1, min(torch.get_num_threads(), T))
     cuts = _balanced_splits((torch.arange(T) + offset + 1).clamp_max(S), workers)
     jobs = []
-    scratch = _scratch(workers, lib.dsv32_indexer_scratch_bytes(S, D))
+    longest = max(z - a for a, z in itertools.pairwise(cuts))  # a decode step needs one row, not 32
+    scratch = _scratch(workers, lib.dsv32_indexer_scratch_bytes(S, D, longest))
     for b in range(B):
         for a, z in itertools.pairwise(cuts):
             jobs.append(

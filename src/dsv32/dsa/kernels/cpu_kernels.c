@@ -420,11 +420,11 @@ static void row_topk(const int32_t *row, int64_t seen, int64_t k, int32_t *group
  *   key s       = keys + s*k_ld           (D values: fp32 for dsv32_indexer_topk_f32, bf16 for _bf16)
  *   query i sees keys 0 .. min(visible0 + i, S) - 1, minus padded ones (pad[s] != 0; pad may be NULL)
  *   out[i][0..K) = out + i*out_sn: the selected positions, unordered; -1 fills slots left empty.
- * scratch: dsv32_indexer_scratch_bytes(S) bytes, 8-aligned (allocated by the caller). */
-int64_t dsv32_indexer_scratch_bytes(int64_t S, int64_t D) {
-    const int64_t width = (S + KEY_TILE - 1) / KEY_TILE * KEY_TILE;
+ * scratch: dsv32_indexer_scratch_bytes(S, D, n) bytes, 8-aligned (allocated by the caller). */
+int64_t dsv32_indexer_scratch_bytes(int64_t S, int64_t D, int64_t n) {
+    const int64_t width = (S + KEY_TILE - 1) / KEY_TILE * KEY_TILE, rows = n < QUERY_BLOCK ? n : QUERY_BLOCK;
     return (int64_t)sizeof(int64_t) * width + (int64_t)sizeof(float) * KEY_TILE * D +
-           (int64_t)sizeof(int32_t) * (QUERY_BLOCK * width + width / GROUP + 1);
+           (int64_t)sizeof(int32_t) * (rows * width + width / GROUP + 1);
 }
 
 static inline __attribute__((always_inline)) void indexer_topk(
