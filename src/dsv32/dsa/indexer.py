@@ -263,7 +263,8 @@ def indexer_topk(
         return triton_kernels.indexer_topk_gpu(q, weights, k_index, topk, key_padding_mask)
     knobs = (chunk_size, key_block, window)
     if all(v is None for v in knobs) and cpu_kernels.indexer_supported(q, k_index):  # CPU: the C kernel
-        return cpu_kernels.indexer_topk_cpu(q, weights, k_index, topk, key_padding_mask)
+        with torch.no_grad():  # indices only
+            return cpu_kernels.indexer_topk_cpu(q, weights, k_index, topk, key_padding_mask)
     out = torch.empty((B, T, K), dtype=torch.long, device=q.device)
     if T == 0 or K == 0:
         return out
