@@ -270,3 +270,33 @@ def test_bf16_index_keys_select_like_their_fp32_values():
     got = indexer_topk(q, w, k, 32)
     ref = indexer_topk(q, w, k.float(), 32)
     assert torch.equal(got.sort(-1).values, ref.sort(-1).values)
+
+
+def test_the_kernels_stay_inside_their_buffers_under_address_sanitizer(tmp_path):
+    """Re-run this file's kernel tests with the C code built with -fsanitize=address (torch's own
+    allocations get red zones too, via the preloaded runtime): any out-of-bounds read or write fails."""
+    import os
+    import subprocess
+    import sys
+
+    runtime = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True)
+    libasan = runtime.stdout.strip()
+    if runtime.returncode or not os.path.isabs(libasan) or not os.path.exists(libasan):
+        pytest.skip("no AddressSanitizer runtime (libasan) here")
+    env = dict(
+        os.environ,
+        CC="gcc",
+        DSV32_CPU_KERNELS_CFLAGS="-fsanitize=address -fno-omit-frame-pointer -g",
+        DSV32_CACHE_DIR=str(tmp_path / "cache"),
+        LD_PRELOAD=libasan,
+        ASAN_OPTIONS=f"detect_leaks=0:log_path={tmp_path / 'asan'}",
+    )
+    skip = "not sanitizer and not forked and not failed_build and not environment"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k", skip],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    reports = [p.read_text() for p in tmp_path.glob("asan*")]
+    assert not reports, reports[0][:3000]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout

@@ -80,11 +80,14 @@ def cache_dir() -> Path:
 
 
 def _build() -> Path | None:
-    """Compile ``cpu_kernels.c`` (once per source × compiler × CPU) and return the library's path."""
+    """Compile ``cpu_kernels.c`` (once per source × compiler × flags × CPU) and return the library's
+    path. ``$DSV32_CPU_KERNELS_CFLAGS`` adds flags (e.g. ``-fsanitize=address -g`` to debug)."""
     source = SOURCE.read_bytes()
+    extra = os.environ.get("DSV32_CPU_KERNELS_CFLAGS", "").split()
     errors = []
     for cc in _compilers():
-        for flags in _FLAG_SETS:
+        for base in _FLAG_SETS:
+            flags = [*base, *extra]
             key = hashlib.sha256(source + cc.encode() + " ".join(flags).encode() + _cpu_id().encode())
             lib = cache_dir() / f"dsv32_cpu_{key.hexdigest()[:16]}.so"
             if lib.exists():
@@ -342,9 +345,18 @@ def indexer_topk_cpu(
     return out
 
 
+_GUARD = (
+    64  # bytes past each work buffer, checked after every call: a kernel writing out of bounds fails loudly
+)
+
+
 def _scratch(workers: int, nbytes: int) -> list[torch.Tensor]:
-    """One work buffer per thread, from torch's allocator (so memory profiles see it)."""
-    return [torch.empty(nbytes, dtype=torch.uint8) for _ in range(workers)]
+    """One work buffer per thread, from torch's allocator (so memory profiles see it), followed by
+    :data:`_GUARD` bytes of a known pattern."""
+    buffers = [torch.empty(nbytes + _GUARD, dtype=torch.uint8) for _ in range(workers)]
+    for b in buffers:
+        b[nbytes:] = 0xA5
+    return buffers
 
 
 def _run(fn, jobs: list[tuple], scratch: list[torch.Tensor]) -> None:
@@ -359,5 +371,9 @@ def _run(fn, jobs: list[tuple], scratch: list[torch.Tensor]) -> None:
     if workers == 1 or len(jobs) == 1:
         for job in jobs:
             fn(*job, scratch[0].data_ptr())
-        return
-    list(_executor(workers).map(worker, range(min(workers, len(jobs)))))
+    else:
+        list(_executor(workers).map(worker, range(min(workers, len(jobs)))))
+    if any(bool((b[-_GUARD:] != 0xA5).any()) for b in scratch):
+        raise RuntimeError(
+            f"dsv32 CPU kernel {fn.__name__} wrote past its work buffer (a bug: please report)"
+        )

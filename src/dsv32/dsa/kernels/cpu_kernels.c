@@ -435,7 +435,7 @@ static inline __attribute__((always_inline)) void indexer_topk(
     int64_t *cand = scratch;
     float *tile = (float *)(cand + width);
     int32_t *rows = (int32_t *)(tile + KEY_TILE * D);
-    int32_t *groups = rows + QUERY_BLOCK * width;
+    int32_t *groups = rows + (n < QUERY_BLOCK ? n : QUERY_BLOCK) * width; /* as dsv32_indexer_scratch_bytes */
     for (int64_t i0 = 0; i0 < n; i0 += QUERY_BLOCK) {
         const int64_t nq = n - i0 < QUERY_BLOCK ? n - i0 : QUERY_BLOCK;
         const int64_t seen_max = visible0 + i0 + nq - 1 < S ? visible0 + i0 + nq - 1 : S;
