@@ -72,7 +72,7 @@ def mla_kernel_would_run(x: torch.Tensor) -> bool:
     bf16, no autograd, kernels built) — what :func:`prefer_dense` needs to pick its crossover."""
     return (
         x.device.type == "cpu"
-        and x.dtype in (torch.float32, torch.bfloat16)
+        and x.dtype in cpu_kernels.DTYPES
         and not torch.is_grad_enabled()
         and cpu_kernels.available()
     )
@@ -340,10 +340,12 @@ def sparse_mla_attention(
     kernel (:mod:`dsv32.dsa.kernels.cpu`), whose output is a heads-major view.
     """
     grad = _needs_grad(q, kv, k_rope, q_rope)
-    fused_cpu = chunk_size is None and not grad and q.shape[1] > 0  # chunk_size tunes the torch path
     if (
-        q_rope is not None and fused_cpu and cpu_kernels.mla_supported(q, kv, k_rope, v_dim, q_rope)
-    ):  # CPU + C kernel: the query's two parts are read where they are
+        chunk_size is None  # chunk_size tunes the torch path
+        and not grad
+        and q.shape[1] > 0
+        and cpu_kernels.mla_supported(q, kv, k_rope, v_dim, q_rope)
+    ):  # CPU + C kernel: cache and query parts are read where they are, nothing is concatenated
         return _sparse_mla_cpu(q, kv, topk_indices, scale, v_dim, k_rope, q_rope)
     if q_rope is not None:
         q = torch.cat((q, q_rope), dim=-1)
@@ -358,18 +360,13 @@ def sparse_mla_attention(
         latent, rope = (kv[..., :v_dim], kv[..., v_dim:]) if k_rope is None else (kv, k_rope)
         if latent.shape[-1] == v_dim and triton_kernels.mla_supported(q, latent, rope):
             return triton_kernels.sparse_mla_attention_gpu(q, latent, rope, topk_indices, scale)
-    if fused_cpu and cpu_kernels.mla_supported(q, kv, k_rope, v_dim):
-        return _sparse_mla_cpu(q, kv, topk_indices, scale, v_dim, k_rope, None)
     if k_rope is not None and kv.shape[1] <= T * K:  # prefill: one concatenated copy gathers faster
         kv, k_rope = torch.cat((kv, k_rope), dim=-1), None
         Cl = C
     out = q.new_empty(B, T, H, v_dim)
     if T == 0:
         return out
-    # Leading queries that selected every key they see need no gather: causal dense attention.
-    first = 0 if k_rope is not None else _selects_all_prefix(topk_indices, kv.shape[1])
-    if first:
-        out[:, :first] = _causal_dense_mla(q[:, :first], kv, scale, v_dim, kv.shape[1] - T)
+    first = _dense_prefix(q, None, kv, k_rope, topk_indices, scale, v_dim, out)
     step = _chunk(K, chunk_size)
     rows, strides = _row_view(kv, grad)
     if k_rope is not None:
@@ -402,20 +399,28 @@ def sparse_mla_attention(
 
 
 def _sparse_mla_cpu(q, kv, topk_indices, scale, v_dim, k_rope, q_rope):
-    """:func:`sparse_mla_attention` with the C kernel (CPU, fp32, no autograd); the output is a
-    heads-major view (see :func:`dsv32.dsa.kernels.cpu.sparse_mla_attention_cpu`). A prefill's
-    leading queries that selected every key they see attend densely and causally, as on the torch path."""
+    """:func:`sparse_mla_attention` with the C kernel (CPU, fp32/bf16, no autograd); the output is a
+    heads-major view (see :func:`dsv32.dsa.kernels.cpu.sparse_mla_attention_cpu`)."""
     B, T, H = q.shape[:3]
     out = q.new_empty(B, H, T, v_dim).transpose(1, 2)
-    first = 0 if k_rope is not None else _selects_all_prefix(topk_indices, kv.shape[1])
+    first = _dense_prefix(q, q_rope, kv, k_rope, topk_indices, scale, v_dim, out)
+    cpu_kernels.sparse_mla_attention_cpu(
+        q[:, first:], kv, k_rope, topk_indices[:, first:], scale, v_dim,
+        q_rope=None if q_rope is None else q_rope[:, first:], out=out[:, first:],
+    )  # fmt: skip
+    return out
+
+
+def _dense_prefix(q, q_rope, kv, k_rope, topk_indices, scale, v_dim, out) -> int:
+    """Leading queries that selected every key they see need no gather: write their causal dense
+    attention into ``out`` and return how many there are (0 with a split ``k_rope``: decoding)."""
+    if k_rope is not None:
+        return 0
+    first = _selects_all_prefix(topk_indices, kv.shape[1])
     if first:
         qf = q[:, :first] if q_rope is None else torch.cat((q[:, :first], q_rope[:, :first]), dim=-1)
-        out[:, :first] = _causal_dense_mla(qf, kv, scale, v_dim, kv.shape[1] - T)
-    rest = (q[:, first:], kv, k_rope, topk_indices[:, first:], scale, v_dim)
-    cpu_kernels.sparse_mla_attention_cpu(
-        *rest, q_rope=None if q_rope is None else q_rope[:, first:], out=out[:, first:]
-    )
-    return out
+        out[:, :first] = _causal_dense_mla(qf, kv, scale, v_dim, kv.shape[1] - q.shape[1])
+    return first
 
 
 def _selects_all_prefix(topk_indices: torch.Tensor, S: int) -> int:

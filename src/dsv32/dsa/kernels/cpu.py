@@ -55,6 +55,7 @@ _INDEXER_ARGTYPES = (
     + [_PTR, _PTR, _I64, _PTR]  # padding, out, out stride, scratch
 )
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}  # the kernels' input types
+DTYPES = tuple(_SUFFIX)
 
 
 def _compilers() -> list[str]:
@@ -127,6 +128,13 @@ def _library() -> ctypes.CDLL | None:
     lib.dsv32_sparse_mqa_scratch_bytes.restype = _I64
     lib.dsv32_indexer_scratch_bytes.argtypes = [_I64, _I64, _I64]
     lib.dsv32_indexer_scratch_bytes.restype = _I64
+    return lib
+
+
+def _require_library() -> ctypes.CDLL:
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the CPU kernels are not available (see dsv32.dsa.kernels.cpu)")
     return lib
 
 
@@ -209,9 +217,7 @@ def sparse_mla_attention_cpu(
     (storage ``[B, H, T, v_dim]``, what a per-head ``W_UV`` matmul reads without a copy), or written
     into ``out``. Every input may be a strided view (cache slices, the permuted result of an einsum):
     only the last dim must be contiguous. Check :func:`mla_supported` first."""
-    lib = _library()
-    if lib is None:
-        raise RuntimeError("the CPU kernels are not available (see dsv32.dsa.kernels.cpu)")
+    lib = _require_library()
     B, T, H, Cq = q.shape
     C = Cq + (0 if q_rope is None else q_rope.shape[-1])
     if rope is None:  # one [B, S, C] key tensor: split it where the query splits (if it does)
@@ -272,8 +278,8 @@ def _mqa_job(q, qr, latent, rope, idx, out, b, start, n, scale, v_dim) -> tuple:
 
 def indexer_supported(q: torch.Tensor, k_index: torch.Tensor) -> bool:
     """Inputs :func:`indexer_topk_cpu` takes: CPU tensors (keys fp32 or bf16, read as they are; other
-    float types upcast), indexer
-    heads a multiple of 4 and a head dim a multiple of 8, fewer than 2^31 keys."""
+    float types upcast), indexer heads a multiple of 4 and a head dim a multiple of 8, fewer than
+    2^31 keys."""
     H, D = q.shape[-2:]
     return (
         q.device.type == "cpu"
@@ -306,9 +312,7 @@ def indexer_topk_cpu(
     """Lightning-indexer scores and their exact top-k with the C kernel: the contract of
     :func:`dsv32.dsa.indexer_topk` (queries aligned to the end of the keys; ``-1`` = empty slot;
     slots unordered). Scores are fp32 whatever the input dtype. Check :func:`indexer_supported`."""
-    lib = _library()
-    if lib is None:
-        raise RuntimeError("the CPU kernels are not available (see dsv32.dsa.kernels.cpu)")
+    lib = _require_library()
     B, T, H, D = q.shape
     S = k_index.shape[1]
     K = min(topk, S)
@@ -334,11 +338,11 @@ def indexer_topk_cpu(
             jobs.append(
                 (
                     z - a, H, D, K,
-                    qf[b, a].data_ptr(), qf.stride(1), qf.stride(2),
-                    wf[b, a].data_ptr(), wf.stride(1),
-                    keys[b].data_ptr(), keys.stride(1), S, offset + a + 1,
+                    _at(qf, b, a), qf.stride(1), qf.stride(2),
+                    _at(wf, b, a), wf.stride(1),
+                    _at(keys, b), keys.stride(1), S, offset + a + 1,
                     None if pad is None else pad[b].data_ptr(),
-                    out[b, a].data_ptr(), out.stride(1),
+                    _at(out, b, a), out.stride(1),
                 )
             )  # fmt: skip
     _run(getattr(lib, f"dsv32_indexer_topk_{_SUFFIX[keys.dtype]}"), jobs, scratch)

@@ -18,18 +18,9 @@ typedef float f8 __attribute__((vector_size(32)));
 typedef int32_t i8 __attribute__((vector_size(32)));
 
 #define BLOCK_KEYS 64 /* selected rows per block: 64 latents of 576 fp32 (147 KB) stay in L2 */
-#ifndef PREFETCH_HINT
-#define PREFETCH_HINT 3
-#endif
-#ifndef PREFETCH_TILES
 #define PREFETCH_TILES 2 /* key tiles between a row's prefetch and its use */
-#endif
-#ifndef TILE_H
-#define TILE_H 4 /* heads per register tile */
-#endif
-#ifndef TILE_K
-#define TILE_K 3 /* keys per score tile */
-#endif
+#define TILE_H 4         /* heads per register tile */
+#define TILE_K 3         /* keys per score tile */
 
 static inline f8 load8(const float *p) {
     f8 v;
@@ -102,10 +93,10 @@ static inline f8 exp8(f8 x) {
     return p * (f8)bits;
 }
 
-/* scores[h][j] = scale * (q_h[:Cl] . kp[j][:Cl] + q_h[Cl:] . rp[j][:Cr]) for a TILE_H x TILE_K tile. */
-static inline void score_tile(const float *q, int64_t q_sh, const float *qr, int64_t qr_sh, int64_t Cl, int64_t Cr,
-                              const void *const *kp, const void *const *rp, float scale, float *s, int64_t ld_s,
-                              const int bf16) {
+/* scores[h][j] = scale * (q_h[:Cl] . kp[j][:Cl] + q_h[Cl:] . rp[j][:Cr]) for a TILE_H x TILE_K tile;
+ * q_h = q + h*q_sh holds the latent part, then the rope part (the kernel stages each query so). */
+static inline void score_tile(const float *q, int64_t q_sh, int64_t Cl, int64_t Cr, const void *const *kp,
+                              const void *const *rp, float scale, float *s, int64_t ld_s, const int bf16) {
     f8 acc[TILE_H][TILE_K];
     for (int h = 0; h < TILE_H; h++)
         for (int j = 0; j < TILE_K; j++) acc[h][j] = splat8(0.0f);
@@ -122,7 +113,7 @@ static inline void score_tile(const float *q, int64_t q_sh, const float *qr, int
     }
     for (int64_t c = 0; c < Cr; c += 8) {
         f8 x[TILE_H], y[TILE_K];
-        for (int h = 0; h < TILE_H; h++) x[h] = load8(qr + h * qr_sh + c);
+        for (int h = 0; h < TILE_H; h++) x[h] = load8(q + h * q_sh + Cl + c);
         for (int j = 0; j < TILE_K; j++) y[j] = loadx(rp[j], c, bf16);
         for (int h = 0; h < TILE_H; h++)
             for (int j = 0; j < TILE_K; j++) acc[h][j] += x[h] * y[j];
@@ -132,11 +123,10 @@ static inline void score_tile(const float *q, int64_t q_sh, const float *qr, int
 }
 
 /* The same for one head and one key (tile remainders). */
-static inline float score_one(const float *q, const float *qr, int64_t Cl, int64_t Cr, const void *k, const void *r,
-                              const int bf16) {
+static inline float score_one(const float *q, int64_t Cl, int64_t Cr, const void *k, const void *r, const int bf16) {
     f8 acc = splat8(0.0f);
     for (int64_t c = 0; c < Cl; c += 8) acc += load8(q + c) * loadx(k, c, bf16);
-    for (int64_t c = 0; c < Cr; c += 8) acc += load8(qr + c) * loadx(r, c, bf16);
+    for (int64_t c = 0; c < Cr; c += 8) acc += load8(q + Cl + c) * loadx(r, c, bf16);
     return hsum8(acc);
 }
 
@@ -171,8 +161,8 @@ static inline void value_one(const float *p, const void *const *kp, int nb, int6
 
 /* MQA-mode sparse attention for n queries of one batch row.
  *
- *   q[i][h][:]   = q + i*q_sn + h*q_sh            (Cl values, contiguous: the latent part)
- *   qr[i][h][:]  = qr + i*qr_sn + h*qr_sh         (Cr values: the rope part)
+ *   q[i][h][:]   = q + i*q_sn + h*q_stride_h      (Cl values, contiguous: the latent part)
+ *   qr[i][h][:]  = qr + i*qr_sn + h*qr_stride_h   (Cr values: the rope part)
  *   latent row s = kv + s*kv_ld                     (Cl values; its first V are the value)
  *   rope row s   = rope + s*rope_ld                 (Cr values; unused when Cr == 0)
  *   idx[i][j]    = idx + i*idx_sn + j               (K row numbers, -1 = empty slot)
@@ -207,8 +197,6 @@ static inline __attribute__((always_inline)) void sparse_mqa(
             for (int64_t c = 0; c < Cl; c += 8) store8(qbuf + h * C + c, loadx(qh, c, bf16));
             for (int64_t c = 0; c < Cr; c += 8) store8(qbuf + h * C + Cl + c, loadx(qrh, c, bf16));
         }
-        const float *qi = qbuf, *qri = qbuf + Cl;
-        const int64_t q_sh = C, qr_sh = C;
         const int64_t *ii = idx + i * idx_sn;
         int64_t nk = 0; /* the filled slots' rows, compacted */
         for (int64_t j = 0; j < K; j++) {
@@ -235,19 +223,18 @@ static inline __attribute__((always_inline)) void sparse_mqa(
             for (; j + TILE_K <= nb; j += TILE_K) {
                 for (int64_t a = j0 + j + PREFETCH_TILES * TILE_K; a < j0 + j + (PREFETCH_TILES + 1) * TILE_K && a < nk; a++) {
                     for (int64_t c = 0; c < Cl * esize; c += 64)
-                        __builtin_prefetch((const char *)kp[a] + c, 0, PREFETCH_HINT);
+                        __builtin_prefetch((const char *)kp[a] + c);
                     for (int64_t c = 0; c < Cr * esize; c += 64)
-                        __builtin_prefetch((const char *)rp[a] + c, 0, PREFETCH_HINT);
+                        __builtin_prefetch((const char *)rp[a] + c);
                 }
                 for (h = 0; h + TILE_H <= H; h += TILE_H)
-                    score_tile(qi + h * q_sh, q_sh, qri + h * qr_sh, qr_sh, Cl, Cr, bk + j, br + j, scale,
-                               s + h * ld_s + j, ld_s, bf16);
+                    score_tile(qbuf + h * C, C, Cl, Cr, bk + j, br + j, scale, s + h * ld_s + j, ld_s, bf16);
                 for (; h < H; h++)
                     for (int jj = j; jj < j + TILE_K; jj++)
-                        s[h * ld_s + jj] = scale * score_one(qi + h * q_sh, qri + h * qr_sh, Cl, Cr, bk[jj], br[jj], bf16);
+                        s[h * ld_s + jj] = scale * score_one(qbuf + h * C, Cl, Cr, bk[jj], br[jj], bf16);
             }
             for (; j < nb; j++)
-                for (h = 0; h < H; h++) s[h * ld_s + j] = scale * score_one(qi + h * q_sh, qri + h * qr_sh, Cl, Cr, bk[j], br[j], bf16);
+                for (h = 0; h < H; h++) s[h * ld_s + j] = scale * score_one(qbuf + h * C, Cl, Cr, bk[j], br[j], bf16);
             /* online softmax: rescale what was accumulated when a head's running max grows */
             for (h = 0; h < H; h++) {
                 float *sh = s + h * ld_s, m = row_max[h];
@@ -314,13 +301,9 @@ void dsv32_sparse_mqa_bf16(SPARSE_MQA_ARGS) { SPARSE_MQA_CALL(1); }
  * their (score, position) sort keys picks the exact top-k under the rule of
  * dsv32.dsa.indexer.tie_break_keys: higher score first, then the later position. */
 
-#ifndef KEY_TILE
 #define KEY_TILE 16
-#endif
 #define TILE_V (KEY_TILE / 8) /* vectors per key tile */
-#ifndef QUERY_BLOCK
 #define QUERY_BLOCK 32
-#endif
 #define GROUP 8
 #define HIDDEN INT32_MIN /* order key of a key the query does not see (after it, or padding) */
 
