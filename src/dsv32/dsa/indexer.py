@@ -261,8 +261,8 @@ def indexer_topk(
     K = min(topk, S)
     if triton_kernels.indexer_supported(q, k_index):  # CUDA: fused scoring kernel, exact top-k per chunk
         return triton_kernels.indexer_topk_gpu(q, weights, k_index, topk, key_padding_mask)
-    knobs = (chunk_size, key_block, window)
-    if all(v is None for v in knobs) and cpu_kernels.indexer_supported(q, k_index):  # CPU: the C kernel
+    untuned = chunk_size is None and key_block is None and window is None  # the knobs tune the torch path
+    if untuned and cpu_kernels.indexer_supported(q, k_index):  # CPU: the C kernel
         with torch.no_grad():  # indices only
             return cpu_kernels.indexer_topk_cpu(q, weights, k_index, topk, key_padding_mask)
     out = torch.empty((B, T, K), dtype=torch.long, device=q.device)
