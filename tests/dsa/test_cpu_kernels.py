@@ -96,6 +96,7 @@ INDEXER_CASES = [
     (2, 50, 80, 4, 64, 100, False),  # K > S: every visible key
     (1, 200, 700, 4, 16, 16, False),  # queries continuing a cache
     (1, 129, 129, 12, 8, 129, True),  # K = S
+    (1, 40, 5000, 4, 64, 24, True),  # long rows, small K: top-k bounds from groups of 64 keys
 ]
 
 
@@ -129,12 +130,13 @@ def test_indexer_kernel_selects_the_reference_set(B, T, S, H, D, K, padded, monk
         assert not hidden[got[-1].clamp_min(0)][got[-1] >= 0].any(), "padding was selected"
 
 
-def test_indexer_kernel_follows_the_exact_tie_rule():
+@pytest.mark.parametrize("S", [200, 3000])  # 3000 keys: groups of 64 keys bound the top 20
+def test_indexer_kernel_follows_the_exact_tie_rule(S):
     """Most scores are exactly 0 (every ReLU is off): the latest tied keys win, exactly as the
     reference selects them, whatever the row length."""
     g = torch.Generator().manual_seed(3)
     q = -torch.rand(1, 64, 4, 64, generator=g)
-    k = torch.rand(1, 200, 64, generator=g)
+    k = torch.rand(1, S, 64, generator=g)
     k[0, ::3] = -k[0, ::3]  # a third of the keys score > 0, the rest exactly 0
     w = torch.rand(1, 64, 4, generator=g)
     got = indexer_topk(q, w, k, 20)

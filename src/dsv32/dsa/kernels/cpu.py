@@ -51,9 +51,11 @@ _ARGTYPES = (
 _INDEXER_ARGTYPES = (
     [_I64] * 4  # n, H, D, K
     + [_PTR, _I64, _I64, _PTR, _I64]  # q and its strides, gates and their stride
-    + [_PTR, _I64, _I64, _I64]  # keys, key stride, S, visible0
+    + [_PTR, _I64, _PTR, _I64, _I64]  # keys, key stride, their transposed tiles (or NULL), S, visible0
     + [_PTR, _PTR, _I64, _PTR]  # padding, out, out stride, scratch
 )
+_TRANSPOSE_ARGTYPES = [_PTR, _I64, _I64, _I64, _I64, _I64, _PTR]  # keys, stride, S, D, tiles t0..t1, out
+KEY_TILE, QUERY_BLOCK = 16, 32  # the indexer's key tile and query block (as in cpu_kernels.c)
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}  # the kernels' input types
 DTYPES = tuple(_SUFFIX)
 
@@ -124,6 +126,8 @@ def _library() -> ctypes.CDLL | None:
         getattr(lib, f"dsv32_sparse_mqa_{suffix}").restype = None
         getattr(lib, f"dsv32_indexer_topk_{suffix}").argtypes = _INDEXER_ARGTYPES
         getattr(lib, f"dsv32_indexer_topk_{suffix}").restype = None
+        getattr(lib, f"dsv32_indexer_transpose_{suffix}").argtypes = _TRANSPOSE_ARGTYPES
+        getattr(lib, f"dsv32_indexer_transpose_{suffix}").restype = None
     lib.dsv32_sparse_mqa_scratch_bytes.argtypes = [_I64] * 5
     lib.dsv32_sparse_mqa_scratch_bytes.restype = _I64
     lib.dsv32_indexer_scratch_bytes.argtypes = [_I64, _I64, _I64]
@@ -328,10 +332,35 @@ def indexer_topk_cpu(
     if key_padding_mask is not None and not bool(key_padding_mask.bool().all()):
         pad = (~key_padding_mask.bool()).to(torch.uint8).contiguous()
     offset = S - T
-    workers = max(1, min(torch.get_num_threads(), T))
+    threads = torch.get_num_threads()
+    workers = max(1, min(threads, T))
     cuts = _balanced_splits((torch.arange(T) + offset + 1).clamp_max(S), workers)
-    jobs = []
     longest = max(z - a for a, z in itertools.pairwise(cuts))  # a decode step needs one row, not 32
+    suffix = _SUFFIX[keys.dtype]
+    tiles = None
+    if longest > QUERY_BLOCK:  # several query blocks read each key tile: transpose the keys once
+        n_tiles = -(-S // KEY_TILE)
+        tiles = torch.empty((B, n_tiles, D, KEY_TILE), dtype=torch.float32)
+        step = -(-n_tiles // threads)
+        transpose = getattr(lib, f"dsv32_indexer_transpose_{suffix}")
+        _run_calls(
+            [
+                (
+                    transpose,
+                    _at(keys, b),
+                    keys.stride(1),
+                    S,
+                    D,
+                    t0,
+                    min(t0 + step, n_tiles),
+                    tiles[b].data_ptr(),
+                )
+                for b in range(B)
+                for t0 in range(0, n_tiles, step)
+            ],
+            threads,
+        )
+    jobs = []
     scratch = _scratch(workers, lib.dsv32_indexer_scratch_bytes(S, D, longest))
     for b in range(B):
         for a, z in itertools.pairwise(cuts):
@@ -340,13 +369,28 @@ def indexer_topk_cpu(
                     z - a, H, D, K,
                     _at(qf, b, a), qf.stride(1), qf.stride(2),
                     _at(wf, b, a), wf.stride(1),
-                    _at(keys, b), keys.stride(1), S, offset + a + 1,
+                    _at(keys, b), keys.stride(1), None if tiles is None else tiles[b].data_ptr(), S, offset + a + 1,
                     None if pad is None else pad[b].data_ptr(),
                     _at(out, b, a), out.stride(1),
                 )
             )  # fmt: skip
-    _run(getattr(lib, f"dsv32_indexer_topk_{_SUFFIX[keys.dtype]}"), jobs, scratch)
+    _run(getattr(lib, f"dsv32_indexer_topk_{suffix}"), jobs, scratch)
     return out
+
+
+def _run_calls(calls: list[tuple], workers: int) -> None:
+    """``fn(*args)`` for each ``(fn, *args)`` of ``calls`` (C calls that need no work buffer) on
+    ``workers`` threads."""
+    if workers == 1 or len(calls) == 1:
+        for fn, *args in calls:
+            fn(*args)
+        return
+
+    def worker(i: int) -> None:
+        for fn, *args in calls[i::workers]:
+            fn(*args)
+
+    list(_executor(workers).map(worker, range(min(workers, len(calls)))))
 
 
 _GUARD = (

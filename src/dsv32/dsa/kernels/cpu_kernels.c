@@ -11,6 +11,9 @@
  * by dsv32/dsa/kernels/cpu.py, which holds the Python side and the shape checks.
  */
 #include <math.h>
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
 #include <stdint.h>
 #include <string.h>
 
@@ -292,20 +295,35 @@ void dsv32_sparse_mqa_bf16(SPARSE_MQA_ARGS) { SPARSE_MQA_CALL(1); }
 
 /* ---- the lightning indexer: I[t, s] = sum_h w[t, h] ReLU(q[t, h] . k[s]) and its exact top-k ----
  *
- * Keys are transposed a tile of KEY_TILE at a time ([D][KEY_TILE]) so one query's scores for a tile
- * are vector lanes, with no horizontal sums. Queries go in blocks of QUERY_BLOCK that share each key
- * tile while it sits in L1; the block's scores land in a row buffer as order keys (int32 with the
+ * The keys are first transposed, a tile of KEY_TILE at a time ([D][KEY_TILE], fp32), into one buffer
+ * that every query block of the call reads (dsv32_indexer_transpose_*), so one query's scores for a
+ * tile are vector lanes, with no horizontal sums. Queries go in blocks of QUERY_BLOCK that share each
+ * key tile while it sits in L1; the block's scores land in a row buffer as order keys (int32 with the
  * order of the fp32 scores). Each row's top-k is then found coarse to fine: the k-th largest of the
  * maxima of groups of GROUP keys bounds the k-th score from below (each of those k groups holds a key
  * at least that large), the keys at or above the bound are the candidates, and a quickselect over
  * their (score, position) sort keys picks the exact top-k under the rule of
- * dsv32.dsa.indexer.tie_break_keys: higher score first, then the later position. */
+ * dsv32.dsa.indexer.tie_break_keys: higher score first, then the later position. A group is one lane
+ * of GROUP consecutive vectors (keys 64c + l, 64c + 8 + l, ...), so the maxima are vector maxima. */
 
 #define KEY_TILE 16
 #define TILE_V (KEY_TILE / 8) /* vectors per key tile */
 #define QUERY_BLOCK 32
 #define GROUP 8
 #define HIDDEN INT32_MIN /* order key of a key the query does not see (after it, or padding) */
+
+/* bit l set where lane l of a comparison result is true (-1) */
+static inline unsigned lanes_set(i8 mask) {
+#ifdef __AVX__
+    f8 m;
+    memcpy(&m, &mask, sizeof m);
+    return (unsigned)_mm256_movemask_ps((__m256)m);
+#else
+    unsigned bits = 0;
+    for (int l = 0; l < 8; l++) bits |= (unsigned)(mask[l] & 1) << l;
+    return bits;
+#endif
+}
 
 /* fp32 -> int32 with the same order (-0.0 folded into +0.0), as indexer._float_order_key. */
 static inline i8 order8(f8 x) {
@@ -375,20 +393,41 @@ static inline void score_keys(const float *qi, int64_t q_sh, const float *wi, in
  * for slots that stay empty. Scratch: groups [seen / GROUP], cand [seen]. */
 static void row_topk(const int32_t *row, int64_t seen, int64_t k, int32_t *groups, int64_t *cand, int64_t *o) {
     int32_t bound = HIDDEN + 1;
-    const int64_t ng = seen / GROUP;
+    /* a group is one lane of gv consecutive vectors (gv keys); gv is the largest power of two from
+     * GROUP on that leaves at least 2k groups: the more keys per group, the cheaper the quickselect
+     * over their maxima and the looser the bound (about 1.3 k candidates at 2k groups) */
+    int64_t gv = GROUP;
+    while (seen / (2 * gv) >= 2 * k) gv *= 2;
+    const int64_t chunks = seen / (8 * gv), ng = chunks * 8;
     if (ng > k) { /* coarse: the k-th largest group maximum bounds the k-th score from below */
-        for (int64_t g = 0; g < ng; g++) {
-            int32_t m = row[g * GROUP];
-            for (int l = 1; l < GROUP; l++) m = row[g * GROUP + l] > m ? row[g * GROUP + l] : m;
-            groups[g] = m;
+        for (int64_t c = 0; c < chunks; c++) {
+            i8 m;
+            memcpy(&m, row + c * 8 * gv, sizeof m);
+            for (int64_t v = 1; v < gv; v++) {
+                i8 x;
+                memcpy(&x, row + c * 8 * gv + 8 * v, sizeof x);
+                const i8 gt = x > m;
+                m = (x & gt) | (m & ~gt);
+            }
+            memcpy(groups + 8 * c, &m, sizeof m);
         }
         select_largest_i32(groups, ng, k);
         int32_t kth = groups[0];
         for (int64_t g = 1; g < k; g++) kth = groups[g] < kth ? groups[g] : kth;
         bound = kth > bound ? kth : bound;
     }
-    int64_t m = 0;
-    for (int64_t s = 0; s < seen; s++)
+    int64_t m = 0, s = 0;
+    const i8 below = (i8){bound, bound, bound, bound, bound, bound, bound, bound} - 1;
+    for (; s + 8 <= seen; s += 8) { /* most keys are below the bound: skip 8 at a time */
+        i8 x;
+        memcpy(&x, row + s, sizeof x);
+        unsigned bits = lanes_set(x > below);
+        for (; bits; bits &= bits - 1) {
+            const int l = __builtin_ctz(bits);
+            cand[m++] = (int64_t)x[l] * 4294967296LL + s + l;
+        }
+    }
+    for (; s < seen; s++)
         if (row[s] >= bound) cand[m++] = (int64_t)row[s] * 4294967296LL + s;
     if (m > k) {
         select_largest_i64(cand, m, k);
@@ -397,10 +436,37 @@ static void row_topk(const int32_t *row, int64_t seen, int64_t k, int32_t *group
     for (int64_t j = 0; j < k; j++) o[j] = j < m ? (cand[j] & 0xFFFFFFFFLL) : -1;
 }
 
+/* Key tile t of keys (fp32 or bf16 rows k_ld apart, S of them) transposed into dst ([D][KEY_TILE]
+ * fp32, zeros past the last key). */
+static inline __attribute__((always_inline)) void transpose_tile(const void *keys, int64_t k_ld, int64_t S,
+                                                                  int64_t D, int64_t t, float *dst, const int bf16) {
+    const int64_t s0 = t * KEY_TILE, nt = S - s0 < KEY_TILE ? S - s0 : KEY_TILE;
+    for (int64_t l = 0; l < KEY_TILE; l++)
+        for (int64_t d = 0; d < D; d++) dst[d * KEY_TILE + l] = l < nt ? to_float(keys, (s0 + l) * k_ld + d, bf16) : 0.0f;
+}
+
+/* Tiles t0 .. t1 into tiles + t * D * KEY_TILE. */
+static inline __attribute__((always_inline)) void indexer_transpose(const void *keys, int64_t k_ld, int64_t S,
+                                                                     int64_t D, int64_t t0, int64_t t1,
+                                                                     float *tiles, const int bf16) {
+    for (int64_t t = t0; t < t1; t++) transpose_tile(keys, k_ld, S, D, t, tiles + t * D * KEY_TILE, bf16);
+}
+
+void dsv32_indexer_transpose_f32(const void *keys, int64_t k_ld, int64_t S, int64_t D, int64_t t0, int64_t t1,
+                                 float *tiles) {
+    indexer_transpose(keys, k_ld, S, D, t0, t1, tiles, 0);
+}
+void dsv32_indexer_transpose_bf16(const void *keys, int64_t k_ld, int64_t S, int64_t D, int64_t t0, int64_t t1,
+                                  float *tiles) {
+    indexer_transpose(keys, k_ld, S, D, t0, t1, tiles, 1);
+}
+
 /* Top-k of n queries of one batch row.
  *   q[i][h][:]  = q + i*q_sn + h*q_sh   (D floats; D a multiple of 8, H a multiple of 4)
  *   w[i][h]     = w + i*w_sn + h        (gates, the head scale folded in)
  *   key s       = keys + s*k_ld           (D values: fp32 for dsv32_indexer_topk_f32, bf16 for _bf16)
+ *   tiles       = the keys already transposed by dsv32_indexer_transpose_* (what a call with more
+ *                 than one block of queries shares), or NULL: each block transposes the tiles it reads
  *   query i sees keys 0 .. min(visible0 + i, S) - 1, minus padded ones (pad[s] != 0; pad may be NULL)
  *   out[i][0..K) = out + i*out_sn: the selected positions, unordered; -1 fills slots left empty.
  * scratch: dsv32_indexer_scratch_bytes(S, D, n) bytes, 8-aligned (allocated by the caller). */
@@ -412,21 +478,19 @@ int64_t dsv32_indexer_scratch_bytes(int64_t S, int64_t D, int64_t n) {
 
 static inline __attribute__((always_inline)) void indexer_topk(
     int64_t n, int64_t H, int64_t D, int64_t K, const float *q, int64_t q_sn, int64_t q_sh, const float *w,
-    int64_t w_sn, const void *keys, int64_t k_ld, int64_t S, int64_t visible0, const uint8_t *pad, int64_t *out,
-    int64_t out_sn, void *scratch, const int bf16) {
+    int64_t w_sn, const void *keys, int64_t k_ld, const float *tiles, int64_t S, int64_t visible0,
+    const uint8_t *pad, int64_t *out, int64_t out_sn, void *scratch, const int bf16) {
     const int64_t width = (S + KEY_TILE - 1) / KEY_TILE * KEY_TILE;
     int64_t *cand = scratch;
-    float *tile = (float *)(cand + width);
-    int32_t *rows = (int32_t *)(tile + KEY_TILE * D);
+    float *own = (float *)(cand + width);
+    int32_t *rows = (int32_t *)(own + KEY_TILE * D);
     int32_t *groups = rows + (n < QUERY_BLOCK ? n : QUERY_BLOCK) * width; /* as dsv32_indexer_scratch_bytes */
     for (int64_t i0 = 0; i0 < n; i0 += QUERY_BLOCK) {
         const int64_t nq = n - i0 < QUERY_BLOCK ? n - i0 : QUERY_BLOCK;
         const int64_t seen_max = visible0 + i0 + nq - 1 < S ? visible0 + i0 + nq - 1 : S;
         for (int64_t s0 = 0; s0 < seen_max; s0 += KEY_TILE) {
-            /* the tile transposed ([D][KEY_TILE], zeros past the last key), shared by the block */
-            const int64_t nt = S - s0 < KEY_TILE ? S - s0 : KEY_TILE;
-            for (int64_t l = 0; l < KEY_TILE; l++)
-                for (int64_t d = 0; d < D; d++) tile[d * KEY_TILE + l] = l < nt ? to_float(keys, (s0 + l) * k_ld + d, bf16) : 0.0f;
+            const float *tile = tiles ? tiles + s0 / KEY_TILE * D * KEY_TILE : own;
+            if (!tiles) transpose_tile(keys, k_ld, S, D, s0 / KEY_TILE, own, bf16);
             /* the block's first queries may not see this tile yet (causal diagonal) */
             for (int64_t i = s0 - visible0 - i0 + 1 > 0 ? s0 - visible0 - i0 + 1 : 0; i < nq; i++) {
                 const int64_t seen = visible0 + i0 + i < S ? visible0 + i0 + i : S;
@@ -443,10 +507,10 @@ static inline __attribute__((always_inline)) void indexer_topk(
 
 #define INDEXER_ARGS                                                                                         \
     int64_t n, int64_t H, int64_t D, int64_t K, const float *q, int64_t q_sn, int64_t q_sh, const float *w,      \
-        int64_t w_sn, const void *keys, int64_t k_ld, int64_t S, int64_t visible0, const uint8_t *pad,           \
-        int64_t *out, int64_t out_sn, void *scratch
+        int64_t w_sn, const void *keys, int64_t k_ld, const float *tiles, int64_t S, int64_t visible0,           \
+        const uint8_t *pad, int64_t *out, int64_t out_sn, void *scratch
 #define INDEXER_CALL(bf16) \
-    indexer_topk(n, H, D, K, q, q_sn, q_sh, w, w_sn, keys, k_ld, S, visible0, pad, out, out_sn, scratch, bf16)
+    indexer_topk(n, H, D, K, q, q_sn, q_sh, w, w_sn, keys, k_ld, tiles, S, visible0, pad, out, out_sn, scratch, bf16)
 
 void dsv32_indexer_topk_f32(INDEXER_ARGS) { INDEXER_CALL(0); }
 void dsv32_indexer_topk_bf16(INDEXER_ARGS) { INDEXER_CALL(1); }
