@@ -21,9 +21,11 @@ typedef float f8 __attribute__((vector_size(32)));
 typedef int32_t i8 __attribute__((vector_size(32)));
 
 #define BLOCK_KEYS 64 /* selected rows per block: 64 latents of 576 fp32 (147 KB) stay in L2 */
-#define PREFETCH_TILES 2 /* key tiles between a row's prefetch and its use */
-#define TILE_H 4         /* heads per register tile */
-#define TILE_K 3         /* keys per score tile */
+#define TILE_H 2         /* heads per score tile (their query chunks stay in registers) */
+#define TILE_K 6         /* keys per score tile: 2 x 6 accumulators, 8 loads per 12 FMAs */
+#define PREFETCH_TILES 1 /* score tiles between a row's prefetch and its use */
+#define LD_S ((BLOCK_KEYS + TILE_K - 1) / TILE_K * TILE_K) /* score row: whole tiles, past the block too */
+#define VALUE_H 4        /* heads per value tile (4 x 16 dims) */
 
 static inline f8 load8(const float *p) {
     f8 v;
@@ -97,29 +99,28 @@ static inline f8 exp8(f8 x) {
 }
 
 /* scores[h][j] = scale * (q_h[:Cl] . kp[j][:Cl] + q_h[Cl:] . rp[j][:Cr]) for a TILE_H x TILE_K tile;
- * q_h = q + h*q_sh holds the latent part, then the rope part (the kernel stages each query so). */
+ * q_h = q + h*q_sh holds the latent part, then the rope part (the kernel stages each query so). The
+ * heads' query chunks are held in registers and each key chunk is loaded once. */
 static inline void score_tile(const float *q, int64_t q_sh, int64_t Cl, int64_t Cr, const void *const *kp,
                               const void *const *rp, float scale, float *s, int64_t ld_s, const int bf16) {
     f8 acc[TILE_H][TILE_K];
     for (int h = 0; h < TILE_H; h++)
         for (int j = 0; j < TILE_K; j++) acc[h][j] = splat8(0.0f);
-    for (int64_t c = 0; c < Cl; c += 8) {
-        f8 x[TILE_H], y[TILE_K];
-        for (int j = 0; j < TILE_K; j++) {
-            y[j] = loadx(kp[j], c, bf16);
-            IN_REGISTER(y[j]);
+    for (int part = 0; part < 2; part++) { /* the latent dims, then the rope dims */
+        const int64_t width = part ? Cr : Cl, off = part ? Cl : 0;
+        const void *const *rows = part ? rp : kp;
+        for (int64_t c = 0; c < width; c += 8) {
+            f8 x[TILE_H];
+            for (int h = 0; h < TILE_H; h++) {
+                x[h] = load8(q + h * q_sh + off + c);
+                IN_REGISTER(x[h]);
+            }
+            for (int j = 0; j < TILE_K; j++) {
+                f8 y = loadx(rows[j], c, bf16);
+                IN_REGISTER(y);
+                for (int h = 0; h < TILE_H; h++) acc[h][j] += x[h] * y;
+            }
         }
-        for (int h = 0; h < TILE_H; h++) {
-            x[h] = load8(q + h * q_sh + c);
-            for (int j = 0; j < TILE_K; j++) acc[h][j] += x[h] * y[j];
-        }
-    }
-    for (int64_t c = 0; c < Cr; c += 8) {
-        f8 x[TILE_H], y[TILE_K];
-        for (int h = 0; h < TILE_H; h++) x[h] = load8(q + h * q_sh + Cl + c);
-        for (int j = 0; j < TILE_K; j++) y[j] = loadx(rp[j], c, bf16);
-        for (int h = 0; h < TILE_H; h++)
-            for (int j = 0; j < TILE_K; j++) acc[h][j] += x[h] * y[j];
     }
     for (int h = 0; h < TILE_H; h++)
         for (int j = 0; j < TILE_K; j++) s[h * ld_s + j] = scale * hsum8(acc[h][j]);
@@ -133,23 +134,23 @@ static inline float score_one(const float *q, int64_t Cl, int64_t Cr, const void
     return hsum8(acc);
 }
 
-/* acc[h][d..d+16) += sum_j p[h][j] * kp[j][d..d+16) for TILE_H heads (acc rows ld_acc apart). */
+/* acc[h][d..d+16) += sum_j p[h][j] * kp[j][d..d+16) for VALUE_H heads (acc rows ld_acc apart). */
 static inline void value_tile(const float *p, int64_t ld_p, const void *const *kp, int nb, int64_t d,
                               float *acc, int64_t ld_acc, const int bf16) {
-    f8 a[TILE_H][2];
-    for (int h = 0; h < TILE_H; h++) {
+    f8 a[VALUE_H][2];
+    for (int h = 0; h < VALUE_H; h++) {
         a[h][0] = load8(acc + h * ld_acc + d);
         a[h][1] = load8(acc + h * ld_acc + d + 8);
     }
     for (int j = 0; j < nb; j++) {
         f8 y0 = loadx(kp[j], d, bf16), y1 = loadx(kp[j], d + 8, bf16);
-        for (int h = 0; h < TILE_H; h++) {
+        for (int h = 0; h < VALUE_H; h++) {
             f8 w = splat8(p[h * ld_p + j]);
             a[h][0] += w * y0;
             a[h][1] += w * y1;
         }
     }
-    for (int h = 0; h < TILE_H; h++) {
+    for (int h = 0; h < VALUE_H; h++) {
         store8(acc + h * ld_acc + d, a[h][0]);
         store8(acc + h * ld_acc + d + 8, a[h][1]);
     }
@@ -177,7 +178,7 @@ static inline void value_one(const float *p, const void *const *kp, int nb, int6
  * (the caller allocates it, so the memory shows in its allocator's accounting). */
 int64_t dsv32_sparse_mqa_scratch_bytes(int64_t H, int64_t Cl, int64_t Cr, int64_t V, int64_t K) {
     return (int64_t)sizeof(float *) * (2 * K + 2 * TILE_K) +
-           (int64_t)sizeof(float) * (H * BLOCK_KEYS + H * V + 2 * H + H * (Cl + Cr));
+           (int64_t)sizeof(float) * (H * LD_S + H * V + 2 * H + H * (Cl + Cr));
 }
 
 static inline __attribute__((always_inline)) void sparse_mqa(
@@ -185,7 +186,7 @@ static inline __attribute__((always_inline)) void sparse_mqa(
     int64_t q_stride_h, const void *qr, int64_t qr_sn, int64_t qr_stride_h, const void *kv, int64_t kv_ld,
     const void *rope, int64_t rope_ld, const int64_t *idx, int64_t idx_sn, void *out, int64_t out_sn,
     int64_t out_sh, void *scratch, const int bf16) {
-    const int64_t ld_s = BLOCK_KEYS;
+    const int64_t ld_s = LD_S;
     const int64_t C = Cl + Cr, esize = bf16 ? 2 : 4;
     const void **kp = scratch;
     float *s = (float *)(kp + 2 * K + 2 * TILE_K);
@@ -209,6 +210,10 @@ static inline __attribute__((always_inline)) void sparse_mqa(
             rp[nk] = Cr ? (const char *)rope + r * rope_ld * esize : kp[nk];
             nk++;
         }
+        for (int64_t j = nk; j < nk + TILE_K && nk; j++) { /* a last partial tile reads real rows */
+            kp[j] = kp[nk - 1];
+            rp[j] = rp[nk - 1];
+        }
         for (int64_t h = 0; h < H; h++) {
             row_max[h] = -INFINITY;
             row_sum[h] = 0.0f;
@@ -218,17 +223,15 @@ static inline __attribute__((always_inline)) void sparse_mqa(
         for (int64_t j0 = 0; j0 < nk; j0 += BLOCK_KEYS) {
             const int nb = (int)(nk - j0 < BLOCK_KEYS ? nk - j0 : BLOCK_KEYS);
             const void *const *bk = kp + j0, *const *br = rp + j0;
-            /* scores of this block, key tile by key tile: the tile's rows stay in L1 for every head
-             * while the rows PREFETCH_TILES tiles ahead are requested (random rows defeat the
-             * hardware prefetcher) */
+            /* scores of this block, key tile by key tile (a partial last tile scores rows past the
+             * block, whose slots are ignored): the tile's rows stay in L1 for every head while the
+             * rows PREFETCH_TILES tiles ahead are requested (random rows defeat the hardware
+             * prefetcher) */
             int64_t h;
-            int j = 0;
-            for (; j + TILE_K <= nb; j += TILE_K) {
+            for (int j = 0; j < nb; j += TILE_K) {
                 for (int64_t a = j0 + j + PREFETCH_TILES * TILE_K; a < j0 + j + (PREFETCH_TILES + 1) * TILE_K && a < nk; a++) {
-                    for (int64_t c = 0; c < Cl * esize; c += 64)
-                        __builtin_prefetch((const char *)kp[a] + c);
-                    for (int64_t c = 0; c < Cr * esize; c += 64)
-                        __builtin_prefetch((const char *)rp[a] + c);
+                    for (int64_t c = 0; c < Cl * esize; c += 64) __builtin_prefetch((const char *)kp[a] + c);
+                    for (int64_t c = 0; c < Cr * esize; c += 64) __builtin_prefetch((const char *)rp[a] + c);
                 }
                 for (h = 0; h + TILE_H <= H; h += TILE_H)
                     score_tile(qbuf + h * C, C, Cl, Cr, bk + j, br + j, scale, s + h * ld_s + j, ld_s, bf16);
@@ -236,8 +239,6 @@ static inline __attribute__((always_inline)) void sparse_mqa(
                     for (int jj = j; jj < j + TILE_K; jj++)
                         s[h * ld_s + jj] = scale * score_one(qbuf + h * C, Cl, Cr, bk[jj], br[jj], bf16);
             }
-            for (; j < nb; j++)
-                for (h = 0; h < H; h++) s[h * ld_s + j] = scale * score_one(qbuf + h * C, Cl, Cr, bk[j], br[j], bf16);
             /* online softmax: rescale what was accumulated when a head's running max grows */
             for (h = 0; h < H; h++) {
                 float *sh = s + h * ld_s, m = row_max[h];
@@ -260,7 +261,7 @@ static inline __attribute__((always_inline)) void sparse_mqa(
             /* values: acc += p . latent[:V] */
             for (int64_t d = 0; d < V; d += 16) {
                 const int wide = d + 16 <= V;
-                for (h = 0; h + TILE_H <= H && wide; h += TILE_H)
+                for (h = 0; h + VALUE_H <= H && wide; h += VALUE_H)
                     value_tile(s + h * ld_s, ld_s, bk, nb, d, acc + h * V, V, bf16);
                 for (; h < H; h++) {
                     value_one(s + h * ld_s, bk, nb, d, acc + h * V, bf16);
