@@ -23,7 +23,9 @@ typedef int32_t i8 __attribute__((vector_size(32)));
 #define BLOCK_KEYS 64 /* selected rows per block: 64 latents of 576 fp32 (147 KB) stay in L2 */
 #define TILE_H 2         /* heads per score tile (their query chunks stay in registers) */
 #define TILE_K 6         /* keys per score tile: 2 x 6 accumulators, 8 loads per 12 FMAs */
-#define PREFETCH_TILES 1 /* score tiles between a row's prefetch and its use */
+#define PREFETCH_TILES 2 /* score tiles between a row's prefetch and its use */
+#define PREFETCH_LINES 4 /* cache lines requested per row: the hardware prefetcher streams the rest
+                          * (requesting whole rows, 216 lines a tile, stalled on the miss buffers) */
 #define LD_S ((BLOCK_KEYS + TILE_K - 1) / TILE_K * TILE_K) /* score row: whole tiles, past the block too */
 #define VALUE_H 4        /* heads per value tile (4 x 16 dims) */
 
@@ -225,13 +227,15 @@ static inline __attribute__((always_inline)) void sparse_mqa(
             const void *const *bk = kp + j0, *const *br = rp + j0;
             /* scores of this block, key tile by key tile (a partial last tile scores rows past the
              * block, whose slots are ignored): the tile's rows stay in L1 for every head while the
-             * rows PREFETCH_TILES tiles ahead are requested (random rows defeat the hardware
-             * prefetcher) */
+             * starts of the rows PREFETCH_TILES tiles ahead are requested (the hardware prefetcher
+             * cannot guess random rows, but follows one once it has started) */
             int64_t h;
             for (int j = 0; j < nb; j += TILE_K) {
                 for (int64_t a = j0 + j + PREFETCH_TILES * TILE_K; a < j0 + j + (PREFETCH_TILES + 1) * TILE_K && a < nk; a++) {
-                    for (int64_t c = 0; c < Cl * esize; c += 64) __builtin_prefetch((const char *)kp[a] + c);
-                    for (int64_t c = 0; c < Cr * esize; c += 64) __builtin_prefetch((const char *)rp[a] + c);
+                    for (int64_t c = 0; c < Cl * esize && c < 64 * PREFETCH_LINES; c += 64)
+                        __builtin_prefetch((const char *)kp[a] + c);
+                    for (int64_t c = 0; c < Cr * esize && c < 64 * PREFETCH_LINES; c += 64)
+                        __builtin_prefetch((const char *)rp[a] + c);
                 }
                 for (h = 0; h + TILE_H <= H; h += TILE_H)
                     score_tile(qbuf + h * C, C, Cl, Cr, bk + j, br + j, scale, s + h * ld_s + j, ld_s, bf16);
