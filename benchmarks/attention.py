@@ -20,9 +20,10 @@ all paths of one point see the same tensors):
 - prefill (b) ``masked_dense``: the transformers way — MLA's MHA mode (per-head K/V expanded from the
   latents with ``kv_b_proj``, timed), our indexer's top-k, a boolean ``[B, L, L]`` selection mask, and
   SDPA with that mask (O(L²)); this is also the model's masked path that ``--crossover`` compares;
-- prefill (c) ``ours``: the whole DSA attention in MLA's MQA mode — absorb ``W_UK`` into the queries,
-  indexer scoring + top-k (chunked, streaming), sparse attention over the gathered latents, ``W_UV``
-  on the output; ``ours_mha_gather``: the same selection in MHA mode — expand per-head K/V from the
+- prefill (c) ``ours``: the whole DSA attention in MLA's MQA mode — indexer scoring + top-k (chunked,
+  streaming), then ``dsv32.dsa.sparse_mla_attention_absorbed``: ``W_UK`` absorbed into the queries,
+  sparse attention over the selected latents, ``W_UV`` on the output (a chunk of queries at a time
+  on the C kernel's path); ``ours_mha_gather``: the same selection in MHA mode — expand per-head K/V from the
   latents with ``kv_b_proj`` (timed) and gather them per head (``dsv32.dsa.sparse_attention``);
   ``ours_torch``: (c) with the C kernels turned off (the torch gather + batched-matmul path), so the
   kernels' own gain is measured in the same run (skipped above ``--torch-max-len``);
@@ -60,7 +61,13 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from dsv32 import dsa
-from dsv32.dsa import indexer_topk, selection_mask, sparse_attention, sparse_mla_attention
+from dsv32.dsa import (
+    indexer_topk,
+    selection_mask,
+    sparse_attention,
+    sparse_mla_attention,
+    sparse_mla_attention_absorbed,
+)
 from dsv32.dsa.kernels import cpu as cpu_kernels
 
 GRID_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
@@ -158,10 +165,9 @@ def prefill_masked_dense(x: Inputs, topk: int) -> torch.Tensor:
 
 
 def prefill_ours(x: Inputs, topk: int) -> torch.Tensor:
-    q_latent = torch.einsum("bthd,hdc->bthc", x.q_nope, x.w_uk)  # W_UK absorbed, as the model runs it
     idx = indexer_topk(x.iq, x.iw, x.ik, topk)
-    latent_out = sparse_mla_attention(q_latent, x.kv, idx, x.scale, x.shape.kv_lora, q_rope=x.q_rope)
-    return torch.einsum("bthc,hdc->bthd", latent_out, x.w_uv)
+    # W_UK absorbed into the queries, attention over the selected latents, W_UV: as the model runs it
+    return sparse_mla_attention_absorbed(x.q_nope, x.q_rope, x.kv, idx, x.scale, x.w_uk, x.w_uv)
 
 
 def prefill_ours_mha_gather(x: Inputs, topk: int) -> torch.Tensor:
@@ -191,10 +197,10 @@ def decode_dense_mla(x: Inputs, topk: int) -> torch.Tensor:
 
 
 def decode_ours(x: Inputs, topk: int) -> torch.Tensor:
-    q_latent = torch.einsum("bthd,hdc->bthc", x.q_nope[:, -1:], x.w_uk)  # [B, 1, H, 512]
     idx = indexer_topk(x.iq[:, -1:], x.iw[:, -1:], x.ik, topk)  # [B, 1, k]
-    latent_out = sparse_mla_attention(q_latent, x.kv, idx, x.scale, x.shape.kv_lora, q_rope=x.q_rope[:, -1:])
-    return torch.einsum("bthc,hdc->bthd", latent_out, x.w_uv)
+    return sparse_mla_attention_absorbed(
+        x.q_nope[:, -1:], x.q_rope[:, -1:], x.kv, idx, x.scale, x.w_uk, x.w_uv
+    )
 
 
 def decode_ours_torch(x: Inputs, topk: int) -> torch.Tensor:

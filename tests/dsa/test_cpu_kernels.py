@@ -302,3 +302,75 @@ def test_the_kernels_stay_inside_their_buffers_under_address_sanitizer(tmp_path)
     assert not reports, reports[0][:3000]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert " passed" in proc.stdout
+
+
+def _absorbed_inputs(B, T, S, H, g, split_rope):
+    D, Dv, C, R = 16, 24, 32, 8
+    q_nope, q_rope = torch.randn(B, T, H, D, generator=g), torch.randn(B, T, H, R, generator=g)
+    kv = torch.randn(B, S, C + R, generator=g)
+    w = torch.randn(H, D + Dv, C, generator=g) / C**0.5
+    kw = {"k_rope": kv[..., C:]} if split_rope else {}
+    return q_nope, q_rope, kv[..., :C] if split_rope else kv, w[:, :D], w[:, D:], kw
+
+
+@pytest.mark.parametrize(
+    "B,T,S,K,split_rope", [(2, 300, 300, 40, False), (1, 70, 200, 300, True), (2, 1, 90, 16, True)]
+)
+def test_absorbed_mla_in_query_chunks_equals_the_three_steps(B, T, S, K, split_rope, monkeypatch):
+    """``W_UK`` absorption, attention and ``W_UV`` a chunk of queries at a time (chunks that do not
+    divide T, a dense prefix, K > S, a decode step, empty slots) equal the three steps written out
+    on the torch path."""
+    from dsv32.dsa import attention as attn
+    from dsv32.dsa import sparse_mla_attention_absorbed
+
+    monkeypatch.setattr(attn, "ABSORBED_CHUNK", 32)
+    calls = []
+    kernel = cpu.sparse_mla_attention_cpu
+    monkeypatch.setattr(cpu, "sparse_mla_attention_cpu", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
+    g = torch.Generator().manual_seed(T + S)
+    q_nope, q_rope, kv, w_uk, w_uv, kw = _absorbed_inputs(B, T, S, 4, g, split_rope)
+    idx = indexer_topk(torch.randn(B, T, 4, 16, generator=g), torch.rand(B, T, 4, generator=g),
+                       torch.randn(B, S, 16, generator=g), K)  # fmt: skip
+    idx[-1, T // 2 :: 7, : K // 3] = -1  # some slots empty
+    with torch.no_grad():
+        fast = sparse_mla_attention_absorbed(q_nope, q_rope, kv, idx, 0.1, w_uk, w_uv, **kw)
+        with cpu.enabled(False):
+            q_latent = torch.einsum("bthd,hdc->bthc", q_nope, w_uk)
+            latent = sparse_mla_attention(q_latent, kv, idx, 0.1, 32, q_rope=q_rope, **kw)
+            slow = torch.einsum("bthc,hdc->bthd", latent, w_uv)
+    assert len(calls) >= B * ((T - K) // 32), "the queries did not go through the kernel in chunks"
+    assert fast.shape == (B, T, 4, 24) and fast.is_contiguous()
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+
+
+def test_absorbed_mla_is_differentiable_and_its_c_path_keeps_no_absorbed_queries():
+    from dsv32.dsa import sparse_mla_attention_absorbed
+
+    g = torch.Generator().manual_seed(1)
+    T, H = 1024, 4
+    q_nope, q_rope, kv, w_uk, w_uv, _ = _absorbed_inputs(1, T, T, H, g, False)
+    idx = indexer_topk(torch.randn(1, T, 4, 16, generator=g), torch.rand(1, T, 4, generator=g),
+                       torch.randn(1, T, 16, generator=g), 32)  # fmt: skip
+    w_uk.requires_grad_(True)
+    loss = sparse_mla_attention_absorbed(q_nope, q_rope, kv, idx, 0.1, w_uk, w_uv).square().sum()
+    loss.backward()
+    assert w_uk.grad is not None and w_uk.grad.abs().sum() > 0
+    with torch.no_grad():  # C path: a chunk's buffers, never [T, H, 32] absorbed queries or latents
+        peak, largest = _peak_and_largest(
+            lambda: sparse_mla_attention_absorbed(q_nope, q_rope, kv, idx, 0.1, w_uk, w_uv)
+        )
+    assert largest < T * H * 32 * 4
+
+
+def _peak_and_largest(fn):
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    live = peak = largest = 0
+    for _, nbytes in sorted(
+        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
+    ):
+        live += nbytes
+        peak, largest = max(peak, live), max(largest, nbytes)
+    return peak, largest

@@ -325,9 +325,9 @@ def test_mla_dispatch_masked_below_crossover_gather_above(monkeypatch):
     layer = MLA(cfg, 0).eval()
     rope = RotaryEmbedding(cfg)
     calls = []
-    real = mla_module.sparse_mla_attention
+    real = mla_module.sparse_mla_attention_absorbed
     monkeypatch.setattr(
-        mla_module, "sparse_mla_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw)
+        mla_module, "sparse_mla_attention_absorbed", lambda *a, **kw: calls.append(1) or real(*a, **kw)
     )
     for T, gathers in ((20, False), (40, True)):  # crossover at 8 · ratio keys
         layer.dense_crossover_ratio = 3.0

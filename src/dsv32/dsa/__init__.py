@@ -5,7 +5,8 @@
 - :func:`sparse_attention`, :func:`sparse_mla_attention` — attention over the selection only, for
   MHA/GQA layouts and for MLA's MQA mode, each with a masked-dense ``*_reference``; in the GQA layout
   blocks of neighbouring queries with overlapping selections run over their union
-  (:mod:`dsv32.dsa.union`);
+  (:mod:`dsv32.dsa.union`); :func:`sparse_mla_attention_absorbed` adds MLA's ``W_UK`` / ``W_UV``
+  around the MQA-mode path (in query chunks on the CPU kernel's path);
 - :func:`prefer_dense`, :data:`DENSE_CROSSOVER_RATIO`, :data:`MLA_KERNEL_CROSSOVER_RATIO` — the
   measured length below which masked-dense prefill beats the sparse path
   (``benchmarks/attention.py --crossover``);
@@ -31,6 +32,7 @@ from dsv32.dsa.attention import (
     sparse_attention,
     sparse_attention_reference,
     sparse_mla_attention,
+    sparse_mla_attention_absorbed,
     sparse_mla_attention_reference,
 )
 from dsv32.dsa.hf import (
@@ -95,6 +97,7 @@ __all__ = [
     "sparse_attention",
     "sparse_attention_reference",
     "sparse_mla_attention",
+    "sparse_mla_attention_absorbed",
     "sparse_mla_attention_reference",
     "visible_mask",
 ]

@@ -398,6 +398,84 @@ def sparse_mla_attention(
     return out
 
 
+# Queries per chunk of :func:`sparse_mla_attention_absorbed` on the C path: their absorbed queries and
+# latent outputs (2 · H · 512 fp32 each at V3.2's dims, 8 MB at 16 heads) are reused buffers.
+ABSORBED_CHUNK = 256
+
+
+def sparse_mla_attention_absorbed(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    kv: torch.Tensor,
+    topk_indices: torch.Tensor,
+    scale: float,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    *,
+    k_rope: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """MLA attention in MQA mode from the per-head queries to the per-head outputs: ``W_UK`` absorbed
+    into the queries, :func:`sparse_mla_attention` over the selected latents, ``W_UV`` applied to the
+    result — how V3.2 attends with DSA.
+
+    ``q_nope`` ``[B, T, H, D]``, ``q_rope`` ``[B, T, H, R]``; ``kv`` ``[B, S, C]`` latents (with
+    ``k_rope`` ``[B, S, R]`` beside them, or their rope part appended when ``k_rope`` is None);
+    ``w_uk`` ``[H, D, C]`` and ``w_uv`` ``[H, D_v, C]`` (``kv_b_proj``'s weight viewed per head) →
+    ``[B, T, H, D_v]``. Differentiable (then the same as the three steps written out). On the CPU
+    kernel's path (no autograd, fp32/bf16) the three steps run a chunk of ``ABSORBED_CHUNK`` queries
+    at a time into reused buffers, so the ``[B, T, H, C]`` absorbed queries and latent outputs (1 GB
+    each at 32K tokens and 16 heads) never exist; ``chunk_size`` tunes the torch path as in
+    :func:`sparse_mla_attention`.
+    """
+    C = w_uk.shape[-1]
+    if (
+        chunk_size is None
+        and not _needs_grad(q_nope, q_rope, kv, k_rope, w_uk, w_uv)
+        and q_nope.shape[1] > 0
+        and w_uk.dtype == w_uv.dtype == q_nope.dtype
+        and cpu_kernels.mla_supported(q_nope.new_empty(0, 0, 0, C), kv, k_rope, C, q_rope)
+    ):
+        return _absorbed_mla_cpu(q_nope, q_rope, kv, topk_indices, scale, w_uk, w_uv, k_rope)
+    q_latent = torch.einsum("bthd,hdc->bthc", q_nope, w_uk)
+    latent_out = sparse_mla_attention(
+        q_latent, kv, topk_indices, scale, C, chunk_size, k_rope=k_rope, q_rope=q_rope
+    )
+    return torch.einsum("bthc,hdc->bthd", latent_out, w_uv)
+
+
+def _absorbed_mla_cpu(q_nope, q_rope, kv, topk_indices, scale, w_uk, w_uv, k_rope):
+    """:func:`sparse_mla_attention_absorbed` with the C kernel, in query chunks (see there)."""
+    B, T, H, _ = q_nope.shape
+    C, Dv = w_uk.shape[-1], w_uv.shape[1]
+    out = q_nope.new_empty(B, T, H, Dv)
+    first = 0
+    if k_rope is None:  # leading queries that select every key they see: causal dense attention
+        first = _selects_all_prefix(topk_indices, kv.shape[1])
+        if first:
+            q_prefix = torch.einsum("bthd,hdc->bthc", q_nope[:, :first], w_uk)
+            q_prefix = torch.cat((q_prefix, q_rope[:, :first]), dim=-1)
+            latent_prefix = _causal_dense_mla(q_prefix, kv, scale, C, kv.shape[1] - T)
+            out[:, :first] = torch.einsum("bthc,hdc->bthd", latent_prefix, w_uv)
+    n = min(ABSORBED_CHUNK, T - first)
+    q_buf = q_nope.new_empty(H, n, C)  # one chunk's absorbed queries, heads-major
+    o_buf = q_nope.new_empty(H, n, C)  # its attention-weighted latents, heads-major
+    v_buf = q_nope.new_empty(H, n, Dv)
+    w_uv_t = w_uv.transpose(1, 2)  # [H, C, Dv]
+    for b in range(B):
+        for a in range(first, T, n):
+            z = min(a + n, T)
+            m = z - a
+            qc = torch.bmm(q_nope[b, a:z].transpose(0, 1), w_uk, out=q_buf[:, :m])
+            cpu_kernels.sparse_mla_attention_cpu(
+                qc.transpose(0, 1).unsqueeze(0), kv[b : b + 1], None if k_rope is None else k_rope[b : b + 1],
+                topk_indices[b : b + 1, a:z], scale, C,
+                q_rope=q_rope[b : b + 1, a:z], out=o_buf[:, :m].transpose(0, 1).unsqueeze(0),
+            )  # fmt: skip
+            out[b, a:z] = torch.bmm(o_buf[:, :m], w_uv_t, out=v_buf[:, :m]).transpose(0, 1)
+    return out
+
+
 def _sparse_mla_cpu(q, kv, topk_indices, scale, v_dim, k_rope, q_rope):
     """:func:`sparse_mla_attention` with the C kernel (CPU, fp32/bf16, no autograd); the output is a
     heads-major view (see :func:`dsv32.dsa.kernels.cpu.sparse_mla_attention_cpu`)."""

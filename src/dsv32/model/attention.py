@@ -38,7 +38,7 @@ from dsv32.dsa import (
     mla_kernel_would_run,
     prefer_dense,
     selection_mask,
-    sparse_mla_attention,
+    sparse_mla_attention_absorbed,
 )
 from dsv32.dsa.indexer import visible_mask
 from dsv32.model.cache import KVCache
@@ -190,15 +190,13 @@ class MLA(nn.Module):
         H = q_nope.shape[2]
         w_kv_b = self.kv_b_proj.weight.view(H, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
         w_uk, w_uv = w_kv_b[:, : self.qk_nope_head_dim], w_kv_b[:, self.qk_nope_head_dim :]
+        if topk_indices is not None:  # latents and rope keys stay where the cache holds them
+            return sparse_mla_attention_absorbed(
+                q_nope, q_rope, kv_latent, topk_indices, self.softmax_scale, w_uk, w_uv, k_rope=k_rope
+            )
         q_latent = torch.einsum("bthd,hdc->bthc", q_nope, w_uk)
-        if topk_indices is None:
-            q, kv = torch.cat((q_latent, q_rope), dim=-1), torch.cat((kv_latent, k_rope), dim=-1)
-            latent_out = dense_mla_attention(q, kv, self.softmax_scale, self.kv_lora_rank, mask)
-        else:  # latents and rope keys stay where the cache holds them: decode copies nothing
-            latent_out = sparse_mla_attention(
-                q_latent, kv_latent, topk_indices, self.softmax_scale, self.kv_lora_rank,
-                k_rope=k_rope, q_rope=q_rope,
-            )  # fmt: skip
+        q, kv = torch.cat((q_latent, q_rope), dim=-1), torch.cat((kv_latent, k_rope), dim=-1)
+        latent_out = dense_mla_attention(q, kv, self.softmax_scale, self.kv_lora_rank, mask)
         return torch.einsum("bthc,hdc->bthd", latent_out, w_uv)
 
 
