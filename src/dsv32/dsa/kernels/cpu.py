@@ -55,7 +55,6 @@ _INDEXER_ARGTYPES = (
     + [_PTR, _PTR, _I64, _PTR]  # padding, out, out stride, scratch
 )
 _TRANSPOSE_ARGTYPES = [_PTR, _I64, _I64, _I64, _I64, _I64, _PTR]  # keys, stride, S, D, tiles t0..t1, out
-KEY_TILE, QUERY_BLOCK = 16, 32  # the indexer's key tile and query block (as in cpu_kernels.c)
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}  # the kernels' input types
 DTYPES = tuple(_SUFFIX)
 
@@ -132,6 +131,9 @@ def _library() -> ctypes.CDLL | None:
     lib.dsv32_sparse_mqa_scratch_bytes.restype = _I64
     lib.dsv32_indexer_scratch_bytes.argtypes = [_I64, _I64, _I64]
     lib.dsv32_indexer_scratch_bytes.restype = _I64
+    for name in ("dsv32_indexer_key_tile", "dsv32_indexer_query_block"):
+        getattr(lib, name).argtypes = []
+        getattr(lib, name).restype = _I64
     return lib
 
 
@@ -338,9 +340,10 @@ def indexer_topk_cpu(
     longest = max(z - a for a, z in itertools.pairwise(cuts))  # a decode step needs one row, not 32
     suffix = _SUFFIX[keys.dtype]
     tiles = None
-    if longest > QUERY_BLOCK:  # several query blocks read each key tile: transpose the keys once
-        n_tiles = -(-S // KEY_TILE)
-        tiles = torch.empty((B, n_tiles, D, KEY_TILE), dtype=torch.float32)
+    if longest > lib.dsv32_indexer_query_block():  # several query blocks read each key tile:
+        key_tile = lib.dsv32_indexer_key_tile()  # transpose the keys once
+        n_tiles = -(-S // key_tile)
+        tiles = torch.empty((B, n_tiles, D, key_tile), dtype=torch.float32)
         step = -(-n_tiles // threads)
         transpose = getattr(lib, f"dsv32_indexer_transpose_{suffix}")
         _run_calls(

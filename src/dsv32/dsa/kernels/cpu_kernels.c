@@ -311,7 +311,7 @@ void dsv32_sparse_mqa_bf16(SPARSE_MQA_ARGS) { SPARSE_MQA_CALL(1); }
  * dsv32.dsa.indexer.tie_break_keys: higher score first, then the later position. A group is one lane
  * of GROUP consecutive vectors (keys 64c + l, 64c + 8 + l, ...), so the maxima are vector maxima. */
 
-#define KEY_TILE 16
+#define KEY_TILE 24 /* keys per tile: 4 heads x 3 vectors of scores in registers */
 #define TILE_V (KEY_TILE / 8) /* vectors per key tile */
 #define QUERY_BLOCK 32
 #define GROUP 8
@@ -440,6 +440,10 @@ static void row_topk(const int32_t *row, int64_t seen, int64_t k, int32_t *group
     }
     for (int64_t j = 0; j < k; j++) o[j] = j < m ? (cand[j] & 0xFFFFFFFFLL) : -1;
 }
+
+/* The tile shapes, for the caller's buffers. */
+int64_t dsv32_indexer_key_tile(void) { return KEY_TILE; }
+int64_t dsv32_indexer_query_block(void) { return QUERY_BLOCK; }
 
 /* Key tile t of keys (fp32 or bf16 rows k_ld apart, S of them) transposed into dst ([D][KEY_TILE]
  * fp32, zeros past the last key). */
