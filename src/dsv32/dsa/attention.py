@@ -43,10 +43,11 @@ GATHER_BUDGET = 1 << 11
 # That is the torch path's crossover (gather + matmuls): the Hugging Face layouts and MLA without the
 # C kernel. With it (CPU, fp32, no autograd) MLA's sparse prefill wins from
 # ``MLA_KERNEL_CROSSOVER_RATIO · k`` keys on: same sweep, masked-dense / sparse at L/k = 2, 3, 4, 6, 8
-# k=256 0.66 0.99 1.33 1.67 2.55, k=512 1.02 1.34 1.59 2.33 2.76 → crossings at 3.0 and 1.95.
+# k=256 0.76 1.17 1.55 2.18 2.39, k=512 1.23 1.24 1.80 2.67 2.91 (1.11 at 1.5) → crossings at 2.6
+# and below 1.5.
 # Machine-dependent: re-measure and override per model (``MLA.dense_crossover_ratio``) or here.
 DENSE_CROSSOVER_RATIO = 4.6
-MLA_KERNEL_CROSSOVER_RATIO = 3.0
+MLA_KERNEL_CROSSOVER_RATIO = 2.6
 
 
 def prefer_dense(
