@@ -399,9 +399,11 @@ def sparse_mla_attention(
     return out
 
 
-# Queries per chunk of :func:`sparse_mla_attention_absorbed` on the C path: their absorbed queries and
-# latent outputs (2 · H · 512 fp32 each at V3.2's dims, 8 MB at 16 heads) are reused buffers.
-ABSORBED_CHUNK = 256
+# Bytes of one chunk's buffers in :func:`sparse_mla_attention_absorbed` on the C path (its absorbed
+# queries and latent outputs, 2 · H · C values per query): 64 MB = 1024 queries at 16 heads and
+# C = 512 in fp32. Measured at 32K/512 (16 heads): 256 queries per chunk 9.9-10.5 s, 1024 8.9-9.5 s,
+# 4096 8.7-9.2 s — each chunk switches between torch's matmul threads and the kernel's.
+ABSORBED_CHUNK_BYTES = 64 << 20
 
 
 def sparse_mla_attention_absorbed(
@@ -424,9 +426,9 @@ def sparse_mla_attention_absorbed(
     ``k_rope`` ``[B, S, R]`` beside them, or their rope part appended when ``k_rope`` is None);
     ``w_uk`` ``[H, D, C]`` and ``w_uv`` ``[H, D_v, C]`` (``kv_b_proj``'s weight viewed per head) →
     ``[B, T, H, D_v]``. Differentiable (then the same as the three steps written out). On the CPU
-    kernel's path (no autograd, fp32/bf16) the three steps run a chunk of ``ABSORBED_CHUNK`` queries
-    at a time into reused buffers, so the ``[B, T, H, C]`` absorbed queries and latent outputs (1 GB
-    each at 32K tokens and 16 heads) never exist; ``chunk_size`` tunes the torch path as in
+    kernel's path (no autograd, fp32/bf16) the three steps run a chunk of queries at a time into
+    reused buffers of ``ABSORBED_CHUNK_BYTES``, so the ``[B, T, H, C]`` absorbed queries and latent
+    outputs (1 GB each at 32K tokens and 16 heads) never exist; ``chunk_size`` tunes the torch path as in
     :func:`sparse_mla_attention`.
     """
     C = w_uk.shape[-1]
@@ -458,7 +460,7 @@ def _absorbed_mla_cpu(q_nope, q_rope, kv, topk_indices, scale, w_uk, w_uv, k_rop
             q_prefix = torch.cat((q_prefix, q_rope[:, :first]), dim=-1)
             latent_prefix = _causal_dense_mla(q_prefix, kv, scale, C, kv.shape[1] - T)
             out[:, :first] = torch.einsum("bthc,hdc->bthd", latent_prefix, w_uv)
-    n = min(ABSORBED_CHUNK, T - first)
+    n = min(max(1, ABSORBED_CHUNK_BYTES // (2 * H * C * q_nope.element_size())), T - first)
     q_buf = q_nope.new_empty(H, n, C)  # one chunk's absorbed queries, heads-major
     o_buf = q_nope.new_empty(H, n, C)  # its attention-weighted latents, heads-major
     v_buf = q_nope.new_empty(H, n, Dv)
