@@ -305,11 +305,12 @@ void dsv32_sparse_mqa_bf16(SPARSE_MQA_ARGS) { SPARSE_MQA_CALL(1); }
  * tile are vector lanes, with no horizontal sums. Queries go in blocks of QUERY_BLOCK that share each
  * key tile while it sits in L1; the block's scores land in a row buffer as order keys (int32 with the
  * order of the fp32 scores). Each row's top-k is then found coarse to fine: the k-th largest of the
- * maxima of groups of GROUP keys bounds the k-th score from below (each of those k groups holds a key
- * at least that large), the keys at or above the bound are the candidates, and a quickselect over
+ * maxima of groups of keys bounds the k-th score from below (each of those k groups holds a key at
+ * least that large), the keys at or above the bound are the candidates, and a quickselect over
  * their (score, position) sort keys picks the exact top-k under the rule of
  * dsv32.dsa.indexer.tie_break_keys: higher score first, then the later position. A group is one lane
- * of GROUP consecutive vectors (keys 64c + l, 64c + 8 + l, ...), so the maxima are vector maxima. */
+ * of g consecutive vectors (keys 8gc + l, 8gc + 8 + l, ...; g >= GROUP, sized to the row), so the
+ * maxima are vector maxima. */
 
 #define KEY_TILE 24 /* keys per tile: 4 heads x 3 vectors of scores in registers */
 #define TILE_V (KEY_TILE / 8) /* vectors per key tile */
