@@ -314,12 +314,13 @@ def _absorbed_inputs(B, T, S, H, g, split_rope):
 
 
 @pytest.mark.parametrize(
-    "B,T,S,K,split_rope", [(2, 300, 300, 40, False), (1, 70, 200, 300, True), (2, 1, 90, 16, True)]
+    "B,T,S,K,split_rope",
+    [(2, 300, 300, 40, False), (1, 70, 200, 300, True), (2, 1, 90, 16, True), (1, 50, 50, 64, False)],
 )
 def test_absorbed_mla_in_query_chunks_equals_the_three_steps(B, T, S, K, split_rope, monkeypatch):
     """``W_UK`` absorption, attention and ``W_UV`` a chunk of queries at a time (chunks that do not
-    divide T, a dense prefix, K > S, a decode step, empty slots) equal the three steps written out
-    on the torch path."""
+    divide T, a dense prefix, K > S, a decode step, empty slots, every query dense) equal the three
+    steps written out on the torch path."""
     from dsv32.dsa import attention as attn
     from dsv32.dsa import sparse_mla_attention_absorbed
 

@@ -460,6 +460,8 @@ def _absorbed_mla_cpu(q_nope, q_rope, kv, topk_indices, scale, w_uk, w_uv, k_rop
             q_prefix = torch.cat((q_prefix, q_rope[:, :first]), dim=-1)
             latent_prefix = _causal_dense_mla(q_prefix, kv, scale, C, kv.shape[1] - T)
             out[:, :first] = torch.einsum("bthc,hdc->bthd", latent_prefix, w_uv)
+    if first == T:
+        return out
     n = min(max(1, ABSORBED_CHUNK_BYTES // (2 * H * C * q_nope.element_size())), T - first)
     q_buf = q_nope.new_empty(H, n, C)  # one chunk's absorbed queries, heads-major
     o_buf = q_nope.new_empty(H, n, C)  # its attention-weighted latents, heads-major
