@@ -331,9 +331,10 @@ def sparse_mla_attention(
     never copies the cache. ``q_rope`` ``[B, T, H, R]``: likewise for the queries (``q`` is then the
     latent part, e.g. the result of the ``W_UK`` absorption, and is not concatenated on the C path).
     ``q``/``kv``/``k_rope`` may be strided views (cache slices, permuted einsum results). Per query the scores are one ``[H, C] × [C, K]`` matmul and the
-    output one ``[H, K] × [K, v_dim]``, batched over a chunk of queries; differentiable. Leading
-    queries that selected every key they see (a prefill's first K) attend densely and causally, in
-    query blocks that read only the keys they see. Selections must hold distinct indices. (Unlike
+    output one ``[H, K] × [K, v_dim]``, batched over a chunk of queries; differentiable. On this torch
+    path, leading queries that selected every key they see (a prefill's first K) attend densely and
+    causally, in query blocks that read only the keys they see (the C kernel gathers nothing and
+    measured no slower on them: 8K/512 and 8K/2048 within noise). Selections must hold distinct indices. (Unlike
     :func:`sparse_attention` there are no union blocks here: one gathered latent already serves every
     head, and union blocks measured slower at any overlap — see :mod:`dsv32.dsa.union`.) On CUDA
     without autograd a fused Triton kernel runs instead (:mod:`dsv32.dsa.kernels.gpu`); on the CPU in
@@ -347,7 +348,7 @@ def sparse_mla_attention(
         and q.shape[1] > 0
         and cpu_kernels.mla_supported(q, kv, k_rope, v_dim, q_rope)
     ):  # CPU + C kernel: cache and query parts are read where they are, nothing is concatenated
-        return _sparse_mla_cpu(q, kv, topk_indices, scale, v_dim, k_rope, q_rope)
+        return cpu_kernels.sparse_mla_attention_cpu(q, kv, k_rope, topk_indices, scale, v_dim, q_rope=q_rope)
     if q_rope is not None:
         q = torch.cat((q, q_rope), dim=-1)
     B, T, H, C = q.shape
@@ -367,7 +368,10 @@ def sparse_mla_attention(
     out = q.new_empty(B, T, H, v_dim)
     if T == 0:
         return out
-    first = _dense_prefix(q, None, kv, k_rope, topk_indices, scale, v_dim, out)
+    # Leading queries that selected every key they see need no gather: causal dense attention.
+    first = 0 if k_rope is not None else _selects_all_prefix(topk_indices, kv.shape[1])
+    if first:
+        out[:, :first] = _causal_dense_mla(q[:, :first], kv, scale, v_dim, kv.shape[1] - T)
     step = _chunk(K, chunk_size)
     rows, strides = _row_view(kv, grad)
     if k_rope is not None:
@@ -437,6 +441,7 @@ def sparse_mla_attention_absorbed(
         and not _needs_grad(q_nope, q_rope, kv, k_rope, w_uk, w_uv)
         and q_nope.shape[1] > 0
         and w_uk.dtype == w_uv.dtype == q_nope.dtype
+        # the kernel's query is the absorbed one, [.., C] in q_nope's dtype: checked through an empty stand-in
         and cpu_kernels.mla_supported(q_nope.new_empty(0, 0, 0, C), kv, k_rope, C, q_rope)
     ):
         return _absorbed_mla_cpu(q_nope, q_rope, kv, topk_indices, scale, w_uk, w_uv, k_rope)
@@ -452,23 +457,13 @@ def _absorbed_mla_cpu(q_nope, q_rope, kv, topk_indices, scale, w_uk, w_uv, k_rop
     B, T, H, _ = q_nope.shape
     C, Dv = w_uk.shape[-1], w_uv.shape[1]
     out = q_nope.new_empty(B, T, H, Dv)
-    first = 0
-    if k_rope is None:  # leading queries that select every key they see: causal dense attention
-        first = _selects_all_prefix(topk_indices, kv.shape[1])
-        if first:
-            q_prefix = torch.einsum("bthd,hdc->bthc", q_nope[:, :first], w_uk)
-            q_prefix = torch.cat((q_prefix, q_rope[:, :first]), dim=-1)
-            latent_prefix = _causal_dense_mla(q_prefix, kv, scale, C, kv.shape[1] - T)
-            out[:, :first] = torch.einsum("bthc,hdc->bthd", latent_prefix, w_uv)
-    if first == T:
-        return out
-    n = min(max(1, ABSORBED_CHUNK_BYTES // (2 * H * C * q_nope.element_size())), T - first)
+    n = min(max(1, ABSORBED_CHUNK_BYTES // (2 * H * C * q_nope.element_size())), T)
     q_buf = q_nope.new_empty(H, n, C)  # one chunk's absorbed queries, heads-major
     o_buf = q_nope.new_empty(H, n, C)  # its attention-weighted latents, heads-major
     v_buf = q_nope.new_empty(H, n, Dv)
     w_uv_t = w_uv.transpose(1, 2)  # [H, C, Dv]
     for b in range(B):
-        for a in range(first, T, n):
+        for a in range(0, T, n):
             z = min(a + n, T)
             m = z - a
             qc = torch.bmm(q_nope[b, a:z].transpose(0, 1), w_uk, out=q_buf[:, :m])
@@ -479,31 +474,6 @@ def _absorbed_mla_cpu(q_nope, q_rope, kv, topk_indices, scale, w_uk, w_uv, k_rop
             )  # fmt: skip
             out[b, a:z] = torch.bmm(o_buf[:, :m], w_uv_t, out=v_buf[:, :m]).transpose(0, 1)
     return out
-
-
-def _sparse_mla_cpu(q, kv, topk_indices, scale, v_dim, k_rope, q_rope):
-    """:func:`sparse_mla_attention` with the C kernel (CPU, fp32/bf16, no autograd); the output is a
-    heads-major view (see :func:`dsv32.dsa.kernels.cpu.sparse_mla_attention_cpu`)."""
-    B, T, H = q.shape[:3]
-    out = q.new_empty(B, H, T, v_dim).transpose(1, 2)
-    first = _dense_prefix(q, q_rope, kv, k_rope, topk_indices, scale, v_dim, out)
-    cpu_kernels.sparse_mla_attention_cpu(
-        q[:, first:], kv, k_rope, topk_indices[:, first:], scale, v_dim,
-        q_rope=None if q_rope is None else q_rope[:, first:], out=out[:, first:],
-    )  # fmt: skip
-    return out
-
-
-def _dense_prefix(q, q_rope, kv, k_rope, topk_indices, scale, v_dim, out) -> int:
-    """Leading queries that selected every key they see need no gather: write their causal dense
-    attention into ``out`` and return how many there are (0 with a split ``k_rope``: decoding)."""
-    if k_rope is not None:
-        return 0
-    first = _selects_all_prefix(topk_indices, kv.shape[1])
-    if first:
-        qf = q[:, :first] if q_rope is None else torch.cat((q[:, :first], q_rope[:, :first]), dim=-1)
-        out[:, :first] = _causal_dense_mla(qf, kv, scale, v_dim, kv.shape[1] - q.shape[1])
-    return first
 
 
 def _selects_all_prefix(topk_indices: torch.Tensor, S: int) -> int:
