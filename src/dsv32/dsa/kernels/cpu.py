@@ -345,24 +345,12 @@ def indexer_topk_cpu(
         n_tiles = -(-S // key_tile)
         tiles = torch.empty((B, n_tiles, D, key_tile), dtype=torch.float32)
         step = -(-n_tiles // threads)
-        transpose = getattr(lib, f"dsv32_indexer_transpose_{suffix}")
-        _run_calls(
-            [
-                (
-                    transpose,
-                    _at(keys, b),
-                    keys.stride(1),
-                    S,
-                    D,
-                    t0,
-                    min(t0 + step, n_tiles),
-                    tiles[b].data_ptr(),
-                )
-                for b in range(B)
-                for t0 in range(0, n_tiles, step)
-            ],
-            threads,
-        )
+        jobs = [
+            (_at(keys, b), keys.stride(1), S, D, t0, min(t0 + step, n_tiles), tiles[b].data_ptr())
+            for b in range(B)
+            for t0 in range(0, n_tiles, step)
+        ]
+        _run(getattr(lib, f"dsv32_indexer_transpose_{suffix}"), jobs, workers=threads)
     jobs = []
     scratch = _scratch(workers, lib.dsv32_indexer_scratch_bytes(S, D, longest))
     for b in range(B):
@@ -381,21 +369,6 @@ def indexer_topk_cpu(
     return out
 
 
-def _run_calls(calls: list[tuple], workers: int) -> None:
-    """``fn(*args)`` for each ``(fn, *args)`` of ``calls`` (C calls that need no work buffer) on
-    ``workers`` threads."""
-    if workers == 1 or len(calls) == 1:
-        for fn, *args in calls:
-            fn(*args)
-        return
-
-    def worker(i: int) -> None:
-        for fn, *args in calls[i::workers]:
-            fn(*args)
-
-    list(_executor(workers).map(worker, range(min(workers, len(calls)))))
-
-
 _GUARD = (
     64  # bytes past each work buffer, checked after every call: a kernel writing out of bounds fails loudly
 )
@@ -410,21 +383,25 @@ def _scratch(workers: int, nbytes: int) -> list[torch.Tensor]:
     return buffers
 
 
-def _run(fn, jobs: list[tuple], scratch: list[torch.Tensor]) -> None:
-    """Each job's C call, ``fn(*job, scratch)``, on ``W = len(scratch)`` threads in parallel (the calls
-    release the GIL), each with its own buffer: thread ``i`` runs jobs ``i, i + W, ...``."""
-    workers = len(scratch)
+def _run(fn, jobs: list[tuple], scratch: list[torch.Tensor] | None = None, workers: int = 1) -> None:
+    """Each job's C call on ``W`` threads in parallel (the calls release the GIL): thread ``i`` runs
+    jobs ``i, i + W, ...``. With ``scratch`` (one work buffer per thread, ``W = len(scratch)``) the
+    call is ``fn(*job, scratch[i])`` and every buffer's guard is checked afterwards; without it
+    ``fn(*job)`` on ``W = workers`` threads. One job, or one thread, runs on the calling thread."""
+    if scratch is not None:
+        workers = len(scratch)
 
-    def worker(i: int) -> None:
-        for job in jobs[i::workers]:
-            fn(*job, scratch[i].data_ptr())
+    def worker(i: int, stride: int) -> None:
+        extra = () if scratch is None else (scratch[i].data_ptr(),)
+        for job in jobs[i::stride]:
+            fn(*job, *extra)
 
-    if workers == 1 or len(jobs) == 1:
-        for job in jobs:
-            fn(*job, scratch[0].data_ptr())
+    threads = min(workers, len(jobs))
+    if threads <= 1:
+        worker(0, 1)
     else:
-        list(_executor(workers).map(worker, range(min(workers, len(jobs)))))
-    if any(bool((b[-_GUARD:] != 0xA5).any()) for b in scratch):
+        list(_executor(workers).map(worker, range(threads), [workers] * threads))
+    if scratch is not None and any(bool((b[-_GUARD:] != 0xA5).any()) for b in scratch):
         raise RuntimeError(
             f"dsv32 CPU kernel {fn.__name__} wrote past its work buffer (a bug: please report)"
         )
