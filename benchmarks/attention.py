@@ -208,6 +208,9 @@ def decode_ours_torch(x: Inputs, topk: int) -> torch.Tensor:
         return decode_ours(x, topk)
 
 
+# Paths timed once per length, not per k.
+SHARED_PATHS = ("prefill.sdpa", "prefill.sdpa_math", "decode.sdpa", "decode.dense_mla")
+
 COVERS = {
     "prefill.sdpa": "(a) causal flash SDPA over precomputed per-head q/K/V, V zero-padded to 192 (a dense model)",
     "prefill.sdpa_math": "(a-math) the same SDPA call with V at 128: PyTorch falls back to the O(L²) math path",
@@ -321,6 +324,8 @@ class Plan:
 def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None]) -> list[dict]:
     """All paths at one length for every k, repetitions interleaved → one result dict per k."""
     x = Inputs(plan.shape, L, plan.dtype)
+    with torch.no_grad():  # what the model's prefill would dispatch to (its crossover depends on it)
+        kernel = dsa.mla_kernel_would_run(x.kv)
     with_torch = plan.torch_max_len >= L and cpu_kernels.available()
     jobs: list[tuple[str, int | None, Callable[[], object], int]] = [
         ("prefill.sdpa", None, lambda: prefill_sdpa(x, 0), 1)
@@ -371,34 +376,18 @@ def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None])
     results = []
     for k in plan.topks:
 
-        def get(name, kk=None, k=k):
-            key = (name, kk)
-            return statistics.median(times[key]) if key in times else None
+        def key(name: str, k=k) -> tuple[str, int | None]:
+            return (name, None if name in SHARED_PATHS else k)
 
-        def reps_of(name, kk=None):
-            return times.get((name, kk))
+        def get(name):
+            return statistics.median(times[key(name)]) if key(name) in times else None
 
-        def others_of(name, kk=None):
-            return contention.get((name, kk))
-
-        def mem_of(name, kk=None):
-            m = mems.get((name, kk))
+        def mem_of(name):
+            m = mems.get(key(name))
             return None if m is None else round(m, 1)
 
-        pre = {
-            "sdpa": get("prefill.sdpa"),
-            "sdpa_math": get("prefill.sdpa_math"),
-            "masked_dense": get("prefill.masked_dense", k),
-            "ours": get("prefill.ours", k),
-            "ours_mha_gather": get("prefill.ours_mha_gather", k),
-            "ours_torch": get("prefill.ours_torch", k),
-        }
-        dec = {
-            "sdpa": get("decode.sdpa"),
-            "dense_mla": get("decode.dense_mla"),
-            "ours": get("decode.ours", k),
-            "ours_torch": get("decode.ours_torch", k),
-        }
+        pre = {n.removeprefix("prefill."): get(n) for n in COVERS if n.startswith("prefill.")}
+        dec = {n.removeprefix("decode."): get(n) for n in COVERS if n.startswith("decode.")}
         layouts = {m: pre[m] for m in ("ours", "ours_mha_gather") if pre[m] is not None}
         r = {
             "seq_len": L,
@@ -420,43 +409,12 @@ def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None])
             "prefill_speedup_of_c_kernels": pre["ours_torch"] / pre["ours"] if pre["ours_torch"] else None,
             "decode_speedup_of_c_kernels": dec["ours_torch"] / dec["ours"] if dec["ours_torch"] else None,
             "prefill_faster_gather_layout": min(layouts, key=layouts.get),
-            "mla_prefill_dispatch": "sparse" if not dsa.prefer_dense(L, L, k) else "masked_dense",
-            "peak_mem_mb": {
-                "prefill.sdpa": mem_of("prefill.sdpa"),
-                "prefill.sdpa_math": mem_of("prefill.sdpa_math"),
-                "prefill.masked_dense": mem_of("prefill.masked_dense", k),
-                "prefill.ours": mem_of("prefill.ours", k),
-                "prefill.ours_mha_gather": mem_of("prefill.ours_mha_gather", k),
-                "prefill.ours_torch": mem_of("prefill.ours_torch", k),
-                "decode.sdpa": mem_of("decode.sdpa"),
-                "decode.dense_mla": mem_of("decode.dense_mla"),
-                "decode.ours": mem_of("decode.ours", k),
-                "decode.ours_torch": mem_of("decode.ours_torch", k),
-            },
-            "repetitions_s": {
-                "prefill.sdpa": reps_of("prefill.sdpa"),
-                "prefill.sdpa_math": reps_of("prefill.sdpa_math"),
-                "prefill.masked_dense": reps_of("prefill.masked_dense", k),
-                "prefill.ours": reps_of("prefill.ours", k),
-                "prefill.ours_mha_gather": reps_of("prefill.ours_mha_gather", k),
-                "prefill.ours_torch": reps_of("prefill.ours_torch", k),
-                "decode.sdpa": reps_of("decode.sdpa"),
-                "decode.dense_mla": reps_of("decode.dense_mla"),
-                "decode.ours": reps_of("decode.ours", k),
-                "decode.ours_torch": reps_of("decode.ours_torch", k),
-            },
-            "others_cpu_share": {
-                "prefill.sdpa": others_of("prefill.sdpa"),
-                "prefill.sdpa_math": others_of("prefill.sdpa_math"),
-                "prefill.masked_dense": others_of("prefill.masked_dense", k),
-                "prefill.ours": others_of("prefill.ours", k),
-                "prefill.ours_mha_gather": others_of("prefill.ours_mha_gather", k),
-                "prefill.ours_torch": others_of("prefill.ours_torch", k),
-                "decode.sdpa": others_of("decode.sdpa"),
-                "decode.dense_mla": others_of("decode.dense_mla"),
-                "decode.ours": others_of("decode.ours", k),
-                "decode.ours_torch": others_of("decode.ours_torch", k),
-            },
+            "mla_prefill_dispatch": "masked_dense"
+            if dsa.prefer_dense(L, L, k, mla_kernel=kernel)
+            else "sparse",
+            "peak_mem_mb": {n: mem_of(n) for n in COVERS},
+            "repetitions_s": {n: times.get(key(n)) for n in COVERS},
+            "others_cpu_share": {n: contention.get(key(n)) for n in COVERS},
             "covers": COVERS,
         }
         results.append(r)
