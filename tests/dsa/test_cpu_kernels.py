@@ -344,36 +344,14 @@ def test_absorbed_mla_in_query_chunks_equals_the_three_steps(B, T, S, K, split_r
     torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
 
 
-def test_absorbed_mla_is_differentiable_and_its_c_path_keeps_no_absorbed_queries(monkeypatch):
-    from dsv32.dsa import attention as attn
+def test_absorbed_mla_is_differentiable():
     from dsv32.dsa import sparse_mla_attention_absorbed
 
-    monkeypatch.setattr(attn, "ABSORBED_CHUNK_BYTES", 2 * 4 * 32 * 4 * 64)  # 64 queries at 4 heads
     g = torch.Generator().manual_seed(1)
-    T, H = 1024, 4
-    q_nope, q_rope, kv, w_uk, w_uv, kw = _absorbed_inputs(1, T, T, H, g, True)
-    idx = indexer_topk(torch.randn(1, T, 4, 16, generator=g), torch.rand(1, T, 4, generator=g),
-                       torch.randn(1, T, 16, generator=g), 32)  # fmt: skip
+    q_nope, q_rope, kv, w_uk, w_uv, kw = _absorbed_inputs(1, 200, 200, 4, g, True)
+    idx = indexer_topk(torch.randn(1, 200, 4, 16, generator=g), torch.rand(1, 200, 4, generator=g),
+                       torch.randn(1, 200, 16, generator=g), 32)  # fmt: skip
     w_uk.requires_grad_(True)
     loss = sparse_mla_attention_absorbed(q_nope, q_rope, kv, idx, 0.1, w_uk, w_uv, **kw).square().sum()
     loss.backward()
     assert w_uk.grad is not None and w_uk.grad.abs().sum() > 0
-    with torch.no_grad():  # C path: a chunk's buffers, never [T, H, 32] absorbed queries or latents
-        _, largest = _peak_and_largest(
-            lambda: sparse_mla_attention_absorbed(q_nope, q_rope, kv, idx, 0.1, w_uk, w_uv, **kw)
-        )
-    assert largest < T * H * 32 * 4  # the largest is the output, [T, H, 24]
-
-
-def _peak_and_largest(fn):
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    live = peak = largest = 0
-    for _, nbytes in sorted(
-        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
-    ):
-        live += nbytes
-        peak, largest = max(peak, live), max(largest, nbytes)
-    return peak, largest

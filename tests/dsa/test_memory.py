@@ -3,10 +3,12 @@ fixed k (counted exactly from the allocator's events with the torch profiler).""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from dsv32.dsa import indexer_topk, sparse_attention, sparse_mla_attention
+from dsv32.dsa import indexer_topk, sparse_attention, sparse_mla_attention, sparse_mla_attention_absorbed
+from dsv32.dsa.kernels import cpu
 
 TOPK = 32
 
@@ -101,3 +103,26 @@ def test_decode_and_gqa_memory_is_linear_in_cache_length():
     # 160 bytes per token here, is never copied), whether or not the exact tie-break path runs.
     assert all(p < 48 * L + (64 << 10) for L, p in dec.items()), dec
     assert _at_most_linear(gqa), gqa
+
+
+@pytest.mark.skipif(not cpu.available(), reason="the CPU kernels did not build")
+def test_absorbed_mla_keeps_one_chunk_of_absorbed_queries(monkeypatch):
+    """On the C kernel's path the ``W_UK``-absorbed queries and the latent outputs exist a chunk at a
+    time: no allocation is as large as ``[T, H, C]`` (the largest is the output, ``[T, H, D_v]``)."""
+    from dsv32.dsa import attention as attn
+
+    T, H, D, Dv, C, R = 1024, 4, 16, 24, 32, 8
+    monkeypatch.setattr(attn, "ABSORBED_CHUNK_BYTES", 2 * H * C * 4 * 64)  # 64 queries
+    g = torch.Generator().manual_seed(1)
+    q_nope, q_rope = torch.randn(1, T, H, D, generator=g), torch.randn(1, T, H, R, generator=g)
+    kv = torch.randn(1, T, C + R, generator=g)
+    w = torch.randn(H, D + Dv, C, generator=g) / C**0.5
+    idx = indexer_topk(torch.randn(1, T, 4, 16, generator=g), torch.rand(1, T, 4, generator=g),
+                       torch.randn(1, T, 16, generator=g), 32)  # fmt: skip
+    with torch.no_grad():
+        _, largest = _peak_and_largest(
+            lambda: sparse_mla_attention_absorbed(
+                q_nope, q_rope, kv[..., :C], idx, 0.1, w[:, :D], w[:, D:], k_rope=kv[..., C:]
+            )
+        )
+    assert largest < T * H * C * 4
