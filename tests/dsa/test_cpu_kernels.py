@@ -26,6 +26,13 @@ def test_kernels_build_where_a_compiler_exists():
     assert cpu.available(), "a C compiler exists but the kernels did not build"
 
 
+def _count_calls(monkeypatch, name: str) -> list:
+    """A list that gets one entry per call of ``cpu.<name>`` (which still runs)."""
+    calls, original = [], getattr(cpu, name)
+    monkeypatch.setattr(cpu, name, lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    return calls
+
+
 def _selection(B: int, T: int, S: int, K: int, g: torch.Generator, empty: float = 0.0) -> torch.Tensor:
     """Random distinct visible keys per query (queries aligned to the end of the keys), -1 where a
     query sees fewer than K, and a share ``empty`` of slots blanked (padding-like)."""
@@ -61,9 +68,7 @@ def test_sparse_mla_kernel_equals_reference(
     idx = _selection(B, T, S, min(K, S), g, empty)
     idx[0, -1] = -1  # a query with no slot at all attends to nothing
     ref = sparse_mla_attention_reference(q, kv, idx, 0.3, V)
-    calls = []
-    original = cpu.sparse_mla_attention_cpu
-    monkeypatch.setattr(cpu, "sparse_mla_attention_cpu", lambda *a, **k: calls.append(1) or original(*a, **k))
+    calls = _count_calls(monkeypatch, "sparse_mla_attention_cpu")
     keys = dict(k_rope=kv[..., Cl:]) if split_keys and R else {}
     latent = kv[..., :Cl] if keys else kv
     if split_query and R:
@@ -110,9 +115,7 @@ def test_indexer_kernel_selects_the_reference_set(B, T, S, H, D, K, padded, monk
     if padded:
         pad = torch.ones(B, S, dtype=torch.bool)
         pad[-1, : S // 5] = False
-    calls = []
-    original = cpu.indexer_topk_cpu
-    monkeypatch.setattr(cpu, "indexer_topk_cpu", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    calls = _count_calls(monkeypatch, "indexer_topk_cpu")
     got = indexer_topk(q, w, k, K, key_padding_mask=pad)
     assert calls, "the C kernel did not run"
     scores = index_scores(q.double(), w.double(), k.double())
@@ -250,9 +253,7 @@ def test_bf16_inputs_run_the_kernel_in_fp32_arithmetic(split, monkeypatch):
     kv = torch.randn(B, S, 576, generator=g).bfloat16()
     idx = _selection(B, T, S, K, g, 0.2)
     ref = sparse_mla_attention_reference(q.float(), kv.float(), idx, 0.04, 512)
-    calls = []
-    original = cpu.sparse_mla_attention_cpu
-    monkeypatch.setattr(cpu, "sparse_mla_attention_cpu", lambda *a, **k: calls.append(1) or original(*a, **k))
+    calls = _count_calls(monkeypatch, "sparse_mla_attention_cpu")
     with torch.no_grad():
         if split:
             got = sparse_mla_attention(q[..., :512], kv[..., :512], idx, 0.04, 512, k_rope=kv[..., 512:],
@@ -325,9 +326,7 @@ def test_absorbed_mla_in_query_chunks_equals_the_three_steps(B, T, S, K, split_r
     from dsv32.dsa import sparse_mla_attention_absorbed
 
     monkeypatch.setattr(attn, "ABSORBED_CHUNK_BYTES", 2 * 4 * 32 * 4 * 32)  # 32 queries at 4 heads
-    calls = []
-    kernel = cpu.sparse_mla_attention_cpu
-    monkeypatch.setattr(cpu, "sparse_mla_attention_cpu", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
+    calls = _count_calls(monkeypatch, "sparse_mla_attention_cpu")
     g = torch.Generator().manual_seed(T + S)
     q_nope, q_rope, kv, w_uk, w_uv, kw = _absorbed_inputs(B, T, S, 4, g, split_rope)
     idx = indexer_topk(torch.randn(B, T, 4, 16, generator=g), torch.rand(B, T, 4, generator=g),
