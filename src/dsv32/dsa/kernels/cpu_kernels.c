@@ -3,7 +3,7 @@
  * The torch path gathers the selected rows into a buffer, then runs two batched matmuls and a softmax
  * over it — three trips through memory per selected latent and one Python iteration per few queries.
  * Here each query reads its selected rows straight from the cache in blocks of BLOCK_KEYS and keeps
- * everything else in cache: the block's scores ([H, BLOCK_KEYS]), an online (running-max) softmax and
+ * everything else in cache: the block's scores ([H, LD_S]), an online (running-max) softmax and
  * the value accumulator ([H, V]). One call handles a run of queries of one batch row; the caller
  * splits the queries across threads (calls release the GIL).
  *
@@ -455,20 +455,14 @@ static inline __attribute__((always_inline)) void transpose_tile(const void *key
         for (int64_t d = 0; d < D; d++) dst[d * KEY_TILE + l] = l < nt ? to_float(keys, (s0 + l) * k_ld + d, bf16) : 0.0f;
 }
 
-/* Tiles t0 .. t1 into tiles + t * D * KEY_TILE. */
-static inline __attribute__((always_inline)) void indexer_transpose(const void *keys, int64_t k_ld, int64_t S,
-                                                                     int64_t D, int64_t t0, int64_t t1,
-                                                                     float *tiles, const int bf16) {
-    for (int64_t t = t0; t < t1; t++) transpose_tile(keys, k_ld, S, D, t, tiles + t * D * KEY_TILE, bf16);
-}
-
+/* Tiles t0 .. t1 of the keys into tiles + t * D * KEY_TILE (what dsv32_indexer_topk_* reads). */
 void dsv32_indexer_transpose_f32(const void *keys, int64_t k_ld, int64_t S, int64_t D, int64_t t0, int64_t t1,
                                  float *tiles) {
-    indexer_transpose(keys, k_ld, S, D, t0, t1, tiles, 0);
+    for (int64_t t = t0; t < t1; t++) transpose_tile(keys, k_ld, S, D, t, tiles + t * D * KEY_TILE, 0);
 }
 void dsv32_indexer_transpose_bf16(const void *keys, int64_t k_ld, int64_t S, int64_t D, int64_t t0, int64_t t1,
                                   float *tiles) {
-    indexer_transpose(keys, k_ld, S, D, t0, t1, tiles, 1);
+    for (int64_t t = t0; t < t1; t++) transpose_tile(keys, k_ld, S, D, t, tiles + t * D * KEY_TILE, 1);
 }
 
 /* Top-k of n queries of one batch row.
