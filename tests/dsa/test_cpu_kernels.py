@@ -188,6 +188,34 @@ def test_a_failed_build_falls_back_to_the_torch_path(tmp_path, monkeypatch):
         cpu._library.cache_clear()
 
 
+def test_the_portable_build_computes_the_same(tmp_path, monkeypatch):
+    """The last flag set (plain -O3: no -march=native, so SSE only on x86) is what a machine whose
+    compiler rejects the native flags gets; it must build and agree with the torch path."""
+    monkeypatch.setattr(cpu, "_FLAG_SETS", (cpu._FLAG_SETS[-1],))
+    monkeypatch.setenv("DSV32_CACHE_DIR", str(tmp_path))
+    cpu._library.cache_clear()
+    try:
+        assert cpu.available(), "the portable flag set did not build"
+        g = torch.Generator().manual_seed(1)
+        B, T, S, H, C, V, K = 2, 21, 40, 5, 48, 24, 9
+        q, kv = torch.randn(B, T, H, C, generator=g), torch.randn(B, S, C, generator=g)
+        idx = _selection(B, T, S, K, g, empty=0.2)
+        torch.testing.assert_close(
+            cpu.sparse_mla_attention_cpu(q, kv, None, idx, 0.2, V),
+            sparse_mla_attention_reference(q, kv, idx, 0.2, V),
+        )
+        iq, iw, ik = (
+            torch.randn(B, T, 4, 16, generator=g),
+            torch.rand(B, T, 4, generator=g),
+            torch.randn(B, S, 16, generator=g),
+        )
+        got = cpu.indexer_topk_cpu(iq, iw, ik, K)
+        want = select_topk(index_scores(iq, iw, ik), K)
+        assert torch.equal(got.sort(-1).values, want.sort(-1).values)
+    finally:
+        cpu._library.cache_clear()
+
+
 def test_the_environment_can_turn_the_kernels_off(monkeypatch):
     monkeypatch.setenv("DSV32_CPU_KERNELS", "0")
     cpu._library.cache_clear()

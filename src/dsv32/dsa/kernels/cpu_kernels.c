@@ -67,8 +67,9 @@ static inline uint16_t to_bf16(float x) {
 static inline f8 splat8(float x) { return (f8){x, x, x, x, x, x, x, x}; }
 
 /* Keep a loaded vector in a register: without this GCC folds the load into every FMA that uses it,
- * re-reading it from L1 once per use and making the tiles load-bound. */
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+ * re-reading it from L1 once per use and making the tiles load-bound. Only where an 8-float vector
+ * fits one register (AVX): a plain x86 build (SSE, no -march=native) splits it in two. */
+#if defined(__GNUC__) && defined(__AVX__)
 #define IN_REGISTER(v) __asm__("" : "+x"(v))
 #else
 #define IN_REGISTER(v) ((void)0)
