@@ -2,6 +2,8 @@
 
 - :class:`LightningIndexer`, :func:`index_scores` — the lightning indexer (Eq. 1);
 - :func:`select_topk`, :func:`indexer_topk` — fine-grained token selection (Eq. 2);
+  :func:`fp8_indexer_queries`, :func:`fp8_indexer_keys` (+ :func:`hadamard`, :func:`quantize_e4m3`)
+  — the released model's FP8 indexer scoring (``indexer_topk(..., fp8="ue8m0")``);
 - :func:`sparse_attention`, :func:`sparse_mla_attention` — attention over the selection only, for
   MHA/GQA layouts and for MLA's MQA mode, each with a masked-dense ``*_reference``; in the GQA layout
   blocks of neighbouring queries with overlapping selections run over their union
@@ -35,6 +37,7 @@ from dsv32.dsa.attention import (
     sparse_mla_attention_absorbed,
     sparse_mla_attention_reference,
 )
+from dsv32.dsa.fp8 import fp8_indexer_keys, fp8_indexer_queries, hadamard, quantize_e4m3
 from dsv32.dsa.hf import (
     DSAConfig,
     DSAError,
@@ -80,7 +83,10 @@ __all__ = [
     "dense_attention",
     "dense_mla_attention",
     "detach_dsa",
+    "fp8_indexer_keys",
+    "fp8_indexer_queries",
     "get_dsa",
+    "hadamard",
     "has_dsa",
     "index_scores",
     "indexer_kl_loss",
@@ -91,6 +97,7 @@ __all__ = [
     "mla_kernel_would_run",
     "oracle_topk",
     "prefer_dense",
+    "quantize_e4m3",
     "save_dsa",
     "select_topk",
     "selection_mask",

@@ -8,7 +8,8 @@ model: ``q_I = wq_b(q_input)`` where ``q_input`` is MLA's normalized query laten
 without a q LoRA such as Llama, the hidden state itself); ``k_I = LayerNorm(wk(h))``; the first
 ``rope_head_dim`` dims of both get *half-split* RoPE; ``w = weights_proj(h) * n_heads^-0.5`` and the
 scores carry ``head_dim^-0.5`` (folded into ``w`` here, which is exact since ReLU is positively
-homogeneous). The reference kernel's Hadamard rotation is orthogonal and is skipped (fp32/bf16).
+homogeneous). The reference kernel's Hadamard rotation is orthogonal and is skipped in fp32/bf16;
+``indexer_topk(..., fp8=...)`` and :mod:`dsv32.dsa.fp8` reproduce its FP8 scoring.
 
 Index scores are always computed in fp32. The indexer never receives gradients from the language
 model: callers pass detached inputs (paper §2.1.1, "we detach the indexer input").
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dsv32.dsa.fp8 import fp8_indexer_keys, fp8_indexer_queries
 from dsv32.dsa.kernels import cpu as cpu_kernels
 from dsv32.dsa.kernels import gpu as triton_kernels
 from dsv32.dsa.rope import apply_rotary
@@ -215,6 +217,7 @@ def indexer_topk(
     chunk_size: int | None = None,
     key_block: int | None = None,
     window: int | None = None,
+    fp8: str | None = None,
 ) -> torch.Tensor:
     """Score and select in query chunks with a streaming top-k: memory ``O(chunk · min(S, window))``,
     never ``T × S``.
@@ -240,6 +243,9 @@ def indexer_topk(
         key_padding_mask: ``[B, S]`` True for real tokens (padding is never selected).
         chunk_size, key_block, window: tuning knobs of the torch path (default: the ``INDEXER_*``
             constants); giving any of them selects the torch path.
+        fp8: score as the released model's FP8 indexer does — queries and keys Hadamard-rotated and
+            quantized to e4m3 with ``"ue8m0"`` (power-of-two, the FP8 inference config) or
+            ``"float"`` scales (:mod:`dsv32.dsa.fp8`); None scores the inputs as they are.
 
     Scores are computed in fp32 whatever the input dtype (bf16 keys are upcast once, queries chunk by
     chunk). The machinery lives in :mod:`dsv32.dsa.streaming_topk`. On the CPU, when the C kernels
@@ -259,6 +265,9 @@ def indexer_topk(
     if S < T:
         raise ValueError(f"{T} queries but only {S} keys: queries are aligned to the end of the keys")
     K = min(topk, S)
+    if fp8 is not None:
+        q, weights = fp8_indexer_queries(q, weights, fp8)
+        k_index = fp8_indexer_keys(k_index, fp8)
     if triton_kernels.indexer_supported(q, k_index):  # CUDA: fused scoring kernel, exact top-k per chunk
         return triton_kernels.indexer_topk_gpu(q, weights, k_index, topk, key_padding_mask)
     untuned = chunk_size is None and key_block is None and window is None  # the knobs tune the torch path
