@@ -33,6 +33,8 @@ from dsv32.dsa import (
     apply_rotary,
     dense_attention,
     dense_mla_attention,
+    fp8_indexer_keys,
+    fp8_indexer_queries,
     indexer_kl_loss_chunked,
     indexer_topk,
     mla_kernel_would_run,
@@ -65,6 +67,8 @@ class MLA(nn.Module):
         self.dsa_mode = "sparse"
         self.sparse_impl = "auto"
         self.dense_crossover_ratio: float | None = None  # None: dsv32.dsa.DENSE_CROSSOVER_RATIO
+        # None: the indexer scores in fp32; "ue8m0" / "float": as the released FP8 indexer (dsv32.dsa.fp8)
+        self.indexer_fp8: str | None = None
         # Training (dsv32.train): when set, a cache-free forward stores the indexer's KL loss here —
         # Eq. 3 over all visible keys in "dense" mode, Eq. 4 over the selection in "sparse" mode.
         self.compute_indexer_loss = False
@@ -121,17 +125,25 @@ class MLA(nn.Module):
         # The indexer reads detached inputs: it learns only from its own KL loss (paper §2.1.1).
         x_idx, q_input_idx = x.detach(), q_input.detach()
         index_keys = self.indexer.project_keys(x_idx, cos, sin)
+        # FP8 selection quantizes each key once, as it enters the cache (the reference caches its FP8
+        # keys too); the KL loss below reads the unquantized keys of this (cache-free) call
+        select_keys = index_keys
+        if self.indexer_fp8 is not None:
+            select_keys = fp8_indexer_keys(index_keys, self.indexer_fp8).to(index_keys.dtype)
         start = 0
         if cache is not None:
             start = cache.length
-            kv_latent, k_rope, index_keys = cache.write(self.layer_idx, kv_latent, k_rope, index_keys)
+            kv_latent, k_rope, select_keys = cache.write(self.layer_idx, kv_latent, k_rope, select_keys)
         S = start + T
 
         topk_indices = None
         if self.dsa_mode == "sparse" and self.index_topk < S:
             iq = self.indexer.project_queries(x_idx, q_input_idx, cos, sin)
+            q_sel, w_sel = iq.q, iq.weights
+            if self.indexer_fp8 is not None:
+                q_sel, w_sel = fp8_indexer_queries(q_sel, w_sel, self.indexer_fp8)
             topk_indices = indexer_topk(
-                iq.q, iq.weights, index_keys, self.index_topk, key_padding_mask=key_padding_mask
+                q_sel, w_sel, select_keys, self.index_topk, key_padding_mask=key_padding_mask
             )
 
         if self.compute_indexer_loss and start == 0:

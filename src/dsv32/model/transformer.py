@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dsv32.dsa.fp8 import SCALE_FORMATS
 from dsv32.model.attention import DSA_MODES, MLA, SPARSE_IMPLS
 from dsv32.model.cache import KVCache
 from dsv32.model.config import ModelConfig
@@ -161,6 +162,17 @@ class DeepseekV32(nn.Module):
             layer.self_attn.dsa_mode = mode
             if sparse_impl is not None:
                 layer.self_attn.sparse_impl = sparse_impl
+
+    def set_indexer_fp8(self, scale_format: str | None = "ue8m0") -> None:
+        """Select tokens as the released model's FP8 indexer does (:mod:`dsv32.dsa.fp8`): queries and
+        keys Hadamard-rotated and quantized to e4m3 per vector, with ``"ue8m0"`` (power-of-two: the
+        FP8 inference config) or ``"float"`` scales; ``None`` scores in fp32 again. An inference
+        setting: keys are quantized as they enter the cache, so set it before a cache is filled (and
+        a bf16 cache rounds ``"float"``-scaled keys to bf16; ``"ue8m0"`` ones it holds exactly)."""
+        if scale_format is not None and scale_format not in SCALE_FORMATS:
+            raise ValueError(f"scale_format must be None or one of {SCALE_FORMATS}, got {scale_format!r}")
+        for layer in self.model.layers:
+            layer.self_attn.indexer_fp8 = scale_format
 
     def new_cache(self, batch_size: int, max_len: int) -> KVCache:
         p = self.lm_head.weight
