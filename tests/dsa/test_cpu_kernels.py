@@ -371,6 +371,35 @@ def test_absorbed_mla_in_query_chunks_equals_the_three_steps(B, T, S, K, split_r
     torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
 
 
+def test_absorbed_mla_in_bf16_projects_in_fp32(monkeypatch):
+    """bf16 inputs: the result matches the fp32 three steps on the same values to bf16 rounding,
+    and neither projection runs a bf16 matmul (torch's CPU bf16 matmul is ~70x slower than fp32 on
+    CPUs without bf16 units)."""
+    from dsv32.dsa import sparse_mla_attention_absorbed
+
+    g = torch.Generator().manual_seed(7)
+    B, T, S, K = 2, 90, 90, 24
+    q_nope, q_rope, kv, w_uk, w_uv, kw = _absorbed_inputs(B, T, S, 4, g, True)
+    q_nope, q_rope, kv, w_uk, w_uv = (t.bfloat16() for t in (q_nope, q_rope, kv, w_uk, w_uv))
+    kw = {"k_rope": kw["k_rope"].bfloat16()}
+    idx = indexer_topk(torch.randn(B, T, 4, 16, generator=g), torch.rand(B, T, 4, generator=g),
+                       torch.randn(B, S, 16, generator=g), K)  # fmt: skip
+    dtypes, bmm = [], torch.bmm
+    monkeypatch.setattr(torch, "bmm", lambda a, b, **k: dtypes.append((a.dtype, b.dtype)) or bmm(a, b, **k))
+    with torch.no_grad():
+        fast = sparse_mla_attention_absorbed(q_nope, q_rope, kv, idx, 0.1, w_uk, w_uv, **kw)
+    monkeypatch.setattr(torch, "bmm", bmm)
+    assert dtypes and all(d == (torch.float32, torch.float32) for d in dtypes), dtypes
+    assert fast.dtype == torch.bfloat16
+    with torch.no_grad(), cpu.enabled(False):
+        q_latent = torch.einsum("bthd,hdc->bthc", q_nope.float(), w_uk.float())
+        latent = sparse_mla_attention(
+            q_latent, kv.float(), idx, 0.1, 32, q_rope=q_rope.float(), k_rope=kw["k_rope"].float()
+        )
+        slow = torch.einsum("bthc,hdc->bthd", latent, w_uv.float())
+    torch.testing.assert_close(fast.float(), slow, rtol=2e-2, atol=2e-2)
+
+
 def test_absorbed_mla_is_differentiable():
     from dsv32.dsa import sparse_mla_attention_absorbed
 

@@ -453,26 +453,38 @@ def sparse_mla_attention_absorbed(
 
 
 def _absorbed_mla_cpu(q_nope, q_rope, kv, topk_indices, scale, w_uk, w_uv, k_rope):
-    """:func:`sparse_mla_attention_absorbed` with the C kernel, in query chunks (see there)."""
+    """:func:`sparse_mla_attention_absorbed` with the C kernel, in query chunks (see there).
+
+    The two projections run in fp32 whatever the input dtype: on CPUs without native bf16/fp16
+    units (AVX2) torch's half-precision matmuls measured ~70x slower than fp32 here, and an fp32
+    product rounded once is what a half-precision matmul (fp32 accumulation) computes anyway."""
     B, T, H, _ = q_nope.shape
     C, Dv = w_uk.shape[-1], w_uv.shape[1]
+    half = q_nope.dtype != torch.float32
     out = q_nope.new_empty(B, T, H, Dv)
-    n = min(max(1, ABSORBED_CHUNK_BYTES // (2 * H * C * q_nope.element_size())), T)
+    n = min(max(1, ABSORBED_CHUNK_BYTES // (8 * H * C)), T)  # two [H, n, C] buffers' worth of fp32
     q_buf = q_nope.new_empty(H, n, C)  # one chunk's absorbed queries, heads-major
     o_buf = q_nope.new_empty(H, n, C)  # its attention-weighted latents, heads-major
-    v_buf = q_nope.new_empty(H, n, Dv)
-    w_uv_t = w_uv.transpose(1, 2)  # [H, C, Dv]
+    wide = torch.empty(H, n, C) if half else None  # fp32 side of each projection (half inputs)
+    v_buf = torch.empty(H, n, Dv)
+    w_uk32 = w_uk.float()
+    w_uv_t32 = w_uv.transpose(1, 2).float()  # [H, C, Dv]
     for b in range(B):
         for a in range(0, T, n):
             z = min(a + n, T)
             m = z - a
-            qc = torch.bmm(q_nope[b, a:z].transpose(0, 1), w_uk, out=q_buf[:, :m])
+            qc = torch.bmm(
+                q_nope[b, a:z].transpose(0, 1).float(), w_uk32, out=(wide if half else q_buf)[:, :m]
+            )
+            if half:
+                qc = q_buf[:, :m].copy_(qc)
             cpu_kernels.sparse_mla_attention_cpu(
                 qc.transpose(0, 1).unsqueeze(0), kv[b : b + 1], None if k_rope is None else k_rope[b : b + 1],
                 topk_indices[b : b + 1, a:z], scale, C,
                 q_rope=q_rope[b : b + 1, a:z], out=o_buf[:, :m].transpose(0, 1).unsqueeze(0),
             )  # fmt: skip
-            out[b, a:z] = torch.bmm(o_buf[:, :m], w_uv_t, out=v_buf[:, :m]).transpose(0, 1)
+            oc = wide[:, :m].copy_(o_buf[:, :m]) if half else o_buf[:, :m]
+            out[b, a:z] = torch.bmm(oc, w_uv_t32, out=v_buf[:, :m]).transpose(0, 1)
     return out
 
 
