@@ -148,3 +148,21 @@ def test_fp8_selection_stays_close_to_the_exact_one():
     )
     assert overlap.mean().item() > 0.9
     assert not torch.equal(exact.sort(-1).values, fp8.sort(-1).values)  # it does score differently
+
+
+def test_the_rotation_ignores_the_default_dtype():
+    """The cached Hadamard matrix is fp32 even when torch's default dtype is not."""
+    x = torch.randn(4, 64)
+    want = hadamard(x)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        from dsv32.dsa import fp8
+
+        fp8._hadamard_matrix.cache_clear()
+        got = hadamard(x)
+    finally:
+        torch.set_default_dtype(previous)
+        fp8._hadamard_matrix.cache_clear()
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

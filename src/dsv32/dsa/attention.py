@@ -465,8 +465,9 @@ def _absorbed_mla_cpu(q_nope, q_rope, kv, topk_indices, scale, w_uk, w_uv, k_rop
     n = min(max(1, ABSORBED_CHUNK_BYTES // (8 * H * C)), T)  # two [H, n, C] buffers' worth of fp32
     q_buf = q_nope.new_empty(H, n, C)  # one chunk's absorbed queries, heads-major
     o_buf = q_nope.new_empty(H, n, C)  # its attention-weighted latents, heads-major
-    wide = torch.empty(H, n, C) if half else None  # fp32 side of each projection (half inputs)
-    v_buf = torch.empty(H, n, Dv)
+    fp32 = torch.float32  # explicit: torch.empty's default dtype is a user setting
+    wide = torch.empty(H, n, C, dtype=fp32) if half else None  # fp32 side of each projection (half inputs)
+    v_buf = torch.empty(H, n, Dv, dtype=fp32)
     w_uk32 = w_uk.float()
     w_uv_t32 = w_uv.transpose(1, 2).float()  # [H, C, Dv]
     for b in range(B):

@@ -35,7 +35,7 @@ SCALE_FORMATS = ("ue8m0", "float")
 @functools.cache
 def _hadamard_matrix(d: int, device: torch.device) -> torch.Tensor:
     """The Sylvester Hadamard matrix of order ``d`` divided by ``sqrt(d)`` (fp32; symmetric)."""
-    h = torch.ones(1, 1)
+    h = torch.ones(1, 1, dtype=torch.float32)
     while h.shape[0] < d:
         h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
     return (h * d**-0.5).to(device)
