@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import dsv32.model.attention as mla_module
-
-
-def _ids(T, B=2, seed=0, vocab=128):
-    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
+from model_helpers import record_indexer_topk, token_ids
 
 
 @pytest.mark.parametrize("prefill", [1, 4, 15])
 def test_cached_decoding_equals_full_forward(ours, prefill):
     T = 40  # crosses index_topk = 11: dense, then sparse decode steps
-    ids = _ids(T)
+    ids = token_ids(T)
     with torch.no_grad():
         full = ours(ids).logits
         cache = ours.new_cache(2, T)
@@ -28,7 +23,7 @@ def test_cached_decoding_equals_full_forward(ours, prefill):
 
 def test_chunked_prefill_continues_a_cache(ours):
     """A second multi-token chunk on top of a cache (multi-turn continuation) takes the MQA path."""
-    ids = _ids(36, seed=1)
+    ids = token_ids(36, seed=1)
     with torch.no_grad():
         full = ours(ids).logits
         cache = ours.new_cache(2, 36)
@@ -40,35 +35,22 @@ def test_chunked_prefill_continues_a_cache(ours):
 def test_cache_overflow_is_an_error(ours):
     cache = ours.new_cache(1, 4)
     with pytest.raises(ValueError, match="KV cache overflow"):
-        ours(_ids(5, B=1), cache=cache)
-
-
-def _record_selection(monkeypatch):
-    """Capture the top-k indices every layer selects."""
-    seen = []
-    real = mla_module.indexer_topk
-
-    def recording(*args, **kwargs):
-        out = real(*args, **kwargs)
-        seen.append(out)
-        return out
-
-    monkeypatch.setattr(mla_module, "indexer_topk", recording)
-    return seen
+        ours(token_ids(5, B=1), cache=cache)
 
 
 def test_decode_reads_only_selected_entries(ours, monkeypatch):
     cfg = ours.config
     T = 48
-    ids = _ids(T + 1, B=1, seed=5)
+    ids = token_ids(T + 1, B=1, seed=5)
     with torch.no_grad():
         cache = ours.new_cache(1, T + 1)
         ours(ids[:, :T], cache=cache)
         saved = (cache.kv_latent.clone(), cache.k_rope.clone(), cache.index_keys.clone())
 
-        seen = _record_selection(monkeypatch)
+        calls = record_indexer_topk(monkeypatch)
         reference = ours(ids[:, T:], cache=cache).logits
-        assert len(seen) == cfg.num_hidden_layers
+        assert len(calls) == cfg.num_hidden_layers
+        seen = [sel for *_, sel in calls]
         for sel in seen:
             assert sel.shape == (1, 1, cfg.index_topk)  # at most index_topk entries per query
             assert (sel >= 0).all()

@@ -5,33 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from model_helpers import record_indexer_topk, token_ids
 
-import dsv32.model.attention as mla_module
 from dsv32.dsa import indexer_topk
-
-
-def _ids(T, B=2, seed=0, vocab=128):
-    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
-
-
-def _record(monkeypatch):
-    """Every indexer_topk call of the model: its arguments and its result."""
-    calls = []
-    real = mla_module.indexer_topk
-
-    def recording(*args, **kwargs):
-        out = real(*args, **kwargs)
-        calls.append((args, kwargs, out))
-        return out
-
-    monkeypatch.setattr(mla_module, "indexer_topk", recording)
-    return calls
 
 
 @pytest.mark.parametrize("fmt", ["ue8m0", "float"])
 def test_the_model_selects_as_the_fp8_indexer(fresh_ours, monkeypatch, fmt):
-    ids = _ids(40)  # beyond index_topk = 11: every layer selects
-    calls = _record(monkeypatch)
+    ids = token_ids(40)  # beyond index_topk = 11: every layer selects
+    calls = record_indexer_topk(monkeypatch)
     with torch.no_grad():
         fresh_ours(ids)
         (q, w, keys, k), _, exact = calls[0]  # the first layer's inputs do not depend on any selection
@@ -46,7 +28,7 @@ def test_the_model_selects_as_the_fp8_indexer(fresh_ours, monkeypatch, fmt):
 def test_fp8_cached_decoding_equals_the_full_forward(fresh_ours):
     fresh_ours.set_indexer_fp8("ue8m0")
     T = 40
-    ids = _ids(T, seed=3)
+    ids = token_ids(T, seed=3)
     with torch.no_grad():
         full = fresh_ours(ids).logits
         cache = fresh_ours.new_cache(2, T)
