@@ -27,7 +27,7 @@ def test_parse_a_completion(tmp_path, capsys, fixture_messages):
     assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather", "get_weather"]
 
     path.write_text(completion[:-5], encoding="utf-8")
-    assert main(["chat", "parse", str(path)]) == 1
+    assert main(["chat", "parse", str(path)]) == 2
     assert "expected the end token" in capsys.readouterr().err
     assert main(["chat", "parse", str(path), "--lenient"]) == 0
     assert len(json.loads(capsys.readouterr().out)["problems"]) == 1
@@ -38,6 +38,6 @@ def test_template_and_errors(tmp_path, capsys):
     assert capsys.readouterr().out == chat_template()
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([{"role": "robot", "content": "x"}]))
-    assert main(["chat", "encode", str(bad)]) == 1
+    assert main(["chat", "encode", str(bad)]) == 2
     assert "message 0: unknown role 'robot'" in capsys.readouterr().err
-    assert main(["chat", "encode", str(tmp_path / "missing.json")]) == 1
+    assert main(["chat", "encode", str(tmp_path / "missing.json")]) == 2

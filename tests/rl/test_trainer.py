@@ -200,4 +200,4 @@ def test_cli_rl_train_and_eval(tmp_path, capsys):
     assert len(rows) == 2 and (tmp_path / "cli" / "eval.jsonl").is_file()
     assert main(["rl", "eval", str(recipe), "--no-progress"]) == 0
     assert '"accuracy"' in capsys.readouterr().out
-    assert main(["rl", "train", str(recipe), "--set", "grpo.group_size=1"]) == 1
+    assert main(["rl", "train", str(recipe), "--set", "grpo.group_size=1"]) == 2

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dsv32.errors import DSV32Error
 
-class ConversationError(ValueError):
+
+class ConversationError(DSV32Error, ValueError):
     """A message list that cannot be encoded.
 
     ``index`` is the position of the offending message in the full conversation (``context`` +
@@ -17,7 +19,7 @@ class ConversationError(ValueError):
         super().__init__(f"{where}: {problem}")
 
 
-class ParseError(ValueError):
+class ParseError(DSV32Error, ValueError):
     """A completion that is not one well-formed assistant turn.
 
     ``position`` is the character offset in the completion text where parsing failed and

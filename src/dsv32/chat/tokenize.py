@@ -13,9 +13,10 @@ from typing import Any, Literal
 from dsv32.chat import protocol as P
 from dsv32.chat.context import last_user_index
 from dsv32.chat.encode import render_segments
+from dsv32.errors import DSV32Error
 
 
-class TokenizerError(ValueError):
+class TokenizerError(DSV32Error, ValueError):
     """The tokenizer cannot represent the V3.2 format faithfully (special tokens missing)."""
 
 

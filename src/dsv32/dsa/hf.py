@@ -46,6 +46,7 @@ from torch import nn
 from dsv32.dsa.attention import dense_attention, prefer_dense, selection_mask, sparse_attention
 from dsv32.dsa.indexer import IndexerQueries, LightningIndexer, indexer_topk
 from dsv32.dsa.loss import indexer_kl_loss_chunked, oracle_topk
+from dsv32.errors import DSV32Error
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ CONFIG_FILE = "dsa_config.json"
 WEIGHTS_FILE = "dsa_indexer.safetensors"
 
 
-class DSAError(ValueError):
+class DSAError(DSV32Error, ValueError):
     """A model or checkpoint that DSA cannot be attached to or loaded into, or a bad DSA setting."""
 
 

@@ -17,8 +17,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from dsv32.errors import DSV32Error
 
-class ConfigError(ValueError):
+
+class ConfigError(DSV32Error, ValueError):
     """A model config is missing a field or its fields contradict each other."""
 
 

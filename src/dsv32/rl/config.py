@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsv32.errors import DSV32Error
 from dsv32.rl.rollout import SamplingConfig
 
 
-class RLConfigError(ValueError):
+class RLConfigError(DSV32Error, ValueError):
     """A recipe or override that does not fit the RL config schema."""
 
 

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dsv32.errors import DSV32Error
+
 MATH_TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 
 # For small models that do not know the \boxed{} convention: a short-answer instruction and a system
@@ -37,7 +39,7 @@ BRIEF_SYSTEM = (
 TEMPLATES = {"paper": (MATH_TEMPLATE, None), "brief": (BRIEF_TEMPLATE, BRIEF_SYSTEM)}
 
 
-class TaskError(ValueError):
+class TaskError(DSV32Error, ValueError):
     """A task source that cannot be read or does not fit the expected format."""
 
 

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from dsv32.dsa.hf import DSAConfig
+from dsv32.errors import DSV32Error
 
 STAGES = ("warmup", "sparse")
 
 
-class ConfigError(ValueError):
+class ConfigError(DSV32Error, ValueError):
     """A recipe or override that does not fit the config schema."""
 
 

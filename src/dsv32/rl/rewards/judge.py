@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dsv32.errors import DSV32Error
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -52,7 +54,7 @@ Score: X/{scale}
 where X is a number from 0 (fails the rubric) to {scale} (fully meets it)."""
 
 
-class RewardModelError(ValueError):
+class RewardModelError(DSV32Error, ValueError):
     """The reward model is misconfigured (no backend, bad URL, rejected key, wrong judge type)."""
 
 

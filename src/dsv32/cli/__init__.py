@@ -1,0 +1,93 @@
+"""The ``dsv32`` command. Each subcommand is a thin wrapper over a library function.
+
+Every command group lives in a module of this package with one ``add(sub)`` function; keep the work
+itself in the library. Errors are handled here, once for every command: the project's typed errors
+(:class:`dsv32.errors.DSV32Error`) and the usual user mistakes (a missing or unreadable file,
+malformed JSON/TOML, a bad flag value) print one line, ``dsv32 <command>: <what is wrong>``, and
+exit with code 2. Anything else is a bug and keeps its traceback; ``--debug`` shows the traceback of
+every error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+import tomllib
+
+from dsv32.errors import DSV32Error
+
+# The command groups, in the order ``dsv32 --help`` lists them: ``dsv32.cli.<name>.add(sub)``.
+GROUPS = ("model", "chat", "dsa", "rl")
+
+USAGE_EXIT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the command and pointing to its ``--help``."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(USAGE_EXIT, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="dsv32", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show the traceback of any error")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name in GROUPS:
+        importlib.import_module(f"dsv32.cli.{name}").add(sub)
+    return parser
+
+
+def command(p: argparse.ArgumentParser, run) -> None:
+    """Make ``run(args) -> exit code`` the action of parser ``p`` (its prog names it in errors)."""
+    p.set_defaults(func=run, prog=p.prog)
+    p.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of any error"
+    )
+
+
+def user_error(err: BaseException) -> str | None:
+    """The one-line message for a mistake the user can fix, or None for a bug."""
+    if isinstance(err, DSV32Error):
+        return str(err)
+    if isinstance(err, json.JSONDecodeError):
+        where = f" in {err.doc_path}" if getattr(err, "doc_path", None) else ""
+        return f"malformed JSON{where}: {err.msg} at line {err.lineno}, column {err.colno}"
+    if isinstance(err, tomllib.TOMLDecodeError):
+        return f"malformed TOML: {err}"
+    if isinstance(err, UnicodeDecodeError):
+        return f"not UTF-8 text: {err}"
+    if isinstance(err, FileNotFoundError):
+        return f"no such file or directory: {err.filename or err}"
+    if isinstance(err, IsADirectoryError):
+        return f"is a directory, expected a file: {err.filename or err}"
+    if isinstance(err, NotADirectoryError):
+        return f"not a directory: {err.filename or err}"
+    if isinstance(err, PermissionError):
+        return f"permission denied: {err.filename or err}"
+    if isinstance(err, OSError):
+        return f"{err.strerror or err}: {err.filename}" if err.filename else str(err)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"{args.prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        message = user_error(err)
+        if message is None or args.debug:
+            raise
+        print(f"{args.prog}: {' '.join(message.split())}", file=sys.stderr)
+        return USAGE_EXIT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""``dsv32 rl train|eval``: GRPO post-training as in V3.2."""
+
+from __future__ import annotations
+
+import argparse
+
+from dsv32.cli import command
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "rl", help="GRPO post-training as in V3.2 (unbiased KL, OPSM, Keep Routing/Sampling Mask)"
+    )
+    rsub = p.add_subparsers(dest="rl_cmd", required=True)
+    helps = {
+        "train": "rollouts → rewards → group advantages → mini-batch updates; metrics, plots, checkpoints",
+        "eval": "greedy held-out accuracy of a policy on the recipe's eval problems",
+    }
+
+    def run(args: argparse.Namespace) -> int:
+        from dsv32.rl import load_rl_config
+        from dsv32.rl.trainer import run_eval, train_grpo
+
+        overrides = list(args.set)
+        if args.policy:
+            overrides.append(f"policy.name={args.policy}")
+        if getattr(args, "steps", None):
+            overrides.append(f"grpo.steps={args.steps}")
+        if args.out:
+            overrides.append(f"out_dir={args.out}")
+        cfg = load_rl_config(args.config, overrides)
+        if args.rl_cmd == "eval":
+            run_eval(cfg, progress=not args.no_progress)
+            return 0
+        result = train_grpo(cfg, resume=not args.no_resume, progress=not args.no_progress)
+        print(result.summary())
+        return 0
+
+    for name, text in helps.items():
+        q = rsub.add_parser(name, help=text)
+        q.add_argument(
+            "config", nargs="?", help="TOML recipe (configs/rl-*.toml); default: built-in defaults"
+        )
+        q.add_argument("--out", help="output directory (default: the recipe's out_dir)")
+        q.add_argument("--policy", help="smollm2, tiny-llama, tiny-native, an HF dir or a native checkpoint")
+        q.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+        q.add_argument("--no-progress", action="store_true")
+        if name == "train":
+            q.add_argument("--steps", type=int)
+            q.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
+        command(q, run)
