@@ -29,9 +29,10 @@ from pathlib import Path
 
 import torch
 
+from dsv32.engine.models import ByteTokenizer, tiny_native_config
 from dsv32.rl.config import GRPOConfig
 from dsv32.rl.loss import group_advantages
-from dsv32.rl.policy import ByteTokenizer, Policy
+from dsv32.rl.policy import Policy
 from dsv32.rl.rollout import SamplingConfig, rollout
 from dsv32.rl.tasks import Task
 from dsv32.rl.trainer import grpo_update
@@ -68,7 +69,6 @@ def tiny_moe_policy(seed: int, expert_scale: float = 4.0) -> Policy:
     expert output), no group limit — unlike ``tiny-native``, whose 2-of-4 group-limited experts barely
     move its logits."""
     from dsv32.model import DeepseekV32
-    from dsv32.train.models import tiny_native_config
 
     torch.manual_seed(seed)
     cfg = tiny_native_config(

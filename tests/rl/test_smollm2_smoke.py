@@ -60,9 +60,9 @@ def test_grpo_raises_held_out_accuracy_on_smollm2(tmp_path):
 
 def test_native_policy_speaks_the_v32_format_when_its_tokenizer_does():
     from dsv32.chat import add_v32_special_tokens, encode_messages
+    from dsv32.engine.models import load_smollm2
     from dsv32.rl.policy import Policy
     from dsv32.rl.tasks import ArithmeticWordProblems
-    from dsv32.train.models import load_smollm2
 
     _, tok = load_smollm2()
     native = load_policy("tiny-native", device="cpu").model

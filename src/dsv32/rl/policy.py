@@ -23,27 +23,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dsv32.engine.models import ByteTokenizer, ModelLoadError, load_model
 from dsv32.rl.loss import token_logprobs
 from dsv32.rl.tasks import Task
 
 logger = logging.getLogger(__name__)
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as token ids 0..255 and 256 as end of text: a tokenizer for tiny test models."""
-
-    eos_token_id = 256
-    pad_token_id = 256
-    chat_template = None
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
-
-    def __len__(self) -> int:
-        return 257
 
 
 @dataclass
@@ -148,55 +132,9 @@ class Policy:
 
 def load_policy(name: str, *, thinking: bool = False, device: str = "auto") -> Policy:
     """``"smollm2"`` (SmolLM2-135M-Instruct, offline), ``"tiny-llama"`` / ``"tiny-native"`` (tiny random
-    models with a byte tokenizer, for tests), an HF model directory, or a native V3.2 checkpoint."""
-    from pathlib import Path
-
-    from dsv32.train.models import (
-        _is_native_checkpoint,
-        resolve_device,
-        tiny_llama_config,
-        tiny_native_config,
-    )
-
-    dev = resolve_device(device)
-    if name == "smollm2":
-        from dsv32.train.models import load_smollm2
-
-        model, tok = load_smollm2()
-        kind = "hf"
-    elif name == "tiny-llama":
-        from transformers import LlamaForCausalLM
-
-        torch.manual_seed(0)
-        model, tok, kind = LlamaForCausalLM(tiny_llama_config()), ByteTokenizer(), "hf"
-        model.generation_config.eos_token_id = ByteTokenizer.eos_token_id
-    elif name == "tiny-native":
-        from dsv32.model import DeepseekV32
-
-        torch.manual_seed(0)
-        cfg = tiny_native_config(eos_token_id=ByteTokenizer.eos_token_id, pad_token_id=256)
-        model, tok, kind = DeepseekV32(cfg), ByteTokenizer(), "native"
-    elif _is_native_checkpoint(Path(name)):
-        from transformers import AutoTokenizer
-
-        from dsv32.model import DeepseekV32
-
-        model, tok, kind = (
-            DeepseekV32.from_pretrained(name, dtype=torch.float32),
-            AutoTokenizer.from_pretrained(name),
-            "native",
-        )
-    else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        try:
-            model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
-            tok = AutoTokenizer.from_pretrained(name)
-        except OSError as err:
-            raise ValueError(
-                f"cannot load policy {name!r}: not 'smollm2', 'tiny-llama', 'tiny-native', a native V3.2 "
-                f"checkpoint, or an HF model directory available offline ({err})"
-            ) from err
-        kind = "hf"
-    model.to(dev)
-    return Policy(model, tok, kind, thinking=thinking, source=name)
+    models with a byte tokenizer, for tests), an HF model directory, or a native V3.2 checkpoint
+    (see :func:`dsv32.engine.models.load_model`)."""
+    loaded = load_model(name, device=device)
+    if loaded.tokenizer is None:
+        raise ModelLoadError(f"policy {name!r} has no tokenizer: save one beside its weights")
+    return Policy(loaded.model, loaded.tokenizer, loaded.kind, thinking=thinking, source=name)

