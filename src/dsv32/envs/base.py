@@ -1,0 +1,235 @@
+"""The environment interface every ``dsv32.envs`` environment implements (paper §3.2.3).
+
+It has the shape of OpenEnv's ``reset`` / ``step`` / ``state``, so adapters to OpenEnv, verifiers or
+TRL's ``environment_factory`` stay thin:
+
+- ``env.reset(task) -> messages``: the system prompt and the user's task, OpenAI-style;
+- ``env.tools() -> list[dict]``: OpenAI tool schemas (``{"type": "function", "function": {...}}``);
+- ``env.call(name, arguments) -> str``: run one tool call; a bad call returns an error text, it never
+  raises (the model sees the text next);
+- ``env.reward(trajectory) -> Reward``: the verifier, over the finished episode;
+- ``env.reference(task) -> list[dict]``: the task's reference solution as the assistant messages that
+  play it (``tool_calls`` turns, then a final answer) — ``--backend reference`` replays them through
+  the same tools and verifier, and must score 1.0;
+- ``env.state() -> dict``: what the episode has done so far (for logs and adapters);
+- ``env.close()``: free what the episode holds (kernels, sandboxes, copies of repositories).
+
+A trajectory is anything with ``messages`` (the OpenAI-style conversation, tool results included) and
+``final`` (the answer text, or None): :class:`dsv32.agent.Trajectory` is one; so is
+:class:`Episode` below, which tests and adapters can build by hand. This package never imports the agent.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from dsv32.errors import DSV32Error
+
+
+class EnvError(DSV32Error, ValueError):
+    """A bad task file, an unknown environment or task set, a task the environment cannot run."""
+
+
+@dataclass
+class Task:
+    """One task: a JSONL row ``{"id", "prompt", "answer", "domain", "info"}``. ``answer`` is the
+    ground truth for exact-answer tasks (None where a verifier in ``info`` decides); ``info`` holds
+    whatever else the environment needs (verifier data, a repository snapshot, a database)."""
+
+    id: str
+    prompt: str
+    answer: Any = None
+    domain: str = ""
+    info: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, row: dict, where: str = "task") -> Task:
+        if not isinstance(row, dict):
+            raise EnvError(f"{where}: a task is a JSON object, got {type(row).__name__}")
+        missing = [k for k in ("id", "prompt") if k not in row]
+        if missing:
+            raise EnvError(f"{where}: missing field(s) {missing} (a task needs id and prompt)")
+        unknown = sorted(set(row) - {"id", "prompt", "answer", "domain", "info"})
+        if unknown:
+            raise EnvError(f"{where}: unknown field(s) {unknown}; put extra data under 'info'")
+        if not isinstance(row["prompt"], str) or not row["prompt"].strip():
+            raise EnvError(f"{where}: 'prompt' must be a non-empty string")
+        info = row.get("info") or {}
+        if not isinstance(info, dict):
+            raise EnvError(f"{where}: 'info' must be a JSON object")
+        return cls(str(row["id"]), row["prompt"], row.get("answer"), str(row.get("domain", "")), info)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def load_tasks(path: str | Path) -> list[Task]:
+    """Tasks from a JSONL file (one object per line; blank lines skipped); errors name the line."""
+    path = Path(path)
+    tasks, seen = [], set()
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise EnvError(f"{path}:{n}: not JSON ({err.msg})") from err
+            task = Task.from_dict(row, f"{path}:{n}")
+            if task.id in seen:
+                raise EnvError(f"{path}:{n}: duplicate task id {task.id!r}")
+            seen.add(task.id)
+            tasks.append(task)
+    return tasks
+
+
+def save_tasks(tasks: Iterable[Task], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for task in tasks:
+            f.write(json.dumps(task.to_dict(), ensure_ascii=False) + "\n")
+    return path
+
+
+@dataclass
+class Reward:
+    """The verifier's verdict: ``value`` in [0, 1], named ``components`` and a human ``reason``."""
+
+    value: float
+    components: dict[str, float] = field(default_factory=dict)
+    reason: str = ""
+
+
+class TrajectoryLike(Protocol):
+    messages: list[dict]
+    final: str | None
+
+
+@dataclass
+class Episode:
+    """A minimal trajectory: the conversation and the final answer."""
+
+    messages: list[dict]
+    final: str | None = None
+
+
+def tool_schema(name: str, description: str, properties: dict, required: list[str] | None = None) -> dict:
+    """An OpenAI function-tool schema."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": properties,
+                "required": list(properties) if required is None else required,
+            },
+        },
+    }
+
+
+def tool_call(name: str, arguments: dict, call_id: str) -> dict:
+    """One OpenAI-style tool call (``arguments`` as a JSON string), for reference solutions."""
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+    }
+
+
+class Environment(ABC):
+    """Base class: subclasses set ``name`` and implement ``reset``, ``tools``, ``call``, ``reward``,
+    ``reference``; ``state`` and ``close`` have defaults."""
+
+    name: str = ""
+    description: str = ""
+
+    @abstractmethod
+    def reset(self, task: Task) -> list[dict]: ...
+
+    @abstractmethod
+    def tools(self) -> list[dict]: ...
+
+    @abstractmethod
+    def call(self, name: str, arguments: dict) -> str: ...
+
+    @abstractmethod
+    def reward(self, trajectory: TrajectoryLike) -> Reward: ...
+
+    @abstractmethod
+    def reference(self, task: Task) -> list[dict]: ...
+
+    def state(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        return None
+
+    def __enter__(self) -> Environment:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass
+class EnvSpec:
+    """A registered environment: how to build it and which task sets it ships (name → loader)."""
+
+    name: str
+    description: str
+    factory: Callable[..., Environment]
+    task_sets: dict[str, Callable[[], list[Task]]] = field(default_factory=dict)
+
+
+_REGISTRY: dict[str, EnvSpec] = {}
+
+
+def register(spec: EnvSpec) -> EnvSpec:
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+# The modules of the shipped environments; each registers itself with :func:`register` on import.
+SHIPPED = ()
+
+
+def _load_shipped() -> None:
+    import importlib
+
+    for module in SHIPPED:
+        importlib.import_module(f"dsv32.envs.{module}")
+
+
+def registry() -> dict[str, EnvSpec]:
+    """Every registered environment: the shipped ones and any registered by the user."""
+    _load_shipped()
+    return dict(_REGISTRY)
+
+
+def get_env(name: str) -> EnvSpec:
+    _load_shipped()
+    if name not in _REGISTRY:
+        raise EnvError(f"unknown environment {name!r}; known: {', '.join(sorted(_REGISTRY)) or 'none'}")
+    return _REGISTRY[name]
+
+
+def resolve_tasks(env: str, tasks: str | None = None) -> list[Task]:
+    """Tasks for environment ``env``: a JSONL path, one of its registered task sets by name, or (None)
+    its first task set."""
+    spec = get_env(env)
+    if tasks is not None and Path(tasks).suffix == ".jsonl":
+        return load_tasks(tasks)
+    if not spec.task_sets:
+        raise EnvError(f"environment {env!r} ships no task set; pass a JSONL file of tasks")
+    key = tasks or next(iter(spec.task_sets))
+    if key not in spec.task_sets:
+        raise EnvError(f"environment {env!r} has no task set {key!r}; known: {', '.join(spec.task_sets)}")
+    return spec.task_sets[key]()
