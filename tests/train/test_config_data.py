@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dsv32.train.config import ConfigError, StageConfig, load_run_config
+from dsv32.train.config import DataConfig, StageConfig, TrainConfigError, load_run_config
 from dsv32.train.data import is_held_out, list_documents, load_token_data, sequence_order
 from dsv32.train.pipeline import config_from_cli, demo_config
 
@@ -33,25 +33,25 @@ def test_recipes_in_configs_load_and_the_demo_recipe_matches_the_built_in_one():
             continue  # GRPO recipes: tests/rl
         cfg = load_run_config(path)
         assert cfg.warmup.stage == "warmup" and cfg.sparse.stage == "sparse", path
-    file_cfg = load_run_config(ROOT / "configs" / "smollm2-demo.toml")
-    assert file_cfg.to_dict() == demo_config().to_dict()
+    demo = demo_config()  # the shipped recipe file, as `dsv32 demo` reads it
+    assert demo.model.name == "smollm2" and demo.dsa.index_topk == 256 and demo.out_dir == "runs/demo"
+    assert demo.warmup.steps == 240 and demo.warmup.replay == 10 and demo.sparse.steps == 2
 
 
 def test_overrides_defaults_and_errors(tmp_path):
-    cfg = load_run_config(
-        None, ["warmup.steps=7", "dsa.layers=[0, 2]", "data.source=some/dir", "sparse.lr=1e-5"]
-    )
-    assert cfg.warmup.steps == 7 and cfg.dsa.layers == [0, 2] and cfg.data.source == "some/dir"
+    source = f"data.source={json.dumps(str(tmp_path))}"
+    cfg = load_run_config(None, ["warmup.steps=7", "dsa.layers=[0, 2]", source, "sparse.lr=1e-5"])
+    assert cfg.warmup.steps == 7 and cfg.dsa.layers == [0, 2] and cfg.data.source == str(tmp_path)
     assert cfg.warmup.lr == 1e-3 and cfg.sparse.lr == 1e-5  # unset lr → the paper's value for the stage
-    with pytest.raises(ConfigError, match="unknown keys"):
+    with pytest.raises(TrainConfigError, match="unknown keys"):
         load_run_config(None, ["warmup.stepz=3"])
-    with pytest.raises(ConfigError, match="unknown sections"):
+    with pytest.raises(TrainConfigError, match="unknown sections"):
         load_run_config(None, ["optim.lr=3"])
-    with pytest.raises(ConfigError, match="replay"):
+    with pytest.raises(TrainConfigError, match="replay"):
         StageConfig(stage="sparse", replay=2)
     bad = tmp_path / "bad.toml"
     bad.write_text("[warmup\n")
-    with pytest.raises(ConfigError, match="not valid TOML"):
+    with pytest.raises(TrainConfigError, match="not valid TOML"):
         load_run_config(bad)
     cfg, out = config_from_cli(
         "eval", {"model": "m", "seq_len": 512, "topk": 64, "set": ["eval.sequences=3"], "out": str(tmp_path)}
@@ -98,11 +98,13 @@ def test_documents_split_by_name_and_pack(tmp_path):
     assert data.eval_sequences(32).shape[1] == 32
     again = load_token_data(cfg, CharTokenizer(), 10_000, 2_000)
     assert torch.equal(again.train_stream, data.train_stream)
-    with pytest.raises(ConfigError, match="neither"):
-        list_documents(load_run_config(None, ["data.source=/no/such/path"]).data)
+    with pytest.raises(TrainConfigError, match="existing files"):  # checked when the recipe is read
+        load_run_config(None, ["data.source=/no/such/path"])
+    with pytest.raises(TrainConfigError, match="neither"):  # and by the reader itself
+        list_documents(DataConfig(source="/no/such/path"))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"body": "x"}\n')
-    with pytest.raises(ConfigError, match="text_field"):
+    with pytest.raises(TrainConfigError, match="text_field"):
         load_token_data(
             load_run_config(None, [f"data.source={json.dumps(str(bad))}"]).data, CharTokenizer(), 100, 100
         )

@@ -25,10 +25,12 @@
 from dsv32.dsa.attention import (
     DENSE_CROSSOVER_RATIO,
     MLA_KERNEL_CROSSOVER_RATIO,
+    SPARSE_IMPLS,
     dense_attention,
     dense_mla_attention,
     masked_softmax,
     mla_kernel_would_run,
+    nonempty_rows,
     prefer_dense,
     selection_mask,
     sparse_attention,
@@ -70,6 +72,7 @@ from dsv32.dsa.rope import apply_rotary
 __all__ = [
     "DENSE_CROSSOVER_RATIO",
     "MLA_KERNEL_CROSSOVER_RATIO",
+    "SPARSE_IMPLS",
     "DSAConfig",
     "DSAError",
     "DSAHandle",
@@ -95,6 +98,7 @@ __all__ = [
     "load_dsa",
     "masked_softmax",
     "mla_kernel_would_run",
+    "nonempty_rows",
     "oracle_topk",
     "prefer_dense",
     "quantize_e4m3",

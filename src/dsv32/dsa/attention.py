@@ -79,6 +79,20 @@ def mla_kernel_would_run(x: torch.Tensor) -> bool:
     )
 
 
+# How sparse attention is computed: "gather" (O(L·k)), "masked" (dense scores masked to the
+# selection, the O(L²) reference) or "auto" (masked below the measured crossover, see prefer_dense).
+SPARSE_IMPLS = ("auto", "gather", "masked")
+
+
+def nonempty_rows(mask: torch.Tensor) -> torch.Tensor:
+    """Give rows of ``mask`` ``[B, T, S]`` (end-aligned queries) that allow nothing — padded queries —
+    their own position, so attention never sees an empty row (NaN, which would reach real tokens
+    through ``0 · NaN``)."""
+    T, S = mask.shape[-2:]
+    own = torch.arange(T, device=mask.device).unsqueeze(1) + (S - T) == torch.arange(S, device=mask.device)
+    return mask | (own & ~mask.any(dim=-1, keepdim=True))
+
+
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim restricted to ``mask``; rows with no valid entry give all zeros
     (instead of NaN), which is what a padded query needs."""

@@ -39,20 +39,28 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import nn
 
-from dsv32.dsa.attention import dense_attention, prefer_dense, selection_mask, sparse_attention
+from dsv32.dsa.attention import (
+    SPARSE_IMPLS,
+    dense_attention,
+    nonempty_rows,
+    prefer_dense,
+    selection_mask,
+    sparse_attention,
+)
 from dsv32.dsa.indexer import IndexerQueries, LightningIndexer, indexer_topk
 from dsv32.dsa.loss import indexer_kl_loss_chunked, oracle_topk
 from dsv32.errors import DSV32Error
+from dsv32.recipe import Rule, at_least, each, one_of
 
 logger = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 MODES = ("off", "dense", "sparse")
-SPARSE_IMPLS = ("auto", "gather", "masked")
 CONFIG_FILE = "dsa_config.json"
 WEIGHTS_FILE = "dsa_indexer.safetensors"
 
@@ -78,6 +86,16 @@ class DSAConfig:
             :func:`~dsv32.dsa.prefer_dense`).
         seed: seed of the indexers' random initialization (layer i uses ``seed + i``).
     """
+
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "index_n_heads": at_least(1),
+        "index_head_dim": at_least(1),
+        "index_topk": at_least(1),
+        "index_rope_head_dim": at_least(0),
+        "layers": each(at_least(0)),
+        "mode": one_of(*MODES),
+        "sparse_impl": one_of(*SPARSE_IMPLS),
+    }
 
     index_n_heads: int = 4
     index_head_dim: int = 64
@@ -415,13 +433,6 @@ def _key_padding(attention_mask, S: int) -> torch.Tensor | None:
     return None if bool(real.all()) else real
 
 
-def _nonempty(mask: torch.Tensor) -> torch.Tensor:
-    """Give rows of ``mask`` ``[B, T, S]`` that allow nothing (padded queries) their own position."""
-    T, S = mask.shape[-2:]
-    own = torch.arange(T, device=mask.device).unsqueeze(1) + (S - T) == torch.arange(S, device=mask.device)
-    return mask | (own & ~mask.any(dim=-1, keepdim=True))
-
-
 def _index_keys(attn, past_key_values, new_keys: torch.Tensor, S: int) -> torch.Tensor:
     """All ``S`` index keys: those of earlier tokens are kept on the cache object beside its K/V."""
     if past_key_values is None:
@@ -562,7 +573,7 @@ def _dsa_forward(
         cfg.sparse_impl == "auto" and fresh and prefer_dense(T, S, cfg.index_topk)
     )
     if masked:  # the readable O(T·S) reference: dense scores masked to the selection
-        out = dense_attention(qt, kt, vt, self.scaling, _nonempty(selection_mask(topk_indices, S)))
+        out = dense_attention(qt, kt, vt, self.scaling, nonempty_rows(selection_mask(topk_indices, S)))
     else:
         out = sparse_attention(qt, kt, vt, topk_indices, self.scaling)
     return self.o_proj(out.reshape(B, T, -1)), None

@@ -38,6 +38,7 @@ from dsv32.dsa import (
     indexer_kl_loss_chunked,
     indexer_topk,
     mla_kernel_would_run,
+    nonempty_rows,
     prefer_dense,
     selection_mask,
     sparse_mla_attention_absorbed,
@@ -48,7 +49,6 @@ from dsv32.model.config import ModelConfig
 from dsv32.model.layers import RMSNorm
 
 DSA_MODES = ("sparse", "dense")
-SPARSE_IMPLS = ("auto", "gather", "masked")
 
 
 class MLA(nn.Module):
@@ -167,7 +167,7 @@ class MLA(nn.Module):
             if topk_indices is None:
                 mask = _attention_mask(T, S, key_padding_mask, x.device)
             else:  # the masked-dense reference: O(T·S) scores, masked to the selection
-                mask = _nonempty(selection_mask(topk_indices, S))
+                mask = nonempty_rows(selection_mask(topk_indices, S))
             attend = self._mha if start == 0 else self._mqa
             out = attend(q_nope, q_rope, kv_latent, k_rope, mask=mask)
         return self.o_proj(out.reshape(B, T, H * self.v_head_dim))
@@ -212,18 +212,8 @@ class MLA(nn.Module):
         return torch.einsum("bthc,hdc->bthd", latent_out, w_uv)
 
 
-def _nonempty(mask: torch.Tensor) -> torch.Tensor:
-    """Give rows of ``mask`` ``[B, T, S]`` that allow nothing (padded queries) their own position, so
-    attention never sees an empty row (NaN, which would reach real tokens through ``0 · NaN``)."""
-    T, S = mask.shape[-2:]
-    self_pos = torch.arange(T, device=mask.device).unsqueeze(1) + (S - T) == torch.arange(
-        S, device=mask.device
-    )
-    return mask | (self_pos & ~mask.any(dim=-1, keepdim=True))
-
-
 def _attention_mask(T: int, S: int, key_padding_mask: torch.Tensor | None, device) -> torch.Tensor | None:
     """Causal (end-aligned) mask ``[B, T, S]`` without padding keys; ``None`` when plainly causal."""
     if key_padding_mask is None:
         return None if T == S else visible_mask(T, S, device)
-    return _nonempty(visible_mask(T, S, device, key_padding_mask))
+    return nonempty_rows(visible_mask(T, S, device, key_padding_mask))

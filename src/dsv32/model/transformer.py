@@ -12,8 +12,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dsv32.dsa import SPARSE_IMPLS
 from dsv32.dsa.fp8 import SCALE_FORMATS
-from dsv32.model.attention import DSA_MODES, MLA, SPARSE_IMPLS
+from dsv32.model.attention import DSA_MODES, MLA
 from dsv32.model.cache import KVCache
 from dsv32.model.config import ModelConfig
 from dsv32.model.layers import MLP, RMSNorm

@@ -7,13 +7,25 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from dsv32.errors import DSV32Error
+from dsv32.recipe import (
+    NON_NEGATIVE,
+    POSITIVE,
+    RecipeError,
+    Rule,
+    at_least,
+    build_section,
+    check_fields,
+    each,
+    in_range,
+    one_of,
+    read_recipe,
+)
 from dsv32.rl.rollout import SamplingConfig
 
 
-class RLConfigError(DSV32Error, ValueError):
+class RLConfigError(RecipeError):
     """A recipe or override that does not fit the RL config schema."""
 
 
@@ -21,6 +33,8 @@ class RLConfigError(DSV32Error, ValueError):
 class PolicyConfig:
     """``name``: ``"smollm2"``, ``"tiny-llama"``, ``"tiny-native"``, an HF model dir, or a native V3.2
     checkpoint. ``thinking``: V3.2-format prompts in thinking mode (native models that speak it)."""
+
+    RANGES: ClassVar[dict[str, Rule]] = {}
 
     name: str = "smollm2"
     device: str = "auto"
@@ -43,6 +57,27 @@ class GRPOConfig:
       extra forward) or ``"recompute"`` (a no-grad training-side forward before the updates);
     - ``advantage_scale``: ``"none"`` (the paper: R − mean) or ``"std"`` (original GRPO).
     """
+
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "steps": at_least(1),
+        "prompts_per_step": at_least(1),
+        "group_size": at_least(2),  # advantages are relative to the group
+        "mini_batches": at_least(1),
+        "epochs": at_least(1),
+        "micro_batch": at_least(1),
+        "lr": POSITIVE,
+        "weight_decay": NON_NEGATIVE,
+        "betas": each(in_range(0.0, 0.9999999)),
+        "warmup_steps": NON_NEGATIVE,
+        "clip_grad": POSITIVE,
+        "clip_eps": Rule(lambda v: 0 < v < 1, "in (0, 1)"),
+        "kl_coef": NON_NEGATIVE,
+        "domain_kl_coef": each(NON_NEGATIVE),
+        "kl_estimator": one_of("unbiased", "k3"),
+        "opsm_delta": NON_NEGATIVE,
+        "old_logprobs": one_of("sampling", "recompute"),
+        "advantage_scale": one_of("none", "std"),
+    }
 
     steps: int = 100
     prompts_per_step: int = 8
@@ -95,6 +130,13 @@ class SourceConfig:
     (``path``); ``weight`` in the mix; arithmetic options ``kinds``, ``max_operand`` and ``template``
     (``"paper"``: the paper's math prompt; ``"brief"``: short answers, one-example system prompt)."""
 
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "kind": one_of("arithmetic", "jsonl"),
+        "weight": POSITIVE,
+        "max_operand": at_least(1),
+        "template": one_of("paper", "brief"),
+    }
+
     kind: str = "arithmetic"
     weight: float = 1.0
     path: str = ""
@@ -103,11 +145,22 @@ class SourceConfig:
     max_operand: int = 20
     template: str = "paper"
 
+    def __post_init__(self) -> None:
+        if self.kind == "jsonl" and not Path(self.path).is_file():
+            raise RLConfigError(f"path = {self.path!r}: a jsonl source needs an existing JSONL file")
+
 
 @dataclass
 class EvalConfig:
     """Held-out accuracy (greedy) on ``problems`` arithmetic eval-split problems, before training,
     every ``every`` steps (0: only at the end) and after."""
+
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "problems": NON_NEGATIVE,
+        "every": NON_NEGATIVE,
+        "max_new_tokens": at_least(1),
+        "batch_size": at_least(1),
+    }
 
     problems: int = 64
     every: int = 0
@@ -135,47 +188,50 @@ class RLConfig:
 _SECTIONS = {"policy": PolicyConfig, "sampling": SamplingConfig, "grpo": GRPOConfig, "eval": EvalConfig}
 
 
+@dataclass
+class _TopLevel:
+    """The recipe's top-level keys (checked like a section)."""
+
+    RANGES: ClassVar[dict[str, Rule]] = {"save_every": NON_NEGATIVE, "log_every": at_least(1)}
+
+    out_dir: str = "runs/rl"
+    seed: int = 0
+    save_every: int = 0
+    log_every: int = 1
+
+
 def _build(cls, data: Any, where: str):
-    if not isinstance(data, dict):
-        raise RLConfigError(f"[{where}] must be a table, got {type(data).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise RLConfigError(f"unknown keys in [{where}]: {unknown}; known: {sorted(known)}")
-    try:
-        return cls(**data)
-    except TypeError as err:
-        raise RLConfigError(f"[{where}]: {err}") from err
+    return build_section(cls, data, where, error=RLConfigError)
 
 
 def rl_config_from_dict(data: dict[str, Any]) -> RLConfig:
-    """Nested dicts (TOML) → :class:`RLConfig`; missing sections and fields keep their defaults."""
+    """Nested dicts (TOML) → :class:`RLConfig`; missing sections and fields keep their defaults; every
+    field is checked (:mod:`dsv32.recipe`)."""
     base = RLConfig().to_dict()
     top = {"out_dir", "seed", "save_every", "log_every", "sources", "rewards"}
     unknown = sorted(set(data) - set(_SECTIONS) - top)
     if unknown:
         raise RLConfigError(f"unknown sections {unknown}; known: {sorted(_SECTIONS)} and {sorted(top)}")
-    kwargs: dict[str, Any] = {
-        name: _build(cls, {**base[name], **data.get(name, {})}, name) for name, cls in _SECTIONS.items()
-    }
+    kwargs: dict[str, Any] = {}
+    for name, cls in _SECTIONS.items():
+        given = data.get(name, {})
+        if not isinstance(given, dict):
+            raise RLConfigError(f"[{name}] must be a table")
+        kwargs[name] = _build(cls, {**base[name], **given}, name)
     sources = data.get("sources", base["sources"])
     if not isinstance(sources, list) or not sources:
         raise RLConfigError("sources must be a non-empty array of tables ([[sources]])")
     kwargs["sources"] = [_build(SourceConfig, s, f"sources.{i}") for i, s in enumerate(sources)]
     rewards = data.get("rewards", {})
-    if not isinstance(rewards, dict):
+    if not isinstance(rewards, dict) or not all(isinstance(v, dict) for v in rewards.values()):
         raise RLConfigError("[rewards] must be a table of per-domain tables")
-    for name in ("out_dir", "seed", "save_every", "log_every"):
-        kwargs[name] = data.get(name, base[name])
+    scalars = {k: data[k] for k in ("out_dir", "seed", "save_every", "log_every") if k in data}
+    kwargs |= check_fields(
+        _TopLevel, {**dataclasses.asdict(_TopLevel()), **scalars}, "top level", RLConfigError
+    )
     return RLConfig(**kwargs, rewards=rewards)
 
 
 def load_rl_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RLConfig:
     """Read a TOML recipe (defaults when ``path`` is None) and apply ``section.field=value`` overrides."""
-    from dsv32.train.config import ConfigError, read_recipe
-
-    try:
-        data = read_recipe(path, overrides)
-    except ConfigError as err:
-        raise RLConfigError(str(err)) from err
-    return rl_config_from_dict(data)
+    return rl_config_from_dict(read_recipe(path, overrides, error=RLConfigError))

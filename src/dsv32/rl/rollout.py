@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from dsv32.engine import generate
+from dsv32.recipe import NON_NEGATIVE, OPEN_UNIT, Rule, at_least
 from dsv32.rl.policy import Policy
 from dsv32.rl.tasks import Task
 
@@ -33,6 +35,15 @@ class SamplingConfig:
 
     ``max_new_tokens`` bounds each turn; ``max_turns`` the turns of a multi-turn episode;
     ``max_total_tokens`` the whole completion (turns + appended tool text)."""
+
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "temperature": NON_NEGATIVE,
+        "top_p": OPEN_UNIT,
+        "top_k": NON_NEGATIVE,
+        "max_new_tokens": at_least(1),
+        "max_turns": at_least(1),
+        "max_total_tokens": at_least(1),
+    }
 
     temperature: float = 1.0
     top_p: float = 1.0

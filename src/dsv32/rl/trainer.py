@@ -21,7 +21,6 @@ import copy
 import json
 import logging
 import math
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -36,7 +35,7 @@ from dsv32.rl.rewards import RewardFunction
 from dsv32.rl.rewards_setup import build_reward_fn, score
 from dsv32.rl.rollout import Rollouts, SamplingConfig, TurnHook, rollout
 from dsv32.rl.tasks import ArithmeticWordProblems, JsonlTasks, MixedTasks, Task
-from dsv32.train.trainer import truncate_metrics
+from dsv32.runlog import StepCheckpoints, append_metrics, truncate_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -222,40 +221,6 @@ def _batch_logprobs(policy: Policy, batch: Rollouts, cfg: GRPOConfig, temperatur
     )
 
 
-class _Checkpoints:
-    """``out_dir/checkpoints/step_NNNNNN/{policy.safetensors, optimizer.pt, state.json}`` (last ``keep``)."""
-
-    def __init__(self, out: Path, keep: int = 1) -> None:
-        self.root, self.keep = out / "checkpoints", keep
-
-    def latest(self) -> Path | None:
-        done = sorted(p for p in self.root.glob("step_*") if (p / "state.json").is_file())
-        return done[-1] if done else None
-
-    def save(self, step: int, policy: Policy, optimizer) -> None:
-        from safetensors.torch import save_model
-
-        final, tmp = self.root / f"step_{step:06d}", self.root / f".tmp_{step:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        save_model(policy.model, str(tmp / "policy.safetensors"))
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        (tmp / "state.json").write_text(json.dumps({"step": step}))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        for old in sorted(self.root.glob("step_*"))[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
-
-    def load(self, path: Path, policy: Policy, optimizer) -> int:
-        from safetensors.torch import load_model
-
-        load_model(policy.model, str(path / "policy.safetensors"), device=str(policy.device))
-        optimizer.load_state_dict(
-            torch.load(path / "optimizer.pt", map_location=policy.device, weights_only=False)
-        )
-        return int(json.loads((path / "state.json").read_text())["step"])
-
-
 def train_grpo(
     cfg: RLConfig,
     *,
@@ -304,12 +269,12 @@ def train_grpo(
         lr=g.lr,
         betas=tuple(g.betas),
     )
-    ckpts = _Checkpoints(out)
+    ckpts = StepCheckpoints(out, keep=1)
     metrics_path, eval_path = out / "metrics.jsonl", out / "eval.jsonl"
     step = 0
     result = RLResult(out, 0, 0.0)
     if resume and (latest := ckpts.latest()) is not None:
-        step = ckpts.load(latest, policy, optimizer)
+        step = ckpts.load(latest, policy.model, optimizer)
         truncate_metrics(metrics_path, step)
         logger.info("rl: resumed from %s (step %d)", latest, step)
     else:
@@ -326,8 +291,7 @@ def train_grpo(
             record = grpo_step(policy, ref, optimizer, tasks, reward_fn, cfg, g, step, hook)
             step += 1
             record["seconds"] = round(time.time() - start, 2)
-            with metrics_path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+            append_metrics(metrics_path, record)
             result.metrics.append(record)
             if on_step is not None:
                 on_step(record)
@@ -336,7 +300,7 @@ def train_grpo(
             if cfg.eval.every and step % cfg.eval.every == 0 and step < g.steps and held_out:
                 _eval(policy, held_out, reward_fn, cfg, step, eval_path, progress)
             if (cfg.save_every and step % cfg.save_every == 0) or step == last:
-                ckpts.save(step, policy, optimizer)
+                ckpts.save(step, policy.model, optimizer)
     finally:
         bar.close()
         policy.model.eval()

@@ -8,21 +8,21 @@
 - :mod:`~dsv32.train.demo` — the main job: SmolLM2 → DSA → warm-up → sparse → evaluation report.
 """
 
+from dsv32.runlog import read_metrics
 from dsv32.train.config import (
-    ConfigError,
     DataConfig,
     EvalConfig,
     ModelSpec,
     RunConfig,
     StageConfig,
+    TrainConfigError,
     load_run_config,
 )
 from dsv32.train.data import TokenData, load_token_data
 from dsv32.train.models import DSAModel, load_dsa_model
-from dsv32.train.trainer import StageResult, read_metrics, train_stage
+from dsv32.train.trainer import StageResult, train_stage
 
 __all__ = [
-    "ConfigError",
     "DSAModel",
     "DataConfig",
     "EvalConfig",
@@ -31,6 +31,7 @@ __all__ = [
     "StageConfig",
     "StageResult",
     "TokenData",
+    "TrainConfigError",
     "load_dsa_model",
     "load_run_config",
     "load_token_data",

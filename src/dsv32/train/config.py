@@ -7,20 +7,34 @@ overrides any subset, and the CLI overrides single fields with ``--set section.f
 from __future__ import annotations
 
 import dataclasses
-import json
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from dsv32.dsa.hf import DSAConfig
-from dsv32.errors import DSV32Error
+from dsv32.recipe import (
+    NON_NEGATIVE,
+    POSITIVE,
+    UNIT,
+    RecipeError,
+    Rule,
+    at_least,
+    build_section,
+    each,
+    in_range,
+    one_of,
+    read_recipe,
+)
 
 STAGES = ("warmup", "sparse")
 
 
-class ConfigError(DSV32Error, ValueError):
-    """A recipe or override that does not fit the config schema."""
+class TrainConfigError(RecipeError):
+    """A recipe or override that does not fit the DSA training config schema."""
+
+
+def _sources_exist(source: str) -> bool:
+    return all(part.strip() == "stdlib" or Path(part.strip()).exists() for part in source.split(","))
 
 
 @dataclass
@@ -34,6 +48,8 @@ class ModelSpec:
     (autocast; master weights and optimizer state stay fp32). ``device``: ``"auto"``, ``"cpu"``,
     ``"cuda"``...
     """
+
+    RANGES: ClassVar[dict[str, Rule]] = {"dtype": one_of("float32", "bfloat16")}
 
     name: str = "smollm2"
     dtype: str = "float32"
@@ -52,6 +68,14 @@ class DataConfig:
     token and cut into sequences; at most ``max_train_tokens`` / ``max_eval_tokens`` are tokenized
     (None: as needed by the run).
     """
+
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "source": Rule(_sources_exist, "'stdlib' or existing files/directories, separated by ','"),
+        "seq_len": at_least(2),
+        "eval_percent": in_range(0, 100),
+        "max_train_tokens": at_least(1),
+        "max_eval_tokens": at_least(1),
+    }
 
     source: str = "stdlib"
     text_field: str = "text"
@@ -81,6 +105,27 @@ class StageConfig:
     model, it only reuses data).
     """
 
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "stage": one_of(*STAGES),
+        "steps": at_least(1),
+        "batch_size": at_least(1),
+        "grad_accum": at_least(1),
+        "lr": POSITIVE,
+        "indexer_lr": POSITIVE,
+        "weight_decay": NON_NEGATIVE,
+        "betas": each(in_range(0.0, 0.9999999)),
+        "warmup_steps": NON_NEGATIVE,
+        "min_lr_ratio": UNIT,
+        "clip_grad": POSITIVE,
+        "index_topk": at_least(1),
+        "loss_queries": at_least(1),
+        "replay": at_least(1),
+        "replay_pool": at_least(1),
+        "save_every": NON_NEGATIVE,
+        "keep_checkpoints": at_least(1),
+        "log_every": at_least(1),
+    }
+
     stage: str = "warmup"
     steps: int = 1000
     batch_size: int = 16
@@ -103,14 +148,16 @@ class StageConfig:
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
-            raise ConfigError(f"stage must be one of {STAGES}, got {self.stage!r}")
+            raise TrainConfigError(f"stage must be one of {STAGES}, got {self.stage!r}")
         if self.lr is None:
             self.lr = 1e-3 if self.stage == "warmup" else 7.3e-6
         if self.replay > 1 and self.stage != "warmup":
-            raise ConfigError("replay > 1 needs a frozen model: only the warm-up stage can reuse activations")
+            raise TrainConfigError(
+                "replay > 1 needs a frozen model: only the warm-up stage can reuse activations"
+            )
         for name in ("steps", "batch_size", "grad_accum", "replay", "replay_pool"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise TrainConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     @property
     def sequences_per_step(self) -> int:
@@ -123,6 +170,13 @@ class EvalConfig:
     held-out sequences; attention recall (and the oracle's) at each top-k; ``untrained`` adds the
     same numbers for freshly initialized indexers (the baseline); ``oracle`` the perplexity with the
     oracle top-k selection (the best any indexer could reach at that k)."""
+
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "seq_lens": each(at_least(2)),
+        "topks": each(at_least(1)),
+        "sequences": at_least(1),
+        "batch_size": at_least(1),
+    }
 
     seq_lens: list[int] = field(default_factory=lambda: [2048])
     topks: list[int] = field(default_factory=lambda: [256])
@@ -149,78 +203,33 @@ class RunConfig:
         return dataclasses.asdict(self)
 
 
-def _build(cls, data: dict[str, Any], where: str):
-    if not isinstance(data, dict):
-        raise ConfigError(f"[{where}] must be a table, got {type(data).__name__}")
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown keys in [{where}]: {unknown}; known: {sorted(known)}")
-    return cls(**data)
-
-
 def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
-    """Build a :class:`RunConfig` from nested dicts (missing sections and fields keep their defaults)."""
+    """Build a :class:`RunConfig` from nested dicts (missing sections and fields keep their defaults);
+    every field is checked (:mod:`dsv32.recipe`)."""
     base = RunConfig().to_dict()
     sections = {"model": ModelSpec, "dsa": DSAConfig, "data": DataConfig, "warmup": StageConfig}
     sections |= {"sparse": StageConfig, "eval": EvalConfig}
     unknown = sorted(set(data) - set(sections) - {"out_dir"})
     if unknown:
-        raise ConfigError(f"unknown sections {unknown}; known: {sorted(sections)} and out_dir")
+        raise TrainConfigError(f"unknown sections {unknown}; known: {sorted(sections)} and out_dir")
     kwargs: dict[str, Any] = {}
     for name, cls in sections.items():
-        merged = {**base[name], **data.get(name, {})}
+        given = data.get(name, {})
+        if not isinstance(given, dict):
+            raise TrainConfigError(f"[{name}] must be a table")
+        merged = {**base[name], **given}
         if name in ("warmup", "sparse"):
             merged["stage"] = name
-            if "lr" not in data.get(name, {}):
+            if "lr" not in given:
                 merged["lr"] = None
-        try:
-            kwargs[name] = _build(cls, merged, name)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"[{name}]: {err}") from err
-    return RunConfig(**kwargs, out_dir=str(data.get("out_dir", base["out_dir"])))
-
-
-def read_recipe(path: str | Path | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
-    """A TOML recipe as a dict (empty when ``path`` is None) with ``section.field=value`` overrides
-    applied (values parsed as TOML/JSON literals, else taken as strings)."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except OSError as err:
-            raise ConfigError(f"cannot read recipe {path}: {err}") from err
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"{path} is not valid TOML: {err}") from err
-    for item in overrides or []:
-        apply_override(data, item)
-    return data
+        kwargs[name] = build_section(cls, merged, name, error=TrainConfigError)
+    out_dir = data.get("out_dir", base["out_dir"])
+    if not isinstance(out_dir, str) or not out_dir:
+        raise TrainConfigError(f"out_dir = {out_dir!r}: must be a non-empty string (a directory)")
+    return RunConfig(**kwargs, out_dir=out_dir)
 
 
 def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Read a TOML recipe (or the defaults when ``path`` is None) and apply overrides
     (:func:`read_recipe`)."""
-    return run_config_from_dict(read_recipe(path, overrides))
-
-
-def apply_override(data: dict[str, Any], item: str) -> None:
-    """``"warmup.steps=50"`` → ``data["warmup"]["steps"] = 50`` (in place)."""
-    key, sep, raw = item.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(f"override {item!r} must look like section.field=value")
-    value: Any
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        try:
-            value = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = raw
-    parts = key.strip().split(".")
-    node = data
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"override {item!r}: {part} is not a section")
-    node[parts[-1]] = value
+    return run_config_from_dict(read_recipe(path, overrides, error=TrainConfigError))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from dsv32.train.config import ConfigError, DataConfig
+from dsv32.train.config import DataConfig, TrainConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -40,16 +40,16 @@ class Document:
             for i, raw in enumerate(f):
                 if i == self.line:
                     return _jsonl_text(raw, self.path, i, text_field)
-        raise ConfigError(f"{self.path} has no line {self.line}")
+        raise TrainConfigError(f"{self.path} has no line {self.line}")
 
 
 def _jsonl_text(raw: str, path: Path, line: int, text_field: str) -> str:
     try:
         record = json.loads(raw)
     except json.JSONDecodeError as err:
-        raise ConfigError(f"{path}:{line + 1}: not JSON ({err})") from err
+        raise TrainConfigError(f"{path}:{line + 1}: not JSON ({err})") from err
     if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-        raise ConfigError(f"{path}:{line + 1}: no string field {text_field!r} (set data.text_field)")
+        raise TrainConfigError(f"{path}:{line + 1}: no string field {text_field!r} (set data.text_field)")
     return record[text_field]
 
 
@@ -80,9 +80,11 @@ def list_documents(cfg: DataConfig) -> list[Document]:
         elif path.is_file():
             docs.append(Document(path.name, path))
         else:
-            raise ConfigError(f"data source {source!r} is neither 'stdlib' nor an existing file or directory")
+            raise TrainConfigError(
+                f"data source {source!r} is neither 'stdlib' nor an existing file or directory"
+            )
     if not docs:
-        raise ConfigError(f"data source {cfg.source!r} holds no documents (extensions {cfg.extensions})")
+        raise TrainConfigError(f"data source {cfg.source!r} holds no documents (extensions {cfg.extensions})")
     return docs
 
 
@@ -128,7 +130,9 @@ def separator_id(tokenizer) -> int:
     if "<|endoftext|>" in vocab:
         return int(vocab["<|endoftext|>"])
     if tokenizer.eos_token_id is None:
-        raise ConfigError("the tokenizer has neither <|endoftext|> nor an EOS token to separate documents")
+        raise TrainConfigError(
+            "the tokenizer has neither <|endoftext|> nor an EOS token to separate documents"
+        )
     return int(tokenizer.eos_token_id)
 
 
@@ -162,7 +166,7 @@ def load_token_data(cfg: DataConfig, tokenizer, train_tokens: int, eval_tokens: 
     train = torch.tensor(streams[False][:train_tokens], dtype=torch.long)
     held_out = torch.tensor(streams[True][:eval_tokens], dtype=torch.long)
     if train.numel() < cfg.seq_len or held_out.numel() < cfg.seq_len:
-        raise ConfigError(
+        raise TrainConfigError(
             f"data source {cfg.source!r} gives {train.numel()} train / {held_out.numel()} held-out tokens: "
             f"not one sequence of {cfg.seq_len} in each (add text or change data.eval_percent)"
         )

@@ -26,7 +26,7 @@ from dsv32.dsa.hf import (
     save_dsa,
 )
 from dsv32.engine.models import is_native_checkpoint, load_hf, load_native, resolve_device, tiny_native_config
-from dsv32.train.config import ConfigError, ModelSpec
+from dsv32.train.config import ModelSpec, TrainConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ class DSAModel:
 
 def _dtype(name: str) -> torch.dtype:
     if name not in ("float32", "bfloat16"):
-        raise ConfigError(f"model.dtype must be 'float32' or 'bfloat16', got {name!r}")
+        raise TrainConfigError(f"model.dtype must be 'float32' or 'bfloat16', got {name!r}")
     return getattr(torch, name)
 
 

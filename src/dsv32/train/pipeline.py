@@ -24,44 +24,14 @@ logger = logging.getLogger(__name__)
 
 
 def demo_config() -> RunConfig:
-    """The main job's recipe (``configs/smollm2-demo.toml`` holds the same values), sized for ~12
-    minutes on a 2-core CPU. Deviations from the paper, all for that budget: 2048-token sequences
-    instead of 128K, top-256 instead of 2048, 4 indexer heads × 64 instead of 64 × 128; a warm-up of 240
-    steps of one sequence (the frozen model's activations of each 8-sequence pool are replayed for 10
-    passes, with a 128-query subsample of the loss) at lr 1e-2 instead of 1e-3 (a far shorter run);
-    a 2-step sparse stage at a higher learning rate than the paper's 7.3e-6 (its batch is 1 sequence,
-    not 480)."""
-    from dsv32.dsa.hf import DSAConfig
-    from dsv32.train.config import DataConfig, EvalConfig, ModelSpec
+    """The main job's recipe, ``configs/smollm2-demo.toml`` (shipped with the package as
+    ``dsv32/configs/``), sized for ~12 minutes on a 2-core CPU; the file's comments give each
+    deviation from the paper and why."""
+    from importlib.resources import files
 
-    return RunConfig(
-        model=ModelSpec(name="smollm2"),
-        dsa=DSAConfig(index_n_heads=4, index_head_dim=64, index_topk=256),
-        data=DataConfig(source="stdlib", seq_len=2048),
-        warmup=StageConfig(
-            stage="warmup",
-            steps=240,
-            batch_size=1,
-            lr=1e-2,
-            warmup_steps=24,
-            loss_queries=128,
-            replay=10,
-            replay_pool=8,
-        ),
-        sparse=StageConfig(
-            stage="sparse",
-            steps=2,
-            batch_size=1,
-            lr=2e-5,
-            indexer_lr=1e-4,
-            weight_decay=0.1,
-            warmup_steps=1,
-            loss_queries=256,
-            seed=1,
-        ),
-        eval=EvalConfig(seq_lens=[2048], topks=[256], sequences=2, untrained=True),
-        out_dir="runs/demo",
-    )
+    from dsv32.train.config import load_run_config
+
+    return load_run_config(files("dsv32") / "configs" / "smollm2-demo.toml")
 
 
 def unique_sequences(cfg: StageConfig) -> int:
@@ -230,7 +200,8 @@ def config_from_cli(command: str, args: dict) -> tuple[RunConfig, Path | None]:
 
     Without ``--model``, ``sparse`` starts from ``<out_dir>/warmup/model`` and ``eval`` reads
     ``<out_dir>/sparse/model`` (else the warm-up's) when they exist."""
-    from dsv32.train.config import apply_override, load_run_config, run_config_from_dict
+    from dsv32.recipe import apply_override
+    from dsv32.train.config import TrainConfigError, load_run_config, run_config_from_dict
 
     if args.get("config"):
         cfg = load_run_config(args["config"])
@@ -256,7 +227,7 @@ def config_from_cli(command: str, args: dict) -> tuple[RunConfig, Path | None]:
             section, name = key.split(".")
             data[section][name] = [value] if name in ("seq_lens", "topks") else value
     for item in args.get("set") or []:
-        apply_override(data, item)
+        apply_override(data, item, TrainConfigError)
     for section in ("warmup", "sparse"):  # keep a stage's lr unset → the paper's default for its stage
         if data[section].get("lr") is None:
             data[section].pop("lr", None)

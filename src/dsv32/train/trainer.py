@@ -20,16 +20,15 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from dsv32.dsa.hf import LayerView, get_dsa
-from dsv32.train.config import ConfigError, StageConfig
+from dsv32.runlog import StepCheckpoints, append_metrics, truncate_metrics
+from dsv32.train.config import StageConfig, TrainConfigError
 from dsv32.train.data import TokenData, sequence_order
 from dsv32.train.models import DSAModel
 
@@ -77,57 +76,6 @@ def _set_trainable(dm: DSAModel, cfg: StageConfig) -> None:
         p.requires_grad_(cfg.stage == "sparse" or id(p) in indexer)
 
 
-def _trainable_state(dm: DSAModel) -> dict[str, torch.Tensor]:
-    return {n: p.detach().contiguous().cpu() for n, p in dm.model.named_parameters() if p.requires_grad}
-
-
-class _Checkpoints:
-    """``out_dir/checkpoints/step_NNNNNN/{trainable.safetensors, optimizer.pt, state.json}``."""
-
-    def __init__(self, out_dir: Path, keep: int) -> None:
-        self.root = out_dir / "checkpoints"
-        self.keep = keep
-
-    def latest(self) -> Path | None:
-        done = sorted(p for p in self.root.glob("step_*") if (p / "state.json").is_file())
-        return done[-1] if done else None
-
-    def save(self, step: int, dm: DSAModel, optimizer: torch.optim.Optimizer, cfg: StageConfig) -> Path:
-        final = self.root / f"step_{step:06d}"
-        tmp = self.root / f".tmp_step_{step:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        save_file(_trainable_state(dm), str(tmp / "trainable.safetensors"))
-        torch.save({"optimizer": optimizer.state_dict(), "rng": torch.get_rng_state()}, tmp / "optimizer.pt")
-        (tmp / "state.json").write_text(json.dumps({"step": step, "stage": cfg.stage, "config": asdict(cfg)}))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        for old in sorted(p for p in self.root.glob("step_*"))[: -self.keep or None]:
-            shutil.rmtree(old, ignore_errors=True)
-        return final
-
-    def load(self, path: Path, dm: DSAModel, optimizer: torch.optim.Optimizer, cfg: StageConfig) -> int:
-        state = json.loads((path / "state.json").read_text())
-        if state["stage"] != cfg.stage:
-            raise ConfigError(
-                f"{path} is a {state['stage']!r} checkpoint, not {cfg.stage!r}: use another out_dir"
-            )
-        tensors = load_file(str(path / "trainable.safetensors"))
-        params = dict(dm.model.named_parameters())
-        missing = sorted(n for n, p in params.items() if p.requires_grad and n not in tensors)
-        if missing or any(n not in params for n in tensors):
-            raise ConfigError(
-                f"{path} does not match the model's trainable parameters (missing {missing[:3]})"
-            )
-        with torch.no_grad():
-            for name, tensor in tensors.items():
-                params[name].copy_(tensor)
-        blob = torch.load(path / "optimizer.pt", map_location=dm.device, weights_only=False)
-        optimizer.load_state_dict(blob["optimizer"])
-        torch.set_rng_state(blob["rng"])
-        return int(state["step"])
-
-
 class _Replay:
     """Warm-up activation replay: the frozen model's per-layer inputs of a pool of sequences, captured
     once (dense forward, no gradients) and reused for ``replay`` passes. The indexer loss computed
@@ -135,11 +83,11 @@ class _Replay:
 
     def __init__(self, dm: DSAModel, data: torch.Tensor, cfg: StageConfig) -> None:
         if dm.kind != "hf":
-            raise ConfigError(
+            raise TrainConfigError(
                 "warmup.replay > 1 needs a Hugging Face model (the native model has no observer)"
             )
         if cfg.replay_pool % cfg.batch_size:
-            raise ConfigError(
+            raise TrainConfigError(
                 f"replay_pool={cfg.replay_pool} must be a multiple of batch_size={cfg.batch_size}"
             )
         self.dm, self.data, self.cfg = dm, data, cfg
@@ -229,13 +177,17 @@ def train_stage(
     _set_trainable(dm, cfg)
     groups = _param_groups(dm, cfg)
     if not groups:
-        raise ConfigError("nothing to train: the model has no indexer parameters")
+        raise TrainConfigError("nothing to train: the model has no indexer parameters")
     optimizer = torch.optim.AdamW(groups, betas=tuple(cfg.betas), eps=1e-8)
-    ckpts = _Checkpoints(out, cfg.keep_checkpoints)
+    ckpts = StepCheckpoints(out, cfg.keep_checkpoints, trainable_only=True)
     step = 0
     metrics_path = out / "metrics.jsonl"
     if resume and (latest := ckpts.latest()) is not None:
-        step = ckpts.load(latest, dm, optimizer, cfg)
+        if (stage := ckpts.state(latest).get("stage")) != cfg.stage:
+            raise TrainConfigError(
+                f"{latest} is a {stage!r} checkpoint, not {cfg.stage!r}: use another out_dir"
+            )
+        step = ckpts.load(latest, dm.model, optimizer)
         logger.info("%s: resumed from %s (step %d)", cfg.stage, latest, step)
         truncate_metrics(metrics_path, step)
     elif metrics_path.exists():
@@ -292,8 +244,7 @@ def train_stage(
                 record["grad_norm_model"] = norms.get("model")
             if step % cfg.log_every == 0 or step == last:
                 record["layer_loss"] = [round(layer_sums[i], 5) for i in sorted(layer_sums)]
-                with metrics_path.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
+                append_metrics(metrics_path, record)
             records.append(record)
             postfix = {"L_I": f"{record['loss_indexer']:.4f}"}
             if "loss_lm" in record:
@@ -301,7 +252,7 @@ def train_stage(
             bar.set_postfix(postfix)
             bar.update(1)
             if (cfg.save_every and step % cfg.save_every == 0) or step == last:
-                ckpts.save(step, dm, optimizer, cfg)
+                ckpts.save(step, dm.model, optimizer, stage=cfg.stage, config=asdict(cfg))
     finally:
         bar.close()
         dm.model.eval()
@@ -332,7 +283,7 @@ def _online_micro(
     finally:
         dm.collect_losses(False)
     if not losses:
-        raise ConfigError("the forward produced no indexer loss (no DSA layer?)")
+        raise TrainConfigError("the forward produced no indexer loss (no DSA layer?)")
     total = sum(losses.values())
     if lm is not None:
         total = total + lm
@@ -349,18 +300,3 @@ def _replay_micro(replay: _Replay, g0: int, cfg: StageConfig, rows) -> dict[int,
             (loss / cfg.grad_accum).backward()
             sums[view.layer_idx] = sums.get(view.layer_idx, 0.0) + float(loss.detach())
     return sums
-
-
-def truncate_metrics(path: Path, step: int) -> None:
-    """Drop the lines of a ``metrics.jsonl`` after ``step`` (a resumed run rewrites them)."""
-    if not path.exists():
-        return
-    keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in keep))
-
-
-def read_metrics(path: str | Path) -> list[dict]:
-    path = Path(path)
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
