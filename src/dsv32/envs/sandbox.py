@@ -1,0 +1,355 @@
+"""The one way ``dsv32.envs`` runs model-written code: a confined child process.
+
+``run(argv, timeout_s=..., memory_mb=...)`` starts ``argv`` in its own session (process group) and
+working directory, under three layers, the strongest this machine allows (probed once, see
+:func:`isolation`):
+
+- ``bwrap`` (bubblewrap installed): new user, PID, IPC, UTS (and, unless ``network=True``, network)
+  namespaces; the host filesystem bound read-only, fresh ``/dev``, ``/proc`` and ``/tmp``; only the
+  work dir (and ``writable``) bound read-write; every capability dropped.
+- ``unshare`` (util-linux, unprivileged user namespaces): the same namespaces through ``unshare``;
+  ``_confine.py`` then bind-mounts the work dir onto itself, remounts every other mount point
+  read-only and drops every capability (so the program cannot remount anything back).
+- ``rlimits`` (neither works): resource limits and the process group only — the network, the host
+  filesystem and the other processes of the host user are reachable; a warning says so.
+
+In every case ``setrlimit`` bounds CPU seconds (``RLIMIT_CPU``), address space (``RLIMIT_AS`` =
+``memory_mb``), processes (``RLIMIT_NPROC``, counted per user namespace, so a fork bomb exhausts
+the sandbox's budget and not the host user's), open files and file size; the environment is a
+fresh minimal one (nothing of the host's, API keys included, leaks in); stdout and stderr are
+capped at ``output_bytes`` each (the program is killed when it goes past); and a wall-time timeout
+kills the whole process group — and with a PID namespace, everything the program started, even
+processes that left the group, since they die with the namespace's first process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from dsv32.envs.base import EnvError
+
+log = logging.getLogger(__name__)
+
+CONFINE = str(Path(__file__).with_name("_confine.py"))
+KINDS = ("bwrap", "unshare", "rlimits")
+BASE_ENV = {
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONUNBUFFERED": "1",
+    "MALLOC_ARENA_MAX": "2",
+}
+
+
+class SandboxError(EnvError):
+    """A sandbox that cannot be set up as asked (an isolation this machine lacks, a bad limit)."""
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What confines a sandboxed program, in words a user can check."""
+
+    kind: str
+    namespaces: bool
+    read_only_fs: bool
+    network_isolated: bool
+    note: str
+
+
+_NOTES = {
+    "bwrap": "bubblewrap: user/pid/ipc/uts/net namespaces, read-only host filesystem, work dir writable, "
+    "no capabilities, rlimits",
+    "unshare": "unshare: user/pid/mount/ipc/uts/net namespaces, every mount remounted read-only but the "
+    "work dir, no capabilities, rlimits (bubblewrap is not installed)",
+    "rlimits": "NO ISOLATION: neither bubblewrap nor unprivileged user namespaces work here; only rlimits "
+    "and the process group apply — the program can use the network, write wherever this user can "
+    "and signal this user's processes",
+}
+
+
+@dataclass
+class SandboxResult:
+    """What a sandboxed run did. ``returncode`` is negative for a signal; ``killed_reason`` says why
+    the sandbox killed it (``"wall-time limit"``, ``"output limit"``) or which limit the kernel
+    enforced (``"cpu-time limit"``, ``"file-size limit"``), else None."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+    killed_reason: str | None
+    isolation: str
+    wall_s: float
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+
+def _prefix_for(kind: str, network: bool, writable: Sequence[str]) -> tuple[list[str], bool, bool]:
+    """``(argv prefix before the confine stage, confine mounts?, confine drops capabilities?)``."""
+    if kind == "bwrap":
+        argv = ["bwrap", "--unshare-user", "--unshare-pid", "--as-pid-1", "--unshare-ipc"]
+        argv += ["--unshare-uts"]
+        argv += [] if network else ["--unshare-net"]
+        argv += ["--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev"]
+        argv += ["--proc", "/proc", "--tmpfs", "/tmp", "--cap-drop", "ALL"]
+        for path in writable:
+            argv += ["--bind", path, path]
+        return argv, False, False
+    if kind == "unshare":
+        argv = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child"]
+        argv += ["--mount", "--mount-proc", "--ipc", "--uts"] + ([] if network else ["--net"])
+        return argv, True, True
+    return [], False, False
+
+
+@cache
+def _works(kind: str) -> bool:
+    if kind == "rlimits":
+        return True
+    if shutil.which(kind) is None:
+        return False
+    with tempfile.TemporaryDirectory(prefix="dsv32-probe-") as tmp:
+        argv = [*command_prefix(cwd=tmp, memory_mb=256, timeout_s=10, kind=kind), "true"]
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=20, env={"PATH": os.defpath})
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+    if done.returncode != 0:
+        log.info("sandbox: %s does not work here: %s", kind, done.stderr.decode(errors="replace").strip())
+    return done.returncode == 0
+
+
+def isolation(kind: str | None = None) -> Isolation:
+    """The isolation a sandbox gets: ``kind`` if given (an error if it does not work here), else
+    ``$DSV32_SANDBOX`` if set, else the strongest that works (bwrap, unshare, rlimits)."""
+    kind = kind or os.environ.get("DSV32_SANDBOX") or None
+    if kind is not None and kind not in KINDS:
+        raise SandboxError(f"unknown sandbox isolation {kind!r}; choose one of {', '.join(KINDS)}")
+    if kind is not None and not _works(kind):
+        raise SandboxError(f"sandbox isolation {kind!r} does not work on this machine; {_hint(kind)}")
+    chosen = kind or next(k for k in KINDS if _works(k))
+    if chosen == "rlimits":
+        _warn_once()
+    confined = chosen != "rlimits"
+    return Isolation(chosen, confined, confined, confined, _NOTES[chosen])
+
+
+def _hint(kind: str) -> str:
+    if kind == "bwrap":
+        return "install bubblewrap (apt-get install bubblewrap) or use 'unshare'"
+    return "the kernel must allow unprivileged user namespaces (sysctl user.max_user_namespaces > 0)"
+
+
+@cache
+def _warn_once() -> None:
+    log.warning("sandbox: %s", _NOTES["rlimits"])
+
+
+def _host_processes() -> int:
+    uid = os.geteuid()
+    return sum(1 for p in Path("/proc").iterdir() if p.name.isdigit() and _owner(p) == uid)
+
+
+def _owner(p: Path) -> int:
+    try:
+        return p.stat().st_uid
+    except OSError:
+        return -1
+
+
+def command_prefix(
+    *,
+    cwd: str | os.PathLike,
+    memory_mb: int,
+    timeout_s: float,
+    cpu_s: float | None = None,
+    network: bool = False,
+    env: dict[str, str] | None = None,
+    writable: Sequence[str | os.PathLike] = (),
+    processes: int = 64,
+    open_files: int = 256,
+    file_size_mb: int = 64,
+    kind: str | None = None,
+    status_fd: int | None = None,
+) -> list[str]:
+    """The argv prefix that runs a program confined: ``prefix + [program, *args]``. For long-lived
+    programs (a Jupyter kernel) start it with :func:`popen` or put this prefix in front of its
+    command; ``cpu_s`` (default ``timeout_s + 1``) bounds its CPU seconds for its whole life."""
+    if memory_mb <= 0 or timeout_s <= 0 or processes <= 0 or open_files <= 0 or file_size_mb <= 0:
+        raise SandboxError("sandbox limits must be positive (memory_mb, timeout_s, processes, files)")
+    if kind not in KINDS:
+        kind = isolation(kind).kind
+    cwd = os.path.realpath(cwd)
+    rw = [cwd] + [os.path.realpath(w) for w in writable]
+    cpu = math.ceil(cpu_s if cpu_s is not None else timeout_s + 1)
+    nproc = processes if kind != "rlimits" else _host_processes() + processes
+    limits = {
+        "RLIMIT_CPU": [cpu, cpu + 1],
+        "RLIMIT_AS": [memory_mb << 20] * 2,
+        "RLIMIT_NPROC": [nproc] * 2,
+        "RLIMIT_NOFILE": [open_files] * 2,
+        "RLIMIT_FSIZE": [file_size_mb << 20] * 2,
+        "RLIMIT_CORE": [0, 0],
+    }
+    full_env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": cwd, "TMPDIR": cwd, **BASE_ENV}
+    full_env.update(env or {})
+    prefix, mounts, drop = _prefix_for(kind, network, rw)
+    spec = {"mounts": mounts, "drop_privileges": drop, "writable": rw, "limits": limits, "cwd": cwd}
+    spec["env"], spec["status_fd"] = full_env, status_fd
+    return [*prefix, sys.executable, "-I", "-S", CONFINE, json.dumps(spec)]
+
+
+def popen(argv: Sequence[str], *, cwd: str | os.PathLike, **options) -> subprocess.Popen:
+    """Start ``argv`` confined (keyword ``options`` as :func:`command_prefix`; ``stdin``,
+    ``stdout``, ``stderr`` go to :class:`subprocess.Popen`), in a new session: stop it with
+    :func:`kill`."""
+    streams = {k: options.pop(k) for k in ("stdin", "stdout", "stderr") if k in options}
+    argv = command_prefix(cwd=cwd, **options) + list(argv)
+    fds = () if options.get("status_fd") is None else (options["status_fd"],)
+    return subprocess.Popen(
+        argv, cwd=cwd, start_new_session=True, env={"PATH": os.defpath}, pass_fds=fds, **streams
+    )
+
+
+def kill(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group of a sandboxed process (with a PID namespace, everything in it)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+class _Reader(threading.Thread):
+    """Reads one pipe to its end, keeping the first ``cap`` bytes; past the cap it calls
+    ``on_overflow`` once (which kills the program) and discards the rest."""
+
+    def __init__(self, pipe, cap: int, on_overflow) -> None:
+        super().__init__(daemon=True)
+        self.pipe, self.cap, self.on_overflow = pipe, cap, on_overflow
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.overflowed = False
+
+    def run(self) -> None:
+        while chunk := self.pipe.read1(65536):
+            if self.size < self.cap:
+                self.chunks.append(chunk[: self.cap - self.size])
+            self.size += len(chunk)
+            if self.size > self.cap and not self.overflowed:
+                self.overflowed = True
+                self.on_overflow()
+
+    def text(self) -> str:
+        out = b"".join(self.chunks).decode("utf-8", errors="replace")
+        return out + (f"\n[output truncated: {self.size} bytes, kept {self.cap}]" if self.overflowed else "")
+
+
+_SIGNALS = {signal.SIGXCPU: "cpu-time limit", signal.SIGXFSZ: "file-size limit"}
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    cwd: str | os.PathLike | None = None,
+    stdin: str | bytes | None = None,
+    timeout_s: float,
+    memory_mb: int,
+    network: bool = False,
+    env: dict[str, str] | None = None,
+    output_bytes: int = 1 << 20,
+    **limits,
+) -> SandboxResult:
+    """Run ``argv`` confined and wait for it: ``cwd`` is its work dir (a fresh temporary one,
+    removed afterwards, when None); ``stdin`` its input; other keywords as :func:`command_prefix`.
+    Never raises for what the program does — a crash, a limit or a timeout is in the result."""
+    if not argv:
+        raise SandboxError("sandbox.run needs a program to run (argv is empty)")
+    tmp = tempfile.mkdtemp(prefix="dsv32-sandbox-") if cwd is None else None
+    workdir = tmp or str(cwd)
+    kind = isolation(limits.pop("kind", None)).kind
+    status_r, status_w = os.pipe()
+    try:
+        start = time.perf_counter()
+        try:
+            proc = popen(
+                argv, cwd=workdir, timeout_s=timeout_s, memory_mb=memory_mb, network=network, env=env,
+                kind=kind, status_fd=status_w, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, **limits,
+            )  # fmt: skip
+        finally:
+            os.close(status_w)
+        reason: list[str] = []
+
+        def overflow() -> None:
+            reason.append("output limit")
+            kill(proc)
+
+        readers = [_Reader(proc.stdout, output_bytes, overflow), _Reader(proc.stderr, output_bytes, overflow)]
+        for r in readers:
+            r.start()
+        _feed(proc, stdin)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            reason.append("wall-time limit")
+            kill(proc)
+            proc.wait()
+        kill(proc)  # whatever the program left running in its group
+        for r in readers:
+            r.join(timeout=5)
+        wall = time.perf_counter() - start
+        code = _program_status(status_r, proc.returncode)
+        if not reason and code is not None and -code in _SIGNALS:
+            reason.append(_SIGNALS[signal.Signals(-code)])
+        return SandboxResult(
+            code, readers[0].text(), readers[1].text(), timed_out, reason[0] if reason else None, kind, wall,
+            any(r.overflowed for r in readers),
+        )  # fmt: skip
+    finally:
+        os.close(status_r)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _program_status(fd: int, fallback: int) -> int:
+    """The program's own end as the confine stage reported it (``-N`` for signal N), else the
+    launcher's return code (the confine stage itself was killed or failed)."""
+    os.set_blocking(fd, False)
+    try:
+        kind, _, value = os.read(fd, 64).decode().partition(" ")
+    except BlockingIOError:
+        return fallback
+    if kind == "signal":
+        return -int(value)
+    return int(value) if kind == "exit" else fallback
+
+
+def _feed(proc: subprocess.Popen, stdin: str | bytes | None) -> None:
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+
+    def write() -> None:
+        try:
+            if data:
+                proc.stdin.write(data)
+            proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass  # the program exited or closed its input: what it did is in its result
+
+    threading.Thread(target=write, daemon=True).start()

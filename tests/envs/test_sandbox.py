@@ -1,0 +1,198 @@
+"""The sandbox against the attacks a user worries about: after each one the host process, a
+neighbouring episode (a sandboxed program running meanwhile) and that episode's files are intact.
+
+Each attack runs under every confining isolation that works here (bubblewrap and/or unshare); the
+plain-rlimits fallback is tested for what it promises (limits, timeouts, the process group).
+"""
+
+import os
+import signal
+import socket
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dsv32.envs import sandbox
+from dsv32.envs.sandbox import SandboxError
+
+CONFINING = [k for k in ("bwrap", "unshare") if sandbox._works(k)]
+if not CONFINING:
+    pytest.skip("no confining sandbox works here (no bwrap, no user namespaces)", allow_module_level=True)
+
+PY = sys.executable
+
+
+@pytest.fixture(params=CONFINING)
+def kind(request):
+    return request.param
+
+
+@pytest.fixture
+def neighbour(tmp_path, kind):
+    """Another episode: its work dir with a file, and a sandboxed program alive in it."""
+    home = tmp_path / "neighbour"
+    home.mkdir()
+    (home / "notes.txt").write_text("mine")
+    proc = sandbox.popen(
+        [PY, "-c", "import time; time.sleep(60)"], cwd=home, timeout_s=60, memory_mb=256, kind=kind
+    )
+    yield home
+    alive = proc.poll() is None
+    sandbox.kill(proc)
+    proc.wait()
+    assert alive, "the neighbouring episode's process died"
+    assert (home / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in home.iterdir()) == ["notes.txt"]
+
+
+def attack(code: str, workdir: Path, kind: str, **limits) -> sandbox.SandboxResult:
+    workdir.mkdir(exist_ok=True)
+    options = {"timeout_s": 3, "memory_mb": 512} | limits
+    return sandbox.run([PY, "-c", code], cwd=workdir, kind=kind, **options)
+
+
+def processes_with(marker: str) -> list[int]:
+    found = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and marker.encode() in (p / "cmdline").read_bytes():
+                found.append(int(p.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_runs_a_program_in_its_work_dir(tmp_path, kind):
+    r = attack("import os; open('out.txt', 'w').write('hi'); print(os.getcwd())", tmp_path / "w", kind)
+    assert r.ok and r.stdout.strip() == str((tmp_path / "w").resolve())
+    assert (tmp_path / "w" / "out.txt").read_text() == "hi"
+    assert r.isolation == kind and r.killed_reason is None
+
+
+def test_fork_bomb(tmp_path, kind, neighbour):
+    marker = uuid.uuid4().hex
+    code = f"import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)  # {marker}"
+    r = attack(code, tmp_path / "w", kind, timeout_s=3, processes=32)
+    assert r.timed_out and r.killed_reason == "wall-time limit"
+    assert processes_with(marker) == []  # the whole tree died with the sandbox
+    assert sandbox.run(["true"], timeout_s=5, memory_mb=128, kind=kind).ok  # processes can still start
+
+
+def test_memory_bomb(tmp_path, kind, neighbour):
+    r = attack("a = []\nwhile True:\n    a.append(bytearray(10**7))", tmp_path / "w", kind, memory_mb=256)
+    assert r.returncode != 0 and "MemoryError" in r.stderr
+
+
+def test_infinite_loop_and_its_children_are_killed(tmp_path, kind, neighbour):
+    marker = uuid.uuid4().hex
+    code = (
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)  # {marker}'],"
+        " start_new_session=True)\nwhile True:\n    pass"
+    )
+    r = attack(code, tmp_path / "w", kind, timeout_s=2)
+    assert r.timed_out and r.returncode < 0
+    assert processes_with(marker) == []  # even the child that left the process group
+
+
+def test_cpu_limit(tmp_path, kind):
+    r = attack("while True:\n    pass", tmp_path / "w", kind, timeout_s=30, cpu_s=1)
+    assert not r.timed_out and r.killed_reason == "cpu-time limit" and r.returncode == -signal.SIGXCPU
+
+
+def test_writing_outside_the_work_dir(tmp_path, kind, neighbour):
+    targets = [neighbour / "notes.txt", neighbour / "new.txt", Path.cwd() / f"evil-{uuid.uuid4().hex}"]
+    code = (
+        "import sys\nfailed = 0\n"
+        f"for path in {[str(t) for t in targets]!r}:\n"
+        "    try:\n        open(path, 'w').write('pwned')\n    except OSError:\n        failed += 1\n"
+        "print(failed)"
+    )
+    r = attack(code, tmp_path / "w", kind)
+    assert r.ok and r.stdout.strip() == str(len(targets))
+    assert not targets[2].exists()
+    remount = sandbox.run(
+        ["mount", "-o", "remount,rw", "/"], cwd=tmp_path / "w", timeout_s=5, memory_mb=128, kind=kind
+    )
+    assert remount.returncode != 0  # no capability to undo the read-only view
+
+
+def test_file_size_limit(tmp_path, kind):
+    r = attack("open('big', 'wb').write(b'x' * (4 << 20))", tmp_path / "w", kind, file_size_mb=1)
+    assert r.returncode != 0 and (tmp_path / "w" / "big").stat().st_size <= 1 << 20
+
+
+def test_socket_to_localhost(tmp_path, kind, neighbour):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(0.5)
+        port = listener.getsockname()[1]
+        code = (
+            "import socket\ntry:\n"
+            f"    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n    print('connected')\n"
+            "except OSError as err:\n    print('refused', err)"
+        )
+        r = attack(code, tmp_path / "w", kind)
+        assert r.ok and r.stdout.startswith("refused")
+        with pytest.raises(TimeoutError):
+            listener.accept()  # nothing reached the listener
+        allowed = attack(code, tmp_path / "w", kind, network=True)
+        assert allowed.stdout.startswith("connected")  # the same code reaches it when the network is on
+        listener.accept()[0].close()
+
+
+def test_huge_print(tmp_path, kind, neighbour):
+    r = attack(
+        "while True:\n    print('x' * 10000)", tmp_path / "w", kind, output_bytes=100_000, timeout_s=30
+    )
+    assert r.killed_reason == "output limit" and r.truncated and not r.timed_out
+    assert len(r.stdout) < 100_200 and r.stdout.endswith("kept 100000]")
+
+
+def test_killing_the_parent(tmp_path, kind, neighbour):
+    code = (
+        "import os, signal\n"
+        f"for pid in (os.getppid(), {os.getpid()}, -1):\n"
+        "    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError as err:\n        print(err)\n"
+        "print('done')"
+    )
+    r = attack(code, tmp_path / "w", kind)
+    assert "done" in r.stdout  # the host pid is not visible, the namespace's init ignores the signal
+    assert os.getpid() > 0  # and this test process is alive to check
+
+
+def test_environment_is_fresh(tmp_path, kind, monkeypatch):
+    monkeypatch.setenv("SECRET_API_KEY", "sk-leak")
+    r = attack("import os; print(sorted(os.environ))", tmp_path / "w", kind, env={"EXTRA": "1"})
+    assert "SECRET_API_KEY" not in r.stdout and "'EXTRA'" in r.stdout and "'HOME'" in r.stdout
+
+
+def test_rlimits_fallback_still_limits(tmp_path):
+    r = sandbox.run([PY, "-c", "while True: pass"], cwd=tmp_path, timeout_s=1, memory_mb=256, kind="rlimits")
+    assert r.timed_out and r.isolation == "rlimits"
+    r = sandbox.run([PY, "-c", "bytearray(10**9)"], cwd=tmp_path, timeout_s=5, memory_mb=256, kind="rlimits")
+    assert "MemoryError" in r.stderr
+    assert "NO ISOLATION" in sandbox.isolation("rlimits").note
+
+
+def test_stdin_exit_codes_and_missing_programs(tmp_path):
+    r = sandbox.run(
+        [PY, "-c", "import sys; print(sys.stdin.read()[::-1]); sys.exit(3)"],
+        stdin="abc",
+        timeout_s=5,
+        memory_mb=256,
+    )
+    assert r.stdout == "cba\n" and r.returncode == 3 and not r.ok
+    assert sandbox.run(["no-such-program-here"], timeout_s=5, memory_mb=128).returncode == 127
+
+
+def test_bad_requests_are_typed_errors():
+    with pytest.raises(SandboxError, match="choose one of"):
+        sandbox.isolation("docker")
+    with pytest.raises(SandboxError, match="positive"):
+        sandbox.run(["true"], timeout_s=0, memory_mb=128)
+    with pytest.raises(SandboxError, match="empty"):
+        sandbox.run([], timeout_s=1, memory_mb=128)
