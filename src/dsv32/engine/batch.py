@@ -1,0 +1,233 @@
+"""Continuous batching over the engine's KV caches: sequences join a running batch after their own
+prefill and leave it at any decode step.
+
+A running batch is ``B`` rows that decode one token each per :meth:`RunningBatch.step`. Its cache and
+attention mask ``[B, S]`` are left-aligned as in :func:`~dsv32.engine.generate`: every row's real
+tokens are a contiguous suffix of the ``S`` columns, padding is masked out, and positions are counted
+from the mask, so a row computes what it would compute alone (up to floating-point rounding of the
+batched matmuls).
+
+- :meth:`RunningBatch.add` prefills one prompt alone (``[1, P]``, one forward), repeats its cache for
+  ``copies`` rows (``n`` samples of one prompt share the prefill) and merges it into the batch: the
+  shorter side is left-padded to ``S = max(S_batch, P)`` with masked zero entries.
+- :meth:`RunningBatch.remove` drops rows and trims leading columns that no remaining row uses.
+- :meth:`RunningBatch.step` feeds each row its last sampled token and keeps the next-token logits.
+
+Both kinds of cache are handled: the native :class:`~dsv32.model.cache.KVCache` (preallocated; merging
+reallocates it to ``S`` plus the largest remaining token budget of any row) and transformers'
+``DynamicCache`` (per-layer K/V ``[B, H, S, D]``, plus the indexer keys a DSA-attached model keeps on
+the cache object). :func:`sample_rows` samples every row with its own parameters and generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from dsv32.engine.backends import HFBackend, NativeBackend, backend_for
+from dsv32.engine.sampling import SamplingParams, sample_next
+from dsv32.errors import DSV32Error
+
+DSA_INDEX_KEYS = "_dsa_index_keys"  # where dsv32.dsa.hf keeps past indexer keys on an HF cache
+
+
+class BatchError(DSV32Error, ValueError):
+    """A request the running batch cannot take (an empty prompt, no token budget, an unsupported cache)."""
+
+
+# ---------------------------------------------------------------------------------- cache surgery
+def _pad_seq(t: torch.Tensor, dim: int, left: int) -> torch.Tensor:
+    """``t`` with ``left`` zero entries prepended along ``dim``."""
+    if left == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = left
+    return torch.cat((t.new_zeros(shape), t), dim=dim)
+
+
+def _native_tensors(cache) -> dict[str, torch.Tensor]:
+    """The per-token tensors of a native cache: ``[L, B, max_len, *]`` (every one the cache holds)."""
+    B = cache.batch_size
+    return {
+        name: value
+        for name, value in vars(cache).items()
+        if isinstance(value, torch.Tensor) and value.dim() >= 3 and value.shape[1] == B
+    }
+
+
+def _native_merge(model, a, b, capacity: int):
+    """A new native cache holding the rows of ``a`` then ``b``, right-aligned at ``S = max`` length."""
+    S = max(a.length, b.length)
+    merged = model.new_cache(a.batch_size + b.batch_size, capacity)
+    for name, dst in _native_tensors(merged).items():
+        src_a, src_b = getattr(a, name), getattr(b, name)
+        dst[:, : a.batch_size, S - a.length : S] = src_a[:, :, : a.length]
+        dst[:, a.batch_size :, S - b.length : S] = src_b[:, :, : b.length]
+    merged.length = S
+    return merged
+
+
+def _native_trim(cache, drop: int) -> None:
+    """Forget the first ``drop`` columns (padding of every remaining row)."""
+    for name, value in _native_tensors(cache).items():
+        setattr(cache, name, value[:, :, drop:])
+    cache.length -= drop
+    cache.max_len -= drop
+
+
+def _hf_layers(cache) -> list:
+    layers = list(cache.layers)
+    for layer in layers:
+        if getattr(layer, "is_sliding", False):
+            raise BatchError(
+                "continuous batching needs full-attention KV caches; this model has sliding-window layers: "
+                "serve it with --max-batch 1"
+            )
+    return layers
+
+
+def _hf_index_keys(cache) -> dict:
+    return cache.__dict__.get(DSA_INDEX_KEYS, {})
+
+
+def _hf_merge(a, b) -> None:
+    """Append the rows of cache ``b`` to cache ``a`` (in place), right-aligned at the longer length."""
+    Sa, Sb = a.get_seq_length(), b.get_seq_length()
+    S = max(Sa, Sb)
+    for la, lb in zip(_hf_layers(a), _hf_layers(b), strict=True):
+        la.keys = torch.cat((_pad_seq(la.keys, 2, S - Sa), _pad_seq(lb.keys, 2, S - Sb)), dim=0)
+        la.values = torch.cat((_pad_seq(la.values, 2, S - Sa), _pad_seq(lb.values, 2, S - Sb)), dim=0)
+    keys_a, keys_b = _hf_index_keys(a), _hf_index_keys(b)
+    if set(keys_a) != set(keys_b):
+        raise BatchError(
+            "the two caches hold indexer keys of different layers; were they filled by one model?"
+        )
+    for layer, ka in keys_a.items():
+        keys_a[layer] = torch.cat((_pad_seq(ka, 1, S - Sa), _pad_seq(keys_b[layer], 1, S - Sb)), dim=0)
+
+
+def _hf_select(cache, rows: torch.Tensor) -> None:
+    for layer in _hf_layers(cache):
+        layer.keys, layer.values = layer.keys[rows], layer.values[rows]
+    store = _hf_index_keys(cache)
+    for key, value in store.items():
+        store[key] = value[rows]
+
+
+def _hf_trim(cache, drop: int) -> None:
+    for layer in _hf_layers(cache):
+        layer.keys, layer.values = layer.keys[:, :, drop:], layer.values[:, :, drop:]
+    store = _hf_index_keys(cache)
+    for key, value in store.items():
+        store[key] = value[:, drop:]
+
+
+# ---------------------------------------------------------------------------------- the batch
+class RunningBatch:
+    """The rows decoding together over one cache. ``logits`` ``[B, V]``: each row's next-token logits.
+
+    ``budgets[i]`` is how many more tokens row ``i`` may still generate; the native cache is sized so
+    that no row outgrows it.
+    """
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.backend: NativeBackend | HFBackend = backend_for(model)
+        self.native = isinstance(self.backend, NativeBackend)
+        self.pad_token_id = self.backend.pad_token_id if self.backend.pad_token_id is not None else 0
+        self.mask: torch.Tensor | None = None  # [B, S]
+        self.logits: torch.Tensor | None = None  # [B, V]
+        self.budgets: list[int] = []
+
+    @property
+    def size(self) -> int:
+        return len(self.budgets)
+
+    @property
+    def device(self) -> torch.device:
+        return self.backend.device
+
+    @torch.no_grad()
+    def add(self, prompt_ids: Sequence[int], copies: int, budget: int) -> None:
+        """Prefill ``prompt_ids`` and append ``copies`` rows for it, each allowed ``budget`` new tokens."""
+        if not prompt_ids:
+            raise BatchError("a prompt needs at least one token")
+        if copies < 1 or budget < 1:
+            raise BatchError(f"copies and budget must be >= 1, got {copies} and {budget}")
+        P = len(prompt_ids)
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
+        mask = torch.ones_like(ids)
+        fresh = backend_for(self.model)
+        logits = fresh.prefill(ids, mask, max_len=P + budget)  # [1, V]
+        repeat = torch.zeros(copies, dtype=torch.long, device=self.device)
+        if copies > 1:
+            self._select(fresh.cache, repeat)
+        logits, mask = logits[repeat], mask[repeat]
+        if self.size == 0:
+            self.backend.cache, self.mask, self.logits = fresh.cache, mask, logits
+            self.budgets = [budget] * copies
+            return
+        S_old = self.mask.shape[1]
+        S = max(S_old, P)
+        self.budgets += [budget] * copies
+        if self.native:
+            self.backend.cache = _native_merge(
+                self.model, self.backend.cache, fresh.cache, S + max(self.budgets)
+            )
+        else:
+            _hf_merge(self.backend.cache, fresh.cache)
+        self.mask = torch.cat((_pad_seq(self.mask, 1, S - S_old), _pad_seq(mask, 1, S - P)), dim=0)
+        self.logits = torch.cat((self.logits, logits), dim=0)
+
+    def remove(self, keep: Sequence[int]) -> None:
+        """Keep only rows ``keep`` (in that order); trim the columns no kept row uses."""
+        if len(keep) == self.size:
+            return
+        if not keep:
+            self.backend.cache, self.mask, self.logits, self.budgets = None, None, None, []
+            return
+        rows = torch.tensor(list(keep), dtype=torch.long, device=self.device)
+        self._select(self.backend.cache, rows)
+        self.mask, self.logits = self.mask[rows], self.logits[rows]
+        self.budgets = [self.budgets[i] for i in keep]
+        drop = int(self.mask.any(0).long().argmax())  # leading columns that are padding in every row
+        if drop:
+            self.mask = self.mask[:, drop:]
+            (_native_trim if self.native else _hf_trim)(self.backend.cache, drop)
+
+    def _select(self, cache, rows: torch.Tensor) -> None:
+        """Keep (or repeat) the batch rows ``rows`` of ``cache``."""
+        if self.native:
+            cache.reorder(rows)
+        else:
+            _hf_select(cache, rows)
+
+    @torch.no_grad()
+    def step(self, tokens: Sequence[int]) -> None:
+        """Append one token per row (``tokens[i]`` for row ``i``) and compute the next logits."""
+        if len(tokens) != self.size:
+            raise BatchError(f"step needs one token per row: {self.size} rows, {len(tokens)} tokens")
+        if any(b < 1 for b in self.budgets):
+            raise BatchError("a row without token budget is still in the batch; remove it first")
+        tok = torch.tensor(list(tokens), dtype=torch.long, device=self.device)
+        self.mask = torch.cat((self.mask, torch.ones_like(self.mask[:, :1])), dim=1)
+        self.logits = self.backend.step(tok, self.mask)
+        self.budgets = [b - 1 for b in self.budgets]
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+) -> tuple[list[int], torch.Tensor]:
+    """Sample row ``i`` of ``logits`` ``[B, V]`` with ``params[i]`` and ``generators[i]``.
+
+    Returns ``(tokens, logprobs [B, V])``: the sampled ids and the model's untruncated
+    ``log_softmax(logits)`` (what OpenAI-style ``logprobs`` report, independent of sampling settings).
+    """
+    logits = logits.float()
+    tokens = [
+        int(sample_next(logits[i : i + 1], p, g)[0]) for i, (p, g) in enumerate(zip(params, generators))
+    ]
+    return tokens, logits.log_softmax(-1)

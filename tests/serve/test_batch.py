@@ -1,0 +1,78 @@
+"""Continuous batching (dsv32.engine.batch): rows that join and leave a running batch decode exactly the
+tokens they decode alone (greedy), on the native V3.2 cache and on transformers' DynamicCache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv32.engine import generate
+from dsv32.engine.batch import BatchError, RunningBatch, sample_rows
+from dsv32.engine.models import load_model
+from dsv32.engine.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def _alone(model, prompt: list[int], n: int) -> list[int]:
+    out = generate(model, [prompt], max_new_tokens=n, temperature=0.0, eos_token_id=[])
+    return out.tokens[0].tolist()
+
+
+@pytest.mark.parametrize("name", ["tiny-native", "tiny-llama"])
+def test_rows_joining_and_leaving_decode_as_alone(name):
+    model = load_model(name, device="cpu").model
+    prompts = {"a": [5, 6, 7, 8, 9, 10], "b": list(range(20, 40)), "c": [70, 71, 72]}
+    expected = {key: _alone(model, p, 12) for key, p in prompts.items()}
+    batch = RunningBatch(model)
+    got: dict[str, list[int]] = {}
+    rows: list[str] = []  # which prompt each batch row decodes
+
+    def decode(steps: int) -> None:
+        for _ in range(steps):
+            tokens, _ = sample_rows(batch.logits, [GREEDY] * batch.size, [None] * batch.size)
+            for key, tok in zip(rows, tokens):
+                got.setdefault(key, []).append(tok)
+            batch.step(tokens)
+
+    batch.add(prompts["a"], copies=1, budget=12)
+    rows.append("a")
+    decode(3)
+    batch.add(prompts["b"], copies=1, budget=12)  # longer than the batch: the batch is left-padded
+    rows.append("b")
+    decode(2)
+    batch.add(prompts["c"], copies=2, budget=12)  # two samples of one prompt share its prefill
+    rows += ["c", "c2"]
+    decode(4)
+    batch.remove([1, 2, 3])  # "a" leaves; its padding columns are trimmed
+    rows = rows[1:]
+    decode(2)
+    assert got["a"] == expected["a"][:9]
+    assert got["b"] == expected["b"][:8]
+    assert got["c"] == got["c2"] == expected["c"][:6]
+    assert batch.mask.shape == (3, len(prompts["b"]) + 8)
+
+
+def test_native_cache_holds_every_budget():
+    model = load_model("tiny-native", device="cpu").model
+    batch = RunningBatch(model)
+    batch.add([1, 2, 3], copies=1, budget=2)
+    batch.add(list(range(10, 30)), copies=1, budget=5)
+    batch.step([4, 4])
+    batch.remove([1])
+    for _ in range(4):
+        batch.step([4])
+    with pytest.raises(BatchError, match="budget"):
+        batch.step([4])
+    with pytest.raises(BatchError, match="at least one token"):
+        batch.add([], copies=1, budget=3)
+
+
+def test_sample_rows_uses_each_rows_generator():
+    logits = torch.randn(3, 50)
+    params = [SamplingParams(temperature=1.0)] * 2 + [GREEDY]
+    gens = [torch.Generator().manual_seed(s) for s in (1, 1, 2)]
+    tokens, logprobs = sample_rows(logits[[0, 0, 1]], params, gens)
+    assert tokens[0] == tokens[1]  # same logits, same seed
+    assert tokens[2] == int(logits[1].argmax())
+    torch.testing.assert_close(logprobs.exp().sum(-1), torch.ones(3))
