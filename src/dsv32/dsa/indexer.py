@@ -33,6 +33,7 @@ from dsv32.dsa.streaming_topk import (
     INDEXER_TOPK_WINDOW,
     ChunkedSelector,
 )
+from dsv32.dsa.topk import exact_topk
 
 
 @dataclass
@@ -159,7 +160,7 @@ def select_topk(
         ``topk_indices`` ``[B, T, min(k, S)]`` (int64). Slots that could not be filled because the
         query sees fewer than k keys hold ``-1``; consumers must ignore them.
 
-    Ties are broken deterministically in favour of the more recent key (see :func:`tie_break_keys`),
+    Ties are broken deterministically in favour of the more recent key (see :func:`~dsv32.dsa.topk.tie_break_keys`),
     so prefill, decode and chunked scoring select the same set even where ReLU makes many scores
     exactly zero.
     """
@@ -173,38 +174,7 @@ def select_topk(
         else:
             mask = key_padding_mask.bool().unsqueeze(1)
         scores = scores.masked_fill(~mask, float("-inf"))
-    return _exact_topk(scores, k)
-
-
-def _exact_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Top-``min(k, S)`` of ``scores`` ``[..., S]`` (``-inf`` = not selectable → ``-1``) under the
-    exact tie-break rule of :func:`tie_break_keys`."""
-    S = scores.shape[-1]
-    keys = tie_break_keys(scores, torch.arange(S, device=scores.device))
-    values, indices = keys.topk(min(k, S), dim=-1)
-    return indices.masked_fill_(values < _NEG_INF_KEY, -1)
-
-
-def _float_order_key(x: torch.Tensor) -> torch.Tensor:
-    """fp32 → int64 with the same order (IEEE bit trick; -0.0 is folded into +0.0)."""
-    bits = (x.float() + 0.0).view(torch.int32)
-    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
-
-
-# Keys below this value come from -inf scores (invisible or padded keys).
-_NEG_INF_KEY = int(_float_order_key(torch.tensor(float("-inf")))) * 2**32 + 2**32
-
-
-def tie_break_keys(scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Exact lexicographic sort keys ``(score, position)`` as int64: top-k over them ranks by score
-    and, among exactly equal scores, prefers the later key position.
-
-    Exact ties are common in the lightning indexer (a key whose ReLU logits are all zero scores
-    exactly 0), and ``torch.topk`` breaks them differently for rows of different length — so
-    without this rule a prefill and the equivalent decode step could select different sets.
-    ``positions`` (int, broadcastable to ``scores``) must be < 2^32.
-    """
-    return _float_order_key(scores) * 2**32 + positions.to(torch.int64)
+    return exact_topk(scores, k)
 
 
 def indexer_topk(

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from dsv32.dsa.topk import drop_extra_candidate, resolve_ties, row_topk
+
 # Defaults of the chunked indexer (any value gives the same selection; these only trade speed and
 # memory). Tuned on a 2-core AVX2 CPU with `python benchmarks/attention.py --tune`.
 INDEXER_QUERY_CHUNK = 128  # queries scored together: the row buffer is chunk × visible keys (fp32)
@@ -93,7 +95,7 @@ class ChunkedSelector:
         for lo in range(0, visible, self.window):
             hi = min(lo + self.window, visible)
             scores = self.mask(self.score(q, w, lo, hi), lo, first_query)
-            v, i = _row_topk(scores, min(K + 1, hi - lo))
+            v, i = row_topk(scores, min(K + 1, hi - lo))
             i += lo
             if values is not None:  # streaming merge with the running top-(k+1)
                 v = torch.cat((values, v), dim=-1)
@@ -112,7 +114,7 @@ class ChunkedSelector:
                     row_scores = scores[b, rows]
                 else:
                     row_scores = self.rescore(q[b, rows], w[b, rows], b, rows + first_query)
-                indices[b, rows] = _resolve_ties(row_scores, low[b, rows], K)
+                indices[b, rows] = resolve_ties(row_scores, low[b, rows], K)
         return indices
 
     def rescore(self, q: torch.Tensor, w: torch.Tensor, b: int, t: torch.Tensor) -> torch.Tensor:
@@ -125,52 +127,3 @@ class ChunkedSelector:
         if self.padding is not None:
             hidden |= self.padding[b, :visible].unsqueeze(0)
         return scores.masked_fill_(hidden, float("-inf"))
-
-
-def _row_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``topk(k)`` of the last dim of ``scores`` ``[B, n, W]`` (contiguous rows), unsorted.
-
-    Coarse to fine when rows are long: the maxima of groups of ``g`` keys pick the top-``k`` groups,
-    and the top-``k`` keys lie inside them (each group holding one of them has a maximum at least as
-    large; with ties, the *values* returned are still exactly the top-``k`` multiset). Two top-k calls
-    over ``W/g`` and ``k·g`` elements replace one over ``W``: ~2-4× less work at ``W/k`` ≥ 16.
-    """
-    W = scores.shape[-1]
-    g = max(2, round(math.sqrt(W / max(k, 1))))
-    if W // g + k * g > 0.6 * W or W // g < k:
-        return scores.topk(k, dim=-1, sorted=False)
-    B, n = scores.shape[:2]
-    G = W // g
-    groups = scores[..., : G * g].unflatten(-1, (G, g)).amax(dim=-1)  # [B, n, G]
-    top_groups = groups.topk(k, dim=-1, sorted=False).indices
-    cand = (top_groups.unsqueeze(-1) * g + torch.arange(g, device=scores.device)).flatten(-2)
-    if G * g < W:  # the ragged tail joins the candidates as is
-        tail = torch.arange(G * g, W, device=scores.device).expand(B, n, W - G * g)
-        cand = torch.cat((cand, tail), dim=-1)
-    v, j = scores.gather(-1, cand).topk(k, dim=-1, sorted=False)
-    return v, cand.gather(-1, j)
-
-
-def drop_extra_candidate(
-    values: torch.Tensor, indices: torch.Tensor, k: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """From each row's top-(k+1) ``values``/``indices`` (unsorted, modified in place) to its top-k
-    ``indices`` (``-1`` for −inf scores), the rows whose k-th score ties the dropped (k+1)-th one
-    (``ambiguous``: the exact rule must re-select them, see :func:`_resolve_ties`) and that score."""
-    low, pos = values.min(dim=-1, keepdim=True)
-    ambiguous = ((values == low).sum(-1) >= 2) & (low.squeeze(-1) > float("-inf"))
-    values.scatter_(-1, pos, values[..., k:].clone())
-    indices.scatter_(-1, pos, indices[..., k:].clone())
-    values, indices = values[..., :k], indices[..., :k]
-    return indices.masked_fill_(values == float("-inf"), -1), ambiguous, low
-
-
-def _resolve_ties(scores: torch.Tensor, kth: torch.Tensor, k: int) -> torch.Tensor:
-    """The exact :func:`select_topk` set for rows ``scores`` ``[m, S]`` whose ``k``-th largest value
-    ``kth`` ``[m, 1]`` is tied with an unselected key: every key above ``kth``, then the latest keys
-    equal to it. One int32 top-k instead of the int64 keys of
-    :func:`dsv32.dsa.indexer.tie_break_keys`."""
-    S = scores.shape[-1]
-    pos = torch.arange(S, device=scores.device, dtype=torch.int32).expand_as(scores)
-    rank = torch.where(scores > kth, pos + S, torch.where(scores == kth, pos, -1))
-    return rank.topk(k, dim=-1, sorted=False).indices

@@ -15,16 +15,13 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch import nn
 
 from dsv32.model.config import ModelConfig
-
-if TYPE_CHECKING:
-    from dsv32.model.transformer import DeepseekV32
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +99,7 @@ def iter_checkpoint_tensors(path: str | Path, config: ModelConfig, dtype: torch.
         )
 
 
-def load_pretrained(cls, path: str | Path, dtype: torch.dtype, device: str | torch.device) -> DeepseekV32:
+def load_pretrained(cls, path: str | Path, dtype: torch.dtype, device: str | torch.device) -> nn.Module:
     config = ModelConfig.from_pretrained(path)
     with torch.device("meta"):
         model = cls(config)
@@ -141,7 +138,7 @@ def load_pretrained(cls, path: str | Path, dtype: torch.dtype, device: str | tor
     return model.eval()
 
 
-def checkpoint_state_dict(model: DeepseekV32) -> dict[str, torch.Tensor]:
+def checkpoint_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's tensors under checkpoint names (stacked experts split into ``experts.{e}.*``)."""
     state = {}
     for name, tensor in model.state_dict().items():
@@ -156,7 +153,7 @@ def checkpoint_state_dict(model: DeepseekV32) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_pretrained(model: DeepseekV32, path: str | Path, max_shard_size: int = 4 << 30) -> None:
+def save_pretrained(model: nn.Module, path: str | Path, max_shard_size: int = 4 << 30) -> None:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     with open(path / "config.json", "w", encoding="utf-8") as f:

@@ -16,6 +16,7 @@ from dsv32.dsa import SPARSE_IMPLS
 from dsv32.dsa.fp8 import SCALE_FORMATS
 from dsv32.model.attention import DSA_MODES, MLA
 from dsv32.model.cache import KVCache
+from dsv32.model.checkpoint import load_pretrained, save_pretrained
 from dsv32.model.config import ModelConfig
 from dsv32.model.layers import MLP, RMSNorm
 from dsv32.model.moe import MoE
@@ -204,12 +205,8 @@ class DeepseekV32(nn.Module):
     ) -> DeepseekV32:
         """Load a checkpoint directory in HF format (``config.json`` + safetensors, sharded or not,
         FP8 block-quantized or not). See :mod:`dsv32.model.checkpoint`."""
-        from dsv32.model.checkpoint import load_pretrained
-
         return load_pretrained(cls, path, dtype=dtype, device=device)
 
     def save_pretrained(self, path: str | Path, max_shard_size: int = 4 << 30) -> None:
         """Write ``config.json`` + safetensors under HF weight names (sharded above ``max_shard_size``)."""
-        from dsv32.model.checkpoint import save_pretrained
-
         save_pretrained(self, path, max_shard_size=max_shard_size)

@@ -83,7 +83,8 @@ def run_stage(
 
 def run_eval(cfg: RunConfig, out_dir: str | Path | None = None, progress: bool = True) -> dict:
     """``dsv32 dsa eval``: evaluate ``cfg.model`` and write the report under ``out_dir``."""
-    from dsv32.eval import evaluate_dsa, report_dict, write_report
+    from dsv32.train.evaluate import evaluate_dsa
+    from dsv32.train.report import report_dict, write_report
 
     out = Path(out_dir or Path(cfg.out_dir) / "eval")
     dm = load_dsa_model(cfg.model, cfg.dsa)
@@ -106,7 +107,8 @@ def run_eval(cfg: RunConfig, out_dir: str | Path | None = None, progress: bool =
 
 def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
     """The main job. Returns the report dict (also ``<out_dir>/dsa_report.json``)."""
-    from dsv32.eval import evaluate_dsa, report_dict, write_report
+    from dsv32.train.evaluate import evaluate_dsa
+    from dsv32.train.report import report_dict, write_report
 
     cfg = cfg or demo_config()
     out = Path(cfg.out_dir)

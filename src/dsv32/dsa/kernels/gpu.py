@@ -25,6 +25,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from dsv32.dsa.topk import drop_extra_candidate, exact_topk, resolve_ties, row_topk
+
 try:  # Triton ships with CUDA builds of PyTorch; the CPU build has none
     import triton
     import triton.language as tl
@@ -285,20 +287,17 @@ def _topk_exact(scores: torch.Tensor, K: int) -> torch.Tensor:
     over :data:`COARSE_TOPK_RATIO` · K keys), and the exact tie rule (every key above the K-th score, then
     the latest equal ones) only for rows whose K-th score ties the (K+1)-th — one host
     synchronization per chunk."""
-    from dsv32.dsa.indexer import _exact_topk
-    from dsv32.dsa.streaming_topk import _resolve_ties, _row_topk, drop_extra_candidate
-
     B, n, S = scores.shape
     if K >= S or B * n <= 64:
-        return _exact_topk(scores, K)
+        return exact_topk(scores, K)
     if S >= COARSE_TOPK_RATIO * (K + 1):  # long rows: group maxima first, as on the CPU
-        values, indices = _row_topk(scores, K + 1)
+        values, indices = row_topk(scores, K + 1)
     else:
         values, indices = scores.topk(K + 1, dim=-1, sorted=False)
     indices, ambiguous, kth = drop_extra_candidate(values, indices, K)
     rows = ambiguous.nonzero(as_tuple=True)
     if rows[0].numel():
-        indices[rows] = _resolve_ties(scores[rows], kth[rows], K)
+        indices[rows] = resolve_ties(scores[rows], kth[rows], K)
     return indices
 
 

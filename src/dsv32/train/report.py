@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dsv32.eval.dsa import EvalPoint
+from dsv32.train.evaluate import EvalPoint
 
 
 def _fmt(x, digits: int = 4) -> str:

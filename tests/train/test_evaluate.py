@@ -10,8 +10,9 @@ import torch
 pytest.importorskip("transformers")
 
 from dsv32.dsa import DSAConfig, get_dsa, oracle_topk
-from dsv32.eval import evaluate_dsa, report_dict, write_report
 from dsv32.train import ModelSpec, load_dsa_model
+from dsv32.train.evaluate import evaluate_dsa
+from dsv32.train.report import report_dict, write_report
 
 
 def test_eval_grid_report_and_consistency(tmp_path):

@@ -1,0 +1,79 @@
+"""The DSA settings of a Hugging Face model and the package's error type."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import ClassVar
+
+from dsv32.dsa.attention import SPARSE_IMPLS
+from dsv32.errors import DSV32Error
+from dsv32.recipe import Rule, at_least, each, one_of
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+MODES = ("off", "dense", "sparse")
+CONFIG_FILE = "dsa_config.json"
+WEIGHTS_FILE = "dsa_indexer.safetensors"
+
+
+class DSAError(DSV32Error, ValueError):
+    """A model or checkpoint that DSA cannot be attached to or loaded into, or a bad DSA setting."""
+
+
+@dataclass
+class DSAConfig:
+    """What :func:`attach_dsa` adds. Defaults of the released V3.2 where they transfer.
+
+    Attributes:
+        index_n_heads: indexer heads ``H_I`` (V3.2: 64).
+        index_head_dim: indexer head dim ``D_I`` (V3.2: 128).
+        index_topk: keys each query attends to in ``"sparse"`` mode (V3.2: 2048).
+        index_rope_head_dim: leading dims of ``q_I``/``k_I`` with RoPE; default
+            ``min(index_head_dim, model head_dim)``.
+        layers: decoder layers that get DSA (default: all); the others stay dense.
+        mode: initial mode, one of ``"off"``, ``"dense"``, ``"sparse"``.
+        sparse_impl: ``"gather"`` (O(L·k)), ``"masked"`` (dense scores masked to the selection, the
+            O(L²) reference) or ``"auto"`` (masked below the measured crossover, see
+            :func:`~dsv32.dsa.prefer_dense`).
+        seed: seed of the indexers' random initialization (layer i uses ``seed + i``).
+    """
+
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "index_n_heads": at_least(1),
+        "index_head_dim": at_least(1),
+        "index_topk": at_least(1),
+        "index_rope_head_dim": at_least(0),
+        "layers": each(at_least(0)),
+        "mode": one_of(*MODES),
+        "sparse_impl": one_of(*SPARSE_IMPLS),
+    }
+
+    index_n_heads: int = 4
+    index_head_dim: int = 64
+    index_topk: int = 256
+    index_rope_head_dim: int | None = None
+    layers: list[int] | None = None
+    mode: str = "dense"
+    sparse_impl: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise DSAError(f"DSA mode must be one of {MODES}, got {self.mode!r}")
+        if self.sparse_impl not in SPARSE_IMPLS:
+            raise DSAError(f"sparse_impl must be one of {SPARSE_IMPLS}, got {self.sparse_impl!r}")
+        if min(self.index_n_heads, self.index_head_dim, self.index_topk) < 1:
+            raise DSAError(
+                f"index_n_heads, index_head_dim and index_topk must be >= 1, got {self.index_n_heads}, "
+                f"{self.index_head_dim}, {self.index_topk}"
+            )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DSAConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise DSAError(f"unknown DSA config keys {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**data)

@@ -1,0 +1,218 @@
+"""The replacement ``forward`` of a DSA layer on a Hugging Face attention module.
+
+One call, in steps: project q/k/v with the model's own modules and RoPE (:func:`_project`); when the
+layer needs the indexer, score and select (:func:`_index`: index keys kept on the KV cache, the
+indexer's or the oracle's top-k, the training loss and the observer's view); then attend — densely
+through the model's own attention function when nothing was selected (:func:`_dense_output`, identical
+to the original model), else over the selection (:func:`_sparse_output`).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from dsv32.dsa.attention import dense_attention, nonempty_rows, prefer_dense, selection_mask, sparse_attention
+from dsv32.dsa.hf.config import DSAError
+from dsv32.dsa.hf.handle import DSAHandle
+from dsv32.dsa.hf.layer import HFIndexer, LayerView
+from dsv32.dsa.indexer import indexer_topk
+from dsv32.dsa.loss import indexer_kl_loss_chunked, oracle_topk
+
+
+@dataclass
+class _Projected:
+    """The main attention's inputs after RoPE (and the cache): ``q`` ``[B, H, T, D]``, ``k``/``v``
+    ``[B, H_kv, S, D]``, and the model's RoPE ``cos``/``sin``."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    @property
+    def fresh(self) -> bool:
+        """No cached prefix: the losses and the observer see whole sequences."""
+        return self.k.shape[2] == self.q.shape[2]
+
+
+def dsa_forward(
+    self,
+    hidden_states: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    attention_mask: torch.Tensor | None = None,
+    past_key_values=None,
+    **kwargs,
+):
+    """Replacement ``forward`` of a Llama-family attention module (see :mod:`dsv32.dsa.hf`)."""
+    handle: DSAHandle = self.__dict__["_dsa_handle"]
+    cfg = handle.config
+    if cfg.mode == "off":
+        original = type(self).forward
+        return original(self, hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
+    p = _project(self, hidden_states, position_embeddings, past_key_values)
+    S = p.k.shape[2]
+    sparse = cfg.mode == "sparse" and cfg.index_topk < S
+    observe = p.fresh and (handle.collect_loss or handle.observer is not None)
+    keep_keys = cfg.mode == "sparse" and past_key_values is not None
+    topk_indices = None
+    if sparse or observe or keep_keys:
+        topk_indices = _index(
+            self, handle, hidden_states, p, attention_mask, past_key_values if keep_keys else None, sparse
+        )
+    if topk_indices is None:
+        return _dense_output(self, handle, p, attention_mask, **kwargs)
+    return _sparse_output(self, handle, p, topk_indices), None
+
+
+def _project(self, hidden_states, position_embeddings, past_key_values) -> _Projected:
+    modeling = sys.modules[type(self).__module__]
+    B, T = hidden_states.shape[:2]
+    shape = (B, T, -1, self.head_dim)
+    q = self.q_proj(hidden_states).view(shape)
+    k = self.k_proj(hidden_states).view(shape)
+    v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+    if hasattr(self, "q_norm"):  # Qwen3: RMSNorm over each head
+        q, k = self.q_norm(q), self.k_norm(k)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
+    cos, sin = position_embeddings
+    q, k = modeling.apply_rotary_pos_emb(q, k, cos, sin)
+    if past_key_values is not None:
+        k, v = past_key_values.update(k, v, self.layer_idx)
+    return _Projected(q, k, v, cos, sin)
+
+
+def _index(self, handle: DSAHandle, hidden_states, p: _Projected, attention_mask, cache, sparse: bool):
+    """Run the indexer: keep its keys on ``cache``, select (when ``sparse``), and on a fresh
+    sequence record the indexer loss and the observer's view. Returns the selection or None."""
+    cfg = handle.config
+    indexer: HFIndexer = self.indexer
+    S = p.k.shape[2]
+    # The indexer reads detached inputs: it learns only from its own KL loss (paper §2.1.1).
+    x = hidden_states.detach().to(indexer.inputs_dtype())
+    icos, isin = indexer.rope_angles(p.cos, p.sin)
+    keys = _index_keys(self, cache, indexer.project_keys(x, icos, isin), S)
+    padding = _key_padding(attention_mask, S)
+    observe = p.fresh and (handle.collect_loss or handle.observer is not None)
+    if not (sparse or observe):
+        return None  # decoding in sparse mode below top-k: only the keys are kept
+    queries = indexer.project_queries(x, x, icos, isin)
+    qt, kt = p.q.transpose(1, 2).detach(), p.k.transpose(1, 2).detach()
+    topk_indices = None
+    if sparse and handle.oracle:
+        topk_indices = oracle_topk(qt, kt, cfg.index_topk, scale=self.scaling, key_padding_mask=padding)
+    elif sparse:
+        topk_indices = indexer_topk(
+            queries.q, queries.weights, keys, cfg.index_topk, key_padding_mask=padding
+        )
+    if p.fresh and handle.collect_loss:
+        handle.losses[self.layer_idx] = indexer_kl_loss_chunked(
+            qt,
+            kt,
+            queries.q,
+            queries.weights,
+            keys,
+            scale=self.scaling,
+            topk_indices=topk_indices,
+            key_padding_mask=padding,
+            query_rows=handle.loss_query_rows,
+        )
+    if p.fresh and handle.observer is not None:
+        handle.observer(
+            LayerView(
+                layer_idx=self.layer_idx,
+                indexer=indexer,
+                hidden=x,
+                cos=icos,
+                sin=isin,
+                q=qt,
+                k=kt,
+                scale=self.scaling,
+                topk_indices=topk_indices,
+                key_padding_mask=padding,
+            )
+        )
+    return topk_indices
+
+
+def _dense_output(self, handle: DSAHandle, p: _Projected, attention_mask, **kwargs):
+    """The model's own attention function: identical to the original forward."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    modeling = sys.modules[type(self).__module__]
+    interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+        self.config._attn_implementation, modeling.eager_attention_forward
+    )
+    extra = {}
+    if hasattr(self, "sliding_window"):
+        extra["sliding_window"] = self.sliding_window
+    elif handle.model_type == "mistral":
+        extra["sliding_window"] = getattr(self.config, "sliding_window", None)
+    out, weights = interface(
+        self,
+        p.q,
+        p.k,
+        p.v,
+        attention_mask,
+        dropout=0.0 if not self.training else self.attention_dropout,
+        scaling=self.scaling,
+        **extra,
+        **kwargs,
+    )
+    B, _, T, _ = p.q.shape
+    return self.o_proj(out.reshape(B, T, -1).contiguous()), weights
+
+
+def _sparse_output(self, handle: DSAHandle, p: _Projected, topk_indices: torch.Tensor) -> torch.Tensor:
+    """Attention over the selection (Eq. 2): gathered, or the masked-dense reference where that is
+    faster (short sequences) or asked for."""
+    cfg = handle.config
+    B, _, T, _ = p.q.shape
+    S = p.k.shape[2]
+    qt, kt, vt = p.q.transpose(1, 2), p.k.transpose(1, 2), p.v.transpose(1, 2)  # [B, T|S, heads, D]
+    masked = cfg.sparse_impl == "masked" or (
+        cfg.sparse_impl == "auto" and p.fresh and prefer_dense(T, S, cfg.index_topk)
+    )
+    if masked:  # the readable O(T·S) reference: dense scores masked to the selection
+        out = dense_attention(qt, kt, vt, self.scaling, nonempty_rows(selection_mask(topk_indices, S)))
+    else:
+        out = sparse_attention(qt, kt, vt, topk_indices, self.scaling)
+    return self.o_proj(out.reshape(B, T, -1))
+
+
+def _key_padding(attention_mask, S: int) -> torch.Tensor | None:
+    """``[B, S]`` True for real keys, read from the layer's 4-D mask (its last query row sees every
+    earlier real key); None when there is no padding or the mask is not a plain tensor."""
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 4:
+        return None
+    row = attention_mask[:, 0, -1, :S]
+    real = row if row.dtype == torch.bool else row == 0
+    return None if bool(real.all()) else real
+
+
+def _index_keys(attn, past_key_values, new_keys: torch.Tensor, S: int) -> torch.Tensor:
+    """All ``S`` index keys: those of earlier tokens are kept on the cache object beside its K/V."""
+    if past_key_values is None:
+        return new_keys
+    store = past_key_values.__dict__.setdefault("_dsa_index_keys", {})
+    T = new_keys.shape[1]
+    prev = store.get(attn.layer_idx)
+    if S == T or prev is None:
+        if S != T:
+            raise DSAError(
+                f"layer {attn.layer_idx}: the KV cache holds {S - T} earlier tokens but no indexer keys; "
+                "fill the cache with the DSA model attached"
+            )
+        keys = new_keys
+    else:
+        if prev.shape[1] != S - T:
+            raise DSAError(
+                f"layer {attn.layer_idx}: {prev.shape[1]} cached indexer keys for {S - T} cached tokens "
+                "(was the cache cropped or reordered? beam search is not supported)"
+            )
+        keys = torch.cat((prev, new_keys.detach()), dim=1)
+    store[attn.layer_idx] = keys.detach()
+    return keys

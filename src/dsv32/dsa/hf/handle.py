@@ -1,0 +1,132 @@
+"""The DSA state of one converted model (:class:`DSAHandle`) and how to find it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from dsv32.dsa.hf.config import MODES, SUPPORTED_MODEL_TYPES, DSAConfig, DSAError
+from dsv32.dsa.hf.layer import HFIndexer, LayerView
+
+
+@dataclass
+class DSAHandle:
+    """The DSA state of one model: config, the attention modules that carry an indexer, the mode, and
+    the training hooks. Get it with :func:`get_dsa`."""
+
+    config: DSAConfig
+    model_type: str
+    modules: dict[int, nn.Module]
+    collect_loss: bool = False
+    loss_query_rows: torch.Tensor | None = None  # optional subsample of query rows for the losses
+    losses: dict[int, torch.Tensor] = field(default_factory=dict)
+    observer: Callable[[LayerView], None] | None = None
+    oracle: bool = False  # sparse mode selects the oracle top-k (evaluation: the indexer's upper bound)
+
+    @property
+    def mode(self) -> str:
+        return self.config.mode
+
+    def set_mode(self, mode: str) -> None:
+        """``"off"`` (the original model), ``"dense"`` (warm-up) or ``"sparse"`` (DSA)."""
+        if mode not in MODES:
+            raise DSAError(f"DSA mode must be one of {MODES}, got {mode!r}")
+        self.config.mode = mode
+
+    def set_topk(self, k: int) -> None:
+        if k < 1:
+            raise DSAError(f"index_topk must be >= 1, got {k}")
+        self.config.index_topk = k
+
+    def indexers(self) -> dict[int, HFIndexer]:
+        return {i: m.indexer for i, m in self.modules.items()}
+
+    def indexer_parameters(self) -> list[nn.Parameter]:
+        return [p for m in self.modules.values() for p in m.indexer.parameters()]
+
+    def pop_losses(self) -> dict[int, torch.Tensor]:
+        """The per-layer indexer losses of the last forward(s) (and forget them)."""
+        out, self.losses = self.losses, {}
+        return out
+
+    @contextmanager
+    def mode_as(self, mode: str, topk: int | None = None) -> Iterator[DSAHandle]:
+        """Temporarily switch mode (and top-k)."""
+        old_mode, old_k = self.config.mode, self.config.index_topk
+        self.set_mode(mode)
+        if topk is not None:
+            self.set_topk(topk)
+        try:
+            yield self
+        finally:
+            self.config.mode, self.config.index_topk = old_mode, old_k
+
+    @contextmanager
+    def using_indexers(self, indexers: dict[int, HFIndexer]) -> Iterator[DSAHandle]:
+        """Temporarily run with other indexers (e.g. :func:`random_indexers`, the untrained baseline)."""
+        if set(indexers) != set(self.modules):
+            raise DSAError(
+                f"indexers for layers {sorted(indexers)} but DSA is on layers {sorted(self.modules)}"
+            )
+        old = {i: m._modules["indexer"] for i, m in self.modules.items()}
+        try:
+            for i, m in self.modules.items():
+                m._modules["indexer"] = indexers[i]
+            yield self
+        finally:
+            for i, m in self.modules.items():
+                m._modules["indexer"] = old[i]
+
+    @contextmanager
+    def selecting_oracle(self) -> Iterator[DSAHandle]:
+        """Temporarily let sparse mode attend to the oracle top-k — the keys with the largest
+        head-summed dense attention — instead of the indexer's: what a perfect indexer would give.
+        Evaluation only (it computes the dense attention of every layer, O(T·S))."""
+        old, self.oracle = self.oracle, True
+        try:
+            yield self
+        finally:
+            self.oracle = old
+
+    @contextmanager
+    def observing(self, observer: Callable[[LayerView], None]) -> Iterator[DSAHandle]:
+        old, self.observer = self.observer, observer
+        try:
+            yield self
+        finally:
+            self.observer = old
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    base = getattr(model, "model", model)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise DSAError(f"{type(model).__name__} has no .model.layers: not a decoder-only HF model")
+    return layers
+
+
+def model_type_of(model: nn.Module) -> str:
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise DSAError(
+            f"attach_dsa supports the {SUPPORTED_MODEL_TYPES} attention families; this model is "
+            f"{model_type!r} ({type(model).__name__})"
+        )
+    return model_type
+
+
+def get_dsa(model: nn.Module) -> DSAHandle:
+    """The :class:`DSAHandle` of a model that :func:`attach_dsa` converted."""
+    handle = model.__dict__.get("_dsa_handle")
+    if handle is None:
+        raise DSAError(f"{type(model).__name__} has no DSA attached: call attach_dsa(model, ...) first")
+    return handle
+
+
+def has_dsa(model: nn.Module) -> bool:
+    return "_dsa_handle" in model.__dict__
