@@ -1,0 +1,168 @@
+"""Completion text → OpenAI message deltas, as the text arrives.
+
+:class:`V32Stream` turns a V3.2 completion (the text generated after the prompt) into
+``reasoning_content``, ``content`` and ``tool_calls`` deltas while it is being generated. Whatever
+the split of the text into pieces, the deltas reassemble to exactly what
+``parse_completion(text, mode, strict=False)`` gives on the whole text:
+
+- each piece is appended to the text seen so far; the text is parsed (leniently) up to its *stable
+  end*: the end minus the longest suffix that could still grow into ``</think>``, the tool-call block
+  opener ``\\n\\n<｜DSML｜function_calls>`` or ``<｜end▁of▁sentence｜>``, the markers that end the
+  reasoning and the content. Reasoning and content of that stable text only ever grow by appending,
+  so the delta is the new suffix;
+- a tool call is reported once its ``invoke`` is closed: lenient parsing of a text cut inside a call
+  keeps only the calls completed before it, so a call cut at ``max_tokens`` is never reported, and
+  one that is reported never changes. It is sent as OpenAI streams calls: a delta with ``index``,
+  ``id`` (``call_…``), ``type`` and ``function.name`` and empty arguments, then one delta per
+  argument fragment (``{"key": value`` per parameter, ``}``), whose concatenation is the JSON string
+  ``parse_completion`` writes;
+- :meth:`V32Stream.finish` parses the whole text and sends what was held back.
+
+:class:`PlainStream` is the same interface for models without the V3.2 format: everything is content.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from dsv32.chat import parse_completion
+from dsv32.chat import protocol as P
+
+#: The markers a stable prefix may not end inside of.
+MARKERS = (P.THINK_END, P.CALLS_START, P.EOS)
+
+
+def new_call_id() -> str:
+    """An OpenAI-style tool call id."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def unstable_suffix(text: str, markers: tuple[str, ...] = MARKERS) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of one of ``markers``."""
+    best = 0
+    for marker in markers:
+        for k in range(min(len(marker) - 1, len(text)), best, -1):
+            if text.endswith(marker[:k]):
+                best = k
+                break
+    return best
+
+
+def argument_fragments(arguments: str) -> list[str]:
+    """``'{"a": 1, "b": "x"}'`` → ``['{"a": 1', ', "b": "x"', '}']`` (one fragment per parameter)."""
+    parsed = json.loads(arguments)
+    if not parsed:
+        return [arguments]
+    pairs = [
+        f"{json.dumps(k, ensure_ascii=False)}: {json.dumps(v, ensure_ascii=False)}" for k, v in parsed.items()
+    ]
+    fragments = ["{" + pairs[0], *(", " + p for p in pairs[1:]), "}"]
+    return fragments if "".join(fragments) == arguments else [arguments]
+
+
+@dataclass
+class MessageDelta:
+    """What one piece of text added: reasoning and content text, and OpenAI tool-call deltas."""
+
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.reasoning or self.content or self.tool_calls)
+
+
+class V32Stream:
+    """Incremental V3.2 completion parser (see the module docstring). ``thinking_mode``: ``"thinking"``
+    when the prompt ended with ``<think>``, else ``"chat"``."""
+
+    def __init__(self, thinking_mode: str = "thinking") -> None:
+        self.mode = thinking_mode
+        self.text = ""
+        self.reasoning = ""
+        self.content = ""
+        self.calls: list[dict[str, Any]] = []  # reported calls, with ids
+
+    def feed(self, piece: str) -> MessageDelta:
+        self.text += piece
+        stable = self.text[: len(self.text) - unstable_suffix(self.text)]
+        return self._advance(stable)
+
+    def finish(self) -> MessageDelta:
+        """Everything still held back; afterwards :meth:`message` is the parse of the whole text."""
+        return self._advance(self.text)
+
+    def message(self) -> dict[str, Any]:
+        """The assistant message reported so far (OpenAI shape; ``tool_calls`` with ids)."""
+        return {
+            "role": "assistant",
+            "content": self.content,
+            "reasoning_content": self.reasoning,
+            "tool_calls": [dict(c) for c in self.calls],
+        }
+
+    def _advance(self, text: str) -> MessageDelta:
+        parsed = parse_completion(text, self.mode, strict=False)
+        reasoning, content = parsed["reasoning_content"], parsed["content"]
+        if not (reasoning.startswith(self.reasoning) and content.startswith(self.content)):
+            raise AssertionError(f"non-monotone parse of a growing completion: {text!r}")
+        delta = MessageDelta(reasoning[len(self.reasoning) :], content[len(self.content) :])
+        self.reasoning, self.content = reasoning, content
+        for call in parsed["tool_calls"][len(self.calls) :]:
+            index, name, arguments = len(self.calls), call["function"]["name"], call["function"]["arguments"]
+            call_id = new_call_id()
+            self.calls.append(
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            )
+            delta.tool_calls.append(
+                {
+                    "index": index,
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": ""},
+                }
+            )
+            delta.tool_calls += [
+                {"index": index, "function": {"arguments": f}} for f in argument_fragments(arguments)
+            ]
+        return delta
+
+
+class PlainStream:
+    """A model without the V3.2 format: the completion is the content."""
+
+    def __init__(self) -> None:
+        self.content = ""
+
+    def feed(self, piece: str) -> MessageDelta:
+        self.content += piece
+        return MessageDelta(content=piece)
+
+    def finish(self) -> MessageDelta:
+        return MessageDelta()
+
+    def message(self) -> dict[str, Any]:
+        return {"role": "assistant", "content": self.content, "reasoning_content": "", "tool_calls": []}
+
+
+def reassemble(deltas: list[MessageDelta]) -> dict[str, Any]:
+    """The message a client rebuilds from ``deltas`` (tool calls by ``index``, arguments concatenated)."""
+    calls: dict[int, dict[str, Any]] = {}
+    for d in deltas:
+        for tc in d.tool_calls:
+            call = calls.setdefault(
+                tc["index"], {"type": "function", "function": {"name": "", "arguments": ""}}
+            )
+            if "id" in tc:
+                call["id"] = tc["id"]
+            call["function"]["name"] += tc["function"].get("name", "")
+            call["function"]["arguments"] += tc["function"].get("arguments", "")
+    return {
+        "role": "assistant",
+        "content": "".join(d.content for d in deltas),
+        "reasoning_content": "".join(d.reasoning for d in deltas),
+        "tool_calls": [calls[i] for i in sorted(calls)],
+    }
