@@ -198,7 +198,7 @@ def register(spec: EnvSpec) -> EnvSpec:
 
 
 # The modules of the shipped environments; each registers itself with :func:`register` on import.
-SHIPPED = ("search",)
+SHIPPED = ("search", "interpreter")
 
 
 def _load_shipped() -> None:
@@ -233,3 +233,22 @@ def resolve_tasks(env: str, tasks: str | None = None) -> list[Task]:
     if key not in spec.task_sets:
         raise EnvError(f"environment {env!r} has no task set {key!r}; known: {', '.join(spec.task_sets)}")
     return spec.task_sets[key]()
+
+
+def replay(env: Environment, task: Task, replies: list[dict]) -> Episode:
+    """Play assistant ``replies`` (e.g. ``env.reference(task)``) through ``env``'s tools without a
+    model or the agent: reset, run every tool call in order (results appended as ``tool``
+    messages), and return the episode, whose ``final`` is the last reply's content. For golden
+    checks and adapters; ``dsv32.agent`` does the same with a model."""
+    messages = env.reset(task)
+    for reply in replies:
+        messages.append(reply)
+        for call in reply.get("tool_calls") or []:
+            try:
+                arguments = json.loads(call["function"]["arguments"] or "{}")
+            except json.JSONDecodeError as err:
+                raise EnvError(f"tool call {call.get('id')!r}: arguments are not JSON ({err.msg})") from err
+            result = env.call(call["function"]["name"], arguments)
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+    final = replies[-1].get("content") if replies and not replies[-1].get("tool_calls") else None
+    return Episode(messages, final)

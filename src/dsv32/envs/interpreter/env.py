@@ -1,0 +1,101 @@
+"""``code-interpreter``: a persistent, sandboxed Jupyter kernel per episode, one tool ``python(code)``,
+and a math-verify check of the final ``\\boxed{}`` answer (paper §3.2.3, "Code Interpreter Agent").
+
+The kernel starts on the episode's first ``python`` call (an episode that never calls it costs no
+kernel) and lives until ``reset`` or ``close``. Reward: 1 when the last ``\\boxed{…}`` of the final
+answer equals the task's answer, else 0; components ``boxed`` (an answer was boxed) and ``correct``.
+"""
+
+from __future__ import annotations
+
+from dsv32.envs.base import EnvError, Environment, Reward, Task, TrajectoryLike, tool_call, tool_schema
+from dsv32.envs.interpreter.kernel import SandboxedKernel
+from dsv32.envs.interpreter.verify import last_boxed, math_equal
+
+SYSTEM_PROMPT = (
+    "You can run Python with the `python` tool: the code runs in a stateful Jupyter notebook (variables "
+    "persist between calls), and the tool answers with what the cell printed, the value of its last "
+    "expression, or its error. A cell that runs longer than {timeout:g} seconds is interrupted. Use it "
+    "for any computation you cannot do exactly by hand. When you are done, give the final answer as "
+    "\\boxed{{...}}."
+)
+
+
+class InterpreterEnv(Environment):
+    """One episode: a task, a kernel (started lazily), the calls made so far."""
+
+    name = "code-interpreter"
+    description = "math problems that need computation; a sandboxed Jupyter kernel; math-verify on \\boxed{}"
+
+    def __init__(
+        self,
+        *,
+        cell_timeout_s: float = 30,
+        memory_mb: int = 2048,
+        cpu_s: float = 600,
+        max_output_chars: int = 8000,
+        isolation: str | None = None,
+    ) -> None:
+        self.cell_timeout_s, self.memory_mb, self.cpu_s = cell_timeout_s, memory_mb, cpu_s
+        self.max_output_chars, self.isolation = max_output_chars, isolation
+        self.task: Task | None = None
+        self.kernel: SandboxedKernel | None = None
+        self.calls: list[dict] = []
+
+    def reset(self, task: Task) -> list[dict]:
+        if task.answer is None:
+            raise EnvError(f"task {task.id!r}: the code interpreter needs an 'answer' to check against")
+        self.close()
+        self.task, self.calls = task, []
+        system = SYSTEM_PROMPT.format(timeout=self.cell_timeout_s)
+        return [{"role": "system", "content": system}, {"role": "user", "content": task.prompt}]
+
+    def tools(self) -> list[dict]:
+        code = {"type": "string", "description": "Python source of one notebook cell"}
+        return [tool_schema("python", "Run a cell in a stateful Python notebook.", {"code": code})]
+
+    def call(self, name: str, arguments: dict) -> str:
+        if self.task is None:
+            raise EnvError("call() before reset(): start an episode with env.reset(task)")
+        if name != "python":
+            return f"error: unknown tool {name!r}; the only tool is 'python'"
+        code = arguments.get("code") if isinstance(arguments, dict) else None
+        if not isinstance(code, str):
+            return "error: the python tool takes one argument, 'code' (a string of Python source)"
+        if self.kernel is None:
+            self.kernel = SandboxedKernel(memory_mb=self.memory_mb, cpu_s=self.cpu_s, kind=self.isolation)
+        result = self.kernel.execute(code, timeout_s=self.cell_timeout_s, max_chars=self.max_output_chars)
+        self.calls.append({"status": result.status, "seconds": round(result.seconds, 4)})
+        return result.text
+
+    def reward(self, trajectory: TrajectoryLike) -> Reward:
+        if self.task is None:
+            raise EnvError("reward() before reset(): there is no task to check against")
+        boxed = last_boxed(trajectory.final)
+        if boxed is None:
+            return Reward(0.0, {"boxed": 0.0, "correct": 0.0}, "no \\boxed{} answer in the final message")
+        ok = math_equal(boxed, str(self.task.answer))
+        reason = f"boxed {boxed!r} {'equals' if ok else 'differs from'} the answer {self.task.answer!r}"
+        return Reward(float(ok), {"boxed": 1.0, "correct": float(ok)}, reason)
+
+    def reference(self, task: Task) -> list[dict]:
+        """Run the task's solution code (when it has one) with ``python``, then box the answer."""
+        final = {"role": "assistant", "content": f"The answer is \\boxed{{{task.answer}}}."}
+        code = task.info.get("solution_code")
+        if not code:
+            return [final]
+        call = tool_call("python", {"code": code}, f"{task.id}-ref-0")
+        return [{"role": "assistant", "content": "", "tool_calls": [call]}, final]
+
+    def state(self) -> dict:
+        return {
+            "task": self.task.id if self.task else None,
+            "calls": list(self.calls),
+            "kernel_alive": bool(self.kernel and self.kernel.alive()),
+            "kernel_restarts": self.kernel.restarts if self.kernel else 0,
+        }
+
+    def close(self) -> None:
+        if self.kernel is not None:
+            self.kernel.close()
+            self.kernel = None
