@@ -161,7 +161,7 @@ def check_fields(
             raise error(f"[{where}] {key} = {_show(data[key])}: must be {_type_name(hints[key])}")
         rule = ranges.get(key)
         if rule is not None and value is not None and not rule.ok(value):
-            raise error(f"[{where}] {key} = {_show(value)}: must be {rule.allowed}")
+            raise error(f"[{where}] {key} = {_show(data[key])}: must be {rule.allowed}")
         out[key] = value
     return out
 

@@ -31,6 +31,14 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # type: ignore[override]
         self.exit(USAGE_EXIT, f"{self.prog}: {message} (see '{self.prog} --help')\n")
 
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """Unknown arguments are reported by the command they were given to."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            prog = getattr(parsed, "prog", self.prog)
+            self.exit(USAGE_EXIT, f"{prog}: unrecognized arguments: {' '.join(extra)} (see '{prog} --help')\n")
+        return parsed
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dsv32", description=__doc__.splitlines()[0])
@@ -49,6 +57,27 @@ def command(p: argparse.ArgumentParser, run) -> None:
     )
 
 
+def _number(kind, test, allowed: str):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {allowed}") from None
+        if not test(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {allowed}")
+        return value
+
+    parse.__name__ = allowed  # argparse names the type in its messages
+    return parse
+
+
+# Flag types that check their range where the flag is parsed.
+positive_int = _number(int, lambda v: v >= 1, "an integer >= 1")
+non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
+non_negative_float = _number(float, lambda v: v >= 0 and v != float("inf"), "a number >= 0")
+probability = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+
+
 def user_error(err: BaseException) -> str | None:
     """The one-line message for a mistake the user can fix, or None for a bug."""
     if isinstance(err, DSV32Error):
@@ -61,7 +90,7 @@ def user_error(err: BaseException) -> str | None:
     if isinstance(err, UnicodeDecodeError):
         return f"not UTF-8 text: {err}"
     if isinstance(err, FileNotFoundError):
-        return f"no such file or directory: {err.filename or err}"
+        return f"no such file or directory: {err.filename}" if err.filename else str(err)
     if isinstance(err, IsADirectoryError):
         return f"is a directory, expected a file: {err.filename or err}"
     if isinstance(err, NotADirectoryError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dsv32.cli import command
+from dsv32.cli import command, non_negative_float, non_negative_int, positive_int, probability
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -23,8 +23,8 @@ def add(sub: argparse._SubParsersAction) -> None:
 
     demo = msub.add_parser("demo", help="tiny random V3.2: save, reload, generate, time sparse vs masked")
     demo.add_argument("--out", default="runs/tiny-model", help="where to save the tiny checkpoint")
-    demo.add_argument("--prompt-len", type=int, default=1024)
-    demo.add_argument("--new-tokens", type=int, default=32)
+    demo.add_argument("--prompt-len", type=positive_int, default=1024)
+    demo.add_argument("--new-tokens", type=positive_int, default=32)
 
     def run_demo(args: argparse.Namespace) -> int:
         from dsv32.engine.speed import run_tiny_demo
@@ -42,10 +42,10 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="text (needs a tokenizer in the checkpoint directory)")
     src.add_argument("--prompt-ids", help="comma-separated token ids")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=positive_int, default=64)
+    p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=probability, default=1.0)
+    p.add_argument("--top-k", type=non_negative_int, default=0)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     p.add_argument("--seed", type=int, default=0)
 
@@ -63,7 +63,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
             tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
             ids = tokenizer(args.prompt, add_special_tokens=True)["input_ids"]
         else:
-            ids = [int(t) for t in args.prompt_ids.split(",")]
+            ids = _token_ids(args.prompt_ids, model.config.vocab_size)
         out = generate(
             model,
             [ids],
@@ -78,3 +78,16 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         return 0
 
     command(p, run)
+
+
+def _token_ids(text: str, vocab_size: int) -> list[int]:
+    from dsv32.errors import DSV32Error
+
+    try:
+        ids = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise DSV32Error(f"--prompt-ids {text!r}: expected comma-separated integers, e.g. 1,2,3") from None
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise DSV32Error(f"--prompt-ids: {bad[:3]} outside the model's vocabulary [0, {vocab_size})")
+    return ids

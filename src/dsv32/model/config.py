@@ -208,9 +208,15 @@ class ModelConfig:
         if path.is_dir():
             path = path / "config.json"
         if not path.is_file():
-            raise FileNotFoundError(f"no model config at {path}")
+            raise ConfigError(f"no model config at {path}: pass a config.json or a checkpoint directory")
         with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"{path} is not valid JSON: {err.msg} (line {err.lineno})") from err
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} must hold a JSON object of config fields")
+        return cls.from_dict(data)
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The HF ``config.json`` (transformers v5 layout) that ``DeepseekV32Config`` reads."""

@@ -241,8 +241,6 @@ def train_grpo(
     from dsv32.rl.plot import plot_rl_metrics
 
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     torch.manual_seed(cfg.seed)
     policy = policy or load_policy(cfg.policy.name, thinking=cfg.policy.thinking, device=cfg.policy.device)
     reward_fn = reward_fn or build_reward_fn(
@@ -253,6 +251,8 @@ def train_grpo(
         g = replace(g, keep_routing=False)  # dense models have no routing to keep
     tasks = build_tasks(cfg)
     held_out = eval_tasks(cfg)
+    out.mkdir(parents=True, exist_ok=True)  # only now: bad input (policy, rewards, tasks) writes nothing
+    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     needs_ref = g.kl_coef > 0 or any(v > 0 for v in g.domain_kl_coef.values())
     ref = None
     if needs_ref:

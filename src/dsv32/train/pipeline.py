@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from dsv32.train.config import RunConfig, StageConfig
+from dsv32.train.config import RunConfig, StageConfig, TrainConfigError
 from dsv32.train.data import TokenData, load_token_data
 from dsv32.train.models import DSAModel, load_dsa_model
 from dsv32.train.trainer import StageResult, train_stage
@@ -61,9 +61,24 @@ def eval_sequences(data: TokenData, cfg: RunConfig) -> dict[int, torch.Tensor]:
     for L in cfg.eval.seq_lens:
         seqs = data.eval_sequences(L, cfg.eval.sequences)
         if seqs.shape[0] == 0:
-            raise ValueError(f"the held-out split has fewer than {L} tokens: lower eval.seq_lens or add text")
+            raise TrainConfigError(
+                f"the held-out split has fewer than {L} tokens: lower eval.seq_lens or add text"
+            )
         out[L] = seqs
     return out
+
+
+def check_lengths(cfg: RunConfig, dm: DSAModel, eval_only: bool = False) -> None:
+    """Sequence lengths must fit the model's position limit (checked before anything is written)."""
+    limit = getattr(dm.model.config, "max_position_embeddings", None)
+    if not limit:
+        return
+    lengths = {"eval.seq_lens": max(cfg.eval.seq_lens)}
+    if not eval_only:
+        lengths["data.seq_len"] = cfg.data.seq_len
+    for key, length in lengths.items():
+        if length > limit:
+            raise TrainConfigError(f"{key} = {length} exceeds the model's max_position_embeddings ({limit})")
 
 
 def run_stage(
@@ -73,6 +88,7 @@ def run_stage(
     stage_cfg = cfg.warmup if stage == "warmup" else cfg.sparse
     out = Path(out_dir or Path(cfg.out_dir) / stage)
     dm = load_dsa_model(cfg.model, cfg.dsa)
+    check_lengths(cfg, dm)
     data = prepare_data(cfg, dm, [stage_cfg])
     logger.info(
         "%s: %s, %d train sequences of %d tokens from %r", stage, dm.source, data.train_sequences().shape[0],
@@ -88,6 +104,7 @@ def run_eval(cfg: RunConfig, out_dir: str | Path | None = None, progress: bool =
 
     out = Path(out_dir or Path(cfg.out_dir) / "eval")
     dm = load_dsa_model(cfg.model, cfg.dsa)
+    check_lengths(cfg, dm, eval_only=True)
     data = prepare_data(cfg, dm, [], eval_sequences=cfg.eval.sequences)
     points = evaluate_dsa(
         dm,
@@ -112,10 +129,10 @@ def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
 
     cfg = cfg or demo_config()
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     t = time.time()
     dm = load_dsa_model(cfg.model, cfg.dsa)
+    check_lengths(cfg, dm)
     timings["load"] = time.time() - t
     t = time.time()
     data = prepare_data(cfg, dm, [cfg.warmup, cfg.sparse], eval_sequences=cfg.eval.sequences)
@@ -203,7 +220,7 @@ def config_from_cli(command: str, args: dict) -> tuple[RunConfig, Path | None]:
     Without ``--model``, ``sparse`` starts from ``<out_dir>/warmup/model`` and ``eval`` reads
     ``<out_dir>/sparse/model`` (else the warm-up's) when they exist."""
     from dsv32.recipe import apply_override
-    from dsv32.train.config import TrainConfigError, load_run_config, run_config_from_dict
+    from dsv32.train.config import load_run_config, run_config_from_dict
 
     if args.get("config"):
         cfg = load_run_config(args["config"])
