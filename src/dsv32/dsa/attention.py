@@ -14,8 +14,9 @@ in query chunks to bound memory. Tests hold the sparse paths to the references.
 The sparse paths are plain PyTorch (gather with ``index_select`` on a contiguous row view + batched
 matmul), chunked so the gathered rows stay in cache and, without autograd, writing into reused
 buffers. On CUDA, MLA's path (and the indexer) run fused Triton kernels
-(:mod:`dsv32.dsa.kernels.gpu`) behind the same signatures when no gradient is needed. :func:`prefer_dense` holds the measured crossover below which
-the masked-dense path (identical results) is faster than the sparse one.
+(:mod:`dsv32.dsa.kernels.gpu`) behind the same signatures when no gradient is needed.
+:func:`prefer_dense` holds the measured crossover below which the masked-dense path (identical
+results) is faster than the sparse one. The design and its measurements: docs/dsa.md.
 """
 
 from __future__ import annotations
@@ -32,20 +33,16 @@ from dsv32.dsa.sparse_autograd import SparseAttentionFunction
 from dsv32.dsa.union import query_blocks, token_major, union_softmax
 
 # Gathered rows per chunk (chunk_queries · K): ~4 MB of fp32 MLA latents, so they stay in L3 between
-# the gather and the two matmuls. Tuned with `python benchmarks/attention.py --tune-attention`.
+# the gather and the two matmuls. Tuned with `python benchmarks/attention.py --tune`.
 GATHER_BUDGET = 1 << 11
 
 # Prefill crossover: below ``DENSE_CROSSOVER_RATIO · k`` keys the masked-dense path (MHA mode, dense
-# attention masked to the same top-k: identical results) is faster than the sparse one. Measured with
-# `python benchmarks/attention.py --crossover` (2-core AVX2 EPYC, fp32, 2 threads, V3.2 dims at 16
-# heads; masked-dense / sparse prefill time at L/k = 3, 4, 6, 8: k=256 0.57 0.86 1.33 1.52,
-# k=512 0.89 0.94 1.26 1.61); the speed ratio crosses 1 at L/k = 4.6 (k=256) and 4.4 (k=512).
-# That is the torch path's crossover (gather + matmuls): the Hugging Face layouts and MLA without the
-# C kernel. With it (CPU, fp32, no autograd) MLA's sparse prefill wins from
-# ``MLA_KERNEL_CROSSOVER_RATIO · k`` keys on: same sweep, masked-dense / sparse at L/k = 2, 3, 4, 6, 8
-# k=256 0.76 1.17 1.55 2.18 2.39, k=512 1.23 1.24 1.80 2.67 2.91 (1.11 at 1.5) → crossings at 2.6
-# and below 1.5.
-# Machine-dependent: re-measure and override per model (``MLA.dense_crossover_ratio``) or here.
+# attention masked to the same top-k: identical results) is faster than the sparse one, because a few
+# hundred keys per query are cheaper as one dense matmul than as gathers. That ratio is the torch
+# path's (the Hugging Face layouts, and MLA without the C kernel); MLA's C kernel moves the crossover
+# down to ``MLA_KERNEL_CROSSOVER_RATIO · k``. Both come from `python benchmarks/attention.py
+# --crossover` (the sweep is in docs/results.md). Machine-dependent: re-measure and override per
+# model (``MLA.dense_crossover_ratio``) or here.
 DENSE_CROSSOVER_RATIO = 4.6
 MLA_KERNEL_CROSSOVER_RATIO = 2.6
 
@@ -347,10 +344,10 @@ def sparse_mla_attention(
     ``q``/``kv``/``k_rope`` may be strided views (cache slices, permuted einsum results). Per query the scores are one ``[H, C] × [C, K]`` matmul and the
     output one ``[H, K] × [K, v_dim]``, batched over a chunk of queries; differentiable. On this torch
     path, leading queries that selected every key they see (a prefill's first K) attend densely and
-    causally, in query blocks that read only the keys they see (the C kernel gathers nothing and
-    measured no slower on them: 8K/512 and 8K/2048 within noise). Selections must hold distinct indices. (Unlike
-    :func:`sparse_attention` there are no union blocks here: one gathered latent already serves every
-    head, and union blocks measured slower at any overlap — see :mod:`dsv32.dsa.union`.) On CUDA
+    causally, in query blocks that read only the keys they see (the C kernel reads those rows in place
+    and needs no such split). Selections must hold distinct indices. (Unlike :func:`sparse_attention`
+    there are no union blocks here: one gathered latent already serves every head, so they do not
+    pay — see :mod:`dsv32.dsa.union`.) On CUDA
     without autograd a fused Triton kernel runs instead (:mod:`dsv32.dsa.kernels.gpu`); on the CPU in
     fp32 or bf16 without autograd (and without ``chunk_size``, which tunes the torch path) a fused C
     kernel (:mod:`dsv32.dsa.kernels.cpu`), whose output is a heads-major view.
@@ -419,8 +416,8 @@ def sparse_mla_attention(
 
 # Bytes of one chunk's buffers in :func:`sparse_mla_attention_absorbed` on the C path (its absorbed
 # queries and latent outputs, 2 · H · C values per query): 64 MB = 1024 queries at 16 heads and
-# C = 512 in fp32. Measured at 32K/512 (16 heads): 256 queries per chunk 9.9-10.5 s, 1024 8.9-9.5 s,
-# 4096 8.7-9.2 s — each chunk switches between torch's matmul threads and the kernel's.
+# C = 512 in fp32. Large enough that switching between torch's matmul threads and the kernel's, once
+# per chunk, costs little; small enough that the [B, T, H, C] tensors never exist (docs/dsa.md).
 ABSORBED_CHUNK_BYTES = 64 << 20
 
 
@@ -470,8 +467,8 @@ def _absorbed_mla_cpu(q_nope, q_rope, kv, topk_indices, scale, w_uk, w_uv, k_rop
     """:func:`sparse_mla_attention_absorbed` with the C kernel, in query chunks (see there).
 
     The two projections run in fp32 whatever the input dtype: on CPUs without native bf16/fp16
-    units (AVX2) torch's half-precision matmuls measured ~70x slower than fp32 here, and an fp32
-    product rounded once is what a half-precision matmul (fp32 accumulation) computes anyway."""
+    units (AVX2) torch's half-precision matmuls are many times slower than fp32 (docs/dsa.md), and an
+    fp32 product rounded once is what a half-precision matmul (fp32 accumulation) computes anyway."""
     B, T, H, _ = q_nope.shape
     C, Dv = w_uk.shape[-1], w_uv.shape[1]
     half = q_nope.dtype != torch.float32

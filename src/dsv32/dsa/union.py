@@ -1,21 +1,13 @@
 """Shared-selection ("union") blocks for top-k sparse attention in the GQA layout.
 
-Neighbouring queries of a trained model select mostly the same keys: in the DSA demo model (SmolLM2,
-k = 256, 2K tokens) the selections of 64 consecutive queries span about 3·k distinct keys (16
-queries: 2·k), where independent selections would span up to 64·k. Such a block costs less as one
-dense matmul over the *union* of its selections, masked to each query's own set, than as per-query
-gathers and small matmuls — the same attention, computed with large matmuls and one gather per
-block. Each block measures its union and takes the union path when it holds at most ``ratio · k``
-keys; otherwise its queries gather as before.
-
-Measured with `python benchmarks/attention.py --union-sweep` (2-core AVX2 EPYC, fp32, blocks of 64
-queries drawing from a pool of ratio · k keys) in the GQA layout of SmolLM2 (9 heads on 3 KV heads
-of 64 dims), where every query gathers per KV head for a tiny [G, D] × [D, k] product: with 8K keys
-and k = 512 union blocks are 3.9-4.8× faster at |union|/k = 1.25, 1.9-2.4× at 3-4 and still 1.5× at
-12; with 4K keys and k = 256 2.7×, 2.0× and 1.05×; with k = 64 at 1K keys (either path takes
-milliseconds) they lose above 4·k. In MLA's MQA mode one gathered latent already serves every head
-and the per-query products run near matmul speed: union blocks measured 0.87× at 1.25 and slower
-above, so MLA always gathers.
+Neighbouring queries of a trained indexer select mostly the same keys, so a block of them costs less
+as one dense matmul over the *union* of its selections, masked to each query's own set, than as
+per-query gathers and small ``[G, D] × [D, k]`` products — the same attention, computed with large
+matmuls and one gather per block. Each block measures its union and takes the union path when it
+holds at most ``ratio · k`` keys; otherwise its queries gather one by one. In MLA's MQA mode one
+gathered latent already serves every head, so union blocks do not pay there and MLA always gathers.
+The measured speed-ups and the break-even ratio behind :data:`UNION_MAX_RATIO_GQA` are in
+docs/dsa.md and docs/results.md (``python benchmarks/attention.py --union-sweep``).
 """
 
 from __future__ import annotations

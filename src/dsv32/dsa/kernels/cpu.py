@@ -242,8 +242,8 @@ def sparse_mla_attention_cpu(
     if T == 0:
         return out
     # Queries are split across threads; a decode step (one query) runs on this thread: splitting its
-    # selection across threads and merging by log-sum-exp measured no faster end to end (8K/512:
-    # 2.1 vs 1.5 ms median per token; the other thread wakes late after torch's parallel ops).
+    # selection across threads and merging by log-sum-exp is slower end to end, because the other
+    # thread wakes late after torch's parallel ops (docs/dsa.md).
     workers = max(1, min(torch.get_num_threads(), T))
     jobs = []
     step = -(-T // workers)

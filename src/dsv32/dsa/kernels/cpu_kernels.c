@@ -25,7 +25,7 @@ typedef int32_t i8 __attribute__((vector_size(32)));
 #define TILE_K 6         /* keys per score tile: 2 x 6 accumulators, 8 loads per 12 FMAs */
 #define PREFETCH_TILES 2 /* score tiles between a row's prefetch and its use */
 #define PREFETCH_LINES 4 /* cache lines requested per row: the hardware prefetcher streams the rest
-                          * (requesting whole rows, 216 lines a tile, stalled on the miss buffers) */
+                          * (requesting whole rows, 216 lines a tile, overflows the miss buffers) */
 #define LD_S ((BLOCK_KEYS + TILE_K - 1) / TILE_K * TILE_K) /* score row: whole tiles, past the block too */
 #define VALUE_H 4        /* heads per value tile (4 x 16 dims) */
 
@@ -309,7 +309,7 @@ void dsv32_sparse_mqa_bf16(SPARSE_MQA_ARGS) { SPARSE_MQA_CALL(1); }
  * maxima of groups of keys bounds the k-th score from below (each of those k groups holds a key at
  * least that large), the keys at or above the bound are the candidates, and a quickselect over
  * their (score, position) sort keys picks the exact top-k under the rule of
- * dsv32.dsa.indexer.tie_break_keys: higher score first, then the later position. A group is one lane
+ * dsv32.dsa.topk.tie_break_keys: higher score first, then the later position. A group is one lane
  * of g consecutive vectors (keys 8gc + l, 8gc + 8 + l, ...; g >= GROUP, sized to the row), so the
  * maxima are vector maxima. */
 
@@ -332,7 +332,7 @@ static inline unsigned lanes_set(i8 mask) {
 #endif
 }
 
-/* fp32 -> int32 with the same order (-0.0 folded into +0.0), as indexer._float_order_key. */
+/* fp32 -> int32 with the same order (-0.0 folded into +0.0), as dsv32.dsa.topk.float_order_key. */
 static inline i8 order8(f8 x) {
     i8 bits = (i8)(x + splat8(0.0f));
     return bits ^ ((bits >> 31) & 0x7FFFFFFF);

@@ -172,8 +172,8 @@ def sparse_mla_attention_gpu(
         x if x.stride(-1) == 1 else x.contiguous() for x in (q, latent, rope, topk_indices)
     )
     ieee = q.dtype == torch.float32
-    # heads per program: each gathered latent tile serves them all (H100, 128 heads at 32K tokens,
-    # k 2048: 16 heads 141 ms, 32 heads 120-137 ms, 64 heads 79 ms per prefill; fp32 tests use 16)
+    # heads per program: each gathered latent tile serves them all, so more heads per program read
+    # the cache fewer times (64 is fastest at V3.2's 128 heads, docs/dsa.md; fp32 tests use 16)
     block_h = 64 if H >= 64 and not ieee else 16
     block_n = 32 if ieee else 64
     head_blocks = triton.cdiv(H, block_h)
@@ -244,9 +244,9 @@ def index_scores_gpu(
 
 # fp32 scores per chunk of queries: 2^27 floats (512 MB), so memory stays O(chunk · S).
 INDEXER_GPU_BUDGET = 1 << 27
-# Rows at least this many times longer than K select coarse to fine (group maxima, then candidates).
-# H100, whole 16-head prefill indexer: plain torch.topk faster at L/k = 16-64 (32K/512: 14.7 vs
-# 17.4 ms), coarse-to-fine at 128-256 (64K/512: 53.7 vs 59.6 ms; 128K/512: 179 vs 201 ms).
+# Rows at least this many times longer than K select coarse to fine (group maxima, then candidates):
+# below that one torch.topk over the row is faster, above it the two smaller top-k calls are
+# (measured on an H100, docs/dsa.md).
 COARSE_TOPK_RATIO = 100
 
 
