@@ -67,10 +67,30 @@ CASES = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("argv", "expected"), CASES, ids=[" ".join(c[0][:3]) for c in CASES])
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(argv, expected, tmp_path, capsys, monkeypatch):
+def _more_cases() -> list:
+    """Command groups keep their rows beside this file as ``cases_<group>.py`` defining ``CASES`` (the
+    same shape; ``_files`` may be extended by a ``files(tmp)`` function there)."""
+    import importlib.util
+    from pathlib import Path
+
+    rows = []
+    for path in sorted(Path(__file__).parent.glob("cases_*.py")):
+        spec = importlib.util.spec_from_file_location(f"_bad_input_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        rows += [(*row, getattr(module, "files", None)) for row in module.CASES]
+    return rows
+
+
+CASES = [(*row, None) for row in CASES] + _more_cases()
+
+
+@pytest.mark.parametrize(("argv", "expected", "files"), CASES, ids=[" ".join(c[0][:3]) for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(
+    argv, expected, files, tmp_path, capsys, monkeypatch
+):
     monkeypatch.chdir(tmp_path)  # nothing may land in the working directory either (runs/...)
-    names = _files(tmp_path)
+    names = _files(tmp_path) | (files(tmp_path) if files else {})
     argv = [a.format(**names) for a in argv]
     with pytest.raises(SystemExit) if _is_usage_error(argv) else _no_raise() as exit_info:
         code = main(argv)
@@ -115,7 +135,7 @@ def _leaf_commands(parser: argparse.ArgumentParser, prefix=()) -> list[tuple[str
 
 
 def test_every_command_has_bad_input_rows():
-    covered = {tuple(argv[: len(leaf)]) for argv, _ in CASES for leaf in _leaf_commands(build_parser())}
+    covered = {tuple(argv[: len(leaf)]) for argv, *_ in CASES for leaf in _leaf_commands(build_parser())}
     missing = [" ".join(leaf) for leaf in _leaf_commands(build_parser()) if leaf not in covered]
     assert not missing, f"add bad-input rows for: {missing}"
 
