@@ -1,0 +1,246 @@
+"""Prompt formats of the local backend: the V3.2 encoding, or a model's own chat template.
+
+:class:`V32Format` (a tokenizer with the V3.2 special tokens): the prompt is exactly
+:func:`dsv32.chat.encode_messages` of the conversation with its tools attached, grown incrementally —
+when the new conversation only appends assistant turns and tool results to the previous one, only
+the new messages are rendered (``context=``) and tokenized, and their ids are appended (the text
+before them ends with ``<think>``/``</think>``, special tokens, so the ids equal tokenizing the whole
+prompt). A new user message re-renders the whole prompt (§3.2.1 changes the prefix). Completions are
+parsed with :func:`dsv32.chat.parse_completion` in lenient mode; its problems are returned.
+
+:class:`TemplateFormat` (any other chat model): the tokenizer's ``apply_chat_template``. Tool calls
+use the widespread ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` convention (Qwen,
+Hermes, SmolLM3). For a template that ignores ``tools`` (SmolLM2's does) the tool schemas are added to
+the system message with instructions in that convention; for one that ignores assistant
+``tool_calls`` the calls are written into the assistant's content in the same form, so the model
+sees what it did. Reasoning inside ``<think>…</think>`` becomes ``reasoning_content``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dsv32.agent.backends.base import assistant_message
+from dsv32.agent.errors import AgentError
+from dsv32.chat import (
+    EOS,
+    THINK_END,
+    apply_thinking_context,
+    attach_tools,
+    encode_messages,
+    missing_special_tokens,
+    parse_completion,
+)
+
+
+@dataclass
+class Prompt:
+    messages: list[dict]
+    tools: list[dict]
+    thinking: bool
+    text: str
+    ids: list[int]
+
+
+def _extends(old: Sequence[dict], new: Sequence[dict]) -> bool:
+    return len(new) >= len(old) and all(a is b or a == b for a, b in zip(old, new))
+
+
+class V32Format:
+    name = "v32"
+
+    def __init__(self, tokenizer: Any) -> None:
+        missing = missing_special_tokens(tokenizer)
+        if missing:
+            raise AgentError(
+                f"the tokenizer lacks the V3.2 special tokens {missing}: call "
+                "dsv32.chat.add_v32_special_tokens(tokenizer) and resize the model's embeddings, or use "
+                "format='template' (the model's own chat template)"
+            )
+        self.tokenizer = tokenizer
+        self.stop_ids = [tokenizer.convert_tokens_to_ids(EOS)]
+        self.last: Prompt | None = None
+
+    def _ids(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt(self, messages: Sequence[dict], tools: Sequence[dict], thinking: bool) -> Prompt:
+        mode = "thinking" if thinking else "chat"
+        last, tools = self.last, list(tools)
+        if (
+            last is not None
+            and last.thinking == thinking
+            and last.tools == tools
+            and _extends(last.messages, messages)
+        ):
+            new = list(messages[len(last.messages) :])
+            if not new:
+                return last
+            if not any(m.get("role") in ("user", "developer") for m in new):
+                tail = encode_messages(new, mode, context=attach_tools(last.messages, tools))
+                self.last = Prompt(
+                    list(messages), tools, thinking, last.text + tail, last.ids + self._ids(tail)
+                )
+                return self.last
+        text = encode_messages(attach_tools(messages, tools), mode)
+        self.last = Prompt(list(messages), tools, thinking, text, self._ids(text))
+        return self.last
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=False)
+
+    def parse(self, text: str, thinking: bool) -> tuple[dict, list[dict]]:
+        parsed = parse_completion(text, "thinking" if thinking else "chat", strict=False)
+        message = assistant_message(parsed["content"], parsed["reasoning_content"], parsed["tool_calls"])
+        return message, parsed["problems"]
+
+    #: streaming: reasoning until this marker (thinking mode), content until the tool calls
+    think_end, calls_start = THINK_END, "\n\n<｜DSML｜function_calls>"
+
+
+# ------------------------------------------------------------------------------------------ templates
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+_THINK = re.compile(r"^\s*(?:<think>)?(.*?)</think>", re.S)
+_PROBE = "dsv32_probe_function"
+
+
+def tools_instructions(tools: Sequence[dict]) -> str:
+    """The system-prompt block describing ``tools`` in the ``<tool_call>`` convention."""
+    schemas = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
+    return (
+        "# Tools\n\nYou can call the functions described by these JSON schemas:\n<tools>\n"
+        f"{schemas}\n</tools>\n\n"
+        "To call a function, write a JSON object with its name and arguments between <tool_call> and "
+        "</tool_call>, one block per call, for example:\n"
+        '<tool_call>\n{"name": "function_name", "arguments": {"argument": "value"}}\n</tool_call>\n'
+        "The results come back in the next message. When you have the answer, reply without a tool call."
+    )
+
+
+def render_call(call: dict) -> str:
+    function = call.get("function") or {}
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        # arguments that are not JSON are written as the model sent them (the tool answered with an error)
+        with contextlib.suppress(ValueError):
+            arguments = json.loads(arguments)
+    body = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
+    return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
+
+
+def parse_tool_calls(text: str) -> tuple[str, list[dict], list[dict]]:
+    """``(text without the call blocks, tool calls, problems)`` of ``<tool_call>`` blocks."""
+    calls, problems = [], []
+    for match in _TOOL_CALL.finditer(text):
+        try:
+            body = json.loads(match.group(1))
+        except ValueError as err:
+            problems.append(
+                {"position": match.start(), "expected": "a JSON object in <tool_call>", "message": str(err)}
+            )
+            continue
+        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+            problems.append(
+                {"position": match.start(), "expected": '{"name": ..., "arguments": ...}', "message": ""}
+            )
+            continue
+        arguments = body.get("arguments", body.get("parameters", {}))
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        calls.append({"type": "function", "function": {"name": body["name"], "arguments": arguments}})
+    return _TOOL_CALL.sub("", text), calls, problems
+
+
+class TemplateFormat:
+    name = "template"
+
+    def __init__(self, tokenizer: Any, stop_ids: Sequence[int], template_kwargs: dict | None = None) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise AgentError(
+                "the tokenizer has no chat template and lacks the V3.2 special tokens: add them with "
+                "dsv32.chat.add_v32_special_tokens (and resize the embeddings) or give it a chat_template"
+            )
+        self.tokenizer = tokenizer
+        self.stop_ids = list(stop_ids)
+        self.template_kwargs = dict(template_kwargs or {})
+        probe_tool = {"type": "function", "function": {"name": _PROBE, "parameters": {"type": "object"}}}
+        user = {"role": "user", "content": "hi"}
+        call = {"type": "function", "function": {"name": _PROBE, "arguments": {}}}
+        self.renders_tools = _PROBE in self._render([user], [probe_tool], probe=True)
+        turn = [
+            user,
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": "1"},
+        ]
+        self.renders_calls = _PROBE in self._render(turn, [], probe=True)
+        self.last: Prompt | None = None
+
+    def _render(self, messages: list[dict], tools: list[dict], probe: bool = False, **kwargs: Any) -> str:
+        import jinja2
+
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools or None,
+                add_generation_prompt=True,
+                tokenize=False,
+                **{**kwargs, **self.template_kwargs},
+            )
+        except (jinja2.TemplateError, TypeError, KeyError, ValueError) as err:
+            if probe:
+                return ""
+            raise AgentError(f"the model's chat template cannot render this conversation: {err}") from err
+
+    def template_messages(
+        self, messages: Sequence[dict], tools: Sequence[dict], thinking: bool
+    ) -> list[dict]:
+        """The conversation as this template gets it (see the module docstring)."""
+        out = apply_thinking_context(messages) if thinking else [dict(m) for m in messages]
+        for message in out:
+            if not thinking:
+                message.pop("reasoning_content", None)
+            if message.get("role") == "assistant" and message.get("tool_calls") and not self.renders_calls:
+                blocks = [render_call(c) for c in message.pop("tool_calls")]
+                message["content"] = "\n".join(
+                    [message["content"], *blocks] if message.get("content") else blocks
+                )
+        if tools and not self.renders_tools:
+            block = tools_instructions(tools)
+            if out and out[0].get("role") == "system":
+                out[0]["content"] = (out[0].get("content") or "") + "\n\n" + block
+            else:
+                out.insert(0, {"role": "system", "content": block})
+        return out
+
+    def prompt(self, messages: Sequence[dict], tools: Sequence[dict], thinking: bool) -> Prompt:
+        last, tools = self.last, list(tools)
+        same = last is not None and last.thinking == thinking and last.tools == tools
+        if same and len(last.messages) == len(messages) and _extends(last.messages, messages):
+            return last
+        shown = self.template_messages(messages, tools, thinking)
+        text = self._render(shown, tools if self.renders_tools else [], enable_thinking=thinking)
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        self.last = Prompt(list(messages), tools, thinking, text, ids)
+        return self.last
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        body = list(tokens)
+        if body and body[-1] in self.stop_ids:
+            body = body[:-1]
+        return self.tokenizer.decode(body, skip_special_tokens=False)
+
+    def parse(self, text: str, thinking: bool) -> tuple[dict, list[dict]]:
+        reasoning = ""
+        match = _THINK.match(text)
+        if match and ("<think>" in text[: match.end()] or thinking):
+            reasoning, text = match.group(1).strip(), text[match.end() :]
+        content, calls, problems = parse_tool_calls(text)
+        return assistant_message(content.strip(), reasoning, calls), problems
+
+    think_end, calls_start = "</think>", TOOL_CALL_OPEN

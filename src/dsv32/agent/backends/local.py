@@ -1,0 +1,174 @@
+"""A model loaded in this process: a native V3.2 checkpoint or a Hugging Face causal LM, through
+:mod:`dsv32.engine`.
+
+Prompts: the V3.2 encoding when the tokenizer knows the V3.2 special tokens, else the model's own chat
+template (``format="auto"``; see :mod:`dsv32.agent.backends.formats`). Generation runs in one
+:class:`~dsv32.engine.session.Session` whose KV cache lives across calls, so an episode prefills only
+what each step adds (the new tool results and the re-rendered last reply), not the whole prompt.
+``last_prompt`` / ``last_prompt_ids`` hold the prompt of the latest call; ``session.prefilled_tokens``
+counts what was prefilled over all calls, and each call's usage reports the reused tokens as
+``cached_tokens``.
+
+Sampling defaults (temperature 0.6, top-p 0.95) can be changed per backend or per call:
+``temperature``, ``top_p``, ``top_k``, ``max_tokens`` (= ``max_new_tokens``), ``seed``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from dsv32.agent.backends.base import Completion, Delta, Usage
+from dsv32.agent.backends.formats import TemplateFormat, V32Format
+from dsv32.agent.errors import AgentError
+
+
+class _Streamer:
+    """Turns generated tokens into ``on_delta("reasoning" | "content", text)`` calls: reasoning up to
+    the format's end-of-thinking marker (thinking mode), content up to its tool-call marker."""
+
+    def __init__(self, fmt: Any, thinking: bool, on_delta: Delta) -> None:
+        self.fmt, self.on_delta = fmt, on_delta
+        self.tokens: list[int] = []
+        self.kind = "reasoning" if thinking else "content"
+        self.sent = 0  # characters of the decoded text already passed on (or skipped)
+        self.hold = max(len(fmt.think_end), len(fmt.calls_start))
+        self.done = False
+
+    def __call__(self, token: int) -> None:
+        if self.done:
+            return
+        if token not in self.fmt.stop_ids:
+            self.tokens.append(token)
+        text = self.fmt.decode(self.tokens)
+        while not self.done:
+            marker = self.fmt.think_end if self.kind == "reasoning" else self.fmt.calls_start
+            found = text.find(marker, self.sent)
+            if found < 0:
+                break
+            self._send(text[self.sent : found])
+            self.sent = found + len(marker)
+            self.done = self.kind == "content"
+            self.kind = "content"
+        if not self.done:
+            safe = max(self.sent, len(text) - self.hold)
+            self._send(text[self.sent : safe])
+            self.sent = safe
+
+    def flush(self) -> None:
+        if not self.done:
+            self._send(self.fmt.decode(self.tokens)[self.sent :])
+
+    def _send(self, text: str) -> None:
+        if text:
+            self.on_delta(self.kind, text)
+
+
+class LocalBackend:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        format: str = "auto",
+        max_new_tokens: int = 1024,
+        temperature: float = 0.6,
+        top_p: float = 0.95,
+        top_k: int = 0,
+        seed: int | None = None,
+        reuse_cache: bool = True,
+        template_kwargs: dict | None = None,
+    ) -> None:
+        from dsv32.chat import missing_special_tokens
+        from dsv32.engine.session import Session
+
+        if tokenizer is None:
+            raise AgentError("a local backend needs the model's tokenizer (save one beside its weights)")
+        if format == "auto":
+            format = "template" if missing_special_tokens(tokenizer) else "v32"
+        if format == "v32":
+            self.format: V32Format | TemplateFormat = V32Format(tokenizer)
+        elif format == "template":
+            self.format = TemplateFormat(tokenizer, _eos_ids(model, tokenizer), template_kwargs)
+        else:
+            raise AgentError(f"format must be 'auto', 'v32' or 'template', got {format!r}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.session = Session(model, reuse=reuse_cache)
+        self.defaults = {
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": top_k,
+            "max_tokens": max_new_tokens,
+        }
+        self.seed = seed
+        self.last_prompt = ""
+        self.last_prompt_ids: list[int] = []
+
+    @classmethod
+    def load(cls, name: str, *, device: str = "auto", tokenizer: Any = None, **options: Any) -> LocalBackend:
+        """A backend over :func:`dsv32.engine.models.load_model` ``(name)``: ``smollm2``, a native V3.2
+        checkpoint, a Hugging Face model directory."""
+        from dsv32.engine.models import load_model
+
+        loaded = load_model(name, device=device)
+        return cls(loaded.model, tokenizer if tokenizer is not None else loaded.tokenizer, **options)
+
+    def count_tokens(self, messages: Sequence[dict], tools: Sequence[dict], *, thinking: bool = True) -> int:
+        return len(self.format.prompt(messages, tools, thinking).ids)
+
+    def complete(
+        self,
+        messages: Sequence[dict],
+        tools: Sequence[dict],
+        *,
+        thinking: bool = True,
+        sampling: dict | None = None,
+        on_delta: Delta | None = None,
+    ) -> Completion:
+        import torch
+
+        from dsv32.engine.sampling import SamplingParams
+
+        settings = {**self.defaults, **(sampling or {})}
+        unknown = set(settings) - {"temperature", "top_p", "top_k", "max_tokens", "max_new_tokens", "seed"}
+        if unknown:
+            raise AgentError(f"the local backend does not know the sampling setting(s) {sorted(unknown)}")
+        start = time.perf_counter()
+        prompt = self.format.prompt(messages, tools, thinking)
+        self.last_prompt, self.last_prompt_ids = prompt.text, prompt.ids
+        params = SamplingParams(settings["temperature"], settings["top_p"], settings["top_k"])
+        seed = settings.get("seed", self.seed)
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=self.session.device).manual_seed(int(seed))
+        streamer = _Streamer(self.format, thinking, on_delta) if on_delta is not None else None
+        out = self.session.generate(
+            prompt.ids,
+            max_new_tokens=int(settings.get("max_new_tokens") or settings["max_tokens"]),
+            sampling=params,
+            stop_ids=self.format.stop_ids,
+            generator=generator,
+            on_token=streamer,
+        )
+        if streamer is not None:
+            streamer.flush()
+        message, problems = self.format.parse(self.format.decode(out.tokens), thinking)
+        finish = "tool_calls" if message.get("tool_calls") else out.finish_reason
+        usage = Usage(len(prompt.ids), len(out.tokens), out.reused)
+        return Completion(message, usage, finish, time.perf_counter() - start, problems)
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if source is None:
+            continue
+        ids.update(source if isinstance(source, list | tuple) else [source])
+    if not ids:
+        raise AgentError(
+            "the model and its tokenizer name no end-of-sequence token; cannot tell when a reply ends"
+        )
+    return sorted(int(i) for i in ids)

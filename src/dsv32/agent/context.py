@@ -1,0 +1,99 @@
+"""Test-time context management (paper §4.4): what to do when the prompt outgrows the window.
+
+The loop calls these when a step's prompt would exceed ``trigger · context_window`` tokens (the paper
+uses 80 %). ``anchor`` is the index of the first message after the task: everything before it (the
+system prompt, the task, any earlier conversation) always stays. A *tool-call round* is an assistant
+message with ``tool_calls`` and the tool results answering it.
+
+- ``summary``: the model summarizes the overflowed trajectory (:func:`summary_request`); the rollout
+  re-initiates from the task plus that summary (:func:`reinitiate`);
+- ``discard_75``: the oldest ``max(1, ⌊0.75 · n⌋)`` of the ``n`` rounds leave the context
+  (:func:`discard_rounds`), the newer ones stay with their reasoning;
+- ``discard_all``: every round leaves; the system prompt and the task stay (a fresh start that keeps
+  nothing of what was learned, like a "new context" tool);
+- ``parallel_fewest_step``: no reset; N independent trajectories run to the end and the finished one
+  with the fewest steps wins (:func:`fewest_steps`) — the parallel-scaling baseline;
+- ``none``: the episode stops with ``stop_reason="context"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dsv32.agent.errors import AgentError
+
+STRATEGIES = ("none", "summary", "discard_75", "discard_all", "parallel_fewest_step")
+DEFAULT_TRIGGER = 0.8
+
+SUMMARY_REQUEST = (
+    "Your context is nearly full and will be reset. Write a summary of the work so far that lets you "
+    "continue the task from the summary alone: what the task asks, what you found (facts, numbers, "
+    "sources, intermediate results), what you tried that did not work, and what remains to be done. "
+    "Do not call any tool; reply with the summary only."
+)
+SUMMARY_HEADER = (
+    "\n\n## Summary of the work so far\n\n"
+    "(Earlier steps were summarized to free context; continue the task from this summary.)\n\n"
+)
+
+
+def check_strategy(strategy: str) -> str:
+    if strategy not in STRATEGIES:
+        raise AgentError(f"unknown context strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    return strategy
+
+
+def tool_rounds(messages: Sequence[dict], anchor: int) -> list[tuple[int, int]]:
+    """``[start, end)`` spans of the tool-call rounds at or after ``anchor``, oldest first."""
+    rounds: list[tuple[int, int]] = []
+    i = anchor
+    while i < len(messages):
+        message = messages[i]
+        if message.get("role") == "assistant" and message.get("tool_calls"):
+            j = i + 1
+            while j < len(messages) and messages[j].get("role") == "tool":
+                j += 1
+            rounds.append((i, j))
+            i = j
+        else:
+            i += 1
+    return rounds
+
+
+def discarded_count(n_rounds: int, fraction: float) -> int:
+    """How many of ``n_rounds`` rounds ``discard`` removes: ``max(1, ⌊fraction · n⌋)``, at most n."""
+    if n_rounds == 0:
+        return 0
+    return min(n_rounds, max(1, int(fraction * n_rounds)))
+
+
+def discard_rounds(messages: Sequence[dict], anchor: int, fraction: float) -> tuple[list[dict], int]:
+    """``(context without the oldest rounds, number of messages removed)``; ``fraction=1`` removes all."""
+    rounds = tool_rounds(messages, anchor)
+    drop = rounds[: discarded_count(len(rounds), fraction)]
+    gone = {i for start, end in drop for i in range(start, end)}
+    return [m for i, m in enumerate(messages) if i not in gone], len(gone)
+
+
+def summary_request(messages: Sequence[dict]) -> list[dict]:
+    """The context plus the user message asking for a summary."""
+    return [*messages, {"role": "user", "content": SUMMARY_REQUEST}]
+
+
+def reinitiate(initial: Sequence[dict], summary: str) -> list[dict]:
+    """The initial messages with the summary appended to the task (the last user message)."""
+    out = [dict(m) for m in initial]
+    for message in reversed(out):
+        if message.get("role") in ("user", "developer"):
+            message["content"] = (message.get("content") or "") + SUMMARY_HEADER + summary
+            return out
+    raise AgentError("the conversation has no user message to re-initiate from")
+
+
+def fewest_steps(stop_reasons: Sequence[str], steps: Sequence[int]) -> int:
+    """Index of the winner: the trajectory that answered in the fewest steps (the first on ties);
+    when none answered, the first one."""
+    answered = [i for i, reason in enumerate(stop_reasons) if reason == "answer"]
+    if not answered:
+        return 0
+    return min(answered, key=lambda i: (steps[i], i))

@@ -1,0 +1,297 @@
+"""The agent loop: think, call tools, read their results, repeat until an answer (paper §3.2, §4.4).
+
+One step::
+
+    tokens = backend.count_tokens(context)            # only with a context_window
+    if tokens > trigger · context_window:  reset the context by the strategy (or stop: "context")
+    reply = backend.complete(context, tools, thinking)
+    context += [reply];  no tool calls → stop: "answer" (final = reply.content)
+    for each call in reply.tool_calls, in order:  context += [tool result]   (errors are results too)
+
+and the episode stops with ``"max_steps"`` after ``max_steps`` model calls or ``"error"`` when the
+backend fails (:class:`~dsv32.agent.errors.BackendError`, after its own retries).
+
+Thinking context (§3.2.1): the reasoning of the assistant turns of the current task stays in the
+context across all its tool calls; reasoning before the last user message is dropped when the
+episode starts (a conversation passed in as history) and whenever a ``summary`` reset re-initiates
+the rollout with a new user message. Tool calls and results are always kept. Backends apply the same
+rule to whatever they are sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from dsv32.agent.backends.base import Backend, Completion
+from dsv32.agent.context import (
+    DEFAULT_TRIGGER,
+    check_strategy,
+    discard_rounds,
+    fewest_steps,
+    reinitiate,
+    summary_request,
+)
+from dsv32.agent.errors import AgentError, BackendError
+from dsv32.agent.tools import DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_TIMEOUT_S, Tool, Toolbox
+from dsv32.agent.trajectory import ContextEvent, Step, ThreadSummary, ToolRecord, Trajectory
+from dsv32.chat import apply_thinking_context
+
+#: ``on_event(kind, payload)``: "thread" {thread}, "delta" {kind, text}, "tool_call" {id, name,
+#: arguments}, "tool_result" {id, name, ok, error, content}, "context" {ContextEvent fields},
+#: "step" {step: Step}, "stop" {stop_reason, final}.
+EventHandler = Callable[[str, dict], None]
+
+
+class Agent:
+    """A tool-using agent over any backend (see the module docstring for the loop).
+
+    Args:
+        backend: a :class:`~dsv32.agent.backends.base.Backend` (local model, OpenAI-compatible
+            endpoint, scripted replies).
+        tools: :class:`~dsv32.agent.tools.Tool` objects or plain functions (schema from type hints).
+        system: a system prompt put before a task given as a string.
+        thinking: reason before answering (V3.2 thinking mode); False is chat mode.
+        max_steps: model calls per trajectory, summary calls included.
+        context_window: the model's window in tokens; None disables context management.
+        context: ``"none"``, ``"summary"``, ``"discard_75"``, ``"discard_all"`` or
+            ``"parallel_fewest_step"`` (see :mod:`dsv32.agent.context`).
+        context_trigger: the fraction of the window that triggers the strategy (paper: 0.8).
+        parallel: trajectories of ``parallel_fewest_step``.
+        discard_fraction: the share of rounds ``discard_75`` removes.
+        sampling: settings passed to every backend call (``temperature``, ``top_p``, ``max_tokens`` ...).
+        tool_timeout_s / max_tool_output_chars: see :class:`~dsv32.agent.tools.Toolbox`.
+        on_event: called as things happen (streaming to a terminal, logging).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        tools: Iterable[Tool | Callable[..., Any]] = (),
+        *,
+        system: str | None = None,
+        thinking: bool = True,
+        max_steps: int = 50,
+        context_window: int | None = None,
+        context: str = "none",
+        context_trigger: float = DEFAULT_TRIGGER,
+        parallel: int = 4,
+        discard_fraction: float = 0.75,
+        sampling: dict | None = None,
+        tool_timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        max_tool_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+        on_event: EventHandler | None = None,
+    ) -> None:
+        self.backend = backend
+        self.toolbox = (
+            tools
+            if isinstance(tools, Toolbox)
+            else Toolbox(tools, timeout_s=tool_timeout_s, max_output_chars=max_tool_output_chars)
+        )
+        self.system = system
+        self.thinking = thinking
+        self.context = check_strategy(context)
+        if max_steps < 1:
+            raise AgentError(f"max_steps must be at least 1, got {max_steps}")
+        if context_window is not None and context_window < 1:
+            raise AgentError(f"context_window must be a positive number of tokens, got {context_window}")
+        if not 0.0 < context_trigger <= 1.0:
+            raise AgentError(f"context_trigger must be in (0, 1], got {context_trigger}")
+        if not 0.0 < discard_fraction <= 1.0:
+            raise AgentError(f"discard_fraction must be in (0, 1], got {discard_fraction}")
+        if parallel < 1:
+            raise AgentError(f"parallel must be at least 1, got {parallel}")
+        if context not in ("none", "parallel_fewest_step") and context_window is None:
+            raise AgentError(f"context={context!r} needs context_window (the model's window in tokens)")
+        self.max_steps = max_steps
+        self.context_window = context_window
+        self.context_trigger = context_trigger
+        self.parallel = parallel
+        self.discard_fraction = discard_fraction
+        self.sampling = dict(sampling or {})
+        self.on_event = on_event
+
+    # ------------------------------------------------------------------------------------ public
+    def run(self, task: str | Sequence[dict]) -> Trajectory:
+        """Run one task: a string (the user's message) or OpenAI-style messages (a system prompt,
+        earlier turns, the task as the last user message)."""
+        initial = self.initial_messages(task)
+        if self.context != "parallel_fewest_step":
+            return self._episode(initial, self.context, thread=0)
+        runs = [self._episode(initial, "none", thread=i) for i in range(self.parallel)]
+        return combine_threads(runs)
+
+    def initial_messages(self, task: str | Sequence[dict]) -> list[dict]:
+        if isinstance(task, str):
+            if not task.strip():
+                raise AgentError("the task is empty")
+            system = [{"role": "system", "content": self.system}] if self.system else []
+            messages = [*system, {"role": "user", "content": task}]
+        elif isinstance(task, Sequence) and all(isinstance(m, dict) for m in task):
+            messages = [dict(m) for m in task]
+            has_system = any(m.get("role") == "system" for m in messages)
+            if self.system and has_system:
+                raise AgentError("the task messages have a system prompt and so does the agent; give one")
+            if self.system:
+                messages.insert(0, {"role": "system", "content": self.system})
+        else:
+            raise AgentError("a task is a string or a list of OpenAI-style message dicts")
+        if not any(m.get("role") in ("user", "developer") for m in messages):
+            raise AgentError("the task messages have no user message")
+        return apply_thinking_context(messages) if self.thinking else messages
+
+    # ------------------------------------------------------------------------------------ episode
+    def _emit(self, kind: str, payload: dict) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, payload)
+
+    def _call(self, messages: list[dict]) -> Completion:
+        on_delta = None
+        if self.on_event is not None:
+
+            def on_delta(kind: str, text: str) -> None:
+                self._emit("delta", {"kind": kind, "text": text})
+
+        return self.backend.complete(
+            messages, self.toolbox.schemas, thinking=self.thinking, sampling=self.sampling, on_delta=on_delta
+        )
+
+    def _count(self, messages: list[dict]) -> int:
+        return self.backend.count_tokens(messages, self.toolbox.schemas, thinking=self.thinking)
+
+    def _episode(self, initial: list[dict], strategy: str, thread: int) -> Trajectory:
+        self._emit("thread", {"thread": thread})
+        traj = Trajectory(messages=list(initial), strategy=strategy)
+        context, anchor, task_messages = list(initial), len(initial), initial
+        pending: list[ContextEvent] = []
+        limit = None if self.context_window is None else self.context_trigger * self.context_window
+        try:
+            while len(traj.steps) < self.max_steps:
+                if limit is not None:
+                    tokens = self._count(context)
+                    if tokens > limit:
+                        reset = self._reset(
+                            traj, context, anchor, task_messages, strategy, tokens, limit, thread
+                        )
+                        if reset is None:
+                            traj.stop_reason = "context"
+                            break
+                        context, anchor, event = reset
+                        pending.append(event)
+                        if len(traj.steps) >= self.max_steps:
+                            break
+                completion = self._call(context)
+                step = self._record(traj, completion, "act", thread, pending)
+                pending = []
+                message = completion.message
+                calls = message.get("tool_calls") or []
+                for k, call in enumerate(calls):
+                    call.setdefault("id", f"call_{thread}_{step.index}_{k}")
+                context.append(message)
+                traj.messages.append(message)
+                if not calls:
+                    traj.final, traj.stop_reason = message.get("content") or "", "answer"
+                    self._emit("step", {"step": step})
+                    break
+                for call in calls:
+                    result = self._run_tool(call)
+                    step.tool_calls.append(result[0])
+                    step.tool_latency_s += result[0].latency_s
+                    context.append(result[1])
+                    traj.messages.append(result[1])
+                self._emit("step", {"step": step})
+        except BackendError as err:
+            traj.stop_reason, traj.error = "error", str(err)
+        traj.total_steps = len(traj.steps)
+        traj.total_tokens = sum(s.tokens for s in traj.steps)
+        self._emit("stop", {"stop_reason": traj.stop_reason, "final": traj.final, "thread": thread})
+        return traj
+
+    def _record(
+        self, traj: Trajectory, completion: Completion, kind: str, thread: int, events: list[ContextEvent]
+    ) -> Step:
+        usage = completion.usage
+        step = Step(
+            index=len(traj.steps),
+            kind=kind,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens,
+            latency_s=completion.latency_s,
+            finish_reason=completion.finish_reason,
+            context_events=list(events),
+            problems=list(completion.problems),
+            thread=thread,
+        )
+        traj.steps.append(step)
+        return step
+
+    def _run_tool(self, call: dict) -> tuple[ToolRecord, dict]:
+        function = call.get("function") or {}
+        name = function.get("name")
+        self._emit("tool_call", {"id": call["id"], "name": name, "arguments": function.get("arguments")})
+        out = self.toolbox.execute(call)
+        record = ToolRecord(
+            str(name), call["id"], out.ok, out.error, out.latency_s, out.output_chars, out.truncated
+        )
+        self._emit(
+            "tool_result",
+            {"id": call["id"], "name": name, "ok": out.ok, "error": out.error, "content": out.content},
+        )
+        return record, {"role": "tool", "tool_call_id": call["id"], "content": out.content}
+
+    # ------------------------------------------------------------------------------------ resets
+    def _reset(
+        self,
+        traj: Trajectory,
+        context: list[dict],
+        anchor: int,
+        task_messages: list[dict],
+        strategy: str,
+        tokens: int,
+        limit: float,
+        thread: int,
+    ) -> tuple[list[dict], int, ContextEvent] | None:
+        """Apply ``strategy``: ``(new context, new anchor, event)``, or None when the episode must stop
+        (strategy ``none``, nothing left to remove, or still over the limit)."""
+        step = len(traj.steps)
+        summary = None
+        if strategy in ("none", "parallel_fewest_step"):
+            return None
+        if strategy == "summary":
+            completion = self._call(summary_request(context))
+            self._record(traj, completion, "summary", thread, [])
+            message = completion.message
+            summary = (message.get("content") or message.get("reasoning_content") or "").strip()
+            if not summary:
+                return None
+            fresh = reinitiate(task_messages, summary)
+            traj.messages.append(next(m for m in reversed(fresh) if m.get("role") in ("user", "developer")))
+            new, new_anchor, removed = fresh, len(fresh), len(context) - anchor
+        else:
+            fraction = 1.0 if strategy == "discard_all" else self.discard_fraction
+            new, removed = discard_rounds(context, anchor, fraction)
+            new_anchor = anchor
+            if removed == 0:
+                return None
+        after = self._count(new)
+        event = ContextEvent(step, strategy, tokens, after, removed, summary)
+        traj.context_events.append(event)
+        self._emit("context", asdict(event))
+        if after > limit:
+            return None
+        return new, new_anchor, event
+
+
+def combine_threads(runs: Sequence[Trajectory]) -> Trajectory:
+    """``parallel_fewest_step``: the winning trajectory (see :func:`~dsv32.agent.context.fewest_steps`)
+    with every thread summarized in ``threads`` and the budget of all of them in the totals."""
+    winner = runs[fewest_steps([r.stop_reason for r in runs], [r.num_steps for r in runs])]
+    winner.strategy = "parallel_fewest_step"
+    winner.threads = [
+        ThreadSummary(i, r.stop_reason, r.num_steps, r.total_tokens, r.final) for i, r in enumerate(runs)
+    ]
+    winner.total_steps = sum(r.total_steps for r in runs)
+    winner.total_tokens = sum(r.total_tokens for r in runs)
+    return winner

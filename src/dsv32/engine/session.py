@@ -1,0 +1,181 @@
+"""A generation session that keeps its KV cache between calls: multi-step agents prefill only what
+is new.
+
+The session remembers the token ids whose keys and values its cache holds (``ids``). For a new prompt
+``p`` it keeps the longest common prefix ``k`` of ``ids`` and ``p`` (at most ``len(p) - 1``: the last
+prompt token is always run, its logits start the reply), cuts the cache back to ``k`` tokens and
+prefills only ``p[k:]``; then it decodes one token at a time. After the call the cache holds the
+prompt and the reply except its last token (which was sampled, never run). An agent's next prompt is
+the previous prompt, the reply as the chat format renders it, and the tool results, so nearly all of
+it is reused; where the rendered reply differs from the sampled tokens (a tokenization that is not
+canonical, a parser that normalized the tool-call text), reuse stops at the first differing token.
+
+- native :class:`~dsv32.model.DeepseekV32`: a :class:`~dsv32.model.cache.KVCache` (MLA latents and
+  indexer keys) that grows by reallocation and copy when a prompt outgrows it; cutting back sets its
+  ``length``.
+- Hugging Face causal LMs: a ``DynamicCache``, cut back with ``crop``. Models with DSA attached keep
+  indexer keys that ``crop`` does not cut, so for them every call starts from an empty cache.
+
+Counters: ``prefilled_tokens`` (tokens run through prefill, over all calls), ``reused_tokens``.
+Batch size one; not thread-safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dsv32.engine.backends import backend_for
+from dsv32.engine.sampling import SamplingParams, sample_next
+from dsv32.model import DeepseekV32
+
+
+@dataclass
+class SessionOutput:
+    tokens: list[int]  # the reply, the stop token included when it was produced
+    finish_reason: str  # "stop" (a stop token) or "length" (max_new_tokens)
+    prefilled: int  # prompt tokens run through the model in this call
+    reused: int  # prompt tokens whose cache entries were kept
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if list(a[:mid]) == list(b[:mid]):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class Session:
+    """One growing sequence and its KV cache over a native V3.2 model or a transformers causal LM."""
+
+    def __init__(self, model, *, reuse: bool = True) -> None:
+        backend_for(model)  # raises TypeError for anything generate() cannot drive either
+        self.model = model
+        self.native = isinstance(model, DeepseekV32)
+        if not self.native:
+            from dsv32.dsa.hf import has_dsa
+
+            reuse = reuse and not has_dsa(model)
+        self.reuse = reuse
+        self.device = next(model.parameters()).device
+        self.cache = None
+        self.ids: list[int] = []
+        self.prefilled_tokens = 0
+        self.reused_tokens = 0
+        self._logits_to_keep = self.native or "logits_to_keep" in _forward_params(model)
+
+    def reset(self) -> None:
+        self.cache, self.ids = None, []
+
+    # ---------------------------------------------------------------------------------- cache
+    def _truncate(self, keep: int) -> None:
+        if self.cache is None or not self.reuse:
+            keep = 0
+        if keep == 0:
+            self.cache, self.ids = None, []
+            return
+        if self.native:
+            self.cache.length = keep
+        else:
+            self.cache.crop(keep)
+        self.ids = self.ids[:keep]
+
+    def _ensure_capacity(self, total: int) -> None:
+        """Native caches are preallocated: grow (×2, at least ``total``) and copy what is held."""
+        if not self.native:
+            if self.cache is None:
+                from transformers import DynamicCache
+
+                self.cache = DynamicCache(config=self.model.config)
+            return
+        limit = self.model.config.max_position_embeddings
+        if total > limit:
+            raise ValueError(
+                f"the sequence needs {total} positions but the model has max_position_embeddings={limit}; "
+                "shorten the prompt or max_new_tokens (an agent: set context_window below it)"
+            )
+        if self.cache is not None and total <= self.cache.max_len:
+            return
+        old = self.cache
+        size = min(limit, max(total, 2 * old.max_len if old is not None else 0, 256))
+        self.cache = self.model.new_cache(1, size)
+        if old is not None and old.length:
+            n = old.length
+            self.cache.kv_latent[:, :, :n] = old.kv_latent[:, :, :n]
+            self.cache.k_rope[:, :, :n] = old.k_rope[:, :, :n]
+            self.cache.index_keys[:, :, :n] = old.index_keys[:, :, :n]
+            self.cache.length = n
+
+    def _forward(self, ids: list[int]) -> torch.Tensor:
+        """Run ``ids`` after the cached tokens; the next-token logits ``[V]``."""
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        start = len(self.ids)
+        if self.native:
+            out = self.model(x, cache=self.cache, logits_to_keep=1)
+        else:
+            positions = torch.arange(start, start + len(ids), device=self.device)[None]
+            extra = {"logits_to_keep": 1} if self._logits_to_keep else {}
+            out = self.model(
+                input_ids=x, position_ids=positions, past_key_values=self.cache, use_cache=True, **extra
+            )
+            self.cache = out.past_key_values
+        self.ids.extend(ids)
+        return out.logits[0, -1]
+
+    # ---------------------------------------------------------------------------------- generate
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_new_tokens: int,
+        sampling: SamplingParams,
+        stop_ids: Sequence[int],
+        generator: torch.Generator | None = None,
+        on_token: Callable[[int], None] | None = None,
+    ) -> SessionOutput:
+        """Continue from ``prompt_ids`` (reusing the cache where it matches) until a token of
+        ``stop_ids`` or ``max_new_tokens``."""
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ValueError("the prompt needs at least one token")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        keep = min(common_prefix(self.ids, prompt), len(prompt) - 1)
+        self._truncate(keep)
+        keep = len(self.ids)
+        self._ensure_capacity(len(prompt) + max_new_tokens)
+        logits = self._forward(prompt[keep:])
+        self.prefilled_tokens += len(prompt) - keep
+        self.reused_tokens += keep
+        stops = set(int(s) for s in stop_ids)
+        tokens: list[int] = []
+        finish = "length"
+        for i in range(max_new_tokens):
+            token, _, _ = sample_next(logits[None].float(), sampling, generator)
+            token = int(token[0])
+            tokens.append(token)
+            if on_token is not None:
+                on_token(token)
+            if token in stops:
+                finish = "stop"
+                break
+            if i + 1 < max_new_tokens:
+                logits = self._forward([token])
+        return SessionOutput(tokens, finish, len(prompt) - keep, keep)
+
+
+def _forward_params(model) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(model.forward).parameters)
