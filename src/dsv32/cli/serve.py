@@ -1,0 +1,48 @@
+"""``dsv32 serve MODEL``: an OpenAI-compatible server (chat completions with reasoning and tool calls)."""
+
+from __future__ import annotations
+
+import argparse
+
+from dsv32.cli import command
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server over a local model (reasoning_content, tool_calls, streaming)",
+    )
+    p.add_argument(
+        "model", help="a native V3.2 checkpoint, an HF model directory, smollm2, tiny-*, or a DSA stage"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch", type=int, default=8, help="rows decoded together (continuous batching)")
+    p.add_argument(
+        "--max-queue", type=int, default=64, help="requests that may wait for a slot; more get 503"
+    )
+    p.add_argument("--max-model-len", type=int, help="prompt + completion tokens (default: the model's)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 endpoints")
+    p.add_argument("--served-model-name", help="the model id clients pass (default: MODEL)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+
+    def run(args: argparse.Namespace) -> int:
+        from dsv32.serve import create_app, load_served, serve_forever
+        from dsv32.serve.errors import ServeError
+
+        for flag in ("max_batch", "max_queue", "port"):
+            if getattr(args, flag) < (0 if flag == "port" else 1):
+                raise ServeError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+        served = load_served(args.model, device=args.device, max_model_len=args.max_model_len)
+        if args.served_model_name:
+            served.name = args.served_model_name
+        app = create_app(served, max_batch=args.max_batch, max_queue=args.max_queue, api_key=args.api_key)
+        print(
+            f"dsv32 serve: {served.name} ({'V3.2 format' if served.v32 else 'chat template'}) "
+            f"on http://{args.host}:{args.port}/v1",
+            flush=True,
+        )
+        serve_forever(app, args.host, args.port)
+        return 0
+
+    command(p, run)

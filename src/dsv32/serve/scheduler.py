@@ -1,0 +1,235 @@
+"""Continuous batching: one thread owns the model and decodes every running request together.
+
+Each loop iteration:
+
+1. **admit** waiting jobs in arrival order while their ``n`` rows fit into ``max_batch`` (a job's
+   prompt is prefilled once and its ``n`` rows join the running batch, see
+   :class:`~dsv32.engine.batch.RunningBatch`);
+2. **sample** one token for every row, each with its own parameters and seeded generator (or take
+   the next forced token), decode it, check EOS / stop strings / ``max_tokens``, and send the row's
+   new text (and log-probs) to its job;
+3. **remove** finished and cancelled rows — their slots are free for the next iteration's admission —
+   and **step** the rest: one batched forward for all rows.
+
+Jobs arrive from the server's event loop (:meth:`Scheduler.submit`, which answers 503 when
+``max_queue`` jobs are already waiting) and get their events through ``job.emit``, a callable that
+is safe to call from this thread. Setting ``job.cancelled`` (a client went away) frees the job's
+rows at the next iteration. A failure inside a step is reported to the jobs in the batch, which is
+reset; the thread keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dsv32.engine.batch import RunningBatch, sample_rows
+from dsv32.engine.sampling import SamplingParams
+from dsv32.serve.detok import IncrementalText
+from dsv32.serve.errors import queue_full
+from dsv32.serve.metrics import Metrics
+from dsv32.serve.runtime import Forced, ServedModel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Chunk:
+    """New text of choice ``index`` (possibly empty) and the log-prob entries of its new tokens."""
+
+    index: int
+    text: str
+    logprobs: list[dict[str, Any]] | None = None
+
+
+@dataclass
+class Finished:
+    index: int
+    reason: str  # "stop" or "length"
+    completion_tokens: int
+
+
+@dataclass
+class Failed:
+    message: str
+
+
+@dataclass
+class Job:
+    """One request: ``n`` completions of one prompt."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    params: SamplingParams
+    emit: Callable[[Chunk | Finished | Failed], None]
+    n: int = 1
+    seed: int | None = None
+    stops: list[str] = field(default_factory=list)
+    top_logprobs: int | None = None  # None: no log-probs
+    skip_special_tokens: bool = True
+    forced: Forced | None = None
+    cancelled: bool = False
+    submitted: float = field(default_factory=time.monotonic)
+
+
+class _Row:
+    def __init__(self, job: Job, index: int, tokenizer, forced_ids: list[int], device: torch.device) -> None:
+        self.job = job
+        self.index = index
+        self.count = 0
+        self.text = IncrementalText(tokenizer, skip_special_tokens=job.skip_special_tokens, stops=job.stops)
+        self.generator = None
+        if not job.params.greedy:
+            seed = job.seed + index if job.seed is not None else random.SystemRandom().randrange(2**62)
+            self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.forced_ids = forced_ids
+        self.queue: list[int] = []  # forced tokens still to emit
+        self.forced_done = job.forced is None
+        self._maybe_force()
+
+    def _maybe_force(self) -> None:
+        if not self.forced_done and self.text.text.endswith(self.job.forced.trigger):
+            self.queue, self.forced_done = list(self.forced_ids), True
+
+
+class Scheduler:
+    """The batching loop over ``served``'s model (see the module docstring)."""
+
+    def __init__(
+        self, served: ServedModel, max_batch: int = 8, max_queue: int = 64, metrics: Metrics | None = None
+    ):
+        self.served = served
+        self.max_batch = max_batch
+        self.max_queue = max_queue
+        self.metrics = metrics or Metrics()
+        self.batch = RunningBatch(served.model)
+        self.rows: list[_Row] = []
+        self.waiting: deque[Job] = deque()
+        self.cond = threading.Condition()
+        self.stopping = False
+        self.thread: threading.Thread | None = None
+        self.eos = set(served.eos_ids)
+
+    # ------------------------------------------------------------------ event-loop side
+    def submit(self, job: Job) -> None:
+        with self.cond:
+            if len(self.waiting) >= self.max_queue:
+                raise queue_full(self.max_queue)
+            self.waiting.append(job)
+            self.cond.notify()
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._loop, name="dsv32-serve-scheduler", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+        if self.thread is not None:
+            self.thread.join(timeout=30)
+
+    @property
+    def queued(self) -> int:
+        return len(self.waiting)
+
+    # ------------------------------------------------------------------ the thread
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                while not self.stopping and not self.rows and not self.waiting:
+                    self.cond.wait()
+                if self.stopping:
+                    break
+            try:
+                self._admit()
+                if self.rows:
+                    self._step()
+            except Exception as err:  # the server outlives a failed step; its jobs get the error
+                logger.exception("generation step failed")
+                for job in {id(r.job): r.job for r in self.rows}.values():
+                    job.emit(Failed(f"generation failed: {type(err).__name__}: {err}"))
+                self.rows = []
+                self.batch = RunningBatch(self.served.model)
+            self.metrics.set_gauges(running_rows=len(self.rows), waiting_requests=len(self.waiting))
+        for job in [r.job for r in self.rows] + list(self.waiting):
+            job.emit(Failed("the server is shutting down"))
+
+    def _admit(self) -> None:
+        while True:
+            with self.cond:
+                if not self.waiting or len(self.rows) + self.waiting[0].n > self.max_batch:
+                    return
+                job = self.waiting.popleft()
+            if job.cancelled:
+                continue
+            self.metrics.observe("queue_time_seconds", time.monotonic() - job.submitted)
+            forced_ids = self.served.encode(job.forced.text) if job.forced else []
+            self.batch.add(job.prompt_ids, job.n, job.max_tokens)
+            self.rows += [
+                _Row(job, i, self.served.tokenizer, forced_ids, self.batch.device) for i in range(job.n)
+            ]
+
+    def _step(self) -> None:
+        rows = self.rows
+        params = [r.job.params for r in rows]
+        tokens, logprobs = sample_rows(self.batch.logits, params, [r.generator for r in rows])
+        self.metrics.observe("batch_size", len(rows))
+        keep: list[int] = []
+        advanced = 0
+        for i, row in enumerate(rows):
+            if row.job.cancelled:
+                continue
+            advanced += 1
+            forced = bool(row.queue)
+            if forced:
+                tokens[i] = row.queue.pop(0)
+            if self._advance(row, tokens[i], logprobs[i], forced):
+                keep.append(i)
+        self.metrics.count("generation_tokens_total", advanced)
+        self.rows = [rows[i] for i in keep]
+        self.batch.remove(keep)
+        if keep:
+            self.batch.step([tokens[i] for i in keep])
+
+    def _advance(self, row: _Row, token: int, logprobs: torch.Tensor, forced: bool) -> bool:
+        """Record ``token`` for ``row``; send its events; True while the row goes on."""
+        job = row.job
+        row.count += 1
+        piece = row.text.push(token)
+        reason = None
+        if row.text.stopped or (token in self.eos and not forced):
+            reason = "stop"
+        elif row.count >= job.max_tokens:
+            reason = "length"
+        if reason is not None:
+            piece += row.text.flush()
+        else:
+            row._maybe_force()
+        entries = (
+            [self._logprob_entry(token, logprobs, job.top_logprobs)] if job.top_logprobs is not None else None
+        )
+        job.emit(Chunk(row.index, piece, entries))
+        if reason is not None:
+            job.emit(Finished(row.index, reason, row.count))
+            return False
+        return True
+
+    def _logprob_entry(self, token: int, logprobs: torch.Tensor, top: int) -> dict[str, Any]:
+        """OpenAI's ``{"token", "logprob", "bytes", "top_logprobs"}`` of the model's raw distribution."""
+        entry = self._token_logprob(token, float(logprobs[token]))
+        values, ids = logprobs.topk(top) if top else (torch.empty(0), torch.empty(0, dtype=torch.long))
+        entry["top_logprobs"] = [self._token_logprob(int(t), float(v)) for v, t in zip(values, ids)]
+        return entry
+
+    def _token_logprob(self, token: int, logprob: float) -> dict[str, Any]:
+        text = self.served.tokenizer.decode([token], skip_special_tokens=False)
+        return {"token": text, "logprob": max(logprob, -9999.0), "bytes": list(text.encode("utf-8"))}

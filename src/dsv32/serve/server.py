@@ -1,0 +1,68 @@
+"""Running the application: in the foreground (``dsv32 serve``) or on a background thread (tests,
+benchmarks), with uvicorn.
+
+:class:`ServerThread` starts uvicorn on a thread of this process, waits until it accepts
+connections, and stops it (and its scheduler) on exit::
+
+    with ServerThread(create_app(served), port=0) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="none")
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI
+
+from dsv32.errors import DSV32Error
+
+
+class ServerError(DSV32Error, RuntimeError):
+    """The server did not start (port in use, startup failure)."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def serve_forever(app: FastAPI, host: str, port: int, log_level: str = "info") -> None:
+    """Serve ``app`` until interrupted."""
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+
+
+class ServerThread:
+    """uvicorn on a background thread; ``port=0`` picks a free port."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 120.0):
+        self.host = host
+        self.port = port or free_port(host)
+        config = uvicorn.Config(
+            app, host=host, port=self.port, log_level="warning", timeout_graceful_shutdown=2
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="dsv32-serve-http", daemon=True)
+        self.startup_timeout = startup_timeout
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + self.startup_timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                self.server.should_exit = True
+                raise ServerError(f"the server did not start on {self.host}:{self.port}")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
