@@ -1,0 +1,194 @@
+"""Test-time context management (§4.4): when each strategy triggers, what it keeps and drops, and
+the budget every trajectory reports."""
+
+from __future__ import annotations
+
+import pytest
+from agent_helpers import CountingBackend, add, answer, calls
+
+from dsv32.agent import Agent, tool
+from dsv32.agent.context import (
+    SUMMARY_HEADER,
+    SUMMARY_REQUEST,
+    discard_rounds,
+    discarded_count,
+    fewest_steps,
+    tool_rounds,
+)
+
+SYSTEM = {"role": "system", "content": "sys"}
+
+
+def rounds_script(n: int, final: str = "done") -> list[dict]:
+    return [calls(("add", {"a": i, "b": 1})) for i in range(n)] + [answer(final)]
+
+
+def agent(backend, strategy: str, **kw) -> Agent:
+    # 10 tokens per message, window 100, trigger 0.8: a prompt of 9+ messages triggers
+    return Agent(backend, [add], system="sys", context_window=100, context=strategy, **kw)
+
+
+def sent_rounds(messages: list[dict]) -> list[int]:
+    """The ``a`` argument of every round in a prompt (which rounds it holds)."""
+    import json
+
+    return [
+        json.loads(m["tool_calls"][0]["function"]["arguments"])["a"] for m in messages if m.get("tool_calls")
+    ]
+
+
+def test_rounds_and_discard_counts():
+    msgs = [SYSTEM, {"role": "user", "content": "t"}]
+    for i in range(4):
+        msgs += [
+            {"role": "assistant", **calls(("add", {"a": i, "b": 1}))},
+            {"role": "tool", "content": str(i)},
+        ]
+    assert tool_rounds(msgs, 2) == [(2, 4), (4, 6), (6, 8), (8, 10)]
+    assert [discarded_count(n, 0.75) for n in (0, 1, 2, 3, 4, 10, 100)] == [0, 1, 1, 2, 3, 7, 75]
+    kept, removed = discard_rounds(msgs, 2, 0.75)
+    assert removed == 6 and kept == msgs[:2] + msgs[8:]
+    kept, removed = discard_rounds(msgs, 2, 1.0)
+    assert removed == 8 and kept == msgs[:2]
+    assert fewest_steps(["answer", "answer", "max_steps"], [5, 3, 1]) == 1
+    assert fewest_steps(["answer", "answer"], [3, 3]) == 0
+    assert fewest_steps(["context", "max_steps"], [2, 9]) == 0
+
+
+def test_none_stops_with_context_when_the_prompt_would_exceed_the_trigger():
+    backend = CountingBackend(rounds_script(10))
+    traj = agent(backend, "none").run("task")
+    # prompts: 2, 4, 6, 8 messages (<= 80 tokens) were sent; 10 messages = 100 > 80 stops
+    assert traj.stop_reason == "context" and traj.final is None
+    assert [len(c.messages) for c in backend.calls] == [2, 4, 6, 8]
+    assert traj.context_events == []
+
+
+def test_the_trigger_fraction_is_a_parameter():
+    backend = CountingBackend(rounds_script(10))
+    traj = agent(backend, "none", context_trigger=0.5).run("task")
+    assert [len(c.messages) for c in backend.calls] == [2, 4]  # 60 > 50 stops
+    assert traj.stop_reason == "context"
+
+
+def test_discard_75_removes_the_oldest_rounds_and_keeps_the_newest():
+    backend = CountingBackend(rounds_script(6))
+    traj = agent(backend, "discard_75").run("task")
+    assert traj.stop_reason == "answer" and traj.final == "done"
+    prompts = [c.messages for c in backend.calls]
+    assert [len(p) for p in prompts] == [2, 4, 6, 8, 4, 6, 8]
+    assert sent_rounds(prompts[3]) == [0, 1, 2]
+    assert sent_rounds(prompts[4]) == [3]  # rounds 0-2 discarded (3 of 4), round 3 kept
+    assert prompts[4][:2] == [SYSTEM, {"role": "user", "content": "task"}]
+    assert prompts[4][2]["reasoning_content"] == "calling 1 tool(s)"  # a kept round keeps its reasoning
+    (event,) = traj.context_events
+    assert (event.step, event.strategy, event.tokens_before, event.tokens_after, event.removed) == (
+        4, "discard_75", 100, 40, 6,
+    )  # fmt: skip
+    assert traj.steps[4].context_events == [event]
+    # the transcript keeps everything that happened
+    assert sent_rounds(traj.messages) == [0, 1, 2, 3, 4, 5]
+
+
+def test_discard_all_keeps_only_the_system_prompt_and_the_task():
+    backend = CountingBackend(rounds_script(6))
+    traj = agent(backend, "discard_all").run("task")
+    prompts = [c.messages for c in backend.calls]
+    assert [len(p) for p in prompts] == [2, 4, 6, 8, 2, 4, 6]
+    assert prompts[4] == [SYSTEM, {"role": "user", "content": "task"}]
+    (event,) = traj.context_events
+    assert (event.tokens_before, event.tokens_after, event.removed) == (100, 20, 8)
+    assert traj.stop_reason == "answer" and traj.num_steps == 7
+
+
+def test_summary_reinitiates_from_the_task_plus_the_summary():
+    script = [
+        *rounds_script(4)[:4],
+        answer("I added 0..3 plus one."),
+        calls(("add", {"a": 9, "b": 1})),
+        answer("10"),
+    ]
+    backend = CountingBackend(script)
+    traj = agent(backend, "summary").run("task")
+    prompts = [c.messages for c in backend.calls]
+    assert [len(p) for p in prompts] == [2, 4, 6, 8, 11, 2, 4]
+    request = prompts[4]
+    assert request[:10] == traj.messages[:10] and request[-1] == {"role": "user", "content": SUMMARY_REQUEST}
+    fresh = prompts[5]
+    assert fresh == [SYSTEM, {"role": "user", "content": "task" + SUMMARY_HEADER + "I added 0..3 plus one."}]
+    assert [s.kind for s in traj.steps] == ["act"] * 4 + ["summary", "act", "act"]
+    (event,) = traj.context_events
+    assert event.summary == "I added 0..3 plus one." and event.step == 4
+    assert (event.tokens_before, event.tokens_after, event.removed) == (100, 20, 8)
+    assert traj.steps[5].context_events == [event]
+    assert traj.stop_reason == "answer" and traj.final == "10"
+    # the transcript stays one conversation: the re-initiating user message follows the old rounds
+    assert traj.messages[10] == fresh[1] and traj.messages[11]["tool_calls"]
+    assert traj.total_steps == 7 and traj.total_tokens == sum(s.tokens for s in traj.steps)
+
+
+class ContentCounting(CountingBackend):
+    """A prompt costs 10 tokens per message plus one per character of content."""
+
+    def count_tokens(self, messages, tools, *, thinking=True) -> int:
+        return sum(10 + len(m.get("content") or "") for m in messages)
+
+
+def test_a_reset_that_does_not_fit_stops_with_context():
+    # the newest round's result is too big: discard_75 keeps it, and the prompt is still over
+    echo = tool(lambda n: "x" * n, name="echo", schema={"type": "object"})
+    script = [calls(("echo", {"n": 1})), calls(("echo", {"n": 1})), calls(("echo", {"n": 70})), answer("no")]
+    backend = ContentCounting(script)
+    traj = Agent(backend, [echo], context_window=100, context="discard_75").run("task")
+    assert traj.stop_reason == "context" and len(backend.calls) == 3
+    (event,) = traj.context_events
+    assert (event.tokens_before, event.tokens_after, event.removed) == (
+        146,
+        104,
+        4,
+    )  # 14 + 21 + 21 + 90 → 14 + 90
+    # a summary longer than the window
+    backend = ContentCounting([*rounds_script(4)[:4], {"content": "s" * 200}])
+    traj = agent(backend, "summary").run("task")
+    assert traj.stop_reason == "context" and traj.context_events[0].tokens_after > 80
+    # nothing to discard at all: the first prompt is already too big
+    backend = CountingBackend(rounds_script(1), per_message=50)
+    traj = agent(backend, "discard_75").run("task")
+    assert traj.stop_reason == "context" and traj.num_steps == 0 and not backend.calls
+
+
+def test_an_empty_summary_stops_with_context():
+    backend = CountingBackend([*rounds_script(4)[:4], {"content": "  "}])
+    traj = agent(backend, "summary").run("task")
+    assert traj.stop_reason == "context" and [s.kind for s in traj.steps][-1] == "summary"
+
+
+def test_summary_calls_count_toward_max_steps():
+    script = [*rounds_script(4)[:4], answer("summary"), *rounds_script(3)]
+    traj = agent(CountingBackend(script), "summary", max_steps=5).run("task")
+    assert traj.stop_reason == "max_steps" and traj.num_steps == 5 and traj.steps[-1].kind == "summary"
+
+
+def test_parallel_fewest_step_picks_the_shortest_finished_thread():
+    script = rounds_script(2, "slow") + rounds_script(0, "fast") + rounds_script(10)
+    backend = CountingBackend(script)
+    traj = Agent(
+        backend, [add], context="parallel_fewest_step", parallel=3, context_window=100, system="sys"
+    ).run("task")
+    assert traj.final == "fast" and traj.stop_reason == "answer" and traj.num_steps == 1
+    assert [(t.thread, t.stop_reason, t.steps, t.final) for t in traj.threads] == [
+        (0, "answer", 3, "slow"),
+        (1, "answer", 1, "fast"),
+        (2, "context", 4, None),  # the third thread ran into the window (no reset in this baseline)
+    ]
+    assert traj.total_steps == 8
+    assert traj.total_tokens == sum(t.tokens for t in traj.threads)
+    assert traj.strategy == "parallel_fewest_step"
+    assert traj.context_events == []
+
+
+@pytest.mark.parametrize("strategy", ["none", "summary", "discard_75", "discard_all"])
+def test_budget_is_the_sum_over_steps(strategy):
+    traj = agent(CountingBackend([*rounds_script(6)[:-1], answer("s"), *rounds_script(6)]), strategy).run("t")
+    assert traj.total_steps == traj.num_steps
+    assert traj.total_tokens == sum(s.prompt_tokens + s.completion_tokens for s in traj.steps) > 0
