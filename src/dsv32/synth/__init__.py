@@ -1,1 +1,1 @@
-"""Data synthesis (paper §3.1, §3.2.3): agentic tasks, pass@k filtering, cold-start and distillation sets."""
+"""Data synthesis (§3.1, §3.2.3): agentic tasks, pass@k filtering, cold-start and distillation data."""
