@@ -198,7 +198,7 @@ def register(spec: EnvSpec) -> EnvSpec:
 
 
 # The modules of the shipped environments; each registers itself with :func:`register` on import.
-SHIPPED = ("search", "interpreter")
+SHIPPED = ("search", "interpreter", "general")
 
 
 def _load_shipped() -> None:

@@ -101,7 +101,9 @@ class SandboxResult:
         return self.returncode == 0 and not self.timed_out
 
 
-def _prefix_for(kind: str, network: bool, writable: Sequence[str]) -> tuple[list[str], bool, bool]:
+def _prefix_for(
+    kind: str, network: bool, writable: Sequence[str], readable: Sequence[str]
+) -> tuple[list[str], bool, bool]:
     """``(argv prefix before the confine stage, confine mounts?, confine drops capabilities?)``."""
     if kind == "bwrap":
         argv = ["bwrap", "--unshare-user", "--unshare-pid", "--as-pid-1", "--unshare-ipc"]
@@ -109,6 +111,8 @@ def _prefix_for(kind: str, network: bool, writable: Sequence[str]) -> tuple[list
         argv += [] if network else ["--unshare-net"]
         argv += ["--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev"]
         argv += ["--proc", "/proc", "--tmpfs", "/tmp", "--cap-drop", "ALL"]
+        for path in readable:  # bwrap's fresh /tmp would hide them
+            argv += ["--ro-bind", path, path]
         for path in writable:
             argv += ["--bind", path, path]
         return argv, False, False
@@ -183,6 +187,7 @@ def command_prefix(
     network: bool = False,
     env: dict[str, str] | None = None,
     writable: Sequence[str | os.PathLike] = (),
+    readable: Sequence[str | os.PathLike] = (),
     processes: int = 64,
     open_files: int = 256,
     file_size_mb: int = 64,
@@ -191,7 +196,9 @@ def command_prefix(
 ) -> list[str]:
     """The argv prefix that runs a program confined: ``prefix + [program, *args]``. For long-lived
     programs (a Jupyter kernel) start it with :func:`popen` or put this prefix in front of its
-    command; ``cpu_s`` (default ``timeout_s + 1``) bounds its CPU seconds for its whole life."""
+    command; ``cpu_s`` (default ``timeout_s + 1``) bounds its CPU seconds for its whole life.
+    ``cwd`` and ``writable`` are read-write, everything else read-only; ``readable`` names paths
+    under ``/tmp`` the program must see (bwrap gives it a fresh, empty ``/tmp``)."""
     if memory_mb <= 0 or timeout_s <= 0 or processes <= 0 or open_files <= 0 or file_size_mb <= 0:
         raise SandboxError("sandbox limits must be positive (memory_mb, timeout_s, processes, files)")
     if kind not in KINDS:
@@ -210,7 +217,8 @@ def command_prefix(
     }
     full_env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": cwd, "TMPDIR": cwd, **BASE_ENV}
     full_env.update(env or {})
-    prefix, mounts, drop = _prefix_for(kind, network, rw)
+    ro = [os.path.realpath(r) for r in readable]
+    prefix, mounts, drop = _prefix_for(kind, network, rw, ro)
     spec = {"mounts": mounts, "drop_privileges": drop, "writable": rw, "limits": limits, "cwd": cwd}
     spec["env"], spec["status_fd"] = full_env, status_fd
     return [*prefix, sys.executable, "-I", "-S", CONFINE, json.dumps(spec)]

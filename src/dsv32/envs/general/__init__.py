@@ -1,0 +1,12 @@
+"""General tool tasks: task bundles (a SQLite database, tools over it, a task, a verifier) run in the
+sandbox, and procedural generators for trip planning, inventory management and calendar scheduling.
+Registered as ``general-tools`` on import."""
+
+from dsv32.envs.base import EnvSpec, register
+from dsv32.envs.general.bundle import Bundle, load_bundle, write_bundle
+from dsv32.envs.general.env import GeneralToolEnv
+from dsv32.envs.general.tasks import TASK_SETS, generate, task_of
+
+register(EnvSpec(GeneralToolEnv.name, GeneralToolEnv.description, GeneralToolEnv, dict(TASK_SETS)))
+
+__all__ = ["Bundle", "GeneralToolEnv", "generate", "load_bundle", "task_of", "write_bundle"]
