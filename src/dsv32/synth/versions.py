@@ -1,0 +1,271 @@
+"""Checking one version of a synthesized task, as the synthesizing agent submits it (paper §3.2.3).
+
+A version is the agent's workspace at the time it calls ``submit_version(prompt)``::
+
+    db.sqlite     the environment's data (at least one table with rows)
+    tools.py      the task's tools: def NAME(db, arg: type, ...) with a docstring
+    solution.py   def solve(tools) -> str   — may only call tools.NAME(...) and compute
+    verify.py     def verify(initial_db, final_db, answer) -> bool   (assert cond, "why" allowed)
+
+It is accepted when, on a frozen copy of those files, in the sandbox:
+
+1. the tool schemas can be read off ``tools.py`` (:mod:`.harness` ``schema``);
+2. ``solution.py`` passes the static rules (:func:`solution_problems`: imports only from
+   :data:`SOLUTION_IMPORTS`, no file, eval or import builtins, no ``_private`` attributes — so it can
+   reach the data only through the tools);
+3. ``solve(tools)`` runs, calls at least one tool, returns a string, and
+   ``verify(initial, final, answer)`` accepts its result (else the agent repairs and resubmits);
+4. ``verify`` rejects an episode that did nothing (no calls, the database untouched, answer ``""``);
+5. for version ``n > 1`` (escalation): the prompt differs from version ``n − 1`` and the previous
+   version's ``solve`` does not pass the new verifier on the new database and tools — a harder
+   version is one the easier solution no longer solves.
+
+The recorded tool calls of ``solve`` and its answer become the bundle's reference solution.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+import sqlite3
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsv32.envs import sandbox
+from dsv32.synth.records import normalize
+
+HARNESS = str(Path(__file__).with_name("harness.py"))
+VERSION_FILES = ("db.sqlite", "tools.py", "solution.py", "verify.py")
+SOLUTION_IMPORTS = frozenset(
+    [
+        "bisect",
+        "collections",
+        "copy",
+        "dataclasses",
+        "datetime",
+        "decimal",
+        "fractions",
+        "functools",
+        "heapq",
+        "itertools",
+        "json",
+        "math",
+        "operator",
+        "re",
+        "statistics",
+        "string",
+        "typing",
+    ]
+)
+FORBIDDEN_CALLS = frozenset(
+    [
+        "open",
+        "exec",
+        "eval",
+        "compile",
+        "__import__",
+        "globals",
+        "locals",
+        "vars",
+        "getattr",
+        "setattr",
+        "delattr",
+        "input",
+        "breakpoint",
+    ]
+)
+
+
+@dataclass
+class Limits:
+    """Sandbox limits of each check (one process per harness step)."""
+
+    timeout_s: float = 30.0
+    memory_mb: int = 1024
+    isolation: str | None = None
+
+
+@dataclass
+class Version:
+    """An accepted version: its frozen files in ``path`` and what checking it produced."""
+
+    index: int
+    prompt: str
+    path: Path
+    tools: list[dict]
+    calls: list[dict]
+    answer: str
+    harder: str = ""
+
+
+@dataclass
+class Verdict:
+    accepted: bool
+    reason: str
+    version: Version | None = None
+    checks: dict = field(default_factory=dict)
+
+
+def solution_problems(source: str) -> list[str]:
+    """What breaks the solution's rules (empty when it follows them)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as err:
+        return [f"solution.py does not parse: {err.msg} (line {err.lineno})"]
+    problems = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for name in names:
+                if name.split(".")[0] not in SOLUTION_IMPORTS:
+                    problems.append(
+                        f"line {node.lineno}: import of {name!r} (allowed: {', '.join(sorted(SOLUTION_IMPORTS))})"
+                    )
+        elif isinstance(node, ast.Name) and node.id in FORBIDDEN_CALLS:
+            problems.append(f"line {node.lineno}: {node.id} is not allowed in a solution")
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+            problems.append(f"line {node.lineno}: private attribute .{node.attr} is not allowed")
+    if not any(isinstance(n, ast.FunctionDef) and n.name == "solve" for n in tree.body):
+        problems.append("solution.py must define solve(tools) at module level")
+    return problems
+
+
+def _db_problem(path: Path) -> str | None:
+    if Path(f"{path}-wal").exists() or Path(f"{path}-journal").exists():
+        return "db.sqlite has a pending -wal/-journal file; close every connection (and commit) before submitting"
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        filled = [t for t in tables if db.execute(f'SELECT COUNT(*) FROM "{t}"').fetchone()[0] > 0]
+    except sqlite3.DatabaseError as err:
+        return f"db.sqlite is not a readable SQLite database ({err})"
+    finally:
+        db.close()
+    return None if filled else "db.sqlite has no table with rows; store the environment's data in it"
+
+
+def _harness(mode: str, args: list[str], cwd: Path, readable: list[Path], limits: Limits) -> dict:
+    result = sandbox.run(
+        [sys.executable, "-I", "-S", HARNESS, mode, *args],
+        cwd=str(cwd),
+        timeout_s=limits.timeout_s,
+        memory_mb=limits.memory_mb,
+        readable=[str(p) for p in readable] + [str(Path(HARNESS).parent)],
+        kind=limits.isolation,
+    )
+    if result.timed_out or result.returncode != 0 or not result.stdout.strip():
+        why = result.killed_reason or f"exit code {result.returncode}"
+        return {"ok": False, "error": f"{mode} failed in the sandbox ({why}): {result.stderr[-800:]}"}
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run_solution(code_dir: Path, db: Path, limits: Limits) -> tuple[dict, Path]:
+    """``solve`` of ``code_dir``'s solution over a fresh copy of ``db``: (harness output, run dir
+    holding the final ``db.sqlite``). The caller removes the run dir."""
+    run_dir = Path(tempfile.mkdtemp(prefix="dsv32-synth-run-"))
+    shutil.copyfile(db, run_dir / "db.sqlite")
+    out = _harness("solve", [str(code_dir), "db.sqlite"], run_dir, [code_dir, db.parent], limits)
+    return out, run_dir
+
+
+def run_verifier(code_dir: Path, initial: Path, final: Path, answer: str, limits: Limits) -> dict:
+    args = [str(code_dir), str(initial), str(final), json.dumps(answer)]
+    return _harness("verify", args, final.parent, [code_dir, initial.parent], limits)
+
+
+def freeze(workspace: Path, dest: Path) -> None:
+    dest.mkdir(parents=True)
+    for name in VERSION_FILES:
+        shutil.copyfile(workspace / name, dest / name)
+
+
+def check_version(
+    workspace: Path, prompt: str, index: int, dest: Path, previous: Version | None, limits: Limits
+) -> Verdict:
+    """Check the workspace as version ``index`` (see the module docstring); its files are frozen in
+    ``dest`` (removed again when rejected)."""
+    missing = [n for n in VERSION_FILES if not (workspace / n).is_file()]
+    if missing:
+        return Verdict(
+            False,
+            f"missing {', '.join(missing)} in the workspace (a version needs {', '.join(VERSION_FILES)})",
+        )
+    if not prompt.strip():
+        return Verdict(False, "the task prompt is empty; pass the task the solver will read as prompt")
+    problem = _db_problem(workspace / "db.sqlite")
+    if problem:
+        return Verdict(False, problem)
+    freeze(workspace, dest)
+    verdict = _check_frozen(dest, prompt, index, previous, limits)
+    if not verdict.accepted:
+        shutil.rmtree(dest, ignore_errors=True)
+    return verdict
+
+
+def _check_frozen(code: Path, prompt: str, index: int, previous: Version | None, limits: Limits) -> Verdict:
+    problems = solution_problems((code / "solution.py").read_text(encoding="utf-8"))
+    if problems:
+        return Verdict(False, "solution.py breaks the rules: " + "; ".join(problems[:5]))
+    scratch = Path(tempfile.mkdtemp(prefix="dsv32-synth-schema-"))
+    try:
+        schema = _harness("schema", [str(code)], scratch, [code], limits)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if not schema["ok"]:
+        return Verdict(False, f"tools.py: {schema['error']}")
+    db = code / "db.sqlite"
+    solved, run_dir = run_solution(code, db, limits)
+    try:
+        if not solved["ok"]:
+            return Verdict(False, f"the solution failed: {solved['error']}")
+        if not solved["calls"]:
+            return Verdict(False, "the solution calls no tool; a task must need the tools to be solved")
+        verdict = run_verifier(code, db, run_dir / "db.sqlite", solved["answer"], limits)
+        if not verdict["ok"]:
+            return Verdict(False, f"the verifier failed: {verdict['error']}")
+        if not verdict["passed"]:
+            return Verdict(False, f"the solution's result fails its verifier: {verdict['reason']}")
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    idle_dir = Path(tempfile.mkdtemp(prefix="dsv32-synth-idle-"))
+    try:
+        shutil.copyfile(db, idle_dir / "db.sqlite")
+        idle = run_verifier(code, db, idle_dir / "db.sqlite", "", limits)
+    finally:
+        shutil.rmtree(idle_dir, ignore_errors=True)
+    if not idle["ok"] or idle["passed"]:
+        why = idle.get("error") or "it accepts an episode that called no tool and answered nothing"
+        return Verdict(False, f"the verifier is too weak: {why}")
+    harder = ""
+    if previous is not None:
+        harder = _harder(code, prompt, previous, limits)
+        if harder.startswith("not harder"):
+            return Verdict(False, harder)
+    version = Version(index, prompt, code, schema["tools"], solved["calls"], solved["answer"], harder)
+    return Verdict(True, "accepted", version, {"calls": len(solved["calls"])})
+
+
+def _harder(code: Path, prompt: str, previous: Version, limits: Limits) -> str:
+    """Why version ``code`` is harder than ``previous``, or a reason starting with "not harder"."""
+    if normalize(prompt) == normalize(previous.prompt):
+        return "not harder: the prompt is the same as the previous version's; change the task"
+    mixed = Path(tempfile.mkdtemp(prefix="dsv32-synth-prev-"))
+    try:
+        for name in ("tools.py", "verify.py"):
+            shutil.copyfile(code / name, mixed / name)
+        shutil.copyfile(previous.path / "solution.py", mixed / "solution.py")
+        old, run_dir = run_solution(mixed, code / "db.sqlite", limits)
+        try:
+            if not old["ok"]:
+                return "the previous solution no longer runs on the new tools and data"
+            verdict = run_verifier(mixed, code / "db.sqlite", run_dir / "db.sqlite", old["answer"], limits)
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    finally:
+        shutil.rmtree(mixed, ignore_errors=True)
+    if verdict.get("ok") and verdict.get("passed"):
+        return "not harder: the previous version's solution still passes the new verifier; add constraints"
+    return "the previous version's solution fails the new verifier"
