@@ -198,7 +198,7 @@ def register(spec: EnvSpec) -> EnvSpec:
 
 
 # The modules of the shipped environments; each registers itself with :func:`register` on import.
-SHIPPED = ("search", "interpreter", "general")
+SHIPPED = ("search", "interpreter", "general", "swe")
 
 
 def _load_shipped() -> None:

@@ -1,0 +1,215 @@
+"""The code-repository (SWE-style) environment: fix a bug in a real package so its tests pass.
+
+A task (SWE-bench's field names under ``info``): ``package`` (``NAME==VERSION``), ``bug`` (exact
+string edits that turn the released source into the buggy snapshot), ``FAIL_TO_PASS`` and
+``PASS_TO_PASS`` (pytest node ids), ``pythonpath`` (``.`` or ``src``), optionally ``patch`` (the
+fix as a unified diff, for people). Each episode works on its own copy of the snapshot.
+
+Tools: ``bash`` (sandboxed in the repository: no network, only the repository writable),
+``read_file``, ``edit_file`` (replace one exact occurrence) and ``run_tests``. The reward runs the
+suite in the sandbox after restoring the repository's test and pytest configuration files from the
+snapshot (as SWE-bench re-applies its test patch): 1 when every ``FAIL_TO_PASS`` test passes and no
+``PASS_TO_PASS`` test fails, else 0, read from pytest's JUnit report.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from dsv32.envs import sandbox
+from dsv32.envs.base import EnvError, Environment, Reward, Task, TrajectoryLike, tool_call, tool_schema
+from dsv32.envs.swe.snapshot import Edit, SnapshotError, apply_edit, inside, materialize, pristine
+from dsv32.envs.swe.testrun import TestReport, run_pytest, summarize, test_env
+
+OUTPUT_CHARS = 12000
+READ_LINES = 200
+_CONFIG_FILES = ("conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
+
+SYSTEM = (
+    "You are fixing a bug in the Python package {package}. Its source tree (with its tests) is your "
+    "working directory. Tools: `bash` runs a shell command in the repository (no network; `python` and "
+    "`pytest` are available), `read_file` shows a file with line numbers, `edit_file` replaces one exact "
+    "occurrence of a text in a file, `run_tests` runs pytest (the whole suite, or the test ids you give) "
+    "and lists the failures. Find the cause, fix the library code (not the tests), check with "
+    "`run_tests`, then reply with a short summary of the fix."
+)
+
+
+def _require(task: Task) -> None:
+    info = task.info
+    for key, kind in (("package", str), ("bug", list), ("FAIL_TO_PASS", list), ("PASS_TO_PASS", list)):
+        if not isinstance(info.get(key), kind):
+            raise EnvError(f"SWE task {task.id!r}: info.{key} must be a {kind.__name__}")
+    if not info["FAIL_TO_PASS"]:
+        raise EnvError(f"SWE task {task.id!r}: FAIL_TO_PASS is empty, so nothing shows the bug is fixed")
+
+
+class SweEnv(Environment):
+    name = "swe"
+    description = "fix an injected bug in a real package so its FAIL_TO_PASS tests pass (SWE-bench style)"
+
+    def __init__(
+        self, bash_timeout_s: float = 60, test_timeout_s: float = 300, memory_mb: int = 4096
+    ) -> None:
+        self.bash_timeout_s, self.test_timeout_s, self.memory_mb = bash_timeout_s, test_timeout_s, memory_mb
+        self.task: Task | None = None
+        self.tmp: Path | None = None
+        self.repo: Path | None = None
+        self.calls: list[dict] = []
+        self.last: TestReport | None = None
+
+    def reset(self, task: Task) -> list[dict]:
+        _require(task)
+        self.close()
+        self.task, self.calls, self.last = task, [], None
+        self.tmp = Path(tempfile.mkdtemp(prefix="dsv32-swe-"))
+        edits = [Edit.from_dict(e) for e in task.info["bug"]]
+        self.repo = materialize(task.info["package"], edits, self.tmp / "repo")
+        (self.tmp / "scratch").mkdir()
+        return [
+            {"role": "system", "content": SYSTEM.format(package=task.info["package"])},
+            {"role": "user", "content": task.prompt},
+        ]
+
+    def tools(self) -> list[dict]:
+        return [
+            tool_schema("bash", "Run a bash command in the repository (sandboxed, no network).",
+                        {"command": {"type": "string", "description": "the command line"}}),
+            tool_schema("read_file", f"Show a file with line numbers (at most {READ_LINES} lines a call).", {
+                "path": {"type": "string", "description": "path relative to the repository"},
+                "start_line": {"type": "integer", "description": "first line to show (default 1)"},
+                "end_line": {"type": "integer", "description": "last line to show"},
+            }, required=["path"]),
+            tool_schema("edit_file", "Replace the one exact occurrence of old_str in a file by new_str.", {
+                "path": {"type": "string", "description": "path relative to the repository"},
+                "old_str": {"type": "string", "description": "text that occurs exactly once in the file"},
+                "new_str": {"type": "string", "description": "replacement text"},
+            }),
+            tool_schema("run_tests", "Run pytest and list the failing tests with their messages.", {
+                "tests": {"type": "array", "items": {"type": "string"},
+                          "description": "pytest node ids or test files (default: the whole suite)"},
+            }, required=[]),
+        ]  # fmt: skip
+
+    def call(self, name: str, arguments: dict) -> str:
+        if self.repo is None:
+            return "error: no episode is running (reset first)"
+        handler = {
+            "bash": self._bash,
+            "read_file": self._read,
+            "edit_file": self._edit,
+            "run_tests": self._tests,
+        }
+        if name not in handler:
+            out = f"error: unknown tool {name!r}; the tools are {', '.join(handler)}"
+        else:
+            try:
+                out = handler[name](arguments)
+            except (SnapshotError, OSError, UnicodeDecodeError) as err:
+                out = f"error: {err}"
+        self.calls.append({"tool": name, "error": out.startswith("error:")})
+        return out
+
+    def _bash(self, args: dict) -> str:
+        command = args.get("command")
+        if not isinstance(command, str) or not command.strip():
+            return "error: bash needs a non-empty string 'command'"
+        env = test_env(self.repo, self.task.info.get("pythonpath", "."), self.tmp / "scratch")
+        done = sandbox.run(["bash", "-c", command], cwd=self.repo, timeout_s=self.bash_timeout_s,
+                           memory_mb=self.memory_mb, env=env, writable=[str(self.tmp / "scratch")])  # fmt: skip
+        out = (done.stdout + (f"\n[stderr]\n{done.stderr}" if done.stderr else ""))[-OUTPUT_CHARS:]
+        note = f" ({done.killed_reason})" if done.killed_reason else ""
+        return f"exit code {done.returncode}{note}\n{out}"
+
+    def _read(self, args: dict) -> str:
+        path, start = args.get("path"), args.get("start_line", 1)
+        if not isinstance(path, str) or not isinstance(start, int) or start < 1:
+            return "error: read_file needs a string 'path' and a positive integer 'start_line'"
+        lines = inside(self.repo, path).read_text(encoding="utf-8").splitlines()
+        end = args.get("end_line", start + READ_LINES - 1)
+        if not isinstance(end, int) or end < start:
+            return "error: 'end_line' must be an integer not before 'start_line'"
+        end = min(end, start + READ_LINES - 1, len(lines))
+        shown = "\n".join(f"{i:6d}\t{lines[i - 1]}" for i in range(start, end + 1))
+        return f"{path} (lines {start}-{end} of {len(lines)})\n{shown}"
+
+    def _edit(self, args: dict) -> str:
+        path, old, new = args.get("path"), args.get("old_str"), args.get("new_str")
+        if not all(isinstance(x, str) for x in (path, old, new)) or not old:
+            return "error: edit_file needs strings 'path', 'old_str' (non-empty) and 'new_str'"
+        apply_edit(self.repo, Edit(path, old, new))
+        return f"edited {path}"
+
+    def _tests(self, args: dict) -> str:
+        tests = args.get("tests") or []
+        if not isinstance(tests, list) or not all(isinstance(t, str) for t in tests):
+            return "error: 'tests' must be a list of pytest node ids or paths"
+        self.last = run_pytest(self.repo, pythonpath=self.task.info.get("pythonpath", "."), args=tests,
+                               timeout_s=self.test_timeout_s, memory_mb=self.memory_mb)  # fmt: skip
+        return summarize(self.last)
+
+    def restore_tests(self) -> None:
+        """Copy the snapshot's test files and pytest configuration over the episode's copy."""
+        source = pristine(self.task.info["package"])
+        rels = {
+            tid.split("::", 1)[0] for tid in self.task.info["FAIL_TO_PASS"] + self.task.info["PASS_TO_PASS"]
+        }
+        rels |= {str(p.relative_to(source)) for name in _CONFIG_FILES for p in source.rglob(name)}
+        bugged = {e["path"] for e in self.task.info["bug"]}
+        for rel in sorted(rels - bugged):
+            if (source / rel).is_file():
+                target = inside(self.repo, rel)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source / rel, target)
+
+    def reward(self, trajectory: TrajectoryLike) -> Reward:
+        if self.repo is None:
+            raise EnvError("reward() before reset(): start an episode with env.reset(task)")
+        self.restore_tests()
+        info = self.task.info
+        report = run_pytest(self.repo, pythonpath=info.get("pythonpath", "."), timeout_s=self.test_timeout_s,
+                            memory_mb=self.memory_mb)  # fmt: skip
+        f2p = [t for t in info["FAIL_TO_PASS"] if report.passed(t)]
+        p2p = [t for t in info["PASS_TO_PASS"] if report.passed(t)]
+        f2p_rate = len(f2p) / len(info["FAIL_TO_PASS"])
+        p2p_rate = len(p2p) / len(info["PASS_TO_PASS"]) if info["PASS_TO_PASS"] else 1.0
+        value = float(f2p_rate == 1.0 and p2p_rate == 1.0)
+        reason = (f"FAIL_TO_PASS {len(f2p)}/{len(info['FAIL_TO_PASS'])} pass, "
+                  f"PASS_TO_PASS {len(p2p)}/{len(info['PASS_TO_PASS'])} pass")  # fmt: skip
+        if not report.outcomes:
+            reason += f"; pytest gave no results (exit {report.returncode}): {report.output[-500:]}"
+        return Reward(value, {"fail_to_pass": f2p_rate, "pass_to_pass": p2p_rate}, reason)
+
+    def reference(self, task: Task) -> list[dict]:
+        _require(task)
+        messages = []
+        for n, row in enumerate(task.info["bug"], 1):
+            fix = Edit.from_dict(row).inverse()
+            args = {"path": fix.path, "old_str": fix.old, "new_str": fix.new}
+            messages.append(
+                {"role": "assistant", "content": "", "tool_calls": [tool_call("edit_file", args, f"ref-{n}")]}
+            )
+        tests = {"tests": task.info["FAIL_TO_PASS"]}
+        messages.append(
+            {"role": "assistant", "content": "", "tool_calls": [tool_call("run_tests", tests, "ref-tests")]}
+        )
+        messages.append(
+            {"role": "assistant", "content": "Reverted the faulty change; the failing tests pass."}
+        )
+        return messages
+
+    def state(self) -> dict:
+        return {
+            "task": self.task.id if self.task else None,
+            "repo": str(self.repo) if self.repo else None,
+            "tool_calls": len(self.calls),
+            "errors": sum(1 for c in self.calls if c["error"]),
+            "last_tests": summarize(self.last).splitlines()[0] if self.last else None,
+        }
+
+    def close(self) -> None:
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        self.tmp = self.repo = None

@@ -1,0 +1,168 @@
+"""Repository snapshots: a package's source distribution from the package index, unpacked once into
+the cache, and per-episode copies with a task's edits applied.
+
+A task never stores third-party source: it names ``NAME==VERSION`` and a list of exact string edits
+``{"path", "old", "new"}``. :func:`pristine` downloads the sdist with the project's own pip
+(``pip download --no-deps --no-binary :all:``) into ``cache_dir("swe", "sdists")`` and unpacks it
+under ``cache_dir("swe", "src")``; :func:`materialize` copies that tree and applies the edits. An
+edit applies only where ``old`` occurs exactly once in its file, so a stale edit fails loudly.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsv32.envs.base import EnvError
+from dsv32.paths import cache_dir
+
+_SPEC = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
+
+
+class SnapshotError(EnvError):
+    """A package spec that is malformed or cannot be downloaded, or an edit that does not apply."""
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace the one occurrence of ``old`` in ``path`` (relative to the repository) by ``new``."""
+
+    path: str
+    old: str
+    new: str
+
+    def inverse(self) -> Edit:
+        return Edit(self.path, self.new, self.old)
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "old": self.old, "new": self.new}
+
+    @classmethod
+    def from_dict(cls, row: dict) -> Edit:
+        if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("path", "old", "new")):
+            raise SnapshotError(f"an edit is an object with string fields path, old and new, got {row!r}")
+        return cls(row["path"], row["old"], row["new"])
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    """``"name==1.2.3"`` → ``("name", "1.2.3")``."""
+    m = _SPEC.match(spec.strip())
+    if not m:
+        raise SnapshotError(f"package spec {spec!r} is not NAME==VERSION (for example inflection==0.5.1)")
+    return m.group(1), m.group(2)
+
+
+def _download(name: str, version: str) -> Path:
+    dest = cache_dir("swe", "sdists")
+    dest.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+         "--dest", str(dest), f"{name}=={version}"],
+        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    found = _find_sdist(dest, name, version)
+    if found is None:
+        raise SnapshotError(
+            f"could not download the source distribution of {name}=={version} from the package index "
+            f"(pip exit {done.returncode}): {done.stderr.strip()[-1500:]}"
+        )
+    return found
+
+
+def _find_sdist(folder: Path, name: str, version: str) -> Path | None:
+    norm = re.sub(r"[-_.]+", "_", name).lower()
+    for f in sorted(folder.iterdir()):
+        stem = f.name.removesuffix(".tar.gz").removesuffix(".zip")
+        if stem == f.name or not stem.endswith(f"-{version}"):
+            continue
+        if re.sub(r"[-_.]+", "_", stem[: -len(version) - 1]).lower() == norm:
+            return f
+    return None
+
+
+def _unpack(archive: Path, into: Path) -> Path:
+    if archive.name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as z:
+            z.extractall(into)
+    else:
+        with tarfile.open(archive) as t:
+            t.extractall(into, filter="data")
+    tops = [p for p in into.iterdir()]
+    return tops[0] if len(tops) == 1 and tops[0].is_dir() else into
+
+
+def pristine(spec: str) -> Path:
+    """The unpacked source tree of ``spec`` (downloaded and unpacked on first use; read it, never
+    write it: episodes work on copies)."""
+    name, version = parse_spec(spec)
+    root = cache_dir("swe", "src", f"{name}-{version}")
+    if root.is_dir():
+        return root
+    sdists = cache_dir("swe", "sdists")
+    archive = (_find_sdist(sdists, name, version) if sdists.is_dir() else None) or _download(name, version)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root.parent))
+    try:
+        top = _unpack(archive, tmp)
+        if not root.exists():  # another process may have unpacked it meanwhile
+            os.replace(top, root)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root
+
+
+def python_path(root: Path) -> str:
+    """Where the package imports from, relative to the repository: ``src`` for a src layout, else ``.``."""
+    return "src" if (root / "src").is_dir() and any((root / "src").glob("*/__init__.py")) else "."
+
+
+def inside(root: Path, rel: str) -> Path:
+    """``root / rel``, refusing paths that leave ``root`` (``..``, absolute paths, symlinks out)."""
+    path = (root / rel).resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise SnapshotError(f"path {rel!r} is outside the repository")
+    return path
+
+
+def apply_edit(root: Path, edit: Edit) -> None:
+    """Apply one exact-string edit in place; an error when ``old`` is not there exactly once."""
+    path = inside(root, edit.path)
+    if not path.is_file():
+        raise SnapshotError(f"{edit.path}: no such file in the repository")
+    text = path.read_text(encoding="utf-8")
+    count = text.count(edit.old)
+    if count != 1:
+        raise SnapshotError(f"{edit.path}: the text to replace occurs {count} times (it must occur once)")
+    path.write_text(text.replace(edit.old, edit.new, 1), encoding="utf-8")
+
+
+def materialize(spec: str, edits: list[Edit], dest: Path) -> Path:
+    """A fresh copy of ``spec``'s source at ``dest`` with ``edits`` applied; returns ``dest``."""
+    shutil.copytree(pristine(spec), dest, symlinks=True)
+    for edit in edits:
+        apply_edit(dest, edit)
+    return dest
+
+
+def unified_diff(root: Path, edits: list[Edit]) -> str:
+    """The edits as a unified diff (``a/`` and ``b/`` prefixes) against the files under ``root``."""
+    out = []
+    for edit in edits:
+        before = inside(root, edit.path).read_text(encoding="utf-8")
+        after = before.replace(edit.old, edit.new, 1)
+        out += difflib.unified_diff(
+            before.splitlines(keepends=True),
+            after.splitlines(keepends=True),
+            f"a/{edit.path}",
+            f"b/{edit.path}",
+        )
+    return "".join(out)

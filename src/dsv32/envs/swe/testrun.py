@@ -1,0 +1,151 @@
+"""Running a repository's tests in the sandbox and reading pytest's JUnit XML report.
+
+Outcomes come only from the report (``--junitxml``, ``junit_family=xunit1`` so each ``testcase``
+carries its ``file``), never from the console. Each test case becomes its pytest node id
+(``tests/test_lru.py::LRUCacheTest::test_lru``, ``test_inflection.py::test_camelize[a-A]``) and an
+outcome, the worse of its phases: ``error`` > ``failed`` > ``skipped`` > ``passed`` (a test whose
+call failed and whose teardown errored is an error). A test missing from the report (a collection
+error, a crash) did not pass.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsv32.envs import sandbox
+
+_RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+MESSAGE_CHARS = 400
+
+
+@dataclass
+class TestReport:
+    """Per-test outcomes and failure messages of one pytest run, and how the run ended."""
+
+    outcomes: dict[str, str] = field(default_factory=dict)
+    messages: dict[str, str] = field(default_factory=dict)
+    returncode: int = 0
+    timed_out: bool = False
+    output: str = ""
+
+    __test__ = False  # not a pytest test class
+
+    def passed(self, test_id: str) -> bool:
+        return self.outcomes.get(test_id) == "passed"
+
+    def failing(self) -> list[str]:
+        return [t for t, o in self.outcomes.items() if o in ("failed", "error")]
+
+
+def node_id(classname: str, name: str, file: str | None, root: Path | None = None) -> str:
+    """A JUnit test case's pytest node id: the test module named by the longest prefix of
+    ``classname`` that is a ``.py`` file under ``root`` (else the case's ``file``), then the classes
+    left in ``classname``, then the name. ``classname`` comes first because a test inherited from a
+    mixin has the mixin's file in ``file`` but the collecting module in ``classname``."""
+    parts = classname.split(".") if classname else []
+    module_file = None
+    if root is not None:
+        for i in range(len(parts), 0, -1):
+            if (root / ("/".join(parts[:i]) + ".py")).is_file():
+                module_file = "/".join(parts[:i]) + ".py"
+                break
+    module_file = module_file or (file or "").replace(os.sep, "/") or None
+    if not module_file:
+        return "::".join(p for p in (classname, name) if p)
+    module = module_file.removesuffix(".py").replace("/", ".")
+    rest = classname[len(module) + 1 :] if classname.startswith(module + ".") else ""
+    return "::".join([module_file, *(rest.split(".") if rest else []), name])
+
+
+def parse_junit(xml_text: str, root: Path | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """``(outcomes, messages)`` by node id from a JUnit XML report."""
+    outcomes: dict[str, str] = {}
+    messages: dict[str, str] = {}
+    for case in ET.fromstring(xml_text).iter("testcase"):
+        tid = node_id(case.get("classname", ""), case.get("name", ""), case.get("file"), root)
+        outcome, message = "passed", ""
+        for child in case:
+            kind = {"failure": "failed", "error": "error", "skipped": "skipped"}.get(child.tag)
+            if kind and _RANK[kind] > _RANK[outcome]:
+                outcome = kind
+                message = (child.get("message") or (child.text or "")).strip()
+        if _RANK[outcome] >= _RANK.get(outcomes.get(tid, "passed"), 0):
+            outcomes[tid] = outcome
+            if message and outcome in ("failed", "error"):
+                messages[tid] = message[:MESSAGE_CHARS]
+    return outcomes, messages
+
+
+def test_env(repo: Path, pythonpath: str, scratch: Path) -> dict[str, str]:
+    """The environment of a sandboxed command in ``repo``: this Python's ``bin`` first on ``PATH``
+    (``python`` and ``pytest`` are the project's), the package importable, temp files in ``scratch``,
+    no pytest plugins loaded by entry point."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)])
+    return {
+        "PATH": path,
+        "PYTHONPATH": str((repo / pythonpath).resolve()),
+        "TMPDIR": str(scratch),
+        "PYTHONHASHSEED": "0",
+        # the repository's conftest.py still loads; the plugins installed in this venv (hypothesis,
+        # anyio, ...) do not, so a run does not depend on what else the project's venv holds
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+    }
+
+
+def run_pytest(
+    repo: Path,
+    *,
+    pythonpath: str = ".",
+    args: list[str] | None = None,
+    timeout_s: float = 300,
+    memory_mb: int = 4096,
+    extra: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    writable: list[str] | None = None,
+) -> TestReport:
+    """Run pytest on ``args`` (node ids or paths; default: the suite) in ``repo``, sandboxed (no
+    network, only ``repo``, a scratch dir and ``writable`` writable), and read its JUnit report;
+    ``extra`` goes before ``args`` on pytest's command line, ``env`` into its environment."""
+    with tempfile.TemporaryDirectory(prefix="dsv32-pytest-") as tmp:
+        scratch = Path(tmp)
+        report = scratch / "report.xml"
+        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
+                f"--junitxml={report}", f"--rootdir={repo.resolve()}", *(extra or []), *(args or [])]  # fmt: skip
+        done = sandbox.run(
+            argv, cwd=repo, timeout_s=timeout_s, memory_mb=memory_mb,
+            env={**test_env(repo, pythonpath, scratch), **(env or {})},
+            writable=[str(scratch), *(writable or [])], output_bytes=1 << 18,
+        )  # fmt: skip
+        tail = (done.stdout + done.stderr)[-4000:]
+        if not report.is_file():
+            return TestReport({}, {}, done.returncode, done.timed_out, tail)
+        outcomes, messages = parse_junit(report.read_text(encoding="utf-8"), repo)
+    return TestReport(outcomes, messages, done.returncode, done.timed_out, tail)
+
+
+def summarize(report: TestReport, limit: int = 20) -> str:
+    """A short text for the model: counts, then the failing tests with their messages."""
+    counts: dict[str, int] = {}
+    for outcome in report.outcomes.values():
+        counts[outcome] = counts.get(outcome, 0) + 1
+    if not report.outcomes:
+        head = "no test results (pytest crashed or collected nothing)"
+        if report.timed_out:
+            head = "the test run timed out"
+        return f"{head}; exit code {report.returncode}\n{report.output}"
+    head = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + (
+        " (timed out)" if report.timed_out else ""
+    )
+    lines = [head]
+    failing = report.failing()
+    for tid in failing[:limit]:
+        msg = report.messages.get(tid, "").splitlines()
+        lines.append(f"FAILED {tid}" + (f": {' | '.join(msg[:3])}" if msg else ""))
+    if len(failing) > limit:
+        lines.append(f"... and {len(failing) - limit} more failing tests")
+    return "\n".join(lines)

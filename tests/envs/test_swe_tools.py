@@ -1,0 +1,175 @@
+"""The SWE miner and environment end to end, offline, on a small package the test writes into a
+private cache (so nothing is downloaded): mining, the tools, the reward and its guards."""
+
+import pytest
+
+from dsv32.envs import EnvError, Episode, Task
+from dsv32.envs.swe import SweEnv
+from dsv32.envs.swe.mine import mine
+from dsv32.envs.swe.snapshot import python_path
+
+CORE = """\
+def clamp(x, lo, hi):
+    \"\"\"Clamp x.\"\"\"
+    if x < lo:
+        return lo
+    if x > hi and not lo == hi:
+        return hi
+    return min(max(x, lo), hi)
+
+
+def total(xs):
+    s = 0
+    for x in xs:
+        s += x
+    return s
+"""
+
+MINIPKG = {
+    "minipkg/__init__.py": "from minipkg.core import clamp, total\n",
+    "minipkg/core.py": CORE,
+    "tests/test_core.py": (
+        "from minipkg import clamp, total\n\n"
+        "def test_low():\n    assert clamp(-5, 0, 10) == 0\n\n"
+        "def test_high():\n    assert clamp(50, 0, 10) == 10\n\n"
+        "def test_mid():\n    assert clamp(5, 0, 10) == 5\n\n"
+        "def test_edge():\n    assert clamp(0, 0, 10) == 0\n\n"
+        "def test_total():\n    assert total([1, 2, 3]) == 6\n\n"
+        "def test_total_empty():\n    assert total([]) == 0\n"
+    ),
+}
+
+
+@pytest.fixture
+def minipkg(tmp_path, monkeypatch):
+    """A package 'minipkg==0.1' already in a private cache (so nothing is downloaded)."""
+    monkeypatch.setenv("DSV32_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "cache" / "swe" / "src" / "minipkg-0.1"
+    for rel, text in MINIPKG.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_the_miner_keeps_mutants_that_break_some_tests(minipkg):
+    assert python_path(minipkg) == "."
+    tasks = mine("minipkg==0.1", n=2, seed=1)
+    assert len(tasks) == 2
+    all_tests = {
+        f"tests/test_core.py::test_{n}" for n in ("low", "high", "mid", "edge", "total", "total_empty")
+    }
+    for task in tasks:
+        f2p, p2p = task.info["FAIL_TO_PASS"], task.info["PASS_TO_PASS"]
+        assert f2p and set(f2p) | set(p2p) == all_tests and not set(f2p) & set(p2p)
+        assert task.info["mutation"]["path"] == "minipkg/core.py"
+        assert task.info["mutation"]["function"] in {"clamp", "total"}
+        assert task.info["patch"].startswith("--- a/minipkg/core.py")
+        assert f2p[0] in task.prompt and task.info["bug"][0]["new"] not in task.prompt
+    assert len({t.id for t in tasks}) == 2
+
+
+def test_the_miner_refuses_a_package_without_passing_tests(minipkg):
+    (minipkg / "tests" / "test_core.py").write_text("def test_no():\n    assert False\n")
+    with pytest.raises(EnvError, match="no test passes"):
+        mine("minipkg==0.1", n=1)
+
+
+@pytest.fixture
+def mini_task(minipkg):
+    bug = {
+        "path": "minipkg/core.py",
+        "old": "    if x < lo:\n        return lo\n",
+        "new": "    if x < lo:\n        return hi\n",
+    }
+    info = {
+        "package": "minipkg==0.1",
+        "bug": [bug],
+        "FAIL_TO_PASS": ["tests/test_core.py::test_low"],
+        "PASS_TO_PASS": [
+            f"tests/test_core.py::test_{n}" for n in ("high", "mid", "edge", "total", "total_empty")
+        ],
+        "pythonpath": ".",
+    }
+    return Task("mini-1", "clamp is broken", None, "swe", info)
+
+
+def test_tools_read_edit_bash_and_tests(mini_task):
+    env = SweEnv(bash_timeout_s=20)
+    messages = env.reset(mini_task)
+    assert messages[1]["content"] == "clamp is broken" and "minipkg==0.1" in messages[0]["content"]
+    assert {t["function"]["name"] for t in env.tools()} == {"bash", "read_file", "edit_file", "run_tests"}
+    shown = env.call("read_file", {"path": "minipkg/core.py", "start_line": 3, "end_line": 4})
+    assert "     4\t        return hi" in shown and "(lines 3-4 of" in shown
+    assert env.call("bash", {"command": "grep -n 'return hi' minipkg/core.py"}).startswith("exit code 0\n4:")
+    assert env.call("run_tests", {}).startswith("1 failed, 5 passed")
+    assert "FAILED tests/test_core.py::test_low" in env.call(
+        "run_tests", {"tests": ["tests/test_core.py::test_low"]}
+    )
+    assert (
+        env.call(
+            "edit_file",
+            {
+                "path": "minipkg/core.py",
+                "old_str": "lo:\n        return hi",
+                "new_str": "lo:\n        return lo",
+            },
+        )
+        == "edited minipkg/core.py"
+    )
+    assert env.call("run_tests", {}).startswith("6 passed")
+    assert env.reward(Episode([], "fixed")).value == 1.0
+    repo = env.repo
+    env.close()
+    assert not repo.exists()
+
+
+def test_tool_errors_are_text(mini_task):
+    env = SweEnv(bash_timeout_s=5)
+    env.reset(mini_task)
+    assert "occurs 0 times" in env.call(
+        "edit_file", {"path": "minipkg/core.py", "old_str": "nope", "new_str": ""}
+    )
+    assert "outside" in env.call("read_file", {"path": "../../etc/passwd"})
+    assert env.call("read_file", {"path": "missing.py"}).startswith("error:")
+    assert env.call("edit_file", {"path": "minipkg/core.py"}).startswith("error:")
+    assert env.call("run_tests", {"tests": "all"}).startswith("error:")
+    assert env.call("git", {}).startswith("error: unknown tool")
+    assert "wall-time limit" in env.call("bash", {"command": "sleep 30"})
+    assert env.state()["errors"] == 6
+    env.close()
+
+
+def test_the_reward_restores_tests_the_model_edited(mini_task):
+    env = SweEnv()
+    env.reset(mini_task)
+    env.call("bash", {"command": "printf 'def test_ok():\\n    pass\\n' > tests/test_core.py"})
+    assert env.call("run_tests", {}).startswith("1 passed")
+    reward = env.reward(Episode([], "done"))
+    assert reward.value == 0.0 and reward.components["fail_to_pass"] == 0.0
+    env.close()
+
+
+def test_bash_cannot_write_outside_the_repository_or_reach_the_network(mini_task, tmp_path):
+    env = SweEnv(bash_timeout_s=20)
+    env.reset(mini_task)
+    target = tmp_path / "outside.txt"
+    out = env.call(
+        "bash",
+        {
+            "command": f"echo x > {target}; python -c \"import socket; socket.create_connection(('127.0.0.1', 9), 2)\""
+        },
+    )
+    assert not target.exists()
+    assert "exit code 0" not in out
+    env.close()
+
+
+def test_bad_tasks_are_typed_errors():
+    env = SweEnv()
+    with pytest.raises(EnvError, match=r"info\.package"):
+        env.reset(Task("t", "p", None, "swe", {}))
+    info = {"package": "x==1", "bug": [], "FAIL_TO_PASS": [], "PASS_TO_PASS": []}
+    with pytest.raises(EnvError, match="FAIL_TO_PASS is empty"):
+        env.reset(Task("t", "p", None, "swe", info))
+    with pytest.raises(EnvError, match="before reset"):
+        env.reward(Episode([], None))
