@@ -22,6 +22,7 @@ run's and the resumed ones'.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -263,6 +264,8 @@ def run_jobs(
             for f in futures:
                 f.cancel()
             raise
+    with contextlib.suppress(OSError):  # empty once every job committed
+        (store.out / "staging").rmdir()
     summary = store.summary()
     (store.out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     return summary
