@@ -1,0 +1,102 @@
+"""The ``dsv32.envs`` environments as benchmarks: ``agent-<env>`` for every registered environment.
+
+Problems: the environment's held-out task set (the set named ``heldout`` where it ships one, else its
+first set; ``--subset NAME`` picks another set, ``--data FILE.jsonl`` a task file). An episode is
+:func:`dsv32.agent.run_episode` on a fresh environment (reset, the agent on the environment's tools
+with the run's thinking mode, sampling, ``max_steps`` and context strategy, then the environment's
+verifier); the sample records the reward, the model calls of every thread (steps), the tokens and the
+context resets. The reference replays ``env.reference(task)`` through a ``ScriptedBackend`` on the
+same path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dsv32.eval.errors import EvalError
+from dsv32.eval.types import Benchmark, EpisodeResult, Problem, RunOptions, Score
+
+HELDOUT = "heldout"
+PREFIX = "agent-"
+
+
+def env_names() -> list[str]:
+    from dsv32.envs.base import registry
+
+    return sorted(registry())
+
+
+def episode(env_name: str, problem: Problem, backend: Any, options: RunOptions) -> EpisodeResult:
+    """One scored episode of ``problem.data["task"]`` in a fresh ``env_name`` environment."""
+    from dsv32.agent import run_episode
+    from dsv32.envs.base import get_env
+
+    env = get_env(env_name).factory()
+    try:
+        trajectory, reward = run_episode(
+            backend, env, problem.data["task"], thinking=options.thinking, sampling=options.sampling,
+            max_steps=options.max_steps, context=options.context, context_window=options.context_window,
+        )  # fmt: skip
+    finally:
+        env.close()
+    reason = reward.reason or trajectory.stop_reason
+    if trajectory.error:
+        reason = f"{reason}; {trajectory.error}"
+    return EpisodeResult(
+        trajectory.messages, Score(float(reward.value), reason), trajectory.total_steps,
+        trajectory.total_tokens, len(trajectory.context_events), trajectory.stop_reason, trajectory.final,
+    )  # fmt: skip
+
+
+def reference_replies(env_name: str, problem: Problem) -> list[dict]:
+    from dsv32.envs.base import get_env
+
+    env = get_env(env_name).factory()
+    try:
+        return env.reference(problem.data["task"])
+    finally:
+        env.close()
+
+
+def task_problems(tasks: list) -> list[Problem]:
+    return [Problem(t.id, [{"role": "user", "content": t.prompt}], [], t.domain, {"task": t}) for t in tasks]
+
+
+class Agentic(Benchmark):
+    kind = "episode"
+
+    def __init__(self, env_name: str) -> None:
+        super().__init__()
+        from dsv32.envs.base import get_env
+
+        spec = get_env(env_name)
+        self.env_name = env_name
+        self.name = PREFIX + env_name
+        self.description = f"agentic: {spec.description}"
+        self.sets = list(spec.task_sets)
+        default = HELDOUT if HELDOUT in self.sets else (self.sets[0] if self.sets else None)
+        self.default_set = default
+        self.source = f"dsv32.envs task set {default!r}" if default else "a task JSONL given with --data"
+
+    def subsets(self) -> list[str]:
+        return self.sets
+
+    def problems(self, subset: list[str] | None = None, data: str | None = None) -> list[Problem]:
+        from dsv32.envs.base import load_tasks, resolve_tasks
+
+        if data is not None:
+            return task_problems(load_tasks(data))
+        if subset and len(subset) != 1:
+            raise EvalError(f"{self.name}: --subset names one task set of {', '.join(self.sets)}")
+        name = subset[0] if subset else self.default_set
+        if name is None:
+            raise EvalError(f"{self.name}: the environment ships no task set; pass --data TASKS.jsonl")
+        if name not in self.sets:
+            raise EvalError(f"{self.name} has no task set {name!r}; known: {', '.join(self.sets)}")
+        return task_problems(resolve_tasks(self.env_name, name))
+
+    def episode(self, problem: Problem, backend: Any, options: RunOptions) -> EpisodeResult:
+        return episode(self.env_name, problem, backend, options)
+
+    def reference_replies(self, problem: Problem) -> list[dict]:
+        return reference_replies(self.env_name, problem)

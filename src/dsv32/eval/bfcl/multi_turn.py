@@ -1,0 +1,229 @@
+"""BFCL v4 multi-turn categories: conversations over BFCL's executable API classes, through
+``dsv32.agent`` in V3.2's tool-call protocol, graded by BFCL's state and response checks.
+
+An episode, per user turn (BFCL's inference loop, with the agent in place of its handler):
+
+1. the turn's user message joins the conversation (a ``miss_func`` turn first adds the functions
+   that were held out and says so, in BFCL's words); the entry's functions (minus
+   ``excluded_function`` and the ones still held out) are the tools;
+2. ``Agent.run`` lets the model call tools until it answers without one (at most 20 steps per turn,
+   BFCL's limit; hitting it fails the entry). Every call runs in the ``model`` world of the sandboxed
+   :class:`~dsv32.eval.bfcl.api.ApiWorker`; its result is the tool message;
+3. the turn's ground-truth calls run in the ``truth`` world, then BFCL's checks: a turn whose ground
+   truth is empty must get no call (irrelevance); otherwise the model must have called something,
+   every public attribute of every API instance must equal the ground truth's (state check), and
+   the ground truth's results must all be among the results of the model's calls so far (response
+   check, unordered, with multiplicity). The first failing check ends the episode with score 0 and
+   its reason; an entry that passes every turn scores 1.
+
+Entries whose ground truth calls a function the entry does not offer at that turn (one still held
+out) or passes arguments of the wrong type for its declared schema (a string ``ticket_id`` for an
+integer) are left out and listed under ``excluded`` (5 of the 800 in bfcl-eval 2026.3.23): BFCL
+executes such a call as written, but through ``dsv32.agent`` a call is checked against its schema
+before it runs, so no answer could pass.
+
+The reference plays each turn's ground-truth calls as one assistant message with those tool calls,
+then a short answer (a turn with no ground truth gets only the answer), through the same agent path.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dsv32.eval.bfcl.api import ApiWorker, WorkerError, parse_call
+from dsv32.eval.bfcl.data import data_dir, load_answers, load_entries, openai_tool
+from dsv32.eval.errors import EvalError
+from dsv32.eval.types import Benchmark, EpisodeResult, Problem, RunOptions, Score
+
+CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
+STEP_LIMIT = 20  # BFCL's MAXIMUM_STEP_LIMIT per turn
+ADDED_FUNCTIONS = "I have updated some more functions you can choose from. What about now?"
+DOCS = {
+    "GorillaFileSystem": "gorilla_file_system.json",
+    "MathAPI": "math_api.json",
+    "MessageAPI": "message_api.json",
+    "TwitterAPI": "posting_api.json",
+    "TicketAPI": "ticket_api.json",
+    "TradingBot": "trading_bot.json",
+    "TravelAPI": "travel_booking.json",
+    "VehicleControlAPI": "vehicle_control.json",
+}
+
+
+def function_docs(classes: list[str]) -> list[dict]:
+    docs = []
+    for name in classes:
+        with (data_dir() / "multi_turn_func_doc" / DOCS[name]).open(encoding="utf-8") as f:
+            docs += [json.loads(line) for line in f if line.strip()]
+    return docs
+
+
+def _multiset_missing(expected: list[str], got: list[str]) -> list[str]:
+    pool, missing = list(got), []
+    for item in expected:
+        if item in pool:
+            pool.remove(item)
+        else:
+            missing.append(item)
+    return missing
+
+
+def unsatisfiable(entry: dict) -> str | None:
+    """Why no model can pass the entry through its tools, or None: a ground-truth call of a function
+    the entry does not offer at that turn, or with arguments its declared schema rejects (the agent
+    checks every call against the schema before it runs)."""
+    from dsv32.agent.schema import check_arguments
+
+    held = {int(t): set(names) for t, names in (entry.get("missed_function") or {}).items()}
+    excluded = set(entry.get("excluded_function") or [])
+    schemas = {
+        d["name"]: openai_tool(d)["function"]["parameters"] for d in function_docs(entry["involved_classes"])
+    }
+    hidden = set().union(*held.values()) if held else set()
+    for t, calls in enumerate(entry["truth"]):
+        hidden -= held.get(t, set())
+        for text in calls:
+            name, kwargs = parse_call(text, entry["involved_classes"])
+            if name not in schemas or name in excluded or name in hidden:
+                return f"turn {t}: the ground truth calls {name!r}, which the entry does not offer then"
+            problems = check_arguments(kwargs, schemas[name])
+            if problems:
+                return f"turn {t}: the ground truth's {text} breaks the function's schema ({problems[0]})"
+    return None
+
+
+class _Turn:
+    """The tools of one turn: each call goes to the worker's model world and is recorded."""
+
+    def __init__(self, worker: ApiWorker) -> None:
+        self.worker = worker
+        self.results: list[str] = []
+
+    def tool(self, doc: dict) -> Any:
+        from dsv32.agent import tool
+
+        name = doc["name"]
+
+        def call(**arguments: Any) -> str:
+            result = self.worker.call("model", name, arguments)
+            self.results.append(result)
+            return result
+
+        return tool(call, schema=openai_tool(doc))
+
+
+class BFCLMultiTurn(Benchmark):
+    name = "bfcl-multi-turn"
+    kind = "episode"
+    description = "BFCL v4 multi-turn: BFCL's API classes executed in the sandbox, state + response checks"
+    source = "the bfcl-eval package's data/BFCL_v4_multi_turn_*.json and its func_source_code classes"
+
+    def subsets(self) -> list[str]:
+        return list(CATEGORIES)
+
+    def problems(self, subset: list[str] | None = None, data: str | None = None) -> list[Problem]:
+        unknown = sorted(set(subset or ()) - set(CATEGORIES))
+        if unknown:
+            raise EvalError(f"bfcl-multi-turn has no category {unknown}; choose from {', '.join(CATEGORIES)}")
+        out = []
+        for category in subset or CATEGORIES:
+            truths = load_answers(category)
+            for entry in load_entries(category):
+                entry["truth"] = truths[entry["id"]]
+                entry["category"] = category
+                why = unsatisfiable(entry)
+                if why is not None:
+                    self.excluded[entry["id"]] = why
+                    continue
+                out.append(Problem(entry["id"], entry["question"][0], [], category, entry))
+        return out
+
+    def reference_replies(self, problem: Problem) -> list[dict]:
+        entry, replies = problem.data, []
+        for t, calls in enumerate(entry["truth"]):
+            if calls:
+                tool_calls = []
+                for k, text in enumerate(calls):
+                    name, kwargs = parse_call(text, entry["involved_classes"])
+                    function = {"name": name, "arguments": json.dumps(kwargs, ensure_ascii=False)}
+                    tool_calls.append({"id": f"ref_{t}_{k}", "type": "function", "function": function})
+                replies.append({"role": "assistant", "content": "", "tool_calls": tool_calls})
+                replies.append({"role": "assistant", "content": "Done."})
+            else:
+                replies.append(
+                    {"role": "assistant", "content": "I cannot do that with the functions I have."}
+                )
+        return replies
+
+    def episode(self, problem: Problem, backend: Any, options: RunOptions) -> EpisodeResult:
+        from dsv32.agent import Agent
+
+        entry = problem.data
+        classes = entry["involved_classes"]
+        held = {int(t): names for t, names in (entry.get("missed_function") or {}).items()}
+        held_names = {n for names in held.values() for n in names}
+        excluded = set(entry.get("excluded_function") or [])
+        docs = [d for d in function_docs(classes) if d["name"] not in excluded]
+        available = [d for d in docs if d["name"] not in held_names]
+        result = EpisodeResult([], Score(0.0, ""))
+        long_context = "long_context" in entry["category"]
+        try:
+            with ApiWorker(classes, entry.get("initial_config", {}), long_context) as worker:
+                all_results: list[str] = []
+                messages: list[dict] = []
+                for t, turn_messages in enumerate(entry["question"]):
+                    if t in held:
+                        available += [d for d in docs if d["name"] in held[t]]
+                        turn_messages = [{"role": "user", "content": ADDED_FUNCTIONS}]
+                    turn = _Turn(worker)
+                    agent = Agent(
+                        backend, [turn.tool(d) for d in available], thinking=options.thinking,
+                        max_steps=STEP_LIMIT, context=options.context, context_window=options.context_window,
+                        sampling=options.sampling,
+                    )  # fmt: skip
+                    trajectory = agent.run(messages + list(turn_messages))
+                    messages = trajectory.messages
+                    result.messages = messages
+                    result.steps += trajectory.total_steps
+                    result.tokens += trajectory.total_tokens
+                    result.resets += len(trajectory.context_events)
+                    result.stop_reason, result.final = trajectory.stop_reason, trajectory.final
+                    all_results += turn.results
+                    why = self._check_turn(t, entry, worker, trajectory, turn.results, all_results)
+                    if why is not None:
+                        result.score = Score(0.0, why)
+                        return result
+        except WorkerError as err:
+            result.score = Score(0.0, str(err))
+            return result
+        result.score = Score(1.0, f"all {len(entry['question'])} turns match")
+        return result
+
+    @staticmethod
+    def _check_turn(
+        t: int, entry: dict, worker: ApiWorker, trajectory: Any, made: list[str], so_far: list[str]
+    ) -> str | None:
+        if trajectory.stop_reason == "error":
+            return f"turn {t}: the model call failed: {trajectory.error}"
+        if trajectory.stop_reason != "answer":
+            return f"turn {t}: stopped by {trajectory.stop_reason} (BFCL allows {STEP_LIMIT} steps per turn)"
+        calls = entry["truth"][t]
+        if not calls:
+            return f"turn {t}: made {len(made)} call(s) where no function fits" if made else None
+        truth = [worker.call("truth", *parse_call(c, entry["involved_classes"])) for c in calls]
+        if not made:
+            return f"turn {t}: made no call"
+        differences = worker.differences()
+        if differences:
+            cls, attrs = next(iter(differences.items()))
+            return f"turn {t}: {cls} state differs from the ground truth's in {sorted(attrs)}"
+        missing = _multiset_missing(truth, so_far)
+        if missing:
+            return f"turn {t}: {len(missing)} ground-truth result(s) missing, e.g. {missing[0][:120]!r}"
+        return None
+
+    def versions(self) -> dict[str, str]:
+        from importlib.metadata import version
+
+        return {"bfcl-eval": version("bfcl-eval")}

@@ -1,0 +1,117 @@
+"""Metrics over per-problem sample scores: pass@1, the unbiased pass@k, confidence intervals.
+
+For a problem with ``n`` samples of which ``c`` are correct (score 1):
+
+- pass@1 = c / n, the mean over samples (scores in [0, 1] average the same way);
+- pass@k = 1 - C(n - c, k) / C(n, k) (Chen et al. 2021, the HumanEval paper's unbiased estimator),
+  computed as the product 1 - prod_{i = n - c + 1}^{n} (1 - k / i) to stay exact in floating point.
+
+A benchmark's score is the mean over problems of the per-problem value. Its 95 % interval is
+
+- the Wilson score interval when every problem has one binary sample (accuracy): it stays inside
+  [0, 1] and is not degenerate at 0 % or 100 % the way the normal interval is;
+- otherwise the normal interval over problems, mean ± 1.96 · s / sqrt(N) with s the sample standard
+  deviation of the per-problem values (the standard error lm-evaluation-harness reports), clipped
+  to [0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+Z95 = 1.959963984540054
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimate of the chance that at least one of ``k`` samples drawn without
+    replacement from ``n`` (``c`` correct) is correct."""
+    if not 0 <= c <= n or k < 1 or k > n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def wilson_interval(successes: int, total: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion."""
+    if total <= 0:
+        return (0.0, 0.0)
+    p = successes / total
+    denom = 1 + z * z / total
+    centre = (p + z * z / (2 * total)) / denom
+    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def mean_interval(values: Sequence[float], z: float = Z95) -> tuple[float, float]:
+    """mean ± z · s / sqrt(N), clipped to [0, 1] (one value: the value itself)."""
+    n = len(values)
+    if n == 0:
+        return (0.0, 0.0)
+    mean = sum(values) / n
+    if n == 1:
+        return (mean, mean)
+    var = sum((v - mean) ** 2 for v in values) / (n - 1)
+    half = z * math.sqrt(var / n)
+    return (max(0.0, mean - half), min(1.0, mean + half))
+
+
+@dataclass
+class Metric:
+    """A benchmark score: ``value`` in [0, 1] with its 95 % interval over ``problems`` problems."""
+
+    name: str
+    value: float
+    ci_low: float
+    ci_high: float
+    problems: int
+    samples: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def is_correct(score: float) -> bool:
+    """A sample counts as correct for pass@k when its score is 1 (partial credit is not a pass)."""
+    return score >= 1.0 - 1e-9
+
+
+def summarize(scores: Sequence[Sequence[float]], ks: Sequence[int] = (1,)) -> dict[str, Metric]:
+    """``{"pass@1": Metric, "pass@k": Metric ...}`` of per-problem sample scores (``scores[i]`` are the
+    samples of problem i). pass@1 is the mean score; pass@k (k > 1) uses the estimator above and is
+    reported only when every problem has at least k samples."""
+    rows = [list(s) for s in scores if len(s) > 0]
+    if not rows:
+        return {}
+    out: dict[str, Metric] = {}
+    total = sum(len(r) for r in rows)
+    means = [sum(r) / len(r) for r in rows]
+    binary = all(len(r) == 1 and r[0] in (0.0, 1.0) for r in rows)
+    if binary:
+        low, high = wilson_interval(int(sum(means)), len(means))
+    else:
+        low, high = mean_interval(means)
+    out["pass@1"] = Metric("pass@1", sum(means) / len(means), low, high, len(rows), total)
+    n_min = min(len(r) for r in rows)
+    for k in ks:
+        if k <= 1 or k > n_min:
+            continue
+        values = [pass_at_k(len(r), sum(is_correct(s) for s in r), k) for r in rows]
+        low, high = mean_interval(values)
+        out[f"pass@{k}"] = Metric(f"pass@{k}", sum(values) / len(values), low, high, len(rows), total)
+    return out
+
+
+def default_ks(n: int) -> list[int]:
+    """The k reported for n samples: 1, then the powers of two below n, then n (evalplus reports
+    1, 10, 100 for its large n; powers of two suit the small n people run locally)."""
+    ks = [1]
+    k = 2
+    while k < n:
+        ks.append(k)
+        k *= 2
+    if n > 1:
+        ks.append(n)
+    return ks

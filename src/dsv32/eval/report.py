@@ -1,0 +1,169 @@
+"""``results.json``, ``report.md`` and the side-by-side table of several runs.
+
+``results.json``: ``benchmark`` (name, description, source, package versions), ``model`` (backend,
+name, endpoint), ``settings``, ``date`` (UTC), ``git_commit``, ``metrics`` (``pass@1`` and, with
+n > 1, ``pass@k`` for k = 2, 4, ... n, each a value in [0, 1] with its 95 % interval, see
+:mod:`dsv32.eval.metrics`), ``subsets`` (the same per category or task family), ``agentic`` (mean
+steps, tokens and context resets per episode), ``tokens`` (mean completion tokens per sample),
+``excluded`` (problems the benchmark left out, with why), ``paper`` (the paper's number for
+``--paper``), ``problems``, ``samples`` and ``elapsed_s`` (this invocation's wall time).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+from dsv32.eval.errors import EvalError
+from dsv32.eval.metrics import default_ks, summarize
+from dsv32.eval.settings import RunSettings
+from dsv32.eval.types import Benchmark, Problem
+
+
+def git_commit() -> str:
+    here = Path(__file__).resolve().parent
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return done.stdout.strip() if done.returncode == 0 else "unknown"
+
+
+def _metrics(per_problem: dict[str, list[float]], n: int) -> dict:
+    return {k: m.to_dict() for k, m in summarize(list(per_problem.values()), default_ks(n)).items()}
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 3) if values else None
+
+
+def aggregate(problems: list[Problem], rows: list[dict], n: int) -> dict:
+    """Metrics overall and per subset over the samples of ``problems``."""
+    by_problem: dict[str, list[float]] = defaultdict(list)
+    for row in sorted(rows, key=lambda r: (r["id"], r["sample"])):
+        if row["sample"] < n:
+            by_problem[row["id"]].append(float(row["score"]))
+    subset_of = {p.id: p.subset for p in problems}
+    subsets: dict[str, dict[str, list[float]]] = defaultdict(dict)
+    for pid, scores in by_problem.items():
+        if subset_of.get(pid):
+            subsets[subset_of[pid]][pid] = scores
+    episodes = [r for r in rows if "steps" in r]
+    out = {
+        "metrics": _metrics(by_problem, n),
+        "subsets": {name: _metrics(s, n) for name, s in sorted(subsets.items())} if len(subsets) > 1 else {},
+        "tokens": {
+            "completion_mean": _mean([r["completion_tokens"] for r in rows if "completion_tokens" in r])
+        },
+        "problems": len(by_problem),
+        "samples": sum(len(s) for s in by_problem.values()),
+    }
+    if episodes:
+        out["agentic"] = {k + "_mean": _mean([r[k] for r in episodes]) for k in ("steps", "tokens", "resets")}
+    return out
+
+
+def write_results(
+    out: Path, bench: Benchmark, settings: RunSettings, problems: list[Problem], rows: list[dict],
+    paper: dict | None, elapsed_s: float,
+) -> dict:  # fmt: skip
+    results = {
+        "benchmark": {"name": bench.name, "description": bench.description, "source": bench.source,
+                      "versions": bench.versions()},
+        "model": {"backend": settings.backend, "name": settings.model, "base_url": settings.base_url},
+        "settings": settings.to_dict(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+        **aggregate(problems, rows, settings.n),
+        "excluded": dict(bench.excluded),
+        "paper": paper,
+        "elapsed_s": round(elapsed_s, 2),
+    }  # fmt: skip
+    (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    (out / "report.md").write_text(render(results), encoding="utf-8")
+    return results
+
+
+def pct(metric: dict | None) -> str:
+    if not metric:
+        return "-"
+    return f"{100 * metric['value']:.1f} [{100 * metric['ci_low']:.1f}, {100 * metric['ci_high']:.1f}]"
+
+
+def render(results: dict) -> str:
+    """The Markdown report of one run."""
+    b, m, s = results["benchmark"], results["model"], results["settings"]
+    lines = [f"# {b['name']}: {m['name']} ({m['backend']})", "", b["description"], "",
+             f"- data: {b['source']} {b['versions'] or ''}".rstrip(),
+             f"- settings: n={s['n']}, temperature={s['temperature']}, top_p={s['top_p']}, max_tokens={s['max_tokens']}, "
+             f"thinking={'on' if s['thinking'] else 'off'}, context={s['context']}",
+             f"- {results['problems']} problems, {results['samples']} samples; {results['date']}; "
+             f"commit {results['git_commit'][:12]}", "",
+             "| metric | score % [95 % CI] |" + (" paper % |" if results.get("paper") else ""),
+             "|---|---|" + ("---|" if results.get("paper") else "")]  # fmt: skip
+    for name, metric in results["metrics"].items():
+        paper = results.get("paper")
+        extra = (
+            f" {paper['value']:.1f} ({paper['source']}) |"
+            if paper and name == "pass@1"
+            else (" |" if paper else "")
+        )
+        lines.append(f"| {name} | {pct(metric)} |{extra}")
+    if results["subsets"]:
+        lines += ["", "| subset | problems | pass@1 % [95 % CI] |", "|---|---|---|"]
+        for name, metrics in results["subsets"].items():
+            lines.append(f"| {name} | {metrics['pass@1']['problems']} | {pct(metrics['pass@1'])} |")
+    if results.get("agentic"):
+        a = results["agentic"]
+        lines += [
+            "",
+            f"Per episode: {a['steps_mean']} steps, {a['tokens_mean']} tokens, {a['resets_mean']} context resets.",
+        ]
+    if results["excluded"]:
+        lines += ["", f"Left out ({len(results['excluded'])}):"] + [
+            f"- {k}: {v}" for k, v in results["excluded"].items()
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def load_results(path: str | Path) -> dict:
+    path = Path(path)
+    file = path / "results.json" if path.is_dir() else path
+    if not file.is_file():
+        raise EvalError(f"{path}: no results.json (run 'dsv32 eval run' with --out {path} first)")
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise EvalError(f"{file}: not a results file ({err.msg})") from err
+
+
+def side_by_side(paths: list[str | Path]) -> str:
+    """A Markdown table: one row per benchmark metric (and subset), one column per run, then the
+    paper's number where a run named one."""
+    runs = [load_results(p) for p in paths]
+    try:
+        heads = [f"{r['model']['name']} ({r['model']['backend']})" for r in runs]
+    except KeyError as err:
+        raise EvalError(f"a results file lacks {err}; is it from 'dsv32 eval run'?") from err
+    rows: dict[tuple[str, str], list[str]] = {}
+    papers: dict[str, str] = {}
+    for i, r in enumerate(runs):
+        bench = r["benchmark"]["name"]
+        if r.get("paper"):
+            papers[bench] = f"{r['paper']['value']:.1f} ({r['paper']['source']})"
+        cells = [((bench, k), m) for k, m in r["metrics"].items()]
+        cells += [((bench, f"{sub} pass@1"), ms["pass@1"]) for sub, ms in r.get("subsets", {}).items()]
+        for key, metric in cells:
+            rows.setdefault(key, ["-"] * len(runs))[i] = pct(metric)
+    paper_col = bool(papers)
+    lines = ["| benchmark | metric | " + " | ".join(heads) + (" | paper (DeepSeek-V3.2) |" if paper_col else " |"),
+             "|---|---|" + "---|" * (len(runs) + paper_col)]  # fmt: skip
+    for (bench, metric), cells in rows.items():
+        paper = [papers.get(bench, "-") if metric == "pass@1" else ""] if paper_col else []
+        lines.append(f"| {bench} | {metric} | " + " | ".join(cells + paper) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,93 @@
+"""Math and logic from reasoning-gym: procedurally generated problems whose datasets verify answers.
+
+Problems: ``PER_FAMILY`` problems of each family in :data:`FAMILIES` (``--subset`` picks families,
+any of reasoning-gym's ~100 may be named), generated with seed :data:`SEED` (the same problems on every
+run and machine for a given reasoning-gym version). Prompt: the paper's math template (§4.1),
+``{question}\\nPlease reason step by step, and put your final answer within \\boxed{}.``
+
+Score: the content of the last ``\\boxed{}`` (a whole ``\\text{...}`` unwrapped) given to the
+family's own ``score_answer``; for the arithmetic families, also math-verify against the reference
+answer (so ``\\frac{3}{4}`` counts for ``3/4``). Reasoning-gym gives partial credit for answers that
+merely contain the right one; the harness records that value, and pass@k counts only a score of 1.
+
+Families were chosen whose verifiers compare strings or numbers in Python (none of them ``eval`` or
+sympy-parse the model's text) and whose reference answers score 1.
+"""
+
+from __future__ import annotations
+
+import re
+
+from dsv32.eval.answers import last_boxed, math_equal
+from dsv32.eval.errors import EvalError
+from dsv32.eval.types import Benchmark, Problem, Score
+
+TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+MATH = ("chain_sum", "gcd", "lcm", "fraction_simplification", "simple_equations", "complex_arithmetic")
+LOGIC = ("knights_knaves", "syllogism", "zebra_puzzles", "family_relationships")
+FAMILIES = MATH + LOGIC
+PER_FAMILY = 50
+SEED = 1234
+_TEXT = re.compile(r"^\\text\s*\{(.*)\}$", re.S)
+
+
+def boxed_answer(text: str | None) -> str | None:
+    answer = last_boxed(text)
+    if answer is None:
+        return None
+    match = _TEXT.match(answer)
+    return match.group(1).strip() if match else answer
+
+
+class ReasoningGym(Benchmark):
+    name = "reasoning-gym"
+    description = (
+        f"reasoning-gym math and logic families ({len(FAMILIES)} x {PER_FAMILY}), their own verifiers"
+    )
+    source = f"reasoning-gym's procedural generators, seed {SEED}"
+
+    def __init__(self, per_family: int = PER_FAMILY, seed: int = SEED) -> None:
+        super().__init__()
+        self.per_family, self.seed = per_family, seed
+        self._datasets: dict[str, object] = {}
+
+    def subsets(self) -> list[str]:
+        return list(FAMILIES)
+
+    def _dataset(self, family: str):
+        if family not in self._datasets:
+            import reasoning_gym
+            from reasoning_gym.factory import DATASETS
+
+            if family not in DATASETS:
+                raise EvalError(f"reasoning-gym has no task family {family!r}; e.g. {', '.join(FAMILIES)}")
+            self._datasets[family] = reasoning_gym.create_dataset(
+                family, size=self.per_family, seed=self.seed
+            )
+        return self._datasets[family]
+
+    def problems(self, subset: list[str] | None = None, data: str | None = None) -> list[Problem]:
+        out = []
+        for family in subset or FAMILIES:
+            for i, entry in enumerate(self._dataset(family)):
+                messages = [{"role": "user", "content": TEMPLATE.format(question=entry["question"])}]
+                out.append(Problem(f"{family}/{i}", messages, [], family, {"family": family, "entry": entry}))
+        return out
+
+    def score(self, problem: Problem, message: dict) -> Score:
+        answer = boxed_answer(message.get("content"))
+        if answer is None:
+            return Score(0.0, "no \\boxed{} answer")
+        family, entry = problem.data["family"], problem.data["entry"]
+        value = float(self._dataset(family).score_answer(answer, entry))
+        if value < 1.0 and family in MATH and math_equal(str(entry["answer"]), answer):
+            value = 1.0
+        return Score(value, f"answered {answer[:80]!r}, expected {str(entry['answer'])[:80]!r}")
+
+    def reference(self, problem: Problem) -> dict:
+        return {"role": "assistant", "content": f"\\boxed{{{problem.data['entry']['answer']}}}"}
+
+    def versions(self) -> dict[str, str]:
+        from importlib.metadata import version
+
+        return {"reasoning-gym": version("reasoning-gym")}

@@ -1,0 +1,183 @@
+"""``run(settings)``: one benchmark, one model, every ``(problem, sample)`` pair, scored and written.
+
+1. The benchmark's problems (``--subset``, ``--data``, the first ``--limit``), the solver (a local
+   model is loaded here) and the paper row are made ready before anything is written, so a bad input
+   leaves no directory behind.
+2. The run directory (default ``runs/eval/<model>/<benchmark>``) holds ``settings.json``; a directory
+   whose settings differ in anything that changes a sample (:data:`~dsv32.eval.settings.IDENTITY`)
+   is refused unless ``fresh``. ``samples.jsonl`` is read back and only the missing pairs run.
+3. Single-turn: the solver answers a chunk (a batch for a local model, ``concurrency`` requests at a
+   time for an endpoint), then the chunk is scored in a pool of threads (each HumanEval program is
+   its own sandboxed process). Episodes: ``concurrency`` episodes at a time, each with its own
+   backend. Each sample is appended to ``samples.jsonl`` as soon as it is scored; a progress bar
+   counts them.
+4. A sample whose model call failed (an endpoint error after its retries) is not written: the run
+   ends with an error that says how many, and running the same command again retries just those.
+5. ``results.json`` and ``report.md`` (:mod:`dsv32.eval.report`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from dsv32.eval import registry
+from dsv32.eval.errors import EvalError
+from dsv32.eval.paper import paper_number
+from dsv32.eval.report import write_results
+from dsv32.eval.samples import SampleWriter, read_samples
+from dsv32.eval.settings import RunSettings
+from dsv32.eval.solvers import EndpointSolver, LocalSolver, ReferenceSolver
+from dsv32.eval.types import Benchmark, Problem, RunOptions
+
+SCORE_WORKERS = 2
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(text).name if "/" in text else text).strip("_") or "model"
+
+
+def default_out(settings: RunSettings) -> Path:
+    return Path("runs") / "eval" / slug(settings.model) / settings.benchmark
+
+
+def make_solver(settings: RunSettings, bench: Benchmark) -> Any:
+    if settings.backend == "reference":
+        return ReferenceSolver(bench)
+    if settings.backend == "openai":
+        return EndpointSolver(settings.base_url or "", settings.model, settings.concurrency)
+    if settings.backend == "local":
+        if settings.concurrency > 1:
+            raise EvalError(
+                "--concurrency is for endpoints; a local model batches single-turn problems with --batch-size"
+            )
+        return LocalSolver(settings.model, settings.batch_size)
+    raise EvalError(f"unknown backend {settings.backend!r}; choose reference, local or openai")
+
+
+def prepare(settings: RunSettings) -> tuple[Benchmark, list[Problem], dict | None]:
+    """The benchmark, its problems for this run and the paper row: everything checked, nothing written."""
+    bench = registry.get(settings.benchmark)
+    if settings.data is not None and not Path(settings.data).is_file():
+        raise EvalError(f"--data {settings.data}: no such file")
+    paper = paper_number(settings.paper, bench.name, settings.thinking) if settings.paper else None
+    problems = bench.problems(settings.subset or None, settings.data)
+    if settings.limit is not None:
+        problems = problems[: settings.limit]
+    if not problems:
+        raise EvalError(f"{bench.name} has no problems for these settings")
+    return bench, problems, paper
+
+
+def _open_dir(out: Path, settings: RunSettings, fresh: bool) -> list[dict]:
+    saved = out / "settings.json"
+    if saved.is_file() and not fresh:
+        before = json.loads(saved.read_text(encoding="utf-8"))
+        changed = {k: (before.get(k), v) for k, v in settings.identity().items() if before.get(k) != v}
+        if changed:
+            listed = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items()))
+            raise EvalError(
+                f"{out} holds a run with other settings ({listed}); pass --fresh to start over or another --out"
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    if fresh:
+        for name in ("samples.jsonl", "results.json", "report.md"):
+            (out / name).unlink(missing_ok=True)
+    saved.write_text(json.dumps(settings.identity(), indent=1), encoding="utf-8")
+    return read_samples(out / "samples.jsonl")
+
+
+def _single_row(problem: Problem, j: int, gen: Any, score: Any) -> dict:
+    return {
+        "id": problem.id, "sample": j, "subset": problem.subset, "prompt": problem.messages,
+        "completion": gen.message, "score": score.value, "reason": score.reason,
+        "prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens,
+        "latency_s": round(gen.latency_s, 4), "finish_reason": gen.finish_reason,
+    }  # fmt: skip
+
+
+def _run_single(bench, solver, settings, pending, writer, tick) -> list[str]:
+    errors: list[str] = []
+    size = solver.chunk_size
+    with ThreadPoolExecutor(SCORE_WORKERS) as pool:
+        for start in range(0, len(pending), size):
+            chunk = pending[start : start + size]
+            generated = solver.complete(chunk, settings)
+            ok = [(item, gen) for item, gen in zip(chunk, generated) if gen.error is None]
+            errors += [gen.error for gen in generated if gen.error is not None]
+            scores = pool.map(lambda pair: bench.score(pair[0][0], pair[1].message), ok)
+            for ((problem, j), gen), score in zip(ok, scores):
+                writer.write(_single_row(problem, j, gen, score))
+                tick()
+    return errors
+
+
+def _run_episodes(bench, solver, settings, pending, writer, tick) -> list[str]:
+    options = RunOptions(settings.thinking, settings.sampling(), settings.context, settings.context_window,
+                         settings.max_steps)  # fmt: skip
+
+    def one(item: tuple[Problem, int]) -> str | None:
+        problem, j = item
+        start = time.perf_counter()
+        result = bench.episode(problem, solver.episode_backend(problem), options)
+        if result.stop_reason == "error" and settings.backend != "reference":
+            return result.score.reason
+        writer.write({
+            "id": problem.id, "sample": j, "subset": problem.subset, "prompt": problem.messages,
+            "completion": result.final, "score": result.score.value, "reason": result.score.reason,
+            "steps": result.steps, "tokens": result.tokens, "resets": result.resets,
+            "stop_reason": result.stop_reason, "latency_s": round(time.perf_counter() - start, 4),
+            "messages": result.messages,
+        })  # fmt: skip
+        tick()
+        return None
+
+    workers = settings.concurrency if settings.backend != "local" else 1
+    with ThreadPoolExecutor(workers) as pool:
+        return [e for e in pool.map(one, pending) if e is not None]
+
+
+def run(
+    settings: RunSettings,
+    out: str | Path | None = None,
+    *,
+    fresh: bool = False,
+    progress: bool = True,
+    solver: Any = None,
+    on_ready: Callable[[Path], None] | None = None,
+) -> dict:
+    """Run ``settings.benchmark`` and return the results (also written under ``out``)."""
+    bench, problems, paper = prepare(settings)
+    solver = solver or make_solver(settings, bench)
+    out = Path(out) if out is not None else default_out(settings)
+    done_rows = _open_dir(out, settings, fresh)
+    if on_ready is not None:
+        on_ready(out)
+    ids = {p.id for p in problems}
+    done = {(r["id"], r["sample"]) for r in done_rows if r.get("id") in ids}
+    pending = [(p, j) for p in problems for j in range(settings.n) if (p.id, j) not in done]
+    start = time.perf_counter()
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(problems) * settings.n, initial=len(done), desc=bench.name, unit="sample",
+               disable=not progress, dynamic_ncols=True)  # fmt: skip
+    writer = SampleWriter(out / "samples.jsonl")
+    try:
+        runner = _run_single if bench.kind == "single" else _run_episodes
+        errors = runner(bench, solver, settings, pending, writer, lambda: bar.update(1))
+    finally:
+        writer.close()
+        bar.close()
+    rows = [r for r in read_samples(out / "samples.jsonl") if r.get("id") in ids]
+    results = write_results(out, bench, settings, problems, rows, paper, time.perf_counter() - start)
+    if errors:
+        raise EvalError(
+            f"{len(errors)} sample(s) got no answer from the model (first: {errors[0]}); the others are in "
+            f"{out}; run the same command again to retry them"
+        )
+    return results

@@ -1,0 +1,59 @@
+"""The per-sample JSONL of a run: one line per ``(problem, sample)``, appended as each is scored, so
+an interrupted run resumes where it stopped.
+
+A line: ``id``, ``sample`` (0..n-1), ``subset``, ``prompt`` (the messages sent), ``completion`` (the
+assistant message; for episodes the final answer), ``score``, ``reason`` and what it cost
+(``prompt_tokens``, ``completion_tokens``, ``latency_s``, ``finish_reason``; for episodes ``steps``,
+``tokens``, ``resets``, ``stop_reason`` and the whole conversation as ``messages``).
+
+:func:`read_samples` takes the lines back; a last line cut short by an interruption is dropped (and
+cut off the file), any other unreadable line is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+from dsv32.eval.errors import EvalError
+
+
+def read_samples(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if n == len(lines):  # an interrupted write: the last line has no newline yet
+                with path.open("r+b") as f:
+                    f.truncate(len(raw) - len(line))
+                break
+            raise EvalError(
+                f"{path}:{n}: not a sample record ({err.msg}); remove the line or use --fresh"
+            ) from err
+    return rows
+
+
+class SampleWriter:
+    """Appends sample lines (thread-safe; each line flushed)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock = threading.Lock()
+        self.file = path.open("a", encoding="utf-8")
+
+    def write(self, row: dict) -> None:
+        line = json.dumps(row, ensure_ascii=False, default=str) + "\n"
+        with self.lock:
+            self.file.write(line)
+            self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()

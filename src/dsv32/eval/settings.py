@@ -1,0 +1,91 @@
+"""Run settings and their defaults, which follow the paper where it states them.
+
+===================  =========  ==========================================================================
+setting              default    source
+===================  =========  ==========================================================================
+``thinking``         on         §4.1: tool-use benchmarks run in thinking mode; Table 2 reports
+                                DeepSeek-V3.2-Thinking (Table 9 compares non-thinking)
+``temperature``      1.0        §4.1: "We set the temperature to 1.0"
+``top_p``            1.0        not stated in the paper: no nucleus truncation
+``max_tokens``       131072     §4.1 (context window 128K tokens) and Appendix D ("maximum generation
+                                length is set to 128k"); a local model is further capped at its own window
+``context_window``   131072     §4.1: "the context window to 128K tokens"
+``context``          none       §4.4: strategies (summary, discard_75, discard_all,
+                                parallel_fewest_step) trigger at 80 % of the window; the paper's main
+                                BrowseComp number uses context management, the others do not
+``n``                1          not stated; pass@1 is the mean over the n samples per problem
+``max_steps``        50         not stated (agentic benchmarks); BFCL multi-turn uses BFCL's 20 per turn
+===================  =========  ==========================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from dsv32.eval.errors import EvalError
+
+PAPER_CONTEXT = 131072
+DEFAULTS = {
+    "thinking": True,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "max_tokens": PAPER_CONTEXT,
+    "context_window": PAPER_CONTEXT,
+    "context": "none",
+    "n": 1,
+    "max_steps": 50,
+}
+#: Settings that change what a sample is: a run directory resumes only with the same ones.
+IDENTITY = ("benchmark", "backend", "model", "base_url", "n", "temperature", "top_p", "max_tokens",
+            "thinking", "context", "context_window", "max_steps", "subset", "data", "seed")  # fmt: skip
+
+
+@dataclass
+class RunSettings:
+    benchmark: str
+    backend: str = "reference"
+    model: str = "reference"
+    base_url: str | None = None
+    n: int = DEFAULTS["n"]
+    temperature: float = DEFAULTS["temperature"]
+    top_p: float = DEFAULTS["top_p"]
+    max_tokens: int = DEFAULTS["max_tokens"]
+    thinking: bool = DEFAULTS["thinking"]
+    context: str = DEFAULTS["context"]
+    context_window: int = DEFAULTS["context_window"]
+    max_steps: int = DEFAULTS["max_steps"]
+    subset: list[str] = field(default_factory=list)
+    data: str | None = None
+    paper: str | None = None
+    limit: int | None = None
+    concurrency: int = 1
+    batch_size: int = 8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise EvalError(f"n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise EvalError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise EvalError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.temperature == 0 and self.n > 1 and self.backend != "reference":
+            raise EvalError(
+                f"greedy decoding (temperature 0) gives the same completion {self.n} times; use --n 1 or a "
+                "temperature > 0"
+            )
+        for name in ("max_tokens", "context_window", "max_steps", "concurrency", "batch_size"):
+            if getattr(self, name) < 1:
+                raise EvalError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.limit is not None and self.limit < 1:
+            raise EvalError(f"limit must be >= 1, got {self.limit}")
+
+    def sampling(self) -> dict:
+        """The per-call sampling settings backends take."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens}
+
+    def identity(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k in IDENTITY}
+
+    def to_dict(self) -> dict:
+        return asdict(self)

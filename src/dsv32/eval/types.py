@@ -1,0 +1,106 @@
+"""What every benchmark hands the runner: problems, scores, and (for agentic ones) episodes.
+
+Two kinds of benchmark:
+
+- **single-turn** (``kind = "single"``): a problem is OpenAI-style ``messages`` (and ``tools``); the
+  model answers with one assistant message; :meth:`Benchmark.score` grades it;
+  :meth:`Benchmark.reference` is the benchmark's own solution written as such a message.
+- **episodic** (``kind = "episode"``): the model acts through ``dsv32.agent`` over several steps or
+  turns; :meth:`Benchmark.episode` runs one with a backend and returns an :class:`EpisodeResult`;
+  :meth:`Benchmark.reference_replies` are the assistant messages that play the solution, which a
+  ``ScriptedBackend`` replays through the very same path.
+
+``--backend reference`` answers with the reference solution through the same scorer, so it must
+score 100 %: the harness's self-check.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Problem:
+    """One problem: ``id`` (unique within the benchmark), ``messages`` (what the model is sent, for
+    single-turn benchmarks the whole prompt), ``tools`` (OpenAI schemas), ``subset`` (a category or
+    task family, for the per-subset table) and ``data`` (what the scorer needs)."""
+
+    id: str
+    messages: list[dict]
+    tools: list[dict] = field(default_factory=list)
+    subset: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Score:
+    """A graded sample: ``value`` in [0, 1] and a short human ``reason``."""
+
+    value: float
+    reason: str = ""
+
+
+@dataclass
+class EpisodeResult:
+    """One agentic episode: the conversation, its score and what it spent."""
+
+    messages: list[dict]
+    score: Score
+    steps: int = 0
+    tokens: int = 0
+    resets: int = 0
+    stop_reason: str = ""
+    final: str | None = None
+
+
+@dataclass
+class RunOptions:
+    """What a benchmark's episodes need from the run settings."""
+
+    thinking: bool = True
+    sampling: dict = field(default_factory=dict)
+    context: str = "none"
+    context_window: int | None = None
+    max_steps: int = 50
+
+
+class Benchmark(ABC):
+    """A benchmark: ``name``, ``description``, ``kind`` ("single" or "episode"), ``subsets`` it can
+    be restricted to (``--subset``), ``needs_data`` (bring-your-own benchmarks read ``--data``) and
+    ``source`` (where its data comes from, for ``dsv32 eval list`` and the report)."""
+
+    name: str = ""
+    description: str = ""
+    kind: str = "single"
+    source: str = ""
+    needs_data: bool = False
+
+    def __init__(self) -> None:
+        #: ``{problem id: why}`` of the problems :meth:`problems` left out (recorded in results.json).
+        self.excluded: dict[str, str] = {}
+
+    def subsets(self) -> list[str]:
+        return []
+
+    @abstractmethod
+    def problems(self, subset: list[str] | None = None, data: str | None = None) -> list[Problem]: ...
+
+    # single-turn benchmarks
+    def score(self, problem: Problem, message: dict) -> Score:
+        raise NotImplementedError(f"{self.name} is not a single-turn benchmark")
+
+    def reference(self, problem: Problem) -> dict:
+        raise NotImplementedError(f"{self.name} is not a single-turn benchmark")
+
+    # episodic benchmarks
+    def episode(self, problem: Problem, backend: Any, options: RunOptions) -> EpisodeResult:
+        raise NotImplementedError(f"{self.name} is not an episodic benchmark")
+
+    def reference_replies(self, problem: Problem) -> list[dict]:
+        raise NotImplementedError(f"{self.name} is not an episodic benchmark")
+
+    def versions(self) -> dict[str, str]:
+        """The versions of the packages its data and scorers come from (recorded in results.json)."""
+        return {}
