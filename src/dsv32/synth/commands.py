@@ -17,10 +17,14 @@ log = logging.getLogger(__name__)
 
 
 def _check_workers(specs: list[BackendSpec], workers: int) -> None:
+    """Local models run one episode at a time, and are loaded now: a bad name fails before any output."""
     if workers > 1 and any(s.kind == "local" for s in specs):
         raise SynthError(
             "a local model runs one episode at a time; use --workers 1 (or serve it: dsv32 serve)"
         )
+    for spec in specs:
+        if spec.kind == "local":
+            spec.make()
 
 
 def _progress(row: dict) -> None:
@@ -116,7 +120,12 @@ def run_filter(
             raise SynthError(f"limit must be at least 1, got {limit}")
         chosen = chosen[:limit]
     env_options = dict(env_options or {})
-    spec.factory(**env_options).close()  # a bad environment option fails here, before anything is written
+    try:  # a bad environment option fails here, before anything is written
+        spec.factory(**env_options).close()
+    except TypeError as err:
+        raise SynthError(
+            f"environment {env!r} does not take the option(s) {sorted(env_options)}: {err}"
+        ) from None
     _check_workers([policy], workers)
     by_key = {t.id: t for t in chosen}
     settings = {**asdict(config), "env": env, "tasks": tasks, "limit": limit, "env_options": env_options}

@@ -1,0 +1,47 @@
+"""Bad-input rows for ``dsv32 synth general|search|filter`` (read by test_bad_input.py)."""
+
+from __future__ import annotations
+
+import json
+
+URL = "openai:m@http://127.0.0.1:9/v1"  # never contacted: every row fails before a model call
+
+
+def files(tmp) -> dict[str, str]:
+    rows = [{"id": f"d{i}", "title": f"d{i}", "text": "common words"} for i in range(2)]
+    (tmp / "tiny.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {}
+
+
+_S = ["synth", "search", "--entities", "2"]
+_G = ["synth", "general", "--category", "trip planning"]
+_F = ["synth", "filter", "--env", "search", "--policy", URL]
+
+CASES = [
+    ([*_G, "--generator", "nonsense", "--out", "{out}"], "backend 'nonsense': expected openai:MODEL@BASE_URL"),
+    ([*_G, "--generator", URL, "--corpus", "{missing}", "--out", "{out}"], "the search corpus must be 'stdlib' or"),
+    (["synth", "general", "--category", " ", "--generator", URL, "--out", "{out}"], "the task category is empty"),
+    ([*_G, "--generator", URL, "--episodes", "0", "--out", "{out}"], "argument --episodes: '0' is not an integer >= 1"),
+    ([*_G, "--generator", "local:no-such-model", "--out", "{out}"], "cannot load model 'no-such-model'"),
+    ([*_G, "--generator", "local:smollm2", "--workers", "2", "--out", "{out}"],
+     "a local model runs one episode at a time"),
+    ([*_S, "--constructor", "openai:m@ftp://x", "--answerer", URL, "--verifier", URL, "--out", "{out}"],
+     "an endpoint is openai:MODEL@http(s)://HOST/v1"),
+    ([*_S, "--constructor", URL, "--answerer", URL + ",temp=1", "--verifier", URL, "--out", "{out}"],
+     "unknown option 'temp=1'"),
+    ([*_S, "--constructor", URL, "--answerer", URL + ",prompt=chatty", "--verifier", URL, "--out", "{out}"],
+     "prompt='chatty' is not one of"),
+    ([*_S, "--constructor", URL, "--answerer", URL, "--verifier", URL, "--corpus", "{missing}", "--out", "{out}"],
+     "does not exist"),
+    ([*_S, "--constructor", URL, "--answerer", URL, "--verifier", URL, "--corpus", "{tmp}/tiny.jsonl",
+      "--max-mentions", "1", "--out", "{out}"], "long-tail documents"),
+    (["synth", "search", "--entities", "2", "--constructor", URL, "--verifier", URL, "--out", "{out}"],
+     "the following arguments are required: --answerer"),
+    (["synth", "filter", "--env", "nowhere", "--policy", URL, "--out", "{out}"], "unknown environment 'nowhere'"),
+    ([*_F, "--k", "8", "--n", "4", "--out", "{out}"], "n >= k samples per task, got k=8, n=4"),
+    ([*_F, "--tasks", "{tmp}/absent.jsonl", "--out", "{out}"], "no such file or directory"),
+    ([*_F, "--env-option", "bogus=1", "--k", "1", "--out", "{out}"], "does not take the option(s) ['bogus']"),
+    ([*_F, "--env-option", "nonsense", "--out", "{out}"], "must look like key=value"),
+    (["synth", "filter", "--env", "search", "--policy", URL + ",temperature=hot", "--out", "{out}"],
+     "temperature='hot' must be float"),
+]  # fmt: skip
