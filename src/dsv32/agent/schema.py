@@ -45,10 +45,10 @@ def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
             section, current = "sphinx", sphinx.group(1)
             params[current] = sphinx.group(2).strip()
             continue
+        if line.lstrip().startswith(":"):  # :returns:, :raises: ... end the description or a :param:
+            section, current = "sphinx", None
+            continue
         if section is None:
-            if line.lstrip().startswith(":"):  # :returns:, :raises: ... end the description
-                section = "sphinx"
-                continue
             description.append(line)
             continue
         if section in ("args", "arguments", "parameters", "params"):

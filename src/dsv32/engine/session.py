@@ -87,7 +87,9 @@ class Session:
         if self.native:
             self.cache.length = keep
         else:
-            self.cache.crop(keep)
+            remove = self.cache.get_seq_length() - keep
+            if remove > 0:
+                self.cache.crop(-remove)  # transformers 5: a negative count removes that many tokens
         self.ids = self.ids[:keep]
 
     def _ensure_capacity(self, total: int) -> None:

@@ -55,7 +55,7 @@ class V32Format:
     name = "v32"
 
     def __init__(self, tokenizer: Any) -> None:
-        missing = missing_special_tokens(tokenizer)
+        missing = missing_special_tokens(tokenizer) if hasattr(tokenizer, "get_added_vocab") else ["all"]
         if missing:
             raise AgentError(
                 f"the tokenizer lacks the V3.2 special tokens {missing}: call "
@@ -99,8 +99,8 @@ class V32Format:
         message = assistant_message(parsed["content"], parsed["reasoning_content"], parsed["tool_calls"])
         return message, parsed["problems"]
 
-    #: streaming: reasoning until this marker (thinking mode), content until the tool calls
-    think_end, calls_start = THINK_END, "\n\n<｜DSML｜function_calls>"
+    #: streaming: reasoning until think_end (thinking mode), content until calls_start
+    think_start, think_end, calls_start = None, THINK_END, "\n\n<｜DSML｜function_calls>"
 
 
 # ------------------------------------------------------------------------------------------ templates
@@ -243,4 +243,5 @@ class TemplateFormat:
         content, calls, problems = parse_tool_calls(text)
         return assistant_message(content.strip(), reasoning, calls), problems
 
-    think_end, calls_start = "</think>", TOOL_CALL_OPEN
+    #: streaming: a reply that opens with think_start reasons until think_end; content until calls_start
+    think_start, think_end, calls_start = "<think>", "</think>", TOOL_CALL_OPEN

@@ -31,10 +31,22 @@ class _Streamer:
     def __init__(self, fmt: Any, thinking: bool, on_delta: Delta) -> None:
         self.fmt, self.on_delta = fmt, on_delta
         self.tokens: list[int] = []
-        self.kind = "reasoning" if thinking else "content"
+        # V3.2: the prompt opened the think block; templates: the reply opens one or it is content
+        self.kind = "start" if fmt.think_start else ("reasoning" if thinking else "content")
         self.sent = 0  # characters of the decoded text already passed on (or skipped)
         self.hold = max(len(fmt.think_end), len(fmt.calls_start))
         self.done = False
+
+    def _opening(self, text: str) -> bool:
+        """Decide (templates) whether the reply opens with a think block; False while undecided."""
+        head = text.lstrip()
+        if head.startswith(self.fmt.think_start):
+            self.kind, self.sent = "reasoning", text.index(self.fmt.think_start) + len(self.fmt.think_start)
+        elif self.fmt.think_start.startswith(head):
+            return False
+        else:
+            self.kind = "content"
+        return True
 
     def __call__(self, token: int) -> None:
         if self.done:
@@ -42,6 +54,8 @@ class _Streamer:
         if token not in self.fmt.stop_ids:
             self.tokens.append(token)
         text = self.fmt.decode(self.tokens)
+        if self.kind == "start" and not self._opening(text):
+            return
         while not self.done:
             marker = self.fmt.think_end if self.kind == "reasoning" else self.fmt.calls_start
             found = text.find(marker, self.sent)
@@ -57,6 +71,8 @@ class _Streamer:
             self.sent = safe
 
     def flush(self) -> None:
+        if self.kind == "start":
+            self.kind = "content"
         if not self.done:
             self._send(self.fmt.decode(self.tokens)[self.sent :])
 
@@ -86,7 +102,8 @@ class LocalBackend:
         if tokenizer is None:
             raise AgentError("a local backend needs the model's tokenizer (save one beside its weights)")
         if format == "auto":
-            format = "template" if missing_special_tokens(tokenizer) else "v32"
+            v32 = hasattr(tokenizer, "get_added_vocab") and not missing_special_tokens(tokenizer)
+            format = "v32" if v32 else "template"
         if format == "v32":
             self.format: V32Format | TemplateFormat = V32Format(tokenizer)
         elif format == "template":
