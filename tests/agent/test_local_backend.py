@@ -158,9 +158,9 @@ def test_session_reuse_gives_the_tokens_of_a_fresh_prefill(tiny_v32):
     assert (again.reused, again.prefilled) == (len(prompt) + 7, 21)
     assert kept.prefilled_tokens == len(prompt) + 21
     # a prompt that diverges earlier keeps only the common prefix; the same prompt re-runs one token
-    other = kept.generate(prompt[:30] + [7, 8, 9], max_new_tokens=2, sampling=params, stop_ids=[])
+    other = kept.generate([*prompt[:30], 7, 8, 9], max_new_tokens=2, sampling=params, stop_ids=[])
     assert (other.reused, other.prefilled) == (30, 3)
-    same = kept.generate(prompt[:30] + [7, 8, 9], max_new_tokens=2, sampling=params, stop_ids=[])
+    same = kept.generate([*prompt[:30], 7, 8, 9], max_new_tokens=2, sampling=params, stop_ids=[])
     assert (same.reused, same.prefilled) == (32, 1)
     assert common_prefix([1, 2, 3, 4], [1, 2, 5]) == 2 and common_prefix([], [1]) == 0
 
@@ -240,5 +240,5 @@ def test_a_tokenizer_without_v32_tokens_or_template_is_rejected(tiny_v32):
     tiny = load_model("tiny-native", device="cpu")
     with pytest.raises(AgentError, match="no chat template"):
         LocalBackend(tiny.model, tiny.tokenizer)
-    with pytest.raises(AgentError, match="lacks the V3.2 special tokens"):
+    with pytest.raises(AgentError, match=r"lacks the V3\.2 special tokens"):
         LocalBackend(tiny.model, tiny.tokenizer, format="v32")
