@@ -1,0 +1,202 @@
+"""``dsv32 envs list|show|run``: the verifiable environments and their task sets.
+
+``run`` plays tasks of an environment with a backend through :func:`dsv32.agent.run_episode` and
+prints one line per task, then the summary as JSON; with ``--out DIR`` it writes ``summary.json``,
+``results.jsonl`` (one row per task: id, reward, components, reason, steps, stop reason, seconds)
+and ``trajectories/<id>.json``. Backends: ``reference`` (each task's reference solution, replayed
+through the same tools and verifier: every shipped environment must score 1.0), ``scripted``
+(``--script FILE``: a JSON list of assistant messages, the same for every task), ``openai``
+(``--base-url``, ``--model``) and ``local`` (``--model smollm2`` or any name
+:func:`dsv32.engine.models.load_model` takes). ``--parallel K`` runs K episodes at once, each with
+its own environment (the local backend runs one at a time: it holds one model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from dsv32.cli import command
+from dsv32.errors import DSV32Error
+
+BACKENDS = ("reference", "scripted", "openai", "local")
+
+
+class EnvsCliError(DSV32Error, ValueError):
+    """A bad ``dsv32 envs`` request (a missing option for the chosen backend, a bad script file)."""
+
+
+def _episode(spec, task, make_backend: Callable, agent_options: dict, out: Path | None) -> dict:
+    from dsv32.agent import run_episode
+
+    env = spec.factory()
+    start = time.perf_counter()
+    try:
+        trajectory, reward = run_episode(make_backend(env, task), env, task, **agent_options)
+    finally:
+        env.close()
+    if out is not None:
+        trajectory.save(out / "trajectories" / f"{task.id}.json")
+    return {
+        "id": task.id,
+        "reward": reward.value,
+        "components": reward.components,
+        "reason": reward.reason,
+        "steps": len(trajectory.steps),
+        "stop_reason": trajectory.stop_reason,
+        "seconds": round(time.perf_counter() - start, 3),
+    }
+
+
+def run_tasks(
+    env_name: str,
+    tasks: list,
+    make_backend: Callable,
+    *,
+    parallel: int = 1,
+    out: str | Path | None = None,
+    agent_options: dict | None = None,
+    on_result: Callable[[dict], None] | None = None,
+) -> dict:
+    """Run every task (``make_backend(env, task)`` gives each episode its backend) and summarize:
+    ``mean_reward``, ``episodes_per_minute`` (wall clock), per-task ``results``."""
+    from dsv32.envs import get_env
+
+    spec = get_env(env_name)
+    out = Path(out) if out is not None else None
+    if out is not None:
+        (out / "trajectories").mkdir(parents=True, exist_ok=True)
+    options = {"max_steps": 40, **(agent_options or {})}
+    start = time.perf_counter()
+    results = []
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        futures = [pool.submit(_episode, spec, t, make_backend, options, out) for t in tasks]
+        for future in futures:
+            results.append(future.result())
+            if on_result is not None:
+                on_result(results[-1])
+    wall = time.perf_counter() - start
+    summary = {
+        "env": env_name,
+        "n": len(results),
+        "mean_reward": sum(r["reward"] for r in results) / max(1, len(results)),
+        "parallel": parallel,
+        "wall_s": round(wall, 3),
+        "episodes_per_minute": round(60 * len(results) / wall, 2) if wall > 0 else None,
+        "results": results,
+    }
+    if out is not None:
+        (out / "summary.json").write_text(
+            json.dumps({k: v for k, v in summary.items() if k != "results"}, indent=1)
+        )
+        with (out / "results.jsonl").open("w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in results)
+    return summary
+
+
+def backend_factory(args: argparse.Namespace) -> Callable:
+    """``make_backend(env, task)`` for the chosen ``--backend``."""
+    from dsv32.agent import LocalBackend, OpenAIBackend, ScriptedBackend
+
+    if args.backend == "reference":
+        return lambda env, task: ScriptedBackend(env.reference(task))
+    if args.backend == "scripted":
+        if not args.script:
+            raise EnvsCliError("--backend scripted needs --script FILE (a JSON list of assistant messages)")
+        replies = json.loads(Path(args.script).read_text(encoding="utf-8"))
+        if not isinstance(replies, list) or not all(isinstance(r, dict) for r in replies):
+            raise EnvsCliError(f"{args.script}: a script is a JSON list of assistant message objects")
+        return lambda env, task: ScriptedBackend(replies)
+    if args.backend == "openai":
+        if not (args.base_url and args.model):
+            raise EnvsCliError("--backend openai needs --base-url and --model")
+        return lambda env, task: OpenAIBackend(args.base_url, args.model, max_tokens=args.max_new_tokens)
+    if not args.model:
+        raise EnvsCliError("--backend local needs --model (e.g. smollm2)")
+    from dsv32.engine.models import load_model
+
+    loaded = load_model(args.model)
+    backend = LocalBackend(loaded.model, loaded.tokenizer, max_new_tokens=args.max_new_tokens, seed=0)
+    return lambda env, task: backend
+
+
+def _list(args: argparse.Namespace) -> int:
+    from dsv32.envs import registry
+
+    for name, spec in sorted(registry().items()):
+        print(f"{name:20s} {spec.description}\n{'':20s} task sets: {', '.join(spec.task_sets) or '-'}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from dsv32.envs import get_env, resolve_tasks
+    from dsv32.envs.sandbox import isolation
+
+    spec = get_env(args.name)
+    tasks = resolve_tasks(args.name, args.tasks)
+    env = spec.factory()
+    try:
+        messages = env.reset(tasks[0])
+        tools = [t["function"]["name"] for t in env.tools()]
+    finally:
+        env.close()
+    print(f"{spec.name}: {spec.description}")
+    print(
+        f"task sets: {', '.join(spec.task_sets) or '-'} ({len(tasks)} tasks in {args.tasks or 'the first'})"
+    )
+    print(f"tools: {', '.join(tools)}")
+    print(f"sandbox: {isolation().note}")
+    print(
+        f"example task {tasks[0].id}:\n  system: {messages[0]['content']}\n  user: {messages[-1]['content']}"
+    )
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from dsv32.envs import resolve_tasks
+
+    if args.n <= 0 or args.parallel <= 0:
+        raise EnvsCliError("--n and --parallel must be positive")
+    tasks = resolve_tasks(args.name, args.tasks)[: args.n]
+    make_backend = backend_factory(args)
+    parallel = 1 if args.backend == "local" else args.parallel
+
+    def show(r: dict) -> None:
+        print(
+            f"{r['id']}: reward {r['reward']:.2f} ({r['steps']} steps, {r['stop_reason']}) {r['reason'][:100]}"
+        )
+
+    summary = run_tasks(
+        args.name, tasks, make_backend, parallel=parallel, out=args.out,
+        agent_options={"max_steps": args.max_steps}, on_result=show,
+    )  # fmt: skip
+    summary["backend"] = args.backend
+    print(json.dumps({k: v for k, v in summary.items() if k != "results"}))
+    return 0
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("envs", help="verifiable environments: list, show, run an agent on their tasks")
+    esub = p.add_subparsers(dest="envs_cmd", required=True)
+    command(esub.add_parser("list", help="the registered environments and their task sets"), _list)
+    show = esub.add_parser("show", help="an environment's tools, task sets, sandbox and an example task")
+    show.add_argument("name")
+    show.add_argument("--tasks", help="a task set name or a JSONL file (default: the first set)")
+    command(show, _show)
+    run = esub.add_parser("run", help="run a backend on tasks; print and write rewards as JSON")
+    run.add_argument("name")
+    run.add_argument("--backend", choices=BACKENDS, default="reference")
+    run.add_argument("--tasks", help="a task set name or a JSONL file (default: the first set)")
+    run.add_argument("--n", type=int, default=20, help="run the first N tasks (default 20)")
+    run.add_argument("--out", help="write summary.json, results.jsonl and trajectories/ here")
+    run.add_argument("--parallel", type=int, default=1, help="episodes at once (default 1)")
+    run.add_argument("--max-steps", type=int, default=40, help="model turns per episode (default 40)")
+    run.add_argument("--script", help="scripted backend: a JSON list of assistant messages")
+    run.add_argument("--base-url", help="openai backend: the server's /v1 URL")
+    run.add_argument("--model", help="openai: the served model name; local: a load_model name (smollm2)")
+    run.add_argument("--max-new-tokens", type=int, default=512, help="openai/local: tokens per reply")
+    command(run, _run)
