@@ -40,6 +40,10 @@ def run_general(
 
     if episodes < 1:
         raise SynthError(f"episodes must be at least 1, got {episodes}")
+    options = {**options, "sampling": {**generator.sampling, **options.get("sampling", {})}}
+    options["thinking"] = options.get("thinking", True) and generator.thinking
+    if generator.max_steps:
+        options["max_steps"] = generator.max_steps
     configs = {slug(c): GeneralConfig(c, **options) for c in categories}
     if not configs:
         raise SynthError("name at least one task category (--category)")
