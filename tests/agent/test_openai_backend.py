@@ -3,58 +3,10 @@ plain and streamed replies, ``reasoning`` vs ``reasoning_content``, retries, and
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
-from agent_helpers import add
+from agent_helpers import Stub, add
 
 from dsv32.agent import Agent, BackendError, OpenAIBackend
-
-
-class Stub:
-    """Answers POST /v1/chat/completions with queued replies; records every request body."""
-
-    def __init__(self) -> None:
-        self.replies: list[tuple[int, object, dict]] = []
-        self.requests: list[dict] = []
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                stub.requests.append(body)
-                status, payload, headers = stub.replies.pop(0)
-                stream = isinstance(payload, list)
-                data = (
-                    "".join(f"data: {json.dumps(c)}\n\n" for c in payload) + "data: [DONE]\n\n"
-                    if stream
-                    else json.dumps(payload)
-                ).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "text/event-stream" if stream else "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for key, value in headers.items():
-                    self.send_header(key, value)
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args) -> None:
-                return None
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
-
-    def reply(self, payload, status: int = 200, **headers) -> None:
-        self.replies.append((status, payload, headers))
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
 
 
 @pytest.fixture

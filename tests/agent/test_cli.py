@@ -1,0 +1,109 @@
+"""``dsv32 agent run``: streamed to the terminal, trajectory and step log written; with an
+OpenAI-compatible stub endpoint, with an environment's reference solution, and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from agent_helpers import Stub
+from test_episode import Counter
+
+from dsv32.cli import main
+from dsv32.envs.base import EnvSpec, Task, register
+
+
+@pytest.fixture
+def stub():
+    s = Stub()
+    yield s
+    s.close()
+
+
+def chunk(delta: dict | None = None, finish: str | None = None, usage: dict | None = None) -> dict:
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    return {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "m",
+        "choices": choices,
+        "usage": usage,
+    }
+
+
+def test_run_against_an_endpoint_streams_and_writes_the_trajectory(stub, tmp_path, capsys):
+    call = {
+        "index": 0,
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
+    }
+    stub.reply([chunk({"reasoning_content": "Use add."}), chunk({"tool_calls": [call]}, "tool_calls")])
+    stub.reply([chunk({"reasoning_content": "Got 5."}), chunk({"content": "It is 5."}, "stop")])
+    out = tmp_path / "run"
+    argv = ["agent", "run", "--base-url", stub.url, "--model", "m", "--task", "2+3?", "--out", str(out)]
+    assert main([*argv, "--tool", "agent_helpers:add", "--system", "Be exact."]) == 0
+    text = capsys.readouterr().out
+    for piece in (
+        "thinking: Use add.",
+        '→ add({"a": 2, "b": 3})',
+        "← 5",
+        "answer: It is 5.",
+        "■ answer",
+        "stop: answer, steps: 2",
+    ):
+        assert piece in text
+    trajectory = json.loads((out / "trajectory.json").read_text())
+    assert trajectory["final"] == "It is 5." and trajectory["messages"][0] == {
+        "role": "system",
+        "content": "Be exact.",
+    }
+    lines = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+    assert lines[0]["tools"][0]["name"] == "add" and lines[-1]["episode"]["stop_reason"] == "answer"
+    assert stub.requests[0]["tools"][0]["function"]["name"] == "add"
+
+
+def test_reference_backend_replays_an_environment(tmp_path, capsys):
+    register(
+        EnvSpec("agent-test-counter", "a counter", Counter, {"basic": lambda: [Task("t1", "Count to 3.", 3)]})
+    )
+    out = tmp_path / "ref"
+    code = main(
+        [
+            "agent",
+            "run",
+            "--backend",
+            "reference",
+            "--env",
+            "agent-test-counter",
+            "--no-thinking",
+            "--quiet",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    assert "stop: answer, steps: 2, tokens:" in capsys.readouterr().out
+    assert json.loads((out / "trajectory.json").read_text())["final"] == "3"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--task", "q"], "--backend openai needs --base-url URL and --model NAME"),
+        (["--backend", "local", "--task", "q"], "--backend local needs a model"),
+        (["--backend", "reference", "--task", "q"], "give --env NAME"),
+        (["--task", "q", "--env", "x"], "exactly one of --task TEXT and --env NAME"),
+        (["--task", "q", "--context", "summary"], "needs context_window"),
+        (["--task", "q", "--context", "forget"], "unknown context strategy 'forget'"),
+        (["--task", "q", "--tool", "nomodule"], "write it as module:function"),
+        (["--task", "q", "--tool", "no_such_module_x:f"], "No module named 'no_such_module_x'"),
+    ],
+)
+def test_bad_input_is_one_line(argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["agent", "run", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dsv32 agent run: ") and message in err[0]
+    assert not (tmp_path / "runs").exists()
