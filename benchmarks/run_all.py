@@ -1,23 +1,35 @@
-"""`make bench`: run every benchmark script in benchmarks/ (each writes JSON + PNG under runs/bench/).
+"""`make bench`: run every benchmark script in benchmarks/ and record the headline tables in docs/results.md.
 
     python benchmarks/run_all.py                 # all scripts, their full default settings
     python benchmarks/run_all.py --quick         # pass --quick to every script (a few minutes)
     python benchmarks/run_all.py --only attention model_speed
+    python benchmarks/run_all.py --report-only   # no runs: the tables of the JSON already in runs/bench
 
 A script is any ``benchmarks/*.py`` but this one and names starting with ``_``; new ones are picked up
-without editing this file (``--quick`` is passed only to scripts whose source mentions it). One
-failing script does not stop the others; the exit status is non-zero if any failed. A summary goes to
-``runs/bench/run_all.json``.
+without editing this file (``--quick`` is passed only to scripts whose source mentions it). Each
+script writes its JSON (and PNG) under ``runs/bench/``. One failing script does not stop the others;
+the exit status is non-zero if any failed. A summary goes to ``runs/bench/run_all.json``.
+
+Afterwards a dated section is appended to ``docs/results.md`` (``--results``; ``--no-results`` skips
+it): the machine (CPU model from ``/proc/cpuinfo``, cores, the GPU if any), the torch version, the
+date, the exact command, the commit (``git rev-parse --short HEAD``, marked when ``src/`` or
+``benchmarks/`` have uncommitted changes) and one headline table per benchmark, read from the JSON it
+wrote in this run (``<name>.json``; ``attention`` also its single-point files), each with its dtype. A
+script without a table format here gets the top-level numbers of its ``<name>.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import platform
+import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -30,11 +42,226 @@ def scripts() -> list[Path]:
     )
 
 
+# ------------------------------------------------------------------------------------------ the tables
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+def _s(v: float | None) -> str:
+    return "—" if v is None else f"{v:.3g} s"
+
+
+def _ms(v: float | None, scale: float = 1e3) -> str:
+    return "—" if v is None else f"{v * scale:.3g} ms"
+
+
+def _x(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}×"
+
+
+def _mb(v: float | None) -> str:
+    return "—" if v is None else f"{v:.0f} MB"
+
+
+def attention_table(rows: list[dict]) -> tuple[str, str]:
+    """``attention.json`` (or one ``attention_L*_k*.json`` point): prefill and decode of ours against
+    the dense baselines, per (L, k)."""
+    dtypes = sorted({r.get("dtype", "float32") for r in rows})
+    table = _table(
+        ["L", "k", "prefill ours", "(a) flash SDPA", "ours vs (a)", "vs (a-math)", "vs (b) masked",
+         "decode ours", "vs SDPA", "vs dense MLA", "peak prefill (ours)"],
+        [
+            [
+                str(r["seq_len"]), str(r["topk"]), _s(r["prefill_s"]["ours"]), _s(r["prefill_s"]["sdpa"]),
+                _x(r["prefill_speedup_vs_sdpa"]), _x(r.get("prefill_speedup_vs_sdpa_math")),
+                _x(r.get("prefill_speedup_vs_masked_dense")), _ms(r["decode_s_per_token"]["ours"]),
+                _x(r["decode_speedup_vs_sdpa"]), _x(r["decode_speedup_vs_dense_mla"]),
+                _mb(r["peak_mem_mb"].get("prefill.ours")),
+            ]
+            for r in rows
+        ],
+    )  # fmt: skip
+    return ", ".join(dtypes), table
+
+
+def attention_gpu_table(result: dict) -> tuple[str, str]:
+    """``attention_gpu.json``: the Triton kernels against flash SDPA and dense MLA decode."""
+    rows = []
+    for r in result["points"]:
+        p, d = r["prefill_ms"], r["decode_ms"]
+        rows.append(
+            [
+                str(result["heads"]), str(r["seq_len"]), str(r["topk"]), _ms(p["sdpa"], 1),
+                f"{_ms(p['ours'], 1)} ({p['ours_indexer']:.3g} + {p['ours_attention']:.3g})",
+                _x(r["prefill_speedup_vs_sdpa"]),
+                f"{d['sdpa']:.3g} / {d['dense_mla']:.3g} / {d['ours']:.3g} ms",
+            ]
+        )  # fmt: skip
+    header = ["heads", "L", "k", "prefill (a)", "prefill ours (indexer + attention)", "ratio",
+              "decode (a) / dense MLA / ours"]  # fmt: skip
+    return f"{result.get('dtype', 'bfloat16')} on {result.get('device', 'CUDA')}", _table(header, rows)
+
+
+def model_speed_table(result: dict) -> tuple[str, str]:
+    """``model_speed.json``: whole-model throughput, sparse (gather) against the masked reference."""
+    g, m = result["gather"], result["masked"]
+    table = _table(
+        ["", "sparse (gather)", "masked-dense", "speed-up"],
+        [
+            ["prefill", f"{g['prefill_tokens_per_s']:.0f} tok/s", f"{m['prefill_tokens_per_s']:.0f} tok/s",
+             _x(result["prefill_speedup"])],
+            ["decode", f"{g['decode_tokens_per_s']:.3g} tok/s", f"{m['decode_tokens_per_s']:.3g} tok/s",
+             _x(result["decode_speedup"])],
+        ],
+    )  # fmt: skip
+    what = f"{result['layers']} layers, {result['seq_len']} tokens, index_topk {result['topk']}"
+    return f"float32; {what}", table
+
+
+def keep_routing_table(result: dict) -> tuple[str, str]:
+    """``rl_keep_routing.json``: the importance ratio with the recorded routing and the live router."""
+    s = result["summary"]
+
+    def pct(v: float) -> str:
+        return f"{100 * v:.2g}%"
+
+    table = _table(
+        ["trained with", "mean abs log-ratio: recorded / live routing", "outside the clip range: recorded / live",
+         "routing flips", "clipped while training"],
+        [
+            [name.replace("_", " "), f"{s[f'{name}.abs_log_ratio_kept']:.3g} / {s[f'{name}.abs_log_ratio_live']:.3g}",
+             f"{pct(s[f'{name}.out_of_clip_kept'])} / {pct(s[f'{name}.out_of_clip_live'])}",
+             pct(s[f"{name}.routing_flips"]), pct(s[f"{name}.clip_frac"])]
+            for name in ("keep_routing", "live_routing")
+        ],
+    )  # fmt: skip
+    what = f"{s['steps']} steps × {s['mini_batches']} mini-batches, experts ×{s['expert_scale']:g}"
+    return f"float32; {what}", table
+
+
+def scalar_table(result: object) -> tuple[str, str]:
+    """Any other JSON object: its top-level numbers."""
+    items = result.items() if isinstance(result, dict) else []
+    rows = [[k, f"{v:.4g}"] for k, v in items if isinstance(v, int | float) and not isinstance(v, bool)]
+    return "see the JSON", _table(["key", "value"], rows or [["(no top-level numbers)", ""]])
+
+
+# script stem → (its JSON files, how to read them into a table)
+FORMATS: dict[str, tuple[str, Callable]] = {
+    "attention": ("attention*.json", attention_table),
+    "attention_gpu": ("attention_gpu.json", attention_gpu_table),
+    "model_speed": ("model_speed.json", model_speed_table),
+    "rl_keep_routing": ("rl_keep_routing.json", keep_routing_table),
+}
+
+
+def benchmark_section(stem: str, out: Path, since: float) -> str | None:
+    """The Markdown of one benchmark's JSON under ``out`` written at or after ``since`` (None when it
+    wrote none, e.g. the GPU benchmark on a machine without a GPU)."""
+    pattern, fmt = FORMATS.get(stem, (f"{stem}.json", scalar_table))
+    files = sorted(p for p in out.glob(pattern) if p.stat().st_mtime >= since and p.name != "run_all.json")
+    if stem == "attention":  # the grid and single points; the sweeps (crossover, union, tune) differ
+        files = [p for p in files if p.name == "attention.json" or p.name.startswith("attention_L")]
+    if not files:
+        return None
+    parts = []
+    for path in files:
+        data = json.loads(path.read_text())
+        if stem == "attention" and isinstance(data, dict):
+            data = [data]
+        dtype, table = fmt(data)
+        parts.append(
+            f"`{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}` ({dtype}):\n\n{table}"
+        )
+    return "\n\n".join(parts)
+
+
+# ----------------------------------------------------------------------------------- the run's facts
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def torch_facts() -> tuple[str, str | None]:
+    """The torch version and the CUDA device's name (None without one)."""
+    import torch
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return torch.__version__, gpu
+
+
+def git_commit() -> str:
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+    head = git("rev-parse", "--short", "HEAD")
+    if head.returncode != 0:
+        return "unknown (not a git checkout)"
+    dirty = git("status", "--porcelain", "--", "src", "benchmarks").stdout.strip()
+    return head.stdout.strip() + (" with uncommitted changes in src/ or benchmarks/" if dirty else "")
+
+
+def results_section(command: str, summary: list[dict], out: Path, since: float) -> str:
+    """The dated section ``make bench`` appends to docs/results.md (``since`` 0: a report of the JSON
+    already in ``out``, whose runs this section did not see)."""
+    version, gpu = torch_facts()
+    shown = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"## `make bench` — {now}",
+        "",
+        f"- Machine: {cpu_model()}, {os.cpu_count()} cores" + (f"; GPU: {gpu}" if gpu else "; no GPU"),
+        f"- torch {version}; Python {platform.python_version()}",
+        f"- Command: `{command}`",
+        f"- Commit: `{git_commit()}`",
+    ]
+    if not since:
+        lines.append(
+            f"- Tables from the JSON already in `{shown}`: the machine, torch and commit above are this "
+            "report's; check that they are the runs' too."
+        )
+    for s in summary:
+        stem = Path(s["script"]).stem
+        lines += ["", f"### {s['script']}"]
+        if s["seconds"] is not None:
+            lines += ["", f"`{shlex.join(['python', *s['command']])}` · {s['seconds']:.0f} s"]
+        if s["returncode"] != 0:
+            lines += ["", f"Failed (exit {s['returncode']}); no table."]
+            continue
+        body = benchmark_section(stem, out, since)
+        missing = (
+            "Wrote no JSON in this run (e.g. no GPU on this machine)." if since else f"No JSON in `{shown}`."
+        )
+        lines += ["", body or missing]
+    return "\n".join(lines) + "\n"
+
+
+def append_results(path: Path, section: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = path.read_text() if path.exists() else "# Results\n"
+    path.write_text(text.rstrip("\n") + "\n\n" + section)
+
+
+# ------------------------------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="pass --quick to the scripts that support it")
     ap.add_argument("--only", nargs="*", default=None, help="script names (without .py) to run")
-    ap.add_argument("--out", default="runs/bench", help="where the summary is written")
+    ap.add_argument("--out", default="runs/bench", help="where the scripts' JSON and the summary are")
+    ap.add_argument("--results", default="docs/results.md", help="the Markdown file the tables go to")
+    ap.add_argument("--no-results", action="store_true", help="do not append to --results")
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: append the tables of the JSON already in --out",
+    )
     args = ap.parse_args(argv)
 
     todo = [p for p in scripts() if args.only is None or p.stem in args.only]
@@ -42,26 +269,35 @@ def main(argv: list[str] | None = None) -> int:
         missing = set(args.only) - {p.stem for p in todo}
         if missing:
             ap.error(f"no benchmark script named {sorted(missing)}; have {[p.stem for p in scripts()]}")
+    out = ROOT / args.out
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    since = 0.0 if args.report_only else time.time()
     summary = []
     for script in todo:
-        cmd = [sys.executable, str(script)]
+        cmd = [str(script.relative_to(ROOT))]
         if args.quick and "--quick" in script.read_text():
             cmd.append("--quick")
-        print(f"=== {script.name}: {' '.join(cmd[1:])}", flush=True)
+        if args.report_only:
+            summary.append({"script": script.name, "command": cmd, "returncode": 0, "seconds": None})
+            continue
+        print(f"=== {script.name}: {' '.join(cmd)}", flush=True)
         start = time.perf_counter()
-        rc = subprocess.call(cmd, cwd=ROOT, env=env)
+        rc = subprocess.call([sys.executable, *cmd], cwd=ROOT, env=env)
         elapsed = time.perf_counter() - start
         summary.append(
-            {"script": script.name, "command": cmd[1:], "returncode": rc, "seconds": round(elapsed, 1)}
+            {"script": script.name, "command": cmd, "returncode": rc, "seconds": round(elapsed, 1)}
         )
         print(
             f"=== {script.name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {elapsed:.0f} s", flush=True
         )
-    out = ROOT / args.out
     out.mkdir(parents=True, exist_ok=True)
-    (out / "run_all.json").write_text(json.dumps(summary, indent=2))
+    if not args.report_only:
+        (out / "run_all.json").write_text(json.dumps(summary, indent=2))
+    if not args.no_results:
+        section = results_section(shlex.join(["python", "benchmarks/run_all.py", *argv]), summary, out, since)
+        append_results(ROOT / args.results, section)
+        print(f"appended the tables to {args.results}", flush=True)
     failed = [s["script"] for s in summary if s["returncode"] != 0]
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
