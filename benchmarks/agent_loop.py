@@ -6,7 +6,8 @@ backend for the next reply, call the tool function directly, append the result. 
 per step is ``(agent time − baseline time) / steps``: tool-call validation (pydantic), the worker
 thread of the tool timeout, trajectory records, events, id assignment. It must not grow with the
 number of steps (the loop never re-walks the conversation): the ratio of the per-step overhead at
-200 steps to that at 10 is reported. Variants: tools run inline (``tool_timeout_s=None``, no worker
+200 steps to that at 10 is reported. Times are CPU time of this process (``time.process_time``, all
+threads), so that waiting for a core on a shared machine does not count as overhead. Variants: tools run inline (``tool_timeout_s=None``, no worker
 thread) and with context management on (a window large enough never to trigger, so every step also
 counts the prompt's tokens).
 
@@ -43,7 +44,7 @@ def script(n: int) -> list[dict]:
 def baseline(n: int) -> float:
     """The same episode as a minimal hand-written loop: seconds."""
     backend = ScriptedBackend(script(n))
-    start = time.perf_counter()
+    start = time.process_time()
     messages = [{"role": "user", "content": "go"}]
     while True:
         reply = backend.complete(messages, [], thinking=True).message
@@ -53,15 +54,15 @@ def baseline(n: int) -> float:
         for k, call in enumerate(reply["tool_calls"]):
             arguments = json.loads(call["function"]["arguments"])
             messages.append({"role": "tool", "tool_call_id": str(k), "content": str(add(**arguments))})
-    return time.perf_counter() - start
+    return time.process_time() - start
 
 
 def agent(n: int, **options) -> float:
     backend = ScriptedBackend(script(n))
     loop = Agent(backend, [add], max_steps=n + 1, **options)
-    start = time.perf_counter()
+    start = time.process_time()
     trajectory = loop.run("go")
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     assert trajectory.stop_reason == "answer" and trajectory.num_steps == n + 1
     return elapsed
 
