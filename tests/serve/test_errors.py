@@ -1,0 +1,149 @@
+"""Every refusal is OpenAI's error JSON with the right status, through the openai client; bad input
+never gives a 500 and never stops the server."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx2 as httpx
+import openai
+import pytest
+import v32_model as V
+from conftest import client_for
+
+MODEL = "tiny-v32"
+USER = [{"role": "user", "content": "hi"}]
+
+
+def _error(call) -> tuple[int, dict]:
+    with pytest.raises(openai.APIStatusError) as info:
+        call()
+    body = info.value.body
+    assert set(body) == {"message", "type", "param", "code"}, body
+    return info.value.status_code, body
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+        ({"messages": [{"role": "user"}]}, "messages"),
+        (
+            {
+                "messages": [
+                    *USER,
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {"type": "function", "function": {"name": "f", "arguments": "{not json"}}
+                        ],
+                    },
+                ]
+            },
+            "messages",
+        ),
+        (
+            {"messages": [*USER, {"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}]},
+            "messages",
+        ),
+        ({"messages": [{"role": "tool", "content": "orphan result"}]}, "messages"),
+        (
+            {"messages": USER, "tools": [{"type": "function", "function": {"description": "no name"}}]},
+            "tools",
+        ),
+        ({"messages": USER, "tools": [{"type": "retrieval"}]}, "tools"),
+        ({"messages": USER, "temperature": -1}, "temperature"),
+        ({"messages": USER, "top_p": 0}, "top_p"),
+        ({"messages": USER, "max_tokens": 0}, "max_tokens"),
+        ({"messages": USER, "n": 5}, "n"),
+        ({"messages": USER, "top_logprobs": 3}, None),
+        ({"messages": USER, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"messages": []}, "messages"),
+        (
+            {"messages": USER, "extra_body": {"chat_template_kwargs": {"thinking_budget": 3}}},
+            "chat_template_kwargs",
+        ),
+        ({"messages": USER, "frequency_penalty": 0.5}, "frequency_penalty"),
+    ],
+)
+def test_invalid_requests_are_400(v32_server, kwargs, param):
+    client = client_for(v32_server)
+    status, body = _error(lambda: client.chat.completions.create(model=MODEL, **kwargs))
+    assert status == 400 and body["type"] == "invalid_request_error"
+    if param:
+        assert body["param"] == param, body
+
+
+def test_context_length_exceeded(v32_server):
+    client = client_for(v32_server)
+    status, body = _error(lambda: client.chat.completions.create(model=MODEL, messages=USER, max_tokens=5000))
+    assert status == 400 and body["code"] == "context_length_exceeded" and "4096" in body["message"]
+    long = [{"role": "user", "content": "x" * 5000}]
+    status, body = _error(lambda: client.chat.completions.create(model=MODEL, messages=long))
+    assert body["code"] == "context_length_exceeded"
+
+
+def test_unknown_model_is_404(v32_server):
+    client = client_for(v32_server)
+    status, body = _error(lambda: client.chat.completions.create(model="gpt-9", messages=USER))
+    assert status == 404 and body["code"] == "model_not_found"
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def test_malformed_bodies_are_400_and_the_server_keeps_serving(v32_server):
+    url = v32_server.base_url + "/chat/completions"
+    assert (
+        httpx.post(url, content=b"{not json", headers={"content-type": "application/json"}).status_code == 400
+    )
+    assert httpx.post(url, json={"model": MODEL, "messages": "hi"}).status_code == 400
+    assert httpx.post(url, json={"model": MODEL, "messages": USER, "bogus": 1}).status_code == 400
+    assert httpx.get(v32_server.base_url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
+    r = client_for(v32_server).chat.completions.create(model=MODEL, messages=V.QUESTION, temperature=0)
+    assert r.choices[0].message.content == V.CHAT_ANSWER
+
+
+@pytest.fixture(scope="module")
+def guarded(one_thread):
+    """tiny-llama behind an API key, one batch row and one queue place."""
+    from dsv32.serve import ServerThread, create_app, load_served
+
+    served = load_served("tiny-llama", device="cpu")
+    with ServerThread(create_app(served, max_batch=1, max_queue=1, api_key="sekret")) as server:
+        yield server
+
+
+def test_wrong_api_key_is_401(guarded):
+    status, body = _error(lambda: client_for(guarded, api_key="wrong").models.list())
+    assert status == 401 and body["code"] == "invalid_api_key"
+    assert [m.id for m in client_for(guarded, api_key="sekret").models.list()] == ["tiny-llama"]
+
+
+def _metric(server, name: str) -> float:
+    text = httpx.get(server.base_url.removesuffix("/v1") + "/metrics").text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"dsv32_{name}"))
+
+
+def _wait_for(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_full_queue_is_503_and_a_disconnect_frees_the_slot(guarded):
+    client = client_for(guarded, api_key="sekret")
+    stream = client.completions.create(model="tiny-llama", prompt="abc", max_tokens=1000, stream=True)
+    next(iter(stream))  # the one batch row is busy
+    waiting = threading.Thread(
+        target=lambda: client.completions.create(model="tiny-llama", prompt="xyz", max_tokens=2), daemon=True
+    )
+    waiting.start()
+    _wait_for(lambda: _metric(guarded, "waiting_requests") == 1)
+    status, body = _error(lambda: client.completions.create(model="tiny-llama", prompt="q", max_tokens=2))
+    assert status == 503 and body["code"] == "queue_full"
+    stream.close()  # the client goes away mid-stream: its row is freed and the waiting request runs
+    waiting.join(timeout=60)
+    assert not waiting.is_alive()
+    _wait_for(lambda: _metric(guarded, "running_rows") == 0)
+    assert _metric(guarded, "generation_tokens_total") < 1000
