@@ -193,3 +193,41 @@ def test_a_completion_cut_inside_a_call_reports_no_partial_call(v32_server):
     )
     assert r.choices[0].finish_reason == "length"
     assert r.choices[0].message.tool_calls == [] and r.usage.completion_tokens == 20
+
+
+def test_concurrent_requests_share_the_batch_and_answer_as_alone(v32_server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = client_for(v32_server)
+
+    def ask(thinking: bool):
+        extra = _think() if thinking else {}
+        m = client.chat.completions.create(model=MODEL, messages=V.QUESTION, temperature=0, extra_body=extra)
+        return m.choices[0].message.reasoning_content, m.choices[0].message.content
+
+    def tools():
+        m = client.chat.completions.create(
+            model=MODEL, messages=_tools_question(), tools=V.TOOLS, temperature=0, extra_body=_think()
+        )
+        return [c.function.name for c in m.choices[0].message.tool_calls]
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [
+            pool.submit(tools),
+            pool.submit(ask, False),
+            pool.submit(ask, True),
+            pool.submit(ask, False),
+        ]
+        results = [f.result() for f in futures]
+    assert results == [
+        ["get_weather", "get_time"],
+        (None, V.CHAT_ANSWER),
+        V.THINKING_ANSWER,
+        (None, V.CHAT_ANSWER),
+    ]
+    metrics = httpx.get(v32_server.base_url.removesuffix("/v1") + "/metrics").text
+    one_row = next(
+        line for line in metrics.splitlines() if line.startswith('dsv32_batch_size_bucket{le="1"}')
+    )
+    total = next(line for line in metrics.splitlines() if line.startswith("dsv32_batch_size_count"))
+    assert float(total.split()[-1]) > float(one_row.split()[-1])  # some decode steps ran several rows

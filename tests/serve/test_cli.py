@@ -1,0 +1,50 @@
+"""``dsv32 serve DIR`` in a subprocess: a native V3.2 checkpoint with its tokenizer, on a free port."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import httpx2 as httpx
+import v32_model as V
+from conftest import client_for
+
+from dsv32.serve import free_port
+
+
+def test_dsv32_serve_a_native_checkpoint(tmp_path):
+    path = V.save_plain(tmp_path / "tiny-v32")
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-c", "import sys; from dsv32.cli import main; sys.exit(main())", "serve", str(path), "--port", str(port), "--max-batch", "2",
+           "--served-model-name", "tiny", "--api-key", "k"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "dsv32 serve did not start"
+                time.sleep(0.2)
+
+        class Server:
+            base_url = f"http://127.0.0.1:{port}/v1"
+
+        client = client_for(Server, api_key="k")
+        assert [m.id for m in client.models.list()] == ["tiny"]
+        r = client.chat.completions.create(model="tiny", messages=V.QUESTION, max_tokens=5, temperature=0)
+        assert r.choices[0].finish_reason in ("stop", "length") and r.usage.prompt_tokens > 0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_bad_flags_are_one_line_errors():
+    from dsv32.cli import main
+
+    assert main(["serve", "tiny-llama", "--max-batch", "0"]) == 2

@@ -1,0 +1,88 @@
+"""The server on SmolLM2-135M-Instruct (its own chat template, no tool parsing) through the openai
+client: seeded sampling streamed equals non-streamed, n > 1, stop sequences, logprobs, text
+completions, models/health/metrics."""
+
+from __future__ import annotations
+
+import httpx2 as httpx
+import pytest
+from conftest import client_for
+
+MODEL = "smollm2"
+ASK = [{"role": "user", "content": "Name three colours."}]
+
+
+def _streamed_text(stream, n: int) -> tuple[list[str], list[str | None], object]:
+    texts, reasons, usage = [""] * n, [None] * n, None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+    return texts, reasons, usage
+
+
+@pytest.mark.slow
+def test_seeded_sampling_streams_what_it_answers_with_n_choices(smol_server):
+    client = client_for(smol_server)
+    kwargs = dict(model=MODEL, messages=ASK, temperature=0.9, top_p=0.95, seed=11, n=2, max_tokens=12)
+    whole = client.chat.completions.create(**kwargs)
+    texts, reasons, usage = _streamed_text(
+        client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}), 2
+    )
+    assert texts == [c.message.content for c in whole.choices]
+    assert reasons == [c.finish_reason for c in whole.choices]
+    assert usage.model_dump() == whole.usage.model_dump()
+    assert texts[0] != texts[1]  # choice i samples with seed + i
+    assert whole.choices[0].message.tool_calls == [] and whole.choices[0].message.reasoning_content is None
+
+
+@pytest.mark.slow
+def test_stop_sequences_and_logprobs(smol_server):
+    client = client_for(smol_server)
+    free = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=16)
+    text = free.choices[0].message.content
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    cut = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=16, stop=[stop])
+    assert cut.choices[0].message.content == text[: text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    lp = (
+        client.chat.completions.create(
+            model=MODEL, messages=ASK, temperature=0, max_tokens=5, logprobs=True, top_logprobs=3
+        )
+        .choices[0]
+        .logprobs.content
+    )
+    assert len(lp) == 5 and all(len(e.top_logprobs) == 3 for e in lp)
+    assert all(
+        e.logprob == e.top_logprobs[0].logprob and e.token == e.top_logprobs[0].token for e in lp
+    )  # greedy
+    assert "".join(e.token for e in lp) == text[: len("".join(e.token for e in lp))]
+
+
+def test_text_completions_and_the_other_endpoints(smol_server):
+    client = client_for(smol_server)
+    r = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=2
+    )
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4
+    assert "".join(r.choices[0].logprobs.tokens) == r.choices[0].text
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0, stream=True
+        )
+        if c.choices
+    )
+    assert streamed == r.choices[0].text
+    root = smol_server.base_url.removesuffix("/v1")
+    assert httpx.get(root + "/health").status_code == 200
+    metrics = httpx.get(root + "/metrics").text
+    for name in (
+        "requests_total",
+        "generation_tokens_total",
+        "time_to_first_token_seconds_bucket",
+        "batch_size_count",
+    ):
+        assert f"dsv32_{name}" in metrics
+    assert client.models.list().data[0].id == MODEL
