@@ -1,0 +1,60 @@
+"""reasoning-gym: reference answers score 1 through the harness, wrong or missing answers 0."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsv32.eval.rgym import FAMILIES, ReasoningGym, boxed_answer
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return ReasoningGym()
+
+
+@pytest.fixture(scope="module")
+def problems(bench):
+    return bench.problems()
+
+
+def test_every_reference_answer_scores_one(bench, problems):
+    assert len(problems) == len(FAMILIES) * 50
+    assert {p.subset for p in problems} == set(FAMILIES)
+    failed = [
+        (p.id, s.reason) for p in problems for s in [bench.score(p, bench.reference(p))] if s.value != 1.0
+    ]
+    assert failed == []
+
+
+def test_problems_are_the_same_every_time(problems):
+    again = ReasoningGym().problems(["gcd"])
+    assert [p.messages for p in again] == [p.messages for p in problems if p.subset == "gcd"]
+    assert "put your final answer within \\boxed{}" in again[0].messages[0]["content"]
+
+
+def test_wrong_and_missing_answers_score_zero(bench, problems):
+    for family in FAMILIES:
+        p = next(q for q in problems if q.subset == family)
+        assert bench.score(p, {"content": "The answer is \\boxed{definitely not it 12345}"}).value < 1.0
+        assert bench.score(p, {"content": f"no box: {p.data['entry']['answer']}"}).value == 0.0
+
+
+def test_latex_forms_of_the_answer_count(bench, problems):
+    p = next(q for q in problems if q.subset == "fraction_simplification")
+    num, den = str(p.data["entry"]["answer"]).strip("$").split("/")
+    assert bench.score(p, {"content": f"\\boxed{{\\frac{{{num}}}{{{den}}}}}"}).value == 1.0
+    k = next(q for q in problems if q.subset == "knights_knaves")
+    assert bench.score(k, {"content": f"\\boxed{{\\text{{{k.data['entry']['answer']}}}}}"}).value == 1.0
+
+
+def test_unknown_family_is_a_typed_error(bench):
+    from dsv32.eval.errors import EvalError
+
+    with pytest.raises(EvalError, match="no task family"):
+        bench.problems(["no_such_family"])
+
+
+def test_boxed_answer():
+    assert boxed_answer("so \\boxed{\\text{Alice}}") == "Alice"
+    assert boxed_answer("x \\boxed{1} then \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
+    assert boxed_answer("none") is None

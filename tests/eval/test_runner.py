@@ -1,0 +1,109 @@
+"""The runner: reference runs score 100 %, files are written, interrupted runs resume, settings are
+checked, and several runs go side by side."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dsv32.eval import RunSettings, run, side_by_side
+from dsv32.eval.errors import EvalError
+from dsv32.eval.report import load_results
+
+
+def test_reference_run_writes_results_samples_and_report(tmp_path):
+    out = tmp_path / "rg"
+    results = run(
+        RunSettings("reasoning-gym", subset=["gcd", "syllogism"], limit=60, n=2), out, progress=False
+    )
+    assert results["metrics"]["pass@1"]["value"] == 1.0
+    assert results["metrics"]["pass@2"]["value"] == 1.0
+    assert set(results["subsets"]) == {"gcd", "syllogism"}
+    saved = load_results(out)
+    for key in ("benchmark", "model", "settings", "date", "git_commit", "metrics", "excluded", "paper"):
+        assert key in saved
+    assert saved["settings"]["temperature"] == 1.0 and saved["settings"]["thinking"] is True
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 120
+    assert {"prompt", "completion", "score", "reason"} <= set(rows[0])
+    report = (out / "report.md").read_text()
+    assert "| pass@1 | 100.0 [" in report and "| gcd |" in report
+
+
+def test_interrupted_run_resumes_from_the_samples(tmp_path):
+    out = tmp_path / "he"
+    settings = RunSettings("humaneval", limit=3)
+    run(settings, out, progress=False)
+    lines = (out / "samples.jsonl").read_text().splitlines()
+    # drop one finished sample and cut the last line short, as an interrupted write leaves it
+    (out / "samples.jsonl").write_text(lines[0] + "\n" + lines[1][:40])
+    results = run(settings, out, progress=False)
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in rows) == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert rows[0]["id"] == "HumanEval/0"  # kept, not redone
+    assert results["metrics"]["pass@1"]["value"] == 1.0
+
+
+def test_more_problems_extend_a_finished_run(tmp_path):
+    out = tmp_path / "x"
+    run(RunSettings("reasoning-gym", subset=["lcm"], limit=2), out, progress=False)
+    results = run(RunSettings("reasoning-gym", subset=["lcm"], limit=4), out, progress=False)
+    assert results["problems"] == 4
+    assert len((out / "samples.jsonl").read_text().splitlines()) == 4
+
+
+def test_other_settings_are_refused_unless_fresh(tmp_path):
+    out = tmp_path / "x"
+    run(RunSettings("reasoning-gym", subset=["lcm"], limit=2), out, progress=False)
+    with pytest.raises(EvalError, match=r"other settings .*temperature 1\.0 -> 0\.5"):
+        run(RunSettings("reasoning-gym", subset=["lcm"], limit=2, temperature=0.5), out, progress=False)
+    results = run(
+        RunSettings("reasoning-gym", subset=["lcm"], limit=2, temperature=0.5),
+        out,
+        fresh=True,
+        progress=False,
+    )
+    assert results["settings"]["temperature"] == 0.5
+
+
+def test_bad_inputs_write_nothing(tmp_path):
+    out = tmp_path / "out"
+    for settings, message in [
+        (RunSettings("no-such-bench"), "unknown benchmark"),
+        (RunSettings("byo-boxed"), "--data"),
+        (RunSettings("bfcl", subset=["nope"]), "no category"),
+        (RunSettings("byo-boxed", data=str(tmp_path / "missing.jsonl")), "no such file"),
+    ]:
+        with pytest.raises(EvalError, match=message):
+            run(settings, out, progress=False)
+    assert not out.exists()
+    with pytest.raises(EvalError, match="greedy"):
+        RunSettings("humaneval", backend="openai", temperature=0, n=4)
+
+
+def test_agentic_reference_episodes_score_one_and_record_their_cost(tmp_path):
+    results = run(RunSettings("agent-code-interpreter", limit=2), tmp_path / "ci", progress=False)
+    assert results["metrics"]["pass@1"]["value"] == 1.0
+    assert results["agentic"]["steps_mean"] >= 1 and results["agentic"]["resets_mean"] == 0
+    row = json.loads((tmp_path / "ci" / "samples.jsonl").read_text().splitlines()[0])
+    assert {"steps", "tokens", "resets", "messages", "stop_reason"} <= set(row)
+
+
+def test_bfcl_reference_run_records_what_it_left_out(tmp_path):
+    results = run(RunSettings("bfcl", subset=["live_simple"]), tmp_path / "b", progress=False)
+    assert results["metrics"]["pass@1"]["value"] == 1.0
+    assert set(results["excluded"]) == {"live_simple_106-63-0", "live_simple_112-68-0"}
+
+
+def test_side_by_side_and_paper_column(tmp_path):
+    data = tmp_path / "aime.jsonl"
+    data.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
+    run(RunSettings("byo-boxed", data=str(data), paper="aime-2025"), tmp_path / "a", progress=False)
+    run(RunSettings("reasoning-gym", subset=["gcd"], limit=2), tmp_path / "b", progress=False)
+    table = side_by_side([tmp_path / "a", tmp_path / "b"])
+    assert "paper (DeepSeek-V3.2)" in table
+    assert "| byo-boxed | pass@1 | 100.0" in table and "93.1 (Table 2" in table
+    assert "| reasoning-gym | pass@1 | - | 100.0" in table
+    with pytest.raises(EvalError, match=r"no results\.json"):
+        side_by_side([tmp_path / "nothing"])
