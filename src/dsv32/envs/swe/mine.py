@@ -21,7 +21,6 @@ import difflib
 import json
 import logging
 import random
-import shutil
 import tempfile
 import time
 from collections import defaultdict
@@ -159,7 +158,6 @@ def mine(
             tasks.append(_task(spec, m, failing, still, report, len(passing), len(tasks), pp, bugged, fixed))
             per_fn[key] += 1
             log.info("%s: kept %s %s (%d failing)", spec, m.op, m.function, len(failing))
-        shutil.rmtree(repo, ignore_errors=True)
     return tasks
 
 

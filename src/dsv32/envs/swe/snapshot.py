@@ -11,6 +11,7 @@ edit applies only where ``old`` occurs exactly once in its file, so a stale edit
 from __future__ import annotations
 
 import difflib
+import fcntl
 import os
 import re
 import shutil
@@ -107,16 +108,20 @@ def pristine(spec: str) -> Path:
     root = cache_dir("swe", "src", f"{name}-{version}")
     if root.is_dir():
         return root
-    sdists = cache_dir("swe", "sdists")
-    archive = (_find_sdist(sdists, name, version) if sdists.is_dir() else None) or _download(name, version)
     root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root.parent))
-    try:
-        top = _unpack(archive, tmp)
-        if not root.exists():  # another process may have unpacked it meanwhile
-            os.replace(top, root)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with open(root.parent / f".{name}-{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one download and unpack at a time, across threads and processes
+        if root.is_dir():
+            return root
+        sdists = cache_dir("swe", "sdists")
+        archive = (_find_sdist(sdists, name, version) if sdists.is_dir() else None) or _download(
+            name, version
+        )
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root.parent))
+        try:
+            os.replace(_unpack(archive, tmp), root)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return root
 
 
