@@ -1,0 +1,41 @@
+"""``dsv32 sft [RECIPE]``: supervised fine-tuning on conversations, loss on assistant tokens only."""
+
+from __future__ import annotations
+
+import argparse
+
+from dsv32.cli import command, positive_int
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sft",
+        help="supervised fine-tuning on JSONL conversations (loss on assistant tokens; V3.2 tokens added)",
+    )
+    p.add_argument("config", nargs="?", help="TOML recipe (configs/sft-*.toml); default: built-in defaults")
+    p.add_argument("--data", help="JSONL conversations (data.path)")
+    p.add_argument("--eval-data", help="held-out JSONL conversations for an eval loss (data.eval_path)")
+    p.add_argument("--model", help="smollm2, tiny-llama, tiny-native, an HF dir or a native checkpoint")
+    p.add_argument("--out", help="output directory (default: the recipe's out_dir)")
+    p.add_argument("--steps", type=positive_int, help="optimizer steps (default: from train.epochs)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    p.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
+    p.add_argument("--no-progress", action="store_true")
+
+    def run(args: argparse.Namespace) -> int:
+        from dsv32.train.sft import load_sft_config, train_sft
+
+        overrides = list(args.set)
+        for flag, key in (("data", "data.path"), ("eval_data", "data.eval_path"), ("model", "model.name")):
+            if getattr(args, flag):
+                overrides.append(f"{key}={getattr(args, flag)}")
+        if args.steps:
+            overrides.append(f"train.steps={args.steps}")
+        if args.out:
+            overrides.append(f"out_dir={args.out}")
+        cfg = load_sft_config(args.config, overrides)
+        result = train_sft(cfg, resume=not args.no_resume, progress=not args.no_progress)
+        print(result.summary())
+        return 0
+
+    command(p, run)

@@ -1,0 +1,365 @@
+"""Supervised fine-tuning on conversations (``dsv32 sft``): the loss only on what the assistant said.
+
+    L(θ) = − Σ_{t ∈ A} log π_θ(x_t | x_<t) / |A|,     A = the assistant tokens of the step's rows
+
+(reasoning, content, DSML tool calls, end tokens; never prompts or tool results — see
+:mod:`dsv32.train.sft_data`), averaged over every loss token of the optimizer step, whatever the
+micro-batching (as TRL's ``SFTTrainer`` with ``num_items_in_batch``). Models: Hugging Face causal LMs
+and native V3.2 checkpoints; tokenizers without the V3.2 special tokens get them, and the
+embeddings grow (:mod:`dsv32.train.sft_model`).
+
+The schedule: linear warm-up over ``warmup_steps``, then cosine decay to ``min_lr_ratio`` × ``lr``.
+Rows are shuffled per epoch by ``(seed, epoch)``; step ``s`` takes rows ``[s·R, (s+1)·R)`` of that
+stream (R = ``batch_size`` × ``grad_accum``), so a run resumed from a checkpoint (weights, optimizer,
+RNG states, step) retraces the uninterrupted run bit for bit.
+
+Outputs under ``out_dir``: ``config.json``, ``data.json`` (conversation and token counts),
+``metrics.jsonl``, ``sft.png``, ``checkpoints/step_NNNNNN/`` and ``model/`` (weights, tokenizer with
+the V3.2 chat template).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from dsv32.recipe import (
+    EXISTING_PATH,
+    NON_NEGATIVE,
+    POSITIVE,
+    RecipeError,
+    Rule,
+    at_least,
+    build_section,
+    check_fields,
+    each,
+    in_range,
+    one_of,
+    read_recipe,
+)
+from dsv32.runlog import StepCheckpoints, append_metrics, read_metrics, truncate_metrics
+from dsv32.train.sft_data import IGNORE, Example, block_causal_mask, collate, encode_file, make_rows
+from dsv32.train.sft_model import SFTModel, SFTModelError, prepare_sft_model, save_sft_model
+
+logger = logging.getLogger(__name__)
+
+
+class SFTConfigError(RecipeError):
+    """A recipe or override that does not fit the SFT config schema."""
+
+
+@dataclass
+class SFTModelConfig:
+    """``name``: ``smollm2``, a Hugging Face model directory or a native V3.2 checkpoint (with its
+    tokenizer)."""
+
+    RANGES: ClassVar[dict[str, Rule]] = {}
+
+    name: str = "smollm2"
+    device: str = "auto"
+
+
+@dataclass
+class SFTDataConfig:
+    """``path``: JSONL conversations; ``eval_path``: held-out ones for an eval loss ("" = none);
+    ``seq_len``: the longest row; ``packing``: whole conversations best-fit into rows (HF models);
+    ``thinking_mode``: ``thinking`` or ``chat``; ``train_on``: ``all`` assistant turns or the
+    ``last_round``; ``overlong``: ``drop``, ``truncate`` or ``error`` for conversations over seq_len."""
+
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "path": EXISTING_PATH,
+        "eval_path": Rule(lambda v: v == "" or Path(v).exists(), "'' or an existing file"),
+        "seq_len": at_least(8),
+        "thinking_mode": one_of("thinking", "chat"),
+        "train_on": one_of("all", "last_round"),
+        "overlong": one_of("drop", "truncate", "error"),
+    }
+
+    path: str = "runs/posttrain/coldstart.jsonl"
+    eval_path: str = ""
+    seq_len: int = 1024
+    packing: bool = False
+    thinking_mode: str = "thinking"
+    train_on: str = "all"
+    overlong: str = "drop"
+
+
+@dataclass
+class SFTTrainConfig:
+    """Optimization. ``steps`` 0: ``ceil(epochs × rows / (batch_size × grad_accum))``."""
+
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "epochs": POSITIVE,
+        "steps": NON_NEGATIVE,
+        "batch_size": at_least(1),
+        "grad_accum": at_least(1),
+        "lr": POSITIVE,
+        "weight_decay": NON_NEGATIVE,
+        "betas": each(in_range(0.0, 0.9999999)),
+        "warmup_steps": NON_NEGATIVE,
+        "min_lr_ratio": in_range(0.0, 1.0),
+        "clip_grad": NON_NEGATIVE,
+        "save_every": NON_NEGATIVE,
+        "log_every": at_least(1),
+        "eval_every": NON_NEGATIVE,
+        "keep_checkpoints": at_least(1),
+    }
+
+    epochs: float = 3.0
+    steps: int = 0
+    batch_size: int = 4
+    grad_accum: int = 1
+    lr: float = 2e-5
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
+    clip_grad: float = 1.0
+    seed: int = 0
+    save_every: int = 0
+    log_every: int = 1
+    eval_every: int = 0
+    keep_checkpoints: int = 1
+
+    @property
+    def rows_per_step(self) -> int:
+        return self.batch_size * self.grad_accum
+
+
+@dataclass
+class SFTConfig:
+    model: SFTModelConfig = field(default_factory=SFTModelConfig)
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    train: SFTTrainConfig = field(default_factory=SFTTrainConfig)
+    out_dir: str = "runs/sft"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class _TopLevel:
+    RANGES: ClassVar[dict[str, Rule]] = {"out_dir": Rule(bool, "a non-empty directory path")}
+    out_dir: str = "runs/sft"
+
+
+_SECTIONS = {"model": SFTModelConfig, "data": SFTDataConfig, "train": SFTTrainConfig}
+
+
+def sft_config_from_dict(data: dict[str, Any]) -> SFTConfig:
+    """Nested dicts (TOML) → :class:`SFTConfig`, every field checked (:mod:`dsv32.recipe`)."""
+    unknown = sorted(set(data) - set(_SECTIONS) - {"out_dir"})
+    if unknown:
+        raise SFTConfigError(f"unknown sections {unknown}; known: {sorted(_SECTIONS)} and out_dir")
+    base = SFTConfig().to_dict()
+    kwargs = {}
+    for name, cls in _SECTIONS.items():
+        given = data.get(name, {})
+        if not isinstance(given, dict):
+            raise SFTConfigError(f"[{name}] must be a table")
+        kwargs[name] = build_section(cls, {**base[name], **given}, name, error=SFTConfigError)
+    top = check_fields(
+        _TopLevel, {"out_dir": data.get("out_dir", base["out_dir"])}, "top level", SFTConfigError
+    )
+    return SFTConfig(**kwargs, **top)
+
+
+def load_sft_config(path: str | Path | None = None, overrides: list[str] | None = None) -> SFTConfig:
+    """A TOML recipe (defaults when ``path`` is None) with ``section.field=value`` overrides."""
+    return sft_config_from_dict(read_recipe(path, overrides, error=SFTConfigError))
+
+
+# ---------------------------------------------------------------------------------------------- the loop
+@dataclass
+class SFTResult:
+    out_dir: Path
+    steps: int
+    seconds: float
+    data: dict[str, int]
+    metrics: list[dict] = field(default_factory=list)
+    model_dir: Path | None = None
+
+    def summary(self) -> str:
+        line = f"dsv32 sft: {self.steps} steps in {self.seconds:.0f} s → {self.out_dir}"
+        if self.metrics:
+            first, last = self.metrics[0], self.metrics[-1]
+            line += f"\nloss {first['loss']:.4f} (step {first['step']}) → {last['loss']:.4f} (step {last['step']})"
+            if "eval_loss" in last:
+                line += f", eval loss {last['eval_loss']:.4f}"
+        return line
+
+
+def lr_factor(step: int, total: int, cfg: SFTTrainConfig) -> float:
+    """Warm-up then cosine to ``min_lr_ratio`` (``step`` from 0)."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps - 1))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def total_steps(cfg: SFTTrainConfig, rows: int) -> int:
+    return cfg.steps or max(1, math.ceil(cfg.epochs * rows / cfg.rows_per_step))
+
+
+def step_rows(step: int, n_rows: int, cfg: SFTTrainConfig) -> list[int]:
+    """Row indices of optimizer step ``step``: an epoch-wise shuffled stream, a function of
+    ``(seed, step)`` only."""
+    R = cfg.rows_per_step
+    out = []
+    for g in range(step * R, (step + 1) * R):
+        epoch, within = divmod(g, n_rows)
+        perm = torch.randperm(n_rows, generator=torch.Generator().manual_seed(cfg.seed * 100_003 + epoch))
+        out.append(int(perm[within]))
+    return out
+
+
+def loss_sum(sm: SFTModel, batch: dict[str, torch.Tensor], packed: bool) -> tuple[torch.Tensor, int]:
+    """Σ of −log π over the batch's loss tokens, and their count."""
+    dev = sm.device
+    ids, targets = batch["input_ids"].to(dev), batch["targets"].to(dev)
+    positions, segments = batch["position_ids"].to(dev), batch["segments"].to(dev)
+    keep = targets != IGNORE
+    n = int(keep.sum())
+    if sm.kind == "native":
+        if packed:
+            raise SFTModelError("packing needs a Hugging Face model (a block mask); set data.packing=false")
+        logits = sm.model(ids, attention_mask=(segments >= 0).long(), position_ids=positions).logits[keep]
+    else:
+        mask = block_causal_mask(segments) if packed else (segments >= 0).long()
+        hidden = sm.model.get_decoder()(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False
+        )
+        logits = sm.model.get_output_embeddings()(hidden.last_hidden_state[keep])
+    return torch.nn.functional.cross_entropy(logits.float(), targets[keep], reduction="sum"), n
+
+
+@torch.no_grad()
+def eval_loss(sm: SFTModel, examples: list[Example], rows: list[list[int]], cfg: SFTConfig) -> float:
+    was = sm.model.training
+    sm.model.eval()
+    total, count = 0.0, 0
+    for a in range(0, len(rows), cfg.train.batch_size):
+        batch = collate(examples, rows[a : a + cfg.train.batch_size], sm.pad_id)
+        s, n = loss_sum(sm, batch, cfg.data.packing)
+        total, count = total + float(s), count + n
+    sm.model.train(was)
+    return total / max(1, count)
+
+
+def _encode(sm: SFTModel, path: str, cfg: SFTConfig) -> tuple[list[Example], dict[str, int]]:
+    d = cfg.data
+    return encode_file(
+        sm.tokenizer,
+        path,
+        seq_len=d.seq_len,
+        thinking_mode=d.thinking_mode,
+        train_on=d.train_on,
+        overlong=d.overlong,
+    )
+
+
+def train_sft(
+    cfg: SFTConfig,
+    *,
+    model: SFTModel | None = None,
+    resume: bool = True,
+    progress: bool = True,
+    stop_after: int | None = None,
+    save_model: bool = True,
+) -> SFTResult:
+    """Run SFT as configured. ``model`` defaults to :func:`prepare_sft_model` of ``cfg.model``;
+    ``stop_after`` stops after that step with a checkpoint, as if the run had been killed."""
+    from tqdm.auto import tqdm
+
+    from dsv32.train.sft_plot import plot_sft
+
+    tc = cfg.train
+    torch.manual_seed(tc.seed)
+    sm = model or prepare_sft_model(cfg.model.name, cfg.model.device)
+    if cfg.data.packing and sm.kind == "native":
+        raise SFTModelError("packing needs a Hugging Face model (a block mask); set data.packing=false")
+    examples, counts = _encode(sm, cfg.data.path, cfg)
+    rows = make_rows(examples, cfg.data.seq_len, cfg.data.packing)
+    held = _encode(sm, cfg.data.eval_path, cfg) if cfg.data.eval_path else None
+    held_rows = make_rows(held[0], cfg.data.seq_len, cfg.data.packing) if held else []
+    total = total_steps(tc, len(rows))
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)  # only now: bad input writes nothing
+    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    data_info = {**counts, "rows": len(rows), "steps": total, "added_tokens": len(sm.added_tokens)}
+    (out / "data.json").write_text(json.dumps(data_info, indent=2) + "\n")
+    decay = [p for p in sm.model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in sm.model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=tc.lr,
+        betas=tuple(tc.betas),
+    )
+    ckpts = StepCheckpoints(out, keep=tc.keep_checkpoints)
+    metrics_path = out / "metrics.jsonl"
+    step = 0
+    if resume and (latest := ckpts.latest()) is not None:
+        step = ckpts.load(latest, sm.model, optimizer)
+        truncate_metrics(metrics_path, step)
+        logger.info("sft: resumed from %s (step %d)", latest, step)
+    else:
+        metrics_path.unlink(missing_ok=True)
+    last = total if stop_after is None else min(total, stop_after)
+    start = time.time()
+    bar = tqdm(total=total, initial=step, desc="sft", disable=not progress, dynamic_ncols=True)
+    sm.model.train()
+    try:
+        while step < last:
+            record = _step(sm, optimizer, examples, rows, cfg, step, total)
+            step += 1
+            record["seconds"] = round(time.time() - start, 2)
+            if held and ((tc.eval_every and step % tc.eval_every == 0) or step == total):
+                record["eval_loss"] = eval_loss(sm, held[0], held_rows, cfg)
+            if step % tc.log_every == 0 or step == last or "eval_loss" in record:
+                append_metrics(metrics_path, record)
+            bar.set_postfix(loss=f"{record['loss']:.4f}")
+            bar.update(1)
+            if (tc.save_every and step % tc.save_every == 0) or step == last:
+                ckpts.save(step, sm.model, optimizer)
+    finally:
+        bar.close()
+        sm.model.eval()
+    result = SFTResult(out, step, time.time() - start, data_info, read_metrics(metrics_path))
+    plot_sft(metrics_path, out / "sft.png")
+    if save_model and step >= total:
+        result.model_dir = save_sft_model(sm, out / "model")
+    return result
+
+
+def _step(sm: SFTModel, optimizer, examples, rows, cfg: SFTConfig, step: int, total: int) -> dict:
+    tc = cfg.train
+    factor = lr_factor(step, total, tc)
+    for group in optimizer.param_groups:
+        group["lr"] = tc.lr * factor
+    picked = [rows[i] for i in step_rows(step, len(rows), tc)]
+    n_total = sum(examples[i].loss_tokens for row in picked for i in row)
+    loss_value = 0.0
+    for a in range(0, len(picked), tc.batch_size):
+        s, _ = loss_sum(sm, collate(examples, picked[a : a + tc.batch_size], sm.pad_id), cfg.data.packing)
+        (s / n_total).backward()
+        loss_value += float(s.detach()) / n_total
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    norm = torch.nn.utils.clip_grad_norm_(params, tc.clip_grad or math.inf)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {
+        "step": step + 1,
+        "lr": tc.lr * factor,
+        "loss": loss_value,
+        "loss_tokens": n_total,
+        "grad_norm": float(norm),
+        "epoch": round((step + 1) * tc.rows_per_step / len(rows), 4),
+    }
