@@ -1,0 +1,59 @@
+"""``dsv32 posttrain cold-start``: the data steps of V3.2's post-training pipeline (cold-start
+conversations from verified trajectories)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from dsv32.cli import command, positive_int
+
+
+def _tasks(env: str, tasks: str | None, limit: int | None):
+    from dsv32.envs.base import resolve_tasks
+
+    rows = resolve_tasks(env, tasks)
+    return rows[:limit] if limit else rows
+
+
+def add_cold_start(psub: argparse._SubParsersAction) -> None:
+    q = psub.add_parser(
+        "cold-start",
+        help="verified thinking-with-tools conversations from reference solutions or a teacher (JSONL for sft)",
+    )
+    q.add_argument("--env", required=True, help="environment name (dsv32 envs list), e.g. code-interpreter")
+    q.add_argument(
+        "--tasks", help="the environment's task set name or a tasks JSONL file (default: its first set)"
+    )
+    q.add_argument("--limit", type=positive_int, help="use the first N tasks")
+    q.add_argument(
+        "--teacher", help="backend spec (openai:MODEL@URL or local:NAME); default: reference solutions"
+    )
+    q.add_argument("--samples", type=positive_int, default=1, help="teacher episodes per task")
+    q.add_argument("--max-steps", type=positive_int, default=8, help="model calls per teacher episode")
+    q.add_argument("--prompt", default="reasoning_agent", choices=("reasoning_agent", "agent", "env", "bare"))
+    q.add_argument("--workers", type=positive_int, default=4, help="episodes run at once (threads)")
+    q.add_argument("--out", required=True, help="output JSONL of conversations")
+
+    def run(args: argparse.Namespace) -> int:
+        from dsv32.envs.base import get_env
+        from dsv32.synth.backends import parse_spec
+        from dsv32.synth.coldstart import build_coldstart
+
+        spec = get_env(args.env)
+        teacher = parse_spec(args.teacher) if args.teacher else None
+        tasks = _tasks(args.env, args.tasks, args.limit)
+        report = build_coldstart(
+            spec.factory, tasks, args.out, prompt=args.prompt, teacher=teacher, samples=args.samples,
+            max_steps=args.max_steps, workers=args.workers,
+        )  # fmt: skip
+        print(json.dumps({"out": args.out, **report.to_dict()}))
+        return 0
+
+    command(q, run)
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("posttrain", help="V3.2 post-training data: cold-start conversations")
+    psub = p.add_subparsers(dest="posttrain_cmd", required=True)
+    add_cold_start(psub)

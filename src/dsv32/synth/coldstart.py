@@ -1,0 +1,218 @@
+"""Cold-start conversations (paper §3.2.2, Appendix B): verified thinking-with-tools transcripts for SFT.
+
+Two sources, one rule — a transcript is kept only when the environment's verifier gives it reward 1:
+
+- ``reference``: the environment's reference solution (``env.reference(task)``) played through its
+  real tools (:func:`dsv32.envs.base.replay`), so every tool result in the transcript is what the
+  tool returned; each assistant turn gets a short reasoning (``reasoning_content``) where the
+  reference has none, so the turn reads "think, call, read, answer" as V3.2's thinking mode does;
+- a **teacher** (any :mod:`dsv32.synth.backends` spec: an OpenAI-compatible endpoint or a local
+  model) that runs the task as an agent (:class:`dsv32.agent.Agent` over the environment's tools),
+  ``samples`` times per task.
+
+The system message is one of :data:`PROMPTS`:
+
+- ``reasoning_agent`` — Appendix B Table 8 (call tools inside the reasoning, answer without tools),
+  with the tool descriptions and the DSML call format in the prompt text itself;
+- ``agent`` — Table 7 (the Jupyter tool guidance, tools and call format);
+- ``env`` — the environment's own system prompt, with ``tools`` attached (V3.2 renders them as its
+  ``## Tools`` block);
+- ``bare`` — the environment's own system prompt only (it names its tools in words): the shortest
+  prompt, for small models on a CPU budget; what the model must produce is the same DSML.
+
+A row is ``{"id", "domain", "messages", "tools"?, "meta": {"source", "reward", "task"}}``, the input
+of ``dsv32 sft``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsv32.chat import agent_system_prompt, reasoning_agent_system_prompt
+from dsv32.envs.base import Environment, Task, replay
+from dsv32.synth.records import SynthError
+
+PROMPTS = ("reasoning_agent", "agent", "env", "bare")
+#: What ``env.reward(...).value`` must reach for a transcript to be kept.
+VERIFIED = 1.0
+
+
+def system_message(kind: str, env_system: str, tools: list[dict], max_code_executions: int = 20) -> dict:
+    """The system message of a cold-start conversation (see :data:`PROMPTS`)."""
+    if kind == "reasoning_agent":
+        return {"role": "system", "content": reasoning_agent_system_prompt(tools, max_code_executions)}
+    if kind == "agent":
+        return {"role": "system", "content": agent_system_prompt(tools)}
+    if kind in ("env", "bare"):
+        return {"role": "system", "content": env_system}
+    raise SynthError(f"prompt {kind!r} is not one of {', '.join(PROMPTS)}")
+
+
+def _first_line(text: str, limit: int = 200) -> str:
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    return line if len(line) <= limit else line[:limit] + " ..."
+
+
+def add_reasoning(messages: list[dict]) -> list[dict]:
+    """Copies of ``messages`` whose assistant turns without ``reasoning_content`` get a short one: a
+    tool-calling turn says which tool it runs and why, a later turn what the last tool returned."""
+    out, last_result = [], None
+    for message in messages:
+        message = dict(message)
+        if message["role"] == "tool":
+            last_result = message.get("content", "")
+        elif message["role"] == "assistant" and not message.get("reasoning_content"):
+            calls = message.get("tool_calls") or []
+            if calls:
+                names = ", ".join(dict.fromkeys(c["function"]["name"] for c in calls))
+                message["reasoning_content"] = (
+                    f"I need an exact result, so I compute it with the {names} tool."
+                )
+            elif last_result is not None:
+                message["reasoning_content"] = f"The tool returned {_first_line(last_result)}."
+            else:
+                message["reasoning_content"] = "I can answer directly."
+        out.append(message)
+    return out
+
+
+def conversation_row(
+    task: Task,
+    env_name: str,
+    messages: list[dict],
+    tools: list[dict],
+    prompt: str,
+    source: str,
+    reward: float,
+) -> dict:
+    """A cold-start row: ``messages`` whose first (system) message is replaced by ``prompt``'s."""
+    if not messages or messages[0]["role"] != "system":
+        raise SynthError(f"task {task.id!r}: the episode does not start with a system message")
+    system = system_message(prompt, messages[0]["content"], tools)
+    row: dict[str, Any] = {"id": task.id, "domain": env_name, "messages": [system, *messages[1:]]}
+    if prompt == "env":
+        row["tools"] = tools
+    row["meta"] = {"source": source, "reward": reward, "task": task.id}
+    return row
+
+
+@dataclass
+class Outcome:
+    """One attempt: the row when it was verified, else why not."""
+
+    task: str
+    row: dict | None
+    reward: float
+    reason: str = ""
+
+
+def reference_outcome(make_env: Callable[[], Environment], task: Task, prompt: str) -> Outcome:
+    """Replay the reference through a fresh environment and keep it if the verifier accepts it."""
+    with make_env() as env:
+        episode = replay(env, task, env.reference(task))
+        reward = env.reward(episode)
+        tools = env.tools()
+    if reward.value < VERIFIED:
+        return Outcome(task.id, None, reward.value, f"reference not verified (reward {reward.value:g})")
+    messages = add_reasoning(episode.messages)
+    return Outcome(
+        task.id,
+        conversation_row(task, env.name, messages, tools, prompt, "reference", reward.value),
+        reward.value,
+    )
+
+
+def teacher_outcome(
+    make_env: Callable[[], Environment], task: Task, prompt: str, spec: Any, max_steps: int
+) -> Outcome:
+    """One agent episode of a teacher backend (a :class:`dsv32.synth.backends.BackendSpec`)."""
+    from dsv32.agent import Agent, env_tools
+
+    with make_env() as env:
+        messages = env.reset(task)
+        tools = env.tools()
+        messages[0] = system_message(prompt, messages[0]["content"], tools)
+        agent = Agent(
+            spec.make(),
+            env_tools(env),
+            thinking=spec.thinking,
+            max_steps=max_steps,
+            sampling=dict(spec.sampling),
+        )
+        trajectory = agent.run(messages)
+        reward = env.reward(trajectory)
+    if trajectory.stop_reason != "answer" or reward.value < VERIFIED:
+        answered = trajectory.stop_reason == "answer"
+        why = f"reward {reward.value:g}" if answered else f"stopped with {trajectory.stop_reason}"
+        return Outcome(task.id, None, reward.value, why)
+    row = conversation_row(task, env.name, trajectory.messages, tools, prompt, spec.label, reward.value)
+    return Outcome(task.id, row, reward.value)
+
+
+@dataclass
+class ColdStartReport:
+    kept: int = 0
+    rejected: int = 0
+    tasks: int = 0
+    tasks_with_a_kept_row: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "kept": self.kept,
+            "rejected": self.rejected,
+            "tasks": self.tasks,
+            "tasks_with_a_kept_row": self.tasks_with_a_kept_row,
+            "reasons": self.reasons,
+        }
+
+
+def build_coldstart(
+    make_env: Callable[[], Environment],
+    tasks: Sequence[Task],
+    out_path: str | Path,
+    *,
+    prompt: str = "reasoning_agent",
+    teacher: Any = None,
+    samples: int = 1,
+    max_steps: int = 8,
+    workers: int = 4,
+) -> ColdStartReport:
+    """Write the verified conversations of ``tasks`` to ``out_path`` (JSONL, in task order) and return
+    what was kept and rejected. ``teacher`` None uses the reference solutions (one per task);
+    otherwise ``samples`` teacher episodes per task. Episodes run in ``workers`` threads, each with its
+    own environment (``make_env()``)."""
+    if prompt not in PROMPTS:
+        raise SynthError(f"prompt {prompt!r} is not one of {', '.join(PROMPTS)}")
+    if samples < 1 or workers < 1:
+        raise SynthError(f"samples and workers must be >= 1, got {samples} and {workers}")
+    if not tasks:
+        raise SynthError("no tasks to build cold-start conversations from")
+    if teacher is None:
+        jobs = [lambda t=t: reference_outcome(make_env, t, prompt) for t in tasks]
+    else:
+        jobs = [
+            lambda t=t: teacher_outcome(make_env, t, prompt, teacher, max_steps)
+            for t in tasks
+            for _ in range(samples)
+        ]
+    with ThreadPoolExecutor(workers) as pool:
+        outcomes = list(pool.map(lambda job: job(), jobs))
+    report = ColdStartReport(tasks=len(tasks))
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with out_path.open("w", encoding="utf-8") as f:
+        for o in outcomes:
+            if o.row is None:
+                report.rejected += 1
+                report.reasons[o.reason] = report.reasons.get(o.reason, 0) + 1
+                continue
+            report.kept += 1
+            f.write(json.dumps(o.row, ensure_ascii=False) + "\n")
+    report.tasks_with_a_kept_row = len({o.task for o in outcomes if o.row is not None})
+    return report

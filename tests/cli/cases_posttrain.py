@@ -1,0 +1,15 @@
+"""Bad-input rows of ``dsv32 posttrain`` (read by test_bad_input.py)."""
+
+from __future__ import annotations
+
+_C = ["posttrain", "cold-start", "--out", "{out}/cold.jsonl"]
+
+CASES = [
+    ([*_C, "--env", "no-such-env"], "unknown environment 'no-such-env'"),
+    ([*_C, "--env", "code-interpreter", "--tasks", "nope"], "has no task set 'nope'"),
+    ([*_C, "--env", "code-interpreter", "--tasks", "{tmp}/absent.jsonl"], "no such file or directory"),
+    ([*_C, "--env", "code-interpreter", "--teacher", "gpt"], "backend 'gpt': expected"),
+    ([*_C, "--env", "code-interpreter", "--prompt", "fancy"], "argument --prompt: invalid choice: 'fancy'"),
+    ([*_C, "--env", "code-interpreter", "--limit", "0"], "argument --limit: '0' is not an integer >= 1"),
+    (["posttrain", "cold-start", "--env", "code-interpreter"], "the following arguments are required: --out"),
+]  # fmt: skip
