@@ -87,7 +87,7 @@ def _smollm2(env: str, tmp_path, capsys, tokens: int, steps: int, n: int) -> dic
 @pytest.mark.parametrize("env", ["code-interpreter", "general-tools"])
 def test_smollm2_episodes(env, tmp_path, capsys):
     """The real small model completes episodes cleanly (its reward may well be 0)."""
-    summary = _smollm2(env, tmp_path, capsys, tokens=256, steps=6, n=3)
+    summary = _smollm2(env, tmp_path, capsys, tokens=128, steps=3, n=2)
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert all(r["stop_reason"] in ("answer", "max_steps", "context", "error") for r in rows)
-    assert summary["mean_reward"] == sum(r["reward"] for r in rows) / 3
+    assert summary["mean_reward"] == sum(r["reward"] for r in rows) / 2
