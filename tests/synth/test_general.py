@@ -155,6 +155,11 @@ def test_the_loop_keeps_valid_versions_and_rejects_the_others(episode):
     assert result.stats["accepted_versions"] == 2 and result.stats["stop_reason"] == "answer"
     assert [item.task["info"]["difficulty"] for item in result.items] == [1, 2]
     assert result.items[1].task["info"]["harder"] == "the previous version's solution fails the new verifier"
+    system = backend.calls[0].messages[0]["content"]
+    assert (
+        "import only bisect, collections" in system
+        and "hotel booking" in backend.calls[0].messages[1]["content"]
+    )
     # the agent read each verdict as a tool result
     tool_texts = [m["content"] for m in backend.calls[-1].messages if m["role"] == "tool"]
     assert any(t.startswith("version 1 accepted") for t in tool_texts)

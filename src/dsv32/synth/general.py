@@ -34,7 +34,7 @@ from dsv32.envs.general.env import GeneralToolEnv
 from dsv32.synth.prompts import GENERAL_SYSTEM, GENERAL_USER, SEARCH_HINT
 from dsv32.synth.records import Pricing, RoleUsage, SynthError, tool_signature
 from dsv32.synth.runner import Item, JobResult
-from dsv32.synth.versions import Limits, Version
+from dsv32.synth.versions import SOLUTION_IMPORTS, Limits, Version
 from dsv32.synth.workspace import Workspace
 
 
@@ -114,6 +114,7 @@ def synthesize(
         system = GENERAL_SYSTEM.format(
             search=", `search` and `open` (a reference corpus)" if search_env else "",
             versions=config.max_versions,
+            imports=", ".join(sorted(SOLUTION_IMPORTS)),
         )
         agent = Agent(
             backend, workspace.tools(search_env), system=system, thinking=config.thinking,

@@ -10,7 +10,7 @@ PROMPTS_VERSION = "1"
 
 GENERAL_SYSTEM = """\
 You build environments and tasks for training tool-using agents. You work in a sandbox directory \
-with these tools: `bash` (runs a command there; python3 and sqlite3 are available, no network), \
+with these tools: `bash` (runs a command there; python3 with its sqlite3 module is available, no network), \
 `write_file` and `read_file` (files in that directory){search}, and `submit_version`.
 
 Build, in the sandbox directory:
@@ -19,11 +19,10 @@ Python script; commit and close the connection).
 2. `tools.py` — the task-specific tools, one function each: `def NAME(db, arg: str, ...)` with a \
 docstring (the description the solver reads); `db` is a sqlite3 connection whose rows are \
 sqlite3.Row; arguments are annotated with str, int, float, bool, list or dict; results must be \
-JSON-serializable (lists of dicts, numbers, strings). Tools that change state write to the database.
+JSON-serializable (lists of dicts, numbers, strings). Tools that change state write to the database. \
+Every public function of tools.py is a tool; name helpers with a leading underscore.
 3. `solution.py` — `def solve(tools) -> str`: solves the task by calling `tools.NAME(...)` and \
-computing; it may import only bisect, collections, copy, dataclasses, datetime, decimal, fractions, \
-functools, heapq, itertools, json, math, operator, re, statistics, string, typing, and never touches \
-the database or files. It returns the final answer text.
+computing; it may import only {imports}, and never touches the database or files. It returns the final answer text.
 4. `verify.py` — `def verify(initial_db, final_db, answer) -> bool`: checks a solver's result from \
 the database before and after the episode and its final answer; use `assert condition, "why"`. It \
 must accept every correct result (not only yours) and reject wrong ones — and an episode that did \
