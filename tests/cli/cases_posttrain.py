@@ -13,3 +13,12 @@ CASES = [
     ([*_C, "--env", "code-interpreter", "--limit", "0"], "argument --limit: '0' is not an integer >= 1"),
     (["posttrain", "cold-start", "--env", "code-interpreter"], "the following arguments are required: --out"),
 ]  # fmt: skip
+
+CASES += [
+    (["posttrain", "rl", "--set", "agentic.prompt=fancy", "--out", "{out}"],
+     "[agentic] prompt = \"fancy\": must be one of"),
+    (["posttrain", "rl", "--set", "agentic.context=summary", "--out", "{out}"], "needs context_window"),
+    (["posttrain", "rl", "{tmp}/broken.toml", "--out", "{out}"], "is not valid TOML"),
+    (["posttrain", "rl", "--policy", "tiny-llama", "--steps", "1", "--out", "{out}"], "does not speak V3.2"),
+    (["posttrain", "rl", "--policy", "no-such-model", "--out", "{out}"], "cannot load model 'no-such-model'"),
+]  # fmt: skip

@@ -53,7 +53,37 @@ def add_cold_start(psub: argparse._SubParsersAction) -> None:
     command(q, run)
 
 
+def add_rl(psub: argparse._SubParsersAction) -> None:
+    q = psub.add_parser(
+        "rl", help="mixed agentic GRPO: multi-turn episodes in environments (+ single-turn domains)"
+    )
+    q.add_argument("config", nargs="?", help="TOML recipe ([agentic], [[envs]] and the rl sections)")
+    q.add_argument("--policy", help="a model that speaks V3.2 (an sft output dir, a native checkpoint)")
+    q.add_argument("--out", help="output directory (default: the recipe's out_dir)")
+    q.add_argument("--steps", type=positive_int)
+    q.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    q.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
+    q.add_argument("--no-progress", action="store_true")
+
+    def run(args: argparse.Namespace) -> int:
+        from dsv32.rl.agentic_config import load_agentic_config
+        from dsv32.rl.agentic_trainer import train_agentic, v32_policy
+
+        overrides = list(args.set)
+        for flag, key in (("policy", "policy.name"), ("steps", "grpo.steps"), ("out", "out_dir")):
+            if getattr(args, flag):
+                overrides.append(f"{key}={getattr(args, flag)}")
+        cfg = load_agentic_config(args.config, overrides)
+        policy = v32_policy(cfg)
+        result = train_agentic(cfg, policy=policy, resume=not args.no_resume, progress=not args.no_progress)
+        print(result.summary())
+        return 0
+
+    command(q, run)
+
+
 def add(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("posttrain", help="V3.2 post-training data: cold-start conversations")
+    p = sub.add_parser("posttrain", help="V3.2 post-training: cold-start data, agentic GRPO")
     psub = p.add_subparsers(dest="posttrain_cmd", required=True)
     add_cold_start(psub)
+    add_rl(psub)

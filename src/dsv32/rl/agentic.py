@@ -1,0 +1,331 @@
+"""Agentic GRPO rollouts: G multi-turn episodes per task through :mod:`dsv32.agent` in
+:mod:`dsv32.envs` environments, turned into GRPO training rows.
+
+An episode is a conversation: the environment's task, then model calls (think, call a tool, read its
+result, ... answer) until the answer or ``max_steps``. Its reward is the environment's verifier plus
+the length and language terms (§3):
+
+    R = verifier + w_len · length_penalty(generated tokens, budget) + w_lang · language_consistency
+
+Every model call is recorded with the prompt ids it saw (:mod:`dsv32.rl.agentic_backend`). Rows:
+consecutive calls whose prompt starts with the previous row's ids (the V3.2 encoding only appends
+within a task: the reply, the tool results, ``<think>``) share one row — prompt, turn 1, tool
+results, turn 2, ... — with ``action_mask`` 1 exactly on the sampled tokens, so tool results and
+rendered context carry no loss and one training forward reproduces every turn's sampling context.
+A call whose prompt does not extend the row (a context reset of §4.4, a reply re-tokenized
+differently from how it was sampled) starts a new row; the context it re-renders is its prompt,
+masked. Every row of an episode gets the episode's advantage ``A = R − mean(group)``; each row is
+weighted as one sequence in the loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dsv32.agent import Agent, Trajectory, env_tools
+from dsv32.chat import EOS, agent_system_prompt, reasoning_agent_system_prompt
+from dsv32.envs.base import Environment, Task
+from dsv32.rl.agentic_backend import LockstepBatcher, RecordingBackend, SamplingSettings, StepRecord
+from dsv32.rl.rewards.shaping import language_consistency, length_penalty
+from dsv32.rl.rollout import Rollouts
+from dsv32.rl.tasks import Task as RLTask
+
+PROMPTS = ("env", "bare", "reasoning_agent", "agent")
+
+
+def episode_messages(env: Environment, task: Task, prompt: str) -> list[dict]:
+    """``env.reset(task)`` with its system message as ``prompt`` asks: ``env``/``bare`` keep the
+    environment's own, ``reasoning_agent``/``agent`` use Appendix B's Table 8 / Table 7."""
+    messages = env.reset(task)
+    if prompt == "reasoning_agent":
+        messages[0] = {"role": "system", "content": reasoning_agent_system_prompt(env.tools())}
+    elif prompt == "agent":
+        messages[0] = {"role": "system", "content": agent_system_prompt(env.tools())}
+    elif prompt not in ("env", "bare"):
+        raise ValueError(f"prompt must be one of {PROMPTS}, got {prompt!r}")
+    return messages
+
+
+def tool_prompt(prompt: str) -> str:
+    """Whether the V3.2 tools block is attached: only the ``env`` prompt relies on it."""
+    return "attach" if prompt == "env" else "none"
+
+
+@dataclass
+class Episode:
+    task: Task
+    domain: str
+    trajectory: Trajectory
+    verifier: float
+    records: list[StepRecord]
+    reward: float = 0.0
+    components: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(r.tokens) for r in self.records)
+
+
+@dataclass
+class EpisodeSettings:
+    """How episodes run: the system ``prompt`` (:data:`PROMPTS`), ``max_steps`` model calls,
+    ``thinking`` mode, a context strategy of :mod:`dsv32.agent.context` with ``context_window``."""
+
+    prompt: str = "env"
+    max_steps: int = 4
+    thinking: bool = True
+    context: str = "none"
+    context_window: int | None = None
+    tool_timeout_s: float = 30.0
+
+
+def run_episodes(
+    policy,
+    jobs: Sequence[tuple[Callable[[], Environment], Task, str]],
+    sampling: SamplingSettings,
+    settings: EpisodeSettings,
+    *,
+    generator: torch.Generator | None = None,
+    keep_routing: bool = False,
+) -> list[Episode]:
+    """Run one episode per ``(make_env, task, domain)`` job, all at once (threads, batched model
+    calls); returns them in job order."""
+    if settings.context == "parallel_fewest_step":
+        raise ValueError("parallel_fewest_step picks one of several threads: GRPO's group already samples G")
+    stop = [policy.tokenizer.convert_tokens_to_ids(EOS)]
+    batcher = LockstepBatcher(policy, sampling, stop, generator=generator, keep_routing=keep_routing)
+    for _ in jobs:
+        batcher.join()
+
+    def one(index: int) -> Episode:
+        make_env, task, domain = jobs[index]
+        try:
+            backend = RecordingBackend(
+                batcher, index, policy.tokenizer, tool_prompt=tool_prompt(settings.prompt)
+            )
+            with make_env() as env:
+                messages = episode_messages(env, task, settings.prompt)
+                agent = Agent(
+                    backend,
+                    env_tools(env),
+                    thinking=settings.thinking,
+                    max_steps=settings.max_steps,
+                    context=settings.context,
+                    context_window=settings.context_window,
+                    tool_timeout_s=settings.tool_timeout_s,
+                )
+                trajectory = agent.run(messages)
+                verdict = env.reward(trajectory)
+            return Episode(task, domain, trajectory, verdict.value, backend.records)
+        finally:
+            batcher.leave()
+
+    with ThreadPoolExecutor(max(1, len(jobs))) as pool:
+        return list(pool.map(one, range(len(jobs))))
+
+
+# ---------------------------------------------------------------------------------------------- rewards
+@dataclass
+class AgenticReward:
+    """``length_weight`` × the length penalty (shape ``length_shape`` against ``budget`` generated
+    tokens per episode) and ``language_weight`` × language consistency, added to the verifier."""
+
+    budget: int = 512
+    length_weight: float = 0.0
+    length_shape: str = "overlong"
+    language_weight: float = 0.0
+
+    def __call__(self, episode: Episode) -> tuple[float, dict[str, float]]:
+        text = "\n".join(
+            (m.get("reasoning_content") or "") + "\n" + (m.get("content") or "")
+            for m in episode.trajectory.messages
+            if m.get("role") == "assistant"
+        )
+        length = length_penalty(episode.generated_tokens, max_tokens=self.budget, shape=self.length_shape)
+        language = language_consistency(episode.task.prompt, text)
+        total = episode.verifier + self.length_weight * length + self.language_weight * language
+        return total, {"verifier": episode.verifier, "length": length, "language": language}
+
+
+# ---------------------------------------------------------------------------------------------- rows
+@dataclass
+class Row:
+    prompt: list[int]
+    tokens: list[int] = field(default_factory=list)
+    actions: list[bool] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    kept: list[torch.Tensor] = field(default_factory=list)
+    routing: torch.Tensor | None = None
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt + self.tokens
+
+
+def episode_rows(records: Sequence[StepRecord]) -> list[Row]:
+    """The training rows of one episode (see the module docstring)."""
+    rows: list[Row] = []
+    for rec in records:
+        row = rows[-1] if rows else None
+        if row is None or rec.prompt[: len(row.ids)] != row.ids:
+            row = Row(list(rec.prompt))
+            rows.append(row)
+        else:
+            extra = rec.prompt[len(row.ids) :]  # tool results and what reopens the turn: context
+            row.tokens += extra
+            row.actions += [False] * len(extra)
+            row.logprobs += [0.0] * len(extra)
+            row.kept.append(torch.full((len(extra), 1), -1, dtype=torch.int32))
+        row.tokens += rec.tokens
+        row.actions += [True] * len(rec.tokens)
+        row.logprobs += rec.logprobs
+        k = rec.kept if rec.kept is not None else torch.full((len(rec.tokens), 1), -1, dtype=torch.int32)
+        row.kept.append(k.to(torch.int32))
+        row.routing = rec.routing  # the last call's routing covers every position of the row
+    return [r for r in rows if any(r.actions)]
+
+
+def rows_to_rollouts(
+    rows: Sequence[Row], tasks: Sequence[RLTask], pad: int, device, *, with_kept: bool
+) -> Rollouts:
+    """Rows → the :class:`~dsv32.rl.rollout.Rollouts` layout the GRPO update reads (prompts
+    left-padded to a shared ``start``, everything after right-padded)."""
+    B = len(rows)
+    P = max(len(r.prompt) for r in rows)
+    T = max(1, max(len(r.tokens) for r in rows))
+    seq = torch.full((B, P + T), pad, dtype=torch.long)
+    mask = torch.zeros(B, P + T, dtype=torch.long)
+    action = torch.zeros(B, T, dtype=torch.bool)
+    logp = torch.zeros(B, T)
+    K = max((k.shape[-1] for r in rows for k in r.kept), default=1)
+    kept = torch.full((B, T, K), -1, dtype=torch.int32) if with_kept else None
+    routed = [r.routing for r in rows if r.routing is not None]
+    routing = None
+    if routed:
+        layers, _, topk = routed[0].shape
+        routing = torch.zeros(layers, B, P + T - 1, topk, dtype=routed[0].dtype)
+    for i, r in enumerate(rows):
+        n, left = len(r.tokens), P - len(r.prompt)
+        seq[i, left : P + n] = torch.tensor(r.ids)
+        mask[i, left : P + n] = 1
+        action[i, :n] = torch.tensor(r.actions)
+        logp[i, :n] = torch.tensor(r.logprobs)
+        if kept is not None:
+            cat = torch.cat([torch.nn.functional.pad(k, (0, K - k.shape[-1]), value=-1) for k in r.kept])
+            kept[i, :n] = cat
+        if routing is not None and r.routing is not None:
+            routing[:, i, left : left + r.routing.shape[1]] = r.routing
+    return Rollouts(
+        tasks=list(tasks),
+        sequences=seq.to(device),
+        attention_mask=mask.to(device),
+        start=P,
+        action_mask=action.to(device),
+        sampling_logprobs=logp.to(device),
+        kept_ids=None if kept is None else kept.to(device),
+        routing=None if routing is None else routing.to(device),
+        completions=["" for _ in rows],
+        num_tokens=[sum(r.actions) for r in rows],
+        truncated=[False for _ in rows],
+    )
+
+
+def rl_task(episode: Episode) -> RLTask:
+    """The rollout's task record (its domain selects the KL strength)."""
+    t = episode.task
+    return RLTask(
+        id=t.id, domain=episode.domain, prompt=t.prompt, answer=None if t.answer is None else str(t.answer)
+    )
+
+
+def tool_calls_valid(trajectory: Trajectory) -> bool:
+    """The episode called a tool and every call was well formed: each model reply parsed as V3.2
+    without problems and every call named a tool with valid arguments."""
+    calls = [c for s in trajectory.steps for c in s.tool_calls]
+    if not calls:
+        return False
+    parsed = all(not s.problems for s in trajectory.steps)
+    return parsed and all(
+        c.ok or c.error not in ("unknown_tool", "bad_json", "invalid_arguments") for c in calls
+    )
+
+
+def episode_summary(episodes: Sequence[Episode]) -> dict[str, Any]:
+    """Accuracy (verifier = 1), well-formed tool use, steps, tokens, stop reasons."""
+    n = max(1, len(episodes))
+    stops: dict[str, int] = {}
+    for e in episodes:
+        stops[e.trajectory.stop_reason] = stops.get(e.trajectory.stop_reason, 0) + 1
+    return {
+        "episodes": len(episodes),
+        "accuracy": sum(e.verifier >= 1.0 for e in episodes) / n,
+        "tool_call_valid": sum(tool_calls_valid(e.trajectory) for e in episodes) / n,
+        "used_tool": sum(any(s.tool_calls for s in e.trajectory.steps) for e in episodes) / n,
+        "mean_steps": sum(e.trajectory.num_steps for e in episodes) / n,
+        "mean_generated_tokens": sum(e.generated_tokens for e in episodes) / n,
+        "stop_reasons": stops,
+    }
+
+
+def concat_rollouts(a: Rollouts, b: Rollouts, pad: int) -> Rollouts:
+    """Two rollout batches as one (rows of ``a`` then ``b``), re-laid out to a shared ``start``."""
+    P, T = max(a.start, b.start), max(a.action_mask.shape[1], b.action_mask.shape[1])
+    parts = [_relayout(r, P, T, pad) for r in (a, b)]
+    kept = None
+    if a.kept_ids is not None or b.kept_ids is not None:
+        K = max(p["kept"].shape[-1] for p in parts if p["kept"] is not None)
+        kept = torch.cat(
+            [
+                torch.nn.functional.pad(p["kept"], (0, K - p["kept"].shape[-1]), value=-1)
+                if p["kept"] is not None
+                else torch.full((len(r), T, K), -1, dtype=torch.int32, device=r.sequences.device)
+                for p, r in zip(parts, (a, b))
+            ]
+        )
+    routing = None
+    if a.routing is not None and b.routing is not None:
+        routing = torch.cat([p["routing"] for p in parts], 1)
+    elif a.routing is not None or b.routing is not None:
+        raise ValueError("cannot join a batch with Keep Routing records to one without")
+    return Rollouts(
+        tasks=a.tasks + b.tasks,
+        sequences=torch.cat([p["seq"] for p in parts]),
+        attention_mask=torch.cat([p["mask"] for p in parts]),
+        start=P,
+        action_mask=torch.cat([p["action"] for p in parts]),
+        sampling_logprobs=torch.cat([p["logp"] for p in parts]),
+        kept_ids=kept,
+        routing=routing,
+        completions=a.completions + b.completions,
+        num_tokens=a.num_tokens + b.num_tokens,
+        truncated=a.truncated + b.truncated,
+    )
+
+
+def _relayout(r: Rollouts, P: int, T: int, pad: int) -> dict[str, Any]:
+    """``r``'s tensors with prompts ending at column ``P`` and ``T`` completion columns."""
+    B, (_, Tr), off = len(r), r.action_mask.shape, P - r.start
+    dev = r.sequences.device
+    seq = torch.full((B, P + T), pad, dtype=torch.long, device=dev)
+    seq[:, off : P + Tr] = r.sequences
+    mask = torch.zeros(B, P + T, dtype=r.attention_mask.dtype, device=dev)
+    mask[:, off : P + Tr] = r.attention_mask
+    action = torch.zeros(B, T, dtype=torch.bool, device=dev)
+    action[:, :Tr] = r.action_mask
+    logp = torch.zeros(B, T, device=dev)
+    logp[:, :Tr] = r.sampling_logprobs
+    kept = None
+    if r.kept_ids is not None:
+        kept = torch.full((B, T, r.kept_ids.shape[-1]), -1, dtype=torch.int32, device=dev)
+        kept[:, :Tr] = r.kept_ids
+    routing = None
+    if r.routing is not None:
+        layers, _, _, k = r.routing.shape
+        routing = torch.zeros(layers, B, P + T - 1, k, dtype=r.routing.dtype, device=dev)
+        routing[:, :, off : off + r.routing.shape[2]] = r.routing
+    return {"seq": seq, "mask": mask, "action": action, "logp": logp, "kept": kept, "routing": routing}

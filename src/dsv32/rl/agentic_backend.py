@@ -1,0 +1,179 @@
+"""The policy as a :mod:`dsv32.agent` backend that records what GRPO needs from every model call.
+
+Episodes run through :class:`dsv32.agent.Agent` in threads, one per episode; each model call of each
+episode goes to one :class:`LockstepBatcher`, which waits until every live episode has a call
+pending (or has finished) and then samples all of them in one batched :func:`dsv32.engine.generate`
+— G episodes × tasks decode together, tools run in parallel between calls.
+
+Each call leaves a :class:`StepRecord`: the exact prompt ids the model saw (the V3.2 encoding of the
+conversation so far, :class:`~dsv32.agent.backends.formats.V32Format`), the sampled token ids (end
+token included), their sampling log-probs (π_old), the kept sets of top-k/top-p (Keep Sampling
+Mask) and, for the native MoE model, the experts of every position (Keep Routing). Training rows are
+built from these records, never from re-tokenized text.
+
+``tool_prompt``: ``"attach"`` renders the tools as V3.2's ``## Tools`` block in the system message;
+``"none"`` leaves them out (the system prompt already describes them: Appendix B's Tables 7-8, or a
+compact prompt).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dsv32.agent.backends.base import Completion, Usage
+from dsv32.agent.backends.formats import V32Format
+from dsv32.agent.errors import BackendError
+from dsv32.engine import generate
+
+
+@dataclass
+class StepRecord:
+    """One model call: ``prompt`` ids, sampled ``tokens`` (``logprobs`` per token), ``kept``
+    ``[n, K]`` (−1 padded) or None, ``routing`` ``[layers, len(prompt) + n − 1, k]`` or None."""
+
+    prompt: list[int]
+    tokens: list[int]
+    logprobs: list[float]
+    kept: torch.Tensor | None
+    routing: torch.Tensor | None
+    ended: bool
+
+
+@dataclass
+class SamplingSettings:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+
+
+class LockstepBatcher:
+    """Batches the model calls of concurrent episodes (see the module docstring)."""
+
+    def __init__(
+        self,
+        policy,
+        sampling: SamplingSettings,
+        stop_ids: Sequence[int],
+        *,
+        generator: torch.Generator | None = None,
+        keep_routing: bool = False,
+    ) -> None:
+        self.policy, self.sampling, self.stop_ids = policy, sampling, list(stop_ids)
+        self.generator, self.keep_routing = generator, keep_routing
+        self.cond = threading.Condition()
+        self.live = 0
+        self.pending: dict[int, list[int]] = {}  # episode → its pending prompt
+        self.results: dict[int, StepRecord | BaseException] = {}
+        self.batches = 0
+
+    # ------------------------------------------------------------------ episode membership
+    def join(self) -> None:
+        with self.cond:
+            self.live += 1
+
+    def leave(self) -> None:
+        with self.cond:
+            self.live -= 1
+            self._maybe_run()
+
+    # ------------------------------------------------------------------ calls
+    def sample(self, episode: int, prompt: list[int]) -> StepRecord:
+        """Episode ``episode``'s next call; returns when its batch has been sampled."""
+        with self.cond:
+            key = episode
+            self.pending[key] = prompt
+            self._maybe_run()
+            while key not in self.results:
+                self.cond.wait()
+            result = self.results.pop(key)
+        if isinstance(result, BaseException):
+            raise BackendError(f"batched generation failed: {result}") from result
+        return result
+
+    def _maybe_run(self) -> None:
+        """Called with the lock held: when every live episode waits, run their calls as one batch."""
+        if not self.pending or len(self.pending) < self.live:
+            return
+        # Every live episode has exactly one call here; ordered by episode, the batch (and so the
+        # sampling noise each row gets) does not depend on which thread arrived first.
+        keys = sorted(self.pending)
+        prompts = [self.pending.pop(k) for k in keys]
+        try:
+            records = self._generate(prompts)
+            self.results.update(zip(keys, records))
+        except (RuntimeError, ValueError) as err:
+            self.results.update({k: err for k in keys})
+        self.batches += 1
+        self.cond.notify_all()
+
+    @torch.no_grad()
+    def _generate(self, prompts: list[list[int]]) -> list[StepRecord]:
+        s = self.sampling
+        truncating = s.temperature > 0 and (s.top_p < 1.0 or s.top_k > 0)
+        model = self.policy.model
+        was = model.training
+        model.eval()
+        out = generate(
+            model,
+            prompts,
+            max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            eos_token_id=self.stop_ids,
+            pad_token_id=self.policy.pad_token_id,
+            generator=self.generator,
+            return_routing=self.keep_routing,
+            return_kept=truncating,
+        )
+        model.train(was)
+        P = max(len(p) for p in prompts)
+        records = []
+        for j, prompt in enumerate(prompts):
+            n = int(out.lengths[j])
+            tokens = out.tokens[j, :n].tolist()
+            routing = None
+            if out.routing is not None:  # [layers, B, P + N - 1, k] → this row, without its left padding
+                routing = out.routing[:, j, P - len(prompt) : P + n - 1].clone()
+            kept = out.kept_token_ids[j, :n].clone() if truncating else None
+            ended = n > 0 and tokens[-1] in self.stop_ids
+            records.append(
+                StepRecord(list(prompt), tokens, out.logprobs[j, :n].tolist(), kept, routing, ended)
+            )
+        return records
+
+
+class RecordingBackend:
+    """One episode's backend: V3.2 prompts, batched sampling, a :class:`StepRecord` per call."""
+
+    def __init__(
+        self, batcher: LockstepBatcher, episode: int, tokenizer, *, tool_prompt: str = "attach"
+    ) -> None:
+        if tool_prompt not in ("attach", "none"):
+            raise ValueError(f"tool_prompt must be 'attach' or 'none', got {tool_prompt!r}")
+        self.batcher, self.episode = batcher, episode
+        self.format = V32Format(tokenizer)
+        self.tool_prompt = tool_prompt
+        self.records: list[StepRecord] = []
+
+    def _tools(self, tools: Sequence[dict]) -> list[dict]:
+        return list(tools) if self.tool_prompt == "attach" else []
+
+    def count_tokens(self, messages: Sequence[dict], tools: Sequence[dict], *, thinking: bool = True) -> int:
+        return len(self.format.prompt(messages, self._tools(tools), thinking).ids)
+
+    def complete(self, messages, tools, *, thinking=True, sampling=None, on_delta=None) -> Completion:
+        start = time.perf_counter()
+        prompt = self.format.prompt(messages, self._tools(tools), thinking)
+        record = self.batcher.sample(self.episode, list(prompt.ids))
+        self.records.append(record)
+        message, problems = self.format.parse(self.format.decode(record.tokens), thinking)
+        finish = "tool_calls" if message.get("tool_calls") else ("stop" if record.ended else "length")
+        usage = Usage(len(prompt.ids), len(record.tokens), 0)
+        return Completion(message, usage, finish, time.perf_counter() - start, problems)

@@ -1,0 +1,107 @@
+"""The recipe of agentic GRPO: an RL recipe (:mod:`dsv32.rl.config`) plus ``[agentic]`` (how episodes
+run and are rewarded) and ``[[envs]]`` (the environments in the mix, with weights and domains).
+
+    [agentic]                     # episodes
+    prompt = "env"                # env | bare | reasoning_agent | agent (see dsv32.rl.agentic)
+    max_steps = 4                 # model calls per episode
+    context = "none"              # or summary | discard_75 | discard_all (with context_window)
+    length_weight = 0.0           # R = verifier + w_len · length penalty + w_lang · language
+    single_turn = false           # also draw the [[sources]] (single-turn domains) into the mix
+
+    [[envs]]
+    name = "code-interpreter"
+    tasks = "train"               # a task set of the environment or a JSONL file
+    eval_tasks = "heldout"        # held-out tasks for greedy evaluation ("" = none)
+    weight = 1.0                  # share of the step's prompts
+    domain = ""                   # KL strength key (grpo.domain_kl_coef); default: the env name
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from dsv32.recipe import NON_NEGATIVE, POSITIVE, Rule, at_least, build_section, one_of, read_recipe
+from dsv32.rl.config import RLConfig, RLConfigError, rl_config_from_dict
+
+
+@dataclass
+class AgenticSection:
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "prompt": one_of("env", "bare", "reasoning_agent", "agent"),
+        "max_steps": at_least(1),
+        "context": one_of("none", "summary", "discard_75", "discard_all"),
+        "context_window": NON_NEGATIVE,
+        "tool_timeout_s": POSITIVE,
+        "length_weight": NON_NEGATIVE,
+        "length_shape": one_of("overlong", "linear", "none"),
+        "language_weight": NON_NEGATIVE,
+        "eval_tasks": NON_NEGATIVE,
+    }
+
+    prompt: str = "env"
+    max_steps: int = 4
+    thinking: bool = True
+    context: str = "none"
+    context_window: int = 0
+    tool_timeout_s: float = 30.0
+    length_weight: float = 0.0
+    length_shape: str = "overlong"
+    language_weight: float = 0.0
+    single_turn: bool = False
+    eval_tasks: int = 40
+
+    def __post_init__(self) -> None:
+        if self.context != "none" and not self.context_window:
+            raise RLConfigError(f"[agentic] context = {self.context!r} needs context_window (tokens)")
+
+
+@dataclass
+class EnvSource:
+    RANGES: ClassVar[dict[str, Rule]] = {"weight": POSITIVE, "name": Rule(bool, "an environment name")}
+
+    name: str = "code-interpreter"
+    tasks: str = "train"
+    eval_tasks: str = "heldout"
+    weight: float = 1.0
+    domain: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return self.domain or self.name
+
+
+@dataclass
+class AgenticConfig:
+    rl: RLConfig
+    agentic: AgenticSection = field(default_factory=AgenticSection)
+    envs: list[EnvSource] = field(default_factory=lambda: [EnvSource()])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.rl.to_dict(),
+            "agentic": dataclasses.asdict(self.agentic),
+            "envs": [dataclasses.asdict(e) for e in self.envs],
+        }
+
+
+def agentic_config_from_dict(data: dict[str, Any]) -> AgenticConfig:
+    data = dict(data)
+    agentic = data.pop("agentic", {})
+    envs = data.pop("envs", [dataclasses.asdict(EnvSource())])
+    rl = rl_config_from_dict(data)
+    section = build_section(
+        AgenticSection, {**dataclasses.asdict(AgenticSection()), **agentic}, "agentic", RLConfigError
+    )
+    if not isinstance(envs, list) or not envs:
+        raise RLConfigError("envs must be a non-empty array of tables ([[envs]])")
+    sources = [build_section(EnvSource, e, f"envs.{i}", RLConfigError) for i, e in enumerate(envs)]
+    return AgenticConfig(rl, section, sources)
+
+
+def load_agentic_config(path: str | Path | None = None, overrides: list[str] | None = None) -> AgenticConfig:
+    """A TOML recipe (defaults when ``path`` is None) with ``section.field=value`` overrides."""
+    return agentic_config_from_dict(read_recipe(path, overrides, error=RLConfigError))

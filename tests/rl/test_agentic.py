@@ -1,0 +1,269 @@
+"""Agentic GRPO on tiny models: multi-turn episodes through dsv32.agent in an environment, rows whose
+training forward reproduces the sampling log-probs of every turn, zero gradient on tool results, a
+mixed run with single-turn prompts, exact resume, deterministic batching."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from dsv32.envs.base import Environment, EnvSpec, Reward, Task, register, tool_call, tool_schema
+from dsv32.rl.agentic import (
+    EpisodeSettings,
+    Row,
+    episode_rows,
+    episode_summary,
+    rl_task,
+    rows_to_rollouts,
+    run_episodes,
+)
+from dsv32.rl.agentic_backend import SamplingSettings, StepRecord
+from dsv32.rl.agentic_config import load_agentic_config
+from dsv32.rl.agentic_trainer import train_agentic
+from dsv32.rl.loss import grpo_loss, token_logprobs
+from dsv32.rl.policy import Policy
+from dsv32.runlog import read_metrics
+
+
+class EchoEnv(Environment):
+    """Tool ``f()`` returns ``RESULT-<task id>``; the answer is correct when it is ``5``."""
+
+    name = "echo-test"
+
+    def reset(self, task):
+        self.task = task
+        return [{"role": "system", "content": "s"}, {"role": "user", "content": task.prompt}]
+
+    def tools(self):
+        return [tool_schema("f", "A tool.", {}, [])]
+
+    def call(self, name, arguments):
+        return f"RESULT-{self.task.id}" if name == "f" else "error"
+
+    def reward(self, trajectory):
+        ok = (trajectory.final or "").strip() == "5"
+        return Reward(float(ok), {}, "")
+
+    def reference(self, task):
+        return [
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "a",
+                "tool_calls": [tool_call("f", {}, "r0")],
+            },
+            {"role": "assistant", "content": "5", "reasoning_content": "b"},
+        ]
+
+
+TASKS = [Task(f"t{i}", "q", "5", "echo") for i in range(4)]
+register(EnvSpec("echo-test", "test env", EchoEnv, {"train": lambda: TASKS, "heldout": lambda: TASKS[:2]}))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models on a shared 2-core machine: one thread avoids oversubscription stalls."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _tool_user(name: str, tmp_path_factory) -> Policy:
+    """A tiny model taught (SFT, memorized) to call ``f`` and then answer ``5``: multi-turn episodes."""
+    from dsv32.synth.coldstart import add_reasoning
+    from dsv32.train.sft import load_sft_config, train_sft
+    from dsv32.train.sft_model import prepare_sft_model
+
+    tmp = tmp_path_factory.mktemp(name)
+    env = EchoEnv()
+    msgs = env.reset(TASKS[0])
+    reference = env.reference(TASKS[0])
+    conv = [*msgs, reference[0], {"role": "tool", "tool_call_id": "r0", "content": "RESULT-t0"}, reference[1]]
+    (tmp / "c.jsonl").write_text(json.dumps({"messages": add_reasoning(conv)}) + "\n")
+    sets = [f"model.name={name}", "model.device=cpu", f"data.path={tmp / 'c.jsonl'}", "train.steps=60",
+            "train.lr=1e-2", "train.batch_size=1", f"out_dir={tmp / 'sft'}", "data.seq_len=512"]  # fmt: skip
+    sm = prepare_sft_model(name, "cpu")
+    train_sft(load_sft_config(None, sets), model=sm, progress=False, save_model=False)
+    return Policy(sm.model, sm.tokenizer, sm.kind, thinking=True, source=name)
+
+
+@pytest.fixture(scope="module")
+def llama_policy(tmp_path_factory):
+    return _tool_user("tiny-llama", tmp_path_factory)
+
+
+SETTINGS = EpisodeSettings(prompt="bare", max_steps=3)
+TEMPERATURE = 0.5  # the memorized tiny model garbles the DSML markup at 1.0
+SAMPLING = SamplingSettings(temperature=TEMPERATURE, top_p=0.9, top_k=0, max_new_tokens=128)
+
+
+def _episodes(policy, n=6, seed=0, keep_routing=False):
+    jobs = [(EchoEnv, TASKS[i % 4], "echo") for i in range(n)]
+    gen = torch.Generator().manual_seed(seed)
+    return run_episodes(policy, jobs, SAMPLING, SETTINGS, generator=gen, keep_routing=keep_routing)
+
+
+def _batch(policy, episodes):
+    rows, tasks = [], []
+    for e in episodes:
+        for row in episode_rows(e.records):
+            rows.append(row)
+            tasks.append(rl_task(e))
+    return rows, rows_to_rollouts(rows, tasks, policy.pad_token_id, policy.device, with_kept=True)
+
+
+# --------------------------------------------------------------------------------------- rows
+def _rec(prompt, tokens):
+    return StepRecord(prompt, tokens, [-0.5] * len(tokens), None, None, True)
+
+
+def test_turns_that_extend_the_prompt_share_a_row_with_tool_results_masked():
+    first = _rec([1, 2, 3], [10, 11])
+    second = _rec([1, 2, 3, 10, 11, 50, 51], [12, 13])  # 50, 51: tool result + <think>
+    rows = episode_rows([first, second])
+    assert len(rows) == 1
+    assert rows[0].ids == [1, 2, 3, 10, 11, 50, 51, 12, 13]
+    assert rows[0].actions == [True, True, False, False, True, True]
+    assert rows[0].logprobs == [-0.5, -0.5, 0.0, 0.0, -0.5, -0.5]
+    # A re-rendered context (the reply tokenized differently, a context reset) starts a new row.
+    third = _rec([1, 2, 3, 99, 11, 50, 51], [14])
+    rows = episode_rows([first, third])
+    assert [r.prompt for r in rows] == [[1, 2, 3], [1, 2, 3, 99, 11, 50, 51]]
+    assert [r.actions for r in rows] == [[True, True], [True]]
+
+
+def test_rollout_layout_of_rows():
+    rows = [
+        Row(
+            [1, 2],
+            [5, 6, 7],
+            [True, False, True],
+            [-1.0, 0.0, -2.0],
+            [torch.full((3, 1), -1, dtype=torch.int32)],
+        )
+    ]
+    rows.append(Row([3], [8], [True], [-3.0], [torch.full((1, 1), -1, dtype=torch.int32)]))
+    from dsv32.rl.tasks import Task as RLTask
+
+    t = RLTask("x", "d", "p")
+    batch = rows_to_rollouts(rows, [t, t], 0, "cpu", with_kept=False)
+    assert batch.start == 2 and batch.sequences.tolist() == [[1, 2, 5, 6, 7], [0, 3, 8, 0, 0]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [0, 1, 1, 0, 0]]
+    assert batch.action_mask.tolist() == [[True, False, True], [True, False, False]]
+
+
+# --------------------------------------------------------------------------------------- on-policy
+def test_the_training_forward_reproduces_the_sampling_logprobs_of_every_turn(llama_policy):
+    episodes = _episodes(llama_policy)
+    summary = episode_summary(episodes)
+    assert summary["tool_call_valid"] > 0.5, summary  # the memorized model calls the tool: multi-turn
+    rows, batch = _batch(llama_policy, episodes)
+    multi = [r for r in rows if any(not a for a in r.actions)]
+    assert multi, "no row holds two turns with a tool result between them"
+    with torch.no_grad():
+        logp = llama_policy.action_logprobs(**batch.rows(torch.arange(len(batch))), temperature=TEMPERATURE)
+    m = batch.action_mask
+    diff = (logp - batch.sampling_logprobs)[m].abs()
+    assert diff.max() < 1e-4, float(diff.max())
+    # every turn, not only the first: action tokens after a masked tool result are checked too
+    after_tool = (
+        m
+        & (torch.cumsum((~m).int(), -1) > 0)
+        & (torch.arange(m.shape[1]) < torch.tensor(batch.num_tokens)[:, None] * 0 + m.shape[1])
+    )
+    assert bool(after_tool.any())
+
+
+def test_tool_result_tokens_get_zero_gradient(llama_policy):
+    episodes = _episodes(llama_policy, n=4, seed=1)
+    rows, batch = _batch(llama_policy, episodes)
+    idx = torch.arange(len(batch))
+    r = batch.rows(idx)
+    ids, mask = r["sequences"][:, :-1], r["attention_mask"][:, :-1]
+    T = r["sequences"].shape[1] - batch.start
+    positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
+    out = llama_policy.model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=T)
+    logits = out.logits
+    logits.retain_grad()
+    # the full softmax: the memorized model often keeps one token, whose renormalized log-prob is constant
+    logp = token_logprobs(logits, r["sequences"][:, batch.start :], None, TEMPERATURE)
+    adv = torch.linspace(-1, 1, len(batch))
+    loss, _ = grpo_loss(logp, batch.sampling_logprobs, adv, batch.action_mask)
+    loss.backward()
+    per_position = logits.grad.abs().sum(-1)  # [B, T]: gradient reaching each predicted token
+    context = batch.attention_mask[:, batch.start :].bool() & ~batch.action_mask
+    assert bool(context.any())
+    assert per_position[context].max() == 0  # tool results, <think>: no gradient at all
+    assert per_position[batch.action_mask].sum() > 0
+    llama_policy.model.zero_grad(set_to_none=True)
+
+
+def test_batching_does_not_depend_on_thread_timing(llama_policy):
+    a = [e.records for e in _episodes(llama_policy, n=4, seed=3)]
+    b = [e.records for e in _episodes(llama_policy, n=4, seed=3)]
+    assert [[r.tokens for r in recs] for recs in a] == [[r.tokens for r in recs] for recs in b]
+
+
+# --------------------------------------------------------------------------------------- the loop
+def _cfg(tmp_path, **over):
+    sets = {
+        "out_dir": str(tmp_path / "run"),
+        "agentic.prompt": "bare",
+        "agentic.max_steps": 3,
+        "agentic.eval_tasks": 2,
+        "agentic.length_weight": 0.1,
+        "agentic.single_turn": True,
+        "envs": [{"name": "echo-test", "tasks": "train", "eval_tasks": "heldout", "weight": 3.0}],
+        "sources": [{"kind": "arithmetic", "weight": 1.0, "domain": "math"}],
+        "grpo.steps": 2,
+        "grpo.prompts_per_step": 2,
+        "grpo.group_size": 2,
+        "grpo.mini_batches": 1,
+        "grpo.micro_batch": 8,
+        "grpo.lr": 1e-3,
+        "grpo.kl_coef": 0.01,
+        "grpo.domain_kl_coef": {"math": 0.0},
+        "sampling.temperature": TEMPERATURE,
+        "sampling.top_p": 0.9,
+        "sampling.max_new_tokens": 128,
+        "sampling.max_total_tokens": 400,
+    } | over
+    return load_agentic_config(None, [f"{k}={json.dumps(v)}" for k, v in sets.items()])
+
+
+def test_mixed_run_trains_on_policy_and_resumes_exactly(llama_policy, tmp_path):
+    import copy
+
+    start = copy.deepcopy(llama_policy.model.state_dict())
+    full = train_agentic(_cfg(tmp_path / "a"), policy=llama_policy, progress=False)
+    llama_policy.model.load_state_dict(start)
+    cfg = _cfg(tmp_path / "b")
+    part = train_agentic(cfg, policy=llama_policy, progress=False, stop_after=1, evaluate_after=False)
+    llama_policy.model.load_state_dict(start)
+    rest = train_agentic(cfg, policy=llama_policy, progress=False)
+    llama_policy.model.load_state_dict(start)
+    assert part.steps == 1 and rest.steps == 2
+    a, b = read_metrics(full.out_dir / "metrics.jsonl"), read_metrics(rest.out_dir / "metrics.jsonl")
+    for ra, rb in zip(a, b):
+        assert ra["reward_mean"] == rb["reward_mean"] and ra["pg_loss"] == rb["pg_loss"]
+    for r in a:
+        assert r["first_update_abs_log_ratio"] < 1e-4  # on-policy: training forward = sampling
+        assert set(r["reward_by_domain"]) <= {"echo-test", "math"}
+    assert full.eval_before["episodes"] == 2 and "tool_call_valid" in full.eval_after
+    assert (full.out_dir / "rl.png").is_file() and (full.out_dir / "model").is_dir()
+
+
+def test_keep_routing_and_the_sampling_mask_hold_for_native_multi_turn(tmp_path_factory):
+    policy = _tool_user("tiny-native", tmp_path_factory)
+    episodes = _episodes(policy, n=4, keep_routing=True)
+    rows, batch = _batch(policy, episodes)
+    assert batch.routing is not None and batch.kept_ids is not None
+    with torch.no_grad():
+        logp = policy.action_logprobs(**batch.rows(torch.arange(len(batch))), temperature=TEMPERATURE)
+    diff = (logp - batch.sampling_logprobs)[batch.action_mask].abs()
+    assert diff.max() < 1e-4, float(diff.max())
