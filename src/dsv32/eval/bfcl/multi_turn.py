@@ -7,7 +7,7 @@ An episode, per user turn (BFCL's inference loop, with the agent in place of its
    that were held out and says so, in BFCL's words); the entry's functions (minus
    ``excluded_function`` and the ones still held out) are the tools;
 2. ``Agent.run`` lets the model call tools until it answers without one (at most 20 steps per turn,
-   BFCL's limit; hitting it fails the entry). Every call runs in the ``model`` world of the sandboxed
+   BFCL's limit, or ``max_steps`` if smaller; hitting it fails the entry). Every call runs in the ``model`` world of the sandboxed
    :class:`~dsv32.eval.bfcl.api.ApiWorker`; its result is the tool message;
 3. the turn's ground-truth calls run in the ``truth`` world, then BFCL's checks: a turn whose ground
    truth is empty must get no call (irrelevance); otherwise the model must have called something,
@@ -179,7 +179,7 @@ class BFCLMultiTurn(Benchmark):
                     turn = _Turn(worker)
                     agent = Agent(
                         backend, [turn.tool(d) for d in available], thinking=options.thinking,
-                        max_steps=STEP_LIMIT, context=options.context, context_window=options.context_window,
+                        max_steps=min(STEP_LIMIT, options.max_steps), context=options.context, context_window=options.context_window,
                         sampling=options.sampling,
                     )  # fmt: skip
                     trajectory = agent.run(messages + list(turn_messages))
@@ -207,7 +207,7 @@ class BFCLMultiTurn(Benchmark):
         if trajectory.stop_reason == "error":
             return f"turn {t}: the model call failed: {trajectory.error}"
         if trajectory.stop_reason != "answer":
-            return f"turn {t}: stopped by {trajectory.stop_reason} (BFCL allows {STEP_LIMIT} steps per turn)"
+            return f"turn {t}: stopped by {trajectory.stop_reason} (the step limit per turn is BFCL's {STEP_LIMIT})"
         calls = entry["truth"][t]
         if not calls:
             return f"turn {t}: made {len(made)} call(s) where no function fits" if made else None

@@ -1,0 +1,155 @@
+"""``dsv32 eval list|run|report``: benchmarks under the paper's evaluation protocol (see docs/eval.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dsv32.cli import command, positive_int, probability
+
+BACKENDS = ("reference", "local", "openai")
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number >= 0") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number >= 0")
+    return value
+
+
+class _Backend(argparse.Action):
+    """``--backend reference``, ``--backend openai``, ``--backend local CKPT``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        kind, *rest = values
+        if kind not in BACKENDS:
+            parser.error(f"argument --backend: {kind!r} is not one of {', '.join(BACKENDS)}")
+        if kind == "local" and len(rest) != 1:
+            parser.error("argument --backend: local needs the model to load: --backend local CKPT")
+        if kind != "local" and rest:
+            parser.error(f"argument --backend: {kind} takes no value after it (got {' '.join(rest)})")
+        namespace.backend = kind
+        namespace.checkpoint = rest[0] if rest else None
+
+
+def _list(args: argparse.Namespace) -> int:
+    from dsv32.eval import PAPER, get, names
+
+    rows = []
+    for name in names():
+        bench = get(name)
+        rows.append({"name": name, "kind": bench.kind, "description": bench.description, "source": bench.source,
+                     "subsets": bench.subsets(), "needs_data": bench.needs_data})  # fmt: skip
+    papers = [{"key": p.key, "benchmark": p.benchmark, "value": p.value, "source": p.source, "formats": p.formats}
+              for p in PAPER.values()]  # fmt: skip
+    if args.json:
+        print(json.dumps({"benchmarks": rows, "paper": papers}, indent=1))
+        return 0
+    for row in rows:
+        data = " (needs --data FILE.jsonl)" if row["needs_data"] else ""
+        print(f"{row['name']:24s} {row['kind']:8s} {row['description']}{data}")
+        if row["subsets"]:
+            print(f"{'':33s}subsets: {', '.join(row['subsets'])}")
+    print("\n--paper KEY (DeepSeek-V3.2's number beside a bring-your-own run):")
+    for p in papers:
+        print(
+            f"  {p['key']:18s} {p['value']:5.1f}  {p['benchmark']} ({p['source']}; run as {', '.join(p['formats'])})"
+        )
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from dsv32.eval import RunSettings, run
+    from dsv32.eval.errors import EvalError
+
+    if args.backend == "openai" and not (args.base_url and args.model):
+        raise EvalError("--backend openai needs --base-url URL and --model NAME")
+    if args.backend != "openai" and (args.base_url or args.model):
+        raise EvalError(
+            "--base-url and --model are for --backend openai (a local model is --backend local CKPT)"
+        )
+    model = {"reference": "reference", "local": args.checkpoint, "openai": args.model}[args.backend]
+    subset = [s for part in args.subset for s in part.split(",") if s]
+    given = {k: getattr(args, k) for k in ("n", "temperature", "top_p", "max_tokens", "thinking", "context",
+                                            "context_window", "max_steps", "limit") if getattr(args, k) is not None}  # fmt: skip
+    settings = RunSettings(
+        args.benchmark, args.backend, model, args.base_url, subset=subset, data=args.data, paper=args.paper,
+        concurrency=args.concurrency, batch_size=args.batch_size, seed=args.seed, **given,
+    )  # fmt: skip
+    results = run(settings, args.out, fresh=args.fresh, progress=not args.no_progress,
+                  on_ready=lambda out: print(f"writing {out}", file=sys.stderr))  # fmt: skip
+    metric = results["metrics"]["pass@1"]
+    paper = results.get("paper")
+    line = (f"{settings.benchmark} {model}: pass@1 {100 * metric['value']:.1f}% "
+            f"[{100 * metric['ci_low']:.1f}, {100 * metric['ci_high']:.1f}] over {metric['problems']} problems")  # fmt: skip
+    if paper:
+        line += f"; paper {paper['value']:.1f}% ({paper['source']})"
+    print(line)
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from dsv32.eval import side_by_side
+
+    table = side_by_side(args.dirs)
+    if args.out:
+        Path(args.out).write_text(table, encoding="utf-8")
+    print(table, end="")
+    return 0
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "eval", help="benchmarks under the paper's protocol: HumanEval, BFCL, reasoning-gym, agents"
+    )
+    esub = p.add_subparsers(dest="eval_cmd", required=True)
+
+    q = esub.add_parser("list", help="the benchmarks, their subsets, and the paper's numbers for --paper")
+    q.add_argument("--json", action="store_true", help="print JSON")
+    command(q, _list)
+
+    q = esub.add_parser("run", help="run one benchmark: results.json, samples.jsonl, report.md (resumes)")
+    q.add_argument("benchmark", help="a name from 'dsv32 eval list'")
+    q.add_argument("--backend", nargs="+", action=_Backend, default="reference", metavar="KIND",
+                   help="reference (the benchmark's own answers: must score 100%%), local CKPT (smollm2, a "
+                        "checkpoint or HF dir), openai (with --base-url and --model)")  # fmt: skip
+    q.set_defaults(checkpoint=None)
+    q.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
+    q.add_argument("--model", help="the endpoint's model name")
+    q.add_argument("--n", type=positive_int, help="samples per problem (default 1)")
+    q.add_argument("--temperature", type=_non_negative_float, help="default 1.0 (§4.1); 0 is greedy")
+    q.add_argument("--top-p", type=probability, help="default 1.0 (not stated in the paper)")
+    q.add_argument("--max-tokens", type=positive_int, help="output budget (default 131072, App. D)")
+    q.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=None,
+                   help="thinking mode (default on, §4.1)")  # fmt: skip
+    q.add_argument("--context", choices=("none", "summary", "discard_75", "discard_all", "parallel_fewest_step"),
+                   help="context management for agents (§4.4; default none)")  # fmt: skip
+    q.add_argument("--context-window", type=positive_int, help="tokens (default 131072, §4.1)")
+    q.add_argument("--max-steps", type=positive_int, help="model calls per agentic episode (default 50)")
+    q.add_argument("--subset", action="append", default=[], metavar="NAMES",
+                   help="categories / families / task set, comma-separated (see 'dsv32 eval list')")  # fmt: skip
+    q.add_argument("--data", help="JSONL file for byo-* benchmarks (or tasks for agent-*)")
+    q.add_argument(
+        "--paper", metavar="KEY", help="put the paper's number beside the score (see 'dsv32 eval list')"
+    )
+    q.add_argument("--limit", type=positive_int, help="only the first N problems")
+    q.add_argument(
+        "--concurrency", type=positive_int, default=1, help="parallel requests / episodes (endpoints)"
+    )
+    q.add_argument("--batch-size", type=positive_int, default=8, help="prompts per batch (local model)")
+    q.add_argument("--seed", type=int, default=0, help="sampling seed (local model)")
+    q.add_argument("--out", help="run directory (default runs/eval/<model>/<benchmark>)")
+    q.add_argument("--fresh", action="store_true", help="discard the samples already in --out")
+    q.add_argument("--no-progress", action="store_true")
+    command(q, _run)
+
+    q = esub.add_parser("report", help="a side-by-side table of several runs")
+    q.add_argument("dirs", nargs="+", help="run directories (or results.json files)")
+    q.add_argument("--out", help="also write the table to this Markdown file")
+    command(q, _report)

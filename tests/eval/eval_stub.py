@@ -1,0 +1,61 @@
+"""A scripted OpenAI-compatible endpoint on 127.0.0.1 for tests: ``reply(request) -> assistant
+message`` decides every answer; requests are recorded."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class StubEndpoint:
+    def __init__(self, reply: Callable[[dict], dict | int]) -> None:
+        self.reply = reply
+        self.requests: list[dict] = []
+        self.lock = threading.Lock()
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:  # quiet
+                return None
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with stub.lock:
+                    stub.requests.append(body)
+                message = stub.reply(body)
+                if isinstance(message, int):  # an HTTP error status
+                    self._send(message, {"error": {"message": "scripted failure", "type": "server_error"}})
+                    return
+                calls = message.get("tool_calls") or []
+                choice = {"index": 0, "finish_reason": "tool_calls" if calls else "stop",
+                          "message": {"role": "assistant", "content": message.get("content") or "",
+                                      **({"tool_calls": calls} if calls else {})}}  # fmt: skip
+                usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+                self._send(200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                                 "choices": [choice], "usage": usage})  # fmt: skip
+
+            def _send(self, status: int, payload: dict) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def __enter__(self) -> StubEndpoint:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
