@@ -28,7 +28,7 @@ def test_reference_run_writes_results_samples_and_report(tmp_path):
     assert len(rows) == 120
     assert {"prompt", "completion", "score", "reason"} <= set(rows[0])
     report = (out / "report.md").read_text()
-    assert "| pass@1 | 100.0 [" in report and "| gcd |" in report
+    assert "| accuracy (pass@1) | 100.0 [" in report and "| gcd |" in report
 
 
 def test_interrupted_run_resumes_from_the_samples(tmp_path):
@@ -103,7 +103,7 @@ def test_side_by_side_and_paper_column(tmp_path):
     run(RunSettings("reasoning-gym", subset=["gcd"], limit=2), tmp_path / "b", progress=False)
     table = side_by_side([tmp_path / "a", tmp_path / "b"])
     assert "paper (DeepSeek-V3.2)" in table
-    assert "| byo-boxed | pass@1 | 100.0" in table and "93.1 (Table 2" in table
-    assert "| reasoning-gym | pass@1 | - | 100.0" in table
+    assert "| byo-boxed | accuracy (pass@1) | 100.0" in table and "93.1 (Table 2" in table
+    assert "| reasoning-gym | accuracy (pass@1) | - | 100.0" in table
     with pytest.raises(EvalError, match=r"no results\.json"):
         side_by_side([tmp_path / "nothing"])

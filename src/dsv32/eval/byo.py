@@ -79,6 +79,7 @@ class Boxed(Benchmark):
     description = "your JSONL of problems with exact answers (AIME/HMMT shape), math-verify on \\boxed{}"
     source = "--data FILE.jsonl"
     needs_data = True
+    metric = "accuracy"
 
     def problems(self, subset: list[str] | None = None, data: str | None = None) -> list[Problem]:
         out = []
@@ -131,6 +132,7 @@ class MultipleChoice(Benchmark):
     description = "your JSONL of multiple-choice questions (MMLU-Pro or GPQA shape), letter in \\boxed{}"
     source = "--data FILE.jsonl"
     needs_data = True
+    metric = "accuracy"
 
     def problems(self, subset: list[str] | None = None, data: str | None = None) -> list[Problem]:
         out = []

@@ -74,7 +74,7 @@ def write_results(
 ) -> dict:  # fmt: skip
     results = {
         "benchmark": {"name": bench.name, "description": bench.description, "source": bench.source,
-                      "versions": bench.versions()},
+                      "metric": bench.metric, "versions": bench.versions()},
         "model": {"backend": settings.backend, "name": settings.model, "base_url": settings.base_url},
         "settings": settings.to_dict(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -95,6 +95,12 @@ def pct(metric: dict | None) -> str:
     return f"{100 * metric['value']:.1f} [{100 * metric['ci_low']:.1f}, {100 * metric['ci_high']:.1f}]"
 
 
+def label(results: dict, name: str) -> str:
+    """``pass@1`` is called accuracy on exact-answer benchmarks (it is the mean score over samples)."""
+    metric = results["benchmark"].get("metric", "pass@1")
+    return f"{metric} (pass@1)" if name == "pass@1" and metric != "pass@1" else name
+
+
 def render(results: dict) -> str:
     """The Markdown report of one run."""
     b, m, s = results["benchmark"], results["model"], results["settings"]
@@ -113,7 +119,7 @@ def render(results: dict) -> str:
             if paper and name == "pass@1"
             else (" |" if paper else "")
         )
-        lines.append(f"| {name} | {pct(metric)} |{extra}")
+        lines.append(f"| {label(results, name)} | {pct(metric)} |{extra}")
     if results["subsets"]:
         lines += ["", "| subset | problems | pass@1 % [95 % CI] |", "|---|---|---|"]
         for name, metrics in results["subsets"].items():
@@ -150,20 +156,26 @@ def side_by_side(paths: list[str | Path]) -> str:
         heads = [f"{r['model']['name']} ({r['model']['backend']})" for r in runs]
     except KeyError as err:
         raise EvalError(f"a results file lacks {err}; is it from 'dsv32 eval run'?") from err
+    if len(set(heads)) < len(heads):
+        heads = [f"{h}, {Path(p).name}" for h, p in zip(heads, paths)]
     rows: dict[tuple[str, str], list[str]] = {}
     papers: dict[str, str] = {}
     for i, r in enumerate(runs):
         bench = r["benchmark"]["name"]
         if r.get("paper"):
             papers[bench] = f"{r['paper']['value']:.1f} ({r['paper']['source']})"
-        cells = [((bench, k), m) for k, m in r["metrics"].items()]
-        cells += [((bench, f"{sub} pass@1"), ms["pass@1"]) for sub, ms in r.get("subsets", {}).items()]
+        cells = [((bench, label(r, k)), m) for k, m in r["metrics"].items()]
+        cells += [
+            ((bench, f"{sub}: {label(r, 'pass@1')}"), ms["pass@1"])
+            for sub, ms in r.get("subsets", {}).items()
+        ]
         for key, metric in cells:
             rows.setdefault(key, ["-"] * len(runs))[i] = pct(metric)
     paper_col = bool(papers)
     lines = ["| benchmark | metric | " + " | ".join(heads) + (" | paper (DeepSeek-V3.2) |" if paper_col else " |"),
              "|---|---|" + "---|" * (len(runs) + paper_col)]  # fmt: skip
     for (bench, metric), cells in rows.items():
-        paper = [papers.get(bench, "-") if metric == "pass@1" else ""] if paper_col else []
+        overall = ":" not in metric and "pass@1" in metric
+        paper = [papers.get(bench, "-") if overall else ""] if paper_col else []
         lines.append(f"| {bench} | {metric} | " + " | ".join(cells + paper) + " |")
     return "\n".join(lines) + "\n"

@@ -45,6 +45,7 @@ class ReasoningGym(Benchmark):
         f"reasoning-gym math and logic families ({len(FAMILIES)} x {PER_FAMILY}), their own verifiers"
     )
     source = f"reasoning-gym's procedural generators, seed {SEED}"
+    metric = "accuracy"
 
     def __init__(self, per_family: int = PER_FAMILY, seed: int = SEED) -> None:
         super().__init__()

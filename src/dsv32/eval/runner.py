@@ -11,8 +11,9 @@
    its own sandboxed process). Episodes: ``concurrency`` episodes at a time, each with its own
    backend. Each sample is appended to ``samples.jsonl`` as soon as it is scored; a progress bar
    counts them.
-4. A sample whose model call failed (an endpoint error after its retries) is not written: the run
-   ends with an error that says how many, and running the same command again retries just those.
+4. A sample whose endpoint call failed (after the client's retries) is not written: the run ends
+   with an error that says how many, and running the same command again retries just those. (A
+   local model that fills its window fails its episode like any wrong answer.)
 5. ``results.json`` and ``report.md`` (:mod:`dsv32.eval.report`).
 """
 
@@ -23,6 +24,7 @@ import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ from dsv32.eval.errors import EvalError
 from dsv32.eval.paper import paper_number
 from dsv32.eval.report import write_results
 from dsv32.eval.samples import SampleWriter, read_samples
-from dsv32.eval.settings import RunSettings
+from dsv32.eval.settings import PAPER_CONTEXT, RunSettings
 from dsv32.eval.solvers import EndpointSolver, LocalSolver, ReferenceSolver
 from dsv32.eval.types import Benchmark, Problem, RunOptions
 
@@ -125,8 +127,8 @@ def _run_episodes(bench, solver, settings, pending, writer, tick) -> list[str]:
         problem, j = item
         start = time.perf_counter()
         result = bench.episode(problem, solver.episode_backend(problem), options)
-        if result.stop_reason == "error" and settings.backend != "reference":
-            return result.score.reason
+        if result.stop_reason == "error" and settings.backend == "openai":
+            return result.score.reason  # the endpoint failed: retried on the next run, not scored
         writer.write({
             "id": problem.id, "sample": j, "subset": problem.subset, "prompt": problem.messages,
             "completion": result.final, "score": result.score.value, "reason": result.score.reason,
@@ -154,6 +156,9 @@ def run(
     """Run ``settings.benchmark`` and return the results (also written under ``out``)."""
     bench, problems, paper = prepare(settings)
     solver = solver or make_solver(settings, bench)
+    if settings.context_window is None:
+        window = getattr(solver, "window", None) or PAPER_CONTEXT
+        settings = replace(settings, context_window=min(PAPER_CONTEXT, window))
     out = Path(out) if out is not None else default_out(settings)
     done_rows = _open_dir(out, settings, fresh)
     if on_ready is not None:

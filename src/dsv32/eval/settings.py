@@ -9,7 +9,8 @@ setting              default    source
 ``top_p``            1.0        not stated in the paper: no nucleus truncation
 ``max_tokens``       131072     §4.1 (context window 128K tokens) and Appendix D ("maximum generation
                                 length is set to 128k"); a local model is further capped at its own window
-``context_window``   131072     §4.1: "the context window to 128K tokens"
+``context_window``   131072     §4.1: "the context window to 128K tokens" (a local model: its own
+                                window if smaller)
 ``context``          none       §4.4: strategies (summary, discard_75, discard_all,
                                 parallel_fewest_step) trigger at 80 % of the window; the paper's main
                                 BrowseComp number uses context management, the others do not
@@ -52,7 +53,7 @@ class RunSettings:
     max_tokens: int = DEFAULTS["max_tokens"]
     thinking: bool = DEFAULTS["thinking"]
     context: str = DEFAULTS["context"]
-    context_window: int = DEFAULTS["context_window"]
+    context_window: int | None = None  # None: the paper's 128K, or a local model's own window if smaller
     max_steps: int = DEFAULTS["max_steps"]
     subset: list[str] = field(default_factory=list)
     data: str | None = None
@@ -75,7 +76,7 @@ class RunSettings:
                 "temperature > 0"
             )
         for name in ("max_tokens", "context_window", "max_steps", "concurrency", "batch_size"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise EvalError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.limit is not None and self.limit < 1:
             raise EvalError(f"limit must be >= 1, got {self.limit}")

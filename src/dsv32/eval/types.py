@@ -76,6 +76,8 @@ class Benchmark(ABC):
     kind: str = "single"
     source: str = ""
     needs_data: bool = False
+    #: what the mean score is called: "pass@1" (sampled programs, episodes) or "accuracy" (exact answers)
+    metric: str = "pass@1"
 
     def __init__(self) -> None:
         #: ``{problem id: why}`` of the problems :meth:`problems` left out (recorded in results.json).

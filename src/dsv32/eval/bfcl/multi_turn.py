@@ -118,6 +118,7 @@ class BFCLMultiTurn(Benchmark):
     kind = "episode"
     description = "BFCL v4 multi-turn: BFCL's API classes executed in the sandbox, state + response checks"
     source = "the bfcl-eval package's data/BFCL_v4_multi_turn_*.json and its func_source_code classes"
+    metric = "accuracy"
 
     def subsets(self) -> list[str]:
         return list(CATEGORIES)

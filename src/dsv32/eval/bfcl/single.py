@@ -127,6 +127,7 @@ class BFCL(Benchmark):
     name = "bfcl"
     description = "BFCL v4 single-turn function calling (AST check; Python and live categories)"
     source = "the bfcl-eval package's data/BFCL_v4_*.json and possible_answer/"
+    metric = "accuracy"
 
     def subsets(self) -> list[str]:
         return list(CATEGORIES)
