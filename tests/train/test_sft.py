@@ -262,3 +262,13 @@ def test_smollm2_gets_the_v32_tokens_and_one_step_lowers_nothing_to_nan(tmp_path
     with torch.no_grad():
         s, n = loss_sum(sm, collate([example], [[0]], sm.pad_id), False)
     assert n == example.loss_tokens and torch.isfinite(s)
+
+
+def test_frozen_lower_layers_keep_their_weights(tmp_path):
+    sm = prepare_sft_model("tiny-llama", device="cpu")
+    before = {k: v.clone() for k, v in sm.model.state_dict().items()}
+    train_sft(_cfg(tmp_path, **{"train.freeze_layers": 1, "train.steps": 1}), model=sm, progress=False)
+    after = sm.model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert not any(k.startswith("model.layers.0.") for k in changed)
+    assert any(k.startswith("model.layers.1.") for k in changed) and "model.embed_tokens.weight" in changed

@@ -47,7 +47,13 @@ from dsv32.recipe import (
 )
 from dsv32.runlog import StepCheckpoints, append_metrics, read_metrics, truncate_metrics
 from dsv32.train.sft_data import IGNORE, Example, block_causal_mask, collate, encode_file, make_rows
-from dsv32.train.sft_model import SFTModel, SFTModelError, prepare_sft_model, save_sft_model
+from dsv32.train.sft_model import (
+    SFTModel,
+    SFTModelError,
+    freeze_lower_layers,
+    prepare_sft_model,
+    save_sft_model,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +117,7 @@ class SFTTrainConfig:
         "log_every": at_least(1),
         "eval_every": NON_NEGATIVE,
         "keep_checkpoints": at_least(1),
+        "freeze_layers": NON_NEGATIVE,
     }
 
     epochs: float = 3.0
@@ -128,6 +135,7 @@ class SFTTrainConfig:
     log_every: int = 1
     eval_every: int = 0
     keep_checkpoints: int = 1
+    freeze_layers: int = 0  # the lowest N transformer layers keep their weights (a CPU budget)
 
     @property
     def rows_per_step(self) -> int:
@@ -286,6 +294,7 @@ def train_sft(
     sm = model or prepare_sft_model(cfg.model.name, cfg.model.device)
     if cfg.data.packing and sm.kind == "native":
         raise SFTModelError("packing needs a Hugging Face model (a block mask); set data.packing=false")
+    freeze_lower_layers(sm.model, tc.freeze_layers)
     examples, counts = _encode(sm, cfg.data.path, cfg)
     rows = make_rows(examples, cfg.data.seq_len, cfg.data.packing)
     held = _encode(sm, cfg.data.eval_path, cfg) if cfg.data.eval_path else None
@@ -296,8 +305,9 @@ def train_sft(
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     data_info = {**counts, "rows": len(rows), "steps": total, "added_tokens": len(sm.added_tokens)}
     (out / "data.json").write_text(json.dumps(data_info, indent=2) + "\n")
-    decay = [p for p in sm.model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in sm.model.parameters() if p.dim() < 2]
+    trainable = [p for p in sm.model.parameters() if p.requires_grad]
+    decay = [p for p in trainable if p.dim() >= 2]
+    no_decay = [p for p in trainable if p.dim() < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=tc.lr,

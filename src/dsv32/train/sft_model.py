@@ -157,6 +157,20 @@ def prepare_sft_model(name: str, device: str = "auto") -> SFTModel:
     return SFTModel(loaded.model, tok, loaded.kind, added, name)
 
 
+def freeze_lower_layers(model: nn.Module, n: int) -> int:
+    """Keep the weights of the lowest ``n`` transformer layers fixed (``requires_grad`` False): the
+    backward pass then stops above them, which roughly halves the cost of a step on a CPU when half
+    the layers are frozen. Embeddings, norms, the upper layers and the head still train (tied input
+    embeddings learn through the head). Returns how many layers were frozen."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    layers = decoder.layers
+    if not 0 <= n <= len(layers):
+        raise SFTModelError(f"freeze_layers = {n}: the model has {len(layers)} layers")
+    for layer in list(layers)[:n]:
+        layer.requires_grad_(False)
+    return n
+
+
 def save_sft_model(sm: SFTModel, path: str | Path) -> Path:
     """Weights + tokenizer (with the V3.2 chat template) in a directory :func:`load_model` reads."""
     path = Path(path)
