@@ -57,7 +57,7 @@ def command(p: argparse.ArgumentParser, run) -> None:
     )
 
 
-def _number(kind, test, allowed: str):
+def number_type(kind, test, allowed: str):
     def parse(text: str):
         try:
             value = kind(text)
@@ -72,10 +72,10 @@ def _number(kind, test, allowed: str):
 
 
 # Flag types that check their range where the flag is parsed.
-positive_int = _number(int, lambda v: v >= 1, "an integer >= 1")
-non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
-non_negative_float = _number(float, lambda v: v >= 0 and v != float("inf"), "a number >= 0")
-probability = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+positive_int = number_type(int, lambda v: v >= 1, "an integer >= 1")
+non_negative_int = number_type(int, lambda v: v >= 0, "an integer >= 0")
+non_negative_float = number_type(float, lambda v: v >= 0 and v != float("inf"), "a number >= 0")
+probability = number_type(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
 def user_error(err: BaseException) -> str | None:

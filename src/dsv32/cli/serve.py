@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from dsv32.cli import command
+from dsv32.cli import command, number_type, positive_int
+
+port_number = number_type(int, lambda v: 0 <= v <= 65535, "a port number in [0, 65535]")
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -16,29 +18,31 @@ def add(sub: argparse._SubParsersAction) -> None:
         "model", help="a native V3.2 checkpoint, an HF model directory, smollm2, tiny-*, or a DSA stage"
     )
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-batch", type=int, default=8, help="rows decoded together (continuous batching)")
+    p.add_argument("--port", type=port_number, default=8000)
     p.add_argument(
-        "--max-queue", type=int, default=64, help="requests that may wait for a slot; more get 503"
+        "--max-batch", type=positive_int, default=8, help="rows decoded together (continuous batching)"
     )
-    p.add_argument("--max-model-len", type=int, help="prompt + completion tokens (default: the model's)")
+    p.add_argument(
+        "--max-queue", type=positive_int, default=64, help="requests that may wait for a slot; more get 503"
+    )
+    p.add_argument(
+        "--max-model-len", type=positive_int, help="prompt + completion tokens (default: the model's)"
+    )
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 endpoints")
     p.add_argument("--served-model-name", help="the model id clients pass (default: MODEL)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument(
-        "--threads", type=int, help="torch CPU threads (default: torch's; 1 is faster on a busy machine)"
+        "--threads",
+        type=positive_int,
+        help="torch CPU threads (default: torch's; 1 is faster on a busy machine)",
     )
 
     def run(args: argparse.Namespace) -> int:
         from dsv32.serve import create_app, load_served, serve_forever
         from dsv32.serve.errors import ServeError
 
-        for flag in ("max_batch", "max_queue", "port"):
-            if getattr(args, flag) < (0 if flag == "port" else 1):
-                raise ServeError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+        _check_listen(args.host, args.port, ServeError)  # before the model loads: fail in a second
         if args.threads is not None:
-            if args.threads < 1:
-                raise ServeError(f"--threads must be positive, got {args.threads}")
             import torch
 
             torch.set_num_threads(args.threads)
@@ -55,3 +59,20 @@ def add(sub: argparse._SubParsersAction) -> None:
         return 0
 
     command(p, run)
+
+
+def _check_listen(host: str, port: int, error) -> None:
+    """Raise ``error`` unless ``host:port`` can be listened on."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise error(f"--host {host!r}: {err.strerror}") from err
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as err:
+            raise error(f"cannot listen on {host}:{port}: {err.strerror}") from err

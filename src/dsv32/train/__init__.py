@@ -5,7 +5,9 @@
 - :mod:`~dsv32.train.models` — :func:`load_dsa_model` and :class:`DSAModel` (HF + DSA, or native V3.2);
 - :mod:`~dsv32.train.trainer` — :func:`train_stage`: dense warm-up (Eq. 3) and sparse training
   (LM + Eq. 4), with checkpoints, exact resume, JSONL metrics and a loss plot;
-- :mod:`~dsv32.train.demo` — the main job: SmolLM2 → DSA → warm-up → sparse → evaluation report.
+- :mod:`~dsv32.train.pipeline` — what ``dsv32 dsa …`` and ``dsv32 demo`` run: load → data → stage(s) →
+  evaluation (:mod:`~dsv32.train.evaluate`, :mod:`~dsv32.train.report`);
+- :mod:`~dsv32.train.sft` — supervised fine-tuning on conversations (``dsv32 sft``).
 """
 
 from dsv32.runlog import read_metrics

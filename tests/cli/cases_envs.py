@@ -1,0 +1,11 @@
+"""Bad-input rows of ``dsv32 envs`` (see test_bad_input.py)."""
+
+CASES = [
+    (["envs", "list", "extra"], "unrecognized arguments: extra"),
+    (["envs", "show", "no-such-env"], "unknown environment 'no-such-env'; known:"),
+    (["envs", "run", "no-such-env", "--out", "{out}"], "unknown environment 'no-such-env'"),
+    (["envs", "run", "code-interpreter", "--n", "0", "--out", "{out}"], "--n and --parallel must be positive"),
+    (["envs", "run", "code-interpreter", "--tasks", "{missing}.jsonl", "--out", "{out}"], "no such file or directory"),
+    (["envs", "run", "code-interpreter", "--backend", "openai", "--out", "{out}"],
+     "--backend openai needs --base-url and --model"),
+]  # fmt: skip
