@@ -42,10 +42,20 @@ def _list(args: argparse.Namespace) -> int:
     rows = []
     for name in names():
         bench = get(name)
-        rows.append({"name": name, "kind": bench.kind, "description": bench.description, "source": bench.source,
-                     "subsets": bench.subsets(), "needs_data": bench.needs_data})  # fmt: skip
-    papers = [{"key": p.key, "benchmark": p.benchmark, "value": p.value, "source": p.source, "formats": p.formats}
-              for p in PAPER.values()]  # fmt: skip
+        rows.append(
+            {
+                "name": name,
+                "kind": bench.kind,
+                "description": bench.description,
+                "source": bench.source,
+                "subsets": bench.subsets(),
+                "needs_data": bench.needs_data,
+            }
+        )
+    papers = [
+        {"key": p.key, "benchmark": p.benchmark, "value": p.value, "source": p.source, "formats": p.formats}
+        for p in PAPER.values()
+    ]
     if args.json:
         print(json.dumps({"benchmarks": rows, "paper": papers}, indent=1))
         return 0
@@ -57,7 +67,8 @@ def _list(args: argparse.Namespace) -> int:
     print("\n--paper KEY (DeepSeek-V3.2's number beside a bring-your-own run):")
     for p in papers:
         print(
-            f"  {p['key']:18s} {p['value']:5.1f}  {p['benchmark']} ({p['source']}; run as {', '.join(p['formats'])})"
+            f"  {p['key']:18s} {p['value']:5.1f}  {p['benchmark']} "
+            f"({p['source']}; run as {', '.join(p['formats'])})"
         )
     return 0
 
@@ -74,18 +85,47 @@ def _run(args: argparse.Namespace) -> int:
         )
     model = {"reference": "reference", "local": args.checkpoint, "openai": args.model}[args.backend]
     subset = [s for part in args.subset for s in part.split(",") if s]
-    given = {k: getattr(args, k) for k in ("n", "temperature", "top_p", "max_tokens", "thinking", "context",
-                                            "context_window", "max_steps", "limit") if getattr(args, k) is not None}  # fmt: skip
+    given = {
+        k: getattr(args, k)
+        for k in (
+            "n",
+            "temperature",
+            "top_p",
+            "max_tokens",
+            "thinking",
+            "context",
+            "context_window",
+            "max_steps",
+            "limit",
+        )
+        if getattr(args, k) is not None
+    }
     settings = RunSettings(
-        args.benchmark, args.backend, model, args.base_url, subset=subset, data=args.data, paper=args.paper,
-        concurrency=args.concurrency, batch_size=args.batch_size, seed=args.seed, **given,
-    )  # fmt: skip
-    results = run(settings, args.out, fresh=args.fresh, progress=not args.no_progress,
-                  on_ready=lambda out: print(f"writing {out}", file=sys.stderr))  # fmt: skip
+        args.benchmark,
+        args.backend,
+        model,
+        args.base_url,
+        subset=subset,
+        data=args.data,
+        paper=args.paper,
+        concurrency=args.concurrency,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        **given,
+    )
+    results = run(
+        settings,
+        args.out,
+        fresh=args.fresh,
+        progress=not args.no_progress,
+        on_ready=lambda out: print(f"writing {out}", file=sys.stderr),
+    )
     metric = results["metrics"]["pass@1"]
     paper = results.get("paper")
-    line = (f"{settings.benchmark} {model}: pass@1 {100 * metric['value']:.1f}% "
-            f"[{100 * metric['ci_low']:.1f}, {100 * metric['ci_high']:.1f}] over {metric['problems']} problems")  # fmt: skip
+    line = (
+        f"{settings.benchmark} {model}: pass@1 {100 * metric['value']:.1f}% "
+        f"[{100 * metric['ci_low']:.1f}, {100 * metric['ci_high']:.1f}] over {metric['problems']} problems"
+    )
     if paper:
         line += f"; paper {paper['value']:.1f}% ({paper['source']})"
     print(line)
@@ -116,9 +156,15 @@ def add(sub: argparse._SubParsersAction) -> None:
 
     q = esub.add_parser("run", help="run one benchmark: results.json, samples.jsonl, report.md (resumes)")
     q.add_argument("benchmark", help="a name from 'dsv32 eval list'")
-    q.add_argument("--backend", nargs="+", action=_Backend, default="reference", metavar="KIND",
-                   help="reference (the benchmark's own answers: must score 100%%), local CKPT (smollm2, a "
-                        "checkpoint or HF dir), openai (with --base-url and --model)")  # fmt: skip
+    q.add_argument(
+        "--backend",
+        nargs="+",
+        action=_Backend,
+        default="reference",
+        metavar="KIND",
+        help="reference (the benchmark's own answers: must score 100%%), local CKPT (smollm2, a "
+        "checkpoint or HF dir), openai (with --base-url and --model)",
+    )
     q.set_defaults(checkpoint=None)
     q.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
     q.add_argument("--model", help="the endpoint's model name")
@@ -126,14 +172,26 @@ def add(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--temperature", type=_non_negative_float, help="default 1.0 (§4.1); 0 is greedy")
     q.add_argument("--top-p", type=probability, help="default 1.0 (not stated in the paper)")
     q.add_argument("--max-tokens", type=positive_int, help="output budget (default 131072, App. D)")
-    q.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=None,
-                   help="thinking mode (default on, §4.1)")  # fmt: skip
-    q.add_argument("--context", choices=("none", "summary", "discard_75", "discard_all", "parallel_fewest_step"),
-                   help="context management for agents (§4.4; default none)")  # fmt: skip
+    q.add_argument(
+        "--thinking",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="thinking mode (default on, §4.1)",
+    )
+    q.add_argument(
+        "--context",
+        choices=("none", "summary", "discard_75", "discard_all", "parallel_fewest_step"),
+        help="context management for agents (§4.4; default none)",
+    )
     q.add_argument("--context-window", type=positive_int, help="tokens (default 131072, §4.1)")
     q.add_argument("--max-steps", type=positive_int, help="model calls per agentic episode (default 50)")
-    q.add_argument("--subset", action="append", default=[], metavar="NAMES",
-                   help="categories / families / task set, comma-separated (see 'dsv32 eval list')")  # fmt: skip
+    q.add_argument(
+        "--subset",
+        action="append",
+        default=[],
+        metavar="NAMES",
+        help="categories / families / task set, comma-separated (see 'dsv32 eval list')",
+    )
     q.add_argument("--data", help="JSONL file for byo-* benchmarks (or tasks for agent-*)")
     q.add_argument(
         "--paper", metavar="KEY", help="put the paper's number beside the score (see 'dsv32 eval list')"

@@ -34,18 +34,29 @@ def episode(env_name: str, problem: Problem, backend: Any, options: RunOptions) 
     env = get_env(env_name).factory()
     try:
         trajectory, reward = run_episode(
-            backend, env, problem.data["task"], thinking=options.thinking, sampling=options.sampling,
-            max_steps=options.max_steps, context=options.context, context_window=options.context_window,
-        )  # fmt: skip
+            backend,
+            env,
+            problem.data["task"],
+            thinking=options.thinking,
+            sampling=options.sampling,
+            max_steps=options.max_steps,
+            context=options.context,
+            context_window=options.context_window,
+        )
     finally:
         env.close()
     reason = reward.reason or trajectory.stop_reason
     if trajectory.error:
         reason = f"{reason}; {trajectory.error}"
     return EpisodeResult(
-        trajectory.messages, Score(float(reward.value), reason), trajectory.total_steps,
-        trajectory.total_tokens, len(trajectory.context_events), trajectory.stop_reason, trajectory.final,
-    )  # fmt: skip
+        trajectory.messages,
+        Score(float(reward.value), reason),
+        trajectory.total_steps,
+        trajectory.total_tokens,
+        len(trajectory.context_events),
+        trajectory.stop_reason,
+        trajectory.final,
+    )
 
 
 def reference_replies(env_name: str, problem: Problem) -> list[dict]:

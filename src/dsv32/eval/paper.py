@@ -40,22 +40,66 @@ PAPER: dict[str, PaperNumber] = {
     p.key: p
     for p in (
         PaperNumber("mmlu-pro", "MMLU-Pro", "EM", 85.0, _T2, ("byo-mcq",)),
-        PaperNumber("gpqa-diamond", "GPQA Diamond", "Pass@1", 82.4, _T2 + " (Table 3: 82.4, 7k tokens)", ("byo-mcq",)),
-        PaperNumber("hle", "HLE (text-only, no tools)", "Pass@1", 25.1, _T2 + " (Table 3: 25.1, 21k tokens)",
-                    ("byo-boxed", "byo-mcq")),
-        PaperNumber("aime-2025", "AIME 2025", "Pass@1", 93.1, _T2 + " (Table 3: 93.1, 16k tokens)", ("byo-boxed",)),
-        PaperNumber("hmmt-feb-2025", "HMMT Feb 2025", "Pass@1", 92.5, _T2 + " (Table 3: 92.5, 19k tokens)",
-                    ("byo-boxed",)),
-        PaperNumber("hmmt-nov-2025", "HMMT Nov 2025", "Pass@1", 90.2, _T2 + " (Table 3: 90.2, 18k tokens)",
-                    ("byo-boxed",)),
-        PaperNumber("imo-answerbench", "IMOAnswerBench", "Pass@1", 78.3, _T2 + " (Table 3: 78.3, 27k tokens)",
-                    ("byo-boxed",)),
-        PaperNumber("swe-verified", "SWE Verified", "Resolved", 73.1, _T2 + " (Table 9 thinking: 73.1)", ("byo-swe",),
-                    72.1, "Table 9, non-thinking"),
-        PaperNumber("swe-multilingual", "SWE Multilingual", "Resolved", 70.2, _T2 + " (Table 9 thinking: 70.2)",
-                    ("byo-swe",), 68.9, "Table 9, non-thinking"),
+        PaperNumber(
+            "gpqa-diamond", "GPQA Diamond", "Pass@1", 82.4, _T2 + " (Table 3: 82.4, 7k tokens)", ("byo-mcq",)
+        ),
+        PaperNumber(
+            "hle",
+            "HLE (text-only, no tools)",
+            "Pass@1",
+            25.1,
+            _T2 + " (Table 3: 25.1, 21k tokens)",
+            ("byo-boxed", "byo-mcq"),
+        ),
+        PaperNumber(
+            "aime-2025", "AIME 2025", "Pass@1", 93.1, _T2 + " (Table 3: 93.1, 16k tokens)", ("byo-boxed",)
+        ),
+        PaperNumber(
+            "hmmt-feb-2025",
+            "HMMT Feb 2025",
+            "Pass@1",
+            92.5,
+            _T2 + " (Table 3: 92.5, 19k tokens)",
+            ("byo-boxed",),
+        ),
+        PaperNumber(
+            "hmmt-nov-2025",
+            "HMMT Nov 2025",
+            "Pass@1",
+            90.2,
+            _T2 + " (Table 3: 90.2, 18k tokens)",
+            ("byo-boxed",),
+        ),
+        PaperNumber(
+            "imo-answerbench",
+            "IMOAnswerBench",
+            "Pass@1",
+            78.3,
+            _T2 + " (Table 3: 78.3, 27k tokens)",
+            ("byo-boxed",),
+        ),
+        PaperNumber(
+            "swe-verified",
+            "SWE Verified",
+            "Resolved",
+            73.1,
+            _T2 + " (Table 9 thinking: 73.1)",
+            ("byo-swe",),
+            72.1,
+            "Table 9, non-thinking",
+        ),
+        PaperNumber(
+            "swe-multilingual",
+            "SWE Multilingual",
+            "Resolved",
+            70.2,
+            _T2 + " (Table 9 thinking: 70.2)",
+            ("byo-swe",),
+            68.9,
+            "Table 9, non-thinking",
+        ),
     )
-}  # fmt: skip
+}
 
 
 def paper_number(key: str, benchmark: str, thinking: bool) -> dict:

@@ -69,12 +69,22 @@ def aggregate(problems: list[Problem], rows: list[dict], n: int) -> dict:
 
 
 def write_results(
-    out: Path, bench: Benchmark, settings: RunSettings, problems: list[Problem], rows: list[dict],
-    paper: dict | None, elapsed_s: float,
-) -> dict:  # fmt: skip
+    out: Path,
+    bench: Benchmark,
+    settings: RunSettings,
+    problems: list[Problem],
+    rows: list[dict],
+    paper: dict | None,
+    elapsed_s: float,
+) -> dict:
     results = {
-        "benchmark": {"name": bench.name, "description": bench.description, "source": bench.source,
-                      "metric": bench.metric, "versions": bench.versions()},
+        "benchmark": {
+            "name": bench.name,
+            "description": bench.description,
+            "source": bench.source,
+            "metric": bench.metric,
+            "versions": bench.versions(),
+        },
         "model": {"backend": settings.backend, "name": settings.model, "base_url": settings.base_url},
         "settings": settings.to_dict(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -83,7 +93,7 @@ def write_results(
         "excluded": dict(bench.excluded),
         "paper": paper,
         "elapsed_s": round(elapsed_s, 2),
-    }  # fmt: skip
+    }
     (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
     (out / "report.md").write_text(render(results), encoding="utf-8")
     return results
@@ -104,14 +114,21 @@ def label(results: dict, name: str) -> str:
 def render(results: dict) -> str:
     """The Markdown report of one run."""
     b, m, s = results["benchmark"], results["model"], results["settings"]
-    lines = [f"# {b['name']}: {m['name']} ({m['backend']})", "", b["description"], "",
-             f"- data: {b['source']} {b['versions'] or ''}".rstrip(),
-             f"- settings: n={s['n']}, temperature={s['temperature']}, top_p={s['top_p']}, max_tokens={s['max_tokens']}, "
-             f"thinking={'on' if s['thinking'] else 'off'}, context={s['context']}",
-             f"- {results['problems']} problems, {results['samples']} samples; {results['date']}; "
-             f"commit {results['git_commit'][:12]}", "",
-             "| metric | score % [95 % CI] |" + (" paper % |" if results.get("paper") else ""),
-             "|---|---|" + ("---|" if results.get("paper") else "")]  # fmt: skip
+    lines = [
+        f"# {b['name']}: {m['name']} ({m['backend']})",
+        "",
+        b["description"],
+        "",
+        f"- data: {b['source']} {b['versions'] or ''}".rstrip(),
+        f"- settings: n={s['n']}, temperature={s['temperature']}, top_p={s['top_p']}, "
+        f"max_tokens={s['max_tokens']}, "
+        f"thinking={'on' if s['thinking'] else 'off'}, context={s['context']}",
+        f"- {results['problems']} problems, {results['samples']} samples; {results['date']}; "
+        f"commit {results['git_commit'][:12]}",
+        "",
+        "| metric | score % [95 % CI] |" + (" paper % |" if results.get("paper") else ""),
+        "|---|---|" + ("---|" if results.get("paper") else ""),
+    ]
     for name, metric in results["metrics"].items():
         paper = results.get("paper")
         extra = (
@@ -128,7 +145,8 @@ def render(results: dict) -> str:
         a = results["agentic"]
         lines += [
             "",
-            f"Per episode: {a['steps_mean']} steps, {a['tokens_mean']} tokens, {a['resets_mean']} context resets.",
+            f"Per episode: {a['steps_mean']} steps, {a['tokens_mean']} tokens, "
+            f"{a['resets_mean']} context resets.",
         ]
     if results["excluded"]:
         lines += ["", f"Left out ({len(results['excluded'])}):"] + [
@@ -172,8 +190,10 @@ def side_by_side(paths: list[str | Path]) -> str:
         for key, metric in cells:
             rows.setdefault(key, ["-"] * len(runs))[i] = pct(metric)
     paper_col = bool(papers)
-    lines = ["| benchmark | metric | " + " | ".join(heads) + (" | paper (DeepSeek-V3.2) |" if paper_col else " |"),
-             "|---|---|" + "---|" * (len(runs) + paper_col)]  # fmt: skip
+    lines = [
+        "| benchmark | metric | " + " | ".join(heads) + (" | paper (DeepSeek-V3.2) |" if paper_col else " |"),
+        "|---|---|" + "---|" * (len(runs) + paper_col),
+    ]
     for (bench, metric), cells in rows.items():
         overall = ":" not in metric and "pass@1" in metric
         paper = [papers.get(bench, "-") if overall else ""] if paper_col else []

@@ -84,7 +84,8 @@ def _open_dir(out: Path, settings: RunSettings, fresh: bool) -> list[dict]:
         if changed:
             listed = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items()))
             raise EvalError(
-                f"{out} holds a run with other settings ({listed}); pass --fresh to start over or another --out"
+                f"{out} holds a run with other settings ({listed}); "
+                "pass --fresh to start over or another --out"
             )
     out.mkdir(parents=True, exist_ok=True)
     if fresh:
@@ -96,11 +97,18 @@ def _open_dir(out: Path, settings: RunSettings, fresh: bool) -> list[dict]:
 
 def _single_row(problem: Problem, j: int, gen: Any, score: Any) -> dict:
     return {
-        "id": problem.id, "sample": j, "subset": problem.subset, "prompt": problem.messages,
-        "completion": gen.message, "score": score.value, "reason": score.reason,
-        "prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens,
-        "latency_s": round(gen.latency_s, 4), "finish_reason": gen.finish_reason,
-    }  # fmt: skip
+        "id": problem.id,
+        "sample": j,
+        "subset": problem.subset,
+        "prompt": problem.messages,
+        "completion": gen.message,
+        "score": score.value,
+        "reason": score.reason,
+        "prompt_tokens": gen.prompt_tokens,
+        "completion_tokens": gen.completion_tokens,
+        "latency_s": round(gen.latency_s, 4),
+        "finish_reason": gen.finish_reason,
+    }
 
 
 def _run_single(bench, solver, settings, pending, writer, tick) -> list[str]:
@@ -120,8 +128,9 @@ def _run_single(bench, solver, settings, pending, writer, tick) -> list[str]:
 
 
 def _run_episodes(bench, solver, settings, pending, writer, tick) -> list[str]:
-    options = RunOptions(settings.thinking, settings.sampling(), settings.context, settings.context_window,
-                         settings.max_steps)  # fmt: skip
+    options = RunOptions(
+        settings.thinking, settings.sampling(), settings.context, settings.context_window, settings.max_steps
+    )
 
     def one(item: tuple[Problem, int]) -> str | None:
         problem, j = item
@@ -129,13 +138,23 @@ def _run_episodes(bench, solver, settings, pending, writer, tick) -> list[str]:
         result = bench.episode(problem, solver.episode_backend(problem), options)
         if result.stop_reason == "error" and settings.backend == "openai":
             return result.score.reason  # the endpoint failed: retried on the next run, not scored
-        writer.write({
-            "id": problem.id, "sample": j, "subset": problem.subset, "prompt": problem.messages,
-            "completion": result.final, "score": result.score.value, "reason": result.score.reason,
-            "steps": result.steps, "tokens": result.tokens, "resets": result.resets,
-            "stop_reason": result.stop_reason, "latency_s": round(time.perf_counter() - start, 4),
-            "messages": result.messages,
-        })  # fmt: skip
+        writer.write(
+            {
+                "id": problem.id,
+                "sample": j,
+                "subset": problem.subset,
+                "prompt": problem.messages,
+                "completion": result.final,
+                "score": result.score.value,
+                "reason": result.score.reason,
+                "steps": result.steps,
+                "tokens": result.tokens,
+                "resets": result.resets,
+                "stop_reason": result.stop_reason,
+                "latency_s": round(time.perf_counter() - start, 4),
+                "messages": result.messages,
+            }
+        )
         tick()
         return None
 
@@ -169,8 +188,14 @@ def run(
     start = time.perf_counter()
     from tqdm import tqdm
 
-    bar = tqdm(total=len(problems) * settings.n, initial=len(done), desc=bench.name, unit="sample",
-               disable=not progress, dynamic_ncols=True)  # fmt: skip
+    bar = tqdm(
+        total=len(problems) * settings.n,
+        initial=len(done),
+        desc=bench.name,
+        unit="sample",
+        disable=not progress,
+        dynamic_ncols=True,
+    )
     writer = SampleWriter(out / "samples.jsonl")
     try:
         runner = _run_single if bench.kind == "single" else _run_episodes

@@ -37,8 +37,23 @@ DEFAULTS = {
     "max_steps": 50,
 }
 #: Settings that change what a sample is: a run directory resumes only with the same ones.
-IDENTITY = ("benchmark", "backend", "model", "base_url", "n", "temperature", "top_p", "max_tokens",
-            "thinking", "context", "context_window", "max_steps", "subset", "data", "seed")  # fmt: skip
+IDENTITY = (
+    "benchmark",
+    "backend",
+    "model",
+    "base_url",
+    "n",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "thinking",
+    "context",
+    "context_window",
+    "max_steps",
+    "subset",
+    "data",
+    "seed",
+)
 
 
 @dataclass

@@ -88,8 +88,14 @@ class EndpointSolver:
             except BackendError as err:
                 return Generated({"role": "assistant", "content": ""}, error=str(err))
             usage = out.usage
-            return Generated(out.message, usage.prompt_tokens, usage.completion_tokens, out.latency_s,
-                             out.finish_reason, out.problems)  # fmt: skip
+            return Generated(
+                out.message,
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                out.latency_s,
+                out.finish_reason,
+                out.problems,
+            )
 
         with ThreadPoolExecutor(self.concurrency) as pool:
             return list(pool.map(one, items))
@@ -132,9 +138,14 @@ class LocalSolver:
         generator.manual_seed(settings.seed * 1_000_003 + zlib.crc32(key.encode()))
         start = time.perf_counter()
         out = generate(
-            model, prompts, max_new_tokens=budget, temperature=settings.temperature, top_p=settings.top_p,
-            eos_token_id=fmt.stop_ids, generator=generator,
-        )  # fmt: skip
+            model,
+            prompts,
+            max_new_tokens=budget,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            eos_token_id=fmt.stop_ids,
+            generator=generator,
+        )
         latency = (time.perf_counter() - start) / len(items)
         results = []
         for row, ids in enumerate(prompts):
@@ -157,8 +168,15 @@ class _WindowCapped:
     def count_tokens(self, messages: Any, tools: Any, *, thinking: bool = True) -> int:
         return self.backend.count_tokens(messages, tools, thinking=thinking)
 
-    def complete(self, messages: Any, tools: Any, *, thinking: bool = True, sampling: dict | None = None,
-                 on_delta: Any = None) -> Any:  # fmt: skip
+    def complete(
+        self,
+        messages: Any,
+        tools: Any,
+        *,
+        thinking: bool = True,
+        sampling: dict | None = None,
+        on_delta: Any = None,
+    ) -> Any:
         from dsv32.agent import BackendError
 
         room = self.window - self.count_tokens(messages, tools, thinking=thinking)

@@ -83,9 +83,15 @@ class ApiWorker:
         self.timeout_s = timeout_s
         self.tmp = tempfile.TemporaryDirectory(prefix="dsv32-bfcl-")
         self.proc = sandbox.popen(
-            [sys.executable, "-I", WORKER], cwd=self.tmp.name, timeout_s=timeout_s, cpu_s=LIFETIME_CPU_S,
-            memory_mb=MEMORY_MB, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [sys.executable, "-I", WORKER],
+            cwd=self.tmp.name,
+            timeout_s=timeout_s,
+            cpu_s=LIFETIME_CPU_S,
+            memory_mb=MEMORY_MB,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
         self.lines: queue.Queue[bytes] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         setup = {"classes": classes, "config": config, "long_context": long_context}

@@ -7,8 +7,9 @@ An episode, per user turn (BFCL's inference loop, with the agent in place of its
    that were held out and says so, in BFCL's words); the entry's functions (minus
    ``excluded_function`` and the ones still held out) are the tools;
 2. ``Agent.run`` lets the model call tools until it answers without one (at most 20 steps per turn,
-   BFCL's limit, or ``max_steps`` if smaller; hitting it fails the entry). Every call runs in the ``model`` world of the sandboxed
-   :class:`~dsv32.eval.bfcl.api.ApiWorker`; its result is the tool message;
+   BFCL's limit, or ``max_steps`` if smaller; hitting it fails the entry). Every call runs in the
+   ``model`` world of the sandboxed :class:`~dsv32.eval.bfcl.api.ApiWorker`; its result is the tool
+   message;
 3. the turn's ground-truth calls run in the ``truth`` world, then BFCL's checks: a turn whose ground
    truth is empty must get no call (irrelevance); otherwise the model must have called something,
    every public attribute of every API instance must equal the ground truth's (state check), and
@@ -179,10 +180,14 @@ class BFCLMultiTurn(Benchmark):
                         turn_messages = [{"role": "user", "content": ADDED_FUNCTIONS}]
                     turn = _Turn(worker)
                     agent = Agent(
-                        backend, [turn.tool(d) for d in available], thinking=options.thinking,
-                        max_steps=min(STEP_LIMIT, options.max_steps), context=options.context, context_window=options.context_window,
+                        backend,
+                        [turn.tool(d) for d in available],
+                        thinking=options.thinking,
+                        max_steps=min(STEP_LIMIT, options.max_steps),
+                        context=options.context,
+                        context_window=options.context_window,
                         sampling=options.sampling,
-                    )  # fmt: skip
+                    )
                     trajectory = agent.run(messages + list(turn_messages))
                     messages = trajectory.messages
                     result.messages = messages
@@ -207,8 +212,12 @@ class BFCLMultiTurn(Benchmark):
     ) -> str | None:
         if trajectory.stop_reason == "error":
             return f"turn {t}: the model call failed: {trajectory.error}"
+        if trajectory.stop_reason == "max_steps":
+            return (
+                f"turn {t}: no answer within {trajectory.num_steps} steps (BFCL allows {STEP_LIMIT} per turn)"
+            )
         if trajectory.stop_reason != "answer":
-            return f"turn {t}: stopped by {trajectory.stop_reason} (the step limit per turn is BFCL's {STEP_LIMIT})"
+            return f"turn {t}: stopped by {trajectory.stop_reason}"
         calls = entry["truth"][t]
         if not calls:
             return f"turn {t}: made {len(made)} call(s) where no function fits" if made else None

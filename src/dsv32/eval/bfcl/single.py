@@ -51,7 +51,8 @@ PLACEHOLDER = {
 
 
 def decode_calls(message: dict, names: dict[str, str]) -> tuple[list[dict] | None, str]:
-    """``([{bfcl name: arguments}], "")``, or ``(None, why)`` when a call's arguments are not a JSON object."""
+    """``([{bfcl name: arguments}], "")``, or ``(None, why)`` when a call's arguments are not a JSON
+    object."""
     calls = []
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
@@ -95,7 +96,8 @@ def reference_args(function: dict, allowed: dict) -> dict:
 
 
 def unsatisfiable(functions: list[dict], truth: list[dict]) -> str | None:
-    """Why no answer can pass an entry (a required parameter the ground truth allows no value for), or None."""
+    """Why no answer can pass an entry, or None: a required parameter the ground truth allows no
+    value for, or an expected parameter the function does not define."""
     for expected in truth:
         ((name, allowed),) = expected.items()
         function = next((f for f in functions if f["name"] == name), None)
@@ -173,8 +175,11 @@ class BFCL(Benchmark):
                 p: PLACEHOLDER.get(params["properties"][p].get("type"), "x")
                 for p in params.get("required", [])
             }
-            call = {"id": "ref_0", "type": "function", "function": {"name": tool_name(function["name"]),
-                                                                     "arguments": json.dumps(args)}}  # fmt: skip
+            call = {
+                "id": "ref_0",
+                "type": "function",
+                "function": {"name": tool_name(function["name"]), "arguments": json.dumps(args)},
+            }
             return {"role": "assistant", "content": "", "tool_calls": [call]}
         return {
             "role": "assistant",
