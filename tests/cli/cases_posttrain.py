@@ -22,3 +22,14 @@ CASES += [
     (["posttrain", "rl", "--policy", "tiny-llama", "--steps", "1", "--out", "{out}"], "does not speak V3.2"),
     (["posttrain", "rl", "--policy", "no-such-model", "--out", "{out}"], "cannot load model 'no-such-model'"),
 ]  # fmt: skip
+
+_D = ["posttrain", "distill", "--out", "{out}/mix.jsonl"]
+CASES += [
+    (_D, "no specialists: give at least one --specialist DOMAIN=BACKEND"),
+    ([*_D, "--specialist", "code-interpreter"], "--specialist 'code-interpreter' must look like DOMAIN=VALUE"),
+    ([*_D, "--specialist", "nowhere=local:smollm2"], "unknown environment 'nowhere'"),
+    ([*_D, "--specialist", "code-interpreter=gpt"], "backend 'gpt': expected"),
+    ([*_D, "--specialist", "code-interpreter=local:smollm2", "--weight", "search=2"],
+     "--tasks/--weight name domains without a --specialist: ['search']"),
+    ([*_D, "--specialist", "code-interpreter=local:smollm2", "--weight", "code-interpreter=lots"], "is not a number"),
+]  # fmt: skip

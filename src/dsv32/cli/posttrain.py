@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 from dsv32.cli import command, positive_int
 
@@ -14,6 +16,124 @@ def _tasks(env: str, tasks: str | None, limit: int | None):
 
     rows = resolve_tasks(env, tasks)
     return rows[:limit] if limit else rows
+
+
+@dataclass
+class ProofTasks:
+    """``[tasks]`` of the proof recipe: generated code-interpreter problems (training: seed 0;
+    held-out: seed 1, never a training prompt), and the system prompt of every stage."""
+
+    RANGES: ClassVar[dict] = {}
+
+    train: int = 64
+    heldout: int = 32
+    difficulty: int = 1
+    categories: list[str] = field(default_factory=lambda: ["multiplication"])
+    prompt: str = "bare"
+
+
+def run_proof(config: str | None, overrides: list[str], out: str | None, progress: bool = True) -> dict:
+    """The proof run: held-out greedy accuracy and well-formed tool use of the base model, after
+    cold-start SFT on verified tool transcripts, and after agentic GRPO (``report.{json,md,png}``).
+    Every recipe section is checked before anything is loaded or written."""
+    import time
+    from pathlib import Path
+
+    from dsv32.envs.base import save_tasks
+    from dsv32.envs.interpreter import InterpreterEnv, generate
+    from dsv32.recipe import RecipeError, build_section, read_recipe
+    from dsv32.rl.agentic_config import agentic_config_from_dict
+    from dsv32.rl.agentic_trainer import EnvItem, episode_settings, evaluate_agentic, train_agentic
+    from dsv32.rl.policy import Policy
+    from dsv32.rl.posttrain_report import machine, report_dict, write_report
+    from dsv32.runlog import read_metrics
+    from dsv32.synth.coldstart import build_coldstart
+    from dsv32.train.sft import sft_config_from_dict, train_sft
+    from dsv32.train.sft_model import prepare_sft_model
+
+    path = config or str(Path(__file__).resolve().parents[1] / "configs" / "posttrain-smollm2.toml")
+    data = read_recipe(path, overrides)
+    unknown = sorted(set(data) - {"out_dir", "tasks", "sft", "rl"})
+    if unknown:
+        raise RecipeError(f"unknown sections {unknown}; known: out_dir, tasks, sft, rl")
+    root = Path(out or data.get("out_dir", "runs/posttrain"))
+    tasks_cfg = build_section(ProofTasks, {**asdict(ProofTasks()), **data.get("tasks", {})}, "tasks")
+    sft_data = data.get("sft", {})
+    sft_cfg = sft_config_from_dict({**sft_data, "out_dir": str(root / "sft"),
+                                    "data": {**sft_data.get("data", {}), "path": path}})  # fmt: skip
+    rl_data = dict(data.get("rl", {}))
+    train_file = root / "tasks_train.jsonl"
+    envs = [
+        {**e, "tasks": str(train_file), "eval_tasks": ""}
+        for e in rl_data.get("envs", [{"name": "code-interpreter"}])
+    ]
+    rl_cfg = agentic_config_from_dict({**rl_data, "envs": envs, "out_dir": str(root / "rl")})
+    rl_cfg.agentic.prompt = tasks_cfg.prompt
+    cats = tuple(tasks_cfg.categories)
+    train = generate(
+        tasks_cfg.train, seed=0, difficulty=tasks_cfg.difficulty, categories=cats, prefix="train"
+    )
+    heldout = generate(
+        tasks_cfg.heldout, seed=1, difficulty=tasks_cfg.difficulty, categories=cats, prefix="heldout"
+    )
+    overlap = {t.prompt for t in train} & {t.prompt for t in heldout}
+    if overlap:
+        raise RecipeError(f"held-out tasks repeat {len(overlap)} training prompt(s); change the task counts")
+
+    t0, load_start, minutes = time.time(), machine()["load_average_1_5_15"], {}
+    sm = prepare_sft_model(sft_cfg.model.name, sft_cfg.model.device)
+    root.mkdir(parents=True, exist_ok=True)  # only now: bad input writes nothing
+    save_tasks(train, train_file)
+    save_tasks(heldout, root / "tasks_heldout.jsonl")
+    held = [EnvItem(t, "code-interpreter", InterpreterEnv) for t in heldout]
+    settings = episode_settings(rl_cfg)
+    policy = Policy(sm.model, sm.tokenizer, sm.kind, thinking=True, source=sft_cfg.model.name)
+    evals: dict[str, dict] = {}
+
+    def evaluate(stage: str) -> None:
+        t = time.time()
+        evals[stage] = evaluate_agentic(policy, held, settings, rl_cfg.rl.sampling.max_new_tokens)
+        minutes[f"eval_{stage}"] = round((time.time() - t) / 60, 2)
+        (root / f"eval_{stage}.json").write_text(json.dumps(evals[stage], indent=1) + "\n")
+        print(
+            f"{stage}: accuracy {evals[stage]['accuracy']:.3f}, tool use {evals[stage]['tool_call_valid']:.3f}"
+        )
+
+    evaluate("base")
+    t = time.time()
+    cold = build_coldstart(InterpreterEnv, train, root / "coldstart.jsonl", prompt=tasks_cfg.prompt)
+    sft_cfg.data.path = str(root / "coldstart.jsonl")
+    minutes["cold_start"] = round((time.time() - t) / 60, 2)
+    t = time.time()
+    train_sft(sft_cfg, model=sm, resume=False, progress=progress)
+    minutes["sft"] = round((time.time() - t) / 60, 2)
+    evaluate("sft")
+    t = time.time()
+    rl_cfg.rl.policy.name = str(root / "sft" / "model")
+    train_agentic(
+        rl_cfg, policy=policy, resume=False, progress=progress, evaluate_before=False, evaluate_after=False
+    )
+    minutes["rl"] = round((time.time() - t) / 60, 2)
+    evaluate("rl")
+    details = {
+        "model": sft_cfg.model.name,
+        "task": f"code-interpreter {'/'.join(cats)}, difficulty {tasks_cfg.difficulty}",
+        "evals": {k: {x: y for x, y in v.items() if x != "samples"} for k, v in evals.items()},
+        "cold_start": cold.to_dict(),
+        "stage_minutes": minutes,
+        "machine": machine(),
+        "load_start": load_start,
+        "command": "dsv32 posttrain proof "
+        + " ".join([config or "", *[f"--set {o}" for o in overrides]]).strip(),
+    }
+    report = report_dict(evals, len(heldout), (time.time() - t0) / 60, details)
+    write_report(
+        root,
+        report,
+        read_metrics(root / "sft" / "metrics.jsonl"),
+        read_metrics(root / "rl" / "metrics.jsonl"),
+    )
+    return report
 
 
 def add_cold_start(psub: argparse._SubParsersAction) -> None:
@@ -53,6 +173,67 @@ def add_cold_start(psub: argparse._SubParsersAction) -> None:
     command(q, run)
 
 
+def add_distill(psub: argparse._SubParsersAction) -> None:
+    q = psub.add_parser(
+        "distill",
+        help="specialists generate on their domains; verified, deduplicated, weighted union → SFT set",
+    )
+    q.add_argument(
+        "--specialist",
+        action="append",
+        default=[],
+        metavar="DOMAIN=BACKEND",
+        help="a domain (an environment name) and its specialist (openai:MODEL@URL or local:NAME)",
+    )
+    q.add_argument(
+        "--tasks",
+        action="append",
+        default=[],
+        metavar="DOMAIN=SET_OR_JSONL",
+        help="the domain's tasks (default: its environment's first task set)",
+    )
+    q.add_argument("--weight", action="append", default=[], metavar="DOMAIN=W", help="mix weight (default 1)")
+    q.add_argument("--limit", type=positive_int, help="use the first N tasks of each domain")
+    q.add_argument("--samples", type=positive_int, default=1, help="episodes per task")
+    q.add_argument("--max-steps", type=positive_int, default=8)
+    q.add_argument("--prompt", default="reasoning_agent", choices=("reasoning_agent", "agent", "env", "bare"))
+    q.add_argument("--workers", type=positive_int, default=4)
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--out", required=True, help="output JSONL of conversations")
+
+    def run(args: argparse.Namespace) -> int:
+        from dsv32.envs.base import get_env
+        from dsv32.synth.backends import parse_spec
+        from dsv32.synth.distill import Specialist, distill, parse_pairs
+        from dsv32.synth.records import SynthError
+
+        specs = parse_pairs(args.specialist, "--specialist")
+        tasks, weights = parse_pairs(args.tasks, "--tasks"), parse_pairs(args.weight, "--weight")
+        unknown = sorted((set(tasks) | set(weights)) - set(specs))
+        if unknown:
+            raise SynthError(f"--tasks/--weight name domains without a --specialist: {unknown}")
+        specialists = []
+        for domain, text in specs.items():
+            try:
+                weight = float(weights.get(domain, "1"))
+            except ValueError:
+                raise SynthError(f"--weight {domain}={weights[domain]!r} is not a number") from None
+            specialists.append(
+                Specialist(domain, get_env(domain).factory, _tasks(domain, tasks.get(domain), args.limit),
+                           parse_spec(text), weight)
+            )  # fmt: skip
+        if any(s.weight < 0 for s in specialists):
+            raise SynthError("--weight values must be >= 0")
+        reports = distill(
+            specialists, args.out, samples=args.samples, prompt=args.prompt, max_steps=args.max_steps,
+            workers=args.workers, seed=args.seed,
+        )  # fmt: skip
+        print(json.dumps({"out": args.out, "domains": {d: asdict(r) for d, r in reports.items()}}))
+        return 0
+
+    command(q, run)
+
+
 def add_rl(psub: argparse._SubParsersAction) -> None:
     q = psub.add_parser(
         "rl", help="mixed agentic GRPO: multi-turn episodes in environments (+ single-turn domains)"
@@ -82,8 +263,33 @@ def add_rl(psub: argparse._SubParsersAction) -> None:
     command(q, run)
 
 
+def add_proof(psub: argparse._SubParsersAction) -> None:
+    q = psub.add_parser(
+        "proof",
+        help="base → cold-start SFT → agentic GRPO on held-out code-interpreter tasks; report.{json,md,png}",
+    )
+    q.add_argument(
+        "config", nargs="?", default=None, help="TOML recipe (default: configs/posttrain-smollm2.toml)"
+    )
+    q.add_argument("--out", help="output directory (default: the recipe's out_dir)")
+    q.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    q.add_argument("--no-progress", action="store_true")
+
+    def run(args: argparse.Namespace) -> int:
+        report = run_proof(args.config, args.set, args.out, progress=not args.no_progress)
+        print(json.dumps({k: v for k, v in report.items() if k != "details"}))
+        return 0
+
+    command(q, run)
+
+
 def add(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("posttrain", help="V3.2 post-training: cold-start data, agentic GRPO")
+    p = sub.add_parser(
+        "posttrain",
+        help="V3.2 post-training: cold-start data, specialist distillation, agentic GRPO, the proof",
+    )
     psub = p.add_subparsers(dest="posttrain_cmd", required=True)
     add_cold_start(psub)
+    add_distill(psub)
     add_rl(psub)
+    add_proof(psub)
