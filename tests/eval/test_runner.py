@@ -107,3 +107,19 @@ def test_side_by_side_and_paper_column(tmp_path):
     assert "| reasoning-gym | accuracy (pass@1) | - | 100.0" in table
     with pytest.raises(EvalError, match=r"no results\.json"):
         side_by_side([tmp_path / "nothing"])
+
+
+@pytest.mark.slow
+def test_byo_swe_reference_resolves_a_shipped_swe_task(tmp_path):
+    from dsv32.envs.swe import SHIPPED_TASKS
+
+    task = json.loads(SHIPPED_TASKS.read_text().splitlines()[0])
+    row = {"instance_id": task["id"], "problem_statement": task["prompt"], **task["info"]}
+    row["FAIL_TO_PASS"] = json.dumps(row["FAIL_TO_PASS"])  # SWE-bench writes the lists as JSON strings
+    data = tmp_path / "swe.jsonl"
+    data.write_text(json.dumps(row) + "\n")
+    results = run(
+        RunSettings("byo-swe", data=str(data), paper="swe-verified"), tmp_path / "s", progress=False
+    )
+    assert results["metrics"]["pass@1"]["value"] == 1.0
+    assert results["paper"]["value"] == 73.1
