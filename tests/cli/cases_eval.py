@@ -23,6 +23,8 @@ CASES = [
     (["eval", "run", "humaneval", "--temperature", "-1", "--out", "{out}"], "argument --temperature: '-1' is not a number >= 0"),
     (["eval", "run", "humaneval", "--backend", "local", "--out", "{out}"], "local needs the model to load"),
     (["eval", "run", "humaneval", "--backend", "gpu", "--out", "{out}"], "'gpu' is not one of reference, local, openai"),
+    (["eval", "run", "--backend", "local", "smollm2", "humaneval", "--out", "{out}"],
+     "unexpected 'humaneval' after it (put the benchmark before --backend)"),
     (["eval", "run", "humaneval", "--backend", "openai", "--out", "{out}"], "--backend openai needs --base-url URL and --model NAME"),
     (["eval", "run", "humaneval", "--model", "x", "--out", "{out}"], "--base-url and --model are for --backend openai"),
     (["eval", "run", "humaneval", "--backend", "local", "no-such-model", "--out", "{out}"], "cannot load model 'no-such-model'"),

@@ -28,10 +28,14 @@ class _Backend(argparse.Action):
         kind, *rest = values
         if kind not in BACKENDS:
             parser.error(f"argument --backend: {kind!r} is not one of {', '.join(BACKENDS)}")
-        if kind == "local" and len(rest) != 1:
+        if kind == "local" and not rest:
             parser.error("argument --backend: local needs the model to load: --backend local CKPT")
-        if kind != "local" and rest:
-            parser.error(f"argument --backend: {kind} takes no value after it (got {' '.join(rest)})")
+        expected = 1 if kind == "local" else 0
+        if len(rest) > expected:
+            extra = " ".join(rest[expected:])
+            parser.error(
+                f"argument --backend: unexpected {extra!r} after it (put the benchmark before --backend)"
+            )
         namespace.backend = kind
         namespace.checkpoint = rest[0] if rest else None
 
@@ -161,7 +165,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         nargs="+",
         action=_Backend,
         default="reference",
-        metavar="KIND",
+        metavar=("KIND", "CKPT"),
         help="reference (the benchmark's own answers: must score 100%%), local CKPT (smollm2, a "
         "checkpoint or HF dir), openai (with --base-url and --model)",
     )
