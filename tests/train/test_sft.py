@@ -272,3 +272,15 @@ def test_frozen_lower_layers_keep_their_weights(tmp_path):
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert not any(k.startswith("model.layers.0.") for k in changed)
     assert any(k.startswith("model.layers.1.") for k in changed) and "model.embed_tokens.weight" in changed
+
+
+def test_new_token_lr_moves_only_the_added_rows(tmp_path):
+    from dsv32.train.sft_model import input_embeddings
+
+    sm = prepare_sft_model("tiny-llama", device="cpu")
+    assert sm.base_vocab == 257 and len(sm.tokenizer) == 264
+    before = input_embeddings(sm.model).detach().clone()
+    train_sft(_cfg(tmp_path, **{"train.new_token_lr": 1e-2, "train.steps": 2}), model=sm, progress=False)
+    after = input_embeddings(sm.model).detach()
+    assert torch.equal(before[:257], after[:257])  # pretrained rows (and the tied head) unchanged
+    assert (after[257:] - before[257:]).abs().min() > 1e-3  # every new token's row moved

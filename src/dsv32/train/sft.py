@@ -51,8 +51,10 @@ from dsv32.train.sft_model import (
     SFTModel,
     SFTModelError,
     freeze_lower_layers,
+    input_embeddings,
     prepare_sft_model,
     save_sft_model,
+    train_only_new_rows,
 )
 
 logger = logging.getLogger(__name__)
@@ -118,6 +120,7 @@ class SFTTrainConfig:
         "eval_every": NON_NEGATIVE,
         "keep_checkpoints": at_least(1),
         "freeze_layers": NON_NEGATIVE,
+        "new_token_lr": NON_NEGATIVE,
     }
 
     epochs: float = 3.0
@@ -136,6 +139,9 @@ class SFTTrainConfig:
     eval_every: int = 0
     keep_checkpoints: int = 1
     freeze_layers: int = 0  # the lowest N transformer layers keep their weights (a CPU budget)
+    #: > 0: the embedding matrix is its own optimizer group at this lr, and only the rows of the added
+    #: V3.2 tokens move (the pretrained rows keep their values); 0: it trains with the rest at ``lr``.
+    new_token_lr: float = 0.0
 
     @property
     def rows_per_step(self) -> int:
@@ -305,14 +311,7 @@ def train_sft(
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     data_info = {**counts, "rows": len(rows), "steps": total, "added_tokens": len(sm.added_tokens)}
     (out / "data.json").write_text(json.dumps(data_info, indent=2) + "\n")
-    trainable = [p for p in sm.model.parameters() if p.requires_grad]
-    decay = [p for p in trainable if p.dim() >= 2]
-    no_decay = [p for p in trainable if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=tc.lr,
-        betas=tuple(tc.betas),
-    )
+    optimizer = torch.optim.AdamW(_param_groups(sm, tc), lr=tc.lr, betas=tuple(tc.betas))
     ckpts = StepCheckpoints(out, keep=tc.keep_checkpoints)
     metrics_path = out / "metrics.jsonl"
     step = 0
@@ -349,11 +348,28 @@ def train_sft(
     return result
 
 
+def _param_groups(sm: SFTModel, tc: SFTTrainConfig) -> list[dict]:
+    """AdamW groups: matrices with weight decay, the rest without; with ``new_token_lr`` the
+    embedding matrix alone, only its new rows moving (:func:`train_only_new_rows`)."""
+    embed = input_embeddings(sm.model) if tc.new_token_lr > 0 else None
+    trainable = [p for p in sm.model.parameters() if p.requires_grad and p is not embed]
+    groups = [
+        {"params": [p for p in trainable if p.dim() >= 2], "weight_decay": tc.weight_decay, "base_lr": tc.lr},
+        {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0, "base_lr": tc.lr},
+    ]
+    if embed is not None:
+        train_only_new_rows(sm.model, sm.base_vocab)
+        groups.append(
+            {"params": [embed], "weight_decay": 0.0, "base_lr": tc.new_token_lr, "lr": tc.new_token_lr}
+        )
+    return groups
+
+
 def _step(sm: SFTModel, optimizer, examples, rows, cfg: SFTConfig, step: int, total: int) -> dict:
     tc = cfg.train
     factor = lr_factor(step, total, tc)
     for group in optimizer.param_groups:
-        group["lr"] = tc.lr * factor
+        group["lr"] = group["base_lr"] * factor
     picked = [rows[i] for i in step_rows(step, len(rows), tc)]
     n_total = sum(examples[i].loss_tokens for row in picked for i in row)
     loss_value = 0.0

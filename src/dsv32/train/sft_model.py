@@ -40,6 +40,8 @@ class SFTModel:
     kind: str  # "hf" or "native"
     added_tokens: list[str]
     source: str = ""
+    #: Embedding rows before the V3.2 tokens were added (rows from here on are the new tokens).
+    base_vocab: int = 0
 
     @property
     def device(self) -> torch.device:
@@ -147,6 +149,7 @@ def prepare_sft_model(name: str, device: str = "auto") -> SFTModel:
             f"model {name!r} has no Hugging Face tokenizer to add the V3.2 special tokens to; save one beside "
             "its weights (a model directory with tokenizer.json)"
         )
+    base_vocab = input_embeddings(loaded.model).shape[0]
     added = add_v32_special_tokens(tok)
     torch.manual_seed(0)
     if loaded.kind == "native":
@@ -154,7 +157,27 @@ def prepare_sft_model(name: str, device: str = "auto") -> SFTModel:
     else:
         resize_hf(loaded.model, len(tok))
     add_stop_token(loaded.model, tok)
-    return SFTModel(loaded.model, tok, loaded.kind, added, name)
+    return SFTModel(loaded.model, tok, loaded.kind, added, name, base_vocab)
+
+
+def input_embeddings(model: nn.Module) -> torch.Tensor:
+    """The input embedding matrix (shared with the head when tied), HF or native."""
+    if hasattr(model, "get_input_embeddings"):
+        return model.get_input_embeddings().weight
+    return model.model.embed_tokens.weight
+
+
+def train_only_new_rows(model: nn.Module, base_vocab: int):
+    """Zero the gradient of the embedding rows below ``base_vocab`` (the pretrained vocabulary): with
+    its own optimizer group (no weight decay) only the new tokens' rows move. Returns the hook handle."""
+    weight = input_embeddings(model)
+
+    def keep_new(grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.clone()
+        grad[:base_vocab] = 0
+        return grad
+
+    return weight.register_hook(keep_new)
 
 
 def freeze_lower_layers(model: nn.Module, n: int) -> int:
