@@ -76,6 +76,7 @@ def write_results(
     rows: list[dict],
     paper: dict | None,
     elapsed_s: float,
+    commit: str | None = None,
 ) -> dict:
     results = {
         "benchmark": {
@@ -88,7 +89,7 @@ def write_results(
         "model": {"backend": settings.backend, "name": settings.model, "base_url": settings.base_url},
         "settings": settings.to_dict(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "git_commit": git_commit(),
+        "git_commit": commit or git_commit(),
         **aggregate(problems, rows, settings.n),
         "excluded": dict(bench.excluded),
         "paper": paper,

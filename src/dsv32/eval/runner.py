@@ -31,7 +31,7 @@ from typing import Any
 from dsv32.eval import registry
 from dsv32.eval.errors import EvalError
 from dsv32.eval.paper import paper_number
-from dsv32.eval.report import write_results
+from dsv32.eval.report import git_commit, write_results
 from dsv32.eval.samples import SampleWriter, read_samples
 from dsv32.eval.settings import PAPER_CONTEXT, RunSettings
 from dsv32.eval.solvers import EndpointSolver, LocalSolver, ReferenceSolver
@@ -185,7 +185,7 @@ def run(
     ids = {p.id for p in problems}
     done = {(r["id"], r["sample"]) for r in done_rows if r.get("id") in ids}
     pending = [(p, j) for p in problems for j in range(settings.n) if (p.id, j) not in done]
-    start = time.perf_counter()
+    start, commit = time.perf_counter(), git_commit()  # the code that runs is the code at the start
     from tqdm import tqdm
 
     bar = tqdm(
@@ -204,7 +204,7 @@ def run(
         writer.close()
         bar.close()
     rows = [r for r in read_samples(out / "samples.jsonl") if r.get("id") in ids]
-    results = write_results(out, bench, settings, problems, rows, paper, time.perf_counter() - start)
+    results = write_results(out, bench, settings, problems, rows, paper, time.perf_counter() - start, commit)
     if errors:
         raise EvalError(
             f"{len(errors)} sample(s) got no answer from the model (first: {errors[0]}); the others are in "
