@@ -36,7 +36,9 @@ class _Parser(argparse.ArgumentParser):
         parsed, extra = self.parse_known_args(args, namespace)
         if extra:
             prog = getattr(parsed, "prog", self.prog)
-            self.exit(USAGE_EXIT, f"{prog}: unrecognized arguments: {' '.join(extra)} (see '{prog} --help')\n")
+            self.exit(
+                USAGE_EXIT, f"{prog}: unrecognized arguments: {' '.join(extra)} (see '{prog} --help')\n"
+            )
         return parsed
 
 
