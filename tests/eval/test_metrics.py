@@ -78,3 +78,11 @@ def test_default_ks():
     assert default_ks(1) == [1]
     assert default_ks(4) == [1, 2, 4]
     assert default_ks(10) == [1, 2, 4, 8, 10]
+
+
+def test_all_or_nothing_problems_do_not_collapse_the_interval():
+    out = summarize([[0.0] * 4] * 16, ks=[1, 4])
+    assert out["pass@1"].ci_low == 0.0 and out["pass@1"].ci_high == pytest.approx(wilson_interval(0, 16)[1])
+    assert out["pass@4"].ci_high > 0.15
+    mixed = summarize([[1.0, 0.0], [1.0, 1.0]])
+    assert (mixed["pass@1"].ci_low, mixed["pass@1"].ci_high) == pytest.approx(mean_interval([0.5, 1.0]))

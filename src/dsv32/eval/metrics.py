@@ -8,8 +8,9 @@ For a problem with ``n`` samples of which ``c`` are correct (score 1):
 
 A benchmark's score is the mean over problems of the per-problem value. Its 95 % interval is
 
-- the Wilson score interval when every problem has one binary sample (accuracy): it stays inside
-  [0, 1] and is not degenerate at 0 % or 100 % the way the normal interval is;
+- the Wilson score interval when every per-problem value is 0 or 1 (one binary sample each, or
+  problems all solved or all failed by every sample): it stays inside [0, 1] and does not collapse
+  at 0 % or 100 % the way the normal interval does;
 - otherwise the normal interval over problems, mean ± 1.96 · s / sqrt(N) with s the sample standard
   deviation of the per-problem values (the standard error lm-evaluation-harness reports), clipped
   to [0, 1].
@@ -73,6 +74,13 @@ class Metric:
         return asdict(self)
 
 
+def interval(values: Sequence[float]) -> tuple[float, float]:
+    """The 95 % interval of the mean of per-problem values (see the module docstring)."""
+    if all(v in (0.0, 1.0) for v in values):
+        return wilson_interval(int(sum(values)), len(values))
+    return mean_interval(values)
+
+
 def is_correct(score: float) -> bool:
     """A sample counts as correct for pass@k when its score is 1 (partial credit is not a pass)."""
     return score >= 1.0 - 1e-9
@@ -88,18 +96,14 @@ def summarize(scores: Sequence[Sequence[float]], ks: Sequence[int] = (1,)) -> di
     out: dict[str, Metric] = {}
     total = sum(len(r) for r in rows)
     means = [sum(r) / len(r) for r in rows]
-    binary = all(len(r) == 1 and r[0] in (0.0, 1.0) for r in rows)
-    if binary:
-        low, high = wilson_interval(int(sum(means)), len(means))
-    else:
-        low, high = mean_interval(means)
+    low, high = interval(means)
     out["pass@1"] = Metric("pass@1", sum(means) / len(means), low, high, len(rows), total)
     n_min = min(len(r) for r in rows)
     for k in ks:
         if k <= 1 or k > n_min:
             continue
         values = [pass_at_k(len(r), sum(is_correct(s) for s in r), k) for r in rows]
-        low, high = mean_interval(values)
+        low, high = interval(values)
         out[f"pass@{k}"] = Metric(f"pass@{k}", sum(values) / len(values), low, high, len(rows), total)
     return out
 
