@@ -33,3 +33,14 @@ CASES += [
      "--tasks/--weight name domains without a --specialist: ['search']"),
     ([*_D, "--specialist", "code-interpreter=local:smollm2", "--weight", "code-interpreter=lots"], "is not a number"),
 ]  # fmt: skip
+
+CASES += [
+    (["posttrain", "proof", "--set", "tasks.heldout=zero", "--out", "{out}"], '[tasks] heldout = "zero": must be'),
+    (["posttrain", "proof", "--set", "sft.train.lr=0", "--out", "{out}"], "[train] lr = 0: must be > 0"),
+    (["posttrain", "proof", "--set", "rl.grpo.group_size=1", "--out", "{out}"], "[grpo] group_size = 1"),
+    (["posttrain", "proof", "--set", "colour=blue", "--out", "{out}"], "unknown sections ['colour']"),
+    (["posttrain", "proof", "{tmp}/broken.toml", "--out", "{out}"], "is not valid TOML"),
+]  # fmt: skip
+CASES += [
+    (["posttrain", "proof", "--set", "tasks.difficulty=9", "--out", "{out}"], "[tasks] difficulty = 9: must be in [1, 5]"),
+]  # fmt: skip

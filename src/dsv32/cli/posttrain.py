@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
 from dsv32.cli import command, positive_int
+from dsv32.recipe import at_least, each, in_range, one_of
 
 
 def _tasks(env: str, tasks: str | None, limit: int | None):
@@ -23,7 +24,13 @@ class ProofTasks:
     """``[tasks]`` of the proof recipe: generated code-interpreter problems (training: seed 0;
     held-out: seed 1, never a training prompt), and the system prompt of every stage."""
 
-    RANGES: ClassVar[dict] = {}
+    RANGES: ClassVar[dict] = {
+        "train": at_least(1),
+        "heldout": at_least(1),
+        "difficulty": in_range(1, 5),
+        "categories": each(one_of("multiplication", "modular", "combinatorics", "linear_system")),
+        "prompt": one_of("reasoning_agent", "agent", "env", "bare"),
+    }
 
     train: int = 64
     heldout: int = 32
