@@ -284,3 +284,20 @@ def test_new_token_lr_moves_only_the_added_rows(tmp_path):
     after = input_embeddings(sm.model).detach()
     assert torch.equal(before[:257], after[:257])  # pretrained rows (and the tied head) unchanged
     assert (after[257:] - before[257:]).abs().min() > 1e-3  # every new token's row moved
+
+
+def test_the_shipped_recipes_load(tmp_path):
+    from pathlib import Path
+
+    import dsv32
+
+    configs = Path(dsv32.__file__).parent / "configs"
+    data = _write(tmp_path / "c.jsonl", [short_conversation(1, 2)])
+    cfg = load_sft_config(configs / "sft-smollm2.toml", [f"data.path={data}"])
+    assert cfg.data.packing and cfg.train.new_token_lr == 5e-3
+    from dsv32.recipe import read_recipe
+
+    proof = read_recipe(configs / "posttrain-smollm2.toml")
+    assert (
+        proof["sft"]["train"]["freeze_layers"] == 22 and proof["rl"]["envs"][0]["name"] == "code-interpreter"
+    )
