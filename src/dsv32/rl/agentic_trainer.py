@@ -24,7 +24,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -49,6 +49,7 @@ from dsv32.rl.rewards_setup import build_reward_fn, score
 from dsv32.rl.rollout import rollout
 from dsv32.rl.tasks import MixedTasks
 from dsv32.rl.trainer import (
+    RLResult,
     _batch_logprobs,
     _generator,
     _lr_factor,
@@ -241,14 +242,8 @@ def agentic_step(
 
 
 @dataclass
-class AgenticResult:
-    out_dir: Path
-    steps: int
-    seconds: float
-    metrics: list[dict] = field(default_factory=list)
-    eval_before: dict | None = None
-    eval_after: dict | None = None
-    model_dir: Path | None = None
+class AgenticResult(RLResult):
+    """What a mixed agentic run did; the held-out numbers are episodes in the environments."""
 
     def summary(self) -> str:
         lines = [f"dsv32 posttrain rl: {self.steps} steps in {self.seconds:.0f} s → {self.out_dir}"]
