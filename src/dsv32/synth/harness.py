@@ -2,7 +2,6 @@
 
     python harness.py schema WORKSPACE                         # tool schemas from tools.py
     python harness.py solve WORKSPACE DB                       # solution.solve(tools) on DB
-    python harness.py verify WORKSPACE INITIAL_DB FINAL_DB ANSWER_JSON
 
 ``schema``: every public function defined in ``tools.py`` is a tool ``NAME(db, **arguments)``; its
 description is the docstring, each parameter after ``db`` needs a type annotation (``str``, ``int``,
@@ -15,8 +14,8 @@ after the call, arguments and results passed through JSON). Every call is record
 ``{"name", "arguments"}`` with the arguments bound to their parameter names — the task's reference
 calls. Prints ``{"ok": true, "answer": str, "calls": [...]}``; a tool that raises fails the solution.
 
-``verify``: ``verify.verify(initial_db, final_db, answer)`` over read-only connections, an
-``AssertionError`` being a fail whose message is the reason; prints ``{"ok": true, "passed", "reason"}``.
+Verification is not here: a version is verified by the ``general-tools`` environment's own runner
+(:mod:`dsv32.envs.general.runner`), so a synthesized bundle is judged exactly as it will be judged there.
 
 Standard library only: it runs as ``python -I -S``.
 """
@@ -134,28 +133,10 @@ def solve(workspace, db_path):
     return {"ok": True, "answer": answer, "calls": tools.calls}
 
 
-def verify(workspace, initial, final, answer_json):
-    module = _load(f"{workspace}/verify.py", "synth_verify")
-    if not inspect.isfunction(getattr(module, "verify", None)):
-        raise HarnessError("verify.py must define verify(initial_db, final_db, answer)")
-    dbs = [sqlite3.connect(f"file:{path}?mode=ro", uri=True) for path in (initial, final)]
-    for db in dbs:
-        db.row_factory = sqlite3.Row
-    try:
-        passed = bool(module.verify(dbs[0], dbs[1], json.loads(answer_json)))
-        reason = "the verifier accepted the result" if passed else "the verifier returned False"
-    except AssertionError as err:
-        passed, reason = False, str(err) or "an assertion of the verifier failed"
-    finally:
-        for db in dbs:
-            db.close()
-    return {"ok": True, "passed": passed, "reason": reason}
-
-
 def main(argv):
     try:
         mode, args = argv[1], argv[2:]
-        out = {"schema": schema, "solve": solve, "verify": verify}[mode](*args)
+        out = {"schema": schema, "solve": solve}[mode](*args)
     except HarnessError as err:
         out = {"ok": False, "error": str(err)}
     except Exception:

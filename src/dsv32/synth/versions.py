@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsv32.envs import sandbox
+from dsv32.envs.general.env import RUNNER
 from dsv32.synth.records import normalize
 
 HARNESS = str(Path(__file__).with_name("harness.py"))
@@ -147,13 +148,15 @@ def _db_problem(path: Path) -> str | None:
     return None if filled else "db.sqlite has no table with rows; store the environment's data in it"
 
 
-def _harness(mode: str, args: list[str], cwd: Path, readable: list[Path], limits: Limits) -> dict:
+def _harness(
+    mode: str, args: list[str], cwd: Path, readable: list[Path], limits: Limits, script: str = HARNESS
+) -> dict:
     result = sandbox.run(
-        [sys.executable, "-I", "-S", HARNESS, mode, *args],
+        [sys.executable, "-I", "-S", script, mode, *args],
         cwd=str(cwd),
         timeout_s=limits.timeout_s,
         memory_mb=limits.memory_mb,
-        readable=[str(p) for p in readable] + [str(Path(HARNESS).parent)],
+        readable=[str(p) for p in readable] + [str(Path(script).parent)],
         kind=limits.isolation,
     )
     if result.timed_out or result.returncode != 0 or not result.stdout.strip():
@@ -172,8 +175,9 @@ def run_solution(code_dir: Path, db: Path, limits: Limits) -> tuple[dict, Path]:
 
 
 def run_verifier(code_dir: Path, initial: Path, final: Path, answer: str, limits: Limits) -> dict:
+    """``verify`` of ``code_dir`` through the ``general-tools`` runner (the same check its bundles get)."""
     args = [str(code_dir), str(initial), str(final), json.dumps(answer)]
-    return _harness("verify", args, final.parent, [code_dir, initial.parent], limits)
+    return _harness("verify", args, final.parent, [code_dir, initial.parent], limits, script=RUNNER)
 
 
 def freeze(workspace: Path, dest: Path) -> None:

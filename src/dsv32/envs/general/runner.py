@@ -54,6 +54,8 @@ def call(bundle: str, db_path: str, name: str, args_json: str) -> dict:
 
 def verify(bundle: str, initial: str, final: str, answer_json: str) -> dict:
     module = _load(f"{bundle}/verify.py", "bundle_verify")
+    if not inspect.isfunction(getattr(module, "verify", None)):
+        return {"ok": False, "error": "verify.py must define verify(initial_db, final_db, answer)"}
     dbs = [sqlite3.connect(f"file:{path}?mode=ro", uri=True) for path in (initial, final)]
     for db in dbs:
         db.row_factory = sqlite3.Row
