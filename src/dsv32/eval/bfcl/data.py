@@ -57,6 +57,14 @@ def load_answers(category: str) -> dict[str, list]:
     return {row["id"]: row["ground_truth"] for row in _load(f"possible_answer/BFCL_v4_{category}.json")}
 
 
+def chosen_categories(benchmark: str, subset: list[str] | None, categories: tuple[str, ...]) -> list[str]:
+    """The categories a run covers: ``subset`` (checked against ``categories``) or all of them."""
+    unknown = sorted(set(subset or ()) - set(categories))
+    if unknown:
+        raise EvalError(f"{benchmark} has no category {unknown}; choose from {', '.join(categories)}")
+    return list(subset or categories)
+
+
 def tool_name(name: str) -> str:
     """A BFCL function name as an API-legal tool name."""
     return _NAME.sub("_", name)[:64]

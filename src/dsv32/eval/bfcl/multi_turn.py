@@ -33,8 +33,7 @@ import json
 from typing import Any
 
 from dsv32.eval.bfcl.api import ApiWorker, WorkerError, parse_call
-from dsv32.eval.bfcl.data import data_dir, load_answers, load_entries, openai_tool
-from dsv32.eval.errors import EvalError
+from dsv32.eval.bfcl.data import chosen_categories, data_dir, load_answers, load_entries, openai_tool
 from dsv32.eval.types import Benchmark, EpisodeResult, Problem, RunOptions, Score
 
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
@@ -125,11 +124,8 @@ class BFCLMultiTurn(Benchmark):
         return list(CATEGORIES)
 
     def problems(self, subset: list[str] | None = None, data: str | None = None) -> list[Problem]:
-        unknown = sorted(set(subset or ()) - set(CATEGORIES))
-        if unknown:
-            raise EvalError(f"bfcl-multi-turn has no category {unknown}; choose from {', '.join(CATEGORIES)}")
         out = []
-        for category in subset or CATEGORIES:
+        for category in chosen_categories("bfcl-multi-turn", subset, CATEGORIES):
             truths = load_answers(category)
             for entry in load_entries(category):
                 entry["truth"] = truths[entry["id"]]

@@ -22,8 +22,14 @@ from __future__ import annotations
 import json
 
 from dsv32.eval.bfcl.ast_check import check
-from dsv32.eval.bfcl.data import load_answers, load_entries, name_map, openai_tool, tool_name
-from dsv32.eval.errors import EvalError
+from dsv32.eval.bfcl.data import (
+    chosen_categories,
+    load_answers,
+    load_entries,
+    name_map,
+    openai_tool,
+    tool_name,
+)
 from dsv32.eval.types import Benchmark, Problem, Score
 
 GRADED = (
@@ -135,11 +141,8 @@ class BFCL(Benchmark):
         return list(CATEGORIES)
 
     def problems(self, subset: list[str] | None = None, data: str | None = None) -> list[Problem]:
-        unknown = sorted(set(subset or ()) - set(CATEGORIES))
-        if unknown:
-            raise EvalError(f"bfcl has no category {unknown}; choose from {', '.join(CATEGORIES)}")
         out = []
-        for category in subset or CATEGORIES:
+        for category in chosen_categories("bfcl", subset, CATEGORIES):
             truths = load_answers(category) if category in GRADED else {}
             for entry in load_entries(category):
                 functions = entry["function"]
