@@ -1,6 +1,8 @@
 """The SWE miner and environment end to end, offline, on a small package the test writes into a
 private cache (so nothing is downloaded): mining, the tools, the reward and its guards."""
 
+import json
+
 import pytest
 
 from dsv32.envs import EnvError, Episode, Task
@@ -173,3 +175,18 @@ def test_bad_tasks_are_typed_errors():
         env.reset(Task("t", "p", None, "swe", info))
     with pytest.raises(EnvError, match="before reset"):
         env.reward(Episode([], None))
+
+
+def test_build_swe_cli_mines_tasks_the_swe_env_plays(minipkg, tmp_path, capsys):
+    from dsv32.cli import main
+
+    out = tmp_path / "mined"
+    assert (
+        main(["envs", "build-swe", "--package", "minipkg==0.1", "--n", "2", "--seed", "1", "--out", str(out)])
+        == 0
+    )
+    path = out / "minipkg-0.1.jsonl"
+    assert "2 tasks from minipkg==0.1" in capsys.readouterr().out
+    assert main(["envs", "run", "swe", "--tasks", str(path), "--backend", "reference"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["n"] == 2 and summary["mean_reward"] == 1.0

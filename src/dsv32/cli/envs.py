@@ -1,4 +1,4 @@
-"""``dsv32 envs list|show|run``: the verifiable environments and their task sets.
+"""``dsv32 envs list|show|run|build-swe``: the verifiable environments and their task sets.
 
 ``run`` plays tasks of an environment with a backend through :func:`dsv32.agent.run_episode` and
 prints one line per task, then the summary as JSON; with ``--out DIR`` it writes ``summary.json``,
@@ -9,6 +9,9 @@ through the same tools and verifier: every shipped environment must score 1.0), 
 (``--base-url``, ``--model``) and ``local`` (``--model smollm2`` or any name
 :func:`dsv32.engine.models.load_model` takes). ``--parallel K`` runs K episodes at once, each with
 its own environment (the local backend runs one at a time: it holds one model).
+
+``build-swe`` mines code-repository tasks from a PyPI package's sdist
+(:func:`dsv32.envs.swe.build_swe_tasks`) into a JSONL file that ``run swe --tasks FILE`` plays.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from dsv32.cli import command
+from dsv32.cli import command, positive_int
 from dsv32.errors import DSV32Error
 
 BACKENDS = ("reference", "scripted", "openai", "local")
@@ -179,6 +182,20 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _build_swe(args: argparse.Namespace) -> int:
+    from dsv32.envs.swe import build_swe_tasks
+    from dsv32.envs.swe.snapshot import parse_spec
+
+    parse_spec(args.package)  # a malformed spec fails before anything is downloaded
+    start = time.perf_counter()
+    path = build_swe_tasks(args.package, args.n, Path(args.out), seed=args.seed)
+    with path.open(encoding="utf-8") as f:
+        kept = sum(1 for line in f if line.strip())
+    print(f"{kept} tasks from {args.package} in {time.perf_counter() - start:.0f} s: {path}")
+    print(f"play them: dsv32 envs run swe --tasks {path}")
+    return 0
+
+
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("envs", help="verifiable environments: list, show, run an agent on their tasks")
     esub = p.add_subparsers(dest="envs_cmd", required=True)
@@ -200,3 +217,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--model", help="openai: the served model name; local: a load_model name (smollm2)")
     run.add_argument("--max-new-tokens", type=int, default=512, help="openai/local: tokens per reply")
     command(run, _run)
+    build = esub.add_parser("build-swe", help="mine code-repository tasks from a PyPI package's sdist")
+    build.add_argument("--package", required=True, help="NAME==VERSION, e.g. inflection==0.5.1")
+    build.add_argument("--n", type=positive_int, default=50, help="tasks to keep at most (default 50)")
+    build.add_argument("--out", required=True, help="a .jsonl file, or a folder for NAME-VERSION.jsonl")
+    build.add_argument("--seed", type=int, default=0, help="order of the mutants tried (default 0)")
+    command(build, _build_swe)
