@@ -1,41 +1,25 @@
 """Reading answers out of completions: ``\\boxed{}``, option letters, fenced code, math equality.
 
-- :func:`last_boxed`: the content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced;
+- :func:`last_boxed`: the content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced,
+  None when the last box is cut off (:mod:`dsv32.envs.mathcheck`, shared with the environments and RL);
 - :func:`choice_letter`: an option letter from ``\\boxed{C}``, else the last "answer is (C)" /
   "Answer: C" phrase (the patterns of lm-evaluation-harness's MMLU-Pro and GPQA filters);
 - :func:`code_blocks`: the bodies of Markdown fenced code blocks, in order;
-- :func:`math_equal`: math-verify's ``verify(parse(gold), parse(answer))``, with the answer wrapped
-  in ``\\boxed{}`` so it is read as the final answer; math-verify's timeout uses ``signal.alarm``, so
-  it applies on the main thread only (elsewhere, where the runner's scoring threads are, none).
+- :func:`math_equal`: math-verify through :func:`dsv32.envs.mathcheck.answers_equal`, the same
+  comparison as the RL math reward, with a timeout that holds in the runner's scoring threads.
 """
 
 from __future__ import annotations
 
-import logging
 import re
-import threading
+
+from dsv32.envs.mathcheck import answers_equal, last_boxed
 
 MATH_TIMEOUT_S = 5
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _ANSWER_IS = re.compile(
     r"(?:answer|option|choice)\s*(?:is|:)?\s*[:\-]?\s*\**\(?\s*([A-Z])\s*\)?(?![A-Za-z])", re.I
 )
-
-
-def last_boxed(text: str | None) -> str | None:
-    """The content of the last ``\\boxed{...}`` in ``text`` (nested braces kept), or None."""
-    if not text:
-        return None
-    found = None
-    for match in _BOXED.finditer(text):
-        depth, start = 1, match.end()
-        for i in range(start, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                found = text[start:i].strip()
-                break
-    return found
 
 
 def choice_letter(text: str | None, letters: str) -> str | None:
@@ -62,15 +46,12 @@ def code_blocks(text: str | None) -> list[tuple[str, str]]:
 
 
 def math_equal(gold: str, answer: str | None) -> bool:
-    """Whether ``answer`` equals ``gold`` mathematically (math-verify); None is never equal."""
+    """Whether ``answer`` equals ``gold`` mathematically; None or blank is never equal. Equal text is
+    equal without a parse (an answer math-verify cannot read still matches itself); anything else
+    goes to :func:`dsv32.envs.mathcheck.answers_equal`, bounded by ``MATH_TIMEOUT_S`` in every thread
+    (the runner scores in threads)."""
     if answer is None or not answer.strip():
         return False
-    from math_verify import parse, verify
-
-    logging.getLogger("math_verify").setLevel(logging.ERROR)
-    timeout = MATH_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
-    gold_parsed = parse(f"\\boxed{{{gold}}}", parsing_timeout=timeout)
-    answer_parsed = parse(f"\\boxed{{{answer}}}", parsing_timeout=timeout)
-    if not gold_parsed or not answer_parsed:
-        return gold.strip() == answer.strip()
-    return bool(verify(gold_parsed, answer_parsed, timeout_seconds=timeout))
+    if answer.strip() == gold.strip():
+        return True
+    return answers_equal(answer, gold, timeout_seconds=MATH_TIMEOUT_S)

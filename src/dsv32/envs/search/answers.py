@@ -18,12 +18,14 @@ from __future__ import annotations
 import ast
 import re
 
+from dsv32.envs.mathcheck import last_boxed
+
 _ANSWER = re.compile(r"answer\s*:\s*(.*)", re.IGNORECASE)
 
 
 def extract(final: str) -> str:
     """The answer span of a final text (step 1 and 2 above)."""
-    boxed = _last_boxed(final)
+    boxed = last_boxed(final)
     if boxed is not None:
         text = boxed
     else:
@@ -39,19 +41,6 @@ def extract(final: str) -> str:
     if len(text) >= 2 and text[0] == "`" and text[-1] == "`":
         text = text.strip("`").strip()
     return text
-
-
-def _last_boxed(text: str) -> str | None:
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    i = start + len("\\boxed{")
-    depth = 1
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i:j]
-    return None
 
 
 def _literal(text: str) -> tuple[bool, object]:

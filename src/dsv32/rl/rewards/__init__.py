@@ -6,11 +6,13 @@ Reasoning and agent tasks: a rule-based outcome reward (:func:`math_reward`, :fu
 against its prompt's rubric (:class:`GenerativeRewardModel`). :func:`compose_rewards` combines them
 per domain with the weights of a :class:`RewardSpec`.
 
-Modules: ``outcome`` (answers and format), ``equivalence`` (math-verify with a timeout that works in
-any thread), ``shaping`` (length, language), ``judge`` (the generative RM), ``compose`` (per domain).
+Modules: ``outcome`` (answers and format; the boxed answer and math equality with a timeout that
+works in any thread come from :mod:`dsv32.envs.mathcheck`, shared with the environments and the
+evaluation harness), ``shaping`` (length, language), ``judge`` (the generative RM), ``compose`` (per domain).
 Pure Python: no torch.
 """
 
+from dsv32.envs.mathcheck import answers_equal
 from dsv32.rl.rewards.compose import (
     COMPONENTS,
     RewardFunction,
@@ -20,7 +22,6 @@ from dsv32.rl.rewards.compose import (
     compose_rewards,
     default_reward_specs,
 )
-from dsv32.rl.rewards.equivalence import answers_equal
 from dsv32.rl.rewards.judge import (
     DEFAULT_RUBRIC,
     GenerativeRewardModel,

@@ -174,7 +174,7 @@ class RewardFunction:
 
     def score_many(self, samples: Sequence[Any], *, max_workers: int = 1) -> list[RewardResult]:
         """Rewards of ``samples`` in order; ``max_workers > 1`` overlaps judge requests (and math checks,
-        which then run in worker processes, see :mod:`.equivalence`)."""
+        which then run in worker processes, see :mod:`dsv32.envs.mathcheck`)."""
         if max_workers <= 1:
             return [self(s) for s in samples]
         with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="reward") as pool:

@@ -1,7 +1,7 @@
 """Rule-based outcome rewards (paper §3): is the final answer right, and is it where it should be?
 
 - :func:`math_reward` — 1 if the last ``\\boxed{}`` is mathematically equal to the reference
-  (math-verify, see :mod:`.equivalence`), else 0.
+  (math-verify, see :mod:`dsv32.envs.mathcheck`), else 0.
 - :func:`exact_match_reward` — 1 if the final answer equals the reference after normalisation.
 - :func:`format_reward` — 1 if the completion has the expected shape (closed thinking, one box).
 
@@ -15,50 +15,13 @@ import re
 from collections.abc import Sequence
 
 from dsv32.chat.protocol import EOS, THINK_END, THINK_START
-from dsv32.rl.rewards.equivalence import answers_equal
+from dsv32.envs.mathcheck import answers_equal, boxes
+from dsv32.envs.mathcheck import last_boxed as extract_boxed
 
-_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _ANSWER_LINE = re.compile(
     r"^[\s*#>_`]*(?:the\s+)?(?:final\s+)?answer(?:\s+is)?[\s*_]*[:：](.*)$", re.IGNORECASE | re.MULTILINE
 )
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|operatorname)\s*\{([^{}]*)\}")
-
-
-def _closing_brace(text: str, start: int) -> int | None:
-    """Index of the ``}`` that closes the ``{`` just before ``start``; escaped braces (``\\{``) do not
-    count. None if the text ends first."""
-    depth = 1
-    i = start
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\":
-            i += 2
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
-    return None
-
-
-def _boxes(text: str) -> list[tuple[int, str | None]]:
-    """``(start, content)`` of every ``\\boxed{…}`` / ``\\fbox{…}``; content None when unterminated."""
-    found = []
-    for match in _BOX_OPEN.finditer(text):
-        end = _closing_brace(text, match.end())
-        found.append((match.start(), None if end is None else text[match.end() : end]))
-    return found
-
-
-def extract_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{…}`` (or ``\\fbox{…}``, ``\\boxed {…}``), nested braces kept:
-    ``"so \\boxed{\\frac{3}{4}}."`` → ``"\\frac{3}{4}"``. None when there is no box, or when the last
-    one is cut off before its closing brace (a truncated completion has no final answer)."""
-    boxes = _boxes(text)
-    return boxes[-1][1] if boxes else None
 
 
 def answer_part(completion: str, *, thinking: bool = False) -> str:
@@ -75,7 +38,7 @@ def answer_part(completion: str, *, thinking: bool = False) -> str:
 def math_reward(completion: str, answer: str | int | float, *, timeout_seconds: float | None = 5) -> float:
     """1.0 if the last ``\\boxed{}`` in ``completion`` equals ``answer`` mathematically (``\\frac{3}{4}``
     vs ``"0.75"``, ``1,000`` vs ``"1000"``), else 0.0; no box, an empty or cut-off box → 0.0. Never
-    raises on odd text, in any thread; ``timeout_seconds`` bounds the check (see :mod:`.equivalence`)."""
+    raises on odd text, in any thread; ``timeout_seconds`` bounds the check (see :mod:`dsv32.envs.mathcheck`)."""
     boxed = extract_boxed(completion)
     if boxed is None or not boxed.strip():
         return 0.0
@@ -129,7 +92,7 @@ def format_reward(completion: str, *, require_boxed: bool = True, thinking: bool
         if THINK_START in text or not text.strip():
             return 0.0
     if require_boxed:
-        boxes = _boxes(text)
-        if len(boxes) != 1 or boxes[0][1] is None or not boxes[0][1].strip():
+        found = boxes(text)
+        if len(found) != 1 or found[0][1] is None or not found[0][1].strip():
             return 0.0
     return 1.0

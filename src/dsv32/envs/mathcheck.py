@@ -1,14 +1,23 @@
-"""Are two math answers equal? math-verify (LaTeX → SymPy → compare) with a hard timeout in any thread.
+"""Final answers of math tasks, read and judged one way for the environments, the RL rewards and
+the evaluation harness: :func:`last_boxed` reads the answer, :func:`answers_equal` compares it.
 
-math-verify can spend unbounded time on adversarial LaTeX (``x^x^…^x`` thirty levels deep does not
-finish in minutes), and its own timeout uses ``signal.alarm``, which works only in the main thread
-(anywhere else it raises ``ValueError``). :func:`answers_equal` therefore picks the guard by thread:
+**Reading.** :func:`last_boxed` is the content of the last ``\\boxed{…}`` (also ``\\fbox{…}`` and
+``\\boxed {…}``), nested and escaped braces kept, surrounding whitespace stripped. A completion whose
+last box is cut off before its closing brace has no final answer (None), even if an earlier box is
+complete: the last box is the final answer, and a truncated one is not an answer.
+
+**Comparing.** math-verify (LaTeX → SymPy → compare). It can spend unbounded time on adversarial
+LaTeX, and on some (``9^{9^{9^{9}}}``: integer arithmetic in SymPy) it holds the interpreter lock,
+so every thread of the process stalls, not only the caller. math-verify's own timeout uses ``signal.alarm``,
+which works only in the main thread (anywhere else it raises ``ValueError``). :func:`answers_equal`
+therefore picks the guard by thread:
 
 - **main thread (POSIX)**: math-verify's own timeout (``parse(parsing_timeout=…)``,
   ``verify(timeout_seconds=…)``, whole seconds, applied to each parse and each comparison). No extra
   process. It installs a SIGALRM handler for the duration of the call and cancels any pending alarm.
 - **any other thread** (or no SIGALRM, e.g. Windows): the check runs in a worker subprocess (this
-  file run as a script; it imports only the standard library and math-verify) with math-verify's
+  file run as a script with ``-P``, so its folder is not on ``sys.path``; it imports only the
+  standard library and math-verify) with math-verify's
   timeouts disabled (``None``), and the caller waits at most ``timeout_seconds`` for the whole check.
   A worker that overruns is killed and the answer counts as not equal; workers start on first use
   (about a second: SymPy import), one per concurrent caller, and are reused.
@@ -28,14 +37,55 @@ import logging
 import math
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
 import threading
 
 logger = logging.getLogger(__name__)
+_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 WORKER_STARTUP_TIMEOUT_S = 120.0  # importing SymPy on a loaded machine; a failed start raises
+
+
+def _closing_brace(text: str, start: int) -> int | None:
+    """Index of the ``}`` that closes the ``{`` just before ``start``; escaped braces (``\\{``) do not
+    count. None if the text ends first."""
+    depth = 1
+    i = start
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return None
+
+
+def boxes(text: str | None) -> list[tuple[int, str | None]]:
+    """``(start, content)`` of every ``\\boxed{…}`` / ``\\fbox{…}`` in order; content None when
+    unterminated."""
+    found: list[tuple[int, str | None]] = []
+    for match in _BOX_OPEN.finditer(text or ""):
+        end = _closing_brace(text, match.end())
+        found.append((match.start(), None if end is None else text[match.end() : end]))
+    return found
+
+
+def last_boxed(text: str | None) -> str | None:
+    """Content of the last box, stripped (``"so \\boxed{\\frac{3}{4}}."`` → ``"\\frac{3}{4}"``); None
+    when there is no box or the last one is cut off."""
+    found = boxes(text)
+    if not found or found[-1][1] is None:
+        return None
+    return found[-1][1].strip()
 
 
 def as_latex(answer: str) -> str:
@@ -79,7 +129,7 @@ class _Worker:
     def __init__(self) -> None:
         env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", os.path.abspath(__file__)],
+            [sys.executable, "-u", "-P", os.path.abspath(__file__)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -1,0 +1,60 @@
+"""One reading and one comparison of math answers for the environments, RL and evaluation; a hostile
+answer is judged not equal within its timeout in any thread and never stalls the process."""
+
+import threading
+
+import pytest
+
+from dsv32.envs.interpreter.verify import math_equal as interpreter_equal
+from dsv32.envs.mathcheck import answers_equal, last_boxed
+from dsv32.envs.search.answers import extract as search_extract
+from dsv32.eval.answers import choice_letter
+from dsv32.eval.answers import math_equal as eval_equal
+from dsv32.rl.rewards import extract_boxed, math_reward
+
+HOSTILE = "9^{9^{9^{9}}}"  # SymPy's integer power holds the interpreter lock for minutes
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("so \\boxed{ \\frac{1}{2} }.", "\\frac{1}{2}"),
+        ("\\boxed{1} then \\fbox{2}", "2"),
+        ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
+        ("\\boxed{1} ... \\boxed{\\frac{3}{4}", None),
+        ("no box", None),
+        (None, None),
+    ],
+)
+def test_every_reader_takes_the_same_box(text, expected):
+    assert last_boxed(text) == expected
+    if text is not None:
+        assert extract_boxed(text) == expected
+        if expected is not None:
+            assert search_extract(text) == expected
+
+
+def test_the_comparisons_agree():
+    for pred, gold, equal in [
+        ("1,000", "1000", True),
+        ("\\frac{1}{2}", "0.5", True),
+        ("1001", "1000", False),
+    ]:
+        assert answers_equal(pred, gold) is equal
+        assert interpreter_equal(pred, gold) is equal
+        assert eval_equal(gold, pred) is equal
+        assert math_reward(f"\\boxed{{{pred}}}", gold) == float(equal)
+    assert eval_equal("A) foo", "A) foo")  # equal text needs no parse
+    assert not eval_equal("1", None) and not eval_equal("1", "  ")
+    assert choice_letter("\\boxed{C}", "ABCD") == "C"
+
+
+@pytest.mark.parametrize("judge", [interpreter_equal, lambda p, g: eval_equal(g, p)], ids=["envs", "eval"])
+def test_a_hostile_answer_in_a_worker_thread_is_bounded(judge):
+    # Checked in this process, the answer holds the interpreter lock for minutes (the join below
+    # would not even return); the worker subprocess is killed at the timeout instead.
+    verdicts: list[bool] = []
+    worker = threading.Thread(target=lambda: verdicts.append(judge(HOSTILE, "1")), daemon=True)
+    worker.start()
+    worker.join(timeout=120)
+    assert not worker.is_alive() and verdicts == [False]
