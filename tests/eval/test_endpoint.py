@@ -109,3 +109,26 @@ def test_bfcl_multi_turn_episodes_over_an_endpoint(tmp_path):
     assert results["metrics"]["pass@1"]["value"] == 1.0
     assert results["agentic"]["steps_mean"] > 2
     assert any(m["role"] == "tool" for m in stub.requests[-1]["messages"])
+
+
+def test_unreadable_tool_call_arguments_score_zero_and_the_run_finishes(tmp_path):
+    bench = BFCL()
+    problems = {json.dumps(p.messages): p for p in bench.problems(["simple_python"])[:3]}
+    hostile = ['{"a": ' + "1" * 5000 + "}", '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"]
+
+    def reply(request):
+        messages = [{k: m[k] for k in ("role", "content")} for m in request["messages"]]
+        index = list(problems).index(json.dumps(messages))
+        message = bench.reference(problems[json.dumps(messages)])
+        if index < len(hostile):
+            message["tool_calls"][0]["function"]["arguments"] = hostile[index]
+        return message
+
+    out = tmp_path / "b"
+    with StubEndpoint(reply) as stub:
+        assert main(["eval", "run", "bfcl", "--subset", "simple_python", "--limit", "3", "--backend", "openai",
+                     "--base-url", stub.base_url, "--model", "m", "--out", str(out), "--no-progress"]) == 0  # fmt: skip
+    rows = {r["id"]: r for r in map(json.loads, (out / "samples.jsonl").read_text().splitlines())}
+    assert sorted(r["score"] for r in rows.values()) == [0.0, 0.0, 1.0]
+    reasons = " ".join(r["reason"] for r in rows.values())
+    assert "cannot be read (ValueError)" in reasons and "cannot be read (RecursionError)" in reasons

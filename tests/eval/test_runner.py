@@ -123,3 +123,23 @@ def test_byo_swe_reference_resolves_a_shipped_swe_task(tmp_path):
     )
     assert results["metrics"]["pass@1"]["value"] == 1.0
     assert results["paper"]["value"] == 73.1
+
+
+def test_a_scorer_that_raises_grades_that_sample_zero_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
+    from dsv32.eval.rgym import ReasoningGym
+
+    real = ReasoningGym.score
+
+    def score(self, problem, message):
+        if problem.id == "gcd/1":
+            raise ValueError("the verifier met something it cannot read")
+        return real(self, problem, message)
+
+    monkeypatch.setattr(ReasoningGym, "score", score)
+    out = tmp_path / "rg"
+    results = run(RunSettings("reasoning-gym", subset=["gcd"], limit=3), out, progress=False)
+    rows = {r["id"]: r for r in map(json.loads, (out / "samples.jsonl").read_text().splitlines())}
+    assert [rows[f"gcd/{i}"]["score"] for i in range(3)] == [1.0, 0.0, 1.0]
+    assert rows["gcd/1"]["reason"].startswith("not scored: the scorer raised ValueError: the verifier met")
+    assert results["metrics"]["pass@1"]["value"] == pytest.approx(2 / 3)
+    assert "gcd/1" in caplog.text

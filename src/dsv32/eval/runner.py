@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -35,8 +36,9 @@ from dsv32.eval.report import git_commit, write_results
 from dsv32.eval.samples import SampleWriter, read_samples
 from dsv32.eval.settings import PAPER_CONTEXT, RunSettings
 from dsv32.eval.solvers import EndpointSolver, LocalSolver, ReferenceSolver
-from dsv32.eval.types import Benchmark, Problem, RunOptions
+from dsv32.eval.types import Benchmark, Problem, RunOptions, Score
 
+log = logging.getLogger(__name__)
 SCORE_WORKERS = 2
 
 
@@ -111,6 +113,18 @@ def _single_row(problem: Problem, j: int, gen: Any, score: Any) -> dict:
     }
 
 
+def _score(bench: Benchmark, problem: Problem, message: dict) -> Score:
+    """``bench.score``, except that a scorer that raises on a completion grades it 0 with the error
+    as the reason (logged too): one odd completion never ends a run, and a resumed run would only
+    meet it again."""
+    try:
+        return bench.score(problem, message)
+    except Exception as err:  # any scorer failure is this sample's grade, not the run's end
+        why = f"not scored: the scorer raised {type(err).__name__}: {' '.join(str(err).split())}"[:300]
+        log.warning("%s %s: %s", bench.name, problem.id, why)
+        return Score(0.0, why)
+
+
 def _run_single(bench, solver, settings, pending, writer, tick) -> list[str]:
     errors: list[str] = []
     size = solver.chunk_size
@@ -120,7 +134,7 @@ def _run_single(bench, solver, settings, pending, writer, tick) -> list[str]:
             generated = solver.complete(chunk, settings)
             ok = [(item, gen) for item, gen in zip(chunk, generated) if gen.error is None]
             errors += [gen.error for gen in generated if gen.error is not None]
-            scores = pool.map(lambda pair: bench.score(pair[0][0], pair[1].message), ok)
+            scores = pool.map(lambda pair: _score(bench, pair[0][0], pair[1].message), ok)
             for ((problem, j), gen), score in zip(ok, scores):
                 writer.write(_single_row(problem, j, gen, score))
                 tick()

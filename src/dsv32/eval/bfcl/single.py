@@ -67,6 +67,8 @@ def decode_calls(message: dict, names: dict[str, str]) -> tuple[list[dict] | Non
             args = json.loads(raw) if isinstance(raw, str) else raw
         except json.JSONDecodeError as err:
             return None, f"arguments of {function.get('name')!r} are not JSON ({err.msg})"
+        except (ValueError, RecursionError) as err:  # a 5,000-digit number, arrays nested too deep
+            return None, f"arguments of {function.get('name')!r} cannot be read ({type(err).__name__})"
         if not isinstance(args, dict):
             return None, f"arguments of {function.get('name')!r} are not a JSON object"
         calls.append({names.get(function.get("name"), function.get("name")): args})
