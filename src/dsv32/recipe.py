@@ -10,7 +10,9 @@ CLI's ``--set``); :func:`build_section` turns one section into its dataclass and
 - each value's range against the dataclass's ``RANGES`` (``{"lr": POSITIVE, "top_p": UNIT, ...}``),
 
 and raises :class:`RecipeError` naming the section, the key, the value and what is allowed. Overrides
-go through the same checks, because they are applied to the data before it is built. This module
+go through the same checks, because they are applied to the data before it is built. A config
+dataclass that derives from :class:`Checked` applies its ``RANGES`` when it is built in Python too,
+so ``StageConfig(lr=-1.0)`` is refused as ``lr = -1`` in a recipe is. This module
 imports nothing of ours but :mod:`dsv32.errors`, so every package with a recipe can use it.
 """
 
@@ -25,7 +27,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from dsv32.errors import DSV32Error
 
@@ -36,10 +38,13 @@ class RecipeError(DSV32Error, ValueError):
 
 @dataclass(frozen=True)
 class Rule:
-    """A range check: ``ok(value)`` is True for allowed values; ``allowed`` says which in words."""
+    """A range check: ``ok(value)`` is True for allowed values; ``allowed`` says which in words.
+    ``on_disk`` rules look at the filesystem (a path must exist): they run when a recipe is read,
+    not when a config is built in Python (a default may name a file made later)."""
 
     ok: Callable[[Any], bool]
     allowed: str
+    on_disk: bool = False
 
 
 def at_least(lo: float) -> Rule:
@@ -58,7 +63,7 @@ POSITIVE = Rule(lambda v: v > 0, "> 0")
 NON_NEGATIVE = Rule(lambda v: v >= 0, ">= 0")
 UNIT = in_range(0.0, 1.0)  # probabilities and fractions
 OPEN_UNIT = Rule(lambda v: 0 < v <= 1, "in (0, 1]")
-EXISTING_PATH = Rule(lambda v: Path(v).exists(), "an existing file or directory")
+EXISTING_PATH = Rule(lambda v: Path(v).exists(), "an existing file or directory", on_disk=True)
 
 
 def each(rule: Rule) -> Rule:
@@ -67,6 +72,40 @@ def each(rule: Rule) -> Rule:
         lambda v: all(rule.ok(x) for x in (v.values() if isinstance(v, dict) else v)),
         f"every item {rule.allowed}",
     )
+
+
+class Checked:
+    """Base of the config dataclasses: ``__post_init__`` applies the class's ``RANGES`` to the values
+    it was built with (:func:`check_ranges`), raising the error class named in the class statement
+    (``class StageConfig(Checked, error=TrainConfigError)``). A subclass with its own
+    ``__post_init__`` calls ``super().__post_init__()`` after filling in defaults."""
+
+    RANGES: ClassVar[dict[str, Rule]] = {}
+    _error: ClassVar[type[Exception]] = RecipeError
+
+    def __init_subclass__(cls, error: type[Exception] | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if error is not None:
+            cls._error = error
+
+    def __post_init__(self) -> None:
+        check_ranges(self, type(self)._error)
+
+
+def check_ranges(obj: Any, error: type[Exception] = RecipeError) -> None:
+    """Apply ``type(obj).RANGES`` to ``obj``'s values; the first one out of range raises ``error``
+    naming the class, the field, the value and what is allowed. None is left to the field's meaning,
+    and ``on_disk`` rules to the recipe reader."""
+    for key, rule in getattr(type(obj), "RANGES", {}).items():
+        value = getattr(obj, key)
+        if value is None or rule.on_disk:
+            continue
+        try:
+            ok, allowed = rule.ok(value), rule.allowed
+        except TypeError:  # a value of another type (a string where a number belongs)
+            ok, allowed = False, f"{_type_name(typing.get_type_hints(type(obj))[key])}, {rule.allowed}"
+        if not ok:
+            raise error(f"{type(obj).__name__}.{key} = {_show(value)}: must be {allowed}")
 
 
 # ---------------------------------------------------------------------------------------------- types

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
 from dsv32.cli import command, positive_int
-from dsv32.recipe import at_least, each, in_range, one_of
+from dsv32.recipe import Checked, at_least, each, in_range, one_of
 
 
 def _tasks(env: str, tasks: str | None, limit: int | None):
@@ -20,7 +20,7 @@ def _tasks(env: str, tasks: str | None, limit: int | None):
 
 
 @dataclass
-class ProofTasks:
+class ProofTasks(Checked):
     """``[tasks]`` of the proof recipe: generated code-interpreter problems (training: seed 0;
     held-out: seed 1, never a training prompt), and the system prompt of every stage."""
 

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from dsv32.recipe import NON_NEGATIVE, POSITIVE, Rule, at_least, build_section, one_of, read_recipe
+from dsv32.recipe import NON_NEGATIVE, POSITIVE, Checked, Rule, at_least, build_section, one_of, read_recipe
 from dsv32.rl.config import RLConfig, RLConfigError, rl_config_from_dict
 
 
 @dataclass
-class AgenticSection:
+class AgenticSection(Checked, error=RLConfigError):
     RANGES: ClassVar[dict[str, Rule]] = {
         "prompt": one_of("env", "bare", "reasoning_agent", "agent"),
         "max_steps": at_least(1),
@@ -54,12 +54,13 @@ class AgenticSection:
     eval_tasks: int = 40
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.context != "none" and not self.context_window:
             raise RLConfigError(f"[agentic] context = {self.context!r} needs context_window (tokens)")
 
 
 @dataclass
-class EnvSource:
+class EnvSource(Checked, error=RLConfigError):
     RANGES: ClassVar[dict[str, Rule]] = {"weight": POSITIVE, "name": Rule(bool, "an environment name")}
 
     name: str = "code-interpreter"

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from dsv32.recipe import (
     NON_NEGATIVE,
     POSITIVE,
+    Checked,
     RecipeError,
     Rule,
     at_least,
@@ -30,7 +31,7 @@ class RLConfigError(RecipeError):
 
 
 @dataclass
-class PolicyConfig:
+class PolicyConfig(Checked, error=RLConfigError):
     """``name``: ``"smollm2"``, ``"tiny-llama"``, ``"tiny-native"``, an HF model dir, or a native V3.2
     checkpoint. ``thinking``: V3.2-format prompts in thinking mode (native models that speak it)."""
 
@@ -42,7 +43,7 @@ class PolicyConfig:
 
 
 @dataclass
-class GRPOConfig:
+class GRPOConfig(Checked, error=RLConfigError):
     """The objective (Eq. 5/8) and its stability tricks.
 
     - ``group_size`` G samples per prompt; ``prompts_per_step`` prompts per rollout batch;
@@ -101,31 +102,19 @@ class GRPOConfig:
     advantage_scale: str = "none"
 
     def __post_init__(self) -> None:
-        for name in ("steps", "prompts_per_step", "group_size", "mini_batches", "epochs", "micro_batch"):
-            if getattr(self, name) < 1:
-                raise RLConfigError(f"grpo.{name} must be >= 1, got {getattr(self, name)}")
-        if self.group_size < 2:
-            raise RLConfigError("grpo.group_size must be >= 2: advantages are relative to the group")
+        super().__post_init__()
         if (self.prompts_per_step * self.group_size) % self.mini_batches:
             raise RLConfigError(
                 f"prompts_per_step × group_size = {self.prompts_per_step * self.group_size} is not divisible "
                 f"by mini_batches = {self.mini_batches}"
             )
-        if self.old_logprobs not in ("sampling", "recompute"):
-            raise RLConfigError(
-                f"grpo.old_logprobs must be 'sampling' or 'recompute', got {self.old_logprobs!r}"
-            )
-        if self.kl_estimator not in ("unbiased", "k3"):
-            raise RLConfigError(f"grpo.kl_estimator must be 'unbiased' or 'k3', got {self.kl_estimator!r}")
-        if self.advantage_scale not in ("none", "std"):
-            raise RLConfigError(f"grpo.advantage_scale must be 'none' or 'std', got {self.advantage_scale!r}")
 
     def kl_for(self, domain: str) -> float:
         return float(self.domain_kl_coef.get(domain, self.kl_coef))
 
 
 @dataclass
-class SourceConfig:
+class SourceConfig(Checked, error=RLConfigError):
     """One prompt source: ``kind`` ``"arithmetic"`` (procedural word problems) or ``"jsonl"``
     (``path``); ``weight`` in the mix; arithmetic options ``kinds``, ``max_operand`` and ``template``
     (``"paper"``: the paper's math prompt; ``"brief"``: short answers, one-example system prompt)."""
@@ -146,12 +135,13 @@ class SourceConfig:
     template: str = "paper"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.kind == "jsonl" and not Path(self.path).is_file():
             raise RLConfigError(f"path = {self.path!r}: a jsonl source needs an existing JSONL file")
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(Checked, error=RLConfigError):
     """Held-out accuracy (greedy) on ``problems`` arithmetic eval-split problems, before training,
     every ``every`` steps (0: only at the end) and after."""
 
@@ -189,7 +179,7 @@ _SECTIONS = {"policy": PolicyConfig, "sampling": SamplingConfig, "grpo": GRPOCon
 
 
 @dataclass
-class _TopLevel:
+class _TopLevel(Checked, error=RLConfigError):
     """The recipe's top-level keys (checked like a section)."""
 
     RANGES: ClassVar[dict[str, Rule]] = {"save_every": NON_NEGATIVE, "log_every": at_least(1)}

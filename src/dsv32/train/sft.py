@@ -35,6 +35,7 @@ from dsv32.recipe import (
     EXISTING_PATH,
     NON_NEGATIVE,
     POSITIVE,
+    Checked,
     RecipeError,
     Rule,
     at_least,
@@ -65,7 +66,7 @@ class SFTConfigError(RecipeError):
 
 
 @dataclass
-class SFTModelConfig:
+class SFTModelConfig(Checked, error=SFTConfigError):
     """``name``: ``smollm2``, a Hugging Face model directory or a native V3.2 checkpoint (with its
     tokenizer)."""
 
@@ -76,7 +77,7 @@ class SFTModelConfig:
 
 
 @dataclass
-class SFTDataConfig:
+class SFTDataConfig(Checked, error=SFTConfigError):
     """``path``: JSONL conversations; ``eval_path``: held-out ones for an eval loss ("" = none);
     ``seq_len``: the longest row; ``packing``: whole conversations best-fit into rows (HF models);
     ``thinking_mode``: ``thinking`` or ``chat``; ``train_on``: ``all`` assistant turns or the
@@ -84,7 +85,7 @@ class SFTDataConfig:
 
     RANGES: ClassVar[dict[str, Rule]] = {
         "path": EXISTING_PATH,
-        "eval_path": Rule(lambda v: v == "" or Path(v).exists(), "'' or an existing file"),
+        "eval_path": Rule(lambda v: v == "" or Path(v).exists(), "'' or an existing file", on_disk=True),
         "seq_len": at_least(8),
         "thinking_mode": one_of("thinking", "chat"),
         "train_on": one_of("all", "last_round"),
@@ -101,7 +102,7 @@ class SFTDataConfig:
 
 
 @dataclass
-class SFTTrainConfig:
+class SFTTrainConfig(Checked, error=SFTConfigError):
     """Optimization. ``steps`` 0: ``ceil(epochs × rows / (batch_size × grad_accum))``."""
 
     RANGES: ClassVar[dict[str, Rule]] = {
@@ -160,7 +161,7 @@ class SFTConfig:
 
 
 @dataclass
-class _TopLevel:
+class _TopLevel(Checked, error=SFTConfigError):
     RANGES: ClassVar[dict[str, Rule]] = {"out_dir": Rule(bool, "a non-empty directory path")}
     out_dir: str = "runs/sft"
 

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from dsv32.dsa.attention import SPARSE_IMPLS
 from dsv32.errors import DSV32Error
-from dsv32.recipe import Rule, at_least, each, one_of
+from dsv32.recipe import Checked, Rule, at_least, each, one_of
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 MODES = ("off", "dense", "sparse")
@@ -20,7 +20,7 @@ class DSAError(DSV32Error, ValueError):
 
 
 @dataclass
-class DSAConfig:
+class DSAConfig(Checked, error=DSAError):
     """What :func:`attach_dsa` adds. Defaults of the released V3.2 where they transfer.
 
     Attributes:
@@ -55,17 +55,6 @@ class DSAConfig:
     mode: str = "dense"
     sparse_impl: str = "auto"
     seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise DSAError(f"DSA mode must be one of {MODES}, got {self.mode!r}")
-        if self.sparse_impl not in SPARSE_IMPLS:
-            raise DSAError(f"sparse_impl must be one of {SPARSE_IMPLS}, got {self.sparse_impl!r}")
-        if min(self.index_n_heads, self.index_head_dim, self.index_topk) < 1:
-            raise DSAError(
-                f"index_n_heads, index_head_dim and index_topk must be >= 1, got {self.index_n_heads}, "
-                f"{self.index_head_dim}, {self.index_topk}"
-            )
 
     def to_dict(self) -> dict:
         return asdict(self)
