@@ -6,19 +6,9 @@ import argparse
 import json
 import sys
 
-from dsv32.cli import command, positive_int, probability
+from dsv32.cli import command, non_negative_float, positive_int, probability
 
 BACKENDS = ("reference", "local", "openai")
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number >= 0") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number >= 0")
-    return value
 
 
 class _Backend(argparse.Action):
@@ -173,7 +163,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
     q.add_argument("--model", help="the endpoint's model name")
     q.add_argument("--n", type=positive_int, help="samples per problem (default 1)")
-    q.add_argument("--temperature", type=_non_negative_float, help="default 1.0 (§4.1); 0 is greedy")
+    q.add_argument("--temperature", type=non_negative_float, help="default 1.0 (§4.1); 0 is greedy")
     q.add_argument("--top-p", type=probability, help="default 1.0 (not stated in the paper)")
     q.add_argument("--max-tokens", type=positive_int, help="output budget (default 131072, App. D)")
     q.add_argument(
