@@ -25,7 +25,7 @@ LAYERS = {
     "dsa": set(),
     "chat": set(),
 }
-LEAVES = {"errors", "paths", "recipe", "runlog"}
+LEAVES = {"errors", "jsonl", "paths", "recipe", "runlog"}
 
 
 def _module_name(path: Path) -> str:

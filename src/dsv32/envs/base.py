@@ -22,13 +22,15 @@ A trajectory is anything with ``messages`` (the OpenAI-style conversation, tool 
 from __future__ import annotations
 
 import json
+import random
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from dsv32.errors import DSV32Error
+from dsv32.jsonl import read_jsonl
 
 
 class EnvError(DSV32Error, ValueError):
@@ -70,22 +72,37 @@ class Task:
 
 def load_tasks(path: str | Path) -> list[Task]:
     """Tasks from a JSONL file (one object per line; blank lines skipped); errors name the line."""
-    path = Path(path)
     tasks, seen = [], set()
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise EnvError(f"{path}:{n}: not JSON ({err.msg})") from err
-            task = Task.from_dict(row, f"{path}:{n}")
-            if task.id in seen:
-                raise EnvError(f"{path}:{n}: duplicate task id {task.id!r}")
-            seen.add(task.id)
-            tasks.append(task)
+    for n, row in read_jsonl(path, EnvError):
+        task = Task.from_dict(row, f"{path}:{n}")
+        if task.id in seen:
+            raise EnvError(f"{path}:{n}: duplicate task id {task.id!r}")
+        seen.add(task.id)
+        tasks.append(task)
     return tasks
+
+
+def task_plan(
+    n: int, seed: int, difficulty: int | None, categories: tuple[str, ...], known: Mapping, what: str
+) -> Iterator[tuple[int, str, int, random.Random]]:
+    """The plan of a generated task set: ``(i, category, difficulty, rng)`` for task ``i`` of ``n``,
+    cycling through ``categories`` and, when ``difficulty`` is None, through difficulties 1..5 as
+    well; ``rng`` is ``random.Random(f"{seed}:{i}")``. Checks ``categories`` against ``known``
+    (``what`` names them in the error) and the difficulty before the first task."""
+    unknown = sorted(set(categories) - set(known))
+    if unknown:
+        raise EnvError(f"unknown {what} categories {unknown}; known: {', '.join(known)}")
+    if difficulty is not None and not 1 <= difficulty <= 5:
+        raise EnvError(f"difficulty must be 1..5, got {difficulty}")
+    return (
+        (
+            i,
+            categories[i % len(categories)],
+            difficulty or 1 + (i // len(categories)) % 5,
+            random.Random(f"{seed}:{i}"),
+        )
+        for i in range(n)
+    )
 
 
 def save_tasks(tasks: Iterable[Task], path: str | Path) -> Path:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import random
 import string
-from pathlib import Path
 from typing import Any
 
 from dsv32.eval.agentic import episode, reference_replies
@@ -35,6 +34,7 @@ from dsv32.eval.answers import choice_letter, last_boxed, math_equal
 from dsv32.eval.errors import EvalError
 from dsv32.eval.rgym import TEMPLATE
 from dsv32.eval.types import Benchmark, EpisodeResult, Problem, RunOptions, Score
+from dsv32.jsonl import read_jsonl
 
 MCQ_SUFFIX = (
     "Please reason step by step, and put the letter of the correct option (just the letter) within \\boxed{}."
@@ -47,21 +47,14 @@ def read_rows(path: str | None, benchmark: str) -> list[tuple[str, dict]]:
     if path is None:
         raise EvalError(f"{benchmark} reads your benchmark file: pass --data FILE.jsonl")
     rows, seen = [], set()
-    with Path(path).open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise EvalError(f"{path}:{n}: not JSON ({err.msg})") from err
-            if not isinstance(row, dict):
-                raise EvalError(f"{path}:{n}: a row is a JSON object, got {type(row).__name__}")
-            rid = str(next((row[k] for k in _ID_KEYS if k in row), n))
-            if rid in seen:
-                raise EvalError(f"{path}:{n}: duplicate id {rid!r}")
-            seen.add(rid)
-            rows.append((rid, {**row, "_where": f"{path}:{n}"}))
+    for n, row in read_jsonl(path, EvalError):
+        if not isinstance(row, dict):
+            raise EvalError(f"{path}:{n}: a row is a JSON object, got {type(row).__name__}")
+        rid = str(next((row[k] for k in _ID_KEYS if k in row), n))
+        if rid in seen:
+            raise EvalError(f"{path}:{n}: duplicate id {rid!r}")
+        seen.add(rid)
+        rows.append((rid, {**row, "_where": f"{path}:{n}"}))
     if not rows:
         raise EvalError(f"{path} holds no rows")
     return rows

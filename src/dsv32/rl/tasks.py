@@ -18,13 +18,13 @@ step, and put your final answer within \\boxed{}.``
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsv32.errors import DSV32Error
+from dsv32.jsonl import read_jsonl
 
 MATH_TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 
@@ -174,16 +174,10 @@ class JsonlTasks:
     def __post_init__(self) -> None:
         path = Path(self.path)
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
+            rows = list(read_jsonl(path, TaskError))
         except OSError as err:
             raise TaskError(f"cannot read tasks from {path}: {err}") from err
-        for n, raw in enumerate(lines, 1):
-            if not raw.strip():
-                continue
-            try:
-                rec = json.loads(raw)
-            except json.JSONDecodeError as err:
-                raise TaskError(f"{path}:{n}: not JSON ({err})") from err
+        for n, rec in rows:
             text = rec.get("prompt", rec.get("question")) if isinstance(rec, dict) else None
             if not isinstance(text, str):
                 raise TaskError(f"{path}:{n}: needs a string 'prompt' or 'question'")

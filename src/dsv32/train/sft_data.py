@@ -21,7 +21,6 @@ right-padded in the batch.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch
 
 from dsv32.chat import ConversationError, attach_tools, tokenize_conversation
 from dsv32.errors import DSV32Error
+from dsv32.jsonl import read_jsonl
 
 IGNORE = -100
 
@@ -53,22 +53,14 @@ class Example:
 
 def read_conversations(path: str | Path) -> list[dict[str, Any]]:
     """The rows of a JSONL file of conversations; errors name the file and line."""
-    path = Path(path)
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise SFTDataError(f"{path}:{n}: not JSON ({err.msg})") from err
-            if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
-                raise SFTDataError(f'{path}:{n}: a row is {{"messages": [...], "tools": [...]}}')
-            unknown = sorted(set(row) - {"messages", "tools", "id", "domain", "meta"})
-            if unknown:
-                raise SFTDataError(f"{path}:{n}: unknown field(s) {unknown}; put extra data under 'meta'")
-            rows.append(row)
+    for n, row in read_jsonl(path, SFTDataError):
+        if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
+            raise SFTDataError(f'{path}:{n}: a row is {{"messages": [...], "tools": [...]}}')
+        unknown = sorted(set(row) - {"messages", "tools", "id", "domain", "meta"})
+        if unknown:
+            raise SFTDataError(f"{path}:{n}: unknown field(s) {unknown}; put extra data under 'meta'")
+        rows.append(row)
     if not rows:
         raise SFTDataError(f"{path}: no conversations")
     return rows

@@ -7,13 +7,13 @@ A page is at most ``PAGE_CHARS`` characters, cut at line ends (a single longer l
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsv32.envs.base import EnvError
+from dsv32.jsonl import read_jsonl
 from dsv32.paths import cache_dir
 
 PAGE_CHARS = 2000
@@ -40,23 +40,14 @@ def load_corpus(path: str | Path) -> list[Doc]:
     if not path.is_file():
         raise CorpusError(f"corpus file {path} does not exist; pass a JSONL file of id/title/text rows")
     docs, seen = [], set()
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise CorpusError(f"{path}:{n}: not JSON ({err.msg})") from err
-            if not isinstance(row, dict) or not all(
-                isinstance(row.get(k), str) for k in ("id", "title", "text")
-            ):
-                raise CorpusError(f"{path}:{n}: a corpus row needs string fields id, title and text")
-            if row["id"] in seen:
-                raise CorpusError(f"{path}:{n}: duplicate document id {row['id']!r}")
-            seen.add(row["id"])
-            meta = {k: v for k, v in row.items() if k not in ("id", "title", "text")}
-            docs.append(Doc(row["id"], row["title"], row["text"], meta))
+    for n, row in read_jsonl(path, CorpusError):
+        if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("id", "title", "text")):
+            raise CorpusError(f"{path}:{n}: a corpus row needs string fields id, title and text")
+        if row["id"] in seen:
+            raise CorpusError(f"{path}:{n}: duplicate document id {row['id']!r}")
+        seen.add(row["id"])
+        meta = {k: v for k, v in row.items() if k not in ("id", "title", "text")}
+        docs.append(Doc(row["id"], row["title"], row["text"], meta))
     if not docs:
         raise CorpusError(f"{path}: the corpus is empty")
     return docs
