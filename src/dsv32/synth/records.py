@@ -53,11 +53,6 @@ class TokenUsage:
         for step in trajectory.steps:
             self.add(step.prompt_tokens, step.completion_tokens, step.cached_tokens)
 
-    def merged(self, other: TokenUsage) -> TokenUsage:
-        out = TokenUsage(**asdict(self))
-        out.add(other.prompt_tokens, other.completion_tokens, other.cached_tokens, other.calls)
-        return out
-
 
 @dataclass(frozen=True)
 class Pricing:
