@@ -31,7 +31,7 @@ import shutil
 import sqlite3
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from dsv32.envs import sandbox
@@ -107,7 +107,6 @@ class Verdict:
     accepted: bool
     reason: str
     version: Version | None = None
-    checks: dict = field(default_factory=dict)
 
 
 def solution_problems(source: str) -> list[str]:
@@ -249,7 +248,7 @@ def _check_frozen(code: Path, prompt: str, index: int, previous: Version | None,
         if harder.startswith("not harder"):
             return Verdict(False, harder)
     version = Version(index, prompt, code, schema["tools"], solved["calls"], solved["answer"], harder)
-    return Verdict(True, "accepted", version, {"calls": len(solved["calls"])})
+    return Verdict(True, "accepted", version)
 
 
 def _harder(code: Path, prompt: str, previous: Version, limits: Limits) -> str:
