@@ -1,4 +1,5 @@
-"""Shared pieces of the agent tests: scripted replies and a backend with a predictable token count."""
+"""Shared pieces of the agent tests: scripted replies, a backend with a predictable token count and a
+stub Chat Completions server."""
 
 from __future__ import annotations
 
@@ -85,3 +86,16 @@ class Stub:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join()
+
+
+def chunk(delta: dict | None = None, finish: str | None = None, usage: dict | None = None) -> dict:
+    """One streamed Chat Completions chunk (no ``delta``: a usage-only chunk without choices)."""
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    return {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "m",
+        "choices": choices,
+        "usage": usage,
+    }

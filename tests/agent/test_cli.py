@@ -6,30 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from agent_helpers import Stub
+from agent_helpers import chunk
 from test_episode import Counter
 
 from dsv32.cli import main
 from dsv32.envs.base import EnvSpec, Task, register
-
-
-@pytest.fixture
-def stub():
-    s = Stub()
-    yield s
-    s.close()
-
-
-def chunk(delta: dict | None = None, finish: str | None = None, usage: dict | None = None) -> dict:
-    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-    return {
-        "id": "c",
-        "object": "chat.completion.chunk",
-        "created": 0,
-        "model": "m",
-        "choices": choices,
-        "usage": usage,
-    }
 
 
 def test_run_against_an_endpoint_streams_and_writes_the_trajectory(stub, tmp_path, capsys):

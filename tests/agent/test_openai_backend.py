@@ -4,16 +4,9 @@ plain and streamed replies, ``reasoning`` vs ``reasoning_content``, retries, and
 from __future__ import annotations
 
 import pytest
-from agent_helpers import Stub, add
+from agent_helpers import add, chunk
 
 from dsv32.agent import Agent, BackendError, OpenAIBackend
-
-
-@pytest.fixture
-def stub():
-    s = Stub()
-    yield s
-    s.close()
 
 
 def completion(message: dict, finish: str = "stop", usage: dict | None = None) -> dict:
@@ -24,18 +17,6 @@ def completion(message: dict, finish: str = "stop", usage: dict | None = None) -
         "model": "m",
         "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish}],
         "usage": usage or {"prompt_tokens": 50, "completion_tokens": 5, "total_tokens": 55},
-    }
-
-
-def chunk(delta: dict | None = None, finish: str | None = None, usage: dict | None = None) -> dict:
-    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-    return {
-        "id": "c",
-        "object": "chat.completion.chunk",
-        "created": 0,
-        "model": "m",
-        "choices": choices,
-        "usage": usage,
     }
 
 
