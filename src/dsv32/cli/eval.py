@@ -68,7 +68,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from dsv32.eval import RunSettings, run
+    from dsv32.eval import DEFAULTS, RunSettings, run
     from dsv32.eval.errors import EvalError
 
     if args.backend == "openai" and not (args.base_url and args.model):
@@ -79,21 +79,8 @@ def _run(args: argparse.Namespace) -> int:
         )
     model = {"reference": "reference", "local": args.checkpoint, "openai": args.model}[args.backend]
     subset = [s for part in args.subset for s in part.split(",") if s]
-    given = {
-        k: getattr(args, k)
-        for k in (
-            "n",
-            "temperature",
-            "top_p",
-            "max_tokens",
-            "thinking",
-            "context",
-            "context_window",
-            "max_steps",
-            "limit",
-        )
-        if getattr(args, k) is not None
-    }
+    # a flag left out keeps the default of RunSettings (DEFAULTS: the paper's)
+    given = {k: getattr(args, k) for k in (*DEFAULTS, "limit") if getattr(args, k) is not None}
     settings = RunSettings(
         args.benchmark,
         args.backend,
