@@ -11,13 +11,12 @@ into place, so concurrent first uses do not collide.
 from __future__ import annotations
 
 import hashlib
-import random
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from dsv32.envs.base import EnvError, Task
+from dsv32.envs.base import Task, task_plan
 from dsv32.envs.general import calendar, inventory, trip
 from dsv32.envs.general.bundle import load_bundle
 from dsv32.paths import cache_dir
@@ -45,17 +44,10 @@ def generate(
     difficulty: int | None = None,
     categories: tuple[str, ...] = CATEGORIES,
 ) -> list[Task]:
-    unknown = sorted(set(categories) - set(GENERATORS))
-    if unknown:
-        raise EnvError(f"unknown general-task categories {unknown}; known: {', '.join(GENERATORS)}")
-    if difficulty is not None and not 1 <= difficulty <= 5:
-        raise EnvError(f"difficulty must be 1..5, got {difficulty}")
     tasks = []
-    for i in range(n):
-        category = categories[i % len(categories)]
-        d = difficulty or 1 + (i // len(categories)) % 5
+    for i, category, d, rng in task_plan(n, seed, difficulty, categories, GENERATORS, "general-task"):
         task_id = f"{category}-{seed}-{i:04d}"
-        GENERATORS[category](random.Random(f"{seed}:{i}"), d, task_id, Path(out, task_id))
+        GENERATORS[category](rng, d, task_id, Path(out, task_id))
         tasks.append(task_of(Path(out, task_id)))
     return tasks
 

@@ -21,7 +21,7 @@ import math
 import random
 from collections.abc import Callable
 
-from dsv32.envs.base import EnvError, Task
+from dsv32.envs.base import Task, task_plan
 
 CATEGORIES = ("multiplication", "modular", "combinatorics", "linear_system")
 Problem = tuple[str, int, str]  # prompt, answer, solution code
@@ -163,16 +163,8 @@ def generate(
     prefix: str = "math",
 ) -> list[Task]:
     """``n`` tasks cycling through ``categories``; ``difficulty`` None cycles 1..5 as well."""
-    unknown = sorted(set(categories) - set(GENERATORS))
-    if unknown:
-        raise EnvError(f"unknown math categories {unknown}; known: {', '.join(GENERATORS)}")
-    if difficulty is not None and not 1 <= difficulty <= 5:
-        raise EnvError(f"difficulty must be 1..5, got {difficulty}")
     tasks = []
-    for i in range(n):
-        rng = random.Random(f"{seed}:{i}")
-        category = categories[i % len(categories)]
-        d = difficulty or 1 + (i // len(categories)) % 5
+    for i, category, d, rng in task_plan(n, seed, difficulty, categories, GENERATORS, "math"):
         prompt, answer, code = GENERATORS[category](rng, d)
         info = {"category": category, "difficulty": d, "seed": seed, "solution_code": code}
         tasks.append(Task(f"{prefix}-{seed}-{i:04d}", prompt, str(answer), "math", info))
