@@ -34,7 +34,7 @@ from dsv32.envs.general.env import GeneralToolEnv
 from dsv32.synth.prompts import GENERAL_SYSTEM, GENERAL_USER, SEARCH_HINT
 from dsv32.synth.records import Pricing, RoleUsage, SynthError, tool_signature
 from dsv32.synth.runner import Item, JobResult
-from dsv32.synth.versions import SOLUTION_IMPORTS, Limits, Version
+from dsv32.synth.versions import SOLUTION_IMPORTS, Limits, Version, freeze
 from dsv32.synth.workspace import Workspace
 
 
@@ -65,9 +65,7 @@ def slug(text: str) -> str:
 
 def export_bundle(version: Version, dest: Path, task_id: str, category: str, provenance: dict) -> Path:
     """Write ``version`` as a ``general-tools`` bundle in ``dest`` and check its layout."""
-    dest.mkdir(parents=True)
-    for name in ("db.sqlite", "tools.py", "verify.py", "solution.py"):
-        shutil.copyfile(version.path / name, dest / name)
+    freeze(version.path, dest)
     task = {
         "id": task_id,
         "prompt": version.prompt,
