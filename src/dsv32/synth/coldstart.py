@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -163,13 +163,7 @@ class ColdStartReport:
     reasons: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {
-            "kept": self.kept,
-            "rejected": self.rejected,
-            "tasks": self.tasks,
-            "tasks_with_a_kept_row": self.tasks_with_a_kept_row,
-            "reasons": self.reasons,
-        }
+        return asdict(self)
 
 
 def build_coldstart(
