@@ -29,6 +29,7 @@ from dsv32.agent.backends.base import Completion, Usage
 from dsv32.agent.backends.formats import V32Format
 from dsv32.agent.errors import BackendError
 from dsv32.engine import generate
+from dsv32.rl.rollout import truncates
 
 
 @dataclass
@@ -115,7 +116,7 @@ class LockstepBatcher:
     @torch.no_grad()
     def _generate(self, prompts: list[list[int]]) -> list[StepRecord]:
         s = self.sampling
-        truncating = s.temperature > 0 and (s.top_p < 1.0 or s.top_k > 0)
+        truncating = truncates(s)
         model = self.policy.model
         was = model.training
         model.eval()

@@ -46,7 +46,7 @@ from dsv32.rl.agentic_config import AgenticConfig
 from dsv32.rl.loss import group_advantages, sequence_kl_coefs
 from dsv32.rl.policy import Policy, load_policy
 from dsv32.rl.rewards_setup import build_reward_fn, score
-from dsv32.rl.rollout import rollout
+from dsv32.rl.rollout import rollout, truncates
 from dsv32.rl.tasks import MixedTasks
 from dsv32.rl.trainer import (
     RLResult,
@@ -173,11 +173,9 @@ def agentic_step(
                 row_adv.append(a)
                 row_tasks.append(rl_task(e))
         if rows:
-            truncating = cfg.rl.sampling.temperature > 0 and (
-                cfg.rl.sampling.top_p < 1 or cfg.rl.sampling.top_k > 0
-            )
+            with_kept = truncates(cfg.rl.sampling)
             batches.append(
-                rows_to_rollouts(rows, row_tasks, policy.pad_token_id, policy.device, with_kept=truncating)
+                rows_to_rollouts(rows, row_tasks, policy.pad_token_id, policy.device, with_kept=with_kept)
             )
             advantages.append(torch.tensor(row_adv))
         rewards += r.tolist()

@@ -53,6 +53,12 @@ class SamplingConfig(Checked):
     max_total_tokens: int = 1024
 
 
+def truncates(sampling) -> bool:
+    """Whether sampling with ``sampling``'s ``temperature``, ``top_p`` and ``top_k`` truncates the
+    distribution: only then do kept sets matter (greedy keeps the argmax: nothing to renormalize)."""
+    return sampling.temperature > 0 and (sampling.top_p < 1.0 or sampling.top_k > 0)
+
+
 @dataclass
 class Rollouts:
     """A batch of B = prompts × G samples (rows of one group are consecutive).
@@ -111,8 +117,7 @@ def rollout(
     rows = [t for t in tasks for _ in range(group_size)]
     prompts = [ids for t in tasks for ids in [policy.prompt_ids(t)] * group_size]  # rendered once per task
     params = dict(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
-    # Kept sets matter only when sampling truncates (greedy keeps the argmax: nothing to renormalize).
-    truncating = sampling.temperature > 0 and (sampling.top_p < 1.0 or sampling.top_k > 0)
+    truncating = truncates(sampling)
     eos = policy.eos_token_id
     pad = policy.pad_token_id
     # Per row: completion tokens, which are actions, their logprobs and kept sets.
