@@ -89,6 +89,20 @@ def message_chars(message: dict) -> int:
     return n
 
 
+def send_whole(message: dict, on_delta: Delta | None) -> None:
+    """Pass a reply that arrived whole to ``on_delta``: its reasoning, then its content."""
+    if on_delta is None:
+        return
+    for kind, key in (("reasoning", "reasoning_content"), ("content", "content")):
+        if message.get(key):
+            on_delta(kind, message[key])
+
+
+def reply_tokens(message: dict) -> int:
+    """Estimated tokens of a generated reply: its characters / 4, rounded up."""
+    return math.ceil(message_chars(message) / TokenEstimator.CHARS_PER_TOKEN)
+
+
 class TokenEstimator:
     """Prompt tokens ≈ ``scale · (chars / 4 + 4 per message + schema chars / 4)``.
 

@@ -28,7 +28,8 @@ from dsv32.agent.backends.base import (
     TokenEstimator,
     Usage,
     assistant_message,
-    message_chars,
+    reply_tokens,
+    send_whole,
 )
 from dsv32.agent.errors import BackendError
 from dsv32.chat import apply_thinking_context
@@ -178,7 +179,7 @@ class OpenAIBackend:
         else:
             usage.prompt_tokens = self.estimate(messages, tools)
         if not usage.completion_tokens:
-            usage.completion_tokens = -(-message_chars(message) // 4)
+            usage.completion_tokens = reply_tokens(message)
         return Completion(message, usage, finish, latency)
 
     def _whole(self, kwargs: dict, on_delta: Delta | None) -> tuple[dict, Usage, str | None]:
@@ -196,10 +197,7 @@ class OpenAIBackend:
             for c in raw.tool_calls or []
         ]
         message = assistant_message(raw.content, _extra(raw, "reasoning_content", "reasoning"), calls)
-        if on_delta is not None:
-            for kind, key in (("reasoning", "reasoning_content"), ("content", "content")):
-                if message.get(key):
-                    on_delta(kind, message[key])
+        send_whole(message, on_delta)
         return message, _usage(response.usage), choice.finish_reason
 
     def _streamed(self, kwargs: dict, on_delta: Delta | None) -> tuple[dict, Usage, str | None]:

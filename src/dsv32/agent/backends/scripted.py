@@ -23,7 +23,8 @@ from dsv32.agent.backends.base import (
     TokenEstimator,
     Usage,
     assistant_message,
-    message_chars,
+    reply_tokens,
+    send_whole,
 )
 from dsv32.agent.errors import BackendError
 
@@ -72,18 +73,12 @@ class ScriptedBackend:
         message = assistant_message(
             reply.get("content"), reply.get("reasoning_content"), reply.get("tool_calls")
         )
-        if on_delta is not None:
-            if message.get("reasoning_content"):
-                on_delta("reasoning", message["reasoning_content"])
-            if message["content"]:
-                on_delta("content", message["content"])
+        send_whole(message, on_delta)
         usage = reply.get("usage")
         usage = (
             Usage(**usage)
             if usage
-            else Usage(
-                self.estimate(messages, tools), -(-message_chars(message) // 4) + TokenEstimator.PER_MESSAGE
-            )
+            else Usage(self.estimate(messages, tools), reply_tokens(message) + TokenEstimator.PER_MESSAGE)
         )
         finish = reply.get("finish_reason") or ("tool_calls" if message.get("tool_calls") else "stop")
         return Completion(message, usage, finish, time.perf_counter() - start)
