@@ -22,8 +22,10 @@ setting              default    source
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 from dsv32.eval.errors import EvalError
+from dsv32.recipe import NON_NEGATIVE, OPEN_UNIT, Checked, Rule, at_least
 
 PAPER_CONTEXT = 131072
 DEFAULTS = {
@@ -57,7 +59,16 @@ IDENTITY = (
 
 
 @dataclass
-class RunSettings:
+class RunSettings(Checked, error=EvalError):
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "n": at_least(1),
+        "temperature": NON_NEGATIVE,
+        "top_p": OPEN_UNIT,
+        **dict.fromkeys(
+            ("max_tokens", "context_window", "max_steps", "limit", "concurrency", "batch_size"), at_least(1)
+        ),
+    }
+
     benchmark: str
     backend: str = "reference"
     model: str = "reference"
@@ -79,22 +90,12 @@ class RunSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.n < 1:
-            raise EvalError(f"n must be >= 1, got {self.n}")
-        if self.temperature < 0:
-            raise EvalError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise EvalError(f"top_p must be in (0, 1], got {self.top_p}")
+        super().__post_init__()
         if self.temperature == 0 and self.n > 1 and self.backend != "reference":
             raise EvalError(
                 f"greedy decoding (temperature 0) gives the same completion {self.n} times; use --n 1 or a "
                 "temperature > 0"
             )
-        for name in ("max_tokens", "context_window", "max_steps", "concurrency", "batch_size"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise EvalError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.limit is not None and self.limit < 1:
-            raise EvalError(f"limit must be >= 1, got {self.limit}")
 
     def sampling(self) -> dict:
         """The per-call sampling settings backends take."""
