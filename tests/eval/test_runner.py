@@ -80,6 +80,8 @@ def test_bad_inputs_write_nothing(tmp_path):
     assert not out.exists()
     with pytest.raises(EvalError, match="greedy"):
         RunSettings("humaneval", backend="openai", temperature=0, n=4)
+    with pytest.raises(EvalError, match=r"RunSettings\.top_p = 0: must be in \(0, 1\]"):
+        RunSettings("humaneval", top_p=0)
 
 
 def test_agentic_reference_episodes_score_one_and_record_their_cost(tmp_path):
