@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from dsv32.chat import apply_thinking_context
+
 Delta = Callable[[str, str], None]
 
 
@@ -76,6 +78,14 @@ def assistant_message(content: Any, reasoning: Any = None, tool_calls: Any = Non
     if calls:
         message["tool_calls"] = calls
     return message
+
+
+def visible_messages(messages: Sequence[dict], thinking: bool) -> list[dict]:
+    """Copies of ``messages`` with the reasoning the model is shown: §3.2.1's thinking context in
+    thinking mode, no ``reasoning_content`` at all in chat mode."""
+    if thinking:
+        return apply_thinking_context(messages)
+    return [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
 
 
 def message_chars(message: dict) -> int:

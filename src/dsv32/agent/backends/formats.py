@@ -25,12 +25,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dsv32.agent.backends.base import assistant_message
+from dsv32.agent.backends.base import assistant_message, visible_messages
 from dsv32.agent.errors import AgentError
 from dsv32.chat import (
     EOS,
     THINK_END,
-    apply_thinking_context,
     attach_tools,
     encode_messages,
     missing_special_tokens,
@@ -201,10 +200,8 @@ class TemplateFormat:
         self, messages: Sequence[dict], tools: Sequence[dict], thinking: bool
     ) -> list[dict]:
         """The conversation as this template gets it (see the module docstring)."""
-        out = apply_thinking_context(messages) if thinking else [dict(m) for m in messages]
+        out = visible_messages(messages, thinking)
         for message in out:
-            if not thinking:
-                message.pop("reasoning_content", None)
             if message.get("role") == "assistant" and message.get("tool_calls") and not self.renders_calls:
                 blocks = [render_call(c) for c in message.pop("tool_calls")]
                 message["content"] = "\n".join(

@@ -30,9 +30,9 @@ from dsv32.agent.backends.base import (
     assistant_message,
     reply_tokens,
     send_whole,
+    visible_messages,
 )
 from dsv32.agent.errors import BackendError
-from dsv32.chat import apply_thinking_context
 
 #: Keyword arguments of ``client.chat.completions.create``; other sampling keys go in ``extra_body``.
 CLIENT_PARAMS = frozenset(
@@ -68,13 +68,10 @@ _SENT_KEYS = {
 
 def request_messages(messages: Sequence[dict], thinking: bool) -> list[dict]:
     """The messages as sent: §3.2.1's thinking context, API keys only."""
-    kept = apply_thinking_context(messages) if thinking else [dict(m) for m in messages]
     out = []
-    for message in kept:
+    for message in visible_messages(messages, thinking):
         keys = _SENT_KEYS.get(message.get("role"), tuple(message))
         sent = {k: message[k] for k in keys if message.get(k) is not None}
-        if not thinking:
-            sent.pop("reasoning_content", None)
         if sent.get("role") == "assistant" and not sent.get("reasoning_content"):
             sent.pop("reasoning_content", None)
         out.append(sent)
