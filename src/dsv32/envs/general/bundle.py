@@ -23,6 +23,7 @@ from pathlib import Path
 
 from dsv32.envs.base import EnvError
 
+SOURCES = Path(__file__).with_name("sources")
 FILES = ("task.json", "db.sqlite", "tools.json", "tools.py", "verify.py")
 
 
@@ -85,3 +86,19 @@ def write_bundle(
 def with_params(source: str, params: dict) -> str:
     """A verifier's source with the task's parameters bound as ``PARAMS`` at the top."""
     return f"import json\n\nPARAMS = json.loads({json.dumps(params)!r})\n\n{source}"
+
+
+def write_generated(
+    path: str | Path, *, task: dict, tables: dict, tools_schema: list[dict], params: dict
+) -> Bundle:
+    """Write a generator's bundle: its tools and verifier are ``sources/CATEGORY_tools.py`` and
+    ``sources/CATEGORY_verify.py`` (``task["category"]``), the verifier with ``params`` bound."""
+    category = task["category"]
+    return write_bundle(
+        path,
+        task=task,
+        tables=tables,
+        tools_schema=tools_schema,
+        tools_source=(SOURCES / f"{category}_tools.py").read_text(encoding="utf-8"),
+        verify_source=with_params((SOURCES / f"{category}_verify.py").read_text(encoding="utf-8"), params),
+    )

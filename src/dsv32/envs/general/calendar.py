@@ -12,8 +12,8 @@ import random
 from pathlib import Path
 
 from dsv32.envs.base import tool_schema
+from dsv32.envs.general.bundle import write_generated
 
-SOURCES = Path(__file__).with_name("sources")
 PEOPLE = ["Ana", "Bo", "Chen", "Dara", "Eli", "Femi", "Gus", "Hana", "Ivo", "Jun"]
 TEAMS = ["platform", "research", "sales"]
 DAYS = ["2025-10-01", "2025-10-02", "2025-10-03"]
@@ -69,8 +69,6 @@ def _earliest(days, people_busy, rooms, bookings, duration, size, no_lunch):
 
 
 def generate(rng: random.Random, d: int, task_id: str, out: Path):
-    from dsv32.envs.general.bundle import with_params, write_bundle
-
     participants = sorted(rng.sample(PEOPLE, 1 + d))
     days, duration, no_lunch = DAYS[: 1 + d // 2], rng.choice([30, 45, 60, 90]), d >= 3
     rooms = [(f"Room {chr(65 + i)}", rng.randrange(2, 9)) for i in range(2 + d)]
@@ -138,8 +136,4 @@ def generate(rng: random.Random, d: int, task_id: str, out: Path):
         "duration": duration,
         "no_lunch": no_lunch,
     }
-    verify_src = with_params((SOURCES / "calendar_verify.py").read_text(), params)
-    tools_src = (SOURCES / "calendar_tools.py").read_text()
-    return write_bundle(
-        out, task=task, tables=tables, tools_schema=TOOLS, tools_source=tools_src, verify_source=verify_src
-    )
+    return write_generated(out, task=task, tables=tables, tools_schema=TOOLS, params=params)

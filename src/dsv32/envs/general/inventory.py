@@ -14,8 +14,8 @@ import random
 from pathlib import Path
 
 from dsv32.envs.base import tool_schema
+from dsv32.envs.general.bundle import write_generated
 
-SOURCES = Path(__file__).with_name("sources")
 CUSTOMERS = ["Acme Corp", "Blue Fin", "Cedar & Co", "Delta Labs", "Echo Foods"]
 CATEGORIES = ["cable", "sensor", "valve", "switch", "pump"]
 STR, INT = {"type": "string"}, {"type": "integer"}
@@ -66,8 +66,6 @@ def _simulate(products: dict, orders: list, items: dict, customer: str, prices: 
 
 
 def generate(rng: random.Random, d: int, task_id: str, out: Path):
-    from dsv32.envs.general.bundle import with_params, write_bundle
-
     customer = rng.choice(CUSTOMERS)
     products = {}
     for k in range(4 + 3 * d):
@@ -131,8 +129,4 @@ def generate(rng: random.Random, d: int, task_id: str, out: Path):
         ),
         "restocks": ("id INTEGER PRIMARY KEY AUTOINCREMENT, sku TEXT, supplier_id TEXT, qty INTEGER", []),
     }
-    verify_src = with_params((SOURCES / "inventory_verify.py").read_text(), {"customer": customer})
-    tools_src = (SOURCES / "inventory_tools.py").read_text()
-    return write_bundle(
-        out, task=task, tables=tables, tools_schema=TOOLS, tools_source=tools_src, verify_source=verify_src
-    )
+    return write_generated(out, task=task, tables=tables, tools_schema=TOOLS, params={"customer": customer})

@@ -15,8 +15,8 @@ import random
 from pathlib import Path
 
 from dsv32.envs.base import tool_schema
+from dsv32.envs.general.bundle import write_generated
 
-SOURCES = Path(__file__).with_name("sources")
 CITIES = [
     "Hangzhou", "Suzhou", "Nanjing", "Shanghai", "Ningbo", "Wuxi", "Shaoxing", "Huangshan",
     "Xiamen", "Qingdao", "Chengdu", "Xi'an", "Guilin", "Kunming", "Dalian",
@@ -78,8 +78,6 @@ def _options(rng: random.Random, city: str, n: int, counter: list[int]) -> dict[
 
 
 def generate(rng: random.Random, d: int, task_id: str, out: Path):
-    from dsv32.envs.general.bundle import with_params, write_bundle
-
     days, travellers = 1 + (d + 1) // 2, 1 + (d >= 4)
     cities = rng.sample(CITIES, min(len(CITIES), 3 + 2 * d))
     counter = [0]
@@ -168,8 +166,4 @@ def generate(rng: random.Random, d: int, task_id: str, out: Path):
         ),
         "submission": ("plan TEXT", []),
     }
-    tools_src = (SOURCES / "trip_tools.py").read_text()
-    verify_src = with_params((SOURCES / "trip_verify.py").read_text(), params)
-    return write_bundle(
-        out, task=task, tables=tables, tools_schema=TOOLS, tools_source=tools_src, verify_source=verify_src
-    )
+    return write_generated(out, task=task, tables=tables, tools_schema=TOOLS, params=params)
