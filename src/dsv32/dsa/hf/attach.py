@@ -34,15 +34,9 @@ def attach_dsa(
     if has_dsa(model):
         raise DSAError("this model already has DSA attached (detach_dsa(model) first)")
     model_type = model_type_of(model)
-    cfg = DSAConfig(**(config.to_dict() if config else {}))
-    for name, value in (
-        ("index_n_heads", index_n_heads),
-        ("index_head_dim", index_head_dim),
-        ("index_topk", index_topk),
-    ):
-        if value is not None:
-            setattr(cfg, name, value)
-    cfg = DSAConfig.from_dict({**cfg.to_dict(), **overrides})
+    sizes = {"index_n_heads": index_n_heads, "index_head_dim": index_head_dim, "index_topk": index_topk}
+    given = {name: value for name, value in sizes.items() if value is not None}
+    cfg = DSAConfig.from_dict({**(config.to_dict() if config else {}), **given, **overrides})
     layers = decoder_layers(model)
     chosen = list(range(len(layers))) if cfg.layers is None else sorted(set(cfg.layers))
     if any(i < 0 or i >= len(layers) for i in chosen):

@@ -56,7 +56,7 @@ def save_dsa(
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
     meta = {
-        "dsa": {**handle.config.to_dict(), "mode": handle.config.mode},
+        "dsa": handle.config.to_dict(),
         "model_type": handle.model_type,
         "base": "." if save_base else base_ref,
     }
