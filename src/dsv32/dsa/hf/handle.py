@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
-from dsv32.dsa.hf.config import MODES, SUPPORTED_MODEL_TYPES, DSAConfig, DSAError
+from dsv32.dsa.hf.config import SUPPORTED_MODEL_TYPES, DSAConfig, DSAError
 from dsv32.dsa.hf.layer import HFIndexer, LayerView
 
 
@@ -33,14 +33,10 @@ class DSAHandle:
 
     def set_mode(self, mode: str) -> None:
         """``"off"`` (the original model), ``"dense"`` (warm-up) or ``"sparse"`` (DSA)."""
-        if mode not in MODES:
-            raise DSAError(f"DSA mode must be one of {MODES}, got {mode!r}")
-        self.config.mode = mode
+        self.config = replace(self.config, mode=mode)  # DSAConfig checks it (DSAError)
 
     def set_topk(self, k: int) -> None:
-        if k < 1:
-            raise DSAError(f"index_topk must be >= 1, got {k}")
-        self.config.index_topk = k
+        self.config = replace(self.config, index_topk=k)
 
     def indexers(self) -> dict[int, HFIndexer]:
         return {i: m.indexer for i, m in self.modules.items()}
@@ -57,9 +53,7 @@ class DSAHandle:
     def mode_as(self, mode: str, topk: int | None = None) -> Iterator[DSAHandle]:
         """Temporarily switch mode (and top-k)."""
         old_mode, old_k = self.config.mode, self.config.index_topk
-        self.set_mode(mode)
-        if topk is not None:
-            self.set_topk(topk)
+        self.config = replace(self.config, mode=mode, index_topk=old_k if topk is None else topk)
         try:
             yield self
         finally:
