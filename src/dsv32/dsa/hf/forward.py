@@ -60,9 +60,8 @@ def dsa_forward(
     keep_keys = cfg.mode == "sparse" and past_key_values is not None
     topk_indices = None
     if sparse or observe or keep_keys:
-        topk_indices = _index(
-            self, handle, hidden_states, p, attention_mask, past_key_values if keep_keys else None, sparse
-        )
+        cache = past_key_values if keep_keys else None
+        topk_indices = _index(self, handle, hidden_states, p, attention_mask, cache, sparse, observe)
     if topk_indices is None:
         return _dense_output(self, handle, p, attention_mask, **kwargs)
     return _sparse_output(self, handle, p, topk_indices), None
@@ -85,9 +84,11 @@ def _project(self, hidden_states, position_embeddings, past_key_values) -> _Proj
     return _Projected(q, k, v, cos, sin)
 
 
-def _index(self, handle: DSAHandle, hidden_states, p: _Projected, attention_mask, cache, sparse: bool):
-    """Run the indexer: keep its keys on ``cache``, select (when ``sparse``), and on a fresh
-    sequence record the indexer loss and the observer's view. Returns the selection or None."""
+def _index(
+    self, handle: DSAHandle, hidden_states, p: _Projected, attention_mask, cache, sparse: bool, observe: bool
+):
+    """Run the indexer: keep its keys on ``cache``, select (when ``sparse``), and when ``observe``
+    (a fresh sequence) record the indexer loss and the observer's view. Returns the selection or None."""
     cfg = handle.config
     indexer: HFIndexer = self.indexer
     S = p.k.shape[2]
@@ -95,10 +96,9 @@ def _index(self, handle: DSAHandle, hidden_states, p: _Projected, attention_mask
     x = hidden_states.detach().to(indexer.inputs_dtype())
     icos, isin = indexer.rope_angles(p.cos, p.sin)
     keys = _index_keys(self, cache, indexer.project_keys(x, icos, isin), S)
-    padding = _key_padding(attention_mask, S)
-    observe = p.fresh and (handle.collect_loss or handle.observer is not None)
     if not (sparse or observe):
         return None  # decoding in sparse mode below top-k: only the keys are kept
+    padding = _key_padding(attention_mask, S)
     queries = indexer.project_queries(x, x, icos, isin)
     qt, kt = p.q.transpose(1, 2).detach(), p.k.transpose(1, 2).detach()
     topk_indices = None
@@ -108,7 +108,7 @@ def _index(self, handle: DSAHandle, hidden_states, p: _Projected, attention_mask
         topk_indices = indexer_topk(
             queries.q, queries.weights, keys, cfg.index_topk, key_padding_mask=padding
         )
-    if p.fresh and handle.collect_loss:
+    if observe and handle.collect_loss:
         handle.losses[self.layer_idx] = indexer_kl_loss_chunked(
             qt,
             kt,
@@ -120,7 +120,7 @@ def _index(self, handle: DSAHandle, hidden_states, p: _Projected, attention_mask
             key_padding_mask=padding,
             query_rows=handle.loss_query_rows,
         )
-    if p.fresh and handle.observer is not None:
+    if observe and handle.observer is not None:
         handle.observer(
             LayerView(
                 layer_idx=self.layer_idx,
