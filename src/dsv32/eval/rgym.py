@@ -45,6 +45,7 @@ class ReasoningGym(Benchmark):
         f"reasoning-gym math and logic families ({len(FAMILIES)} x {PER_FAMILY}), their own verifiers"
     )
     source = f"reasoning-gym's procedural generators, seed {SEED}"
+    packages = ("reasoning-gym",)
     metric = "accuracy"
 
     def __init__(self, per_family: int = PER_FAMILY, seed: int = SEED) -> None:
@@ -87,8 +88,3 @@ class ReasoningGym(Benchmark):
 
     def reference(self, problem: Problem) -> dict:
         return {"role": "assistant", "content": f"\\boxed{{{problem.data['entry']['answer']}}}"}
-
-    def versions(self) -> dict[str, str]:
-        from importlib.metadata import version
-
-        return {"reasoning-gym": version("reasoning-gym")}

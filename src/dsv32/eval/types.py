@@ -78,6 +78,8 @@ class Benchmark(ABC):
     needs_data: bool = False
     #: what the mean score is called: "pass@1" (sampled programs, episodes) or "accuracy" (exact answers)
     metric: str = "pass@1"
+    #: the installed packages its data and scorers come from (their versions go to results.json)
+    packages: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         #: ``{problem id: why}`` of the problems :meth:`problems` left out (recorded in results.json).
@@ -104,5 +106,7 @@ class Benchmark(ABC):
         raise NotImplementedError(f"{self.name} is not an episodic benchmark")
 
     def versions(self) -> dict[str, str]:
-        """The versions of the packages its data and scorers come from (recorded in results.json)."""
-        return {}
+        """``{package: version}`` of :attr:`packages` (recorded in results.json)."""
+        from importlib.metadata import version
+
+        return {name: version(name) for name in self.packages}

@@ -118,6 +118,7 @@ class BFCLMultiTurn(Benchmark):
     kind = "episode"
     description = "BFCL v4 multi-turn: BFCL's API classes executed in the sandbox, state + response checks"
     source = "the bfcl-eval package's data/BFCL_v4_multi_turn_*.json and its func_source_code classes"
+    packages = ("bfcl-eval",)
     metric = "accuracy"
 
     def subsets(self) -> list[str]:
@@ -228,8 +229,3 @@ class BFCLMultiTurn(Benchmark):
         if missing:
             return f"turn {t}: {len(missing)} ground-truth result(s) missing, e.g. {missing[0][:120]!r}"
         return None
-
-    def versions(self) -> dict[str, str]:
-        from importlib.metadata import version
-
-        return {"bfcl-eval": version("bfcl-eval")}

@@ -137,6 +137,7 @@ class BFCL(Benchmark):
     name = "bfcl"
     description = "BFCL v4 single-turn function calling (AST check; Python and live categories)"
     source = "the bfcl-eval package's data/BFCL_v4_*.json and possible_answer/"
+    packages = ("bfcl-eval",)
     metric = "accuracy"
 
     def subsets(self) -> list[str]:
@@ -191,8 +192,3 @@ class BFCL(Benchmark):
             "content": "",
             "tool_calls": reference_calls(problem.data["functions"], problem.data["truth"]),
         }
-
-    def versions(self) -> dict[str, str]:
-        from importlib.metadata import version
-
-        return {"bfcl-eval": version("bfcl-eval")}
