@@ -40,11 +40,7 @@ NEG_INF_KEY = int(float_order_key(torch.tensor(float("-inf")))) * 2**32 + 2**32
 
 def tie_break_keys(scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Exact lexicographic sort keys ``(score, position)`` as int64: top-k over them ranks by score
-    and, among exactly equal scores, prefers the later key position.
-
-    Exact ties are common in the lightning indexer (a key whose ReLU logits are all zero scores
-    exactly 0), and ``torch.topk`` breaks them differently for rows of different length — so
-    without this rule a prefill and the equivalent decode step could select different sets.
+    and, among exactly equal scores, prefers the later key position (the rule of this module).
     ``positions`` (int, broadcastable to ``scores``) must be < 2^32.
     """
     return float_order_key(scores) * 2**32 + positions.to(torch.int64)
@@ -89,10 +85,9 @@ def drop_extra_candidate(
 
 
 def resolve_ties(scores: torch.Tensor, kth: torch.Tensor, k: int) -> torch.Tensor:
-    """The exact :func:`select_topk` set for rows ``scores`` ``[m, S]`` whose ``k``-th largest value
+    """The exact :func:`~dsv32.dsa.indexer.select_topk` set for rows ``scores`` ``[m, S]`` whose ``k``-th largest value
     ``kth`` ``[m, 1]`` is tied with an unselected key: every key above ``kth``, then the latest keys
-    equal to it. One int32 top-k instead of the int64 keys of
-    :func:`tie_break_keys`."""
+    equal to it. One int32 top-k instead of the int64 keys of :func:`tie_break_keys`."""
     S = scores.shape[-1]
     pos = torch.arange(S, device=scores.device, dtype=torch.int32).expand_as(scores)
     rank = torch.where(scores > kth, pos + S, torch.where(scores == kth, pos, -1))
