@@ -111,12 +111,12 @@ class Store:
                 json.dumps({"kind": kind, "provenance": provenance}, indent=1), encoding="utf-8"
             )
         self.results = _read_jsonl(self.out / "results.jsonl")
-        committed = {r["key"] for r in self.results}
-        self._drop_uncommitted(committed)
-        self.seen = {t["info"]["dedup"] for t in _read_jsonl(self.out / "tasks.jsonl")}
+        tasks = self._drop_uncommitted({r["key"] for r in self.results})
+        self.seen = {t["info"]["dedup"] for t in tasks}
         shutil.rmtree(self.out / "staging", ignore_errors=True)
 
-    def _drop_uncommitted(self, committed: set[str]) -> None:
+    def _drop_uncommitted(self, committed: set[str]) -> list[dict]:
+        """Remove the tasks (and their artifacts) of jobs without a results line; the tasks left."""
         rows = _read_jsonl(self.out / "tasks.jsonl")
         keep = [t for t in rows if t["info"].get("job") in committed]
         for task in rows:
@@ -126,6 +126,7 @@ class Store:
             tmp = self.out / "tasks.jsonl.tmp"
             tmp.write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in keep), encoding="utf-8")
             tmp.replace(self.out / "tasks.jsonl")
+        return keep
 
     def done(self) -> set[str]:
         """Keys of the jobs already committed (errored ones excluded: they run again)."""
