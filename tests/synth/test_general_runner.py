@@ -34,7 +34,7 @@ def _job(store: Store, key: str, prompts: list[str]) -> JobResult:
 
 
 def _lines(path):
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line]
 
 
 def test_dedup_cost_and_artifacts(tmp_path):
@@ -77,6 +77,18 @@ def test_resume_after_an_interruption(tmp_path):
     assert sorted(ran) == ["b", "c"] and summary["jobs"] == 3 and summary["kept"] == 3
     assert _lines(store.out / "results.jsonl")[0]["key"] == "a"
     assert len(_lines(store.out / "tasks.jsonl")) == 3
+
+
+def test_rows_holding_unicode_line_breaks_survive_a_resume(tmp_path):
+    store = Store(tmp_path / "run", "general", {})
+    prompt = "Book\u2028the\x85hotel."
+    run_jobs(["a", "b"], lambda key, s: _job(s, key, [f"{prompt} {key}"]), store)
+    with (store.out / "results.jsonl").open("a") as f:
+        f.write('{"key": "c", "status": "ke')
+    resumed = Store(tmp_path / "run", "general", {})
+    assert resumed.done() == {"a", "b"} and len(resumed.seen) == 2
+    assert [t["prompt"] for t in _lines(store.out / "tasks.jsonl")] == [f"{prompt} a", f"{prompt} b"]
+    assert (store.out / "results.jsonl").read_bytes().endswith(b"}\n")
 
 
 def test_errors_are_logged_and_retried_and_kinds_do_not_mix(tmp_path):

@@ -69,23 +69,20 @@ def _append(path: Path, row: dict) -> None:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    """Rows of ``path``; a torn last line (an interrupted write) is cut off the file."""
+    """Rows of ``path``, split on ``\\n`` only (a row's text may hold U+2028 and the like); a torn last
+    line (an interrupted write: no newline yet) is cut off the file."""
     if not path.is_file():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    rows, good = [], 0
-    for n, line in enumerate(lines, 1):
+    lines = path.read_bytes().split(b"\n")
+    rows = []
+    for n, line in enumerate(lines[:-1], 1):
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as err:
-            if n < len(lines):
-                raise SynthError(
-                    f"{path}:{n}: not JSON ({err.msg}); this file is not a synthesis log"
-                ) from err
-            break
-        good += len(line.encode("utf-8"))
-    with path.open("r+b") as f:
-        f.truncate(good)
+            raise SynthError(f"{path}:{n}: not JSON ({err.msg}); this file is not a synthesis log") from err
+    if lines[-1]:
+        with path.open("r+b") as f:
+            f.truncate(path.stat().st_size - len(lines[-1]))
     return rows
 
 
