@@ -160,9 +160,9 @@ def select_topk(
         ``topk_indices`` ``[B, T, min(k, S)]`` (int64). Slots that could not be filled because the
         query sees fewer than k keys hold ``-1``; consumers must ignore them.
 
-    Ties are broken deterministically in favour of the more recent key (see :func:`~dsv32.dsa.topk.tie_break_keys`),
-    so prefill, decode and chunked scoring select the same set even where ReLU makes many scores
-    exactly zero.
+    Ties are broken deterministically in favour of the more recent key (see
+    :func:`~dsv32.dsa.topk.tie_break_keys`), so prefill, decode and chunked scoring select the same
+    set even where ReLU makes many scores exactly zero.
     """
     B, T, S = index_scores.shape
     scores = index_scores.float()

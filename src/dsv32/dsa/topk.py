@@ -85,9 +85,10 @@ def drop_extra_candidate(
 
 
 def resolve_ties(scores: torch.Tensor, kth: torch.Tensor, k: int) -> torch.Tensor:
-    """The exact :func:`~dsv32.dsa.indexer.select_topk` set for rows ``scores`` ``[m, S]`` whose ``k``-th largest value
-    ``kth`` ``[m, 1]`` is tied with an unselected key: every key above ``kth``, then the latest keys
-    equal to it. One int32 top-k instead of the int64 keys of :func:`tie_break_keys`."""
+    """The exact :func:`~dsv32.dsa.indexer.select_topk` set for rows ``scores`` ``[m, S]`` whose
+    ``k``-th largest value ``kth`` ``[m, 1]`` is tied with an unselected key: every key above ``kth``,
+    then the latest keys equal to it. One int32 top-k instead of the int64 keys of
+    :func:`tie_break_keys`."""
     S = scores.shape[-1]
     pos = torch.arange(S, device=scores.device, dtype=torch.int32).expand_as(scores)
     rank = torch.where(scores > kth, pos + S, torch.where(scores == kth, pos, -1))
