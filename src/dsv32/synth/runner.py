@@ -139,16 +139,16 @@ class Store:
         """Commit one job: dedup its items, keep the new ones, log the job (one line)."""
         with self.lock:
             kept, duplicates = [], []
-            new = []
+            new: dict[str, Item] = {}
             for item in result.items:
                 key = dedup_key(item.text, item.signature)
-                if key in self.seen or key in {k for _, k in new}:
+                if key in self.seen or key in new:
                     duplicates.append(item.task["id"])
                     continue
-                new.append((item, key))
+                new[key] = item
             cost = result.usage.cost()
             per_task = cost / len(new) if new else None
-            for item, key in new:
+            for key, item in new.items():
                 task = json.loads(json.dumps(item.task))
                 info = task.setdefault("info", {})
                 if item.artifact is not None:
