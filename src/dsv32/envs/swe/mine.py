@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 import logging
 import random
@@ -29,7 +28,7 @@ from pathlib import Path
 from dsv32.envs.base import EnvError, Task, save_tasks
 from dsv32.envs.swe.issue import issue_text
 from dsv32.envs.swe.mutate import OPERATORS, Mutant, mutants
-from dsv32.envs.swe.snapshot import materialize, parse_spec, python_path
+from dsv32.envs.swe.snapshot import materialize, parse_spec, python_path, unified_diff
 from dsv32.envs.swe.testrun import TestReport, run_pytest
 
 log = logging.getLogger(__name__)
@@ -85,18 +84,10 @@ def candidates(repo: Path, covered: dict[str, set[int]], seed: int) -> list[Muta
 def _task(spec: str, m: Mutant, failing: list[str], passing: list[str], report: TestReport, total: int, k: int,
           pythonpath: str, bugged: str, fixed: str) -> Task:  # fmt: skip
     name, version = parse_spec(spec)
-    patch = "".join(
-        difflib.unified_diff(
-            bugged.splitlines(keepends=True),
-            fixed.splitlines(keepends=True),
-            f"a/{m.edit.path}",
-            f"b/{m.edit.path}",
-        )
-    )
     info = {
         "package": spec,
         "bug": [m.edit.to_dict()],
-        "patch": patch,
+        "patch": unified_diff(m.edit.path, bugged, fixed),
         "FAIL_TO_PASS": failing,
         "PASS_TO_PASS": passing,
         "pythonpath": pythonpath,
@@ -154,7 +145,7 @@ def mine(
             failing = [t for t in passing if not report.passed(t)]
             if not report.outcomes or not 1 <= len(failing) <= max_failing:
                 continue
-            still = [t for t in passing if t not in set(failing)]
+            still = [t for t in passing if report.passed(t)]
             tasks.append(_task(spec, m, failing, still, report, len(passing), len(tasks), pp, bugged, fixed))
             per_fn[key] += 1
             log.info("%s: kept %s %s (%d failing)", spec, m.op, m.function, len(failing))

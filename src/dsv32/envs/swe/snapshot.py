@@ -158,16 +158,11 @@ def materialize(spec: str, edits: list[Edit], dest: Path) -> Path:
     return dest
 
 
-def unified_diff(root: Path, edits: list[Edit]) -> str:
-    """The edits as a unified diff (``a/`` and ``b/`` prefixes) against the files under ``root``."""
-    out = []
-    for edit in edits:
-        before = inside(root, edit.path).read_text(encoding="utf-8")
-        after = before.replace(edit.old, edit.new, 1)
-        out += difflib.unified_diff(
-            before.splitlines(keepends=True),
-            after.splitlines(keepends=True),
-            f"a/{edit.path}",
-            f"b/{edit.path}",
+def unified_diff(path: str, before: str, after: str) -> str:
+    """The change of file ``path`` from ``before`` to ``after`` as a unified diff (``a/`` and ``b/``
+    prefixes)."""
+    return "".join(
+        difflib.unified_diff(
+            before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{path}", f"b/{path}"
         )
-    return "".join(out)
+    )
