@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dsv32.agent.errors import AgentError
+from dsv32.chat import last_user_index
 
 STRATEGIES = ("none", "summary", "discard_75", "discard_all", "parallel_fewest_step")
 DEFAULT_TRIGGER = 0.8
@@ -83,11 +84,11 @@ def summary_request(messages: Sequence[dict]) -> list[dict]:
 def reinitiate(initial: Sequence[dict], summary: str) -> list[dict]:
     """The initial messages with the summary appended to the task (the last user message)."""
     out = [dict(m) for m in initial]
-    for message in reversed(out):
-        if message.get("role") in ("user", "developer"):
-            message["content"] = (message.get("content") or "") + SUMMARY_HEADER + summary
-            return out
-    raise AgentError("the conversation has no user message to re-initiate from")
+    task = last_user_index(out)
+    if task < 0:
+        raise AgentError("the conversation has no user message to re-initiate from")
+    out[task]["content"] = (out[task].get("content") or "") + SUMMARY_HEADER + summary
+    return out
 
 
 def fewest_steps(stop_reasons: Sequence[str], steps: Sequence[int]) -> int:

@@ -36,7 +36,7 @@ from dsv32.agent.context import (
 from dsv32.agent.errors import AgentError, BackendError
 from dsv32.agent.tools import DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_TIMEOUT_S, Tool, Toolbox
 from dsv32.agent.trajectory import ContextEvent, Step, ThreadSummary, ToolRecord, Trajectory
-from dsv32.chat import apply_thinking_context
+from dsv32.chat import apply_thinking_context, last_user_index
 
 #: ``on_event(kind, payload)``: "thread" {thread}, "delta" {kind, text}, "tool_call" {id, name,
 #: arguments}, "tool_result" {id, name, ok, error, content}, "context" {ContextEvent fields},
@@ -137,7 +137,7 @@ class Agent:
                 messages.insert(0, {"role": "system", "content": self.system})
         else:
             raise AgentError("a task is a string or a list of OpenAI-style message dicts")
-        if not any(m.get("role") in ("user", "developer") for m in messages):
+        if last_user_index(messages) < 0:
             raise AgentError("the task messages have no user message")
         return apply_thinking_context(messages) if self.thinking else messages
 
@@ -267,7 +267,7 @@ class Agent:
             if not summary:
                 return None
             fresh = reinitiate(task_messages, summary)
-            traj.messages.append(next(m for m in reversed(fresh) if m.get("role") in ("user", "developer")))
+            traj.messages.append(fresh[last_user_index(fresh)])
             new, new_anchor, removed = fresh, len(fresh), len(context) - anchor
         else:
             fraction = 1.0 if strategy == "discard_all" else self.discard_fraction

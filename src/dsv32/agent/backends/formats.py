@@ -32,6 +32,7 @@ from dsv32.chat import (
     THINK_END,
     attach_tools,
     encode_messages,
+    last_user_index,
     missing_special_tokens,
     parse_completion,
 )
@@ -80,7 +81,7 @@ class V32Format:
             new = list(messages[len(last.messages) :])
             if not new:
                 return last
-            if not any(m.get("role") in ("user", "developer") for m in new):
+            if last_user_index(new) < 0:
                 tail = encode_messages(new, mode, context=attach_tools(last.messages, tools))
                 self.last = Prompt(
                     list(messages), tools, thinking, last.text + tail, last.ids + self._ids(tail)
