@@ -64,9 +64,10 @@ def _mb(v: float | None) -> str:
     return "—" if v is None else f"{v:.0f} MB"
 
 
-def attention_table(rows: list[dict]) -> tuple[str, str]:
+def attention_table(rows: list[dict] | dict) -> tuple[str, str]:
     """``attention.json`` (or one ``attention_L*_k*.json`` point): prefill and decode of ours against
     the dense baselines, per (L, k)."""
+    rows = [rows] if isinstance(rows, dict) else rows
     dtypes = sorted({r.get("dtype", "float32") for r in rows})
     table = _table(
         ["L", "k", "prefill ours", "(a) flash SDPA", "ours vs (a)", "vs (a-math)", "vs (b) masked",
@@ -147,30 +148,26 @@ def scalar_table(result: object) -> tuple[str, str]:
     return "see the JSON", _table(["key", "value"], rows or [["(no top-level numbers)", ""]])
 
 
-# script stem → (its JSON files, how to read them into a table)
-FORMATS: dict[str, tuple[str, Callable]] = {
-    "attention": ("attention*.json", attention_table),
-    "attention_gpu": ("attention_gpu.json", attention_gpu_table),
-    "model_speed": ("model_speed.json", model_speed_table),
-    "rl_keep_routing": ("rl_keep_routing.json", keep_routing_table),
+# script stem → (its JSON files, how to read them into a table); attention's sweeps (crossover, union,
+# tune) have other shapes and no table here
+FORMATS: dict[str, tuple[tuple[str, ...], Callable]] = {
+    "attention": (("attention.json", "attention_L*_k*.json"), attention_table),
+    "attention_gpu": (("attention_gpu.json",), attention_gpu_table),
+    "model_speed": (("model_speed.json",), model_speed_table),
+    "rl_keep_routing": (("rl_keep_routing.json",), keep_routing_table),
 }
 
 
 def benchmark_section(stem: str, out: Path, since: float) -> str | None:
     """The Markdown of one benchmark's JSON under ``out`` written at or after ``since`` (None when it
     wrote none, e.g. the GPU benchmark on a machine without a GPU)."""
-    pattern, fmt = FORMATS.get(stem, (f"{stem}.json", scalar_table))
-    files = sorted(p for p in out.glob(pattern) if p.stat().st_mtime >= since and p.name != "run_all.json")
-    if stem == "attention":  # the grid and single points; the sweeps (crossover, union, tune) differ
-        files = [p for p in files if p.name == "attention.json" or p.name.startswith("attention_L")]
+    patterns, fmt = FORMATS.get(stem, ((f"{stem}.json",), scalar_table))
+    files = sorted(p for pattern in patterns for p in out.glob(pattern) if p.stat().st_mtime >= since)
     if not files:
         return None
     parts = []
     for path in files:
-        data = json.loads(path.read_text())
-        if stem == "attention" and isinstance(data, dict):
-            data = [data]
-        dtype, table = fmt(data)
+        dtype, table = fmt(json.loads(path.read_text()))
         parts.append(
             f"`{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}` ({dtype}):\n\n{table}"
         )
