@@ -18,7 +18,6 @@ held-out accuracy and well-formed tool use), ``rl.png``, ``checkpoints/``, ``mod
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import logging
@@ -54,11 +53,12 @@ from dsv32.rl.trainer import (
     _generator,
     _lr_factor,
     _mean,
-    _save_policy,
     build_tasks,
     grpo_update,
+    make_optimizer,
+    reference_policy,
+    run_steps,
 )
-from dsv32.runlog import StepCheckpoints, append_metrics, truncate_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -277,10 +277,6 @@ def train_agentic(
     evaluate_after: bool = True,
 ) -> AgenticResult:
     """Run mixed agentic GRPO as configured (see the module docstring)."""
-    from tqdm.auto import tqdm
-
-    from dsv32.rl.plot import plot_rl_metrics
-
     rl, g = cfg.rl, cfg.rl.grpo
     torch.manual_seed(rl.seed)
     policy = policy or v32_policy(cfg)
@@ -297,50 +293,25 @@ def train_agentic(
     out = Path(rl.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-    needs_ref = g.kl_coef > 0 or any(v > 0 for v in g.domain_kl_coef.values())
-    ref = None
-    if needs_ref:
-        frozen = copy.deepcopy(policy.model).eval().requires_grad_(False)
-        ref = Policy(frozen, policy.tokenizer, policy.kind, policy.thinking)
-    decay = [p for p in policy.model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in policy.model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": g.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=g.lr, betas=tuple(g.betas))
-    ckpts = StepCheckpoints(out, keep=1)
-    metrics_path, eval_path = out / "metrics.jsonl", out / "eval.jsonl"
-    step, result = 0, AgenticResult(out, 0, 0.0)
-    if resume and (latest := ckpts.latest()) is not None:
-        step = ckpts.load(latest, policy.model, optimizer)
-        truncate_metrics(metrics_path, step)
-    else:
-        for path in (metrics_path, eval_path):
-            path.unlink(missing_ok=True)
-        if evaluate_before and held:
-            result.eval_before = _eval(policy, held, cfg, 0, eval_path)
-    last = g.steps if stop_after is None else min(g.steps, stop_after)
-    start = time.time()
-    bar = tqdm(total=g.steps, initial=step, desc="agentic grpo", disable=not progress, dynamic_ncols=True)
-    policy.model.train()
-    try:
-        while step < last:
-            record = agentic_step(policy, ref, optimizer, mix, reward_fn, cfg, g, step)
-            step += 1
-            record["seconds"] = round(time.time() - start, 2)
-            append_metrics(metrics_path, record)
-            result.metrics.append(record)
-            bar.set_postfix(reward=f"{record['reward_mean']:.3f}", acc=f"{record['accuracy']:.2f}")
-            bar.update(1)
-            if rl.eval.every and step % rl.eval.every == 0 and step < g.steps and held:
-                _eval(policy, held, cfg, step, eval_path)
-            if (rl.save_every and step % rl.save_every == 0) or step == last:
-                ckpts.save(step, policy.model, optimizer)
-    finally:
-        bar.close()
-        policy.model.eval()
-    result.steps, result.seconds = step, time.time() - start
-    if step >= g.steps:
-        if held and evaluate_after:
-            result.eval_after = _eval(policy, held, cfg, step, eval_path)
-        result.model_dir = _save_policy(policy, out / "model")
-    plot_rl_metrics(metrics_path, eval_path, out / "rl.png")
-    return result
+    ref = reference_policy(policy, g)
+    optimizer = make_optimizer(policy, g)
+
+    def evaluate(step: int, path: Path) -> dict:
+        return _eval(policy, held, cfg, step, path)
+
+    return run_steps(
+        policy,
+        optimizer,
+        AgenticResult(out, 0, 0.0),
+        lambda step: agentic_step(policy, ref, optimizer, mix, reward_fn, cfg, g, step),
+        evaluate if held else None,
+        steps=g.steps,
+        eval_every=rl.eval.every,
+        save_every=rl.save_every,
+        resume=resume,
+        progress=progress,
+        stop_after=stop_after,
+        evaluate_before=evaluate_before,
+        evaluate_after=evaluate_after,
+        desc="agentic grpo",
+    )

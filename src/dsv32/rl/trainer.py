@@ -236,10 +236,6 @@ def train_grpo(
     """Run GRPO as configured. ``policy``/``reward_fn`` default to those the config names; ``hook``
     enables multi-turn rollouts (``sampling.max_turns`` > 1); ``stop_after`` interrupts after that step
     (with a checkpoint), as if the process had been killed."""
-    from tqdm.auto import tqdm
-
-    from dsv32.rl.plot import plot_rl_metrics
-
     out = Path(cfg.out_dir)
     torch.manual_seed(cfg.seed)
     policy = policy or load_policy(cfg.policy.name, thinking=cfg.policy.thinking, device=cfg.policy.device)
@@ -253,26 +249,78 @@ def train_grpo(
     held_out = eval_tasks(cfg)
     out.mkdir(parents=True, exist_ok=True)  # only now: bad input (policy, rewards, tasks) writes nothing
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-    needs_ref = g.kl_coef > 0 or any(v > 0 for v in g.domain_kl_coef.values())
-    ref = None
-    if needs_ref:
-        ref = Policy(
-            copy.deepcopy(policy.model).eval().requires_grad_(False),
-            policy.tokenizer,
-            policy.kind,
-            policy.thinking,
-        )
-    decay = [p for p in policy.model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in policy.model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": g.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=g.lr,
-        betas=tuple(g.betas),
+    ref = reference_policy(policy, g)
+    optimizer = make_optimizer(policy, g)
+
+    def evaluate(step: int, path: Path) -> dict:
+        return _eval(policy, held_out, reward_fn, cfg, step, path, progress)
+
+    return run_steps(
+        policy,
+        optimizer,
+        RLResult(out, 0, 0.0),
+        lambda step: grpo_step(policy, ref, optimizer, tasks, reward_fn, cfg, g, step, hook),
+        evaluate if held_out else None,
+        steps=g.steps,
+        eval_every=cfg.eval.every,
+        save_every=cfg.save_every,
+        resume=resume,
+        progress=progress,
+        stop_after=stop_after,
+        evaluate_before=evaluate_before,
+        on_step=on_step,
     )
+
+
+def reference_policy(policy: Policy, g: GRPOConfig) -> Policy | None:
+    """A frozen copy of ``policy`` for the KL term; None when no domain has a KL coefficient."""
+    if not (g.kl_coef > 0 or any(v > 0 for v in g.domain_kl_coef.values())):
+        return None
+    frozen = copy.deepcopy(policy.model).eval().requires_grad_(False)
+    return Policy(frozen, policy.tokenizer, policy.kind, policy.thinking)
+
+
+def make_optimizer(policy: Policy, g: GRPOConfig) -> torch.optim.AdamW:
+    """AdamW over the policy, with weight decay on its matrices only."""
+    params = list(policy.model.parameters())
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": g.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=g.lr, betas=tuple(g.betas))
+
+
+def run_steps(
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    result: RLResult,
+    step_fn: Callable[[int], dict],
+    evaluate: Callable[[int, Path], dict] | None,
+    *,
+    steps: int,
+    eval_every: int,
+    save_every: int,
+    resume: bool,
+    progress: bool,
+    stop_after: int | None,
+    evaluate_before: bool,
+    evaluate_after: bool = True,
+    on_step: Callable[[dict], None] | None = None,
+    desc: str = "grpo",
+) -> RLResult:
+    """The loop of a GRPO run under ``result.out_dir``: resume from its latest checkpoint, or start
+    over (held-out ``evaluate(0, eval.jsonl)`` first); then ``step_fn(step)`` per step, its record
+    appended to ``metrics.jsonl``, ``evaluate`` every ``eval_every`` steps and after the last,
+    checkpoints, the final model and ``rl.png``. ``stop_after`` stops after that step with a
+    checkpoint, as if the process had been killed; ``evaluate`` None: no held-out items."""
+    from tqdm.auto import tqdm
+
+    from dsv32.rl.plot import plot_rl_metrics
+
+    out = result.out_dir
     ckpts = StepCheckpoints(out, keep=1)
     metrics_path, eval_path = out / "metrics.jsonl", out / "eval.jsonl"
     step = 0
-    result = RLResult(out, 0, 0.0)
     if resume and (latest := ckpts.latest()) is not None:
         step = ckpts.load(latest, policy.model, optimizer)
         truncate_metrics(metrics_path, step)
@@ -280,15 +328,15 @@ def train_grpo(
     else:
         for path in (metrics_path, eval_path):
             path.unlink(missing_ok=True)
-        if evaluate_before and held_out:
-            result.eval_before = _eval(policy, held_out, reward_fn, cfg, 0, eval_path, progress)
-    last = cfg.grpo.steps if stop_after is None else min(cfg.grpo.steps, stop_after)
+        if evaluate_before and evaluate is not None:
+            result.eval_before = evaluate(0, eval_path)
+    last = steps if stop_after is None else min(steps, stop_after)
     start = time.time()
-    bar = tqdm(total=g.steps, initial=step, desc="grpo", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=steps, initial=step, desc=desc, disable=not progress, dynamic_ncols=True)
     policy.model.train()
     try:
         while step < last:
-            record = grpo_step(policy, ref, optimizer, tasks, reward_fn, cfg, g, step, hook)
+            record = step_fn(step)
             step += 1
             record["seconds"] = round(time.time() - start, 2)
             append_metrics(metrics_path, record)
@@ -297,17 +345,17 @@ def train_grpo(
                 on_step(record)
             bar.set_postfix(reward=f"{record['reward_mean']:.3f}", acc=f"{record['accuracy']:.2f}")
             bar.update(1)
-            if cfg.eval.every and step % cfg.eval.every == 0 and step < g.steps and held_out:
-                _eval(policy, held_out, reward_fn, cfg, step, eval_path, progress)
-            if (cfg.save_every and step % cfg.save_every == 0) or step == last:
+            if eval_every and step % eval_every == 0 and step < steps and evaluate is not None:
+                evaluate(step, eval_path)
+            if (save_every and step % save_every == 0) or step == last:
                 ckpts.save(step, policy.model, optimizer)
     finally:
         bar.close()
         policy.model.eval()
     result.steps, result.seconds = step, time.time() - start
-    if step >= g.steps:
-        if held_out:
-            result.eval_after = _eval(policy, held_out, reward_fn, cfg, step, eval_path, progress)
+    if step >= steps:
+        if evaluate is not None and evaluate_after:
+            result.eval_after = evaluate(step, eval_path)
         result.model_dir = _save_policy(policy, out / "model")
     plot_rl_metrics(metrics_path, eval_path, out / "rl.png")
     return result
