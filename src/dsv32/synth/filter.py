@@ -23,7 +23,7 @@ from typing import Any
 
 from dsv32.agent import run_episode
 from dsv32.envs.base import Environment, Task
-from dsv32.synth.records import Pricing, RoleUsage, SynthError
+from dsv32.synth.records import Pricing, SynthError
 from dsv32.synth.runner import Item, JobResult
 
 BINS = 10
@@ -71,7 +71,7 @@ def score_task(
     pricing: Pricing | None = None,
 ) -> JobResult:
     """Run the policy ``n`` times on ``task``; keep or drop it (see the module docstring)."""
-    result = JobResult(key, usage=RoleUsage())
+    result = JobResult(key)
     usage = result.usage.role("policy", pricing)
     rewards: list[float] = []
     stops: dict[str, int] = {}

@@ -32,7 +32,7 @@ from dsv32.envs.base import Task, replay
 from dsv32.envs.general.bundle import load_bundle
 from dsv32.envs.general.env import GeneralToolEnv
 from dsv32.synth.prompts import GENERAL_SYSTEM, GENERAL_USER, SEARCH_HINT
-from dsv32.synth.records import Pricing, RoleUsage, SynthError, tool_signature
+from dsv32.synth.records import Pricing, SynthError, tool_signature
 from dsv32.synth.runner import Item, JobResult
 from dsv32.synth.versions import SOLUTION_IMPORTS, Limits, Version, freeze
 from dsv32.synth.workspace import Workspace
@@ -100,7 +100,7 @@ def synthesize(
     on_event: Any = None,
 ) -> JobResult:
     """Run one synthesis episode with ``backend``; accepted versions become bundles under ``staging``."""
-    result = JobResult(key, usage=RoleUsage())
+    result = JobResult(key)
     workspace = Workspace.create(limits=config.limits, max_versions=config.max_versions,
                                  bash_timeout_s=config.bash_timeout_s)  # fmt: skip
     try:

@@ -189,7 +189,7 @@ def synthesize_qa(
     """The whole pipeline for one entity (see the module docstring)."""
     if not answerers:
         raise SynthError("search-QA synthesis needs at least one answer agent")
-    result = JobResult(key, usage=RoleUsage())
+    result = JobResult(key)
     usage = result.usage
     with SearchEnv(config.corpus) as env:
         qa = construct(constructor, entity, env, config, usage)
