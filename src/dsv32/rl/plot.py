@@ -3,22 +3,17 @@ statistics, clip / masked fractions, completion lengths."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
-
-def _rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from dsv32.runlog import read_metrics
 
 
 def plot_rl_metrics(metrics_path: str | Path, eval_path: str | Path, png_path: str | Path) -> Path | None:
-    rows = _rows(Path(metrics_path))
+    rows = read_metrics(metrics_path)
     if not rows:
         return None
-    evals = _rows(Path(eval_path))
+    evals = read_metrics(eval_path)
     import matplotlib
 
     matplotlib.use("Agg")
