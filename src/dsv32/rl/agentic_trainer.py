@@ -104,10 +104,8 @@ def episode_settings(cfg: AgenticConfig) -> EpisodeSettings:
     )
 
 
-def sampling_settings(cfg: AgenticConfig, greedy: bool = False) -> SamplingSettings:
+def sampling_settings(cfg: AgenticConfig) -> SamplingSettings:
     s = cfg.rl.sampling
-    if greedy:
-        return SamplingSettings(0.0, 1.0, 0, s.max_new_tokens)
     return SamplingSettings(s.temperature, s.top_p, s.top_k, s.max_new_tokens)
 
 
