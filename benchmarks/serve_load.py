@@ -114,8 +114,11 @@ def run_load(base_url: str, clients: int, requests: int, max_tokens: int) -> dic
     }
 
 
-def _batch_sizes(app) -> dict:
-    counts, total, n = app.state.scheduler.metrics.histograms["batch_size"]
+def _batch_sizes(app, warm: tuple[float, int]) -> dict:
+    """Decode steps since the warm-up (``warm``: the histogram's sum and count then), and their mean
+    batch size."""
+    _, total, n = app.state.scheduler.metrics.histograms["batch_size"]
+    total, n = total - warm[0], n - warm[1]
     return {"decode_steps": n, "mean_batch_size": total / n if n else 0.0}
 
 
@@ -174,9 +177,9 @@ def main() -> None:
             app = create_app(served, max_batch=max_batch, max_queue=256)
             with ServerThread(app) as server:
                 run_load(server.base_url, 1, 1, 4)  # warm-up, not recorded
-                app.state.scheduler.metrics.histograms["batch_size"] = [[0] * 10, 0.0, 0]
+                warm = tuple(app.state.scheduler.metrics.histograms["batch_size"][1:])
                 row = run_load(server.base_url, clients, args.requests, args.max_tokens)
-            settings[label].append(row | _batch_sizes(app))
+            settings[label].append(row | _batch_sizes(app, warm))
             print(label, json.dumps({k: v for k, v in row.items() if k != "error_messages"}), flush=True)
     for rows in settings.values():
         rows.sort(key=lambda r: r["clients"])
