@@ -107,6 +107,8 @@ def test_mix_and_pairs():
     }
     with pytest.raises(SynthError, match="given twice"):
         parse_pairs(["a=x", "a=y"], "--specialist")
+    with pytest.raises(SynthError, match="given twice"):
+        parse_pairs(["a=x", " a =y"], "--specialist")
 
 
 def test_the_union_is_deduplicated_across_domains(tmp_path):

@@ -57,12 +57,12 @@ def parse_pairs(items: Sequence[str], what: str) -> dict[str, str]:
     """``["DOMAIN=VALUE", ...]`` → ``{DOMAIN: VALUE}``; each domain once."""
     out: dict[str, str] = {}
     for item in items:
-        domain, eq, value = item.partition("=")
-        if not eq or not domain.strip() or not value.strip():
+        domain, eq, value = (part.strip() for part in item.partition("="))
+        if not eq or not domain or not value:
             raise SynthError(f"{what} {item!r} must look like DOMAIN=VALUE")
         if domain in out:
             raise SynthError(f"{what}: domain {domain!r} is given twice")
-        out[domain.strip()] = value.strip()
+        out[domain] = value
     return out
 
 
