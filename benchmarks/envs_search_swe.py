@@ -62,10 +62,11 @@ def scan_search(docs, query: str, k: int) -> list[str]:
 def play(env, task) -> float:
     """One reference episode through the tools; returns its reward."""
     env.reset(task)
-    for msg in env.reference(task):
+    reference = env.reference(task)
+    for msg in reference:
         for call in msg.get("tool_calls", []):
             env.call(call["function"]["name"], json.loads(call["function"]["arguments"]))
-    reward = env.reward(Episode([], env.reference(task)[-1]["content"])).value
+    reward = env.reward(Episode([], reference[-1]["content"])).value
     env.close()
     return reward
 
@@ -76,7 +77,8 @@ def episodes_per_minute(make_env, tasks, parallel: int) -> dict:
         return [play(env, t) for t in chunk]
 
     chunks = [tasks[i::parallel] for i in range(parallel)]
-    wall, results = timed(lambda: list(ThreadPoolExecutor(parallel).map(worker, chunks)))
+    with ThreadPoolExecutor(parallel) as pool:
+        wall, results = timed(lambda: list(pool.map(worker, chunks)))
     rewards = [r for chunk in results for r in chunk]
     return {"parallel": parallel, "episodes": len(rewards), "wall_s": wall, "episodes_per_min": 60 * len(rewards) / wall,
             "mean_reward": sum(rewards) / len(rewards)}  # fmt: skip
