@@ -36,6 +36,7 @@ from dsv32.chat import (
     missing_special_tokens,
     parse_completion,
 )
+from dsv32.chat.protocol import CALLS_START
 
 
 @dataclass
@@ -100,7 +101,7 @@ class V32Format:
         return message, parsed["problems"]
 
     #: streaming: reasoning until think_end (thinking mode), content until calls_start
-    think_start, think_end, calls_start = None, THINK_END, "\n\n<｜DSML｜function_calls>"
+    think_start, think_end, calls_start = None, THINK_END, CALLS_START
 
 
 # ------------------------------------------------------------------------------------------ templates
