@@ -36,14 +36,15 @@ def extract(final: str) -> str:
                 found = m.group(1)
         text = found if found is not None else final
     text = text.strip()
-    if text.endswith(".") and not _literal(text)[0]:
+    if text.endswith(".") and not literal(text)[0]:
         text = text[:-1].rstrip()
     if len(text) >= 2 and text[0] == "`" and text[-1] == "`":
         text = text.strip("`").strip()
     return text
 
 
-def _literal(text: str) -> tuple[bool, object]:
+def literal(text: str) -> tuple[bool, object]:
+    """``(True, value)`` when ``text`` is a Python literal, else ``(False, None)``."""
     try:
         return True, ast.literal_eval(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
@@ -64,7 +65,7 @@ def same_value(a: object, b: object) -> bool:
 
 
 def _text(text: str) -> tuple[str, bool]:
-    ok, value = _literal(text)
+    ok, value = literal(text)
     if ok and isinstance(value, str):
         return " ".join(value.split()), True
     return " ".join(text.split()), False
@@ -77,8 +78,8 @@ def matches(final: str | None, gold: str) -> bool:
     answer = extract(final)
     if not answer:
         return False
-    ok_a, va = _literal(answer)
-    ok_g, vg = _literal(gold)
+    ok_a, va = literal(answer)
+    ok_g, vg = literal(gold)
     if ok_a and ok_g and same_value(va, vg):
         return True
     got, _ = _text(answer)

@@ -25,6 +25,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from dsv32.envs.base import EnvError, Task
+from dsv32.envs.search.answers import literal
 from dsv32.envs.search.calls import CALLS, render
 from dsv32.envs.search.corpus import Doc, pages
 from dsv32.envs.search.index import Index
@@ -38,19 +39,13 @@ _LITERAL_HINT = "Give the value as a Python literal (for example 10, None, True 
 
 def _simple_default(value: str) -> bool:
     """A default worth asking about: an int, float, str, bool or None literal, not too long."""
-    try:
-        v = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return False
-    return isinstance(v, (int, float, str, bool, type(None))) and len(value) <= 40
+    ok, v = literal(value)
+    return ok and isinstance(v, (int, float, str, bool, type(None))) and len(value) <= 40
 
 
 def _int_default(value: str) -> bool:
-    try:
-        v = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return False
-    return isinstance(v, int) and not isinstance(v, bool)
+    ok, v = literal(value)
+    return ok and isinstance(v, int) and not isinstance(v, bool)
 
 
 def _query(doc: Doc) -> str:
