@@ -43,18 +43,19 @@ def _jsonl(path: Path) -> list[dict]:
 
 
 @cache
-def _load(name: str) -> tuple[dict, ...]:
+def load_file(name: str) -> tuple[dict, ...]:
+    """The rows of ``data_dir() / name``, read once (shared: callers copy what they change)."""
     return tuple(_jsonl(data_dir() / name))
 
 
 def load_entries(category: str) -> list[dict]:
     """The test entries of one category (deep copies: callers may change them)."""
-    return copy.deepcopy(list(_load(f"BFCL_v4_{category}.json")))
+    return copy.deepcopy(list(load_file(f"BFCL_v4_{category}.json")))
 
 
 def load_answers(category: str) -> dict[str, list]:
     """``{entry id: ground_truth}`` of one category."""
-    return {row["id"]: row["ground_truth"] for row in _load(f"possible_answer/BFCL_v4_{category}.json")}
+    return {row["id"]: row["ground_truth"] for row in load_file(f"possible_answer/BFCL_v4_{category}.json")}
 
 
 def chosen_categories(benchmark: str, subset: list[str] | None, categories: tuple[str, ...]) -> list[str]:

@@ -33,7 +33,7 @@ import json
 from typing import Any
 
 from dsv32.eval.bfcl.api import ApiWorker, WorkerError, parse_call
-from dsv32.eval.bfcl.data import chosen_categories, data_dir, load_answers, load_entries, openai_tool
+from dsv32.eval.bfcl.data import chosen_categories, load_answers, load_entries, load_file, openai_tool
 from dsv32.eval.types import Benchmark, EpisodeResult, Problem, RunOptions, Score
 
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
@@ -52,11 +52,8 @@ DOCS = {
 
 
 def function_docs(classes: list[str]) -> list[dict]:
-    docs = []
-    for name in classes:
-        with (data_dir() / "multi_turn_func_doc" / DOCS[name]).open(encoding="utf-8") as f:
-            docs += [json.loads(line) for line in f if line.strip()]
-    return docs
+    """The function docs of the API classes (read once per class; shared, not to be changed)."""
+    return [doc for name in classes for doc in load_file(f"multi_turn_func_doc/{DOCS[name]}")]
 
 
 def _multiset_missing(expected: list[str], got: list[str]) -> list[str]:
