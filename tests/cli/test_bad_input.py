@@ -135,8 +135,9 @@ def _leaf_commands(parser: argparse.ArgumentParser, prefix=()) -> list[tuple[str
 
 
 def test_every_command_has_bad_input_rows():
-    covered = {tuple(argv[: len(leaf)]) for argv, *_ in CASES for leaf in _leaf_commands(build_parser())}
-    missing = [" ".join(leaf) for leaf in _leaf_commands(build_parser()) if leaf not in covered]
+    leaves = _leaf_commands(build_parser())
+    covered = {tuple(argv[: len(leaf)]) for argv, *_ in CASES for leaf in leaves}
+    missing = [" ".join(leaf) for leaf in leaves if leaf not in covered]
     assert not missing, f"add bad-input rows for: {missing}"
 
 
