@@ -9,7 +9,9 @@ the split of the text into pieces, the deltas reassemble to exactly what
   end*: the end minus the longest suffix that could still grow into ``</think>``, the tool-call block
   opener ``\\n\\n<｜DSML｜function_calls>`` or ``<｜end▁of▁sentence｜>``, the markers that end the
   reasoning and the content. Reasoning and content of that stable text only ever grow by appending,
-  so the delta is the new suffix;
+  so the delta is the new suffix. While no marker has closed the field the text ends in (reasoning,
+  or content before any tool-call block or end token), new stable text without a marker is appended
+  to that field as it is, without parsing the whole text again: a long answer costs linear time;
 - a tool call is reported once its ``invoke`` is closed: lenient parsing of a text cut inside a call
   keeps only the calls completed before it, so a call cut at ``max_tokens`` is never reported, and
   one that is reported never changes. It is sent as OpenAI streams calls: a delta with ``index``,
@@ -44,10 +46,12 @@ def unstable_suffix(text: str, markers: tuple[str, ...] = MARKERS) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of one of ``markers``."""
     best = 0
     for marker in markers:
-        for k in range(min(len(marker) - 1, len(text)), best, -1):
-            if text.endswith(marker[:k]):
-                best = k
-                break
+        tail = text[max(0, len(text) - len(marker) + 1) :]
+        i = tail.find(marker[0])
+        while i >= 0 and not marker.startswith(tail[i:]):
+            i = tail.find(marker[0], i + 1)
+        if i >= 0:
+            best = max(best, len(tail) - i)
     return best
 
 
@@ -82,18 +86,19 @@ class V32Stream:
     def __init__(self, thinking_mode: str = "thinking") -> None:
         self.mode = thinking_mode
         self.text = ""
+        self.parsed = 0  # length of the text parsed so far
+        self.open_field: str | None = None  # "reasoning" / "content" while no marker closed it
         self.reasoning = ""
         self.content = ""
         self.calls: list[dict[str, Any]] = []  # reported calls, with ids
 
     def feed(self, piece: str) -> MessageDelta:
         self.text += piece
-        stable = self.text[: len(self.text) - unstable_suffix(self.text)]
-        return self._advance(stable)
+        return self._advance(len(self.text) - unstable_suffix(self.text))
 
     def finish(self) -> MessageDelta:
         """Everything still held back; afterwards :meth:`message` is the parse of the whole text."""
-        return self._advance(self.text)
+        return self._advance(len(self.text))
 
     def message(self) -> dict[str, Any]:
         """The assistant message reported so far (OpenAI shape; ``tool_calls`` with ids)."""
@@ -104,7 +109,20 @@ class V32Stream:
             "tool_calls": [dict(c) for c in self.calls],
         }
 
-    def _advance(self, text: str) -> MessageDelta:
+    def _advance(self, end: int) -> MessageDelta:
+        """Parse the text up to ``end`` (a stable end, or the end of the text)."""
+        start, self.parsed = self.parsed, end
+        if end == start:
+            return MessageDelta()
+        if self.open_field and not _has_marker(self.text, start, end):
+            new = self.text[start:end]
+            if self.open_field == "reasoning":
+                self.reasoning += new
+                return MessageDelta(reasoning=new)
+            self.content += new
+            return MessageDelta(content=new)
+        text = self.text[:end]
+        self.open_field = _open_field(text, self.mode)
         parsed = parse_completion(text, self.mode, strict=False)
         reasoning, content = parsed["reasoning_content"], parsed["content"]
         if not (reasoning.startswith(self.reasoning) and content.startswith(self.content)):
@@ -129,6 +147,19 @@ class V32Stream:
                 {"index": index, "function": {"arguments": f}} for f in argument_fragments(arguments)
             ]
         return delta
+
+
+def _has_marker(text: str, start: int, end: int) -> bool:
+    """Whether a marker lies in ``text[:end]`` and ends after ``start``."""
+    return any(text.find(m, max(0, start - len(m) + 1), end) >= 0 for m in MARKERS)
+
+
+def _open_field(text: str, mode: str) -> str | None:
+    """The field that more text without markers extends: the reasoning until ``</think>``, then the
+    content; None once a tool-call block or the end token began."""
+    if P.CALLS_START in text or P.EOS in text:
+        return None
+    return "reasoning" if mode == "thinking" and P.THINK_END not in text else "content"
 
 
 class PlainStream:
