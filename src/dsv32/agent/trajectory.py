@@ -24,8 +24,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-STOP_REASONS = ("answer", "max_steps", "context", "error")
-
 
 @dataclass
 class ToolRecord:

@@ -92,7 +92,6 @@ class OpenAIBackend:
 
     ``api_key`` defaults to ``$OPENAI_API_KEY``, else ``"EMPTY"`` (what keyless local servers such as
     vLLM accept). ``stream=True`` streams the reply (``on_delta`` sees it as it arrives).
-    ``context_window`` is only recorded for callers; the loop takes its own.
     """
 
     def __init__(
