@@ -244,17 +244,17 @@ def _check_frozen(code: Path, prompt: str, index: int, previous: Version | None,
         return Verdict(False, f"the verifier is too weak: {why}")
     harder = ""
     if previous is not None:
-        harder = _harder(code, prompt, previous, limits)
-        if harder.startswith("not harder"):
+        is_harder, harder = _harder(code, prompt, previous, limits)
+        if not is_harder:
             return Verdict(False, harder)
     version = Version(index, prompt, code, schema["tools"], solved["calls"], solved["answer"], harder)
     return Verdict(True, "accepted", version)
 
 
-def _harder(code: Path, prompt: str, previous: Version, limits: Limits) -> str:
-    """Why version ``code`` is harder than ``previous``, or a reason starting with "not harder"."""
+def _harder(code: Path, prompt: str, previous: Version, limits: Limits) -> tuple[bool, str]:
+    """Whether version ``code`` is harder than ``previous``, and why (or why not)."""
     if normalize(prompt) == normalize(previous.prompt):
-        return "not harder: the prompt is the same as the previous version's; change the task"
+        return False, "not harder: the prompt is the same as the previous version's; change the task"
     mixed = Path(tempfile.mkdtemp(prefix="dsv32-synth-prev-"))
     try:
         for name in ("tools.py", "verify.py"):
@@ -263,12 +263,15 @@ def _harder(code: Path, prompt: str, previous: Version, limits: Limits) -> str:
         old, run_dir = run_solution(mixed, code / "db.sqlite", limits)
         try:
             if not old["ok"]:
-                return "the previous solution no longer runs on the new tools and data"
+                return True, "the previous solution no longer runs on the new tools and data"
             verdict = run_verifier(mixed, code / "db.sqlite", run_dir / "db.sqlite", old["answer"], limits)
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
     finally:
         shutil.rmtree(mixed, ignore_errors=True)
     if verdict.get("ok") and verdict.get("passed"):
-        return "not harder: the previous version's solution still passes the new verifier; add constraints"
-    return "the previous version's solution fails the new verifier"
+        return (
+            False,
+            "not harder: the previous version's solution still passes the new verifier; add constraints",
+        )
+    return True, "the previous version's solution fails the new verifier"
