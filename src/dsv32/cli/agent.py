@@ -28,18 +28,21 @@ class Printer:
         color = hasattr(self.out, "isatty") and self.out.isatty()
         self.dim, self.reset = ("\033[2m", "\033[0m") if color else ("", "")
 
-    def _line(self, text: str) -> None:
+    def _end_stream(self) -> None:
+        """End the reasoning or answer being streamed, if any, with its line."""
         if self.kind is not None:
             self.out.write(self.reset + "\n")
             self.kind = None
+
+    def _line(self, text: str) -> None:
+        self._end_stream()
         self.out.write(text + "\n")
         self.out.flush()
 
     def __call__(self, kind: str, payload: dict) -> None:
         if kind == "delta":
             if payload["kind"] != self.kind:
-                if self.kind is not None:
-                    self.out.write(self.reset + "\n")
+                self._end_stream()
                 label = "thinking: " if payload["kind"] == "reasoning" else "answer: "
                 self.out.write((self.dim if payload["kind"] == "reasoning" else "") + label)
                 self.kind = payload["kind"]
@@ -84,12 +87,10 @@ def _load_tools(specs: list[str]) -> list:
 def _backend(args: argparse.Namespace, reference: list | None):
     from dsv32.agent import AgentError, LocalBackend, OpenAIBackend, ScriptedBackend
 
+    sampling = {k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p)) if v is not None}
     if args.backend == "openai":
         if not args.base_url or not args.model:
             raise AgentError("--backend openai needs --base-url URL and --model NAME")
-        sampling = {
-            k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p)) if v is not None
-        }
         if args.max_tokens:
             sampling["max_tokens"] = args.max_tokens
         return OpenAIBackend(args.base_url, args.model, args.api_key, stream=not args.no_stream, **sampling)
@@ -98,11 +99,8 @@ def _backend(args: argparse.Namespace, reference: list | None):
             raise AgentError(
                 "--backend local needs a model: smollm2, a native V3.2 checkpoint or an HF directory"
             )
-        options = {
-            k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p)) if v is not None
-        }
         return LocalBackend.load(
-            args.checkpoint, device=args.device, max_new_tokens=args.max_tokens or 1024, **options
+            args.checkpoint, device=args.device, max_new_tokens=args.max_tokens or 1024, **sampling
         )
     if reference is None:
         raise AgentError("--backend reference replays an environment's reference solution: give --env NAME")
