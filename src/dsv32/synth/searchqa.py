@@ -199,16 +199,14 @@ def synthesize_qa(
             return result
         result.stats.update(question=qa.question, answer=qa.answer)
         task = Task(f"sqa-{key}", qa.question, qa.answer, "search")
-        candidates = []
+        candidates = result.stats["candidates"] = []
         for spec in answerers:
             candidates.append(answer(spec, task, env, usage))
             if candidates[-1]["correct"]:
-                result.stats["candidates"] = candidates
                 result.dropped.append(
                     {"reason": "an answer agent found the ground truth", "agent": spec.name}
                 )
                 return result
-        result.stats["candidates"] = candidates
         given = list(dict.fromkeys(c["answer"] for c in candidates if c["answer"]))
         if any(normalize(a) == normalize(qa.answer) for a in given):
             result.dropped.append({"reason": "a candidate equals the ground truth"})
