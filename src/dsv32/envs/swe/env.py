@@ -156,7 +156,7 @@ class SweEnv(Environment):
         rels = {
             tid.split("::", 1)[0] for tid in self.task.info["FAIL_TO_PASS"] + self.task.info["PASS_TO_PASS"]
         }
-        rels |= {str(p.relative_to(source)) for name in _CONFIG_FILES for p in source.rglob(name)}
+        rels |= {str(p.relative_to(source)) for p in source.rglob("*") if p.name in _CONFIG_FILES}
         bugged = {e["path"] for e in self.task.info["bug"]}
         for rel in sorted(rels - bugged):
             if (source / rel).is_file():
