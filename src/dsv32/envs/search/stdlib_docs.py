@@ -2,7 +2,7 @@
 method of the running Python, written from ``inspect`` (signature, docstring, defining module).
 
 It imports every public standard-library module, so it runs in a child process
-(``python -m dsv32.envs.search.stdlib_docs OUT.jsonl``, see :func:`dsv32.envs.search.corpus.stdlib_corpus`)
+(``python -m dsv32.envs.search.stdlib_docs OUT.jsonl``, see :func:`dsv32.envs.search.corpus.stdlib_corpus_path`)
 and never inside the caller. Each JSONL row is ``{"id", "title", "text", "kind", "module",
 "params"}``: ``id`` is the dotted name (``json.dumps``, ``collections.OrderedDict.move_to_end``),
 ``params`` the signature's parameters with the ``repr`` of their defaults (what the question
