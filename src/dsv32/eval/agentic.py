@@ -26,56 +26,59 @@ def env_names() -> list[str]:
     return sorted(registry())
 
 
-def episode(env_name: str, problem: Problem, backend: Any, options: RunOptions) -> EpisodeResult:
-    """One scored episode of ``problem.data["task"]`` in a fresh ``env_name`` environment."""
-    from dsv32.agent import run_episode
-    from dsv32.envs.base import get_env
-
-    env = get_env(env_name).factory()
-    try:
-        trajectory, reward = run_episode(
-            backend,
-            env,
-            problem.data["task"],
-            thinking=options.thinking,
-            sampling=options.sampling,
-            max_steps=options.max_steps,
-            context=options.context,
-            context_window=options.context_window,
-        )
-    finally:
-        env.close()
-    reason = reward.reason or trajectory.stop_reason
-    if trajectory.error:
-        reason = f"{reason}; {trajectory.error}"
-    return EpisodeResult(
-        trajectory.messages,
-        Score(float(reward.value), reason),
-        trajectory.total_steps,
-        trajectory.total_tokens,
-        len(trajectory.context_events),
-        trajectory.stop_reason,
-        trajectory.final,
-    )
-
-
-def reference_replies(env_name: str, problem: Problem) -> list[dict]:
-    from dsv32.envs.base import get_env
-
-    env = get_env(env_name).factory()
-    try:
-        return env.reference(problem.data["task"])
-    finally:
-        env.close()
-
-
 def task_problems(tasks: list) -> list[Problem]:
     return [Problem(t.id, [{"role": "user", "content": t.prompt}], [], t.domain, {"task": t}) for t in tasks]
 
 
-class Agentic(Benchmark):
-    kind = "episode"
+class EnvBenchmark(Benchmark):
+    """Episodes of ``problem.data["task"]`` in the ``env_name`` environment of :mod:`dsv32.envs`."""
 
+    kind = "episode"
+    env_name = ""
+
+    def episode(self, problem: Problem, backend: Any, options: RunOptions) -> EpisodeResult:
+        """One scored episode in a fresh environment."""
+        from dsv32.agent import run_episode
+        from dsv32.envs.base import get_env
+
+        env = get_env(self.env_name).factory()
+        try:
+            trajectory, reward = run_episode(
+                backend,
+                env,
+                problem.data["task"],
+                thinking=options.thinking,
+                sampling=options.sampling,
+                max_steps=options.max_steps,
+                context=options.context,
+                context_window=options.context_window,
+            )
+        finally:
+            env.close()
+        reason = reward.reason or trajectory.stop_reason
+        if trajectory.error:
+            reason = f"{reason}; {trajectory.error}"
+        return EpisodeResult(
+            trajectory.messages,
+            Score(float(reward.value), reason),
+            trajectory.total_steps,
+            trajectory.total_tokens,
+            len(trajectory.context_events),
+            trajectory.stop_reason,
+            trajectory.final,
+        )
+
+    def reference_replies(self, problem: Problem) -> list[dict]:
+        from dsv32.envs.base import get_env
+
+        env = get_env(self.env_name).factory()
+        try:
+            return env.reference(problem.data["task"])
+        finally:
+            env.close()
+
+
+class Agentic(EnvBenchmark):
     def __init__(self, env_name: str) -> None:
         super().__init__()
         from dsv32.envs.base import get_env
@@ -105,9 +108,3 @@ class Agentic(Benchmark):
         if name not in self.sets:
             raise EvalError(f"{self.name} has no task set {name!r}; known: {', '.join(self.sets)}")
         return task_problems(resolve_tasks(self.env_name, name))
-
-    def episode(self, problem: Problem, backend: Any, options: RunOptions) -> EpisodeResult:
-        return episode(self.env_name, problem, backend, options)
-
-    def reference_replies(self, problem: Problem) -> list[dict]:
-        return reference_replies(self.env_name, problem)

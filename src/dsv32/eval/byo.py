@@ -29,11 +29,11 @@ import random
 import string
 from typing import Any
 
-from dsv32.eval.agentic import episode, reference_replies
+from dsv32.eval.agentic import EnvBenchmark
 from dsv32.eval.answers import choice_letter, last_boxed, math_equal
 from dsv32.eval.errors import EvalError
 from dsv32.eval.rgym import TEMPLATE
-from dsv32.eval.types import Benchmark, EpisodeResult, Problem, RunOptions, Score
+from dsv32.eval.types import Benchmark, Problem, Score
 from dsv32.jsonl import read_jsonl
 
 MCQ_SUFFIX = (
@@ -164,9 +164,8 @@ def _tests(row: dict, key: str) -> list[str]:
     return value
 
 
-class SweBench(Benchmark):
+class SweBench(EnvBenchmark):
     name = "byo-swe"
-    kind = "episode"
     description = "your SWE-bench-shaped JSONL (FAIL_TO_PASS / PASS_TO_PASS), the swe environment, no Docker"
     source = "--data FILE.jsonl"
     needs_data = True
@@ -190,9 +189,3 @@ class SweBench(Benchmark):
                 Problem(rid, [{"role": "user", "content": statement}], [], task.domain, {"task": task})
             )
         return out
-
-    def episode(self, problem: Problem, backend: Any, options: RunOptions) -> EpisodeResult:
-        return episode(self.env_name, problem, backend, options)
-
-    def reference_replies(self, problem: Problem) -> list[dict]:
-        return reference_replies(self.env_name, problem)
