@@ -195,11 +195,11 @@ class Agent:
                     self._emit("step", {"step": step})
                     break
                 for call in calls:
-                    result = self._run_tool(call)
-                    step.tool_calls.append(result[0])
-                    step.tool_latency_s += result[0].latency_s
-                    context.append(result[1])
-                    traj.messages.append(result[1])
+                    record, result = self._run_tool(call)
+                    step.tool_calls.append(record)
+                    step.tool_latency_s += record.latency_s
+                    context.append(result)
+                    traj.messages.append(result)
                 self._emit("step", {"step": step})
         except BackendError as err:
             traj.stop_reason, traj.error = "error", str(err)
