@@ -175,21 +175,14 @@ def create_app(
             return _sse(R.chat_chunk(rid, name, choice, None))
 
         for i in range(body.n):
-            yield chunk(
-                {
-                    "index": i,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-            )
+            yield chunk(R.stream_choice(i, {"role": "assistant", "content": ""}))
         try:
             async for event in job.events():
                 stream = streams[event.index]
                 if isinstance(event, Chunk):
                     choices = R.delta_choices(event.index, stream.feed(event.text))
                     if event.logprobs is not None:
-                        choices = choices or [{"index": event.index, "delta": {}, "finish_reason": None}]
+                        choices = choices or [R.stream_choice(event.index, {})]
                         choices[0]["logprobs"] = {"content": event.logprobs}
                     for choice in choices:
                         yield chunk(choice)
@@ -198,7 +191,7 @@ def create_app(
                     yield chunk(choice)
                 completion_tokens += event.completion_tokens
                 reason = R.finish_reason(event.reason, stream.message())
-                yield chunk({"index": event.index, "delta": {}, "logprobs": None, "finish_reason": reason})
+                yield chunk(R.stream_choice(event.index, {}, reason))
         except ServeError as err:
             yield _sse(err.body())
         else:

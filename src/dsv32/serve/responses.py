@@ -46,17 +46,23 @@ def chat_message(message: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def chat_completion(
-    rid: str, model: str, choices: list[dict[str, Any]], prompt_tokens: int, completion_tokens: int
+def _body(
+    rid: str, kind: str, model: str, choices: list[dict[str, Any]], usage_: dict | None
 ) -> dict[str, Any]:
     return {
         "id": rid,
-        "object": "chat.completion",
+        "object": kind,
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage_,
     }
+
+
+def chat_completion(
+    rid: str, model: str, choices: list[dict[str, Any]], prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
+    return _body(rid, "chat.completion", model, choices, usage(prompt_tokens, completion_tokens))
 
 
 def chat_choice(index: int, message: dict[str, Any], reason: str, logprobs: list | None) -> dict[str, Any]:
@@ -71,14 +77,11 @@ def chat_choice(index: int, message: dict[str, Any], reason: str, logprobs: list
 def chat_chunk(
     rid: str, model: str, choice: dict[str, Any] | None, usage_: dict | None = None
 ) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [] if choice is None else [choice],
-        "usage": usage_,
-    }
+    return _body(rid, "chat.completion.chunk", model, [] if choice is None else [choice], usage_)
+
+
+def stream_choice(index: int, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
 
 
 def delta_choices(index: int, delta: MessageDelta) -> list[dict[str, Any]]:
@@ -89,7 +92,7 @@ def delta_choices(index: int, delta: MessageDelta) -> list[dict[str, Any]]:
     if delta.content:
         parts.append({"content": delta.content})
     parts += [{"tool_calls": [tc]} for tc in delta.tool_calls]
-    return [{"index": index, "delta": p, "logprobs": None, "finish_reason": None} for p in parts]
+    return [stream_choice(index, p) for p in parts]
 
 
 def completion_logprobs(entries: list[dict[str, Any]], offset: int = 0) -> dict[str, Any]:
@@ -114,11 +117,6 @@ def completion_body(
     completion_tokens: int,
     chunk: bool,
 ) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": None if chunk else usage(prompt_tokens, completion_tokens),
-    }
+    return _body(
+        rid, "text_completion", model, choices, None if chunk else usage(prompt_tokens, completion_tokens)
+    )
