@@ -32,7 +32,7 @@ from dsv32.chat import EOS, agent_system_prompt, reasoning_agent_system_prompt
 from dsv32.envs.base import Environment, Task
 from dsv32.rl.agentic_backend import LockstepBatcher, RecordingBackend, SamplingSettings, StepRecord
 from dsv32.rl.rewards.shaping import language_consistency, length_penalty
-from dsv32.rl.rollout import Rollouts
+from dsv32.rl.rollout import Rollouts, layout_rollouts
 from dsv32.rl.tasks import Task as RLTask
 
 PROMPTS = ("env", "bare", "reasoning_agent", "agent")
@@ -195,44 +195,21 @@ def rows_to_rollouts(
 ) -> Rollouts:
     """Rows → the :class:`~dsv32.rl.rollout.Rollouts` layout the GRPO update reads (prompts
     left-padded to a shared ``start``, everything after right-padded)."""
-    B = len(rows)
-    P = max(len(r.prompt) for r in rows)
-    T = max(1, max(len(r.tokens) for r in rows))
-    seq = torch.full((B, P + T), pad, dtype=torch.long)
-    mask = torch.zeros(B, P + T, dtype=torch.long)
-    action = torch.zeros(B, T, dtype=torch.bool)
-    logp = torch.zeros(B, T)
-    K = max((k.shape[-1] for r in rows for k in r.kept), default=1)
-    kept = torch.full((B, T, K), -1, dtype=torch.int32) if with_kept else None
+    batch = layout_rollouts(
+        tasks, [r.prompt for r in rows], [r.tokens for r in rows], [r.actions for r in rows],
+        [r.logprobs for r in rows], [r.kept for r in rows] if with_kept else None, pad, device,
+        completions=["" for _ in rows], truncated=[False for _ in rows],
+    )  # fmt: skip
     routed = [r.routing for r in rows if r.routing is not None]
-    routing = None
     if routed:
         layers, _, topk = routed[0].shape
-        routing = torch.zeros(layers, B, P + T - 1, topk, dtype=routed[0].dtype)
-    for i, r in enumerate(rows):
-        n, left = len(r.tokens), P - len(r.prompt)
-        seq[i, left : P + n] = torch.tensor(r.ids)
-        mask[i, left : P + n] = 1
-        action[i, :n] = torch.tensor(r.actions)
-        logp[i, :n] = torch.tensor(r.logprobs)
-        if kept is not None:
-            cat = torch.cat([torch.nn.functional.pad(k, (0, K - k.shape[-1]), value=-1) for k in r.kept])
-            kept[i, :n] = cat
-        if routing is not None and r.routing is not None:
-            routing[:, i, left : left + r.routing.shape[1]] = r.routing
-    return Rollouts(
-        tasks=list(tasks),
-        sequences=seq.to(device),
-        attention_mask=mask.to(device),
-        start=P,
-        action_mask=action.to(device),
-        sampling_logprobs=logp.to(device),
-        kept_ids=None if kept is None else kept.to(device),
-        routing=None if routing is None else routing.to(device),
-        completions=["" for _ in rows],
-        num_tokens=[sum(r.actions) for r in rows],
-        truncated=[False for _ in rows],
-    )
+        routing = torch.zeros(layers, len(rows), batch.sequences.shape[1] - 1, topk, dtype=routed[0].dtype)
+        for i, r in enumerate(rows):
+            if r.routing is not None:
+                left = batch.start - len(r.prompt)
+                routing[:, i, left : left + r.routing.shape[1]] = r.routing
+        batch.routing = routing.to(device)
+    return batch
 
 
 def rl_task(episode: Episode) -> RLTask:

@@ -14,7 +14,7 @@ arrive with the agent issues; any callable with this signature plugs in.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -171,12 +171,36 @@ def rollout(
                     truncated[i] = False
                     still.append(i)
         active = still
-    kept_sets = kept if truncating else None
-    return _assemble(policy, rows, prompts, tokens, actions, logps, kept_sets, truncated, routing, pad)
+    batch = layout_rollouts(
+        rows, prompts, tokens, actions, logps, kept if truncating else None, pad, policy.device,
+        completions=[policy.decode(t) for t in tokens], truncated=truncated,
+    )  # fmt: skip
+    if routing is not None:
+        # The engine's routing covers its own layout (same left padding, width P + N - 1 ≤ L - 1).
+        width = batch.sequences.shape[1] - 1
+        if routing.shape[2] < width:
+            routing = torch.nn.functional.pad(routing, (0, 0, 0, width - routing.shape[2]))
+        batch.routing = routing[:, :, :width].contiguous().to(policy.device)
+    return batch
 
 
-def _assemble(policy, rows, prompts, tokens, actions, logps, kept, truncated, routing, pad) -> Rollouts:
-    B = len(rows)
+def layout_rollouts(
+    tasks: Sequence[Task],
+    prompts: Sequence[list[int]],
+    tokens: Sequence[list[int]],
+    actions: Sequence[list[bool]],
+    logps: Sequence[list[float]],
+    kept: Sequence[list[torch.Tensor]] | None,
+    pad: int,
+    device,
+    *,
+    completions: list[str],
+    truncated: list[bool],
+) -> Rollouts:
+    """Per-row prompt ids, completion tokens with their action flags, sampling log-probs and kept
+    sets (``[n, K]`` pieces, or None) → the :class:`Rollouts` layout on ``device``: prompts
+    left-padded to end at ``start``, completions right-padded. ``routing`` is left None."""
+    B = len(prompts)
     P = max(len(p) for p in prompts)
     T = max(1, max(len(t) for t in tokens))
     seq = torch.full((B, P + T), pad, dtype=torch.long)
@@ -198,23 +222,16 @@ def _assemble(policy, rows, prompts, tokens, actions, logps, kept, truncated, ro
             if kept_ids is not None:
                 cat = [torch.nn.functional.pad(k, (0, K - k.shape[-1]), value=-1) for k in kept[i]]
                 kept_ids[i, : len(t)] = torch.cat(cat)
-    if routing is not None:
-        # The engine's routing covers its own layout (same left padding, width P + N - 1 ≤ L - 1).
-        width = P + T - 1
-        if routing.shape[2] < width:
-            routing = torch.nn.functional.pad(routing, (0, 0, 0, width - routing.shape[2]))
-        routing = routing[:, :, :width].contiguous()
-    device = policy.device
     return Rollouts(
-        tasks=rows,
+        tasks=list(tasks),
         sequences=seq.to(device),
         attention_mask=mask.to(device),
         start=P,
         action_mask=action.to(device),
         sampling_logprobs=logp.to(device),
         kept_ids=None if kept_ids is None else kept_ids.to(device),
-        routing=None if routing is None else routing.to(device),
-        completions=[policy.decode(t) for t in tokens],
+        routing=None,
+        completions=completions,
         num_tokens=[sum(a) for a in actions],
         truncated=truncated,
     )
