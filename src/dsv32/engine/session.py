@@ -59,7 +59,7 @@ class Session:
     """One growing sequence and its KV cache over a native V3.2 model or a transformers causal LM."""
 
     def __init__(self, model, *, reuse: bool = True) -> None:
-        backend_for(model)  # raises TypeError for anything generate() cannot drive either
+        backend = backend_for(model)  # raises TypeError for anything generate() cannot drive either
         self.model = model
         self.native = isinstance(model, DeepseekV32)
         if not self.native:
@@ -67,12 +67,12 @@ class Session:
 
             reuse = reuse and not has_dsa(model)
         self.reuse = reuse
-        self.device = next(model.parameters()).device
+        self.device = backend.device
         self.cache = None
         self.ids: list[int] = []
         self.prefilled_tokens = 0
         self.reused_tokens = 0
-        self._logits_to_keep = self.native or "logits_to_keep" in _forward_params(model)
+        self._hf_kwargs = {} if self.native else backend.prefill_kwargs  # logits_to_keep=1 where taken
 
     def reset(self) -> None:
         self.cache, self.ids = None, []
@@ -126,9 +126,12 @@ class Session:
             out = self.model(x, cache=self.cache, logits_to_keep=1)
         else:
             positions = torch.arange(start, start + len(ids), device=self.device)[None]
-            extra = {"logits_to_keep": 1} if self._logits_to_keep else {}
             out = self.model(
-                input_ids=x, position_ids=positions, past_key_values=self.cache, use_cache=True, **extra
+                input_ids=x,
+                position_ids=positions,
+                past_key_values=self.cache,
+                use_cache=True,
+                **self._hf_kwargs,
             )
             self.cache = out.past_key_values
         self.ids.extend(ids)
@@ -175,9 +178,3 @@ class Session:
             if i + 1 < max_new_tokens:
                 logits = self._forward([token])
         return SessionOutput(tokens, finish, len(prompt) - keep, keep)
-
-
-def _forward_params(model) -> set[str]:
-    import inspect
-
-    return set(inspect.signature(model.forward).parameters)
