@@ -26,8 +26,9 @@ def env_names() -> list[str]:
     return sorted(registry())
 
 
-def task_problems(tasks: list) -> list[Problem]:
-    return [Problem(t.id, [{"role": "user", "content": t.prompt}], [], t.domain, {"task": t}) for t in tasks]
+def task_problem(task: Any) -> Problem:
+    """A ``dsv32.envs`` task as a problem (its prompt the user message)."""
+    return Problem(task.id, [{"role": "user", "content": task.prompt}], [], task.domain, {"task": task})
 
 
 class EnvBenchmark(Benchmark):
@@ -99,7 +100,7 @@ class Agentic(EnvBenchmark):
         from dsv32.envs.base import load_tasks, resolve_tasks
 
         if data is not None:
-            return task_problems(load_tasks(data))
+            return [task_problem(t) for t in load_tasks(data)]
         if subset and len(subset) != 1:
             raise EvalError(f"{self.name}: --subset names one task set of {', '.join(self.sets)}")
         name = subset[0] if subset else self.default_set
@@ -107,4 +108,4 @@ class Agentic(EnvBenchmark):
             raise EvalError(f"{self.name}: the environment ships no task set; pass --data TASKS.jsonl")
         if name not in self.sets:
             raise EvalError(f"{self.name} has no task set {name!r}; known: {', '.join(self.sets)}")
-        return task_problems(resolve_tasks(self.env_name, name))
+        return [task_problem(t) for t in resolve_tasks(self.env_name, name)]

@@ -29,7 +29,7 @@ import random
 import string
 from typing import Any
 
-from dsv32.eval.agentic import EnvBenchmark
+from dsv32.eval.agentic import EnvBenchmark, task_problem
 from dsv32.eval.answers import choice_letter, last_boxed, math_equal
 from dsv32.eval.errors import EvalError
 from dsv32.eval.rgym import TEMPLATE
@@ -67,20 +67,28 @@ def _field(row: dict, *names: str) -> Any:
     raise EvalError(f"{row['_where']}: missing field {' or '.join(repr(n) for n in names)}")
 
 
-class Boxed(Benchmark):
-    name = "byo-boxed"
-    description = "your JSONL of problems with exact answers (AIME/HMMT shape), math-verify on \\boxed{}"
+class _FromFile(Benchmark):
+    """A benchmark of the ``--data`` file: one problem a row (:meth:`problem`)."""
+
     source = "--data FILE.jsonl"
     needs_data = True
-    metric = "accuracy"
 
     def problems(self, subset: list[str] | None = None, data: str | None = None) -> list[Problem]:
-        out = []
-        for rid, row in read_rows(data, self.name):
-            question, answer = _field(row, "problem", "question", "Question"), _field(row, "answer", "Answer")
-            messages = [{"role": "user", "content": TEMPLATE.format(question=question)}]
-            out.append(Problem(rid, messages, [], str(row.get("subset", "")), {"answer": str(answer)}))
-        return out
+        return [self.problem(rid, row) for rid, row in read_rows(data, self.name)]
+
+    def problem(self, rid: str, row: dict) -> Problem:
+        raise NotImplementedError
+
+
+class Boxed(_FromFile):
+    name = "byo-boxed"
+    description = "your JSONL of problems with exact answers (AIME/HMMT shape), math-verify on \\boxed{}"
+    metric = "accuracy"
+
+    def problem(self, rid: str, row: dict) -> Problem:
+        question, answer = _field(row, "problem", "question", "Question"), _field(row, "answer", "Answer")
+        messages = [{"role": "user", "content": TEMPLATE.format(question=question)}]
+        return Problem(rid, messages, [], str(row.get("subset", "")), {"answer": str(answer)})
 
     def score(self, problem: Problem, message: dict) -> Score:
         answer = last_boxed(message.get("content"))
@@ -120,26 +128,21 @@ def mcq_options(rid: str, row: dict) -> tuple[list[str], int, str]:
     return [str(o) for o in options], index, str(row.get("category", row.get("subset", "")))
 
 
-class MultipleChoice(Benchmark):
+class MultipleChoice(_FromFile):
     name = "byo-mcq"
     description = "your JSONL of multiple-choice questions (MMLU-Pro or GPQA shape), letter in \\boxed{}"
-    source = "--data FILE.jsonl"
-    needs_data = True
     metric = "accuracy"
 
-    def problems(self, subset: list[str] | None = None, data: str | None = None) -> list[Problem]:
-        out = []
-        for rid, row in read_rows(data, self.name):
-            options, index, sub = mcq_options(rid, row)
-            if len(options) > 26:
-                raise EvalError(f"{row['_where']}: more than 26 options")
-            letters = string.ascii_uppercase[: len(options)]
-            question = _field(row, "question", "Question")
-            listed = "\n".join(f"{letter}) {option}" for letter, option in zip(letters, options))
-            content = f"{question}\n\n{listed}\n\n{MCQ_SUFFIX}"
-            data_ = {"letters": letters, "answer": letters[index]}
-            out.append(Problem(rid, [{"role": "user", "content": content}], [], sub, data_))
-        return out
+    def problem(self, rid: str, row: dict) -> Problem:
+        options, index, sub = mcq_options(rid, row)
+        if len(options) > 26:
+            raise EvalError(f"{row['_where']}: more than 26 options")
+        letters = string.ascii_uppercase[: len(options)]
+        question = _field(row, "question", "Question")
+        listed = "\n".join(f"{letter}) {option}" for letter, option in zip(letters, options))
+        content = f"{question}\n\n{listed}\n\n{MCQ_SUFFIX}"
+        data = {"letters": letters, "answer": letters[index]}
+        return Problem(rid, [{"role": "user", "content": content}], [], sub, data)
 
     def score(self, problem: Problem, message: dict) -> Score:
         letter = choice_letter(message.get("content"), problem.data["letters"])
@@ -164,28 +167,22 @@ def _tests(row: dict, key: str) -> list[str]:
     return value
 
 
-class SweBench(EnvBenchmark):
+class SweBench(_FromFile, EnvBenchmark):
     name = "byo-swe"
     description = "your SWE-bench-shaped JSONL (FAIL_TO_PASS / PASS_TO_PASS), the swe environment, no Docker"
-    source = "--data FILE.jsonl"
-    needs_data = True
     env_name = "swe"
 
     def problems(self, subset: list[str] | None = None, data: str | None = None) -> list[Problem]:
-        from dsv32.envs.base import Task, registry
+        from dsv32.envs.base import registry
 
         if self.env_name not in registry():
             raise EvalError("byo-swe runs the 'swe' environment of dsv32.envs, which is not registered here")
-        out = []
-        for rid, row in read_rows(data, self.name):
-            statement = _field(row, "problem_statement", "prompt")
-            info = {k: v for k, v in row.items() if k not in ("_where", "problem_statement", "prompt")}
-            info["FAIL_TO_PASS"], info["PASS_TO_PASS"] = (
-                _tests(row, "FAIL_TO_PASS"),
-                _tests(row, "PASS_TO_PASS"),
-            )
-            task = Task(rid, statement, None, str(row.get("repo", "")), info)
-            out.append(
-                Problem(rid, [{"role": "user", "content": statement}], [], task.domain, {"task": task})
-            )
-        return out
+        return super().problems(subset, data)
+
+    def problem(self, rid: str, row: dict) -> Problem:
+        from dsv32.envs.base import Task
+
+        statement = _field(row, "problem_statement", "prompt")
+        info = {k: v for k, v in row.items() if k not in ("_where", "problem_statement", "prompt")}
+        info["FAIL_TO_PASS"], info["PASS_TO_PASS"] = _tests(row, "FAIL_TO_PASS"), _tests(row, "PASS_TO_PASS")
+        return task_problem(Task(rid, statement, None, str(row.get("repo", "")), info))
