@@ -22,12 +22,9 @@ def add(sub: argparse._SubParsersAction) -> None:
         from dsv32.rl.trainer import run_eval, train_grpo
 
         overrides = list(args.set)
-        if args.policy:
-            overrides.append(f"policy.name={args.policy}")
-        if getattr(args, "steps", None):
-            overrides.append(f"grpo.steps={args.steps}")
-        if args.out:
-            overrides.append(f"out_dir={args.out}")
+        for flag, key in (("policy", "policy.name"), ("steps", "grpo.steps"), ("out", "out_dir")):
+            if getattr(args, flag, None):  # eval has no --steps
+                overrides.append(f"{key}={getattr(args, flag)}")
         cfg = load_rl_config(args.config, overrides)
         if args.rl_cmd == "eval":
             run_eval(cfg, progress=not args.no_progress)

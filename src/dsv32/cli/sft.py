@@ -26,13 +26,16 @@ def add(sub: argparse._SubParsersAction) -> None:
         from dsv32.train.sft import load_sft_config, train_sft
 
         overrides = list(args.set)
-        for flag, key in (("data", "data.path"), ("eval_data", "data.eval_path"), ("model", "model.name")):
+        flags = {
+            "data": "data.path",
+            "eval_data": "data.eval_path",
+            "model": "model.name",
+            "steps": "train.steps",
+            "out": "out_dir",
+        }
+        for flag, key in flags.items():
             if getattr(args, flag):
                 overrides.append(f"{key}={getattr(args, flag)}")
-        if args.steps:
-            overrides.append(f"train.steps={args.steps}")
-        if args.out:
-            overrides.append(f"out_dir={args.out}")
         cfg = load_sft_config(args.config, overrides)
         result = train_sft(cfg, resume=not args.no_resume, progress=not args.no_progress)
         print(result.summary())
