@@ -19,8 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from dsv32.chat import ConversationError, attach_tools, encode_messages, missing_special_tokens
 from dsv32.chat import protocol as P
 from dsv32.engine.models import ByteTokenizer, LoadedModel, ModelLoadError, load_model
@@ -73,10 +71,6 @@ class ServedModel:
             if source is not None:
                 ids.update(source if isinstance(source, list | tuple) else [source])
         return sorted(int(i) for i in ids)
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -137,10 +137,6 @@ class Scheduler:
         if self.thread is not None:
             self.thread.join(timeout=30)
 
-    @property
-    def queued(self) -> int:
-        return len(self.waiting)
-
     # ------------------------------------------------------------------ the thread
     def _loop(self) -> None:
         while True:
