@@ -28,17 +28,15 @@ USAGE_EXIT = 2
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line naming the command and pointing to its ``--help``."""
 
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(USAGE_EXIT, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+    def error(self, message: str, prog: str | None = None):  # type: ignore[override]
+        prog = prog or self.prog
+        self.exit(USAGE_EXIT, f"{prog}: {message} (see '{prog} --help')\n")
 
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]
         """Unknown arguments are reported by the command they were given to."""
         parsed, extra = self.parse_known_args(args, namespace)
         if extra:
-            prog = getattr(parsed, "prog", self.prog)
-            self.exit(
-                USAGE_EXIT, f"{prog}: unrecognized arguments: {' '.join(extra)} (see '{prog} --help')\n"
-            )
+            self.error(f"unrecognized arguments: {' '.join(extra)}", getattr(parsed, "prog", None))
         return parsed
 
 
