@@ -66,25 +66,40 @@ def _multiset_missing(expected: list[str], got: list[str]) -> list[str]:
     return missing
 
 
+def _held(entry: dict) -> dict[int, list[str]]:
+    """``{turn: function names}`` of a ``miss_func`` entry: held out until that turn."""
+    return {int(t): names for t, names in (entry.get("missed_function") or {}).items()}
+
+
+def offered_docs(entry: dict) -> list[list[dict]]:
+    """The function docs offered at each turn: the classes' functions minus ``excluded_function`` and
+    minus the held-out ones, which join after the others at their turn."""
+    held = _held(entry)
+    excluded = set(entry.get("excluded_function") or [])
+    docs = [d for d in function_docs(entry["involved_classes"]) if d["name"] not in excluded]
+    hidden = {n for names in held.values() for n in names}
+    available = [d for d in docs if d["name"] not in hidden]
+    turns = []
+    for t in range(len(entry["question"])):
+        if t in held:
+            available = available + [d for d in docs if d["name"] in held[t]]
+        turns.append(available)
+    return turns
+
+
 def unsatisfiable(entry: dict) -> str | None:
     """Why no model can pass the entry through its tools, or None: a ground-truth call of a function
     the entry does not offer at that turn, or with arguments its declared schema rejects (the agent
     checks every call against the schema before it runs)."""
     from dsv32.agent.schema import check_arguments
 
-    held = {int(t): set(names) for t, names in (entry.get("missed_function") or {}).items()}
-    excluded = set(entry.get("excluded_function") or [])
-    schemas = {
-        d["name"]: openai_tool(d)["function"]["parameters"] for d in function_docs(entry["involved_classes"])
-    }
-    hidden = set().union(*held.values()) if held else set()
-    for t, calls in enumerate(entry["truth"]):
-        hidden -= held.get(t, set())
+    for t, (calls, offered) in enumerate(zip(entry["truth"], offered_docs(entry), strict=True)):
+        docs = {d["name"]: d for d in offered}
         for text in calls:
             name, kwargs = parse_call(text, entry["involved_classes"])
-            if name not in schemas or name in excluded or name in hidden:
+            if name not in docs:
                 return f"turn {t}: the ground truth calls {name!r}, which the entry does not offer then"
-            problems = check_arguments(kwargs, schemas[name])
+            problems = check_arguments(kwargs, openai_tool(docs[name])["function"]["parameters"])
             if problems:
                 return f"turn {t}: the ground truth's {text} breaks the function's schema ({problems[0]})"
     return None
@@ -157,11 +172,7 @@ class BFCLMultiTurn(Benchmark):
 
         entry = problem.data
         classes = entry["involved_classes"]
-        held = {int(t): names for t, names in (entry.get("missed_function") or {}).items()}
-        held_names = {n for names in held.values() for n in names}
-        excluded = set(entry.get("excluded_function") or [])
-        docs = [d for d in function_docs(classes) if d["name"] not in excluded]
-        available = [d for d in docs if d["name"] not in held_names]
+        held, offered = _held(entry), offered_docs(entry)
         result = EpisodeResult([], Score(0.0, ""))
         long_context = "long_context" in entry["category"]
         try:
@@ -170,12 +181,11 @@ class BFCLMultiTurn(Benchmark):
                 messages: list[dict] = []
                 for t, turn_messages in enumerate(entry["question"]):
                     if t in held:
-                        available += [d for d in docs if d["name"] in held[t]]
                         turn_messages = [{"role": "user", "content": ADDED_FUNCTIONS}]
                     turn = _Turn(worker)
                     agent = Agent(
                         backend,
-                        [turn.tool(d) for d in available],
+                        [turn.tool(d) for d in offered[t]],
                         thinking=options.thinking,
                         max_steps=min(STEP_LIMIT, options.max_steps),
                         context=options.context,
