@@ -100,6 +100,12 @@ class _Row:
             self.queue, self.forced_done = list(self.forced_ids), True
 
 
+def _fail(jobs: list[Job], message: str) -> None:
+    """One :class:`Failed` to each job (a job with ``n`` rows is listed once per row)."""
+    for job in {id(j): j for j in jobs}.values():
+        job.emit(Failed(message))
+
+
 class Scheduler:
     """The batching loop over ``served``'s model (see the module docstring)."""
 
@@ -151,13 +157,11 @@ class Scheduler:
                     self._step()
             except Exception as err:  # the server outlives a failed step; its jobs get the error
                 logger.exception("generation step failed")
-                for job in {id(r.job): r.job for r in self.rows}.values():
-                    job.emit(Failed(f"generation failed: {type(err).__name__}: {err}"))
+                _fail([r.job for r in self.rows], f"generation failed: {type(err).__name__}: {err}")
                 self.rows = []
                 self.batch = RunningBatch(self.served.model)
             self.metrics.set_gauges(running_rows=len(self.rows), waiting_requests=len(self.waiting))
-        for job in [r.job for r in self.rows] + list(self.waiting):
-            job.emit(Failed("the server is shutting down"))
+        _fail([r.job for r in self.rows] + list(self.waiting), "the server is shutting down")
 
     def _admit(self) -> None:
         while True:
