@@ -10,6 +10,7 @@ from typing import ClassVar
 
 from dsv32.cli import command, positive_int
 from dsv32.recipe import Checked, at_least, each, in_range, one_of
+from dsv32.synth.coldstart import PROMPTS
 
 
 def _tasks(env: str, tasks: str | None, limit: int | None):
@@ -29,7 +30,7 @@ class ProofTasks(Checked):
         "heldout": at_least(1),
         "difficulty": in_range(1, 5),
         "categories": each(one_of("multiplication", "modular", "combinatorics", "linear_system")),
-        "prompt": one_of("reasoning_agent", "agent", "env", "bare"),
+        "prompt": one_of(*PROMPTS),
     }
 
     train: int = 64
@@ -158,7 +159,7 @@ def add_cold_start(psub: argparse._SubParsersAction) -> None:
     )
     q.add_argument("--samples", type=positive_int, default=1, help="teacher episodes per task")
     q.add_argument("--max-steps", type=positive_int, default=8, help="model calls per teacher episode")
-    q.add_argument("--prompt", default="reasoning_agent", choices=("reasoning_agent", "agent", "env", "bare"))
+    q.add_argument("--prompt", default="reasoning_agent", choices=PROMPTS)
     q.add_argument("--workers", type=positive_int, default=4, help="episodes run at once (threads)")
     q.add_argument("--out", required=True, help="output JSONL of conversations")
 
@@ -203,7 +204,7 @@ def add_distill(psub: argparse._SubParsersAction) -> None:
     q.add_argument("--limit", type=positive_int, help="use the first N tasks of each domain")
     q.add_argument("--samples", type=positive_int, default=1, help="episodes per task")
     q.add_argument("--max-steps", type=positive_int, default=8)
-    q.add_argument("--prompt", default="reasoning_agent", choices=("reasoning_agent", "agent", "env", "bare"))
+    q.add_argument("--prompt", default="reasoning_agent", choices=PROMPTS)
     q.add_argument("--workers", type=positive_int, default=4)
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--out", required=True, help="output JSONL of conversations")

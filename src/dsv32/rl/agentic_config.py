@@ -24,19 +24,21 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from dsv32.recipe import NON_NEGATIVE, POSITIVE, Checked, Rule, at_least, build_section, one_of, read_recipe
+from dsv32.rl.agentic import PROMPTS
 from dsv32.rl.config import RLConfig, RLConfigError, rl_config_from_dict
+from dsv32.rl.rewards.shaping import LENGTH_SHAPES
 
 
 @dataclass
 class AgenticSection(Checked, error=RLConfigError):
     RANGES: ClassVar[dict[str, Rule]] = {
-        "prompt": one_of("env", "bare", "reasoning_agent", "agent"),
+        "prompt": one_of(*PROMPTS),
         "max_steps": at_least(1),
         "context": one_of("none", "summary", "discard_75", "discard_all"),
         "context_window": NON_NEGATIVE,
         "tool_timeout_s": POSITIVE,
         "length_weight": NON_NEGATIVE,
-        "length_shape": one_of("overlong", "linear", "none"),
+        "length_shape": one_of(*LENGTH_SHAPES),
         "language_weight": NON_NEGATIVE,
         "eval_tasks": NON_NEGATIVE,
     }
