@@ -41,7 +41,6 @@ class Generated:
 
 
 class ReferenceSolver:
-    name = "reference"
     chunk_size = 64
 
     def __init__(self, bench: Benchmark) -> None:
@@ -61,7 +60,6 @@ class EndpointSolver:
         if not base_url or not model:
             raise EvalError("--backend openai needs --base-url URL and --model NAME")
         self.base_url, self.model, self.api_key = base_url, model, api_key
-        self.name = model
         self.concurrency = concurrency
         self.chunk_size = max(4 * concurrency, 8)
         self._local = threading.local()
