@@ -45,6 +45,7 @@ def run_proof(config: str | None, overrides: list[str], out: str | None, progres
     cold-start SFT on verified tool transcripts, and after agentic GRPO (``report.{json,md,png}``).
     Every recipe section is checked before anything is loaded or written."""
     import time
+    from contextlib import contextmanager
     from pathlib import Path
 
     from dsv32.envs.base import save_tasks
@@ -98,30 +99,37 @@ def run_proof(config: str | None, overrides: list[str], out: str | None, progres
     policy = Policy(sm.model, sm.tokenizer, sm.kind, thinking=True, source=sft_cfg.model.name)
     evals: dict[str, dict] = {}
 
-    def evaluate(stage: str) -> None:
+    @contextmanager
+    def timed(stage: str):
         t = time.time()
-        evals[stage] = evaluate_agentic(policy, held, settings, rl_cfg.rl.sampling.max_new_tokens)
-        minutes[f"eval_{stage}"] = round((time.time() - t) / 60, 2)
+        yield
+        minutes[stage] = round((time.time() - t) / 60, 2)
+
+    def evaluate(stage: str) -> None:
+        with timed(f"eval_{stage}"):
+            evals[stage] = evaluate_agentic(policy, held, settings, rl_cfg.rl.sampling.max_new_tokens)
         (root / f"eval_{stage}.json").write_text(json.dumps(evals[stage], indent=1) + "\n")
         print(
             f"{stage}: accuracy {evals[stage]['accuracy']:.3f}, tool use {evals[stage]['tool_call_valid']:.3f}"
         )
 
     evaluate("base")
-    t = time.time()
-    cold = build_coldstart(InterpreterEnv, train, root / "coldstart.jsonl", prompt=tasks_cfg.prompt)
+    with timed("cold_start"):
+        cold = build_coldstart(InterpreterEnv, train, root / "coldstart.jsonl", prompt=tasks_cfg.prompt)
     sft_cfg.data.path = str(root / "coldstart.jsonl")
-    minutes["cold_start"] = round((time.time() - t) / 60, 2)
-    t = time.time()
-    train_sft(sft_cfg, model=sm, resume=False, progress=progress)
-    minutes["sft"] = round((time.time() - t) / 60, 2)
+    with timed("sft"):
+        train_sft(sft_cfg, model=sm, resume=False, progress=progress)
     evaluate("sft")
-    t = time.time()
     rl_cfg.rl.policy.name = str(root / "sft" / "model")
-    train_agentic(
-        rl_cfg, policy=policy, resume=False, progress=progress, evaluate_before=False, evaluate_after=False
-    )
-    minutes["rl"] = round((time.time() - t) / 60, 2)
+    with timed("rl"):
+        train_agentic(
+            rl_cfg,
+            policy=policy,
+            resume=False,
+            progress=progress,
+            evaluate_before=False,
+            evaluate_after=False,
+        )
     evaluate("rl")
     details = {
         "model": sft_cfg.model.name,
