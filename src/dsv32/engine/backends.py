@@ -9,7 +9,7 @@ The decode loop is shared; a backend only owns the model's KV cache and knows it
   left-padded row sees the same positions as the same prompt alone.
 
 Both take the attention mask over every token so far (``[b, S]``, 1 = real) and return the next-token
-logits ``[b, V]`` of the last position only. ``drop_rows`` removes finished rows from the cache so
+logits ``[b, V]`` of the last position only. ``drop_rows`` keeps (or repeats) rows of the cache, so
 later steps only compute rows that are still generating (``can_drop_rows`` says whether it may).
 """
 
@@ -21,6 +21,8 @@ from collections.abc import Sequence
 import torch
 
 from dsv32.model import DeepseekV32
+
+DSA_INDEX_KEYS = "_dsa_index_keys"  # where dsv32.dsa.hf keeps past indexer keys on an HF cache
 
 
 class NativeBackend:
@@ -71,16 +73,13 @@ class HFBackend:
     """A transformers causal LM with a ``DynamicCache`` (``past_key_values``, ``use_cache=True``)."""
 
     def __init__(self, model) -> None:
-        from dsv32.dsa.hf import has_dsa
-
         self.model = model
         self.cache = None
         # transformers' models compute the LM head on the last position only with `logits_to_keep=1`
         self.prefill_kwargs = (
             {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
         )
-        # DSA keeps indexer keys on the cache object beside K/V, for every row: rows stay in the batch
-        self.can_drop_rows = not has_dsa(model)
+        self.can_drop_rows = True
         gen, cfg = getattr(model, "generation_config", None), model.config
         self.eos_token_id = _first_set(getattr(gen, "eos_token_id", None), getattr(cfg, "eos_token_id", None))
         self.pad_token_id = _first_set(getattr(gen, "pad_token_id", None), getattr(cfg, "pad_token_id", None))
@@ -97,6 +96,9 @@ class HFBackend:
 
     def drop_rows(self, keep: torch.Tensor) -> None:
         self.cache.batch_select_indices(keep)
+        store = hf_index_keys(self.cache)  # DSA: the indexer keys beside K/V are per row too
+        for layer, keys in store.items():
+            store[layer] = keys[keep]
 
     def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs) -> torch.Tensor:
         T = input_ids.shape[1]
@@ -115,6 +117,11 @@ class HFBackend:
 
     def recorded_routing(self) -> None:
         return None
+
+
+def hf_index_keys(cache) -> dict:
+    """The indexer keys a DSA-attached model keeps on an HF cache, by layer (``[B, S, d]``; empty without DSA)."""
+    return cache.__dict__.get(DSA_INDEX_KEYS, {})
 
 
 def _first_set(*values):

@@ -25,11 +25,9 @@ from collections.abc import Sequence
 
 import torch
 
-from dsv32.engine.backends import HFBackend, NativeBackend, backend_for
+from dsv32.engine.backends import HFBackend, NativeBackend, backend_for, hf_index_keys
 from dsv32.engine.sampling import SamplingParams, sample_next
 from dsv32.errors import DSV32Error
-
-DSA_INDEX_KEYS = "_dsa_index_keys"  # where dsv32.dsa.hf keeps past indexer keys on an HF cache
 
 
 class BatchError(DSV32Error, ValueError):
@@ -87,10 +85,6 @@ def _hf_layers(cache) -> list:
     return layers
 
 
-def _hf_index_keys(cache) -> dict:
-    return cache.__dict__.get(DSA_INDEX_KEYS, {})
-
-
 def _hf_merge(a, b) -> None:
     """Append the rows of cache ``b`` to cache ``a`` (in place), right-aligned at the longer length."""
     Sa, Sb = a.get_seq_length(), b.get_seq_length()
@@ -98,7 +92,7 @@ def _hf_merge(a, b) -> None:
     for la, lb in zip(_hf_layers(a), _hf_layers(b), strict=True):
         la.keys = torch.cat((_pad_seq(la.keys, 2, S - Sa), _pad_seq(lb.keys, 2, S - Sb)), dim=0)
         la.values = torch.cat((_pad_seq(la.values, 2, S - Sa), _pad_seq(lb.values, 2, S - Sb)), dim=0)
-    keys_a, keys_b = _hf_index_keys(a), _hf_index_keys(b)
+    keys_a, keys_b = hf_index_keys(a), hf_index_keys(b)
     if set(keys_a) != set(keys_b):
         raise BatchError(
             "the two caches hold indexer keys of different layers; were they filled by one model?"
@@ -107,18 +101,10 @@ def _hf_merge(a, b) -> None:
         keys_a[layer] = torch.cat((_pad_seq(ka, 1, S - Sa), _pad_seq(keys_b[layer], 1, S - Sb)), dim=0)
 
 
-def _hf_select(cache, rows: torch.Tensor) -> None:
-    for layer in _hf_layers(cache):
-        layer.keys, layer.values = layer.keys[rows], layer.values[rows]
-    store = _hf_index_keys(cache)
-    for key, value in store.items():
-        store[key] = value[rows]
-
-
 def _hf_trim(cache, drop: int) -> None:
     for layer in _hf_layers(cache):
         layer.keys, layer.values = layer.keys[:, :, drop:], layer.values[:, :, drop:]
-    store = _hf_index_keys(cache)
+    store = hf_index_keys(cache)
     for key, value in store.items():
         store[key] = value[:, drop:]
 
@@ -162,7 +148,7 @@ class RunningBatch:
         logits = fresh.prefill(ids, mask, max_len=P + budget)  # [1, V]
         repeat = torch.zeros(copies, dtype=torch.long, device=self.device)
         if copies > 1:
-            self._select(fresh.cache, repeat)
+            fresh.drop_rows(repeat)
         logits, mask = logits[repeat], mask[repeat]
         if self.size == 0:
             self.backend.cache, self.mask, self.logits = fresh.cache, mask, logits
@@ -188,20 +174,13 @@ class RunningBatch:
             self.backend.cache, self.mask, self.logits, self.budgets = None, None, None, []
             return
         rows = torch.tensor(list(keep), dtype=torch.long, device=self.device)
-        self._select(self.backend.cache, rows)
+        self.backend.drop_rows(rows)
         self.mask, self.logits = self.mask[rows], self.logits[rows]
         self.budgets = [self.budgets[i] for i in keep]
         drop = int(self.mask.any(0).long().argmax())  # leading columns that are padding in every row
         if drop:
             self.mask = self.mask[:, drop:]
             (_native_trim if self.native else _hf_trim)(self.backend.cache, drop)
-
-    def _select(self, cache, rows: torch.Tensor) -> None:
-        """Keep (or repeat) the batch rows ``rows`` of ``cache``."""
-        if self.native:
-            cache.reorder(rows)
-        else:
-            _hf_select(cache, rows)
 
     @torch.no_grad()
     def step(self, tokens: Sequence[int]) -> None:
