@@ -42,14 +42,13 @@ from dsv32.rl.agentic import (
 )
 from dsv32.rl.agentic_backend import SamplingSettings
 from dsv32.rl.agentic_config import AgenticConfig
-from dsv32.rl.loss import group_advantages, sequence_kl_coefs
+from dsv32.rl.loss import group_advantages
 from dsv32.rl.policy import Policy, load_policy
 from dsv32.rl.rewards_setup import build_reward_fn, score
 from dsv32.rl.rollout import rollout, truncates
 from dsv32.rl.tasks import MixedTasks
 from dsv32.rl.trainer import (
     RLResult,
-    _batch_logprobs,
     _generator,
     _lr_factor,
     _mean,
@@ -200,14 +199,10 @@ def agentic_step(
     t_rollout = time.time() - t0
     batch = functools.reduce(lambda a, b: concat_rollouts(a, b, policy.pad_token_id), batches)
     adv = torch.cat(advantages).to(batch.sequences.device)
-    kl = sequence_kl_coefs([t.domain for t in batch.tasks], g.domain_kl_coef, default=g.kl_coef).to(
-        adv.device
-    )
     t1 = time.time()
     temperature = cfg.rl.sampling.temperature
-    ref_lp = _batch_logprobs(ref, batch, g, temperature) if ref is not None else None
     updates = grpo_update(
-        policy, optimizer, batch, adv, g, temperature=temperature, ref_logprobs=ref_lp, kl_coefs=kl,
+        policy, optimizer, batch, adv, g, temperature=temperature, ref=ref,
         generator=_generator(cfg.rl.seed, step, 2),
     )  # fmt: skip
     rewards_t = torch.tensor(rewards)

@@ -142,13 +142,16 @@ def grpo_update(
     cfg: GRPOConfig,
     *,
     temperature: float,
-    ref_logprobs: torch.Tensor | None,
-    kl_coefs: torch.Tensor,
+    ref: Policy | None,
     generator: torch.Generator,
 ) -> list[dict]:
-    """The mini-batch updates of one rollout batch; returns one metrics dict per optimizer step."""
+    """The mini-batch updates of one rollout batch; returns one metrics dict per optimizer step. The KL
+    term (per-domain β of ``cfg``) is against the frozen ``ref`` policy; none without one."""
     B = len(batch)
     mask = batch.action_mask
+    ref_logprobs = _batch_logprobs(ref, batch, cfg, temperature) if ref is not None else None
+    domains = [t.domain for t in batch.tasks]
+    kl_coefs = sequence_kl_coefs(domains, cfg.domain_kl_coef, default=cfg.kl_coef).to(mask.device)
     kept = batch.kept_ids if cfg.keep_sampling_mask else None
     routing = batch.routing if cfg.keep_routing else None
     sampling = batch.sampling_logprobs
@@ -390,10 +393,7 @@ def grpo_step(
     results = score(reward_fn, batch)
     rewards = torch.tensor([r.total for r in results], dtype=torch.float32)
     advantages = group_advantages(rewards, g.group_size, scale=g.advantage_scale).to(batch.sequences.device)
-    domains = [t.domain for t in batch.tasks]
-    kl_coefs = sequence_kl_coefs(domains, g.domain_kl_coef, default=g.kl_coef).to(batch.sequences.device)
     t1 = time.time()
-    ref_lp = _batch_logprobs(ref, batch, g, cfg.sampling.temperature) if ref is not None else None
     updates = grpo_update(
         policy,
         optimizer,
@@ -401,8 +401,7 @@ def grpo_step(
         advantages,
         g,
         temperature=cfg.sampling.temperature,
-        ref_logprobs=ref_lp,
-        kl_coefs=kl_coefs,
+        ref=ref,
         generator=_generator(cfg.seed, step, 2),
     )
     t_update = time.time() - t1
@@ -422,7 +421,7 @@ def grpo_step(
         "update_s": round(t_update, 2),
     }
     by_domain: dict[str, list[float]] = {}
-    for d, r in zip(domains, results):
+    for d, r in zip([t.domain for t in batch.tasks], results):
         by_domain.setdefault(d, []).append(r.total)
     if len(by_domain) > 1:
         record["reward_by_domain"] = {d: sum(v) / len(v) for d, v in by_domain.items()}
