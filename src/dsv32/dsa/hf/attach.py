@@ -39,7 +39,7 @@ def attach_dsa(
     cfg = DSAConfig.from_dict({**(config.to_dict() if config else {}), **given, **overrides})
     layers = decoder_layers(model)
     chosen = list(range(len(layers))) if cfg.layers is None else sorted(set(cfg.layers))
-    if any(i < 0 or i >= len(layers) for i in chosen):
+    if any(i >= len(layers) for i in chosen):  # DSAConfig refuses negative ones
         raise DSAError(f"layers {chosen} out of range for a model with {len(layers)} layers")
     cfg.layers = None if cfg.layers is None else chosen
     hidden_size = model.config.hidden_size
