@@ -32,3 +32,23 @@ def test_a_bad_line_is_the_callers_error_naming_file_and_line(tmp_path, line, wh
 def test_a_missing_file_is_an_os_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         list(read_jsonl(tmp_path / "none.jsonl", ValueError))
+
+
+def test_a_log_drops_and_cuts_off_an_interrupted_last_row(tmp_path):
+    from dsv32.jsonl import read_log
+
+    path = tmp_path / "log.jsonl"
+    assert read_log(path, ValueError, "hint") == []
+    row = '{"text": "a\u2028b"}\n'  # a row may hold unicode line breaks: only \n ends a row
+    path.write_text(row + "\n" + '{"done": 1}', encoding="utf-8")  # a complete row whose newline never came
+    assert read_log(path, ValueError, "hint") == [{"text": "a\u2028b"}]
+    assert path.read_text(encoding="utf-8") == row + "\n"  # the next row starts on its own line
+
+
+def test_a_bad_row_inside_a_log_is_the_callers_error_with_its_hint(tmp_path):
+    from dsv32.jsonl import read_log
+
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"a": 1}\n{torn\n{"b": 2}\n')
+    with pytest.raises(EnvError, match=r"log\.jsonl:2: not JSON \(.*\); use --fresh$"):
+        read_log(path, EnvError, "use --fresh")

@@ -6,8 +6,8 @@ assistant message; for episodes the final answer), ``score``, ``reason`` and wha
 (``prompt_tokens``, ``completion_tokens``, ``latency_s``, ``finish_reason``; for episodes ``steps``,
 ``tokens``, ``resets``, ``stop_reason`` and the whole conversation as ``messages``).
 
-:func:`read_samples` takes the lines back; a last line cut short by an interruption is dropped (and
-cut off the file), any other unreadable line is an error.
+:func:`read_samples` takes the lines back (:func:`dsv32.jsonl.read_log`): a last line cut short by an
+interruption is dropped and cut off the file, any other unreadable line is an error.
 """
 
 from __future__ import annotations
@@ -17,28 +17,11 @@ import threading
 from pathlib import Path
 
 from dsv32.eval.errors import EvalError
+from dsv32.jsonl import read_log
 
 
 def read_samples(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    raw = path.read_bytes()
-    lines = raw.split(b"\n")
-    rows = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            if n == len(lines):  # an interrupted write: the last line has no newline yet
-                with path.open("r+b") as f:
-                    f.truncate(len(raw) - len(line))
-                break
-            raise EvalError(
-                f"{path}:{n}: not a sample record ({err.msg}); remove the line or use --fresh"
-            ) from err
-    return rows
+    return read_log(path, EvalError, "remove the line or use --fresh")
 
 
 class SampleWriter:

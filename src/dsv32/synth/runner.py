@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsv32.errors import DSV32Error
+from dsv32.jsonl import read_log
 from dsv32.synth.records import RoleUsage, SynthError, TokenUsage, dedup_key
 
 log = logging.getLogger(__name__)
@@ -68,22 +69,7 @@ def _append(path: Path, row: dict) -> None:
         os.fsync(f.fileno())
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    """Rows of ``path``, split on ``\\n`` only (a row's text may hold U+2028 and the like); a torn last
-    line (an interrupted write: no newline yet) is cut off the file."""
-    if not path.is_file():
-        return []
-    lines = path.read_bytes().split(b"\n")
-    rows = []
-    for n, line in enumerate(lines[:-1], 1):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise SynthError(f"{path}:{n}: not JSON ({err.msg}); this file is not a synthesis log") from err
-    if lines[-1]:
-        with path.open("r+b") as f:
-            f.truncate(path.stat().st_size - len(lines[-1]))
-    return rows
+_NOT_A_LOG = "this file is not a synthesis log"
 
 
 class Store:
@@ -107,14 +93,14 @@ class Store:
             run_file.write_text(
                 json.dumps({"kind": kind, "provenance": provenance}, indent=1), encoding="utf-8"
             )
-        self.results = _read_jsonl(self.out / "results.jsonl")
+        self.results = read_log(self.out / "results.jsonl", SynthError, _NOT_A_LOG)
         tasks = self._drop_uncommitted({r["key"] for r in self.results})
         self.seen = {t["info"]["dedup"] for t in tasks}
         shutil.rmtree(self.out / "staging", ignore_errors=True)
 
     def _drop_uncommitted(self, committed: set[str]) -> list[dict]:
         """Remove the tasks (and their artifacts) of jobs without a results line; the tasks left."""
-        rows = _read_jsonl(self.out / "tasks.jsonl")
+        rows = read_log(self.out / "tasks.jsonl", SynthError, _NOT_A_LOG)
         keep = [t for t in rows if t["info"].get("job") in committed]
         for task in rows:
             if task["info"].get("job") not in committed and task["info"].get(self.artifact_field):
@@ -208,7 +194,7 @@ class Store:
             cost += (r.get("usage") or {}).get("cost_usd", 0.0)
             reasons.update(d.get("reason", "unknown") for d in r["dropped"])
         kept = sum(len(r["kept"]) for r in rows)
-        tasks = _read_jsonl(self.out / "tasks.jsonl")
+        tasks = read_log(self.out / "tasks.jsonl", SynthError, _NOT_A_LOG)
         return {
             "kind": self.kind,
             "jobs": len(rows),
