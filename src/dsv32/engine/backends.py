@@ -20,9 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
+from dsv32.dsa.hf import INDEX_KEYS_ATTR
 from dsv32.model import DeepseekV32
-
-DSA_INDEX_KEYS = "_dsa_index_keys"  # where dsv32.dsa.hf keeps past indexer keys on an HF cache
 
 
 class NativeBackend:
@@ -121,7 +120,7 @@ class HFBackend:
 
 def hf_index_keys(cache) -> dict:
     """The indexer keys a DSA-attached model keeps on an HF cache, by layer (``[B, S, d]``; empty without DSA)."""
-    return cache.__dict__.get(DSA_INDEX_KEYS, {})
+    return cache.__dict__.get(INDEX_KEYS_ATTR, {})
 
 
 def _first_set(*values):

@@ -36,12 +36,14 @@ Modules: :mod:`~.config` (settings), :mod:`~.layer` (the layer's indexer and vie
 
 from dsv32.dsa.hf.attach import attach_dsa, detach_dsa, random_indexers
 from dsv32.dsa.hf.config import CONFIG_FILE, MODES, SUPPORTED_MODEL_TYPES, WEIGHTS_FILE, DSAConfig, DSAError
+from dsv32.dsa.hf.forward import INDEX_KEYS_ATTR
 from dsv32.dsa.hf.handle import DSAHandle, get_dsa, has_dsa
 from dsv32.dsa.hf.io import indexer_state_dict, load_dsa, read_dsa_config, save_dsa, without_indexers
 from dsv32.dsa.hf.layer import HFIndexer, LayerView
 
 __all__ = [
     "CONFIG_FILE",
+    "INDEX_KEYS_ATTR",
     "MODES",
     "SUPPORTED_MODEL_TYPES",
     "WEIGHTS_FILE",

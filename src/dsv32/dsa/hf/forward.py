@@ -21,6 +21,8 @@ from dsv32.dsa.hf.layer import HFIndexer, LayerView
 from dsv32.dsa.indexer import indexer_topk
 from dsv32.dsa.loss import indexer_kl_loss_chunked, oracle_topk
 
+INDEX_KEYS_ATTR = "_dsa_index_keys"  # the cache attribute holding past indexer keys, {layer: [B, S, d]}
+
 
 @dataclass
 class _Projected:
@@ -197,7 +199,7 @@ def _index_keys(attn, past_key_values, new_keys: torch.Tensor, S: int) -> torch.
     """All ``S`` index keys: those of earlier tokens are kept on the cache object beside its K/V."""
     if past_key_values is None:
         return new_keys
-    store = past_key_values.__dict__.setdefault("_dsa_index_keys", {})
+    store = past_key_values.__dict__.setdefault(INDEX_KEYS_ATTR, {})
     T = new_keys.shape[1]
     prev = store.get(attn.layer_idx)
     if S == T or prev is None:
