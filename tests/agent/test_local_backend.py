@@ -22,14 +22,7 @@ from dsv32.engine.sampling import SamplingParams
 from dsv32.engine.session import Session, common_prefix
 from dsv32.model import DeepseekV32
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine, two spinning threads are many times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

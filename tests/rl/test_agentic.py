@@ -64,13 +64,7 @@ TASKS = [Task(f"t{i}", "q", "5", "echo") for i in range(4)]
 register(EnvSpec("echo-test", "test env", EchoEnv, {"train": lambda: TASKS, "heldout": lambda: TASKS[:2]}))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine: one thread avoids oversubscription stalls."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _tool_user(name: str, tmp_path_factory) -> Policy:

@@ -15,17 +15,6 @@ import v32_model
 
 
 @pytest.fixture(scope="module")
-def one_thread():
-    """Tiny models decode several times faster on one torch thread than on two contended ones."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
 def v32_served(one_thread):
     """The tiny random V3.2 model with its scripts (see :mod:`v32_model`), as the server holds it."""
     from dsv32.engine.models import LoadedModel
