@@ -82,3 +82,17 @@ def test_a_cold_start_prompt_is_a_system_message():
     ]
     prompt = encode_messages(messages, "thinking")
     assert prompt.count("<functions>") == 0 and prompt.endswith("<｜Assistant｜><think>")
+
+
+def test_episode_system_messages():
+    from dsv32.chat.templates import EPISODE_PROMPTS, episode_system_message
+
+    tools = [
+        {"type": "function", "function": {"name": "python", "description": "run code", "parameters": {}}}
+    ]
+    messages = {kind: episode_system_message(kind, "env prompt", tools) for kind in EPISODE_PROMPTS}
+    assert messages["env"] == messages["bare"] == {"role": "system", "content": "env prompt"}
+    assert messages["agent"]["content"] == agent_system_prompt(tools)
+    assert messages["reasoning_agent"]["content"] == reasoning_agent_system_prompt(tools, 20)
+    with pytest.raises(ValueError, match="prompt 'chatty' is not one of reasoning_agent, agent, env, bare"):
+        episode_system_message("chatty", "env prompt", tools)

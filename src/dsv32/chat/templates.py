@@ -108,3 +108,25 @@ def cold_start_system_prompt(
     if kind == "reasoning_agent":
         return reasoning_agent_system_prompt(tools or [], **options)
     raise ValueError(f"kind must be 'reasoning', 'agent' or 'reasoning_agent', got {kind!r}")
+
+
+#: The system prompts an agent episode can start with (cold-start synthesis and agentic RL offer the
+#: same choice): ``reasoning_agent``: Table 8 (call tools inside the reasoning; the tools and the DSML
+#: call format in the prompt text); ``agent``: Table 7 (the Jupyter tool guidance); ``env``: the
+#: environment's own system prompt, its tools attached (V3.2 renders them as the ``## Tools`` block);
+#: ``bare``: the environment's own prompt only (it names its tools in words).
+EPISODE_PROMPTS = ("reasoning_agent", "agent", "env", "bare")
+
+
+def episode_system_message(
+    kind: str, env_system: str, tools: Sequence[Mapping[str, Any]], max_code_executions: int = 20
+) -> dict[str, str]:
+    """The system message of prompt ``kind`` (:data:`EPISODE_PROMPTS`) for an environment whose own
+    system prompt is ``env_system`` and whose tool schemas are ``tools``."""
+    if kind == "reasoning_agent":
+        return {"role": "system", "content": reasoning_agent_system_prompt(tools, max_code_executions)}
+    if kind == "agent":
+        return {"role": "system", "content": agent_system_prompt(tools)}
+    if kind in ("env", "bare"):
+        return {"role": "system", "content": env_system}
+    raise ValueError(f"prompt {kind!r} is not one of {', '.join(EPISODE_PROMPTS)}")

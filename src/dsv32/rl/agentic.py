@@ -28,26 +28,20 @@ from typing import Any
 import torch
 
 from dsv32.agent import Agent, Trajectory, env_tools
-from dsv32.chat import EOS, agent_system_prompt, reasoning_agent_system_prompt
+from dsv32.chat import EOS
+from dsv32.chat.templates import episode_system_message
 from dsv32.envs.base import Environment, Task
 from dsv32.rl.agentic_backend import LockstepBatcher, RecordingBackend, SamplingSettings, StepRecord
 from dsv32.rl.rewards.shaping import language_consistency, length_penalty
 from dsv32.rl.rollout import Rollouts, layout_rollouts
 from dsv32.rl.tasks import Task as RLTask
 
-PROMPTS = ("env", "bare", "reasoning_agent", "agent")
-
 
 def episode_messages(env: Environment, task: Task, prompt: str) -> list[dict]:
     """``env.reset(task)`` with its system message as ``prompt`` asks: ``env``/``bare`` keep the
     environment's own, ``reasoning_agent``/``agent`` use Appendix B's Table 8 / Table 7."""
     messages = env.reset(task)
-    if prompt == "reasoning_agent":
-        messages[0] = {"role": "system", "content": reasoning_agent_system_prompt(env.tools())}
-    elif prompt == "agent":
-        messages[0] = {"role": "system", "content": agent_system_prompt(env.tools())}
-    elif prompt not in ("env", "bare"):
-        raise ValueError(f"prompt must be one of {PROMPTS}, got {prompt!r}")
+    messages[0] = episode_system_message(prompt, messages[0]["content"], env.tools())
     return messages
 
 
@@ -73,7 +67,7 @@ class Episode:
 
 @dataclass
 class EpisodeSettings:
-    """How episodes run: the system ``prompt`` (:data:`PROMPTS`), ``max_steps`` model calls,
+    """How episodes run: the system ``prompt`` (:data:`dsv32.chat.templates.EPISODE_PROMPTS`), ``max_steps`` model calls,
     ``thinking`` mode, a context strategy of :mod:`dsv32.agent.context` with ``context_window``."""
 
     prompt: str = "env"

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from dsv32.chat.templates import EPISODE_PROMPTS
 from dsv32.recipe import NON_NEGATIVE, POSITIVE, Checked, Rule, at_least, build_section, one_of, read_recipe
-from dsv32.rl.agentic import PROMPTS
 from dsv32.rl.config import RLConfig, RLConfigError, rl_config_from_dict
 from dsv32.rl.rewards.shaping import LENGTH_SHAPES
 
@@ -32,7 +32,7 @@ from dsv32.rl.rewards.shaping import LENGTH_SHAPES
 @dataclass
 class AgenticSection(Checked, error=RLConfigError):
     RANGES: ClassVar[dict[str, Rule]] = {
-        "prompt": one_of(*PROMPTS),
+        "prompt": one_of(*EPISODE_PROMPTS),
         "max_steps": at_least(1),
         "context": one_of("none", "summary", "discard_75", "discard_all"),
         "context_window": NON_NEGATIVE,

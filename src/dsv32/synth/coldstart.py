@@ -10,7 +10,7 @@ Two sources, one rule — a transcript is kept only when the environment's verif
   model) that runs the task as an agent (:class:`dsv32.agent.Agent` over the environment's tools),
   ``samples`` times per task.
 
-The system message is one of :data:`PROMPTS`:
+The system message is one of :data:`PROMPTS` (:data:`dsv32.chat.templates.EPISODE_PROMPTS`):
 
 - ``reasoning_agent`` — Appendix B Table 8 (call tools inside the reasoning, answer without tools),
   with the tool descriptions and the DSML call format in the prompt text itself;
@@ -33,24 +33,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsv32.chat import agent_system_prompt, reasoning_agent_system_prompt
+from dsv32.chat.templates import EPISODE_PROMPTS as PROMPTS
+from dsv32.chat.templates import episode_system_message as system_message
 from dsv32.envs.base import Environment, Task, replay
 from dsv32.synth.records import SynthError
 
-PROMPTS = ("reasoning_agent", "agent", "env", "bare")
 #: What ``env.reward(...).value`` must reach for a transcript to be kept.
 VERIFIED = 1.0
-
-
-def system_message(kind: str, env_system: str, tools: list[dict], max_code_executions: int = 20) -> dict:
-    """The system message of a cold-start conversation (see :data:`PROMPTS`)."""
-    if kind == "reasoning_agent":
-        return {"role": "system", "content": reasoning_agent_system_prompt(tools, max_code_executions)}
-    if kind == "agent":
-        return {"role": "system", "content": agent_system_prompt(tools)}
-    if kind in ("env", "bare"):
-        return {"role": "system", "content": env_system}
-    raise SynthError(f"prompt {kind!r} is not one of {', '.join(PROMPTS)}")
 
 
 def _first_line(text: str, limit: int = 200) -> str:
