@@ -58,6 +58,7 @@ CASES = [
     (["demo", "--set", "nonsense", "--out", "{out}"], "must look like section.field=value"),
     (["rl", "train", "{tmp}/many.toml", "--out", "{out}"], '[grpo] steps = "many": must be an integer'),
     (["rl", "train", "--set", "grpo.group_size=1", "--out", "{out}"], "[grpo] group_size = 1: must be >= 2"),
+    (["rl", "train", "--steps", "0", "--out", "{out}"], "[grpo] steps = 0: must be >= 1"),
     (["rl", "train", "--set", "sampling.top_p=1.5", "--out", "{out}"], "[sampling] top_p = 1.5: must be in (0, 1]"),
     (["rl", "train", "{tmp}/jsonl.toml", "--out", "{out}"], "a jsonl source needs an existing JSONL file"),
     (["rl", "train", "--policy", "no-such-policy", "--steps", "1", "--out", "{out}"],

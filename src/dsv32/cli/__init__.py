@@ -57,6 +57,13 @@ def command(p: argparse.ArgumentParser, run) -> None:
     )
 
 
+def flag_overrides(args: argparse.Namespace, keys: dict[str, str]) -> list[str]:
+    """The ``--set SECTION.FIELD=VALUE`` overrides, then one ``key=value`` for every flag in ``keys``
+    (flag attribute → recipe key) that was given, so a flag wins over ``--set``."""
+    given = ((flag, getattr(args, flag, None)) for flag in keys)
+    return [*args.set, *(f"{keys[flag]}={value}" for flag, value in given if value is not None)]
+
+
 def number_type(kind, test, allowed: str):
     def parse(text: str):
         try:

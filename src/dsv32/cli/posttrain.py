@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
-from dsv32.cli import command, positive_int
+from dsv32.cli import command, flag_overrides, positive_int
 from dsv32.recipe import Checked, at_least, each, in_range, one_of
 from dsv32.synth.coldstart import PROMPTS
 
@@ -266,11 +266,8 @@ def add_rl(psub: argparse._SubParsersAction) -> None:
         from dsv32.rl.agentic_config import load_agentic_config
         from dsv32.rl.agentic_trainer import train_agentic, v32_policy
 
-        overrides = list(args.set)
-        for flag, key in (("policy", "policy.name"), ("steps", "grpo.steps"), ("out", "out_dir")):
-            if getattr(args, flag):
-                overrides.append(f"{key}={getattr(args, flag)}")
-        cfg = load_agentic_config(args.config, overrides)
+        keys = {"policy": "policy.name", "steps": "grpo.steps", "out": "out_dir"}
+        cfg = load_agentic_config(args.config, flag_overrides(args, keys))
         policy = v32_policy(cfg)
         result = train_agentic(cfg, policy=policy, resume=not args.no_resume, progress=not args.no_progress)
         print(result.summary())

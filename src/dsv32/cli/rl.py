@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dsv32.cli import command
+from dsv32.cli import command, flag_overrides
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -21,11 +21,8 @@ def add(sub: argparse._SubParsersAction) -> None:
         from dsv32.rl import load_rl_config
         from dsv32.rl.trainer import run_eval, train_grpo
 
-        overrides = list(args.set)
-        for flag, key in (("policy", "policy.name"), ("steps", "grpo.steps"), ("out", "out_dir")):
-            if getattr(args, flag, None):  # eval has no --steps
-                overrides.append(f"{key}={getattr(args, flag)}")
-        cfg = load_rl_config(args.config, overrides)
+        keys = {"policy": "policy.name", "steps": "grpo.steps", "out": "out_dir"}  # eval has no --steps
+        cfg = load_rl_config(args.config, flag_overrides(args, keys))
         if args.rl_cmd == "eval":
             run_eval(cfg, progress=not args.no_progress)
             return 0

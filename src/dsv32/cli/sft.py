@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dsv32.cli import command, positive_int
+from dsv32.cli import command, flag_overrides, positive_int
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -25,18 +25,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     def run(args: argparse.Namespace) -> int:
         from dsv32.train.sft import load_sft_config, train_sft
 
-        overrides = list(args.set)
-        flags = {
-            "data": "data.path",
-            "eval_data": "data.eval_path",
-            "model": "model.name",
-            "steps": "train.steps",
-            "out": "out_dir",
-        }
-        for flag, key in flags.items():
-            if getattr(args, flag):
-                overrides.append(f"{key}={getattr(args, flag)}")
-        cfg = load_sft_config(args.config, overrides)
+        keys = {"data": "data.path", "eval_data": "data.eval_path", "model": "model.name", "steps": "train.steps",
+                "out": "out_dir"}  # fmt: skip
+        cfg = load_sft_config(args.config, flag_overrides(args, keys))
         result = train_sft(cfg, resume=not args.no_resume, progress=not args.no_progress)
         print(result.summary())
         return 0
