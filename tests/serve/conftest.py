@@ -41,9 +41,3 @@ def smol_server(one_thread):
     served = load_served("smollm2", device="cpu")
     with ServerThread(create_app(served, max_batch=4)) as server:
         yield server
-
-
-def client_for(server, api_key: str = "none", **kwargs):
-    import openai
-
-    return openai.OpenAI(base_url=server.base_url, api_key=api_key, max_retries=0, **kwargs)

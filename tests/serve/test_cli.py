@@ -10,7 +10,7 @@ import time
 import httpx2 as httpx
 import pytest
 import v32_model as V
-from conftest import client_for
+from serve_helpers import client_for
 
 from dsv32.serve import free_port
 

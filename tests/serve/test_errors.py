@@ -10,7 +10,7 @@ import httpx2 as httpx
 import openai
 import pytest
 import v32_model as V
-from conftest import client_for
+from serve_helpers import client_for
 
 MODEL = "tiny-v32"
 USER = [{"role": "user", "content": "hi"}]

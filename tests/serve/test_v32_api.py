@@ -8,7 +8,7 @@ import json
 import httpx2 as httpx
 import pytest
 import v32_model as V
-from conftest import client_for
+from serve_helpers import client_for
 
 from dsv32.chat import encode_messages
 
