@@ -16,28 +16,29 @@ that need more tokens to reach ``top_p``), and returns the kept ids directly, mo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
+
+from dsv32.recipe import NON_NEGATIVE, OPEN_UNIT, Checked, Rule
 
 FIRST_WINDOW = 256  # tokens the top-p search looks at first; widened 8x for rows that need more
 
 
 @dataclass
-class SamplingParams:
+class SamplingParams(Checked):
     """``temperature`` 0 = greedy; ``top_p`` 1.0 and ``top_k`` 0 disable truncation."""
+
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "temperature": NON_NEGATIVE,
+        "top_p": OPEN_UNIT,
+        "top_k": NON_NEGATIVE,
+    }
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
 
     @property
     def greedy(self) -> bool:
