@@ -44,34 +44,14 @@ def _pad_seq(t: torch.Tensor, dim: int, left: int) -> torch.Tensor:
     return torch.cat((t.new_zeros(shape), t), dim=dim)
 
 
-def _native_tensors(cache) -> dict[str, torch.Tensor]:
-    """The per-token tensors of a native cache: ``[L, B, max_len, *]`` (every one the cache holds)."""
-    B = cache.batch_size
-    return {
-        name: value
-        for name, value in vars(cache).items()
-        if isinstance(value, torch.Tensor) and value.dim() >= 3 and value.shape[1] == B
-    }
-
-
 def _native_merge(model, a, b, capacity: int):
     """A new native cache holding the rows of ``a`` then ``b``, right-aligned at ``S = max`` length."""
     S = max(a.length, b.length)
     merged = model.new_cache(a.batch_size + b.batch_size, capacity)
-    for name, dst in _native_tensors(merged).items():
-        src_a, src_b = getattr(a, name), getattr(b, name)
-        dst[:, : a.batch_size, S - a.length : S] = src_a[:, :, : a.length]
-        dst[:, a.batch_size :, S - b.length : S] = src_b[:, :, : b.length]
+    merged.copy_from(a, slice(0, a.batch_size), S - a.length)
+    merged.copy_from(b, slice(a.batch_size, None), S - b.length)
     merged.length = S
     return merged
-
-
-def _native_trim(cache, drop: int) -> None:
-    """Forget the first ``drop`` columns (padding of every remaining row)."""
-    for name, value in _native_tensors(cache).items():
-        setattr(cache, name, value[:, :, drop:])
-    cache.length -= drop
-    cache.max_len -= drop
 
 
 def _hf_layers(cache) -> list:
@@ -180,7 +160,10 @@ class RunningBatch:
         drop = int(self.mask.any(0).long().argmax())  # leading columns that are padding in every row
         if drop:
             self.mask = self.mask[:, drop:]
-            (_native_trim if self.native else _hf_trim)(self.backend.cache, drop)
+            if self.native:
+                self.backend.cache.drop_front(drop)
+            else:
+                _hf_trim(self.backend.cache, drop)
 
     @torch.no_grad()
     def step(self, tokens: Sequence[int]) -> None:

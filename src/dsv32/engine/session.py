@@ -111,12 +111,9 @@ class Session:
         old = self.cache
         size = min(limit, max(total, 2 * old.max_len if old is not None else 0, 256))
         self.cache = self.model.new_cache(1, size)
-        if old is not None and old.length:
-            n = old.length
-            self.cache.kv_latent[:, :, :n] = old.kv_latent[:, :, :n]
-            self.cache.k_rope[:, :, :n] = old.k_rope[:, :, :n]
-            self.cache.index_keys[:, :, :n] = old.index_keys[:, :, :n]
-            self.cache.length = n
+        if old is not None:
+            self.cache.copy_from(old)
+            self.cache.length = old.length
 
     def _forward(self, ids: list[int]) -> torch.Tensor:
         """Run ``ids`` after the cached tokens; the next-token logits ``[V]``."""

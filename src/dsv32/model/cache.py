@@ -42,6 +42,10 @@ class KVCache:
     def batch_size(self) -> int:
         return self.kv_latent.shape[1]
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The per-token tensors by attribute name, each ``[L, batch_size, max_len, *]``."""
+        return {"kv_latent": self.kv_latent, "k_rope": self.k_rope, "index_keys": self.index_keys}
+
     def write(
         self, layer: int, kv_latent: torch.Tensor, k_rope: torch.Tensor, index_keys: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -66,9 +70,21 @@ class KVCache:
 
     def reorder(self, rows: torch.Tensor) -> None:
         """Keep (and repeat) the batch rows ``rows`` — for beam-style or group sampling from one prefix."""
-        self.kv_latent = self.kv_latent[:, rows]
-        self.k_rope = self.k_rope[:, rows]
-        self.index_keys = self.index_keys[:, rows]
+        for name, value in self.tensors().items():
+            setattr(self, name, value[:, rows])
+
+    def copy_from(self, src: KVCache, rows: slice = slice(None), start: int = 0) -> None:
+        """Write the ``src.length`` tokens of every row of ``src`` into batch rows ``rows`` at positions
+        ``start`` on (``length`` is the caller's to set)."""
+        for name, dst in self.tensors().items():
+            dst[:, rows, start : start + src.length] = getattr(src, name)[:, :, : src.length]
+
+    def drop_front(self, n: int) -> None:
+        """Forget the first ``n`` positions of every row (left padding no row uses any more)."""
+        for name, value in self.tensors().items():
+            setattr(self, name, value[:, :, n:])
+        self.length -= n
+        self.max_len -= n
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.kv_latent, self.k_rope, self.index_keys))
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
