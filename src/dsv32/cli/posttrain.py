@@ -8,9 +8,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
+from dsv32.chat.templates import EPISODE_PROMPTS as PROMPTS
 from dsv32.cli import command, flag_overrides, positive_int
 from dsv32.recipe import Checked, at_least, each, in_range, one_of
-from dsv32.synth.coldstart import PROMPTS
 
 
 def _tasks(env: str, tasks: str | None, limit: int | None):
