@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from dsv32.envs.interpreter.verify import math_equal as interpreter_equal
-from dsv32.envs.mathcheck import answers_equal, last_boxed
+from dsv32.envs.mathcheck import answers_equal, boxes, last_boxed
 from dsv32.envs.search.answers import extract as search_extract
 from dsv32.eval.answers import choice_letter
 from dsv32.eval.answers import math_equal as eval_equal
@@ -22,6 +22,7 @@ HOSTILE = "9^{9^{9^{9}}}"  # SymPy's integer power holds the interpreter lock fo
         ("\\boxed{1} then \\fbox{2}", "2"),
         ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
         ("\\boxed{1} ... \\boxed{\\frac{3}{4}", None),
+        ("\\boxed{ \\fbox{2} and", "2"),
         ("no box", None),
         (None, None),
     ],
@@ -47,6 +48,14 @@ def test_the_comparisons_agree():
     assert eval_equal("A) foo", "A) foo")  # equal text needs no parse
     assert not eval_equal("1", None) and not eval_equal("1", "  ")
     assert choice_letter("\\boxed{C}", "ABCD") == "C"
+
+
+def test_boxes_reads_each_brace_once():
+    # A looping completion of unclosed boxes: reading every box from its own "{" to the end of the
+    # text would take minutes here.
+    text = "\\boxed{" * 100_000
+    assert last_boxed(text) is None
+    assert boxes(text + "}")[-1] == (len(text) - len("\\boxed{"), "")
 
 
 @pytest.mark.parametrize("judge", [interpreter_equal, lambda p, g: eval_equal(g, p)], ids=["envs", "eval"])

@@ -45,37 +45,33 @@ import threading
 
 logger = logging.getLogger(__name__)
 _BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE = re.compile(r"\\.|[{}]", re.DOTALL)  # an escaped character (skipped) or a brace
 
 WORKER_STARTUP_TIMEOUT_S = 120.0  # importing SymPy on a loaded machine; a failed start raises
 
 
-def _closing_brace(text: str, start: int) -> int | None:
-    """Index of the ``}`` that closes the ``{`` just before ``start``; escaped braces (``\\{``) do not
-    count. None if the text ends first."""
-    depth = 1
-    i = start
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\":
-            i += 2
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
-    return None
-
-
 def boxes(text: str | None) -> list[tuple[int, str | None]]:
     """``(start, content)`` of every ``\\boxed{…}`` / ``\\fbox{…}`` in order; content None when
-    unterminated."""
+    unterminated. One pass over the braces (escaped ones, ``\\{``, do not count), so a text of many
+    unclosed boxes costs no more than its length."""
+    text = text or ""
     found: list[tuple[int, str | None]] = []
-    for match in _BOX_OPEN.finditer(text or ""):
-        end = _closing_brace(text, match.end())
-        found.append((match.start(), None if end is None else text[match.end() : end]))
+    box_at: dict[int, int] = {}  # index of a box's "{" -> the box's number in found
+    for match in _BOX_OPEN.finditer(text):
+        box_at[match.end() - 1] = len(found)
+        found.append((match.start(), None))
+    open_boxes: list[tuple[int, int, int]] = []  # (box number, depth inside its "{", content start)
+    depth = 0
+    for token in _BRACE.finditer(text, min(box_at, default=len(text))):
+        if token[0] == "{":
+            depth += 1
+            if token.start() in box_at:
+                open_boxes.append((box_at[token.start()], depth, token.end()))
+        elif token[0] == "}":
+            if open_boxes and open_boxes[-1][1] == depth:
+                box, _, start = open_boxes.pop()
+                found[box] = (found[box][0], text[start : token.start()])
+            depth -= 1
     return found
 
 
