@@ -12,12 +12,12 @@
 from __future__ import annotations
 
 import copy
-import json
 import re
 from functools import cache
 from pathlib import Path
 
 from dsv32.eval.errors import EvalError
+from dsv32.jsonl import read_jsonl
 
 TYPES = {"dict": "object", "float": "number", "tuple": "array", "any": None}
 _NAME = re.compile(r"[^A-Za-z0-9_-]")
@@ -37,15 +37,10 @@ def data_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
-def _jsonl(path: Path) -> list[dict]:
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 @cache
 def load_file(name: str) -> tuple[dict, ...]:
     """The rows of ``data_dir() / name``, read once (shared: callers copy what they change)."""
-    return tuple(_jsonl(data_dir() / name))
+    return tuple(row for _, row in read_jsonl(data_dir() / name, EvalError))
 
 
 def load_entries(category: str) -> list[dict]:
