@@ -21,11 +21,12 @@ from dsv32.rl.agentic import (
     rows_to_rollouts,
     run_episodes,
 )
-from dsv32.rl.agentic_backend import SamplingSettings, StepRecord
+from dsv32.rl.agentic_backend import StepRecord
 from dsv32.rl.agentic_config import load_agentic_config
 from dsv32.rl.agentic_trainer import train_agentic
 from dsv32.rl.loss import grpo_loss, token_logprobs
 from dsv32.rl.policy import Policy
+from dsv32.rl.rollout import SamplingConfig
 from dsv32.runlog import read_metrics
 
 
@@ -93,7 +94,7 @@ def llama_policy(tmp_path_factory):
 
 SETTINGS = EpisodeSettings(prompt="bare", max_steps=3)
 TEMPERATURE = 0.5  # the memorized tiny model garbles the DSML markup at 1.0
-SAMPLING = SamplingSettings(temperature=TEMPERATURE, top_p=0.9, top_k=0, max_new_tokens=128)
+SAMPLING = SamplingConfig(temperature=TEMPERATURE, top_p=0.9, top_k=0, max_new_tokens=128)
 
 
 def _episodes(policy, n=6, seed=0, keep_routing=False):

@@ -31,9 +31,9 @@ from dsv32.agent import Agent, Trajectory, env_tools
 from dsv32.chat import EOS
 from dsv32.chat.templates import episode_system_message
 from dsv32.envs.base import Environment, Task
-from dsv32.rl.agentic_backend import LockstepBatcher, RecordingBackend, SamplingSettings, StepRecord
+from dsv32.rl.agentic_backend import LockstepBatcher, RecordingBackend, StepRecord
 from dsv32.rl.rewards.shaping import language_consistency, length_penalty
-from dsv32.rl.rollout import Rollouts, layout_rollouts
+from dsv32.rl.rollout import Rollouts, SamplingConfig, layout_rollouts
 from dsv32.rl.tasks import Task as RLTask
 
 
@@ -81,7 +81,7 @@ class EpisodeSettings:
 def run_episodes(
     policy,
     jobs: Sequence[tuple[Callable[[], Environment], Task, str]],
-    sampling: SamplingSettings,
+    sampling: SamplingConfig,
     settings: EpisodeSettings,
     *,
     generator: torch.Generator | None = None,

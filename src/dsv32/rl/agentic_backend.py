@@ -29,7 +29,7 @@ from dsv32.agent.backends.base import Completion, Usage
 from dsv32.agent.backends.formats import V32Format
 from dsv32.agent.errors import BackendError
 from dsv32.engine import generate
-from dsv32.rl.rollout import truncates
+from dsv32.rl.rollout import SamplingConfig, truncates
 
 
 @dataclass
@@ -45,21 +45,13 @@ class StepRecord:
     ended: bool
 
 
-@dataclass
-class SamplingSettings:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 256
-
-
 class LockstepBatcher:
     """Batches the model calls of concurrent episodes (see the module docstring)."""
 
     def __init__(
         self,
         policy,
-        sampling: SamplingSettings,
+        sampling: SamplingConfig,
         stop_ids: Sequence[int],
         *,
         generator: torch.Generator | None = None,

@@ -40,12 +40,11 @@ from dsv32.rl.agentic import (
     rows_to_rollouts,
     run_episodes,
 )
-from dsv32.rl.agentic_backend import SamplingSettings
 from dsv32.rl.agentic_config import AgenticConfig
 from dsv32.rl.loss import group_advantages
 from dsv32.rl.policy import Policy, load_policy
 from dsv32.rl.rewards_setup import build_reward_fn, score
-from dsv32.rl.rollout import rollout, truncates
+from dsv32.rl.rollout import SamplingConfig, rollout, truncates
 from dsv32.rl.tasks import MixedTasks
 from dsv32.rl.trainer import (
     RLResult,
@@ -103,11 +102,6 @@ def episode_settings(cfg: AgenticConfig) -> EpisodeSettings:
     )
 
 
-def sampling_settings(cfg: AgenticConfig) -> SamplingSettings:
-    s = cfg.rl.sampling
-    return SamplingSettings(s.temperature, s.top_p, s.top_k, s.max_new_tokens)
-
-
 def agentic_reward(cfg: AgenticConfig) -> AgenticReward:
     a = cfg.agentic
     return AgenticReward(cfg.rl.sampling.max_total_tokens, a.length_weight, a.length_shape, a.language_weight)
@@ -134,7 +128,9 @@ def evaluate_agentic(
     """Greedy episodes on ``items``: accuracy, well-formed tool use (:func:`episode_summary`) and two
     sample conversations."""
     jobs = [(it.make_env, it.task, it.domain) for it in items]
-    episodes = run_episodes(policy, jobs, SamplingSettings(0.0, 1.0, 0, max_new_tokens), settings)
+    episodes = run_episodes(
+        policy, jobs, SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens), settings
+    )
     summary = episode_summary(episodes)
     summary["samples"] = [e.trajectory.messages[1:] for e in episodes[:2]]
     return summary
@@ -156,7 +152,7 @@ def agentic_step(
     episodes: list[Episode] = []
     if jobs:
         episodes = run_episodes(
-            policy, jobs, sampling_settings(cfg), episode_settings(cfg),
+            policy, jobs, cfg.rl.sampling, episode_settings(cfg),
             generator=_generator(cfg.rl.seed, step, 1), keep_routing=g.keep_routing,
         )  # fmt: skip
         for e in episodes:
