@@ -228,11 +228,14 @@ def step_rows(step: int, n_rows: int, cfg: SFTTrainConfig) -> list[int]:
     """Row indices of optimizer step ``step``: an epoch-wise shuffled stream, a function of
     ``(seed, step)`` only."""
     R = cfg.rows_per_step
+    perms: dict[int, torch.Tensor] = {}  # one permutation per epoch the step reaches into
     out = []
     for g in range(step * R, (step + 1) * R):
         epoch, within = divmod(g, n_rows)
-        perm = torch.randperm(n_rows, generator=torch.Generator().manual_seed(cfg.seed * 100_003 + epoch))
-        out.append(int(perm[within]))
+        if epoch not in perms:
+            gen = torch.Generator().manual_seed(cfg.seed * 100_003 + epoch)
+            perms[epoch] = torch.randperm(n_rows, generator=gen)
+        out.append(int(perms[epoch][within]))
     return out
 
 
