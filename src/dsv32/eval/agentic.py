@@ -44,16 +44,7 @@ class EnvBenchmark(Benchmark):
 
         env = get_env(self.env_name).factory()
         try:
-            trajectory, reward = run_episode(
-                backend,
-                env,
-                problem.data["task"],
-                thinking=options.thinking,
-                sampling=options.sampling,
-                max_steps=options.max_steps,
-                context=options.context,
-                context_window=options.context_window,
-            )
+            trajectory, reward = run_episode(backend, env, problem.data["task"], **options.agent_options())
         finally:
             env.close()
         reason = reward.reason or trajectory.stop_reason

@@ -17,7 +17,7 @@ score 100 %: the harness's self-check.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -57,13 +57,18 @@ class EpisodeResult:
 
 @dataclass
 class RunOptions:
-    """What a benchmark's episodes need from the run settings."""
+    """What a benchmark's episodes need from the run settings; the fields are keywords of
+    :class:`dsv32.agent.Agent` and :func:`dsv32.agent.run_episode` by the same names."""
 
     thinking: bool = True
     sampling: dict = field(default_factory=dict)
     context: str = "none"
     context_window: int | None = None
     max_steps: int = 50
+
+    def agent_options(self) -> dict[str, Any]:
+        """The fields as the agent's keywords (``sampling`` a copy)."""
+        return asdict(self)
 
 
 class Benchmark(ABC):

@@ -173,6 +173,7 @@ class BFCLMultiTurn(Benchmark):
         entry = problem.data
         classes = entry["involved_classes"]
         held, offered = _held(entry), offered_docs(entry)
+        agent_options = {**options.agent_options(), "max_steps": min(STEP_LIMIT, options.max_steps)}
         result = EpisodeResult([], Score(0.0, ""))
         long_context = "long_context" in entry["category"]
         try:
@@ -183,15 +184,7 @@ class BFCLMultiTurn(Benchmark):
                     if t in held:
                         turn_messages = [{"role": "user", "content": ADDED_FUNCTIONS}]
                     turn = _Turn(worker)
-                    agent = Agent(
-                        backend,
-                        [turn.tool(d) for d in offered[t]],
-                        thinking=options.thinking,
-                        max_steps=min(STEP_LIMIT, options.max_steps),
-                        context=options.context,
-                        context_window=options.context_window,
-                        sampling=options.sampling,
-                    )
+                    agent = Agent(backend, [turn.tool(d) for d in offered[t]], **agent_options)
                     trajectory = agent.run(messages + list(turn_messages))
                     messages = trajectory.messages
                     result.messages = messages
