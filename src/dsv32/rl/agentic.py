@@ -92,9 +92,9 @@ def run_episodes(
     if settings.context == "parallel_fewest_step":
         raise ValueError("parallel_fewest_step picks one of several threads: GRPO's group already samples G")
     stop = [policy.tokenizer.convert_tokens_to_ids(EOS)]
-    batcher = LockstepBatcher(policy, sampling, stop, generator=generator, keep_routing=keep_routing)
-    for _ in jobs:
-        batcher.join()
+    batcher = LockstepBatcher(
+        policy, sampling, stop, len(jobs), generator=generator, keep_routing=keep_routing
+    )
 
     def one(index: int) -> Episode:
         make_env, task, domain = jobs[index]

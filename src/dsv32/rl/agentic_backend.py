@@ -53,6 +53,7 @@ class LockstepBatcher:
         policy,
         sampling: SamplingConfig,
         stop_ids: Sequence[int],
+        episodes: int,
         *,
         generator: torch.Generator | None = None,
         keep_routing: bool = False,
@@ -60,17 +61,12 @@ class LockstepBatcher:
         self.policy, self.sampling, self.stop_ids = policy, sampling, list(stop_ids)
         self.generator, self.keep_routing = generator, keep_routing
         self.cond = threading.Condition()
-        self.live = 0
+        self.live = episodes  # episodes that have not left yet
         self.pending: dict[int, list[int]] = {}  # episode → its pending prompt
         self.results: dict[int, StepRecord | BaseException] = {}
-        self.batches = 0
-
-    # ------------------------------------------------------------------ episode membership
-    def join(self) -> None:
-        with self.cond:
-            self.live += 1
 
     def leave(self) -> None:
+        """An episode has finished: the others no longer wait for its calls."""
         with self.cond:
             self.live -= 1
             self._maybe_run()
@@ -79,12 +75,11 @@ class LockstepBatcher:
     def sample(self, episode: int, prompt: list[int]) -> StepRecord:
         """Episode ``episode``'s next call; returns when its batch has been sampled."""
         with self.cond:
-            key = episode
-            self.pending[key] = prompt
+            self.pending[episode] = prompt
             self._maybe_run()
-            while key not in self.results:
+            while episode not in self.results:
                 self.cond.wait()
-            result = self.results.pop(key)
+            result = self.results.pop(episode)
         if isinstance(result, BaseException):
             raise BackendError(f"batched generation failed: {result}") from result
         return result
@@ -102,7 +97,6 @@ class LockstepBatcher:
             self.results.update(zip(keys, records))
         except (RuntimeError, ValueError) as err:
             self.results.update({k: err for k in keys})
-        self.batches += 1
         self.cond.notify_all()
 
     @torch.no_grad()
