@@ -42,11 +42,8 @@ class EnvBenchmark(Benchmark):
         from dsv32.agent import run_episode
         from dsv32.envs.base import get_env
 
-        env = get_env(self.env_name).factory()
-        try:
+        with get_env(self.env_name).factory() as env:
             trajectory, reward = run_episode(backend, env, problem.data["task"], **options.agent_options())
-        finally:
-            env.close()
         reason = reward.reason or trajectory.stop_reason
         if trajectory.error:
             reason = f"{reason}; {trajectory.error}"
@@ -63,11 +60,8 @@ class EnvBenchmark(Benchmark):
     def reference_replies(self, problem: Problem) -> list[dict]:
         from dsv32.envs.base import get_env
 
-        env = get_env(self.env_name).factory()
-        try:
+        with get_env(self.env_name).factory() as env:
             return env.reference(problem.data["task"])
-        finally:
-            env.close()
 
 
 class Agentic(EnvBenchmark):
