@@ -72,7 +72,7 @@ def test_sample_rows_uses_each_rows_generator():
     logits = torch.randn(3, 50)
     params = [SamplingParams(temperature=1.0)] * 2 + [GREEDY]
     gens = [torch.Generator().manual_seed(s) for s in (1, 1, 2)]
-    tokens, logprobs = sample_rows(logits[[0, 0, 1]], params, gens)
+    tokens, logprobs = sample_rows(logits[[0, 0, 1]], params, gens, logprobs=True)
     assert tokens[0] == tokens[1]  # same logits, same seed
     assert tokens[2] == int(logits[1].argmax())
     torch.testing.assert_close(logprobs.exp().sum(-1), torch.ones(3))

@@ -182,14 +182,18 @@ def sample_rows(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
-) -> tuple[list[int], torch.Tensor]:
+    logprobs: bool = False,
+) -> tuple[list[int], torch.Tensor | None]:
     """Sample row ``i`` of ``logits`` ``[B, V]`` with ``params[i]`` and ``generators[i]``.
 
-    Returns ``(tokens, logprobs [B, V])``: the sampled ids and the model's untruncated
-    ``log_softmax(logits)`` (what OpenAI-style ``logprobs`` report, independent of sampling settings).
+    Returns ``(tokens, logprobs [B, V])``: the sampled ids and, when ``logprobs``, the model's
+    untruncated ``log_softmax(logits)`` (what OpenAI-style ``logprobs`` report, independent of sampling
+    settings; None otherwise). One batched argmax serves the greedy rows; the ids reach the host in one
+    copy.
     """
     logits = logits.float()
-    tokens = [
-        int(sample_next(logits[i : i + 1], p, g)[0]) for i, (p, g) in enumerate(zip(params, generators))
-    ]
-    return tokens, logits.log_softmax(-1)
+    tokens = logits.argmax(dim=-1)  # the greedy rows' tokens; the others are sampled below
+    for i, (p, g) in enumerate(zip(params, generators, strict=True)):
+        if not p.greedy:
+            tokens[i] = sample_next(logits[i : i + 1], p, g)[0][0]
+    return tokens.tolist(), logits.log_softmax(-1) if logprobs else None

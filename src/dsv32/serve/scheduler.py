@@ -181,7 +181,8 @@ class Scheduler:
     def _step(self) -> None:
         rows = self.rows
         params = [r.job.params for r in rows]
-        tokens, logprobs = sample_rows(self.batch.logits, params, [r.generator for r in rows])
+        want_logprobs = any(r.job.top_logprobs is not None for r in rows)
+        tokens, logprobs = sample_rows(self.batch.logits, params, [r.generator for r in rows], want_logprobs)
         self.metrics.observe("batch_size", len(rows))
         keep: list[int] = []
         advanced = 0
@@ -192,7 +193,7 @@ class Scheduler:
             forced = bool(row.queue)
             if forced:
                 tokens[i] = row.queue.pop(0)
-            if self._advance(row, tokens[i], logprobs[i], forced):
+            if self._advance(row, tokens[i], None if logprobs is None else logprobs[i], forced):
                 keep.append(i)
         self.metrics.count("generation_tokens_total", advanced)
         self.rows = [rows[i] for i in keep]
@@ -200,7 +201,7 @@ class Scheduler:
         if keep:
             self.batch.step([tokens[i] for i in keep])
 
-    def _advance(self, row: _Row, token: int, logprobs: torch.Tensor, forced: bool) -> bool:
+    def _advance(self, row: _Row, token: int, logprobs: torch.Tensor | None, forced: bool) -> bool:
         """Record ``token`` for ``row``; send its events; True while the row goes on."""
         job = row.job
         row.count += 1
@@ -227,7 +228,7 @@ class Scheduler:
         """OpenAI's ``{"token", "logprob", "bytes", "top_logprobs"}`` of the model's raw distribution."""
         entry = self._token_logprob(token, float(logprobs[token]))
         values, ids = logprobs.topk(top) if top else (torch.empty(0), torch.empty(0, dtype=torch.long))
-        entry["top_logprobs"] = [self._token_logprob(int(t), float(v)) for v, t in zip(values, ids)]
+        entry["top_logprobs"] = [self._token_logprob(t, v) for v, t in zip(values.tolist(), ids.tolist())]
         return entry
 
     def _token_logprob(self, token: int, logprob: float) -> dict[str, Any]:
