@@ -76,8 +76,10 @@ def write_results(
     rows: list[dict],
     paper: dict | None,
     elapsed_s: float,
-    commit: str | None = None,
+    commit: str,
 ) -> dict:
+    """Write ``results.json`` and ``report.md`` under ``out`` (``commit``: the code's git commit when
+    the run started) and return the results."""
     results = {
         "benchmark": {
             "name": bench.name,
@@ -89,7 +91,7 @@ def write_results(
         "model": {"backend": settings.backend, "name": settings.model, "base_url": settings.base_url},
         "settings": settings.to_dict(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "git_commit": commit or git_commit(),
+        "git_commit": commit,
         **aggregate(problems, rows, settings.n),
         "excluded": dict(bench.excluded),
         "paper": paper,
