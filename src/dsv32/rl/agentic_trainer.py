@@ -57,6 +57,7 @@ from dsv32.rl.trainer import (
     reference_policy,
     run_steps,
 )
+from dsv32.runlog import append_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -247,8 +248,7 @@ def _eval(policy, held, cfg: AgenticConfig, step: int, path: Path) -> dict:
     t = time.time()
     res = evaluate_agentic(policy, held, episode_settings(cfg), cfg.rl.sampling.max_new_tokens)
     res |= {"step": step, "seconds": round(time.time() - t, 1)}
-    with path.open("a") as f:
-        f.write(json.dumps(res) + "\n")
+    append_metrics(path, res)
     logger.info(
         "agentic eval @%d: accuracy %.3f, tool use %.3f", step, res["accuracy"], res["tool_call_valid"]
     )

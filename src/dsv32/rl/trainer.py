@@ -451,8 +451,7 @@ def _eval(policy, tasks, reward_fn, cfg: RLConfig, step: int, path: Path, progre
     t = time.time()
     res = evaluate(policy, tasks, reward_fn, cfg.eval.max_new_tokens, cfg.eval.batch_size)
     res |= {"step": step, "seconds": round(time.time() - t, 1)}
-    with path.open("a") as f:
-        f.write(json.dumps(res) + "\n")
+    append_metrics(path, res)
     if progress:
         logger.info(
             "rl eval @%d: accuracy %.3f, reward %.3f (%d problems)",
