@@ -120,10 +120,7 @@ def backend_factory(args: argparse.Namespace) -> Callable:
         return lambda env, task: OpenAIBackend(args.base_url, args.model, max_tokens=args.max_new_tokens)
     if not args.model:
         raise EnvsCliError("--backend local needs --model (e.g. smollm2)")
-    from dsv32.engine.models import load_model
-
-    loaded = load_model(args.model)
-    backend = LocalBackend(loaded.model, loaded.tokenizer, max_new_tokens=args.max_new_tokens, seed=0)
+    backend = LocalBackend.load(args.model, max_new_tokens=args.max_new_tokens, seed=0)
     return lambda env, task: backend
 
 
