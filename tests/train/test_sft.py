@@ -301,3 +301,24 @@ def test_the_shipped_recipes_load(tmp_path):
     assert (
         proof["sft"]["train"]["freeze_layers"] == 22 and proof["rl"]["envs"][0]["name"] == "code-interpreter"
     )
+
+
+def test_new_token_lr_moves_the_added_rows_of_a_padded_embedding(tmp_path, monkeypatch):
+    """Embeddings with more rows than the tokenizer has tokens (padded to a multiple): the added
+    tokens take ids inside the existing rows, and those rows are the ones that learn."""
+    import dsv32.train.sft_model as sft_model
+
+    def padded(name, **kwargs):
+        loaded = load_model(name, **kwargs)
+        loaded.model.resize_token_embeddings(320, mean_resizing=False)
+        return loaded
+
+    monkeypatch.setattr(sft_model, "load_model", padded)
+    sm = prepare_sft_model("tiny-llama", device="cpu")
+    assert sm.base_vocab == 257 and len(sm.tokenizer) == 264
+    before = sft_model.input_embeddings(sm.model).detach().clone()
+    assert before.shape[0] == 320
+    train_sft(_cfg(tmp_path, **{"train.new_token_lr": 1e-2, "train.steps": 2}), model=sm, progress=False)
+    after = sft_model.input_embeddings(sm.model).detach()
+    assert torch.equal(before[:257], after[:257])
+    assert (after[257:264] - before[257:264]).abs().min() > 1e-3  # every added token's row moved

@@ -40,7 +40,8 @@ class SFTModel:
     kind: str  # "hf" or "native"
     added_tokens: list[str]
     source: str = ""
-    #: Embedding rows before the V3.2 tokens were added (rows from here on are the new tokens).
+    #: The tokenizer's size before the V3.2 tokens were added: the added tokens take the ids from here
+    #: on (inside the old rows when the embedding matrix was padded past the tokenizer).
     base_vocab: int = 0
 
     @property
@@ -149,7 +150,7 @@ def prepare_sft_model(name: str, device: str = "auto") -> SFTModel:
             f"model {name!r} has no Hugging Face tokenizer to add the V3.2 special tokens to; save one beside "
             "its weights (a model directory with tokenizer.json)"
         )
-    base_vocab = input_embeddings(loaded.model).shape[0]
+    base_vocab = len(tok)
     added = add_v32_special_tokens(tok)
     torch.manual_seed(0)
     if loaded.kind == "native":
@@ -168,7 +169,7 @@ def input_embeddings(model: nn.Module) -> torch.Tensor:
 
 
 def train_only_new_rows(model: nn.Module, base_vocab: int):
-    """Zero the gradient of the embedding rows below ``base_vocab`` (the pretrained vocabulary): with
+    """Zero the gradient of the embedding rows below ``base_vocab`` (the pretrained tokens): with
     its own optimizer group (no weight decay) only the new tokens' rows move. Returns the hook handle."""
     weight = input_embeddings(model)
 
