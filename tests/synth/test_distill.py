@@ -116,3 +116,12 @@ def test_the_union_is_deduplicated_across_domains(tmp_path):
     b = Specialist("code", DoubleEnv, _tasks("b", [3]), Specialist_("c"))
     reports = distill([a, b], tmp_path / "mix.jsonl", prompt="bare")
     assert (reports["math"].written, reports["code"].written, reports["code"].duplicates) == (1, 0, 1)
+
+
+def test_an_unknown_prompt_is_refused_before_any_episode(tmp_path):
+    a = Specialist("math", DoubleEnv, _tasks("a", [3]), Specialist_("m"))
+    with pytest.raises(SynthError, match="prompt 'fancy' is not one of"):
+        distill([a], tmp_path / "mix.jsonl", prompt="fancy")
+    with pytest.raises(SynthError, match="samples and workers must be >= 1"):
+        distill([a], tmp_path / "mix.jsonl", samples=0)
+    assert not (tmp_path / "mix.jsonl").exists()

@@ -42,6 +42,15 @@ from dsv32.synth.records import SynthError
 VERIFIED = 1.0
 
 
+def check_run(prompt: str, samples: int, workers: int) -> None:
+    """Refuse, before any episode runs, a prompt that is not one of :data:`PROMPTS` and fewer than one
+    sample per task or one worker."""
+    if prompt not in PROMPTS:
+        raise SynthError(f"prompt {prompt!r} is not one of {', '.join(PROMPTS)}")
+    if samples < 1 or workers < 1:
+        raise SynthError(f"samples and workers must be >= 1, got {samples} and {workers}")
+
+
 def _first_line(text: str, limit: int = 200) -> str:
     line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
     return line if len(line) <= limit else line[:limit] + " ..."
@@ -170,10 +179,7 @@ def build_coldstart(
     what was kept and rejected. ``teacher`` None uses the reference solutions (one per task);
     otherwise ``samples`` teacher episodes per task. Episodes run in ``workers`` threads, each with its
     own environment (``make_env()``)."""
-    if prompt not in PROMPTS:
-        raise SynthError(f"prompt {prompt!r} is not one of {', '.join(PROMPTS)}")
-    if samples < 1 or workers < 1:
-        raise SynthError(f"samples and workers must be >= 1, got {samples} and {workers}")
+    check_run(prompt, samples, workers)
     if not tasks:
         raise SynthError("no tasks to build cold-start conversations from")
     if teacher is None:

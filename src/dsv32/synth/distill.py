@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv32.envs.base import Environment, Task
-from dsv32.synth.coldstart import Outcome, teacher_outcome
+from dsv32.synth.coldstart import Outcome, check_run, teacher_outcome
 from dsv32.synth.records import SynthError, dedup_key
 
 
@@ -101,8 +101,7 @@ def distill(
     returns the per-domain report."""
     if not specialists:
         raise SynthError("no specialists: give at least one --specialist DOMAIN=BACKEND")
-    if samples < 1 or workers < 1:
-        raise SynthError(f"samples and workers must be >= 1, got {samples} and {workers}")
+    check_run(prompt, samples, workers)
     jobs = [
         (s.domain, lambda s=s, t=t: teacher_outcome(s.make_env, t, prompt, s.spec, max_steps))
         for s in specialists
