@@ -1,7 +1,7 @@
 """JSONL files: one reader for user data (tasks, corpora, conversations, benchmark rows) and one for
-the append-only logs a run resumes from (evaluation samples, synthesis results). Both skip blank
-lines and report a bad line the same way, as ``FILE:LINE: not JSON (why)`` raised as the caller's
-own error class."""
+the append-only logs a run resumes from (evaluation samples, synthesis results). Both split lines on
+``\n`` only, skip blank lines and report a bad line (not UTF-8, not JSON) the same way, as
+``FILE:LINE: not JSON (why)`` raised as the caller's own error class."""
 
 from __future__ import annotations
 
@@ -11,22 +11,24 @@ from pathlib import Path
 from typing import Any
 
 
+def _row(line: bytes, path: str | Path, n: int, error: type[Exception], hint: str = "") -> Any:
+    """Line ``n`` of ``path`` as JSON; a line that is not UTF-8 or not JSON — or that the parser cannot
+    hold (a number of thousands of digits, arrays nested past the recursion limit) — raises ``error``."""
+    try:
+        return json.loads(line.decode("utf-8"))
+    except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        why = err.msg if isinstance(err, json.JSONDecodeError) else f"{type(err).__name__}: {err}"
+        raise error(f"{path}:{n}: not JSON ({why}){hint}") from err
+
+
 def read_jsonl(path: str | Path, error: type[Exception]) -> Iterator[tuple[int, Any]]:
     """``(line number, value)`` for every non-blank line of ``path`` (callers name a line as
-    ``f"{path}:{n}"`` in their own messages). A line that is not JSON — or that the parser cannot hold (a number of
-    thousands of digits, arrays nested past the recursion limit) — raises ``error``. Opening the file
-    raises ``OSError`` as usual."""
-    with Path(path).open(encoding="utf-8") as f:
+    ``f"{path}:{n}"`` in their own messages); a bad line raises ``error`` (:func:`_row`). Opening the
+    file raises ``OSError`` as usual."""
+    with Path(path).open("rb") as f:
         for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise error(f"{path}:{n}: not JSON ({err.msg})") from err
-            except (ValueError, RecursionError) as err:
-                raise error(f"{path}:{n}: not JSON ({type(err).__name__}: {err})") from err
-            yield n, value
+            if line.strip():
+                yield n, _row(line, path, n, error)
 
 
 def read_log(path: str | Path, error: type[Exception], hint: str) -> list[Any]:
@@ -39,14 +41,7 @@ def read_log(path: str | Path, error: type[Exception], hint: str) -> list[Any]:
         return []
     data = path.read_bytes()
     *lines, tail = data.split(b"\n")
-    rows = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise error(f"{path}:{n}: not JSON ({getattr(err, 'msg', err)}); {hint}") from err
+    rows = [_row(line, path, n, error, f"; {hint}") for n, line in enumerate(lines, 1) if line.strip()]
     if tail:
         with path.open("r+b") as f:
             f.truncate(len(data) - len(tail))

@@ -29,6 +29,17 @@ def test_a_bad_line_is_the_callers_error_naming_file_and_line(tmp_path, line, wh
     assert str(info.value).startswith(f"{path}:2: {why}")
 
 
+def test_a_line_that_is_not_utf8_is_the_callers_error_naming_file_and_line(tmp_path):
+    from dsv32.jsonl import read_log
+
+    path = tmp_path / "tasks.jsonl"
+    path.write_bytes(b'{"id": "t1", "prompt": "p"}\n{"id": "t2", "prompt": "\xff"}\n')
+    with pytest.raises(EnvError, match=r"tasks\.jsonl:2: not JSON \(UnicodeDecodeError: 'utf-8' codec"):
+        load_tasks(path)
+    with pytest.raises(EnvError, match=r"tasks\.jsonl:2: not JSON \(UnicodeDecodeError: .*\); use --fresh$"):
+        read_log(path, EnvError, "use --fresh")
+
+
 def test_a_missing_file_is_an_os_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         list(read_jsonl(tmp_path / "none.jsonl", ValueError))
