@@ -50,16 +50,6 @@ class DSAHandle:
         return out
 
     @contextmanager
-    def mode_as(self, mode: str, topk: int | None = None) -> Iterator[DSAHandle]:
-        """Temporarily switch mode (and top-k)."""
-        old_mode, old_k = self.config.mode, self.config.index_topk
-        self.config = replace(self.config, mode=mode, index_topk=old_k if topk is None else topk)
-        try:
-            yield self
-        finally:
-            self.config.mode, self.config.index_topk = old_mode, old_k
-
-    @contextmanager
     def using_indexers(self, indexers: dict[int, HFIndexer]) -> Iterator[DSAHandle]:
         """Temporarily run with other indexers (e.g. :func:`random_indexers`, the untrained baseline)."""
         if set(indexers) != set(self.modules):
