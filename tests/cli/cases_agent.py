@@ -7,4 +7,6 @@ CASES = [
     (["agent", "run", "--backend", "local", "no-such-model", "--task", "q", "--out", "{out}"],
      "cannot load model 'no-such-model'"),
     (["agent", "run", "--max-steps", "x"], "argument --max-steps: invalid int value: 'x'"),
+    (["agent", "run", "--top-p", "2"], "argument --top-p: '2' is not a number in (0, 1]"),
+    (["agent", "run", "--max-tokens", "0"], "argument --max-tokens: '0' is not an integer >= 1"),
 ]  # fmt: skip

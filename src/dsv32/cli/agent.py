@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from dsv32.cli import command
+from dsv32.cli import command, non_negative_float, positive_int, probability
 
 
 class Printer:
@@ -91,7 +91,7 @@ def _backend(args: argparse.Namespace, reference: list | None):
     if args.backend == "openai":
         if not args.base_url or not args.model:
             raise AgentError("--backend openai needs --base-url URL and --model NAME")
-        if args.max_tokens:
+        if args.max_tokens is not None:
             sampling["max_tokens"] = args.max_tokens
         return OpenAIBackend(args.base_url, args.model, args.api_key, stream=not args.no_stream, **sampling)
     if args.backend == "local":
@@ -153,9 +153,9 @@ def add(sub: argparse._SubParsersAction) -> None:
         "--trigger", type=float, default=0.8, help="fraction of the window that triggers --context"
     )
     q.add_argument("--parallel", type=int, default=4, help="trajectories of parallel_fewest_step")
-    q.add_argument("--temperature", type=float)
-    q.add_argument("--top-p", type=float)
-    q.add_argument("--max-tokens", type=int, help="per reply")
+    q.add_argument("--temperature", type=non_negative_float)
+    q.add_argument("--top-p", type=probability)
+    q.add_argument("--max-tokens", type=positive_int, help="per reply")
     q.add_argument("--tool-timeout", type=float, default=60.0, help="seconds per tool call")
     q.add_argument("--device", default="auto", help="--backend local: auto, cpu, cuda")
     q.add_argument("--out", help="output directory (default: runs/agent/<time>)")
