@@ -264,9 +264,7 @@ def train_grpo(
         RLResult(out, 0, 0.0),
         lambda step: grpo_step(policy, ref, optimizer, tasks, reward_fn, cfg, g, step, hook),
         evaluate if held_out else None,
-        steps=g.steps,
-        eval_every=cfg.eval.every,
-        save_every=cfg.save_every,
+        cfg,
         resume=resume,
         progress=progress,
         stop_after=stop_after,
@@ -299,10 +297,8 @@ def run_steps(
     result: RLResult,
     step_fn: Callable[[int], dict],
     evaluate: Callable[[int, Path], dict] | None,
+    cfg: RLConfig,
     *,
-    steps: int,
-    eval_every: int,
-    save_every: int,
     resume: bool,
     progress: bool,
     stop_after: int | None,
@@ -312,15 +308,16 @@ def run_steps(
     desc: str = "grpo",
 ) -> RLResult:
     """The loop of a GRPO run under ``result.out_dir``: resume from its latest checkpoint, or start
-    over (held-out ``evaluate(0, eval.jsonl)`` first); then ``step_fn(step)`` per step, its record
-    appended to ``metrics.jsonl``, ``evaluate`` every ``eval_every`` steps and after the last,
-    checkpoints, the final model and ``rl.png``. ``stop_after`` stops after that step with a
-    checkpoint, as if the process had been killed; ``evaluate`` None: no held-out items."""
+    over (held-out ``evaluate(0, eval.jsonl)`` first); then ``step_fn(step)`` for ``cfg.grpo.steps``
+    steps, its record appended to ``metrics.jsonl``, ``evaluate`` every ``cfg.eval.every`` steps and
+    after the last, checkpoints (every ``cfg.save_every`` steps), the final model and ``rl.png``.
+    ``stop_after`` stops after that step with a checkpoint, as if the process had been killed;
+    ``evaluate`` None: no held-out items."""
     from tqdm.auto import tqdm
 
     from dsv32.rl.plot import plot_rl_metrics
 
-    out = result.out_dir
+    out, steps, eval_every, save_every = result.out_dir, cfg.grpo.steps, cfg.eval.every, cfg.save_every
     ckpts = StepCheckpoints(out, keep=1)
     metrics_path, eval_path = out / "metrics.jsonl", out / "eval.jsonl"
     step = 0
