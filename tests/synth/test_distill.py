@@ -4,6 +4,7 @@ dropped, the per-domain weights set the mix, and the report counts every episode
 from __future__ import annotations
 
 import json
+import random
 from typing import ClassVar
 
 import pytest
@@ -97,8 +98,6 @@ def test_weights_set_the_mix(tmp_path):
 
 def test_mix_and_pairs():
     rows = [{"i": i} for i in range(10)]
-    import random
-
     assert len(mix(rows, 1.3, random.Random(0))) == 13
     assert mix(rows, 0, random.Random(0)) == []
     assert parse_pairs(["a=local:x", "b=openai:m@http://h/v1"], "--specialist") == {
@@ -125,3 +124,11 @@ def test_an_unknown_prompt_is_refused_before_any_episode(tmp_path):
     with pytest.raises(SynthError, match="samples and workers must be >= 1"):
         distill([a], tmp_path / "mix.jsonl", samples=0)
     assert not (tmp_path / "mix.jsonl").exists()
+
+
+@pytest.mark.parametrize("weight", [-1.0, float("nan"), float("inf")])
+def test_a_weight_that_is_not_a_finite_number_at_least_0_is_refused_up_front(weight):
+    with pytest.raises(SynthError, match=r"domain 'math': a mix weight must be a finite number >= 0"):
+        Specialist("math", DoubleEnv, _tasks("a", [3]), Specialist_("m"), weight=weight)
+    with pytest.raises(SynthError, match="a mix weight must be a finite number >= 0"):
+        mix([{"i": 0}], weight, random.Random(0))

@@ -42,6 +42,9 @@ class Specialist:
     spec: Any
     weight: float = 1.0
 
+    def __post_init__(self) -> None:
+        _check_weight(self.weight, f"domain {self.domain!r}: ")
+
 
 @dataclass
 class DomainReport:
@@ -78,10 +81,14 @@ def trajectory_key(row: dict) -> str:
     return dedup_key(user + "\n" + "\n".join(turns))
 
 
+def _check_weight(weight: float, where: str = "") -> None:
+    if not (math.isfinite(weight) and weight >= 0):
+        raise SynthError(f"{where}a mix weight must be a finite number >= 0, got {weight}")
+
+
 def mix(rows: list[dict], weight: float, rng: random.Random) -> list[dict]:
     """``floor(weight)`` copies of ``rows`` plus a random ``frac(weight)`` share once more."""
-    if weight < 0:
-        raise SynthError(f"a mix weight must be >= 0, got {weight}")
+    _check_weight(weight)
     whole, part = math.floor(weight), weight - math.floor(weight)
     extra = rng.sample(rows, round(part * len(rows))) if rows else []
     return rows * whole + extra
