@@ -1,11 +1,11 @@
 """``dsv32 agent run``: streamed to the terminal, trajectory and step log written; with an
-OpenAI-compatible stub endpoint, with an environment's reference solution, and bad input."""
+OpenAI-compatible stub endpoint and with an environment's reference solution (bad input:
+tests/cli/cases_agent.py)."""
 
 from __future__ import annotations
 
 import json
 
-import pytest
 from agent_helpers import chunk
 from test_episode import Counter
 
@@ -67,24 +67,3 @@ def test_reference_backend_replays_an_environment(tmp_path, capsys):
     assert code == 0
     assert "stop: answer, steps: 2, tokens:" in capsys.readouterr().out
     assert json.loads((out / "trajectory.json").read_text())["final"] == "3"
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--task", "q"], "--backend openai needs --base-url URL and --model NAME"),
-        (["--backend", "local", "--task", "q"], "--backend local needs a model"),
-        (["--backend", "reference", "--task", "q"], "give --env NAME"),
-        (["--task", "q", "--env", "x"], "exactly one of --task TEXT and --env NAME"),
-        (["--task", "q", "--context", "summary"], "needs context_window"),
-        (["--task", "q", "--context", "forget"], "unknown context strategy 'forget'"),
-        (["--task", "q", "--tool", "nomodule"], "write it as module:function"),
-        (["--task", "q", "--tool", "no_such_module_x:f"], "No module named 'no_such_module_x'"),
-    ],
-)
-def test_bad_input_is_one_line(argv, message, tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    assert main(["agent", "run", *argv]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("dsv32 agent run: ") and message in err[0]
-    assert not (tmp_path / "runs").exists()
