@@ -49,7 +49,6 @@ from dsv32.rl.tasks import MixedTasks
 from dsv32.rl.trainer import (
     RLResult,
     _generator,
-    _lr_factor,
     _mean,
     build_tasks,
     grpo_update,
@@ -141,8 +140,6 @@ def agentic_step(
     policy, ref, optimizer, mix: MixedTasks, reward_fn, cfg: AgenticConfig, g, step: int
 ) -> dict:
     """One joint rollout batch and its updates; returns the step's metrics."""
-    for group in optimizer.param_groups:
-        group["lr"] = g.lr * _lr_factor(step, g)
     G, t0 = g.group_size, time.time()
     items = mix.sample(step, g.prompts_per_step)
     env_items = [it for it in items if isinstance(it, EnvItem)]

@@ -309,10 +309,10 @@ def run_steps(
 ) -> RLResult:
     """The loop of a GRPO run under ``result.out_dir``: resume from its latest checkpoint, or start
     over (held-out ``evaluate(0, eval.jsonl)`` first); then ``step_fn(step)`` for ``cfg.grpo.steps``
-    steps, its record appended to ``metrics.jsonl``, ``evaluate`` every ``cfg.eval.every`` steps and
-    after the last, checkpoints (every ``cfg.save_every`` steps), the final model and ``rl.png``.
-    ``stop_after`` stops after that step with a checkpoint, as if the process had been killed;
-    ``evaluate`` None: no held-out items."""
+    steps, each at its warmup learning rate, its record appended to ``metrics.jsonl``; ``evaluate``
+    every ``cfg.eval.every`` steps and after the last, checkpoints (every ``cfg.save_every`` steps),
+    the final model and ``rl.png``. ``stop_after`` stops after that step with a checkpoint, as if
+    the process had been killed; ``evaluate`` None: no held-out items."""
     from tqdm.auto import tqdm
 
     from dsv32.rl.plot import plot_rl_metrics
@@ -336,6 +336,8 @@ def run_steps(
     policy.model.train()
     try:
         while step < last:
+            for group in optimizer.param_groups:
+                group["lr"] = cfg.grpo.lr * _lr_factor(step, cfg.grpo)
             record = step_fn(step)
             step += 1
             record["seconds"] = round(time.time() - start, 2)
@@ -370,8 +372,6 @@ def grpo_step(
     policy, ref, optimizer, tasks, reward_fn, cfg: RLConfig, g: GRPOConfig, step: int, hook
 ) -> dict:
     """One rollout batch and its updates; returns the step's metrics."""
-    for group in optimizer.param_groups:
-        group["lr"] = g.lr * _lr_factor(step, g)
     t0 = time.time()
     batch_tasks = tasks.sample(step, g.prompts_per_step)
     policy.model.eval()
