@@ -132,3 +132,26 @@ def test_unreadable_tool_call_arguments_score_zero_and_the_run_finishes(tmp_path
     assert sorted(r["score"] for r in rows.values()) == [0.0, 0.0, 1.0]
     reasons = " ".join(r["reason"] for r in rows.values())
     assert "cannot be read (ValueError)" in reasons and "cannot be read (RecursionError)" in reasons
+
+
+def test_one_http_client_serves_every_request_and_episode(tmp_path, monkeypatch):
+    import openai
+
+    made = []
+    real = openai.OpenAI.__init__
+    monkeypatch.setattr(
+        openai.OpenAI, "__init__", lambda self, *a, **k: made.append(1) or real(self, *a, **k)
+    )
+    bench = BFCLMultiTurn()
+    problems = {p.messages[0]["content"]: p for p in bench.problems(["multi_turn_base"])[:3]}
+    replies = {text: bench.reference_replies(p) for text, p in problems.items()}
+
+    def reply(request):
+        done = sum(m["role"] == "assistant" for m in request["messages"])
+        return replies[_user_text(request)][done]
+
+    with StubEndpoint(reply) as stub:
+        assert main(["eval", "run", "bfcl-multi-turn", "--subset", "multi_turn_base", "--limit", "3", "--backend",
+                     "openai", "--base-url", stub.base_url, "--model", "m", "--concurrency", "2", "--out",
+                     str(tmp_path / "mt"), "--no-progress"]) == 0  # fmt: skip
+    assert len(made) == 1

@@ -10,7 +10,8 @@ A solver answers single-turn problems in chunks (:meth:`complete`: one assistant
   the reply are the agent's local formats: the V3.2 encoding, or the model's chat template with
   ``<tool_call>`` tools); episodes use :class:`dsv32.agent.LocalBackend`. One model, one thread.
 - :class:`EndpointSolver`: :class:`dsv32.agent.OpenAIBackend` for every request, ``concurrency`` at a
-  time (a thread pool; each thread its own backend object, as the token estimator is per object).
+  time (a thread pool; each thread and each episode its own backend object, as the token estimator is
+  per object, all over one HTTP client and its connection pool).
 """
 
 from __future__ import annotations
@@ -59,9 +60,12 @@ class EndpointSolver:
     def __init__(self, base_url: str, model: str, concurrency: int = 1, api_key: str | None = None) -> None:
         if not base_url or not model:
             raise EvalError("--backend openai needs --base-url URL and --model NAME")
+        from dsv32.agent import OpenAIBackend
+
         self.base_url, self.model, self.api_key = base_url, model, api_key
         self.concurrency = concurrency
         self.chunk_size = max(4 * concurrency, 8)
+        self.client = OpenAIBackend(base_url, model, api_key).client  # thread-safe, shared by the backends
         self._local = threading.local()
 
     def _backend(self) -> Any:
@@ -72,7 +76,7 @@ class EndpointSolver:
     def episode_backend(self, problem: Problem | None) -> Any:
         from dsv32.agent import OpenAIBackend
 
-        return OpenAIBackend(self.base_url, self.model, self.api_key)
+        return OpenAIBackend(self.base_url, self.model, self.api_key, client=self.client)
 
     def complete(self, items: list[tuple[Problem, int]], settings: RunSettings) -> list[Generated]:
         from dsv32.agent import BackendError
