@@ -32,6 +32,8 @@ CASES += [
     ([*_D, "--specialist", "code-interpreter=local:smollm2", "--weight", "search=2"],
      "--tasks/--weight name domains without a --specialist: ['search']"),
     ([*_D, "--specialist", "code-interpreter=local:smollm2", "--weight", "code-interpreter=lots"], "is not a number"),
+    ([*_D, "--specialist", "code-interpreter=local:smollm2", "--weight", "code-interpreter=-1"],
+     "domain 'code-interpreter': a mix weight must be a finite number >= 0, got -1.0"),
 ]  # fmt: skip
 
 CASES += [

@@ -238,8 +238,6 @@ def add_distill(psub: argparse._SubParsersAction) -> None:
                 Specialist(domain, get_env(domain).factory, _tasks(domain, tasks.get(domain), args.limit),
                            parse_spec(text), weight)
             )  # fmt: skip
-        if any(s.weight < 0 for s in specialists):
-            raise SynthError("--weight values must be >= 0")
         reports = distill(
             specialists, args.out, samples=args.samples, prompt=args.prompt, max_steps=args.max_steps,
             workers=args.workers, seed=args.seed,
