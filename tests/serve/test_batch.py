@@ -76,3 +76,4 @@ def test_sample_rows_uses_each_rows_generator():
     assert tokens[0] == tokens[1]  # same logits, same seed
     assert tokens[2] == int(logits[1].argmax())
     torch.testing.assert_close(logprobs.exp().sum(-1), torch.ones(3))
+    assert sample_rows(logits, [GREEDY] * 3, [None] * 3) == (logits.argmax(-1).tolist(), None)
