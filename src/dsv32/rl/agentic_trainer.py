@@ -53,6 +53,7 @@ from dsv32.rl.trainer import (
     build_tasks,
     grpo_update,
     make_optimizer,
+    mean_by_domain,
     reference_policy,
     run_steps,
 )
@@ -215,10 +216,7 @@ def agentic_step(
     if episodes:
         summary = episode_summary(episodes)
         record |= {"tool_call_valid": summary["tool_call_valid"], "mean_steps": summary["mean_steps"]}
-    by_domain: dict[str, list[float]] = {}
-    for d, x in zip(domains, rewards):
-        by_domain.setdefault(d, []).append(x)
-    record["reward_by_domain"] = {d: sum(v) / len(v) for d, v in by_domain.items()}
+    record["reward_by_domain"] = mean_by_domain(domains, rewards)
     first = updates[0]
     record |= _mean(updates)
     record["first_update_abs_log_ratio"] = first["abs_log_ratio"]

@@ -417,11 +417,9 @@ def grpo_step(
         "rollout_s": round(t_rollout, 2),
         "update_s": round(t_update, 2),
     }
-    by_domain: dict[str, list[float]] = {}
-    for d, r in zip([t.domain for t in batch.tasks], results):
-        by_domain.setdefault(d, []).append(r.total)
+    by_domain = mean_by_domain([t.domain for t in batch.tasks], [r.total for r in results])
     if len(by_domain) > 1:
-        record["reward_by_domain"] = {d: sum(v) / len(v) for d, v in by_domain.items()}
+        record["reward_by_domain"] = by_domain
     components: dict[str, list[float]] = {}
     for r in results:
         for k, v in r.components.items():
@@ -437,6 +435,14 @@ def grpo_step(
         record["later_updates_abs_log_ratio"] = _mean(later)["abs_log_ratio"]
     record["first_update_abs_log_ratio"] = first["abs_log_ratio"]
     return record
+
+
+def mean_by_domain(domains: list[str], rewards: list[float]) -> dict[str, float]:
+    """The mean reward of each domain (rows ``domains[i]``, ``rewards[i]``)."""
+    by_domain: dict[str, list[float]] = {}
+    for d, r in zip(domains, rewards):
+        by_domain.setdefault(d, []).append(r)
+    return {d: sum(v) / len(v) for d, v in by_domain.items()}
 
 
 def _mean(records: list[dict]) -> dict:
