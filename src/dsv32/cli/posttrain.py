@@ -262,12 +262,11 @@ def add_rl(psub: argparse._SubParsersAction) -> None:
 
     def run(args: argparse.Namespace) -> int:
         from dsv32.rl.agentic_config import load_agentic_config
-        from dsv32.rl.agentic_trainer import train_agentic, v32_policy
+        from dsv32.rl.agentic_trainer import train_agentic
 
         keys = {"policy": "policy.name", "steps": "grpo.steps", "out": "out_dir"}
         cfg = load_agentic_config(args.config, flag_overrides(args, keys))
-        policy = v32_policy(cfg)
-        result = train_agentic(cfg, policy=policy, resume=not args.no_resume, progress=not args.no_progress)
+        result = train_agentic(cfg, resume=not args.no_resume, progress=not args.no_progress)
         print(result.summary())
         return 0
 
