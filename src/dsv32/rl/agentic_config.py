@@ -96,9 +96,7 @@ def agentic_config_from_dict(data: dict[str, Any]) -> AgenticConfig:
     agentic = data.pop("agentic", {})
     envs = data.pop("envs", [dataclasses.asdict(EnvSource())])
     rl = rl_config_from_dict(data)
-    section = build_section(
-        AgenticSection, {**dataclasses.asdict(AgenticSection()), **agentic}, "agentic", RLConfigError
-    )
+    section = build_section(AgenticSection, agentic, "agentic", RLConfigError)
     if not isinstance(envs, list) or not envs:
         raise RLConfigError("envs must be a non-empty array of tables ([[envs]])")
     sources = [build_section(EnvSource, e, f"envs.{i}", RLConfigError) for i, e in enumerate(envs)]
