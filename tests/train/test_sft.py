@@ -322,3 +322,17 @@ def test_new_token_lr_moves_the_added_rows_of_a_padded_embedding(tmp_path, monke
     after = sft_model.input_embeddings(sm.model).detach()
     assert torch.equal(before[:257], after[:257])
     assert (after[257:264] - before[257:264]).abs().min() > 1e-3  # every added token's row moved
+
+
+def test_new_token_lr_leaves_nothing_on_the_model(tmp_path):
+    """After SFT with ``new_token_lr`` the model trains every embedding row again (a later GRPO
+    stage on the same model is not held to the new rows)."""
+    from dsv32.train.sft_model import input_embeddings
+
+    sm = prepare_sft_model("tiny-llama", device="cpu")
+    train_sft(_cfg(tmp_path, **{"train.new_token_lr": 1e-2, "train.steps": 1}), model=sm, progress=False)
+    sm.model.zero_grad(set_to_none=True)
+    ids = torch.tensor([[5, 6, 7, 258]])
+    sm.model(input_ids=ids, labels=ids).loss.backward()
+    grad = input_embeddings(sm.model).grad
+    assert grad[[5, 6, 7]].abs().sum() > 0  # pretrained rows get their gradient

@@ -53,9 +53,9 @@ from dsv32.train.sft_model import (
     SFTModelError,
     freeze_lower_layers,
     input_embeddings,
+    keep_pretrained_rows,
     prepare_sft_model,
     save_sft_model,
-    train_only_new_rows,
 )
 
 logger = logging.getLogger(__name__)
@@ -354,7 +354,7 @@ def train_sft(
 
 def _param_groups(sm: SFTModel, tc: SFTTrainConfig) -> list[dict]:
     """AdamW groups: matrices with weight decay, the rest without; with ``new_token_lr`` the
-    embedding matrix alone, only its new rows moving (:func:`train_only_new_rows`)."""
+    embedding matrix alone, only its new rows moving (:func:`keep_pretrained_rows`)."""
     embed = input_embeddings(sm.model) if tc.new_token_lr > 0 else None
     trainable = [p for p in sm.model.parameters() if p.requires_grad and p is not embed]
     groups = [
@@ -362,7 +362,6 @@ def _param_groups(sm: SFTModel, tc: SFTTrainConfig) -> list[dict]:
         {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0, "base_lr": tc.lr},
     ]
     if embed is not None:
-        train_only_new_rows(sm.model, sm.base_vocab)
         groups.append(
             {"params": [embed], "weight_decay": 0.0, "base_lr": tc.new_token_lr, "lr": tc.new_token_lr}
         )
@@ -381,6 +380,8 @@ def _step(sm: SFTModel, optimizer, examples, rows, cfg: SFTConfig, step: int, to
         s, _ = loss_sum(sm, collate(examples, picked[a : a + tc.batch_size], sm.pad_id), cfg.data.packing)
         (s / n_total).backward()
         loss_value += float(s.detach()) / n_total
+    if tc.new_token_lr > 0:
+        keep_pretrained_rows(sm.model, sm.base_vocab)
     params = [p for g in optimizer.param_groups for p in g["params"]]
     norm = torch.nn.utils.clip_grad_norm_(params, tc.clip_grad or math.inf)
     optimizer.step()

@@ -168,17 +168,14 @@ def input_embeddings(model: nn.Module) -> torch.Tensor:
     return model.model.embed_tokens.weight
 
 
-def train_only_new_rows(model: nn.Module, base_vocab: int):
-    """Zero the gradient of the embedding rows below ``base_vocab`` (the pretrained tokens): with
-    its own optimizer group (no weight decay) only the new tokens' rows move. Returns the hook handle."""
-    weight = input_embeddings(model)
-
-    def keep_new(grad: torch.Tensor) -> torch.Tensor:
-        grad = grad.clone()
+def keep_pretrained_rows(model: nn.Module, base_vocab: int) -> None:
+    """Zero the accumulated gradient of the embedding rows below ``base_vocab`` (the pretrained
+    tokens), between the backward passes and the optimizer step: with its own optimizer group (no
+    weight decay) only the new tokens' rows move. Nothing stays attached to the model, so a later
+    stage (GRPO) trains every row."""
+    grad = input_embeddings(model).grad
+    if grad is not None:
         grad[:base_vocab] = 0
-        return grad
-
-    return weight.register_hook(keep_new)
 
 
 def freeze_lower_layers(model: nn.Module, n: int) -> int:
