@@ -152,6 +152,19 @@ def test_rollout_layout_of_rows():
     assert batch.action_mask.tolist() == [[True, False, True], [True, False, False]]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device (CUDA)")
+def test_kept_sets_sampled_on_the_gpu_join_the_cpu_context_of_a_row():
+    from dsv32.rl.tasks import Task as RLTask
+
+    def on_gpu(rows):
+        return torch.tensor(rows, dtype=torch.int32, device="cuda")
+
+    first = StepRecord([1, 2], [10, 11], [-0.5, -0.5], on_gpu([[7, 8], [9, -1]]), None, True)
+    second = StepRecord([1, 2, 10, 11, 50], [12], [-0.5], on_gpu([[5]]), None, True)  # 50: context
+    batch = rows_to_rollouts(episode_rows([first, second]), [RLTask("x", "d", "p")], 0, "cpu", with_kept=True)
+    assert batch.kept_ids.tolist() == [[[7, 8], [9, -1], [-1, -1], [5, -1]]]
+
+
 # --------------------------------------------------------------------------------------- on-policy
 def test_the_training_forward_reproduces_the_sampling_logprobs_of_every_turn(llama_policy):
     episodes = _episodes(llama_policy)

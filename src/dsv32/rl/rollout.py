@@ -198,8 +198,8 @@ def layout_rollouts(
     truncated: list[bool],
 ) -> Rollouts:
     """Per-row prompt ids, completion tokens with their action flags, sampling log-probs and kept
-    sets (``[n, K]`` pieces, or None) → the :class:`Rollouts` layout on ``device``: prompts
-    left-padded to end at ``start``, completions right-padded. ``routing`` is left None."""
+    sets (``[n, K]`` pieces, on any device, or None) → the :class:`Rollouts` layout on ``device``:
+    prompts left-padded to end at ``start``, completions right-padded. ``routing`` is left None."""
     B = len(prompts)
     P = max(len(p) for p in prompts)
     T = max(1, max(len(t) for t in tokens))
@@ -220,7 +220,8 @@ def layout_rollouts(
             action[i, : len(t)] = torch.tensor(actions[i])
             logp[i, : len(t)] = torch.tensor(logps[i])
             if kept_ids is not None:
-                cat = [torch.nn.functional.pad(k, (0, K - k.shape[-1]), value=-1) for k in kept[i]]
+                pieces = [k.to(kept_ids.device) for k in kept[i]]  # engine's device, or CPU (context)
+                cat = [torch.nn.functional.pad(k, (0, K - k.shape[-1]), value=-1) for k in pieces]
                 kept_ids[i, : len(t)] = torch.cat(cat)
     return Rollouts(
         tasks=list(tasks),
