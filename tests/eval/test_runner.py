@@ -82,6 +82,10 @@ def test_bad_inputs_write_nothing(tmp_path):
         RunSettings("humaneval", backend="openai", temperature=0, n=4)
     with pytest.raises(EvalError, match=r"RunSettings\.top_p = 0: must be in \(0, 1\]"):
         RunSettings("humaneval", top_p=0)
+    with pytest.raises(
+        EvalError, match=r"RunSettings\.context = \"forget\": must be one of 'none', 'summary'"
+    ):
+        RunSettings("humaneval", context="forget")
 
 
 def test_agentic_reference_episodes_score_one_and_record_their_cost(tmp_path):

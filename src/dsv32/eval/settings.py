@@ -24,8 +24,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
+from dsv32.agent.context import STRATEGIES
 from dsv32.eval.errors import EvalError
-from dsv32.recipe import NON_NEGATIVE, OPEN_UNIT, Checked, Rule, at_least
+from dsv32.recipe import NON_NEGATIVE, OPEN_UNIT, Checked, Rule, at_least, one_of
 
 PAPER_CONTEXT = 131072
 DEFAULTS = {
@@ -64,6 +65,7 @@ class RunSettings(Checked, error=EvalError):
         "n": at_least(1),
         "temperature": NON_NEGATIVE,
         "top_p": OPEN_UNIT,
+        "context": one_of(*STRATEGIES),
         **dict.fromkeys(
             ("max_tokens", "context_window", "max_steps", "limit", "concurrency", "batch_size"), at_least(1)
         ),
