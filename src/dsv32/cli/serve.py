@@ -38,10 +38,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     )
 
     def run(args: argparse.Namespace) -> int:
-        from dsv32.serve import create_app, load_served, serve_forever
-        from dsv32.serve.errors import ServeError
+        from dsv32.serve import check_listen, create_app, load_served, serve_forever
 
-        _check_listen(args.host, args.port, ServeError)  # before the model loads: fail in a second
+        check_listen(args.host, args.port)  # before the model loads: fail in a second
         if args.threads is not None:
             import torch
 
@@ -59,20 +58,3 @@ def add(sub: argparse._SubParsersAction) -> None:
         return 0
 
     command(p, run)
-
-
-def _check_listen(host: str, port: int, error) -> None:
-    """Raise ``error`` unless ``host:port`` can be listened on."""
-    import socket
-
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as err:
-        raise error(f"--host {host!r}: {err.strerror}") from err
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(address)
-        except OSError as err:
-            raise error(f"cannot listen on {host}:{port}: {err.strerror}") from err

@@ -15,7 +15,7 @@ calls and continuous batching.
 from dsv32.serve.app import create_app
 from dsv32.serve.errors import ServeError
 from dsv32.serve.runtime import ServedModel, load_served
-from dsv32.serve.server import ServerThread, free_port, serve_forever
+from dsv32.serve.server import ServerThread, check_listen, free_port, serve_forever
 from dsv32.serve.stream import PlainStream, V32Stream
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "ServedModel",
     "ServerThread",
     "V32Stream",
+    "check_listen",
     "create_app",
     "free_port",
     "load_served",

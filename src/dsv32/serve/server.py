@@ -31,6 +31,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def check_listen(host: str, port: int) -> None:
+    """Raise :class:`ServerError` unless ``host:port`` can be listened on (checked before a model
+    loads, so a taken port fails in a second)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise ServerError(f"--host {host!r}: {err.strerror}") from err
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as err:
+            raise ServerError(f"cannot listen on {host}:{port}: {err.strerror}") from err
+
+
 def serve_forever(app: FastAPI, host: str, port: int, log_level: str = "info") -> None:
     """Serve ``app`` until interrupted."""
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
