@@ -163,7 +163,6 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     served = load_served("smollm2", device="cpu")
