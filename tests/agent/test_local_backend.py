@@ -15,7 +15,7 @@ import pytest
 import torch
 from agent_helpers import add
 
-from dsv32.agent import Agent, AgentError, LocalBackend
+from dsv32.agent import Agent, AgentError, BackendError, LocalBackend
 from dsv32.chat import add_v32_special_tokens, attach_tools, encode_messages
 from dsv32.engine.models import load_model, tiny_native_config
 from dsv32.engine.sampling import SamplingParams
@@ -235,3 +235,27 @@ def test_a_tokenizer_without_v32_tokens_or_template_is_rejected(tiny_v32):
         LocalBackend(tiny.model, tiny.tokenizer)
     with pytest.raises(AgentError, match=r"lacks the V3\.2 special tokens"):
         LocalBackend(tiny.model, tiny.tokenizer, format="v32")
+
+
+def test_replies_are_capped_to_the_room_left_in_the_models_window(tiny_v32, v32_tokenizer):
+    messages = [{"role": "user", "content": "Count to one hundred, please."}]
+    n = LocalBackend(tiny_v32, v32_tokenizer).count_tokens(messages, [], thinking=False)
+
+    def backend(window: int) -> LocalBackend:
+        torch.manual_seed(0)
+        eos = v32_tokenizer.convert_tokens_to_ids("<｜end▁of▁sentence｜>")
+        config = tiny_native_config(
+            vocab_size=len(v32_tokenizer), eos_token_id=eos, pad_token_id=eos, max_position_embeddings=window
+        )
+        return LocalBackend(DeepseekV32(config), v32_tokenizer, temperature=0.0, max_new_tokens=50)
+
+    roomy = backend(n + 3)
+    assert roomy.window == n + 3
+    Puppet(roomy.model, v32_tokenizer).say("one two three four five six seven eight nine ten")
+    out = roomy.complete(messages, [], thinking=False)
+    assert out.usage.prompt_tokens == n and out.usage.completion_tokens == 3 and out.finish_reason == "length"
+    full = backend(n)
+    with pytest.raises(BackendError, match=rf"fills the model's {n}-token window"):
+        full.complete(messages, [], thinking=False)
+    traj = Agent(full, [], thinking=False).run(messages[0]["content"])
+    assert traj.stop_reason == "error" and "window" in traj.error

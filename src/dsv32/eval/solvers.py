@@ -114,11 +114,10 @@ class LocalSolver:
         self.name = name
         self.chunk_size = batch_size
         self.backend = LocalBackend(loaded.model, loaded.tokenizer)
-        config = getattr(loaded.model, "config", None)
-        self.window = int(getattr(config, "max_position_embeddings", 0) or 0) or None
+        self.window = self.backend.window  # each episode reply is capped to it by the backend
 
     def episode_backend(self, problem: Problem) -> Any:
-        return _WindowCapped(self.backend, self.window) if self.window else self.backend
+        return self.backend
 
     def complete(self, items: list[tuple[Problem, int]], settings: RunSettings) -> list[Generated]:
         import torch
@@ -158,32 +157,3 @@ class LocalSolver:
             finish = "stop" if stopped else "length"
             results.append(Generated(message, len(ids), length, latency, finish, problems))
         return results
-
-
-class _WindowCapped:
-    """The local backend with each reply's ``max_tokens`` capped to what the model's window has left
-    after the prompt (a conversation that fills the window ends the episode with ``"error"``)."""
-
-    def __init__(self, backend: Any, window: int) -> None:
-        self.backend, self.window = backend, window
-
-    def count_tokens(self, messages: Any, tools: Any, *, thinking: bool = True) -> int:
-        return self.backend.count_tokens(messages, tools, thinking=thinking)
-
-    def complete(
-        self,
-        messages: Any,
-        tools: Any,
-        *,
-        thinking: bool = True,
-        sampling: dict | None = None,
-        on_delta: Any = None,
-    ) -> Any:
-        from dsv32.agent import BackendError
-
-        room = self.window - self.count_tokens(messages, tools, thinking=thinking)
-        if room < 1:
-            raise BackendError(f"the conversation fills the model's {self.window}-token window")
-        settings = dict(sampling or {})
-        settings["max_tokens"] = min(int(settings.get("max_tokens") or room), room)
-        return self.backend.complete(messages, tools, thinking=thinking, sampling=settings, on_delta=on_delta)

@@ -7,7 +7,8 @@ template (``format="auto"``; see :mod:`dsv32.agent.backends.formats`). Generatio
 what each step adds (the new tool results and the re-rendered last reply), not the whole prompt.
 ``last_prompt`` / ``last_prompt_ids`` hold the prompt of the latest call; ``session.prefilled_tokens``
 counts what was prefilled over all calls, and each call's usage reports the reused tokens as
-``cached_tokens``.
+``cached_tokens``. A reply is capped to the room the prompt leaves in the model's window
+(``max_position_embeddings``, as ``window``); a prompt that fills it raises :class:`BackendError`.
 
 Sampling defaults (temperature 0.6, top-p 0.95) can be changed per backend or per call:
 ``temperature``, ``top_p``, ``top_k``, ``max_tokens`` (= ``max_new_tokens``), ``seed``.
@@ -21,7 +22,7 @@ from typing import Any
 
 from dsv32.agent.backends.base import Completion, Delta, Usage
 from dsv32.agent.backends.formats import TemplateFormat, V32Format
-from dsv32.agent.errors import AgentError
+from dsv32.agent.errors import AgentError, BackendError
 
 
 class _Streamer:
@@ -113,6 +114,8 @@ class LocalBackend:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.session = Session(model, reuse=reuse_cache)
+        #: the model's context window in tokens (None when its config does not say)
+        self.window = int(getattr(getattr(model, "config", None), "max_position_embeddings", 0) or 0) or None
         self.defaults = {
             "temperature": temperature,
             "top_p": top_p,
@@ -160,10 +163,16 @@ class LocalBackend:
         generator = None
         if seed is not None:
             generator = torch.Generator(device=self.session.device).manual_seed(int(seed))
+        max_new = int(settings.get("max_new_tokens") or settings["max_tokens"])
+        if self.window is not None:
+            room = self.window - len(prompt.ids)
+            if room < 1:
+                raise BackendError(f"the conversation fills the model's {self.window}-token window")
+            max_new = min(max_new, room)
         streamer = _Streamer(self.format, thinking, on_delta) if on_delta is not None else None
         out = self.session.generate(
             prompt.ids,
-            max_new_tokens=int(settings.get("max_new_tokens") or settings["max_tokens"]),
+            max_new_tokens=max_new,
             sampling=params,
             stop_ids=self.format.stop_ids,
             generator=generator,
