@@ -27,22 +27,13 @@ from typing import Any
 
 import torch
 
-from dsv32.agent import Agent, Trajectory, env_tools
+from dsv32.agent import Trajectory, run_episode
 from dsv32.chat import EOS
-from dsv32.chat.templates import episode_system_message
 from dsv32.envs.base import Environment, Task
 from dsv32.rl.agentic_backend import LockstepBatcher, RecordingBackend, StepRecord
 from dsv32.rl.rewards.shaping import language_consistency, length_penalty
 from dsv32.rl.rollout import Rollouts, SamplingConfig, layout_rollouts
 from dsv32.rl.tasks import Task as RLTask
-
-
-def episode_messages(env: Environment, task: Task, prompt: str) -> list[dict]:
-    """``env.reset(task)`` with its system message as ``prompt`` asks: ``env``/``bare`` keep the
-    environment's own, ``reasoning_agent``/``agent`` use Appendix B's Table 8 / Table 7."""
-    messages = env.reset(task)
-    messages[0] = episode_system_message(prompt, messages[0]["content"], env.tools())
-    return messages
 
 
 def tool_prompt(prompt: str) -> str:
@@ -103,18 +94,17 @@ def run_episodes(
                 batcher, index, policy.tokenizer, tool_prompt=tool_prompt(settings.prompt)
             )
             with make_env() as env:
-                messages = episode_messages(env, task, settings.prompt)
-                agent = Agent(
+                trajectory, verdict = run_episode(
                     backend,
-                    env_tools(env),
+                    env,
+                    task,
+                    prompt=settings.prompt,
                     thinking=settings.thinking,
                     max_steps=settings.max_steps,
                     context=settings.context,
                     context_window=settings.context_window,
                     tool_timeout_s=settings.tool_timeout_s,
                 )
-                trajectory = agent.run(messages)
-                verdict = env.reward(trajectory)
             return Episode(task, domain, trajectory, verdict.value, backend.records)
         finally:
             batcher.leave()

@@ -129,21 +129,19 @@ def teacher_outcome(
     make_env: Callable[[], Environment], task: Task, prompt: str, spec: Any, max_steps: int
 ) -> Outcome:
     """One agent episode of a teacher backend (a :class:`dsv32.synth.backends.BackendSpec`)."""
-    from dsv32.agent import Agent, env_tools
+    from dsv32.agent import run_episode
 
     with make_env() as env:
-        messages = env.reset(task)
         tools = env.tools()
-        messages[0] = system_message(prompt, messages[0]["content"], tools)
-        agent = Agent(
+        trajectory, reward = run_episode(
             spec.make(),
-            env_tools(env),
+            env,
+            task,
+            prompt=prompt,
             thinking=spec.thinking,
             max_steps=max_steps,
             sampling=dict(spec.sampling),
         )
-        trajectory = agent.run(messages)
-        reward = env.reward(trajectory)
     if trajectory.stop_reason != "answer" or reward.value < VERIFIED:
         answered = trajectory.stop_reason == "answer"
         why = f"reward {reward.value:g}" if answered else f"stopped with {trajectory.stop_reason}"
