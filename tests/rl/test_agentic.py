@@ -271,3 +271,25 @@ def test_keep_routing_and_the_sampling_mask_hold_for_native_multi_turn(tmp_path_
         logp = policy.action_logprobs(**batch.rows(torch.arange(len(batch))), temperature=TEMPERATURE)
     diff = (logp - batch.sampling_logprobs)[batch.action_mask].abs()
     assert diff.max() < 1e-4, float(diff.max())
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_single_turn_rewards_read_completions_in_the_policys_mode(
+    llama_policy, tmp_path, monkeypatch, thinking
+):
+    """The single-turn domains' prompts are rendered in the policy's mode (``agentic.thinking``), so
+    their rewards read the completions in that mode, whatever ``policy.thinking`` says."""
+    import dsv32.rl.agentic_trainer as trainer
+
+    seen = {}
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(trainer, "build_reward_fn", spy)
+    monkeypatch.setattr(llama_policy, "thinking", thinking)
+    cfg = _cfg(tmp_path, **{"policy.thinking": not thinking})
+    with pytest.raises(RuntimeError, match="stop here"):
+        train_agentic(cfg, policy=llama_policy, progress=False)
+    assert seen["thinking"] is thinking

@@ -269,8 +269,9 @@ def train_agentic(
     sources, held = env_sources(cfg)
     reward_fn = None
     if cfg.agentic.single_turn:
+        # completions are read in the mode their prompts were rendered in (the policy's)
         reward_fn = build_reward_fn(
-            rl.rewards, max_tokens=rl.sampling.max_new_tokens, thinking=rl.policy.thinking
+            rl.rewards, max_tokens=rl.sampling.max_new_tokens, thinking=policy.thinking
         )
         sources += build_tasks(rl).sources
     mix = MixedTasks(sources, seed=rl.seed)
