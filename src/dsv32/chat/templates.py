@@ -24,6 +24,9 @@ from typing import Any, Literal
 from dsv32.chat import protocol as P
 from dsv32.chat.encode import tool_schemas_text
 
+#: §4.1's prompt for math benchmarks (``.format(question=...)``); RL math tasks and eval use it.
+MATH_PROMPT = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+
 #: Table 6's task statement (competitive programming); pass your own for other domains.
 PROGRAMMING_TASK = (
     "You are an expert Python programmer. You will be given a question (problem specification) and "

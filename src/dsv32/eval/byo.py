@@ -29,10 +29,10 @@ import random
 import string
 from typing import Any
 
+from dsv32.chat.templates import MATH_PROMPT
 from dsv32.eval.agentic import EnvBenchmark, task_problem
 from dsv32.eval.answers import choice_letter, last_boxed, math_equal
 from dsv32.eval.errors import EvalError
-from dsv32.eval.rgym import TEMPLATE
 from dsv32.eval.types import Benchmark, Problem, Score
 from dsv32.jsonl import read_jsonl
 
@@ -87,7 +87,7 @@ class Boxed(_FromFile):
 
     def problem(self, rid: str, row: dict) -> Problem:
         question, answer = _field(row, "problem", "question", "Question"), _field(row, "answer", "Answer")
-        messages = [{"role": "user", "content": TEMPLATE.format(question=question)}]
+        messages = [{"role": "user", "content": MATH_PROMPT.format(question=question)}]
         return Problem(rid, messages, [], str(row.get("subset", "")), {"answer": str(answer)})
 
     def score(self, problem: Problem, message: dict) -> Score:

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import re
 
+from dsv32.chat.templates import MATH_PROMPT
 from dsv32.eval.answers import last_boxed, math_equal
 from dsv32.eval.errors import EvalError
 from dsv32.eval.types import Benchmark, Problem, Score
 
-TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 MATH = ("chain_sum", "gcd", "lcm", "fraction_simplification", "simple_equations", "complex_arithmetic")
 LOGIC = ("knights_knaves", "syllogism", "zebra_puzzles", "family_relationships")
 FAMILIES = MATH + LOGIC
@@ -72,7 +72,7 @@ class ReasoningGym(Benchmark):
         out = []
         for family in subset or FAMILIES:
             for i, entry in enumerate(self._dataset(family)):
-                messages = [{"role": "user", "content": TEMPLATE.format(question=entry["question"])}]
+                messages = [{"role": "user", "content": MATH_PROMPT.format(question=entry["question"])}]
                 out.append(Problem(f"{family}/{i}", messages, [], family, {"family": family, "entry": entry}))
         return out
 

@@ -23,10 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dsv32.chat.templates import MATH_PROMPT
 from dsv32.errors import DSV32Error
 from dsv32.jsonl import read_jsonl
-
-MATH_TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 
 # For small models that do not know the \boxed{} convention: a short-answer instruction and a system
 # prompt with one worked example (a cold-start prompt in the spirit of the paper's Appendix B).
@@ -36,7 +35,7 @@ BRIEF_SYSTEM = (
     "Example: Tom has 3 apples and gets 2 more. How many apples does Tom have now?\n"
     "Answer: 3 + 2 = 5. Tom has \\boxed{5} apples."
 )
-TEMPLATES = {"paper": (MATH_TEMPLATE, None), "brief": (BRIEF_TEMPLATE, BRIEF_SYSTEM)}
+TEMPLATES = {"paper": (MATH_PROMPT, None), "brief": (BRIEF_TEMPLATE, BRIEF_SYSTEM)}
 
 
 class TaskError(DSV32Error, ValueError):
@@ -183,7 +182,7 @@ class JsonlTasks:
                 raise TaskError(f"{path}:{n}: needs a string 'prompt' or 'question'")
             domain = rec.get("domain", self.domain)
             if "prompt" not in rec and domain == "math":
-                text = MATH_TEMPLATE.format(question=text)
+                text = MATH_PROMPT.format(question=text)
             answer = rec.get("answer")
             self.tasks.append(
                 Task(
