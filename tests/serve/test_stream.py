@@ -107,6 +107,22 @@ def test_a_call_is_reported_only_once_its_invoke_closes():
     assert names == [("get_weather", True), ("add", True), ("noop", True)]
 
 
+def test_the_text_is_parsed_again_only_when_a_marker_or_a_closed_invoke_arrives(monkeypatch):
+    import dsv32.serve.stream as stream_module
+
+    parses = []
+    monkeypatch.setattr(
+        stream_module,
+        "parse_completion",
+        lambda text, *a, **k: parses.append(len(text)) or parse_completion(text, *a, **k),
+    )
+    text = "long reasoning " * 200 + "</think>I'll look it up." + CALLS + EOS
+    message, _ = _stream(list(text), "thinking")  # one character at a time: about 3,900 pieces
+    assert _clean(message) == _clean(parse_completion(text, "thinking", strict=False))
+    # </think>, the block opener, three closed invokes, the end token, finish
+    assert len(parses) <= 8, parses
+
+
 def test_a_completion_cut_inside_a_call_reports_only_the_complete_calls():
     message, _ = _stream([CUT_INSIDE_A_CALL], "thinking")
     assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather"]

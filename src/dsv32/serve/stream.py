@@ -12,6 +12,9 @@ the split of the text into pieces, the deltas reassemble to exactly what
   so the delta is the new suffix. While no marker has closed the field the text ends in (reasoning,
   or content before any tool-call block or end token), new stable text without a marker is appended
   to that field as it is, without parsing the whole text again: a long answer costs linear time;
+- once a tool-call block or the end token began, reasoning and content are final and the parse only
+  gains a call when an ``invoke`` closes, so the text is parsed again only when new stable text
+  closes one (a long reasoning is not re-read for every piece of the calls);
 - a tool call is reported once its ``invoke`` is closed: lenient parsing of a text cut inside a call
   keeps only the calls completed before it, so a call cut at ``max_tokens`` is never reported, and
   one that is reported never changes. It is sent as OpenAI streams calls: a delta with ``index``,
@@ -88,6 +91,7 @@ class V32Stream:
         self.text = ""
         self.parsed = 0  # length of the text parsed so far
         self.open_field: str | None = None  # "reasoning" / "content" while no marker closed it
+        self.in_calls = False  # a tool-call block or the end token began (at the last parse)
         self.reasoning = ""
         self.content = ""
         self.calls: list[dict[str, Any]] = []  # reported calls, with ids
@@ -98,7 +102,7 @@ class V32Stream:
 
     def finish(self) -> MessageDelta:
         """Everything still held back; afterwards :meth:`message` is the parse of the whole text."""
-        return self._advance(len(self.text))
+        return self._advance(len(self.text), final=True)
 
     def message(self) -> dict[str, Any]:
         """The assistant message reported so far (OpenAI shape; ``tool_calls`` with ids)."""
@@ -109,10 +113,12 @@ class V32Stream:
             "tool_calls": [dict(c) for c in self.calls],
         }
 
-    def _advance(self, end: int) -> MessageDelta:
-        """Parse the text up to ``end`` (a stable end, or the end of the text)."""
+    def _advance(self, end: int, final: bool = False) -> MessageDelta:
+        """Parse the text up to ``end`` (a stable end, or the end of the text when ``final``)."""
         start, self.parsed = self.parsed, end
-        if end == start:
+        if end == start and not (final and self.in_calls):
+            return MessageDelta()
+        if self.in_calls and not final and not _has_marker(self.text, start, end, (P.INVOKE_CLOSE,)):
             return MessageDelta()
         if self.open_field and not _has_marker(self.text, start, end):
             new = self.text[start:end]
@@ -123,6 +129,7 @@ class V32Stream:
             return MessageDelta(content=new)
         text = self.text[:end]
         self.open_field = _open_field(text, self.mode)
+        self.in_calls = self.open_field is None
         parsed = parse_completion(text, self.mode, strict=False)
         reasoning, content = parsed["reasoning_content"], parsed["content"]
         if not (reasoning.startswith(self.reasoning) and content.startswith(self.content)):
@@ -149,9 +156,9 @@ class V32Stream:
         return delta
 
 
-def _has_marker(text: str, start: int, end: int) -> bool:
-    """Whether a marker lies in ``text[:end]`` and ends after ``start``."""
-    return any(text.find(m, max(0, start - len(m) + 1), end) >= 0 for m in MARKERS)
+def _has_marker(text: str, start: int, end: int, markers: tuple[str, ...] = MARKERS) -> bool:
+    """Whether one of ``markers`` lies in ``text[:end]`` and ends after ``start``."""
+    return any(text.find(m, max(0, start - len(m) + 1), end) >= 0 for m in markers)
 
 
 def _open_field(text: str, mode: str) -> str | None:
