@@ -18,16 +18,17 @@ from pathlib import Path
 
 from dsv32.envs.base import Task, task_plan
 from dsv32.envs.general import calendar, inventory, trip
-from dsv32.envs.general.bundle import load_bundle
+from dsv32.envs.general.bundle import Bundle, load_bundle
 from dsv32.paths import cache_dir
 
 GENERATORS = {"trip": trip.generate, "inventory": inventory.generate, "calendar": calendar.generate}
 CATEGORIES = tuple(GENERATORS)
 
 
-def task_of(bundle_dir: str | Path) -> Task:
-    """The task row of a bundle directory."""
-    bundle = load_bundle(bundle_dir)
+def task_of(bundle: str | Path | Bundle) -> Task:
+    """The task row of a bundle (or of a bundle directory)."""
+    if not isinstance(bundle, Bundle):
+        bundle = load_bundle(bundle)
     info = {
         "bundle": str(bundle.path),
         "category": bundle.task.get("category"),
@@ -47,8 +48,7 @@ def generate(
     tasks = []
     for i, category, d, rng in task_plan(n, seed, difficulty, categories, GENERATORS, "general-task"):
         task_id = f"{category}-{seed}-{i:04d}"
-        GENERATORS[category](rng, d, task_id, Path(out, task_id))
-        tasks.append(task_of(Path(out, task_id)))
+        tasks.append(task_of(GENERATORS[category](rng, d, task_id, Path(out, task_id))))
     return tasks
 
 
