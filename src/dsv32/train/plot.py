@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from dsv32.runlog import read_metrics
 
 
 def plot_metrics(metrics_path: str | Path, png_path: str | Path, title: str = "") -> Path | None:
     """Plot ``loss_indexer`` (and ``loss_lm`` when present) against the step; None if no metrics."""
-    metrics_path = Path(metrics_path)
-    if not metrics_path.exists():
-        return None
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    rows = read_metrics(metrics_path)
     if not rows:
         return None
     import matplotlib
