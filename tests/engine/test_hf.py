@@ -165,3 +165,37 @@ def test_hf_models_reject_routing_and_headless_models():
         generate(model.model, [[1, 2]], 2)
     with pytest.raises(TypeError, match="DeepseekV32"):
         generate(torch.nn.Linear(2, 2), [[1, 2]], 2)
+
+
+def test_a_session_on_a_dsa_model_reuses_its_cache_and_decodes_as_a_fresh_prefill():
+    from dsv32.dsa import attach_dsa, get_dsa
+    from dsv32.engine.sampling import SamplingParams
+    from dsv32.engine.session import Session
+
+    model = tiny("qwen3")
+    attach_dsa(model, 2, 16, 4, mode="sparse")  # 4 keys of dozens: the selection matters
+    greedy = SamplingParams(temperature=0.0)
+    prompt = list(range(20, 60))
+    kept = Session(model)
+    first = kept.generate(prompt, max_new_tokens=6, sampling=greedy, stop_ids=[])
+    longer = prompt + first.tokens + list(range(100, 115))
+    again = kept.generate(longer, max_new_tokens=6, sampling=greedy, stop_ids=[])
+    fresh = Session(model).generate(longer, max_new_tokens=6, sampling=greedy, stop_ids=[])
+    assert (again.reused, again.prefilled) == (len(prompt) + 5, 16)
+    assert again.tokens == fresh.tokens
+    # a prompt that diverges earlier cuts the indexer keys back with the cache
+    short = kept.generate([*prompt[:25], 7, 8], max_new_tokens=3, sampling=greedy, stop_ids=[])
+    assert short.reused == 25
+    assert (
+        short.tokens
+        == Session(model)
+        .generate([*prompt[:25], 7, 8], max_new_tokens=3, sampling=greedy, stop_ids=[])
+        .tokens
+    )
+    # a cache filled in dense mode holds no indexer keys: the next sparse call starts over
+    handle = get_dsa(model)
+    handle.set_mode("dense")
+    kept.generate(prompt, max_new_tokens=2, sampling=greedy, stop_ids=[])
+    handle.set_mode("sparse")
+    after = kept.generate([*prompt, 9], max_new_tokens=2, sampling=greedy, stop_ids=[])
+    assert (after.reused, after.prefilled) == (0, len(prompt) + 1)

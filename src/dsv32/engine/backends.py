@@ -123,6 +123,16 @@ def hf_index_keys(cache) -> dict:
     return cache.__dict__.get(INDEX_KEYS_ATTR, {})
 
 
+def crop_hf_cache(cache, keep: int) -> None:
+    """Cut a ``DynamicCache`` back to its first ``keep`` tokens, the indexer keys of DSA layers too."""
+    remove = cache.get_seq_length() - keep
+    if remove > 0:
+        cache.crop(-remove)  # transformers 5: a negative count removes that many tokens
+    store = hf_index_keys(cache)
+    for layer, keys in store.items():
+        store[layer] = keys[:, :keep]
+
+
 def _first_set(*values):
     return next((v for v in values if v is not None), None)
 

@@ -13,8 +13,9 @@ canonical, a parser that normalized the tool-call text), reuse stops at the firs
 - native :class:`~dsv32.model.DeepseekV32`: a :class:`~dsv32.model.cache.KVCache` (MLA latents and
   indexer keys) that grows by reallocation and copy when a prompt outgrows it; cutting back sets its
   ``length``.
-- Hugging Face causal LMs: a ``DynamicCache``, cut back with ``crop``. Models with DSA attached keep
-  indexer keys that ``crop`` does not cut, so for them every call starts from an empty cache.
+- Hugging Face causal LMs: a ``DynamicCache``, cut back with ``crop``. On a model with DSA attached
+  the indexer keys kept beside it are cut back too; a cache filled while DSA was not in sparse mode
+  holds no indexer keys, so a sparse-mode call after it starts from an empty cache.
 
 Counters: ``prefilled_tokens`` (tokens run through prefill, over all calls), ``reused_tokens``.
 Batch size one; not thread-safe.
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dsv32.engine.backends import backend_for
+from dsv32.engine.backends import backend_for, crop_hf_cache, hf_index_keys
 from dsv32.engine.sampling import SamplingParams, sample_next
 from dsv32.model import DeepseekV32
 
@@ -62,10 +63,11 @@ class Session:
         backend = backend_for(model)  # raises TypeError for anything generate() cannot drive either
         self.model = model
         self.native = isinstance(model, DeepseekV32)
+        self.dsa = None  # the DSA handle of an HF model with DSA attached
         if not self.native:
-            from dsv32.dsa.hf import has_dsa
+            from dsv32.dsa.hf import get_dsa, has_dsa
 
-            reuse = reuse and not has_dsa(model)
+            self.dsa = get_dsa(model) if has_dsa(model) else None
         self.reuse = reuse
         self.device = backend.device
         self.cache = None
@@ -87,10 +89,16 @@ class Session:
         if self.native:
             self.cache.length = keep
         else:
-            remove = self.cache.get_seq_length() - keep
-            if remove > 0:
-                self.cache.crop(-remove)  # transformers 5: a negative count removes that many tokens
+            crop_hf_cache(self.cache, keep)
+            if self.dsa is not None and self.dsa.mode == "sparse" and not self._index_keys_cover(keep):
+                self.cache, self.ids = None, []
+                return
         self.ids = self.ids[:keep]
+
+    def _index_keys_cover(self, keep: int) -> bool:
+        """Every DSA layer holds the indexer keys of the ``keep`` cached tokens."""
+        store = hf_index_keys(self.cache)
+        return all(i in store and store[i].shape[1] == keep for i in self.dsa.modules)
 
     def _ensure_capacity(self, total: int) -> None:
         """Native caches are preallocated: grow (×2, at least ``total``) and copy what is held."""
