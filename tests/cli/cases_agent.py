@@ -2,7 +2,10 @@
 
 CASES = [
     (["agent", "run", "--task", "q", "--out", "{out}"], "--backend openai needs --base-url URL and --model NAME"),
-    (["agent", "run", "--backend", "local", "--task", "q", "--out", "{out}"], "--backend local needs a model"),
+    (["agent", "run", "--backend", "local", "--task", "q", "--out", "{out}"], "local needs the model to load: --backend local CKPT"),
+    (["agent", "run", "--backend", "local", "smollm2", "--model", "x", "--task", "q"],
+     "--base-url and --model are for --backend openai"),
+    (["agent", "run", "--backend", "openai", "smollm2", "--task", "q"], "argument --backend: unexpected 'smollm2'"),
     (["agent", "run", "--task", "q", "--context", "discard_all", "--out", "{out}"], "needs context_window"),
     (["agent", "run", "--task", "q", "--context", "forget"], "unknown context strategy 'forget'"),
     (["agent", "run", "--backend", "reference", "--task", "q"], "give --env NAME"),

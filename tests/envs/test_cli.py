@@ -74,7 +74,7 @@ def test_errors_are_one_line(capsys, private_cache):
 
 
 def _smollm2(env: str, tmp_path, capsys, tokens: int, steps: int, n: int) -> dict:
-    args = ["envs", "run", env, "--tasks", "smoke", "--backend", "local", "--model", "smollm2", "--n", str(n)]
+    args = ["envs", "run", env, "--tasks", "smoke", "--backend", "local", "smollm2", "--n", str(n)]
     assert (
         main([*args, "--max-new-tokens", str(tokens), "--max-steps", str(steps), "--out", str(tmp_path)]) == 0
     )

@@ -25,6 +25,10 @@ GROUPS = ("model", "chat", "dsa", "rl", "agent", "serve", "envs", "synth", "eval
 USAGE_EXIT = 2
 
 
+class UsageError(DSV32Error, ValueError):
+    """Flags that do not fit together (an option of another backend, a missing one)."""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line naming the command and pointing to its ``--help``."""
 
@@ -83,6 +87,54 @@ positive_int = number_type(int, lambda v: v >= 1, "an integer >= 1")
 non_negative_int = number_type(int, lambda v: v >= 0, "an integer >= 0")
 non_negative_float = number_type(float, lambda v: v >= 0 and v != float("inf"), "a number >= 0")
 probability = number_type(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+
+
+def add_backend(
+    p: argparse.ArgumentParser,
+    kinds: tuple[str, ...],
+    *,
+    default: str,
+    help: str,
+    before: str | None = None,
+) -> None:
+    """``--backend KIND``, and ``--backend local CKPT`` for a local model (smollm2, a native V3.2
+    checkpoint, an HF directory): one spelling for every command that runs a model. Sets
+    ``args.backend`` and ``args.checkpoint`` (None unless local). ``before`` names the command's
+    positional argument, which must come before ``--backend`` (the option takes the words after it)."""
+
+    class Backend(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            kind, *rest = values
+            if kind not in kinds:
+                parser.error(f"argument --backend: {kind!r} is not one of {', '.join(kinds)}")
+            if kind == "local" and not rest:
+                parser.error(
+                    "argument --backend: local needs the model to load: --backend local CKPT "
+                    "(smollm2, a native V3.2 checkpoint or an HF directory)"
+                )
+            expected = 1 if kind == "local" else 0
+            if len(rest) > expected:
+                extra = " ".join(rest[expected:])
+                hint = f" (put the {before} before --backend)" if before else ""
+                parser.error(f"argument --backend: unexpected {extra!r} after it{hint}")
+            namespace.backend = kind
+            namespace.checkpoint = rest[0] if rest else None
+
+    p.add_argument(
+        "--backend", nargs="+", action=Backend, default=default, metavar=("KIND", "CKPT"), help=help
+    )
+    p.set_defaults(checkpoint=None)
+
+
+def check_backend_flags(args: argparse.Namespace) -> None:
+    """``--base-url`` and ``--model`` name an OpenAI-compatible endpoint: both for ``--backend
+    openai``, neither for another backend (UsageError)."""
+    if args.backend == "openai" and not (args.base_url and args.model):
+        raise UsageError("--backend openai needs --base-url URL and --model NAME")
+    if args.backend != "openai" and (args.base_url or args.model):
+        raise UsageError(
+            "--base-url and --model are for --backend openai (a local model is --backend local CKPT)"
+        )
 
 
 def user_error(err: BaseException) -> str | None:

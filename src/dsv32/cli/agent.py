@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from dsv32.cli import command, non_negative_float, positive_int, probability
+from dsv32.cli import add_backend, check_backend_flags, command, non_negative_float, positive_int, probability
 
 
 class Printer:
@@ -88,17 +88,12 @@ def _backend(args: argparse.Namespace, reference: list | None):
     from dsv32.agent import AgentError, LocalBackend, OpenAIBackend, ScriptedBackend
 
     sampling = {k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p)) if v is not None}
+    check_backend_flags(args)
     if args.backend == "openai":
-        if not args.base_url or not args.model:
-            raise AgentError("--backend openai needs --base-url URL and --model NAME")
         if args.max_tokens is not None:
             sampling["max_tokens"] = args.max_tokens
         return OpenAIBackend(args.base_url, args.model, args.api_key, stream=not args.no_stream, **sampling)
     if args.backend == "local":
-        if not args.checkpoint:
-            raise AgentError(
-                "--backend local needs a model: smollm2, a native V3.2 checkpoint or an HF directory"
-            )
         return LocalBackend.load(
             args.checkpoint, device=args.device, max_new_tokens=args.max_tokens or 1024, **sampling
         )
@@ -127,10 +122,13 @@ def add(sub: argparse._SubParsersAction) -> None:
     q = asub.add_parser(
         "run", help="one episode: stream reasoning, tool calls and results; write the trajectory"
     )
-    q.add_argument(
-        "checkpoint", nargs="?", help="--backend local: smollm2, a native V3.2 checkpoint, an HF dir"
+    add_backend(
+        q,
+        ("openai", "local", "reference"),
+        default="openai",
+        help="openai (with --base-url and --model), local CKPT (smollm2, a native V3.2 checkpoint, "
+        "an HF dir), reference (with --env: replays the task's reference solution)",
     )
-    q.add_argument("--backend", choices=["openai", "local", "reference"], default="openai")
     q.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
     q.add_argument("--model", help="model name at the endpoint")
     q.add_argument("--api-key", help="default: $OPENAI_API_KEY")

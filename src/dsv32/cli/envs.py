@@ -6,8 +6,8 @@ prints one line per task, then the summary as JSON; with ``--out DIR`` it writes
 and ``trajectories/<id>.json``. Backends: ``reference`` (each task's reference solution, replayed
 through the same tools and verifier: every shipped environment must score 1.0), ``scripted``
 (``--script FILE``: a JSON list of assistant messages, the same for every task), ``openai``
-(``--base-url``, ``--model``) and ``local`` (``--model smollm2`` or any name
-:func:`dsv32.engine.models.load_model` takes). ``--parallel K`` runs K episodes at once, each with
+(``--base-url``, ``--model``) and ``local CKPT`` (``--backend local smollm2``, a native V3.2
+checkpoint or a Hugging Face model directory). ``--parallel K`` runs K episodes at once, each with
 its own environment (the local backend runs one at a time: it holds one model).
 
 ``build-swe`` mines code-repository tasks from a PyPI package's sdist
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from dsv32.cli import command, positive_int
+from dsv32.cli import add_backend, check_backend_flags, command, positive_int
 from dsv32.errors import DSV32Error
 
 BACKENDS = ("reference", "scripted", "openai", "local")
@@ -105,6 +105,7 @@ def backend_factory(args: argparse.Namespace) -> Callable:
     """``make_backend(env, task)`` for the chosen ``--backend``."""
     from dsv32.agent import LocalBackend, OpenAIBackend, ScriptedBackend
 
+    check_backend_flags(args)
     if args.backend == "reference":
         return lambda env, task: ScriptedBackend(env.reference(task))
     if args.backend == "scripted":
@@ -115,12 +116,8 @@ def backend_factory(args: argparse.Namespace) -> Callable:
             raise EnvsCliError(f"{args.script}: a script is a JSON list of assistant message objects")
         return lambda env, task: ScriptedBackend(replies)
     if args.backend == "openai":
-        if not (args.base_url and args.model):
-            raise EnvsCliError("--backend openai needs --base-url and --model")
         return lambda env, task: OpenAIBackend(args.base_url, args.model, max_tokens=args.max_new_tokens)
-    if not args.model:
-        raise EnvsCliError("--backend local needs --model (e.g. smollm2)")
-    backend = LocalBackend.load(args.model, max_new_tokens=args.max_new_tokens, seed=0)
+    backend = LocalBackend.load(args.checkpoint, max_new_tokens=args.max_new_tokens, seed=0)
     return lambda env, task: backend
 
 
@@ -199,7 +196,14 @@ def add(sub: argparse._SubParsersAction) -> None:
     command(show, _show)
     run = esub.add_parser("run", help="run a backend on tasks; print and write rewards as JSON")
     run.add_argument("name")
-    run.add_argument("--backend", choices=BACKENDS, default="reference")
+    add_backend(
+        run,
+        BACKENDS,
+        default="reference",
+        before="environment name",
+        help="reference (each task's reference solution: must score 1.0), scripted (with --script), "
+        "openai (with --base-url and --model), local CKPT (smollm2, a native V3.2 checkpoint, an HF dir)",
+    )
     run.add_argument("--tasks", help="a task set name or a JSONL file (default: the first set)")
     run.add_argument("--n", type=positive_int, default=20, help="run the first N tasks (default 20)")
     run.add_argument("--out", help="write summary.json, results.jsonl and trajectories/ here")
@@ -207,8 +211,10 @@ def add(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--max-steps", type=int, default=40, help="model turns per episode (default 40)")
     run.add_argument("--script", help="scripted backend: a JSON list of assistant messages")
     run.add_argument("--base-url", help="openai backend: the server's /v1 URL")
-    run.add_argument("--model", help="openai: the served model name; local: a load_model name (smollm2)")
-    run.add_argument("--max-new-tokens", type=int, default=512, help="openai/local: tokens per reply")
+    run.add_argument("--model", help="openai backend: the served model name")
+    run.add_argument(
+        "--max-new-tokens", type=positive_int, default=512, help="openai/local: tokens per reply"
+    )
     command(run, _run)
     build = esub.add_parser("build-swe", help="mine code-repository tasks from a PyPI package's sdist")
     build.add_argument("--package", required=True, help="NAME==VERSION, e.g. inflection==0.5.1")

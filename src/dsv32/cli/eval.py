@@ -6,28 +6,9 @@ import argparse
 import json
 import sys
 
-from dsv32.cli import command, non_negative_float, positive_int, probability
+from dsv32.cli import add_backend, check_backend_flags, command, non_negative_float, positive_int, probability
 
 BACKENDS = ("reference", "local", "openai")
-
-
-class _Backend(argparse.Action):
-    """``--backend reference``, ``--backend openai``, ``--backend local CKPT``."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        kind, *rest = values
-        if kind not in BACKENDS:
-            parser.error(f"argument --backend: {kind!r} is not one of {', '.join(BACKENDS)}")
-        if kind == "local" and not rest:
-            parser.error("argument --backend: local needs the model to load: --backend local CKPT")
-        expected = 1 if kind == "local" else 0
-        if len(rest) > expected:
-            extra = " ".join(rest[expected:])
-            parser.error(
-                f"argument --backend: unexpected {extra!r} after it (put the benchmark before --backend)"
-            )
-        namespace.backend = kind
-        namespace.checkpoint = rest[0] if rest else None
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -69,14 +50,8 @@ def _list(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from dsv32.eval import DEFAULTS, RunSettings, run
-    from dsv32.eval.errors import EvalError
 
-    if args.backend == "openai" and not (args.base_url and args.model):
-        raise EvalError("--backend openai needs --base-url URL and --model NAME")
-    if args.backend != "openai" and (args.base_url or args.model):
-        raise EvalError(
-            "--base-url and --model are for --backend openai (a local model is --backend local CKPT)"
-        )
+    check_backend_flags(args)
     model = {"reference": "reference", "local": args.checkpoint, "openai": args.model}[args.backend]
     subset = [s for part in args.subset for s in part.split(",") if s]
     # a flag left out keeps the default of RunSettings (DEFAULTS: the paper's)
@@ -137,16 +112,14 @@ def add(sub: argparse._SubParsersAction) -> None:
 
     q = esub.add_parser("run", help="run one benchmark: results.json, samples.jsonl, report.md (resumes)")
     q.add_argument("benchmark", help="a name from 'dsv32 eval list'")
-    q.add_argument(
-        "--backend",
-        nargs="+",
-        action=_Backend,
+    add_backend(
+        q,
+        BACKENDS,
         default="reference",
-        metavar=("KIND", "CKPT"),
+        before="benchmark",
         help="reference (the benchmark's own answers: must score 100%%), local CKPT (smollm2, a "
         "checkpoint or HF dir), openai (with --base-url and --model)",
     )
-    q.set_defaults(checkpoint=None)
     q.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
     q.add_argument("--model", help="the endpoint's model name")
     q.add_argument("--n", type=positive_int, help="samples per problem (default 1)")
