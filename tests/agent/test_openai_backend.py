@@ -174,3 +174,19 @@ def test_chat_mode_sends_no_reasoning(stub):
     ]
     OpenAIBackend(stub.url, "m").complete(history, [], thinking=False)
     assert "reasoning_content" not in stub.requests[0]["messages"][1]
+
+
+def test_the_token_estimate_of_a_growing_context_equals_a_fresh_estimate():
+    from dsv32.agent.backends.base import TokenEstimator
+
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    kept = TokenEstimator()
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "x" * 40}]
+    for i in range(6):  # the loop appends: each estimate adds only the new messages
+        messages.append({"role": "assistant", "content": "y" * (10 * i), "reasoning_content": "z" * i})
+        messages.append({"role": "tool", "content": "r" * 7})
+        assert kept(messages, tools) == TokenEstimator()(messages, tools)
+    # a context strategy builds a new, shorter list: counted from the start again
+    shorter = [messages[0], {"role": "user", "content": "summary " * 5}, messages[-1]]
+    assert kept(shorter, tools) == TokenEstimator()(shorter, tools) < kept(messages, tools)
+    assert kept([], ()) == 0

@@ -127,8 +127,11 @@ class TokenEstimator:
 
     def __init__(self) -> None:
         self.scale = 1.0
-        self._seen: list[dict] = []
-        self._sums: list[float] = []  # _sums[i]: raw estimate of _seen[: i + 1]
+        # the messages counted so far: their number, the first and the last (kept, so `is` holds),
+        # and their raw estimate
+        self._count = 0
+        self._ends: tuple[dict, dict] | None = None
+        self._total = 0.0
         self._tools_key: tuple[int, int] | None = None
         self._tools_raw = 0.0
 
@@ -139,15 +142,13 @@ class TokenEstimator:
             self._tools_raw = (
                 len(json.dumps(list(tools), default=str)) / self.CHARS_PER_TOKEN if tools else 0.0
             )
-        n = len(self._seen)
-        same = 0 < n <= len(messages) and messages[0] is self._seen[0] and messages[n - 1] is self._seen[-1]
-        if not same:
-            self._seen, self._sums = [], []
-        total = self._sums[-1] if self._sums else 0.0
-        for message in messages[len(self._seen) :]:
+        n = self._count
+        same = 0 < n <= len(messages) and messages[0] is self._ends[0] and messages[n - 1] is self._ends[1]
+        total = self._total if same else 0.0
+        for message in messages[n if same else 0 :]:
             total += message_chars(message) / self.CHARS_PER_TOKEN + self.PER_MESSAGE
-            self._seen.append(message)
-            self._sums.append(total)
+        self._count, self._total = len(messages), total
+        self._ends = (messages[0], messages[-1]) if messages else None
         return total + self._tools_raw
 
     def __call__(self, messages: Sequence[dict], tools: Sequence[dict] = ()) -> int:
