@@ -122,17 +122,17 @@ class LockstepBatcher:
         model.train(was)
         P = max(len(p) for p in prompts)
         records = []
+        # one copy from the device for the whole batch, not one per row
+        lengths, all_tokens, all_logps = out.lengths.tolist(), out.tokens.tolist(), out.logprobs.tolist()
         for j, prompt in enumerate(prompts):
-            n = int(out.lengths[j])
-            tokens = out.tokens[j, :n].tolist()
+            n = lengths[j]
+            tokens = all_tokens[j][:n]
             routing = None
             if out.routing is not None:  # [layers, B, P + N - 1, k] → this row, without its left padding
                 routing = out.routing[:, j, P - len(prompt) : P + n - 1].clone()
             kept = out.kept_token_ids[j, :n].clone() if truncating else None
             ended = n > 0 and tokens[-1] in self.stop_ids
-            records.append(
-                StepRecord(list(prompt), tokens, out.logprobs[j, :n].tolist(), kept, routing, ended)
-            )
+            records.append(StepRecord(list(prompt), tokens, all_logps[j][:n], kept, routing, ended))
         return records
 
 

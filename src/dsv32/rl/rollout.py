@@ -147,14 +147,15 @@ def rollout(
         if keep_routing:
             routing = out.routing
         still = []
+        # one copy from the device for the whole batch, not one per row
+        lengths, new_tokens, new_logps = out.lengths.tolist(), out.tokens.tolist(), out.logprobs.tolist()
         for j, i in enumerate(active):
-            n = int(out.lengths[j])
-            n = min(n, sampling.max_total_tokens - len(tokens[i]))
-            new = out.tokens[j, :n].tolist()
+            n = min(lengths[j], sampling.max_total_tokens - len(tokens[i]))
+            new = new_tokens[j][:n]
             ended = n > 0 and new[-1] in eos
             tokens[i] += new
             actions[i] += [True] * n
-            logps[i] += out.logprobs[j, :n].tolist()
+            logps[i] += new_logps[j][:n]
             if truncating:
                 kept[i].append(out.kept_token_ids[j, :n])
             if not ended:
