@@ -206,14 +206,15 @@ def _index_keys(attn, past_key_values, new_keys: torch.Tensor, S: int) -> torch.
         if S != T:
             raise DSAError(
                 f"layer {attn.layer_idx}: the KV cache holds {S - T} earlier tokens but no indexer keys; "
-                "fill the cache with the DSA model attached"
+                "fill the cache with DSA attached in sparse mode (dense and off modes keep no indexer keys)"
             )
         keys = new_keys
     else:
         if prev.shape[1] != S - T:
             raise DSAError(
                 f"layer {attn.layer_idx}: {prev.shape[1]} cached indexer keys for {S - T} cached tokens "
-                "(was the cache cropped or reordered? beam search is not supported)"
+                "(a cache cut back with crop() alone keeps them: cut both with "
+                "dsv32.engine.backends.crop_hf_cache; beam search, which reorders caches, is not supported)"
             )
         keys = torch.cat((prev, new_keys.detach()), dim=1)
     store[attn.layer_idx] = keys.detach()
