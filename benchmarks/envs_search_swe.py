@@ -34,7 +34,7 @@ from dsv32.envs.search.index import tokenize
 from dsv32.envs.swe import SweEnv, mined_tasks, pristine
 from dsv32.envs.swe.testrun import run_pytest, test_env
 
-OUT = Path(__file__).resolve().parent.parent / "runs" / "bench" / "envs_search_swe.json"
+OUT = Path("runs/bench/envs_search_swe.json")  # under the working directory, like every benchmark
 
 
 def timed(fn, *args, **kwargs) -> tuple[float, object]:

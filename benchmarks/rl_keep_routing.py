@@ -104,8 +104,8 @@ def run(
         rewards = torch.tensor([letter_reward(t) for t in batch.completions])
         adv = group_advantages(rewards, cfg.group_size)
         updates = grpo_update(
-            policy, optimizer, batch, adv, cfg, temperature=1.0, ref_logprobs=None,
-            kl_coefs=torch.zeros(len(batch)), generator=torch.Generator().manual_seed(step),
+            policy, optimizer, batch, adv, cfg, temperature=1.0, ref=None,
+            generator=torch.Generator().manual_seed(step),
         )  # fmt: skip
         rows.append(
             {"step": step + 1, "reward": float(rewards.mean()), "clip_frac": _mean(updates, "clip_frac")}

@@ -1,0 +1,38 @@
+"""Every benchmark script still runs against the library as it is now: each one's ``--quick`` run
+(its full run where it has no ``--quick``) exits 0 and writes its JSON. Slow (about five minutes in
+all on 2 cores); ``make bench`` is what records the numbers. A GPU benchmark without a CUDA device
+only has to say so and exit 0."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted(
+    p for p in (ROOT / "benchmarks").glob("*.py") if p.name != "run_all.py" and not p.name.startswith("_")
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", SCRIPTS, ids=[p.stem for p in SCRIPTS])
+def test_the_benchmark_runs_and_writes_its_json(script, tmp_path):
+    cmd = [sys.executable, str(script)]
+    if "--quick" in script.read_text():
+        cmd.append("--quick")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+    )
+    # the scripts write under runs/bench of the working directory: here, the test's own folder
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    if script.stem.endswith("_gpu") and not torch.cuda.is_available():
+        assert "CUDA" in done.stdout + done.stderr
+        return
+    assert (tmp_path / "runs" / "bench" / f"{script.stem}.json").is_file(), sorted(tmp_path.rglob("*"))
