@@ -42,6 +42,22 @@ def scripts() -> list[Path]:
     )
 
 
+def script_command(script: Path, quick: bool) -> list[str]:
+    """The script's arguments, relative to the repository: ``--quick`` where asked and it takes one."""
+    return [
+        str(script.relative_to(ROOT)),
+        *(["--quick"] if quick and "--quick" in script.read_text() else []),
+    ]
+
+
+def script_env() -> dict[str, str]:
+    """The environment the scripts run in: this checkout's ``src`` first on ``PYTHONPATH``."""
+    return dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+    )
+
+
 # ------------------------------------------------------------------------------------------ the tables
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -267,14 +283,11 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             ap.error(f"no benchmark script named {sorted(missing)}; have {[p.stem for p in scripts()]}")
     out = ROOT / args.out
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    env = script_env()
     since = 0.0 if args.report_only else time.time()
     summary = []
     for script in todo:
-        cmd = [str(script.relative_to(ROOT))]
-        if args.quick and "--quick" in script.read_text():
-            cmd.append("--quick")
+        cmd = script_command(script, args.quick)
         if args.report_only:
             summary.append({"script": script.name, "command": cmd, "returncode": 0, "seconds": None})
             continue

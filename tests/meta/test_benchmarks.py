@@ -5,7 +5,7 @@ only has to say so and exit 0."""
 
 from __future__ import annotations
 
-import os
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -14,23 +14,25 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = sorted(
-    p for p in (ROOT / "benchmarks").glob("*.py") if p.name != "run_all.py" and not p.name.startswith("_")
-)
+_spec = importlib.util.spec_from_file_location("run_all", ROOT / "benchmarks" / "run_all.py")
+run_all = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(run_all)
+SCRIPTS = run_all.scripts()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.stem for p in SCRIPTS])
 def test_the_benchmark_runs_and_writes_its_json(script, tmp_path):
-    cmd = [sys.executable, str(script)]
-    if "--quick" in script.read_text():
-        cmd.append("--quick")
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
-    )
+    path, *flags = run_all.script_command(script, quick=True)
     # the scripts write under runs/bench of the working directory: here, the test's own folder
-    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / path), *flags],
+        cwd=tmp_path,
+        env=run_all.script_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     if script.stem.endswith("_gpu") and not torch.cuda.is_available():
         assert "CUDA" in done.stdout + done.stderr
