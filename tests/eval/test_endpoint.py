@@ -91,7 +91,14 @@ def test_bfcl_tool_calls_over_an_endpoint(tmp_path):
     assert json.loads((out / "results.json").read_text())["metrics"]["pass@1"]["value"] == 1.0
 
 
-def test_bfcl_multi_turn_episodes_over_an_endpoint(tmp_path):
+def test_bfcl_multi_turn_episodes_over_an_endpoint(tmp_path, monkeypatch):
+    import openai
+
+    made = []
+    real = openai.OpenAI.__init__
+    monkeypatch.setattr(
+        openai.OpenAI, "__init__", lambda self, *a, **k: made.append(1) or real(self, *a, **k)
+    )
     bench = BFCLMultiTurn()
     problems = {p.messages[0]["content"]: p for p in bench.problems(["multi_turn_base"])[:2]}
     replies = {text: bench.reference_replies(p) for text, p in problems.items()}
@@ -109,6 +116,7 @@ def test_bfcl_multi_turn_episodes_over_an_endpoint(tmp_path):
     assert results["metrics"]["pass@1"]["value"] == 1.0
     assert results["agentic"]["steps_mean"] > 2
     assert any(m["role"] == "tool" for m in stub.requests[-1]["messages"])
+    assert len(made) == 1  # one HTTP client serves every episode's backend
 
 
 def test_unreadable_tool_call_arguments_score_zero_and_the_run_finishes(tmp_path):
@@ -132,26 +140,3 @@ def test_unreadable_tool_call_arguments_score_zero_and_the_run_finishes(tmp_path
     assert sorted(r["score"] for r in rows.values()) == [0.0, 0.0, 1.0]
     reasons = " ".join(r["reason"] for r in rows.values())
     assert "cannot be read (ValueError)" in reasons and "cannot be read (RecursionError)" in reasons
-
-
-def test_one_http_client_serves_every_request_and_episode(tmp_path, monkeypatch):
-    import openai
-
-    made = []
-    real = openai.OpenAI.__init__
-    monkeypatch.setattr(
-        openai.OpenAI, "__init__", lambda self, *a, **k: made.append(1) or real(self, *a, **k)
-    )
-    bench = BFCLMultiTurn()
-    problems = {p.messages[0]["content"]: p for p in bench.problems(["multi_turn_base"])[:3]}
-    replies = {text: bench.reference_replies(p) for text, p in problems.items()}
-
-    def reply(request):
-        done = sum(m["role"] == "assistant" for m in request["messages"])
-        return replies[_user_text(request)][done]
-
-    with StubEndpoint(reply) as stub:
-        assert main(["eval", "run", "bfcl-multi-turn", "--subset", "multi_turn_base", "--limit", "3", "--backend",
-                     "openai", "--base-url", stub.base_url, "--model", "m", "--concurrency", "2", "--out",
-                     str(tmp_path / "mt"), "--no-progress"]) == 0  # fmt: skip
-    assert len(made) == 1
