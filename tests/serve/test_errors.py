@@ -150,3 +150,25 @@ def test_full_queue_is_503_and_a_disconnect_frees_the_slot(guarded):
     assert not waiting.is_alive()
     _wait_for(lambda: _metric(guarded, "running_rows") == 0)
     assert _metric(guarded, "generation_tokens_total") < 1000
+
+
+def test_a_prompt_that_fails_to_prefill_fails_its_request_once(v32_served, monkeypatch):
+    import queue
+
+    from dsv32.engine.batch import RunningBatch
+    from dsv32.engine.sampling import SamplingParams
+    from dsv32.serve.scheduler import Failed, Job, Scheduler
+
+    def out_of_memory(self, *args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(RunningBatch, "add", out_of_memory)
+    events: queue.Queue = queue.Queue()
+    scheduler = Scheduler(v32_served)
+    scheduler.start()
+    try:
+        scheduler.submit(Job([1, 2, 3], 4, SamplingParams(temperature=0.0), events.put, n=2))
+        assert events.get(timeout=30) == Failed("generation failed: RuntimeError: out of memory")
+    finally:
+        scheduler.stop()
+    assert events.empty()  # one Failed for the job's two rows, none at shutdown

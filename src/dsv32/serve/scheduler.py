@@ -14,8 +14,8 @@ Each loop iteration:
 Jobs arrive from the server's event loop (:meth:`Scheduler.submit`, which answers 503 when
 ``max_queue`` jobs are already waiting) and get their events through ``job.emit``, a callable that
 is safe to call from this thread. Setting ``job.cancelled`` (a client went away) frees the job's
-rows at the next iteration. A failure inside a step is reported to the jobs in the batch, which is
-reset; the thread keeps serving.
+rows at the next iteration. A failure inside a step or an admission's prefill is reported to the
+jobs in the batch (the admitted one included), which is reset; the thread keeps serving.
 """
 
 from __future__ import annotations
@@ -173,10 +173,11 @@ class Scheduler:
                 continue
             self.metrics.observe("queue_time_seconds", time.monotonic() - job.submitted)
             forced_ids = self.served.encode(job.forced.text) if job.forced else []
-            self.batch.add(job.prompt_ids, job.n, job.max_tokens)
+            # the rows join before the prefill, so that a failing one fails this job with the batch
             self.rows += [
                 _Row(job, i, self.served.tokenizer, forced_ids, self.batch.device) for i in range(job.n)
             ]
+            self.batch.add(job.prompt_ids, job.n, job.max_tokens)
 
     def _step(self) -> None:
         rows = self.rows
