@@ -187,12 +187,14 @@ def rows_to_rollouts(
     routed = [r.routing for r in rows if r.routing is not None]
     if routed:
         layers, _, topk = routed[0].shape
-        routing = torch.zeros(layers, len(rows), batch.sequences.shape[1] - 1, topk, dtype=routed[0].dtype)
+        width = batch.sequences.shape[1] - 1
+        # on ``device`` from the start: the records' routing stays there, no round trip through the host
+        routing = torch.zeros(layers, len(rows), width, topk, dtype=routed[0].dtype, device=device)
         for i, r in enumerate(rows):
             if r.routing is not None:
                 left = batch.start - len(r.prompt)
                 routing[:, i, left : left + r.routing.shape[1]] = r.routing
-        batch.routing = routing.to(device)
+        batch.routing = routing
     return batch
 
 
