@@ -27,16 +27,18 @@ callable) receives a :class:`LayerView` of every DSA layer in a cache-free forwa
 caches for the warm-up and the evaluator uses for attention recall.
 
 Generation with a KV cache works in all modes: the indexer keys of past tokens are kept on the cache
-object (greedy/sampling ``generate``; beam search, which reorders caches, is not supported).
+object (greedy/sampling ``generate``; beam search, which reorders caches, is not supported), appended
+in place by a :class:`~.growing.GrowingTensor`; :func:`cut_index_keys` cuts them back with the cache.
 
 Modules: :mod:`~.config` (settings), :mod:`~.layer` (the layer's indexer and view), :mod:`~.handle`
 (a converted model's state), :mod:`~.forward` (the replacement forward), :mod:`~.attach`,
-:mod:`~.io` (save/load).
+:mod:`~.io` (save/load), :mod:`~.growing` (the append-in-place buffer of the cached keys).
 """
 
 from dsv32.dsa.hf.attach import attach_dsa, detach_dsa, random_indexers
 from dsv32.dsa.hf.config import CONFIG_FILE, MODES, SUPPORTED_MODEL_TYPES, WEIGHTS_FILE, DSAConfig, DSAError
-from dsv32.dsa.hf.forward import INDEX_KEYS_ATTR
+from dsv32.dsa.hf.forward import INDEX_KEYS_ATTR, cut_index_keys
+from dsv32.dsa.hf.growing import GrowingTensor
 from dsv32.dsa.hf.handle import DSAHandle, get_dsa, has_dsa
 from dsv32.dsa.hf.io import indexer_state_dict, load_dsa, read_dsa_config, save_dsa, without_indexers
 from dsv32.dsa.hf.layer import HFIndexer, LayerView
@@ -50,9 +52,11 @@ __all__ = [
     "DSAConfig",
     "DSAError",
     "DSAHandle",
+    "GrowingTensor",
     "HFIndexer",
     "LayerView",
     "attach_dsa",
+    "cut_index_keys",
     "detach_dsa",
     "get_dsa",
     "has_dsa",

@@ -16,12 +16,14 @@ import torch
 
 from dsv32.dsa.attention import dense_attention, nonempty_rows, prefer_dense, selection_mask, sparse_attention
 from dsv32.dsa.hf.config import DSAError
+from dsv32.dsa.hf.growing import GrowingTensor
 from dsv32.dsa.hf.handle import DSAHandle
 from dsv32.dsa.hf.layer import HFIndexer, LayerView
 from dsv32.dsa.indexer import indexer_topk
 from dsv32.dsa.loss import indexer_kl_loss_chunked, oracle_topk
 
 INDEX_KEYS_ATTR = "_dsa_index_keys"  # the cache attribute holding past indexer keys, {layer: [B, S, d]}
+_GROWTH_ATTR = "_dsa_index_growth"  # {layer: GrowingTensor}, the buffers behind those keys
 
 
 @dataclass
@@ -201,21 +203,30 @@ def _index_keys(attn, past_key_values, new_keys: torch.Tensor, S: int) -> torch.
         return new_keys
     store = past_key_values.__dict__.setdefault(INDEX_KEYS_ATTR, {})
     T = new_keys.shape[1]
-    prev = store.get(attn.layer_idx)
-    if S == T or prev is None:
-        if S != T:
-            raise DSAError(
-                f"layer {attn.layer_idx}: the KV cache holds {S - T} earlier tokens but no indexer keys; "
-                "fill the cache with DSA attached in sparse mode (dense and off modes keep no indexer keys)"
-            )
-        keys = new_keys
-    else:
-        if prev.shape[1] != S - T:
-            raise DSAError(
-                f"layer {attn.layer_idx}: {prev.shape[1]} cached indexer keys for {S - T} cached tokens "
-                "(a cache cut back with crop() alone keeps them: cut both with "
-                "dsv32.engine.backends.crop_hf_cache; beam search, which reorders caches, is not supported)"
-            )
-        keys = torch.cat((prev, new_keys.detach()), dim=1)
-    store[attn.layer_idx] = keys.detach()
-    return keys
+    prev = None if S == T else store.get(attn.layer_idx)
+    if S != T and prev is None:
+        raise DSAError(
+            f"layer {attn.layer_idx}: the KV cache holds {S - T} earlier tokens but no indexer keys; "
+            "fill the cache with DSA attached in sparse mode (dense and off modes keep no indexer keys)"
+        )
+    if prev is not None and prev.shape[1] != S - T:
+        raise DSAError(
+            f"layer {attn.layer_idx}: {prev.shape[1]} cached indexer keys for {S - T} cached tokens "
+            "(a cache cut back with crop() alone keeps them: cut both with "
+            "dsv32.engine.backends.crop_hf_cache; beam search, which reorders caches, is not supported)"
+        )
+    # appended in place: a decode step writes its one key instead of copying all S (see GrowingTensor)
+    growth = past_key_values.__dict__.setdefault(_GROWTH_ATTR, {})
+    kept = growth.setdefault(attn.layer_idx, GrowingTensor(1)).extend(prev, new_keys.detach())
+    store[attn.layer_idx] = kept
+    if new_keys.requires_grad:  # gradients flow through this forward's own keys
+        return new_keys if prev is None else torch.cat((prev, new_keys), dim=1)
+    return kept
+
+
+def cut_index_keys(past_key_values, keep: int) -> None:
+    """Cut the indexer keys kept on ``past_key_values`` back to their first ``keep`` tokens."""
+    store = past_key_values.__dict__.get(INDEX_KEYS_ATTR, {})
+    growth = past_key_values.__dict__.get(_GROWTH_ATTR, {})
+    for layer, keys in store.items():
+        store[layer] = growth[layer].cut(keys, keep) if layer in growth else keys[:, :keep]

@@ -1,0 +1,73 @@
+"""A tensor that grows along one dimension inside a preallocated buffer.
+
+A decode step appends one token to every cache tensor. ``torch.cat`` copies all that is held each
+time: O(S) bytes per step, O(S²) per sequence, which at a few thousand tokens costs as much as the
+model's linears on a CPU. :class:`GrowingTensor` writes only the new slice into a buffer with
+headroom and reallocates geometrically, so a token costs O(1) copies amortised; what it hands out is
+a view of the buffer's first ``length`` entries, read like the concatenation it replaces.
+
+The holder (a cache layer, the DSA indexer-key store) keeps the view as it kept the concatenation
+and passes it back on the next append. Whoever replaces the held tensor (batch merging, row
+selection, moving devices) needs to know nothing of the buffer: a held tensor that is not the view
+handed out last is copied into a fresh buffer on the next append, so no outside write can reach the
+buffer. The one place a view is reused shorter is :meth:`cut` (a cache cut back to a prefix): a
+tensor handed out earlier beyond the cut may then see the new entries written after it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class GrowingTensor:
+    """Appends along ``dim`` into a buffer with ``headroom`` (a fraction of the length, at least
+    ``min_headroom`` entries) left after every reallocation."""
+
+    __slots__ = ("buffer", "dim", "headroom", "min_headroom", "view")
+
+    def __init__(self, dim: int, *, headroom: float = 0.25, min_headroom: int = 256) -> None:
+        if dim < 0:
+            raise ValueError(f"dim must be non-negative (the held tensors' rank is not known yet), got {dim}")
+        if headroom < 0 or min_headroom < 1:
+            raise ValueError(f"headroom must be >= 0 and min_headroom >= 1, got {headroom}, {min_headroom}")
+        self.dim, self.headroom, self.min_headroom = dim, headroom, min_headroom
+        self.buffer: torch.Tensor | None = None
+        self.view: torch.Tensor | None = None
+
+    def extend(self, held: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+        """``held`` followed by ``new`` along ``dim`` (what ``torch.cat((held, new), dim)`` holds).
+
+        ``held`` is extended in place when it is the view this object handed out last; None, an empty
+        tensor or any other tensor starts a fresh buffer from a copy of it.
+        """
+        d = self.dim
+        if held is not None and held is self.view:
+            n, source = held.shape[d], self.buffer
+        else:
+            self.buffer = self.view = None  # the old buffer is freed before the next is allocated
+            n = 0 if held is None or held.numel() == 0 else held.shape[d]
+            source = held
+        if n and (held.shape[:d] != new.shape[:d] or held.shape[d + 1 :] != new.shape[d + 1 :]):
+            raise ValueError(
+                f"cannot append a tensor of shape {tuple(new.shape)} to one of shape {tuple(held.shape)} "
+                f"along dim {d}: the other dimensions differ"
+            )
+        m = new.shape[d]
+        if self.buffer is None or n + m > self.buffer.shape[d]:
+            shape = list(new.shape)
+            shape[d] = n + m + max(int((n + m) * self.headroom), self.min_headroom)
+            fresh = new.new_empty(shape)
+            if n:
+                fresh.narrow(d, 0, n).copy_(source.narrow(d, 0, n))
+            self.buffer = fresh
+        self.buffer.narrow(d, n, m).copy_(new)
+        self.view = self.buffer.narrow(d, 0, n + m)
+        return self.view
+
+    def cut(self, held: torch.Tensor, keep: int) -> torch.Tensor:
+        """The first ``keep`` entries of ``held``; later appends reuse the buffer when ``held`` is its view."""
+        keep = max(0, min(keep, held.shape[self.dim]))
+        out = held.narrow(self.dim, 0, keep)
+        if held is self.view:
+            self.view = out
+        return out
