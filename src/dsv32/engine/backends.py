@@ -5,8 +5,9 @@ The decode loop is shared; a backend only owns the model's KV cache and knows it
 - :class:`NativeBackend` — :class:`~dsv32.model.DeepseekV32` with its preallocated sparse
   :class:`~dsv32.model.cache.KVCache` (MLA latents + indexer keys), optionally recording MoE routing;
 - :class:`HFBackend` — a Hugging Face causal LM (Llama, Qwen2/3, Mistral, ..., with or without DSA
-  attached) with transformers' ``DynamicCache``. Positions are counted from the attention mask, so a
-  left-padded row sees the same positions as the same prompt alone.
+  attached) with a :class:`~dsv32.engine.hfcache.GrowingCache`, transformers' ``DynamicCache`` with
+  K/V appended in place. Positions are counted from the attention mask, so a left-padded row sees the
+  same positions as the same prompt alone.
 
 Both take the attention mask over every token so far (``[b, S]``, 1 = real) and return the next-token
 logits ``[b, V]`` of the last position only. ``drop_rows`` keeps (or repeats) rows of the cache, so
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
-from dsv32.dsa.hf import INDEX_KEYS_ATTR
+from dsv32.dsa.hf import INDEX_KEYS_ATTR, cut_index_keys
 from dsv32.model import DeepseekV32
 
 
@@ -69,7 +70,8 @@ class NativeBackend:
 
 
 class HFBackend:
-    """A transformers causal LM with a ``DynamicCache`` (``past_key_values``, ``use_cache=True``)."""
+    """A transformers causal LM with a :class:`~dsv32.engine.hfcache.GrowingCache` (a ``DynamicCache``
+    that appends in place; ``past_key_values``, ``use_cache=True``)."""
 
     def __init__(self, model) -> None:
         self.model = model
@@ -85,9 +87,9 @@ class HFBackend:
         self.device = model.device
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_len: int) -> torch.Tensor:
-        from transformers import DynamicCache
+        from dsv32.engine.hfcache import GrowingCache
 
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = GrowingCache(self.model.config)
         return self._forward(input_ids, attention_mask, **self.prefill_kwargs)
 
     def step(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -128,9 +130,7 @@ def crop_hf_cache(cache, keep: int) -> None:
     remove = cache.get_seq_length() - keep
     if remove > 0:
         cache.crop(-remove)  # transformers 5: a negative count removes that many tokens
-    store = hf_index_keys(cache)
-    for layer, keys in store.items():
-        store[layer] = keys[:, :keep]
+    cut_index_keys(cache, keep)
 
 
 def _first_set(*values):

@@ -13,7 +13,8 @@ canonical, a parser that normalized the tool-call text), reuse stops at the firs
 - native :class:`~dsv32.model.DeepseekV32`: a :class:`~dsv32.model.cache.KVCache` (MLA latents and
   indexer keys) that grows by reallocation and copy when a prompt outgrows it; cutting back sets its
   ``length``.
-- Hugging Face causal LMs: a ``DynamicCache``, cut back with ``crop``. On a model with DSA attached
+- Hugging Face causal LMs: a :class:`~dsv32.engine.hfcache.GrowingCache` (a ``DynamicCache`` that
+  appends in place), cut back with ``crop``, which keeps its buffers. On a model with DSA attached
   the indexer keys kept beside it are cut back too; a cache filled while DSA was not in sparse mode
   holds no indexer keys, so a sparse-mode call after it starts from an empty cache.
 
@@ -104,9 +105,9 @@ class Session:
         """Native caches are preallocated: grow (×2, at least ``total``) and copy what is held."""
         if not self.native:
             if self.cache is None:
-                from transformers import DynamicCache
+                from dsv32.engine.hfcache import GrowingCache
 
-                self.cache = DynamicCache(config=self.model.config)
+                self.cache = GrowingCache(self.model.config)
             return
         limit = self.model.config.max_position_embeddings
         if total > limit:
