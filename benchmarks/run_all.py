@@ -157,6 +157,22 @@ def keep_routing_table(result: dict) -> tuple[str, str]:
     return f"float32; {what}", table
 
 
+def hf_decode_table(result: dict) -> tuple[str, str]:
+    """``hf_decode.json``: SmolLM2 decode per token, transformers' DynamicCache against GrowingCache."""
+    table = _table(
+        ["model", "context", "DynamicCache", "GrowingCache", "speed-up", "K/V MB (Dynamic / Growing)",
+         "same tokens"],
+        [
+            [r["model"], str(r["context"]), _ms(r["DynamicCache"]["decode_ms_per_token"], 1),
+             _ms(r["GrowingCache"]["decode_ms_per_token"], 1), _x(r["decode_speedup"]),
+             f"{r['DynamicCache']['cache_mb']:.0f} / {r['GrowingCache']['cache_mb']:.0f}",
+             "yes" if r["same_tokens"] else "NO"]
+            for r in result["rows"]
+        ],
+    )  # fmt: skip
+    return f"{result['dtype']}; {result['model']}, {result['threads']} threads, median decode step", table
+
+
 def scalar_table(result: object) -> tuple[str, str]:
     """Any other JSON object: its top-level numbers."""
     items = result.items() if isinstance(result, dict) else []
@@ -170,6 +186,7 @@ FORMATS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "attention": (("attention.json", "attention_L*_k*.json"), attention_table),
     "attention_gpu": (("attention_gpu.json",), attention_gpu_table),
     "model_speed": (("model_speed.json",), model_speed_table),
+    "hf_decode": (("hf_decode.json",), hf_decode_table),
     "rl_keep_routing": (("rl_keep_routing.json",), keep_routing_table),
 }
 

@@ -1,5 +1,6 @@
 """Every benchmark script still runs against the library as it is now: each one's ``--quick`` run
-(its full run where it has no ``--quick``) exits 0 and writes its JSON. Slow (about five minutes in
+(its full run where it has no ``--quick``) exits 0 and writes a JSON that ``run_all`` reads into its
+table. Slow (about five minutes in
 all on 2 cores); ``make bench`` is what records the numbers. A GPU benchmark without a CUDA device
 only has to say so and exit 0."""
 
@@ -38,3 +39,6 @@ def test_the_benchmark_runs_and_writes_its_json(script, tmp_path):
         assert "CUDA" in done.stdout + done.stderr
         return
     assert (tmp_path / "runs" / "bench" / f"{script.stem}.json").is_file(), sorted(tmp_path.rglob("*"))
+    # and make bench can read it into its results table
+    section = run_all.benchmark_section(script.stem, tmp_path / "runs" / "bench", since=0.0)
+    assert section is not None and "| " in section
