@@ -157,6 +157,32 @@ def keep_routing_table(result: dict) -> tuple[str, str]:
     return f"float32; {what}", table
 
 
+def attention_gqa_table(result: dict) -> tuple[str, str]:
+    """``attention_gqa.json``: the GQA layout's sparse attention, C kernel against torch and dense."""
+    prefill = _table(
+        ["prefill L (L/k)", "masked dense", "C kernel", "torch gather", "kernel vs torch", "kernel vs masked"],
+        [
+            [f"{r['seq_len']} ({r['ratio']:g})", _ms(r["masked_dense_s"]), _ms(r["sparse_s"]), _ms(r["torch_s"]),
+             _x(r["kernel_vs_torch"]), _x(r["kernel_vs_masked_dense"])]
+            for r in result["prefill"]["rows"]
+        ],
+    )  # fmt: skip
+    decode = _table(
+        ["decode context", "dense SDPA", "C kernel", "torch gather", "kernel vs torch", "kernel vs SDPA"],
+        [
+            [str(r["context"]), _ms(r["sdpa_us"], 1e-3), _ms(r["kernel_us"], 1e-3), _ms(r["torch_us"], 1e-3),
+             _x(r["kernel_vs_torch"]), _x(r["kernel_vs_sdpa"])]
+            for r in result["decode"]
+        ],
+    )  # fmt: skip
+    s = result["shape"]
+    what = (
+        f"{s['heads']} heads / {s['kv_heads']} KV heads × {s['head_dim']}, k {s['topk']}; "
+        f"prefill crossover L/k {result['prefill']['crossover_ratio']}"
+    )
+    return f"{result['dtype']}; {what}", f"{prefill}\n\n{decode}"
+
+
 def hf_decode_table(result: dict) -> tuple[str, str]:
     """``hf_decode.json``: SmolLM2 decode per token, transformers' DynamicCache against GrowingCache."""
     table = _table(
@@ -187,6 +213,7 @@ FORMATS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "attention_gpu": (("attention_gpu.json",), attention_gpu_table),
     "model_speed": (("model_speed.json",), model_speed_table),
     "hf_decode": (("hf_decode.json",), hf_decode_table),
+    "attention_gqa": (("attention_gqa.json",), attention_gqa_table),
     "rl_keep_routing": (("rl_keep_routing.json",), keep_routing_table),
 }
 

@@ -1,5 +1,5 @@
 """The C kernels behind the CPU fast paths (dsv32.dsa.kernels.cpu) against the torch references: MLA's
-MQA-mode sparse attention and the lightning indexer's exact top-k, on shapes that exercise every tile
+MQA-mode sparse attention, GQA sparse attention and the lightning indexer's exact top-k, on shapes that exercise every tile
 remainder, padding, empty slots, strided and heads-major views, decode against a cache; and the fallback
 to the torch path when no compiler works."""
 
@@ -14,9 +14,11 @@ from dsv32.dsa import (
     index_scores,
     indexer_topk,
     select_topk,
+    sparse_attention,
     sparse_mla_attention,
     sparse_mla_attention_reference,
 )
+from dsv32.dsa.attention import sparse_attention_reference
 from dsv32.dsa.kernels import cpu
 
 pytestmark = pytest.mark.skipif(not cpu._compilers(), reason="no C compiler on this machine")
@@ -92,6 +94,69 @@ def test_sparse_mla_kernel_equals_torch_path_on_a_long_prefill():
     with cpu.enabled(False):
         slow = sparse_mla_attention(q, kv, idx, 0.04, 512)
     torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+
+
+GQA_CASES = [
+    # B, T, S, H, H_kv, D, D_v, K, empty share
+    (1, 1, 300, 9, 3, 64, 64, 48, 0.0),  # SmolLM2's heads, a decode step against a cache
+    (3, 1, 90, 4, 4, 16, 24, 100, 0.2),  # batched decode, MHA, K > S, D_v with an 8-tail
+    (2, 29, 29, 6, 2, 32, 32, 7, 0.3),  # prefill, 3 query heads per KV head (head-tile remainder)
+    (1, 40, 130, 8, 1, 8, 16, 13, 0.5),  # MQA, queries continuing a cache, many empty slots
+]
+
+
+@pytest.mark.parametrize("B,T,S,H,Hkv,D,Dv,K,empty", GQA_CASES)
+def test_sparse_gqa_kernel_equals_reference(B, T, S, H, Hkv, D, Dv, K, empty, monkeypatch):
+    g = torch.Generator().manual_seed(B * 100 + T)
+    q = torch.randn(B, T, H, D, generator=g)
+    # an HF cache [B, H_kv, capacity, D] seen as [B, S, H_kv, D]: strided, nothing contiguous but rows
+    k = torch.randn(B, Hkv, S + 11, D, generator=g)[:, :, :S].transpose(1, 2)
+    v = torch.randn(B, Hkv, S + 11, Dv, generator=g)[:, :, :S].transpose(1, 2)
+    idx = _selection(B, T, S, min(K, S), g, empty)
+    idx[-1, 0] = -1  # a query with no slot at all attends to nothing
+    ref = sparse_attention_reference(q, k, v, idx, 0.2)
+    calls = _count_calls(monkeypatch, "sparse_gqa_attention_cpu")
+    with torch.no_grad():
+        got = sparse_attention(q, k, v, idx, 0.2)
+    assert calls, "the C kernel did not run"
+    assert torch.equal(got[-1, 0], torch.zeros_like(got[-1, 0]))
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_gqa_kernel_equals_torch_path_on_a_long_prefill_and_stays_off_under_autograd(monkeypatch):
+    g = torch.Generator().manual_seed(8)
+    T, H, Hkv, K = 600, 9, 3, 64
+    q = torch.randn(1, T, H, 64, generator=g)
+    k, v = torch.randn(1, T, Hkv, 64, generator=g), torch.randn(1, T, Hkv, 64, generator=g)
+    idx = indexer_topk(torch.randn(1, T, 4, 64, generator=g), torch.rand(1, T, 4, generator=g),
+                       torch.randn(1, T, 64, generator=g), K)  # fmt: skip
+    calls = _count_calls(monkeypatch, "sparse_gqa_attention_cpu")
+    with torch.no_grad():
+        fast = sparse_attention(q, k, v, idx, 0.125)
+        with cpu.enabled(False):
+            slow = sparse_attention(q, k, v, idx, 0.125)
+    assert len(calls) == 1
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+    q.requires_grad_(True)
+    trained = sparse_attention(q, k, v, idx, 0.125)  # autograd: the torch path and its backward
+    assert len(calls) == 1 and trained.requires_grad
+    torch.testing.assert_close(trained.detach(), fast, rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_gqa_kernel_reads_bf16_and_rounds_the_fp32_result_once(monkeypatch):
+    g = torch.Generator().manual_seed(9)
+    B, T, S, H, Hkv, K = 2, 20, 70, 8, 2, 24
+    q = torch.randn(B, T, H, 64, generator=g).bfloat16()
+    k = torch.randn(B, S, Hkv, 64, generator=g).bfloat16()
+    v = torch.randn(B, S, Hkv, 64, generator=g).bfloat16()
+    idx = _selection(B, T, S, K, g, 0.1)
+    ref = sparse_attention_reference(q.float(), k.float(), v.float(), idx, 0.125)
+    calls = _count_calls(monkeypatch, "sparse_gqa_attention_cpu")
+    with torch.no_grad():
+        got = sparse_attention(q, k, v, idx, 0.125)
+    assert calls and got.dtype == torch.bfloat16
+    err = (got.float() - ref).abs()
+    assert (err <= ref.abs() * 2**-8 + 1e-6).all()  # one bf16 rounding of the fp32 result
 
 
 INDEXER_CASES = [

@@ -310,6 +310,11 @@ def test_prefer_dense_is_a_length_crossover_for_prefill_only():
     assert fused < ratio
     between = int((fused + ratio) / 2 * k)
     assert dsa.prefer_dense(100, between, k) and not dsa.prefer_dense(100, between, k, mla_kernel=True)
+    # and so does the GQA layout's (Hugging Face models)
+    gqa = dsa.GQA_KERNEL_CROSSOVER_RATIO
+    assert gqa < ratio
+    between = int((gqa + ratio) / 2 * k)
+    assert dsa.prefer_dense(100, between, k) and not dsa.prefer_dense(100, between, k, gqa_kernel=True)
 
 
 def test_mla_dispatch_masked_below_crossover_gather_above(monkeypatch):

@@ -9,9 +9,9 @@
   blocks of neighbouring queries with overlapping selections run over their union
   (:mod:`dsv32.dsa.union`); :func:`sparse_mla_attention_absorbed` adds MLA's ``W_UK`` / ``W_UV``
   around the MQA-mode path (in query chunks on the CPU kernel's path);
-- :func:`prefer_dense`, :data:`DENSE_CROSSOVER_RATIO`, :data:`MLA_KERNEL_CROSSOVER_RATIO` — the
-  measured length below which masked-dense prefill beats the sparse path
-  (``benchmarks/attention.py --crossover``);
+- :func:`prefer_dense`, :data:`DENSE_CROSSOVER_RATIO`, :data:`MLA_KERNEL_CROSSOVER_RATIO`,
+  :data:`GQA_KERNEL_CROSSOVER_RATIO` — the measured length below which masked-dense prefill beats the
+  sparse path (``benchmarks/attention.py --crossover``, ``benchmarks/attention_gqa.py``);
 - :mod:`dsv32.dsa.kernels` — fused kernels behind the fast paths: C for the CPU (built at first use),
   Triton for CUDA;
 - :func:`indexer_kl_loss`, :func:`indexer_kl_loss_chunked` — the indexer's KL objective (Eq. 3/4);
@@ -24,10 +24,12 @@
 
 from dsv32.dsa.attention import (
     DENSE_CROSSOVER_RATIO,
+    GQA_KERNEL_CROSSOVER_RATIO,
     MLA_KERNEL_CROSSOVER_RATIO,
     SPARSE_IMPLS,
     dense_attention,
     dense_mla_attention,
+    gqa_kernel_would_run,
     masked_softmax,
     mla_kernel_would_run,
     nonempty_rows,
@@ -71,6 +73,7 @@ from dsv32.dsa.rope import apply_rotary
 
 __all__ = [
     "DENSE_CROSSOVER_RATIO",
+    "GQA_KERNEL_CROSSOVER_RATIO",
     "MLA_KERNEL_CROSSOVER_RATIO",
     "SPARSE_IMPLS",
     "DSAConfig",
@@ -89,6 +92,7 @@ __all__ = [
     "fp8_indexer_keys",
     "fp8_indexer_queries",
     "get_dsa",
+    "gqa_kernel_would_run",
     "hadamard",
     "has_dsa",
     "index_scores",

@@ -39,12 +39,14 @@ GATHER_BUDGET = 1 << 11
 # Prefill crossover: below ``DENSE_CROSSOVER_RATIO · k`` keys the masked-dense path (MHA mode, dense
 # attention masked to the same top-k: identical results) is faster than the sparse one, because a few
 # hundred keys per query are cheaper as one dense matmul than as gathers. That ratio is the torch
-# path's (the Hugging Face layouts, and MLA without the C kernel); MLA's C kernel moves the crossover
-# down to ``MLA_KERNEL_CROSSOVER_RATIO · k``. Both come from `python benchmarks/attention.py
-# --crossover` (the sweep is in docs/results.md). Machine-dependent: re-measure and override per
-# model (``MLA.dense_crossover_ratio``) or here.
+# path's (MLA without the C kernel, the GQA layout off the CPU); MLA's C kernel moves the crossover
+# down to ``MLA_KERNEL_CROSSOVER_RATIO · k`` and the GQA layout's C kernel (Hugging Face models) to
+# ``GQA_KERNEL_CROSSOVER_RATIO · k``. They come from `python benchmarks/attention.py --crossover` and
+# `python benchmarks/attention_gqa.py` (the sweeps are in docs/results.md). Machine-dependent:
+# re-measure and override per model (``MLA.dense_crossover_ratio``) or here.
 DENSE_CROSSOVER_RATIO = 4.6
 MLA_KERNEL_CROSSOVER_RATIO = 2.6
+GQA_KERNEL_CROSSOVER_RATIO = 3.6
 
 
 def prefer_dense(
@@ -54,13 +56,21 @@ def prefer_dense(
     crossover_ratio: float | None = None,
     *,
     mla_kernel: bool = False,
+    gqa_kernel: bool = False,
 ) -> bool:
     """Whether a prefill of ``num_queries`` queries over ``num_keys`` keys with top-``topk`` selection
     is faster masked-dense than sparse: ``num_keys < crossover_ratio · topk`` (default
-    :data:`DENSE_CROSSOVER_RATIO`, or :data:`MLA_KERNEL_CROSSOVER_RATIO` when ``mla_kernel`` says the
-    sparse side would run MLA's C kernel). Decoding (one query) always gathers. Set the ratio to 0 to
-    always use the sparse path, or to ``float("inf")`` to always use the masked-dense one."""
-    default = MLA_KERNEL_CROSSOVER_RATIO if mla_kernel else DENSE_CROSSOVER_RATIO
+    :data:`DENSE_CROSSOVER_RATIO`; :data:`MLA_KERNEL_CROSSOVER_RATIO` or
+    :data:`GQA_KERNEL_CROSSOVER_RATIO` when ``mla_kernel`` / ``gqa_kernel`` say the sparse side would
+    run that C kernel). Decoding (one query) always gathers. Set the ratio to 0 to always use the
+    sparse path, or to ``float("inf")`` to always use the masked-dense one."""
+    default = (
+        MLA_KERNEL_CROSSOVER_RATIO
+        if mla_kernel
+        else GQA_KERNEL_CROSSOVER_RATIO
+        if gqa_kernel
+        else DENSE_CROSSOVER_RATIO
+    )
     ratio = default if crossover_ratio is None else crossover_ratio
     return num_queries > 1 and num_keys < ratio * topk
 
@@ -74,6 +84,12 @@ def mla_kernel_would_run(x: torch.Tensor) -> bool:
         and not torch.is_grad_enabled()
         and cpu_kernels.available()
     )
+
+
+def gqa_kernel_would_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether :func:`sparse_attention` on these inputs would take the C kernel (CPU, fp32 or bf16, no
+    autograd, kernels built) — what :func:`prefer_dense` needs to pick its crossover."""
+    return not _needs_grad(q, k, v) and cpu_kernels.gqa_supported(q, k, v)
 
 
 # How sparse attention is computed: "gather" (O(L·k)), "masked" (dense scores masked to the
@@ -254,7 +270,10 @@ def sparse_attention(
     blocks of neighbouring queries whose selections overlap (their union holds at most
     ``union_ratio · K`` keys; default :data:`dsv32.dsa.union.UNION_MAX_RATIO_GQA`, 0 = never) run as one masked
     attention over that union instead (see :mod:`dsv32.dsa.union`); with autograd too. Selections are assumed to hold
-    distinct indices, as :func:`~dsv32.dsa.select_topk` returns.
+    distinct indices, as :func:`~dsv32.dsa.select_topk` returns. On the CPU without autograd (and
+    without the tuning knobs ``chunk_size`` / ``union_ratio``) the fused C kernel runs instead
+    (:func:`~dsv32.dsa.kernels.cpu.sparse_gqa_attention_cpu`: the same result up to fp32 rounding;
+    bf16 inputs get an fp32 softmax and one rounding of the output).
     """
     B, T, H, D = q.shape
     Hkv = k.shape[2]
@@ -270,6 +289,16 @@ def sparse_attention(
     if first:
         seen = first + k.shape[1] - T
         out[:, :first] = dense_attention(q[:, :first], k[:, :seen], v[:, :seen], scale)
+    if (
+        chunk_size is None  # chunk_size and union_ratio tune the torch path
+        and union_ratio is None
+        and gqa_kernel_would_run(q, k, v)
+    ):  # CPU + C kernel: each query reads its selected rows where they are, one pass, fp32 softmax
+        if first < T:
+            cpu_kernels.sparse_gqa_attention_cpu(
+                q[:, first:], k, v, topk_indices[:, first:], scale, out=out[:, first:]
+            )
+        return out
     step = _chunk(K * Hkv, chunk_size)
     ratio = union.UNION_MAX_RATIO_GQA if union_ratio is None else union_ratio
     if grad:  # recompute-in-backward: memory O(chunk · K), not O(T · K) per layer

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
-from dsv32.dsa.attention import dense_attention, nonempty_rows, prefer_dense, selection_mask, sparse_attention
+from dsv32.dsa.attention import (
+    dense_attention,
+    gqa_kernel_would_run,
+    nonempty_rows,
+    prefer_dense,
+    selection_mask,
+    sparse_attention,
+)
 from dsv32.dsa.hf.config import DSAError
 from dsv32.dsa.hf.growing import GrowingTensor
 from dsv32.dsa.hf.handle import DSAHandle
@@ -178,7 +185,9 @@ def _sparse_output(self, handle: DSAHandle, p: _Projected, topk_indices: torch.T
     S = p.k.shape[2]
     qt, kt, vt = p.q.transpose(1, 2), p.k.transpose(1, 2), p.v.transpose(1, 2)  # [B, T|S, heads, D]
     masked = cfg.sparse_impl == "masked" or (
-        cfg.sparse_impl == "auto" and p.fresh and prefer_dense(T, S, cfg.index_topk)
+        cfg.sparse_impl == "auto"
+        and p.fresh
+        and prefer_dense(T, S, cfg.index_topk, gqa_kernel=gqa_kernel_would_run(qt, kt, vt))
     )
     if masked:  # the readable O(T·S) reference: dense scores masked to the selection
         out = dense_attention(qt, kt, vt, self.scaling, nonempty_rows(selection_mask(topk_indices, S)))

@@ -1,5 +1,6 @@
-"""Fused C kernels for DSA's CPU hot paths (``cpu_kernels.c``): MLA's MQA-mode sparse attention and
-the lightning indexer's scores with their exact top-k.
+"""Fused C kernels for DSA's CPU hot paths (``cpu_kernels.c``): MLA's MQA-mode sparse attention (and
+GQA decoding, each KV head an MQA problem with its own value rows) and the lightning indexer's scores
+with their exact top-k.
 
 On the CPU the torch path of :func:`dsv32.dsa.sparse_mla_attention` spends more time moving data than
 multiplying: it gathers every query's selected latents into a buffer, then runs two batched matmuls
@@ -47,7 +48,7 @@ _ARGTYPES = (
     [_I64] * 6
     + [_F32]  # n, H, Cl, Cr, V, K, scale
     + [_PTR, _I64, _I64] * 2  # q, qr: pointer and strides (query, head)
-    + [_PTR, _I64] * 3  # kv, rope, idx: pointer and row stride
+    + [_PTR, _I64] * 4  # kv, rope, val, idx: pointer and row stride
     + [_PTR, _I64, _I64, _PTR]  # out and its strides, scratch
 )
 _INDEXER_ARGTYPES = (
@@ -272,9 +273,81 @@ def _mqa_job(q, qr, latent, rope, idx, out, b, start, n, scale, v_dim) -> tuple:
         _at(qr, b, start), qr.stride(1), qr.stride(2),
         _at(latent, b), latent.stride(1),
         _at(rope, b), 0 if rope is None else rope.stride(1),
+        None, 0,  # no separate value rows: the value is the latent's first v_dim dims
         _at(idx, b, start), idx.stride(1),
         _at(out, b, start), out.stride(1), out.stride(2),
     )  # fmt: skip
+
+
+def gqa_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Inputs :func:`sparse_gqa_attention_cpu` takes: CPU tensors all fp32 or all bf16, the last dim
+    contiguous, head dims multiples of 8, query heads a multiple of the KV heads."""
+    return (
+        q.dtype in _SUFFIX
+        and all(t.device.type == "cpu" and t.dtype == q.dtype and t.stride(-1) == 1 for t in (q, k, v))
+        and q.shape[-1] % 8 == 0
+        and v.shape[-1] % 8 == 0
+        and q.shape[2] % k.shape[2] == 0
+        and available()
+    )
+
+
+def sparse_gqa_attention_cpu(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    topk_indices: torch.Tensor,
+    scale: float,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """GQA attention over the selected keys with the MQA kernel: the ``G = H / H_kv`` query heads of
+    one KV head share its key rows (the kernel's latent, scored over all ``D`` dims) and its value
+    rows. ``q`` ``[B, T, H, D]``, ``k`` ``[B, S, H_kv, D]``, ``v`` ``[B, S, H_kv, D_v]`` (strided views
+    welcome: a cache ``[B, H_kv, S, D]`` transposed), ``topk_indices`` ``[B, T, K]`` (-1 = empty) →
+    ``[B, T, H, D_v]``, or written into ``out`` (its last dim contiguous). One call per (batch row, KV
+    head, run of queries); a decode step runs on this thread, as in :func:`sparse_mla_attention_cpu`.
+    Check :func:`gqa_supported` first."""
+    lib = _require_library()
+    B, T, H, D = q.shape
+    Hkv, Dv = k.shape[2], v.shape[-1]
+    G = H // Hkv
+    idx = topk_indices if topk_indices.stride(-1) == 1 else topk_indices.contiguous()
+    idx = idx.to(torch.int64)
+    K = idx.shape[-1]
+    if out is None:
+        out = q.new_empty(B, T, H, Dv)
+    elif out.shape != (B, T, H, Dv) or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(
+            f"out must be [B, T, H, D_v] = {(B, T, H, Dv)} in {q.dtype}, its last dim contiguous"
+        )
+    if T == 0:
+        return out
+    workers = max(1, min(torch.get_num_threads(), T))
+    step = -(-T // workers)
+    scratch = _scratch(workers, lib.dsv32_sparse_mqa_scratch_bytes(G, D, 0, Dv, K))
+    e = q.element_size()  # strides in bytes below; the kernel takes them in elements
+    qs, ks, vs, ids, os_ = q.stride(), k.stride(), v.stride(), idx.stride(), out.stride()
+    q0, k0, v0, i0, o0 = q.data_ptr(), k.data_ptr(), v.data_ptr(), idx.data_ptr(), out.data_ptr()
+    jobs = []
+    for b in range(B):
+        for start in range(0, T, step):
+            n = min(step, T - start)
+            for h in range(Hkv):  # a KV head's G query heads, its key rows and its value rows
+                jobs.append(
+                    (
+                        n, G, D, 0, Dv, K, scale,
+                        q0 + (b * qs[0] + start * qs[1] + h * G * qs[2]) * e, qs[1], qs[2],
+                        None, 0, 0,
+                        k0 + (b * ks[0] + h * ks[2]) * e, ks[1],
+                        None, 0,
+                        v0 + (b * vs[0] + h * vs[2]) * e, vs[1],
+                        i0 + (b * ids[0] + start * ids[1]) * 8, ids[1],
+                        o0 + (b * os_[0] + start * os_[1] + h * G * os_[2]) * e, os_[1], os_[2],
+                    )
+                )  # fmt: skip
+    _run(getattr(lib, f"dsv32_sparse_mqa_{_SUFFIX[q.dtype]}"), jobs, scratch)
+    return out
 
 
 def indexer_supported(q: torch.Tensor, k_index: torch.Tensor) -> bool:
@@ -367,6 +440,8 @@ def indexer_topk_cpu(
 _GUARD = (
     64  # bytes past each work buffer, checked after every call: a kernel writing out of bounds fails loudly
 )
+_GUARD_BYTE = 0xA5
+_GUARD_PATTERN = bytes([_GUARD_BYTE]) * _GUARD
 
 
 def _scratch(workers: int, nbytes: int) -> list[torch.Tensor]:
@@ -374,7 +449,7 @@ def _scratch(workers: int, nbytes: int) -> list[torch.Tensor]:
     :data:`_GUARD` bytes of a known pattern."""
     buffers = [torch.empty(nbytes + _GUARD, dtype=torch.uint8) for _ in range(workers)]
     for b in buffers:
-        b[nbytes:] = 0xA5
+        b[nbytes:] = _GUARD_BYTE
     return buffers
 
 
@@ -396,7 +471,7 @@ def _run(fn, jobs: list[tuple], scratch: list[torch.Tensor] | None = None, worke
         worker(0, 1)
     else:
         list(_executor(workers).map(worker, range(threads), [workers] * threads))
-    if scratch is not None and any(bool((b[-_GUARD:] != 0xA5).any()) for b in scratch):
+    if scratch is not None and any(b[-_GUARD:].numpy().tobytes() != _GUARD_PATTERN for b in scratch):
         raise RuntimeError(
             f"dsv32 CPU kernel {fn.__name__} wrote past its work buffer (a bug: please report)"
         )

@@ -172,6 +172,8 @@ static inline void value_one(const float *p, const void *const *kp, int nb, int6
  *   qr[i][h][:]  = qr + i*qr_sn + h*qr_stride_h   (Cr values: the rope part)
  *   latent row s = kv + s*kv_ld                     (Cl values; its first V are the value)
  *   rope row s   = rope + s*rope_ld                 (Cr values; unused when Cr == 0)
+ *   value row s  = val + s*val_ld                   (V values, when val is not NULL: then the value
+ *                                                    is its own tensor, as in one KV head of GQA)
  *   idx[i][j]    = idx + i*idx_sn + j               (K row numbers, -1 = empty slot)
  *   out[i][h][:] = out + i*out_sn + h*out_sh        (V values)
  *
@@ -180,21 +182,21 @@ static inline void value_one(const float *p, const void *const *kp, int nb, int6
  * (dsv32_sparse_mqa_bf16). Cl, Cr and V must be multiples of 8. scratch: dsv32_sparse_mqa_scratch_bytes(...) bytes, 8-aligned
  * (the caller allocates it, so the memory shows in its allocator's accounting). */
 int64_t dsv32_sparse_mqa_scratch_bytes(int64_t H, int64_t Cl, int64_t Cr, int64_t V, int64_t K) {
-    return (int64_t)sizeof(float *) * (2 * K + 2 * TILE_K) +
+    return (int64_t)sizeof(float *) * (3 * K + 3 * TILE_K) +
            (int64_t)sizeof(float) * (H * LD_S + H * V + 2 * H + H * (Cl + Cr));
 }
 
 static inline __attribute__((always_inline)) void sparse_mqa(
     int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t V, int64_t K, float scale, const void *q, int64_t q_sn,
     int64_t q_stride_h, const void *qr, int64_t qr_sn, int64_t qr_stride_h, const void *kv, int64_t kv_ld,
-    const void *rope, int64_t rope_ld, const int64_t *idx, int64_t idx_sn, void *out, int64_t out_sn,
-    int64_t out_sh, void *scratch, const int bf16) {
+    const void *rope, int64_t rope_ld, const void *val, int64_t val_ld, const int64_t *idx, int64_t idx_sn,
+    void *out, int64_t out_sn, int64_t out_sh, void *scratch, const int bf16) {
     const int64_t ld_s = LD_S;
     const int64_t C = Cl + Cr, esize = bf16 ? 2 : 4;
     const void **kp = scratch;
-    float *s = (float *)(kp + 2 * K + 2 * TILE_K);
+    float *s = (float *)(kp + 3 * K + 3 * TILE_K);
     float *acc = s + H * ld_s, *row_max = acc + H * V, *row_sum = row_max + H, *qbuf = row_sum + H;
-    const void **rp = kp + K + TILE_K;
+    const void **rp = kp + K + TILE_K, **vp = rp + K + TILE_K;
 
     for (int64_t i = 0; i < n; i++) {
         /* this query's heads side by side (strided or heads-major inputs would alias in L1) */
@@ -211,11 +213,13 @@ static inline __attribute__((always_inline)) void sparse_mqa(
             if (r < 0) continue;
             kp[nk] = (const char *)kv + r * kv_ld * esize;
             rp[nk] = Cr ? (const char *)rope + r * rope_ld * esize : kp[nk];
+            vp[nk] = val ? (const char *)val + r * val_ld * esize : kp[nk];
             nk++;
         }
         for (int64_t j = nk; j < nk + TILE_K && nk; j++) { /* a last partial tile reads real rows */
             kp[j] = kp[nk - 1];
             rp[j] = rp[nk - 1];
+            vp[j] = vp[nk - 1];
         }
         for (int64_t h = 0; h < H; h++) {
             row_max[h] = -INFINITY;
@@ -225,7 +229,7 @@ static inline __attribute__((always_inline)) void sparse_mqa(
 
         for (int64_t j0 = 0; j0 < nk; j0 += BLOCK_KEYS) {
             const int nb = (int)(nk - j0 < BLOCK_KEYS ? nk - j0 : BLOCK_KEYS);
-            const void *const *bk = kp + j0, *const *br = rp + j0;
+            const void *const *bk = kp + j0, *const *br = rp + j0, *const *bv = vp + j0;
             /* scores of this block, key tile by key tile (a partial last tile scores rows past the
              * block, whose slots are ignored): the tile's rows stay in L1 for every head while the
              * starts of the rows PREFETCH_TILES tiles ahead are requested (the hardware prefetcher
@@ -237,6 +241,8 @@ static inline __attribute__((always_inline)) void sparse_mqa(
                         __builtin_prefetch((const char *)kp[a] + c);
                     for (int64_t c = 0; c < Cr * esize && c < 64 * PREFETCH_LINES; c += 64)
                         __builtin_prefetch((const char *)rp[a] + c);
+                    for (int64_t c = 0; val && c < V * esize && c < 64 * PREFETCH_LINES; c += 64)
+                        __builtin_prefetch((const char *)vp[a] + c);
                 }
                 for (h = 0; h + TILE_H <= H; h += TILE_H)
                     score_tile(qbuf + h * C, C, Cl, Cr, bk + j, br + j, scale, s + h * ld_s + j, ld_s, bf16);
@@ -263,14 +269,14 @@ static inline __attribute__((always_inline)) void sparse_mqa(
                     for (int64_t d = 0; d < V; d += 8) store8(ah + d, load8(ah + d) * splat8(alpha));
                 }
             }
-            /* values: acc += p . latent[:V] */
+            /* values: acc += p . value (latent[:V], or the value rows) */
             for (int64_t d = 0; d < V; d += 16) {
                 const int wide = d + 16 <= V;
                 for (h = 0; h + VALUE_H <= H && wide; h += VALUE_H)
-                    value_tile(s + h * ld_s, ld_s, bk, nb, d, acc + h * V, V, bf16);
+                    value_tile(s + h * ld_s, ld_s, bv, nb, d, acc + h * V, V, bf16);
                 for (; h < H; h++) {
-                    value_one(s + h * ld_s, bk, nb, d, acc + h * V, bf16);
-                    if (wide) value_one(s + h * ld_s, bk, nb, d + 8, acc + h * V, bf16);
+                    value_one(s + h * ld_s, bv, nb, d, acc + h * V, bf16);
+                    if (wide) value_one(s + h * ld_s, bv, nb, d + 8, acc + h * V, bf16);
                 }
             }
         }
@@ -290,11 +296,11 @@ static inline __attribute__((always_inline)) void sparse_mqa(
 #define SPARSE_MQA_ARGS                                                                                      \
     int64_t n, int64_t H, int64_t Cl, int64_t Cr, int64_t V, int64_t K, float scale, const void *q, int64_t q_sn, \
         int64_t q_stride_h, const void *qr, int64_t qr_sn, int64_t qr_stride_h, const void *kv, int64_t kv_ld,    \
-        const void *rope, int64_t rope_ld, const int64_t *idx, int64_t idx_sn, void *out, int64_t out_sn,         \
-        int64_t out_sh, void *scratch
+        const void *rope, int64_t rope_ld, const void *val, int64_t val_ld, const int64_t *idx, int64_t idx_sn,   \
+        void *out, int64_t out_sn, int64_t out_sh, void *scratch
 #define SPARSE_MQA_CALL(bf16)                                                                               \
     sparse_mqa(n, H, Cl, Cr, V, K, scale, q, q_sn, q_stride_h, qr, qr_sn, qr_stride_h, kv, kv_ld, rope, rope_ld, \
-               idx, idx_sn, out, out_sn, out_sh, scratch, bf16)
+               val, val_ld, idx, idx_sn, out, out_sn, out_sh, scratch, bf16)
 
 void dsv32_sparse_mqa_f32(SPARSE_MQA_ARGS) { SPARSE_MQA_CALL(0); }
 void dsv32_sparse_mqa_bf16(SPARSE_MQA_ARGS) { SPARSE_MQA_CALL(1); }
