@@ -186,11 +186,12 @@ def attention_gqa_table(result: dict) -> tuple[str, str]:
 def hf_decode_table(result: dict) -> tuple[str, str]:
     """``hf_decode.json``: SmolLM2 decode per token, transformers' DynamicCache against GrowingCache."""
     table = _table(
-        ["model", "context", "DynamicCache", "GrowingCache", "speed-up", "K/V MB (Dynamic / Growing)",
-         "same tokens"],
+        ["model", "context", "prefill", "decode: DynamicCache", "decode: GrowingCache", "speed-up",
+         "K/V MB (Dynamic / Growing)", "same tokens"],
         [
-            [r["model"], str(r["context"]), _ms(r["DynamicCache"]["decode_ms_per_token"], 1),
-             _ms(r["GrowingCache"]["decode_ms_per_token"], 1), _x(r["decode_speedup"]),
+            [r["model"], str(r["context"]), _s(r["GrowingCache"]["prefill_s"]),
+             _ms(r["DynamicCache"]["decode_ms_per_token"], 1), _ms(r["GrowingCache"]["decode_ms_per_token"], 1),
+             _x(r["decode_speedup"]),
              f"{r['DynamicCache']['cache_mb']:.0f} / {r['GrowingCache']['cache_mb']:.0f}",
              "yes" if r["same_tokens"] else "NO"]
             for r in result["rows"]

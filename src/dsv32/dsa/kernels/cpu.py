@@ -404,7 +404,7 @@ def indexer_topk_cpu(
     offset = S - T
     threads = torch.get_num_threads()
     workers = max(1, min(threads, T))
-    cuts = _balanced_splits((torch.arange(T) + offset + 1).clamp_max(S), workers)
+    cuts = [0, T] if workers == 1 else _balanced_splits((torch.arange(T) + offset + 1).clamp_max(S), workers)
     longest = max(z - a for a, z in itertools.pairwise(cuts))  # a decode step needs one row, not 32
     suffix = _SUFFIX[keys.dtype]
     tiles = None
