@@ -34,7 +34,7 @@ from dsv32.envs.search.index import tokenize
 from dsv32.envs.swe import SweEnv, mined_tasks, pristine
 from dsv32.envs.swe.testrun import run_pytest, test_env
 
-OUT = Path("runs/bench/envs_search_swe.json")  # under the working directory, like every benchmark
+OUT = Path("runs/bench")  # under the working directory, like every benchmark
 
 
 def timed(fn, *args, **kwargs) -> tuple[float, object]:
@@ -148,7 +148,7 @@ def bench_swe(quick: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and episodes")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=Path, default=OUT, help="output directory")
     args = ap.parse_args()
     result = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
@@ -159,8 +159,8 @@ def main() -> None:
         "swe": bench_swe(args.quick),
     }  # fmt: skip
     result["machine"]["load_avg_end"] = os.getloadavg()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "envs_search_swe.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
 
 

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--quick", action="store_true", help="2048 tokens, 4 decode steps")
-    ap.add_argument("--out", default="runs/bench/model_speed.json")
+    ap.add_argument("--out", default="runs/bench", help="output directory")
     args = ap.parse_args(argv)
     if args.quick:
         args.seq_len, args.new_tokens = 2048, 4
@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"  speedup: prefill {results['prefill_speedup']:.2f}x  decode {results['decode_speedup']:.2f}x"
     )
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "model_speed.json").write_text(json.dumps(results, indent=2))
     return results
 
 

@@ -7,8 +7,9 @@
 
 A script is any ``benchmarks/*.py`` but this one and names starting with ``_``; new ones are picked up
 without editing this file (``--quick`` is passed only to scripts whose source mentions it). Each
-script writes its JSON (and PNG) under ``runs/bench/``. One failing script does not stop the others;
-the exit status is non-zero if any failed. A summary goes to ``runs/bench/run_all.json``.
+script takes ``--out`` (a directory) and writes its JSON (and PNG) there: run_all's ``--out``,
+``runs/bench/`` by default. One failing script does not stop the others; the exit status is non-zero
+if any failed. A summary goes to ``<out>/run_all.json``.
 
 Afterwards a dated section is appended to ``docs/results.md`` (``--results``; ``--no-results`` skips
 it): the machine (CPU model from ``/proc/cpuinfo``, cores, the GPU if any), the torch version, the
@@ -42,11 +43,13 @@ def scripts() -> list[Path]:
     )
 
 
-def script_command(script: Path, quick: bool) -> list[str]:
-    """The script's arguments, relative to the repository: ``--quick`` where asked and it takes one."""
+def script_command(script: Path, quick: bool, out: str | None = None) -> list[str]:
+    """The script's arguments, relative to the repository: ``--quick`` where asked and it takes one,
+    ``--out`` (every script's output directory) where given."""
     return [
         str(script.relative_to(ROOT)),
         *(["--quick"] if quick and "--quick" in script.read_text() else []),
+        *(["--out", out] if out is not None else []),
     ]
 
 
@@ -332,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     since = 0.0 if args.report_only else time.time()
     summary = []
     for script in todo:
-        cmd = script_command(script, args.quick)
+        cmd = script_command(script, args.quick, args.out)
         if args.report_only:
             summary.append({"script": script.name, "command": cmd, "returncode": 0, "seconds": None})
             continue
