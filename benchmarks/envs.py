@@ -159,6 +159,7 @@ def plot(rates: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=OUT, help="output directory")
     args = parser.parse_args()
     n, n_tasks = (5, 4) if args.quick else (20, 8)
     result = {
@@ -176,9 +177,9 @@ def main() -> None:
     }
     result["episodes"] = episode_rates(n_tasks)
     result["load_average_after"] = os.getloadavg()
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "envs.json").write_text(json.dumps(result, indent=1))
-    plot(result["episodes"], OUT / "envs.png")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "envs.json").write_text(json.dumps(result, indent=1))
+    plot(result["episodes"], args.out / "envs.png")
     print(json.dumps(result, indent=1))
 
 
