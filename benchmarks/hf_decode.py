@@ -3,8 +3,9 @@
 SmolLM2-135M-Instruct (the real small model, fp32), dense and with DSA attached (random indexers,
 4 heads × 64, top-256, sparse mode). For each context length a random prompt is prefilled once per
 cache, then ``--new-tokens`` greedy tokens are decoded one forward at a time; the time per decoded
-token is the median step. DynamicCache concatenates all K/V every step, GrowingCache appends in place:
-the tokens must be identical, the ratio is the cost of the copies.
+token is the median step. DynamicCache concatenates all K/V every step, GrowingCache appends in place
+(DSA's indexer keys grow in place with either): the tokens must be identical, the ratio is the cost of
+the copies.
 
     python benchmarks/hf_decode.py [--contexts 1024 4096 7936] [--new-tokens 16] [--quick]
 

@@ -143,6 +143,18 @@ def test_sparse_gqa_kernel_equals_torch_path_on_a_long_prefill_and_stays_off_und
     torch.testing.assert_close(trained.detach(), fast, rtol=1e-5, atol=1e-5)
 
 
+def test_a_selection_past_the_keys_is_an_index_error_not_a_wild_read():
+    g = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(1, 2, 4, 16, generator=g) for _ in range(3))
+    kv = torch.randn(1, 2, 32, generator=g)
+    bad = torch.tensor([[[0, 1], [1, 2]]])  # key 2 of 2
+    with torch.no_grad():
+        with pytest.raises(IndexError, match="only 2 keys"):
+            sparse_attention(q, k, v, bad, 0.25)
+        with pytest.raises(IndexError, match="only 2 keys"):
+            sparse_mla_attention(q.repeat(1, 1, 1, 2), kv, bad, 0.25, 16)
+
+
 def test_sparse_gqa_kernel_reads_bf16_and_rounds_the_fp32_result_once(monkeypatch):
     g = torch.Generator().manual_seed(9)
     B, T, S, H, Hkv, K = 2, 20, 70, 8, 2, 24

@@ -62,3 +62,22 @@ def test_empty_and_mismatched_inputs():
         GrowingTensor(-2)
     with pytest.raises(ValueError, match="headroom"):
         GrowingTensor(0, headroom=-0.1)
+
+
+def test_a_view_cut_to_nothing_takes_any_shape_and_dtype_as_torch_cat_would():
+    g = GrowingTensor(2)
+    held = g.extend(None, torch.ones(2, 3, 5, 4))
+    held = g.cut(held, 0)
+    out = g.extend(held, torch.full((1, 3, 2, 4), 2.0))  # another batch: no broadcasting into the old buffer
+    assert out.shape == (1, 3, 2, 4) and torch.equal(out, torch.full((1, 3, 2, 4), 2.0))
+    mixed = GrowingTensor(0).extend(torch.ones(2, dtype=torch.bfloat16), torch.ones(1, dtype=torch.float32))
+    assert mixed.dtype == torch.cat((torch.ones(2, dtype=torch.bfloat16), torch.ones(1))).dtype
+
+
+def test_a_buffer_made_in_inference_mode_is_replaced_outside_it():
+    g = GrowingTensor(0)
+    with torch.inference_mode():
+        held = g.extend(None, torch.arange(3.0))
+    with torch.no_grad():
+        out = g.extend(held, torch.tensor([3.0]))
+    assert torch.equal(out, torch.arange(4.0)) and not out.is_inference()

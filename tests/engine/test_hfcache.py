@@ -124,3 +124,32 @@ def test_the_indexer_loss_of_a_forward_that_fills_a_cache_trains_the_indexer():
         grads.append(torch.cat([m.indexer.wk.weight.grad.flatten() for m in handle.modules.values()]))
     assert grads[0].abs().sum() > 0
     torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_training_only_the_queries_over_a_cache_backpropagates():
+    """With K/V frozen (LoRA-style on q_proj alone) autograd still saves K/V for the queries'
+    gradient: a forward with gradients enabled must not write into what an earlier one saved."""
+    ids = torch.tensor([list(range(20, 56))])
+    grads = []
+    for make in (lambda m: DynamicCache(config=m.config), lambda m: GrowingCache(m.config)):
+        model = tiny("llama")
+        for name, p in model.named_parameters():
+            p.requires_grad_("q_proj" in name)
+        cache = make(model)
+        first = model(ids[:, :24], past_key_values=cache, use_cache=True).logits
+        second = model(ids[:, 24:], past_key_values=cache, use_cache=True).logits
+        (first.square().mean() + second.square().mean()).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_a_prefill_in_inference_mode_decodes_outside_it():
+    model = tiny("llama")
+    ids = torch.tensor([list(range(30, 50))])
+    cache = GrowingCache(model.config)
+    with torch.inference_mode():
+        model(ids[:, :15], past_key_values=cache, use_cache=True)
+    with torch.no_grad():
+        out = model(ids[:, 15:], past_key_values=cache, use_cache=True).logits[0, -1]
+        full = model(ids).logits[0, -1]
+    torch.testing.assert_close(out, full, rtol=1e-5, atol=1e-5)

@@ -9,8 +9,9 @@ same values the concatenation holds, so outputs are unchanged to the bit.
 
 :class:`GrowingCache` is a ``DynamicCache`` (everything that reads or reshapes one, transformers
 included, works on it unchanged): its ``DynamicLayer`` layers are :class:`GrowingLayer`; sliding-window
-and other layer kinds stay transformers' own. A forward with gradients through the new K/V falls back
-to concatenation, which leaves the tensors autograd saved untouched.
+and other layer kinds stay transformers' own. A forward with gradients enabled concatenates, as
+``DynamicLayer`` does: autograd may save the K/V a forward reads (for the queries' gradient even when
+K/V need none), and an append in place would change them before the backward.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class GrowingLayer(DynamicLayer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if torch.is_grad_enabled() and (key_states.requires_grad or value_states.requires_grad):
+        if torch.is_grad_enabled():  # autograd may save the K/V it reads (for the queries' gradient too)
             return super().update(key_states, value_states, *args, **kwargs)
         self.keys = self._keys.extend(self.keys, key_states)
         self.values = self._values.extend(self.values, value_states)

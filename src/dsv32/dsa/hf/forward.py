@@ -224,13 +224,15 @@ def _index_keys(attn, past_key_values, new_keys: torch.Tensor, S: int) -> torch.
             "(a cache cut back with crop() alone keeps them: cut both with "
             "dsv32.engine.backends.crop_hf_cache; beam search, which reorders caches, is not supported)"
         )
+    if torch.is_grad_enabled():  # autograd may save the keys it scores: they must never change
+        keys = new_keys if prev is None else torch.cat((prev, new_keys), dim=1)
+        store[attn.layer_idx] = keys.detach()
+        return keys
     # appended in place: a decode step writes its one key instead of copying all S (see GrowingTensor)
     growth = past_key_values.__dict__.setdefault(_GROWTH_ATTR, {})
-    kept = growth.setdefault(attn.layer_idx, GrowingTensor(1)).extend(prev, new_keys.detach())
-    store[attn.layer_idx] = kept
-    if new_keys.requires_grad:  # gradients flow through this forward's own keys
-        return new_keys if prev is None else torch.cat((prev, new_keys), dim=1)
-    return kept
+    keys = growth.setdefault(attn.layer_idx, GrowingTensor(1)).extend(prev, new_keys)
+    store[attn.layer_idx] = keys
+    return keys
 
 
 def cut_index_keys(past_key_values, keep: int) -> None:

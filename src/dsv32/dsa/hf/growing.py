@@ -12,6 +12,10 @@ selection, moving devices) needs to know nothing of the buffer: a held tensor th
 handed out last is copied into a fresh buffer on the next append, so no outside write can reach the
 buffer. The one place a view is reused shorter is :meth:`cut` (a cache cut back to a prefix): a
 tensor handed out earlier beyond the cut may then see the new entries written after it.
+
+Writing in place is for forwards without autograd (the engine decodes under ``torch.no_grad``): a
+view that autograd saved for the backward must not change, so the holders concatenate instead
+whenever gradients are enabled.
 """
 
 from __future__ import annotations
@@ -37,32 +41,47 @@ class GrowingTensor:
     def extend(self, held: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
         """``held`` followed by ``new`` along ``dim`` (what ``torch.cat((held, new), dim)`` holds).
 
-        ``held`` is extended in place when it is the view this object handed out last; None, an empty
-        tensor or any other tensor starts a fresh buffer from a copy of it.
+        ``held`` is extended in place when it is the view this object handed out last and ``new``
+        matches the buffer (its other dims, dtype and device; no inference tensor outside inference
+        mode); anything else — None, an empty tensor, any other tensor — starts a fresh buffer from a
+        copy of it, in the dtype ``torch.cat`` would give.
         """
         d = self.dim
-        if held is not None and held is self.view:
-            n, source = held.shape[d], self.buffer
+        if held is not None and held is self.view and self._fits(new):
+            n, source, dtype = held.shape[d], self.buffer, self.buffer.dtype
         else:
             self.buffer = self.view = None  # the old buffer is freed before the next is allocated
             n = 0 if held is None or held.numel() == 0 else held.shape[d]
-            source = held
-        if n and (held.shape[:d] != new.shape[:d] or held.shape[d + 1 :] != new.shape[d + 1 :]):
-            raise ValueError(
-                f"cannot append a tensor of shape {tuple(new.shape)} to one of shape {tuple(held.shape)} "
-                f"along dim {d}: the other dimensions differ"
-            )
+            if n and (held.shape[:d] != new.shape[:d] or held.shape[d + 1 :] != new.shape[d + 1 :]):
+                raise ValueError(
+                    f"cannot append a tensor of shape {tuple(new.shape)} to one of shape {tuple(held.shape)} "
+                    f"along dim {d}: the other dimensions differ"
+                )
+            source, dtype = held, torch.promote_types(held.dtype, new.dtype) if n else new.dtype
         m = new.shape[d]
         if self.buffer is None or n + m > self.buffer.shape[d]:
             shape = list(new.shape)
             shape[d] = n + m + max(int((n + m) * self.headroom), self.min_headroom)
-            fresh = new.new_empty(shape)
+            fresh = new.new_empty(shape, dtype=dtype)
             if n:
                 fresh.narrow(d, 0, n).copy_(source.narrow(d, 0, n))
             self.buffer = fresh
         self.buffer.narrow(d, n, m).copy_(new)
         self.view = self.buffer.narrow(d, 0, n + m)
         return self.view
+
+    def _fits(self, new: torch.Tensor) -> bool:
+        """``new`` can be written into the buffer as it is (a cut to zero keeps the view, so its own
+        shape says nothing)."""
+        buf, d = self.buffer, self.dim
+        return (
+            buf is not None
+            and buf.shape[:d] == new.shape[:d]
+            and buf.shape[d + 1 :] == new.shape[d + 1 :]
+            and buf.dtype == new.dtype
+            and buf.device == new.device
+            and (torch.is_inference_mode_enabled() or not buf.is_inference())
+        )
 
     def cut(self, held: torch.Tensor, keep: int) -> torch.Tensor:
         """The first ``keep`` entries of ``held``; later appends reuse the buffer when ``held`` is its view."""

@@ -1,6 +1,6 @@
 """Fused C kernels for DSA's CPU hot paths (``cpu_kernels.c``): MLA's MQA-mode sparse attention (and
-GQA decoding, each KV head an MQA problem with its own value rows) and the lightning indexer's scores
-with their exact top-k.
+the GQA layout, each KV head an MQA problem with its own value rows) and the lightning indexer's
+scores with their exact top-k.
 
 On the CPU the torch path of :func:`dsv32.dsa.sparse_mla_attention` spends more time moving data than
 multiplying: it gathers every query's selected latents into a buffer, then runs two batched matmuls
@@ -235,8 +235,7 @@ def sparse_mla_attention_cpu(
         q_rope = q[..., Cl:]
     qr = q if q_rope is None else q_rope
     q, qr = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, qr))
-    idx = topk_indices if topk_indices.stride(-1) == 1 else topk_indices.contiguous()
-    idx = idx.to(torch.int64)
+    idx = _kernel_indices(topk_indices, (B, T), latent.shape[1])
     K = idx.shape[-1]
     if out is None:
         out = q.new_empty(B, H, T, v_dim).transpose(1, 2)
@@ -254,6 +253,21 @@ def sparse_mla_attention_cpu(
             jobs.append(_mqa_job(q, qr, latent, rope, idx, out, b, start, min(step, T - start), scale, v_dim))
     _run(getattr(lib, f"dsv32_sparse_mqa_{_SUFFIX[q.dtype]}"), jobs, scratch)
     return out
+
+
+def _kernel_indices(topk_indices: torch.Tensor, batch_queries: tuple[int, int], S: int) -> torch.Tensor:
+    """``topk_indices`` ``[B, T, K]`` as the kernels read them (int64, rows contiguous), checked: the
+    kernels read row ``r`` of the keys for every ``r >= 0`` (-1 = empty slot), so nothing may reach
+    ``S``."""
+    if topk_indices.dim() != 3 or tuple(topk_indices.shape[:2]) != batch_queries:
+        raise ValueError(
+            f"topk_indices must be [B, T, K] with (B, T) = {batch_queries}, got {tuple(topk_indices.shape)}"
+        )
+    idx = topk_indices if topk_indices.stride(-1) == 1 else topk_indices.contiguous()
+    idx = idx.to(torch.int64)
+    if idx.numel() and int(idx.max()) >= S:
+        raise IndexError(f"topk_indices selects key {int(idx.max())} but there are only {S} keys")
+    return idx
 
 
 def _at(t: torch.Tensor | None, b: int, start: int = 0) -> int | None:
@@ -281,10 +295,15 @@ def _mqa_job(q, qr, latent, rope, idx, out, b, start, n, scale, v_dim) -> tuple:
 
 def gqa_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Inputs :func:`sparse_gqa_attention_cpu` takes: CPU tensors all fp32 or all bf16, the last dim
-    contiguous, head dims multiples of 8, query heads a multiple of the KV heads."""
+    contiguous, head dims multiples of 8, query heads a multiple of the KV heads, K and V of one shape
+    but their widths, q as wide as K."""
     return (
         q.dtype in _SUFFIX
+        and q.dim() == k.dim() == v.dim() == 4
         and all(t.device.type == "cpu" and t.dtype == q.dtype and t.stride(-1) == 1 for t in (q, k, v))
+        and q.shape[-1] == k.shape[-1]
+        and k.shape[:3] == v.shape[:3]
+        and q.shape[0] == k.shape[0]
         and q.shape[-1] % 8 == 0
         and v.shape[-1] % 8 == 0
         and q.shape[2] % k.shape[2] == 0
@@ -312,8 +331,7 @@ def sparse_gqa_attention_cpu(
     B, T, H, D = q.shape
     Hkv, Dv = k.shape[2], v.shape[-1]
     G = H // Hkv
-    idx = topk_indices if topk_indices.stride(-1) == 1 else topk_indices.contiguous()
-    idx = idx.to(torch.int64)
+    idx = _kernel_indices(topk_indices, (B, T), k.shape[1])
     K = idx.shape[-1]
     if out is None:
         out = q.new_empty(B, T, H, Dv)

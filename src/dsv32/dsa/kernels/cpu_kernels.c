@@ -178,7 +178,7 @@ static inline void value_one(const float *p, const void *const *kp, int nb, int6
  *   out[i][h][:] = out + i*out_sn + h*out_sh        (V values)
  *
  * out = softmax_j(scale * q . key_j) . value_j over the filled slots; a query with none gets zeros.
- * Strides count elements; q, qr, kv, rope and out are all fp32 (dsv32_sparse_mqa_f32) or all bf16
+ * Strides count elements; q, qr, kv, rope, val and out are all fp32 (dsv32_sparse_mqa_f32) or all bf16
  * (dsv32_sparse_mqa_bf16). Cl, Cr and V must be multiples of 8. scratch: dsv32_sparse_mqa_scratch_bytes(...) bytes, 8-aligned
  * (the caller allocates it, so the memory shows in its allocator's accounting). */
 int64_t dsv32_sparse_mqa_scratch_bytes(int64_t H, int64_t Cl, int64_t Cr, int64_t V, int64_t K) {
