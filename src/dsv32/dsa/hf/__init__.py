@@ -28,7 +28,8 @@ caches for the warm-up and the evaluator uses for attention recall.
 
 Generation with a KV cache works in all modes: the indexer keys of past tokens are kept on the cache
 object (greedy/sampling ``generate``; beam search, which reorders caches, is not supported), appended
-in place by a :class:`~.growing.GrowingTensor`; :func:`cut_index_keys` cuts them back with the cache.
+in place by a :class:`~.growing.GrowingTensor` when autograd is off (concatenated when it is on);
+:func:`cut_index_keys` cuts them back with the cache.
 
 Modules: :mod:`~.config` (settings), :mod:`~.layer` (the layer's indexer and view), :mod:`~.handle`
 (a converted model's state), :mod:`~.forward` (the replacement forward), :mod:`~.attach`,
