@@ -153,3 +153,18 @@ def test_a_prefill_in_inference_mode_decodes_outside_it():
         out = model(ids[:, 15:], past_key_values=cache, use_cache=True).logits[0, -1]
         full = model(ids).logits[0, -1]
     torch.testing.assert_close(out, full, rtol=1e-5, atol=1e-5)
+
+
+def test_methods_that_replace_the_kv_free_the_buffers_and_decoding_goes_on():
+    model = tiny("llama")
+    ids = torch.tensor([list(range(30, 50)), list(range(60, 80))])
+    with torch.no_grad():
+        cache = GrowingCache(model.config)
+        model(ids[:, :15], past_key_values=cache, use_cache=True)
+        cache.batch_select_indices(torch.tensor([1]))  # keep the second row only
+        assert all(layer._keys.buffer is None and layer._values.buffer is None for layer in cache.layers)
+        out = model(ids[1:, 15:], past_key_values=cache, use_cache=True).logits[0, -1]
+        full = model(ids[1:]).logits[0, -1]
+        cache.reset()
+        assert all(layer._keys.buffer is None for layer in cache.layers)
+    torch.testing.assert_close(out, full, rtol=1e-5, atol=1e-5)

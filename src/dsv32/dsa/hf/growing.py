@@ -83,6 +83,11 @@ class GrowingTensor:
             and (torch.is_inference_mode_enabled() or not buf.is_inference())
         )
 
+    def release(self) -> None:
+        """Forget the buffer (its holder replaced or dropped the view): the memory is freed now, not at
+        the next append."""
+        self.buffer = self.view = None
+
     def cut(self, held: torch.Tensor, keep: int) -> torch.Tensor:
         """The first ``keep`` entries of ``held``; later appends reuse the buffer when ``held`` is its view."""
         keep = max(0, min(keep, held.shape[self.dim]))
