@@ -102,6 +102,7 @@ GQA_CASES = [
     (3, 1, 90, 4, 4, 16, 24, 100, 0.2),  # batched decode, MHA, K > S, D_v with an 8-tail
     (2, 29, 29, 6, 2, 32, 32, 7, 0.3),  # prefill, 3 query heads per KV head (head-tile remainder)
     (1, 40, 130, 8, 1, 8, 16, 13, 0.5),  # MQA, queries continuing a cache, many empty slots
+    (2, 5, 60, 14, 2, 16, 16, 9, 0.2),  # 7 query heads per KV head: the kernel adds a zero head
 ]
 
 

@@ -181,9 +181,15 @@ static inline void value_one(const float *p, const void *const *kp, int nb, int6
  * Strides count elements; q, qr, kv, rope, val and out are all fp32 (dsv32_sparse_mqa_f32) or all bf16
  * (dsv32_sparse_mqa_bf16). Cl, Cr and V must be multiples of 8. scratch: dsv32_sparse_mqa_scratch_bytes(...) bytes, 8-aligned
  * (the caller allocates it, so the memory shows in its allocator's accounting). */
+/* Heads the kernel computes: H, plus one all-zero query head when H % 4 == 3 (3 or 7 query heads per
+ * KV head in GQA), so every head runs in the 2-head score tiles and the 4-head value tiles; a lone
+ * remainder head costs more than the extra head. Its output is never written. */
+static inline int64_t padded_heads(int64_t H) { return H % VALUE_H == VALUE_H - 1 ? H + 1 : H; }
+
 int64_t dsv32_sparse_mqa_scratch_bytes(int64_t H, int64_t Cl, int64_t Cr, int64_t V, int64_t K) {
+    const int64_t Hp = padded_heads(H);
     return (int64_t)sizeof(float *) * (3 * K + 3 * TILE_K) +
-           (int64_t)sizeof(float) * (H * LD_S + H * V + 2 * H + H * (Cl + Cr));
+           (int64_t)sizeof(float) * (Hp * LD_S + Hp * V + 2 * Hp + Hp * (Cl + Cr));
 }
 
 static inline __attribute__((always_inline)) void sparse_mqa(
@@ -192,7 +198,8 @@ static inline __attribute__((always_inline)) void sparse_mqa(
     const void *rope, int64_t rope_ld, const void *val, int64_t val_ld, const int64_t *idx, int64_t idx_sn,
     void *out, int64_t out_sn, int64_t out_sh, void *scratch, const int bf16) {
     const int64_t ld_s = LD_S;
-    const int64_t C = Cl + Cr, esize = bf16 ? 2 : 4;
+    const int64_t C = Cl + Cr, esize = bf16 ? 2 : 4, Hq = H;
+    H = padded_heads(H); /* from here on H counts the padding head too; Hq heads are real */
     const void **kp = scratch;
     float *s = (float *)(kp + 3 * K + 3 * TILE_K);
     float *acc = s + H * ld_s, *row_max = acc + H * V, *row_sum = row_max + H, *qbuf = row_sum + H;
@@ -200,12 +207,13 @@ static inline __attribute__((always_inline)) void sparse_mqa(
 
     for (int64_t i = 0; i < n; i++) {
         /* this query's heads side by side (strided or heads-major inputs would alias in L1) */
-        for (int64_t h = 0; h < H; h++) {
+        for (int64_t h = 0; h < Hq; h++) {
             const char *qh = (const char *)q + (i * q_sn + h * q_stride_h) * esize;
             const char *qrh = (const char *)qr + (i * qr_sn + h * qr_stride_h) * esize;
             for (int64_t c = 0; c < Cl; c += 8) store8(qbuf + h * C + c, loadx(qh, c, bf16));
             for (int64_t c = 0; c < Cr; c += 8) store8(qbuf + h * C + Cl + c, loadx(qrh, c, bf16));
         }
+        for (int64_t h = Hq; h < H; h++) memset(qbuf + h * C, 0, sizeof(float) * (size_t)C);
         const int64_t *ii = idx + i * idx_sn;
         int64_t nk = 0; /* the filled slots' rows, compacted */
         for (int64_t j = 0; j < K; j++) {
@@ -280,7 +288,7 @@ static inline __attribute__((always_inline)) void sparse_mqa(
                 }
             }
         }
-        for (int64_t h = 0; h < H; h++) {
+        for (int64_t h = 0; h < Hq; h++) {
             const float inv = nk ? 1.0f / row_sum[h] : 0.0f;
             if (bf16) {
                 uint16_t *o = (uint16_t *)out + i * out_sn + h * out_sh;
