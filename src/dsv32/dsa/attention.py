@@ -46,7 +46,7 @@ GATHER_BUDGET = 1 << 11
 # re-measure and override per model (``MLA.dense_crossover_ratio``) or here.
 DENSE_CROSSOVER_RATIO = 4.6
 MLA_KERNEL_CROSSOVER_RATIO = 2.6
-GQA_KERNEL_CROSSOVER_RATIO = 3.6
+GQA_KERNEL_CROSSOVER_RATIO = 2.6
 
 
 def prefer_dense(
