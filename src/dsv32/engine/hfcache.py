@@ -11,10 +11,10 @@ same values the concatenation holds, so outputs are unchanged to the bit.
 included, works on it unchanged): its ``DynamicLayer`` layers are :class:`GrowingLayer`; sliding-window
 and other layer kinds stay transformers' own. A forward with gradients enabled concatenates, as
 ``DynamicLayer`` does: autograd may save the K/V a forward reads (for the queries' gradient even when
-K/V need none), and an append in place would change them before the backward. transformers' methods
-that replace or drop the K/V (row selection, reorder, offload, reset) free the buffers at once; a
-tensor assigned from outside (the engine's batch merge and trim) is copied into a fresh buffer at the
-next append.
+K/V need none), and an append in place would change them before the backward. Whatever replaces or
+drops the K/V (transformers' row selection, reorder, offload and reset, the engine's batch merge and
+trim) frees the buffers with the views; a tensor assigned from outside is copied into a fresh buffer
+at the next append.
 """
 
 from __future__ import annotations
@@ -43,31 +43,6 @@ class GrowingLayer(DynamicLayer):
         self.keys = self._keys.extend(self.keys, key_states)
         self.values = self._values.extend(self.values, value_states)
         return self.keys, self.values
-
-    # transformers' own methods that replace or drop K/V: the buffers behind the old views go at once
-    def reset(self) -> None:
-        super().reset()
-        self._release()
-
-    def offload(self) -> None:
-        super().offload()
-        self._release()
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        super().reorder_cache(beam_idx)
-        self._release()
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        super().batch_repeat_interleave(repeats)
-        self._release()
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        super().batch_select_indices(indices)
-        self._release()
-
-    def _release(self) -> None:
-        self._keys.release()
-        self._values.release()
 
     def crop(self, tokens_to_remove: int) -> None:
         """Remove the last ``-tokens_to_remove`` tokens (transformers' convention), keeping the buffers."""
