@@ -166,6 +166,11 @@ static inline void value_one(const float *p, const void *const *kp, int nb, int6
     store8(acc + d, a);
 }
 
+/* Heads the kernel computes: H, plus one all-zero query head when H % 4 == 3 (3 or 7 query heads per
+ * KV head in GQA), so every head runs in the 2-head score tiles and the 4-head value tiles; a lone
+ * remainder head costs more than the extra head. Its output is never written. */
+static inline int64_t padded_heads(int64_t H) { return H % VALUE_H == VALUE_H - 1 ? H + 1 : H; }
+
 /* MQA-mode sparse attention for n queries of one batch row.
  *
  *   q[i][h][:]   = q + i*q_sn + h*q_stride_h      (Cl values, contiguous: the latent part)
@@ -181,11 +186,6 @@ static inline void value_one(const float *p, const void *const *kp, int nb, int6
  * Strides count elements; q, qr, kv, rope, val and out are all fp32 (dsv32_sparse_mqa_f32) or all bf16
  * (dsv32_sparse_mqa_bf16). Cl, Cr and V must be multiples of 8. scratch: dsv32_sparse_mqa_scratch_bytes(...) bytes, 8-aligned
  * (the caller allocates it, so the memory shows in its allocator's accounting). */
-/* Heads the kernel computes: H, plus one all-zero query head when H % 4 == 3 (3 or 7 query heads per
- * KV head in GQA), so every head runs in the 2-head score tiles and the 4-head value tiles; a lone
- * remainder head costs more than the extra head. Its output is never written. */
-static inline int64_t padded_heads(int64_t H) { return H % VALUE_H == VALUE_H - 1 ? H + 1 : H; }
-
 int64_t dsv32_sparse_mqa_scratch_bytes(int64_t H, int64_t Cl, int64_t Cr, int64_t V, int64_t K) {
     const int64_t Hp = padded_heads(H);
     return (int64_t)sizeof(float *) * (3 * K + 3 * TILE_K) +
@@ -203,7 +203,8 @@ static inline __attribute__((always_inline)) void sparse_mqa(
     const void **kp = scratch;
     float *s = (float *)(kp + 3 * K + 3 * TILE_K);
     float *acc = s + H * ld_s, *row_max = acc + H * V, *row_sum = row_max + H, *qbuf = row_sum + H;
-    const void **rp = kp + K + TILE_K, **vp = rp + K + TILE_K;
+    /* the rows read for values: their own (val), or the latents themselves */
+    const void **rp = kp + K + TILE_K, **vp = val ? rp + K + TILE_K : kp;
 
     for (int64_t i = 0; i < n; i++) {
         /* this query's heads side by side (strided or heads-major inputs would alias in L1) */
@@ -221,13 +222,13 @@ static inline __attribute__((always_inline)) void sparse_mqa(
             if (r < 0) continue;
             kp[nk] = (const char *)kv + r * kv_ld * esize;
             rp[nk] = Cr ? (const char *)rope + r * rope_ld * esize : kp[nk];
-            vp[nk] = val ? (const char *)val + r * val_ld * esize : kp[nk];
+            if (val) vp[nk] = (const char *)val + r * val_ld * esize;
             nk++;
         }
         for (int64_t j = nk; j < nk + TILE_K && nk; j++) { /* a last partial tile reads real rows */
             kp[j] = kp[nk - 1];
             rp[j] = rp[nk - 1];
-            vp[j] = vp[nk - 1];
+            if (val) vp[j] = vp[nk - 1];
         }
         for (int64_t h = 0; h < H; h++) {
             row_max[h] = -INFINITY;
