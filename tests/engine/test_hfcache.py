@@ -80,7 +80,7 @@ def test_a_forward_with_gradients_over_the_cache_backpropagates_like_dynamic_cac
     for cache_cls in (DynamicCache, GrowingCache):
         model = tiny("llama")
         attach_dsa(model, 2, 16, 4, mode="sparse")
-        cache = cache_cls(config=model.config) if cache_cls is DynamicCache else cache_cls(model.config)
+        cache = cache_cls(config=model.config)
         first = model(ids[:, :24], past_key_values=cache, use_cache=True).logits
         second = model(ids[:, 24:], past_key_values=cache, use_cache=True).logits
         (first.square().mean() + second.square().mean()).backward()
@@ -131,11 +131,11 @@ def test_training_only_the_queries_over_a_cache_backpropagates():
     gradient: a forward with gradients enabled must not write into what an earlier one saved."""
     ids = torch.tensor([list(range(20, 56))])
     grads = []
-    for make in (lambda m: DynamicCache(config=m.config), lambda m: GrowingCache(m.config)):
+    for cache_cls in (DynamicCache, GrowingCache):
         model = tiny("llama")
         for name, p in model.named_parameters():
             p.requires_grad_("q_proj" in name)
-        cache = make(model)
+        cache = cache_cls(config=model.config)
         first = model(ids[:, :24], past_key_values=cache, use_cache=True).logits
         second = model(ids[:, 24:], past_key_values=cache, use_cache=True).logits
         (first.square().mean() + second.square().mean()).backward()
