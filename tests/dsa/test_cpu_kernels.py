@@ -5,6 +5,9 @@ to the torch path when no compiler works."""
 
 from __future__ import annotations
 
+import ctypes
+import threading
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -347,6 +350,37 @@ def test_a_forked_child_gets_a_thread_pool_of_its_own():
     assert _run_on_the_kernel_pool() == 7  # the parent's pool exists
     with mp.get_context("fork").Pool(1) as pool:
         assert pool.apply_async(_run_on_the_kernel_pool).get(timeout=60) == 7
+
+
+def _writes(offset: int):
+    """A stand-in kernel: writes one byte at ``offset`` of the work buffer it is given."""
+
+    def kernel(_job: int, address: int) -> None:
+        ctypes.memset(address + offset, 0, 1)
+
+    return kernel
+
+
+def test_work_buffers_are_kept_per_thread_and_size_and_stay_guarded():
+    first = [work.address for work in cpu._scratch(2, 4096)]
+    cpu._run(_writes(4095), [(0,), (1,)], cpu._scratch(2, 4096))  # the last byte it was given: fine
+    assert [work.address for work in cpu._scratch(2, 4096)] == first  # the same buffers again
+    other = cpu._scratch(2, 1024)  # another size has buffers of its own, guarded after 1,024 bytes
+    assert not {work.address for work in other} & set(first)
+    with pytest.raises(RuntimeError, match="wrote past its work buffer"):
+        cpu._run(_writes(1024), [(0,), (1,)], other)
+    elsewhere = []  # another calling thread never gets this thread's buffers
+    thread = threading.Thread(target=lambda: elsewhere.extend(w.address for w in cpu._scratch(1, 4096)))
+    thread.start()
+    thread.join()
+    assert elsewhere[0] not in first
+    big = cpu._KEEP_BYTES
+    with pytest.raises(RuntimeError, match="wrote past its work buffer"):
+        cpu._run(_writes(big + cpu._GUARD - 1), [(0,)], cpu._scratch(1, big))
+    assert big not in cpu._kept.by_size  # large buffers are not kept
+    for size in range(1, cpu._KEEP_SIZES + 1):  # as many other sizes as are kept push 4096 out
+        cpu._scratch(1, size)
+    assert len(cpu._kept.by_size) == cpu._KEEP_SIZES and 4096 not in cpu._kept.by_size
 
 
 @pytest.mark.parametrize("split", [False, True])

@@ -82,6 +82,8 @@ class LightningIndexer(nn.Module):
         r = self.rope_head_dim
         if r == 0:
             return x
+        if r == x.shape[-1]:  # every dim rotates (HF models' default): no split and re-join
+            return apply_rotary(x, cos, sin, interleaved=False)
         return torch.cat((apply_rotary(x[..., :r], cos, sin, interleaved=False), x[..., r:]), dim=-1)
 
     def project_queries(

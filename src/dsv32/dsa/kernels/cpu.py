@@ -263,8 +263,9 @@ def _kernel_indices(topk_indices: torch.Tensor, batch_queries: tuple[int, int], 
         raise ValueError(
             f"topk_indices must be [B, T, K] with (B, T) = {batch_queries}, got {tuple(topk_indices.shape)}"
         )
-    idx = topk_indices if topk_indices.stride(-1) == 1 else topk_indices.contiguous()
-    idx = idx.to(torch.int64)
+    idx = topk_indices if topk_indices.dtype == torch.int64 else topk_indices.to(torch.int64)
+    if idx.stride(-1) != 1:
+        idx = idx.contiguous()
     if idx.numel() and int(idx.max()) >= S:
         raise IndexError(f"topk_indices selects key {int(idx.max())} but there are only {S} keys")
     return idx
@@ -462,18 +463,54 @@ _GUARD = (
 )
 _GUARD_BYTE = 0xA5
 _GUARD_PATTERN = bytes([_GUARD_BYTE]) * _GUARD
+_KEEP_BYTES = 1 << 22  # work buffers up to this size are kept for the calling thread's next calls
+_KEEP_SIZES = 8  # ... in this many sizes (the least recently used size goes first)
 
 
-def _scratch(workers: int, nbytes: int) -> list[torch.Tensor]:
-    """One work buffer per thread, from torch's allocator (so memory profiles see it), followed by
-    :data:`_GUARD` bytes of a known pattern."""
-    buffers = [torch.empty(nbytes + _GUARD, dtype=torch.uint8) for _ in range(workers)]
-    for b in buffers:
-        b[nbytes:] = _GUARD_BYTE
-    return buffers
+class _Work:
+    """A work buffer of one thread's C calls: ``nbytes`` for the kernel, then :data:`_GUARD` bytes of
+    a known pattern. The memory comes from torch's allocator (so memory profiles see it); numpy reads
+    the guard back for a fraction of what a torch op costs."""
+
+    __slots__ = ("address", "array", "nbytes", "tensor")
+
+    def __init__(self, nbytes: int) -> None:
+        self.tensor = torch.empty(nbytes + _GUARD, dtype=torch.uint8)
+        self.array, self.address, self.nbytes = self.tensor.numpy(), self.tensor.data_ptr(), nbytes
+        self.array[nbytes:] = _GUARD_BYTE
+
+    def intact(self) -> bool:
+        return self.array[self.nbytes :].tobytes() == _GUARD_PATTERN
 
 
-def _run(fn, jobs: list[tuple], scratch: list[torch.Tensor] | None = None, workers: int = 1) -> None:
+class _KeptWork(threading.local):
+    """Each calling thread's work buffers by size, reused from call to call: a decode step makes a few
+    small kernel calls per layer, where allocating and guarding fresh buffers cost about as much as
+    the kernels. Exact sizes keep the guard right after what the kernel may touch (and, under
+    AddressSanitizer, the allocator's red zone right after the guard)."""
+
+    def __init__(self) -> None:
+        self.by_size: dict[int, list[_Work]] = {}  # least recently used first
+
+
+_kept = _KeptWork()
+
+
+def _scratch(workers: int, nbytes: int) -> list[_Work]:
+    """One guarded work buffer of ``nbytes`` per thread; small ones are kept for the calling thread's
+    next calls (its pool threads use them only while it waits), larger ones are allocated afresh."""
+    if nbytes + _GUARD > _KEEP_BYTES:
+        return [_Work(nbytes) for _ in range(workers)]
+    kept = _kept.by_size
+    works = kept.pop(nbytes, [])
+    works += [_Work(nbytes) for _ in range(workers - len(works))]
+    kept[nbytes] = works
+    if len(kept) > _KEEP_SIZES:
+        del kept[next(iter(kept))]
+    return works[:workers]
+
+
+def _run(fn, jobs: list[tuple], scratch: list[_Work] | None = None, workers: int = 1) -> None:
     """Each job's C call on ``W`` threads in parallel (the calls release the GIL): thread ``i`` runs
     jobs ``i, i + W, ...``. With ``scratch`` (one work buffer per thread, ``W = len(scratch)``) the
     call is ``fn(*job, scratch[i])`` and every buffer's guard is checked afterwards; without it
@@ -482,7 +519,7 @@ def _run(fn, jobs: list[tuple], scratch: list[torch.Tensor] | None = None, worke
         workers = len(scratch)
 
     def worker(i: int, stride: int) -> None:
-        extra = () if scratch is None else (scratch[i].data_ptr(),)
+        extra = () if scratch is None else (scratch[i].address,)
         for job in jobs[i::stride]:
             fn(*job, *extra)
 
@@ -491,7 +528,7 @@ def _run(fn, jobs: list[tuple], scratch: list[torch.Tensor] | None = None, worke
         worker(0, 1)
     else:
         list(_executor(workers).map(worker, range(threads), [workers] * threads))
-    if scratch is not None and any(b[-_GUARD:].numpy().tobytes() != _GUARD_PATTERN for b in scratch):
+    if scratch is not None and not all(work.intact() for work in scratch):
         raise RuntimeError(
             f"dsv32 CPU kernel {fn.__name__} wrote past its work buffer (a bug: please report)"
         )
