@@ -98,7 +98,7 @@ def test_rl_recipes_load_and_validate(tmp_path):
         ],
     )
     assert cfg.grpo.steps == 3 and cfg.grpo.opsm_delta == 0.5 and cfg.sampling.top_p == 0.9
-    assert cfg.grpo.kl_for("general") == 0.01 and cfg.grpo.kl_for("math") == 0.0
+    assert cfg.grpo.domain_kl_coef == {"math": 0.0, "general": 0.01}
     with pytest.raises(RLConfigError, match="unknown keys"):
         load_rl_config(None, ["grpo.stepz=3"])
     with pytest.raises(RLConfigError, match="group_size"):

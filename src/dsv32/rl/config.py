@@ -109,9 +109,6 @@ class GRPOConfig(Checked, error=RLConfigError):
                 f"by mini_batches = {self.mini_batches}"
             )
 
-    def kl_for(self, domain: str) -> float:
-        return float(self.domain_kl_coef.get(domain, self.kl_coef))
-
 
 @dataclass
 class SourceConfig(Checked, error=RLConfigError):
