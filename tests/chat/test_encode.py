@@ -214,6 +214,11 @@ def assistant_calling(*names):
     }
 
 
+def tool(name, parameters=None):
+    function = {"name": name} if parameters is None else {"name": name, "parameters": parameters}
+    return {"type": "function", "function": function}
+
+
 def bad_args(arguments):
     return {
         "role": "assistant",
@@ -243,6 +248,14 @@ def bad_args(arguments):
         ([{"role": "user", "content": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}], 0,
          "`tools` belongs on a system or developer message"),
         ([{"role": "system", "content": "s", "tools": [{"name": "f"}]}], 0, "tool 0 must look like"),
+        ([{"role": "system", "content": "s", "tools": [tool("f"), tool("g"), tool("f")]}], 0,
+         "tool 2: the name 'f' is given twice"),
+        ([{"role": "system", "content": "s", "tools": [tool('say "hi"')]}], 0, "without quotes"),
+        ([{"role": "system", "content": "s", "tools": [tool("")]}], 0, "must be non-empty"),
+        ([{"role": "system", "content": "s", "tools": [tool("f", {"properties": 5})]}], 0,
+         "`parameters` must be a JSON Schema object"),
+        ([{"role": "system", "content": "s", "tools": [tool("f", "a string")]}], 0,
+         "`parameters` must be a JSON Schema object"),
         ([{"role": "user", "content": "x", "reasoning_content": "r"}], 0, "belongs on an assistant message"),
         ([USER, assistant_calling("f"), {"role": "tool", "content": "r", "tool_call_id": "nope"}], 2,
          "tool_call_id 'nope' matches no tool call"),

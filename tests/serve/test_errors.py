@@ -16,6 +16,10 @@ MODEL = "tiny-v32"
 USER = [{"role": "user", "content": "hi"}]
 
 
+def _tool(name: str, parameters: dict | None = None) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": parameters or {"type": "object"}}}
+
+
 def _error(call) -> tuple[int, dict]:
     with pytest.raises(openai.APIStatusError) as info:
         call()
@@ -65,6 +69,15 @@ def _error(call) -> tuple[int, dict]:
             "chat_template_kwargs",
         ),
         ({"messages": USER, "frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"messages": USER, "seed": 2**64}, "seed"),
+        ({"messages": USER, "max_tokens": "5"}, "max_tokens"),
+        ({"messages": USER, "max_tokens": True}, "max_tokens"),
+        ({"messages": USER, "response_format": {"type": "xml"}}, "response_format"),
+        ({"messages": USER, "response_format": {"type": "json_schema"}}, "response_format"),
+        ({"messages": USER, "tools": [_tool("f"), _tool("f")]}, None),
+        ({"messages": USER, "tools": [_tool("f", {"type": "banana", "properties": 5})]}, "tools"),
+        ({"messages": USER, "tools": [_tool('say "hi"')]}, "tools"),
+        ({"messages": USER, "tools": [_tool("a\nb")]}, "tools"),
     ],
 )
 def test_invalid_requests_are_400(v32_server, kwargs, param):
@@ -73,6 +86,41 @@ def test_invalid_requests_are_400(v32_server, kwargs, param):
     assert status == 400 and body["type"] == "invalid_request_error"
     if param:
         assert body["param"] == param, body
+
+
+def test_a_message_error_counts_the_requests_own_messages_when_tools_are_given(v32_server):
+    client = client_for(v32_server)
+    bad = {
+        "role": "assistant",
+        "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{x"}}],
+    }
+    for tools in ({}, {"tools": [_tool("f")]}):
+        status, body = _error(
+            lambda: client.chat.completions.create(model=MODEL, messages=[*USER, bad], **tools)
+        )
+        assert status == 400 and body["message"].startswith("message 1: tool call 0 (f)"), body
+
+
+def test_a_bug_in_a_handler_is_a_500_in_openai_json_and_the_server_keeps_serving(
+    v32_server, v32_served, monkeypatch
+):
+    def broken(request):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(v32_served, "chat_prompt", broken)
+    client = client_for(v32_server)
+    status, body = _error(lambda: client.chat.completions.create(model=MODEL, messages=USER))
+    assert status == 500 and body["type"] == "server_error" and "RuntimeError: a bug" in body["message"]
+    monkeypatch.undo()
+    r = client.chat.completions.create(model=MODEL, messages=V.QUESTION, temperature=0)
+    assert r.choices[0].message.content == V.CHAT_ANSWER
+
+
+def test_the_largest_seed_samples_every_choice(v32_server):
+    r = client_for(v32_server).chat.completions.create(
+        model=MODEL, messages=V.QUESTION, seed=2**63 - 1, n=2, max_tokens=3, temperature=1.0
+    )
+    assert [c.finish_reason for c in r.choices] == ["length", "length"]
 
 
 def test_context_length_exceeded(v32_server):
@@ -172,3 +220,35 @@ def test_a_prompt_that_fails_to_prefill_fails_its_request_once(v32_served, monke
     finally:
         scheduler.stop()
     assert events.empty()  # one Failed for the job's two rows, none at shutdown
+
+
+def test_a_request_that_cannot_join_fails_alone_and_the_batch_goes_on(v32_served, monkeypatch):
+    import queue
+
+    from dsv32.engine.sampling import SamplingParams
+    from dsv32.serve import scheduler as S
+
+    class PickyRow(S._Row):
+        def __init__(self, job, *args):
+            if job.seed == 13:
+                raise ValueError("no generator for this seed")
+            super().__init__(job, *args)
+
+    monkeypatch.setattr(S, "_Row", PickyRow)
+    running, refused = queue.Queue(), queue.Queue()
+    scheduler = S.Scheduler(v32_served)
+    scheduler.start()
+    try:
+        scheduler.submit(S.Job([1, 2, 3], 40, SamplingParams(temperature=1.0), running.put, seed=1))
+        assert isinstance(running.get(timeout=30), S.Chunk)  # it is in the batch
+        scheduler.submit(S.Job([4, 5], 4, SamplingParams(temperature=1.0), refused.put, seed=13))
+        assert refused.get(timeout=30) == S.Failed(
+            "generation failed: ValueError: no generator for this seed"
+        )
+        events = [running.get(timeout=30)]
+        while not isinstance(events[-1], S.Finished | S.Failed):
+            events.append(running.get(timeout=30))
+        assert isinstance(events[-1], S.Finished)  # the running request was not failed with it
+    finally:
+        scheduler.stop()
+    assert refused.empty()

@@ -86,3 +86,31 @@ def test_text_completions_and_the_other_endpoints(smol_server):
     ):
         assert f"dsv32_{name}" in metrics
     assert client.models.list().data[0].id == MODEL
+
+
+CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+
+
+def test_a_tool_round_trip_renders_with_the_models_template_and_bad_conversations_are_400(smol_server):
+    """OpenAI's tool round trip (an assistant turn with ``content: null``) reaches a template that
+    concatenates content; conversations OpenAI refuses are refused here too, whatever the format."""
+    import openai
+
+    client = client_for(smol_server)
+    round_trip = [*ASK, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                  {"role": "tool", "tool_call_id": "call_1", "content": "5"}]  # fmt: skip
+    r = client.chat.completions.create(model=MODEL, messages=round_trip, max_tokens=1, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    prompt = httpx.post(
+        smol_server.base_url.removesuffix("/v1") + "/tokenize", json={"model": MODEL, "messages": round_trip}
+    ).json()["prompt"]
+    assert "<|im_start|>tool\n5<|im_end|>" in prompt
+    for bad, says in [
+        ([{"role": "tool", "tool_call_id": "x", "content": "5"}], "message 0: tool result with no preceding"),
+        ([*round_trip[:2], {**round_trip[2], "tool_call_id": "call_9"}], "message 2: tool_call_id 'call_9'"),
+        ([*ASK, {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "add", "arguments": "{2"}}]}],
+         "message 1: tool call 0 (add): arguments are not valid JSON"),
+    ]:  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=MODEL, messages=bad, max_tokens=1)
+        assert info.value.body["message"].startswith(says), info.value.body

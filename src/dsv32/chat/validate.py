@@ -44,7 +44,7 @@ def tool_call_arguments(index: int, position: int, tool_call: Mapping[str, Any])
     if not isinstance(function, Mapping):
         raise ConversationError(index, f"tool call {position} has no `function` object (OpenAI format)")
     name = function.get("name")
-    if not isinstance(name, str) or not name or '"' in name or "\n" in name or DSML in name:
+    if not callable_name(name):
         raise ConversationError(
             index,
             f"tool call {position} needs a non-empty function name without quotes, newlines or DSML tags",
@@ -98,14 +98,38 @@ def _check_text(index: int, message: Mapping[str, Any], key: str, *, required: b
         )
 
 
+def callable_name(name: Any) -> bool:
+    """Whether ``name`` can stand in a V3.2 tool call: a non-empty string without quotes, newlines or
+    DSML tags (the call's ``name="..."`` attribute must parse back)."""
+    return isinstance(name, str) and bool(name) and '"' not in name and "\n" not in name and DSML not in name
+
+
 def _check_tools(index: int, tools: Any) -> None:
     if not isinstance(tools, Sequence) or isinstance(tools, str):
         raise ConversationError(index, "`tools` must be a list of OpenAI function tools")
+    names: set[str] = set()
     for position, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, Mapping) else None
         if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
             raise ConversationError(
                 index, f"tool {position} must look like {{'type': 'function', 'function': {{'name': ...}}}}"
+            )
+        name = function["name"]
+        if not callable_name(name):
+            raise ConversationError(
+                index,
+                f"tool {position}: name {name!r} must be non-empty, without quotes, newlines or DSML tags",
+            )
+        if name in names:
+            raise ConversationError(index, f"tool {position}: the name {name!r} is given twice")
+        names.add(name)
+        parameters = function.get("parameters")
+        if parameters is not None and (
+            not isinstance(parameters, Mapping) or not isinstance(parameters.get("properties", {}), Mapping)
+        ):
+            raise ConversationError(
+                index,
+                f"tool {position} ({name}): `parameters` must be a JSON Schema object with a properties object",
             )
         try:
             to_json(dict(function))

@@ -9,12 +9,14 @@
   ``count``, ``max_model_len`` and the prompt text itself.
 
 Every refusal is OpenAI's error JSON (:mod:`dsv32.serve.errors`): request validation errors are 400
-(not FastAPI's 422), a wrong API key 401, an unknown model 404, a full queue 503.
+(not FastAPI's 422), a wrong API key 401, an unknown model 404, a full queue 503, and anything
+unforeseen 500 (logged with its traceback).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -33,9 +35,11 @@ from dsv32.serve.runtime import ServedModel
 from dsv32.serve.scheduler import Chunk, Finished, Scheduler
 from dsv32.serve.stream import PlainStream, V32Stream
 
+logger = logging.getLogger(__name__)
+
 
 class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     model: str
     messages: list[Message] | None = Field(None, min_length=1)
     prompt: str | None = None
@@ -52,6 +56,11 @@ def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
     problems, param = [], None
     for e in err.errors():
         loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+        if e.get("type") == "json_invalid":  # its location is a character offset, not a field
+            problems.append(
+                f"the body is not valid JSON (at character {'.'.join(loc) or '?'}: {e.get('msg')})"
+            )
+            continue
         param = param or (loc[0] if loc else None)
         problems.append(f"{'.'.join(loc) or 'body'}: {e.get('msg')}")
     return "invalid request: " + "; ".join(problems), param
@@ -85,7 +94,14 @@ def create_app(
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next):
-        response = await call_next(request)
+        try:
+            response = await call_next(request)
+        except Exception as err:  # a bug: the client still gets OpenAI's error JSON, the log the traceback
+            logger.error("%s %s failed", request.method, request.url.path, exc_info=err)
+            message = f"internal server error: {type(err).__name__}: {err}"
+            response = JSONResponse(
+                ServeError(message, status=500, type="server_error").body(), status_code=500
+            )
         metrics.count("requests_total", endpoint=request.url.path, status=str(response.status_code))
         return response
 

@@ -16,7 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """No unknown fields, and JSON's types as they are: ``"5"`` or ``true`` is not an integer."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class FunctionCall(_Strict):
@@ -35,11 +37,9 @@ class TextPart(_Strict):
     text: str
 
 
-class Message(BaseModel):
+class Message(_Strict):
     """One chat message. ``role`` is checked against the conversation format when the prompt is built
     (an unknown role is a 400 naming the message)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     role: str
     content: str | list[TextPart] | None = None
@@ -76,6 +76,20 @@ class FunctionDef(_Strict):
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A JSON Schema of an object, as OpenAI requires of a function's parameters."""
+        if value is None:
+            return value
+        if value.get("type", "object") != "object":
+            raise ValueError(f"parameters must be a JSON Schema of type 'object', got type {value['type']!r}")
+        if not isinstance(value.get("properties", {}), dict):
+            raise ValueError("parameters.properties must be an object mapping names to schemas")
+        if not isinstance(value.get("required", []), list):
+            raise ValueError("parameters.required must be a list of property names")
+        return value
+
 
 class Tool(_Strict):
     type: Literal["function"]
@@ -91,6 +105,20 @@ class NamedToolChoice(_Strict):
     function: NamedFunction
 
 
+class ResponseFormat(_Strict):
+    """OpenAI's ``response_format``: plain ``text`` (the default), a ``json_object``, or a
+    ``json_schema`` (``{"name", "schema", ...}``)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _schema(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("response_format takes json_schema exactly when its type is 'json_schema'")
+        return self
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
 
@@ -104,7 +132,7 @@ class SamplingFields(_Strict):
     top_k: int = Field(0, ge=-1)
     n: int = Field(1, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)  # a signed 64-bit integer, as vLLM takes it
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -139,7 +167,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
@@ -148,6 +176,10 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("top_logprobs needs logprobs=true")
         if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
             raise ValueError("tool_choice needs tools")
+        names = [t.function.name for t in self.tools or []]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"tool names must be unique; given more than once: {twice}")
         if isinstance(self.tool_choice, NamedToolChoice):
             names = [t.function.name for t in self.tools]
             if self.tool_choice.function.name not in names:
@@ -155,6 +187,13 @@ class ChatCompletionRequest(SamplingFields):
                     f"tool_choice names {self.tool_choice.function.name!r}, which is not among the tools {names}"
                 )
         return self
+
+    @property
+    def output_format(self) -> dict[str, Any] | None:
+        """The ``response_format`` the prompt states (None for plain text, OpenAI's default)."""
+        if self.response_format is None or self.response_format.type == "text":
+            return None
+        return self.response_format.model_dump(exclude_none=True)
 
     @property
     def token_limit(self) -> int | None:

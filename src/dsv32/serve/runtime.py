@@ -19,8 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import jinja2
+
 from dsv32.chat import ConversationError, attach_tools, encode_messages, missing_special_tokens
 from dsv32.chat import protocol as P
+from dsv32.chat.validate import check_conversation
 from dsv32.engine.models import ByteTokenizer, LoadedModel, ModelLoadError, load_model
 from dsv32.serve.errors import invalid
 from dsv32.serve.protocol import ChatCompletionRequest, NamedToolChoice
@@ -101,10 +104,13 @@ class ServedModel:
                 opening += choice.function.name + '">\n'
             forced = Forced(opening, P.THINK_END if mode == "thinking" else "")
         try:
-            conversation = attach_tools(messages, tools, req.response_format)
-            text = encode_messages(conversation, thinking_mode=mode)
+            conversation = attach_tools(messages, tools, req.output_format)
         except ConversationError as err:
             raise invalid(str(err), "messages") from err
+        try:
+            text = encode_messages(conversation, thinking_mode=mode)
+        except ConversationError as err:
+            raise invalid(*_request_position(err, len(conversation) - len(messages))) from err
         return ChatPrompt(text, self.encode(text), mode, forced)
 
     def _template_prompt(
@@ -121,13 +127,17 @@ class ServedModel:
                 "are not parsed)",
                 "tool_choice",
             )
-        if req.response_format is not None:
+        if req.output_format is not None:
             raise invalid("response_format needs a V3.2-format model", "response_format")
+        try:  # OpenAI's rules for any format: roles, content, tool calls and the results that answer them
+            check_conversation(messages, "chat")
+        except ConversationError as err:
+            raise invalid(str(err), "messages") from err
         for index, m in enumerate(messages):
-            if m["role"] not in ("system", "developer", "user", "assistant", "tool"):
-                raise invalid(f"message {index}: unknown role {m['role']!r}", "messages")
-            if m["role"] in ("user", "system", "developer") and not isinstance(m.get("content"), str):
-                raise invalid(f"message {index}: a {m['role']} message needs string content", "messages")
+            if m["role"] == "system" and not isinstance(m.get("content"), str):
+                raise invalid(f"message {index}: a system message needs string content", "messages")
+            if m["role"] == "assistant" and m["content"] is None:
+                m["content"] = ""  # a tool-calling turn without text: templates concatenate content
         kwargs = dict(req.chat_template_kwargs or {})
         if tools and req.tool_choice != "none":
             kwargs["tools"] = tools
@@ -135,9 +145,20 @@ class ServedModel:
             text = self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=False, **kwargs
             )
-        except (ValueError, TypeError, KeyError) as err:
+        except (ValueError, TypeError, KeyError, jinja2.TemplateError) as err:
             raise invalid(f"the chat template cannot render these messages: {err}", "messages") from err
         return ChatPrompt(text, self.encode(text), "chat")
+
+
+def _request_position(err: ConversationError, inserted: int) -> tuple[str, str]:
+    """``err``'s message and param, its position counted in the request's messages: ``inserted`` is how
+    many messages :func:`~dsv32.chat.attach_tools` put in front of them (the system message carrying
+    the tools, when the request had none)."""
+    if not inserted or err.index is None:
+        return str(err), "messages"
+    if err.index < inserted:
+        return f"tools: {err.problem}", "tools"
+    return str(ConversationError(err.index - inserted, err.problem)), "messages"
 
 
 def speaks_v32(tokenizer) -> bool:

@@ -88,7 +88,9 @@ class _Row:
         self.text = IncrementalText(tokenizer, skip_special_tokens=job.skip_special_tokens, stops=job.stops)
         self.generator = None
         if not job.params.greedy:
-            seed = job.seed + index if job.seed is not None else random.SystemRandom().randrange(2**62)
+            seed = (
+                (job.seed + index) % 2**64 if job.seed is not None else random.SystemRandom().randrange(2**62)
+            )
             self.generator = torch.Generator(device=device).manual_seed(seed)
         self.forced_ids = forced_ids
         self.queue: list[int] = []  # forced tokens still to emit
@@ -172,11 +174,17 @@ class Scheduler:
             if job.cancelled:
                 continue
             self.metrics.observe("queue_time_seconds", time.monotonic() - job.submitted)
-            forced_ids = self.served.encode(job.forced.text) if job.forced else []
+            try:  # what only this job needs (its forced text, its generators) fails only this job
+                forced_ids = self.served.encode(job.forced.text) if job.forced else []
+                rows = [
+                    _Row(job, i, self.served.tokenizer, forced_ids, self.batch.device) for i in range(job.n)
+                ]
+            except Exception as err:
+                logger.exception("a request could not join the batch")
+                _fail([job], f"generation failed: {type(err).__name__}: {err}")
+                continue
             # the rows join before the prefill, so that a failing one fails this job with the batch
-            self.rows += [
-                _Row(job, i, self.served.tokenizer, forced_ids, self.batch.device) for i in range(job.n)
-            ]
+            self.rows += rows
             self.batch.add(job.prompt_ids, job.n, job.max_tokens)
 
     def _step(self) -> None:
