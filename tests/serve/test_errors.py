@@ -96,7 +96,7 @@ def test_a_message_error_counts_the_requests_own_messages_when_tools_are_given(v
     }
     for tools in ({}, {"tools": [_tool("f")]}):
         status, body = _error(
-            lambda: client.chat.completions.create(model=MODEL, messages=[*USER, bad], **tools)
+            lambda tools=tools: client.chat.completions.create(model=MODEL, messages=[*USER, bad], **tools)
         )
         assert status == 400 and body["message"].startswith("message 1: tool call 0 (f)"), body
 
