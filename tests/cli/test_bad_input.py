@@ -29,6 +29,10 @@ def _files(tmp) -> dict[str, str]:
     (tmp / "many.toml").write_text('[grpo]\nsteps = "many"\n')
     (tmp / "jsonl.toml").write_text('[[sources]]\nkind = "jsonl"\npath = "/no/tasks.jsonl"\n')
     (tmp / "text.txt").write_text("def f():\n    return 1\n" * 50)
+    from dsv32.model import ModelConfig
+
+    (tmp / "weights-only").mkdir()  # a checkpoint's config without a tokenizer beside it
+    (tmp / "weights-only" / "config.json").write_text(json.dumps(ModelConfig().to_hf_dict()))
     return {"tmp": str(tmp), "out": str(tmp / "out"), "missing": str(tmp / "missing.json")}
 
 
@@ -41,6 +45,7 @@ CASES = [
     (["generate", "{missing}", "--prompt", "hi"], "no model config at"),
     (["generate", "{tmp}", "--prompt-ids", "1", "--top-p", "2"], "argument --top-p: '2' is not a number in (0, 1]"),
     (["generate", "{tmp}"], "one of the arguments --prompt --prompt-ids is required"),
+    (["generate", "{tmp}/weights-only", "--prompt", "hello"], "holds no tokenizer for --prompt"),
     (["chat", "encode", "{missing}"], "no such file or directory"),
     (["chat", "encode", "{tmp}/broken.json"], "malformed JSON"),
     (["chat", "encode", "{tmp}/robot.json"], "message 0: unknown role 'robot'"),

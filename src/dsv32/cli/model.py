@@ -53,14 +53,24 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         import torch
 
         from dsv32.engine import generate
-        from dsv32.model import DeepseekV32
+        from dsv32.model import DeepseekV32, ModelConfig
 
-        model = DeepseekV32.from_pretrained(args.checkpoint, dtype=getattr(torch, args.dtype))
+        ModelConfig.from_pretrained(args.checkpoint)  # a checkpoint that is not one fails first, then
         tokenizer = None
-        if args.prompt is not None:
+        if args.prompt is not None:  # a missing tokenizer, both before the weights load
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
+            from dsv32.errors import DSV32Error
+
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
+            except (OSError, ValueError) as err:
+                raise DSV32Error(
+                    f"{args.checkpoint} holds no tokenizer for --prompt ({str(err).splitlines()[0]}); "
+                    "save one beside the weights, or give --prompt-ids"
+                ) from None
+        model = DeepseekV32.from_pretrained(args.checkpoint, dtype=getattr(torch, args.dtype))
+        if tokenizer is not None:
             ids = tokenizer(args.prompt, add_special_tokens=True)["input_ids"]
         else:
             ids = _token_ids(args.prompt_ids, model.config.vocab_size)

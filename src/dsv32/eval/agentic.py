@@ -65,6 +65,8 @@ class EnvBenchmark(Benchmark):
 
 
 class Agentic(EnvBenchmark):
+    reads_data = True  # a task JSONL instead of the environment's task set
+
     def __init__(self, env_name: str) -> None:
         super().__init__()
         from dsv32.envs.base import get_env

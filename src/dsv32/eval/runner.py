@@ -69,6 +69,10 @@ def prepare(settings: RunSettings) -> tuple[Benchmark, list[Problem], dict | Non
     bench = registry.get(settings.benchmark)
     if settings.data is not None and not Path(settings.data).is_file():
         raise EvalError(f"--data {settings.data}: no such file")
+    if settings.data is not None and not (bench.needs_data or bench.reads_data):
+        raise EvalError(f"{bench.name} takes no --data: its problems come from {bench.source}")
+    if settings.subset and not bench.subsets():
+        raise EvalError(f"{bench.name} has no subsets to pick with --subset")
     paper = paper_number(settings.paper, bench.name, settings.thinking) if settings.paper else None
     problems = bench.problems(settings.subset or None, settings.data)
     if settings.limit is not None:

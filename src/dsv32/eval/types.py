@@ -73,14 +73,17 @@ class RunOptions:
 
 class Benchmark(ABC):
     """A benchmark: ``name``, ``description``, ``kind`` ("single" or "episode"), ``subsets`` it can
-    be restricted to (``--subset``), ``needs_data`` (bring-your-own benchmarks read ``--data``) and
-    ``source`` (where its data comes from, for ``dsv32 eval list`` and the report)."""
+    be restricted to (``--subset``), ``needs_data`` (bring-your-own benchmarks read ``--data``),
+    ``reads_data`` (``--data`` may replace its shipped problems) and ``source`` (where its data comes
+    from, for ``dsv32 eval list`` and the report). A run refuses ``--subset`` or ``--data`` where
+    they would be ignored."""
 
     name: str = ""
     description: str = ""
     kind: str = "single"
     source: str = ""
     needs_data: bool = False
+    reads_data: bool = False
     #: what the mean score is called: "pass@1" (sampled programs, episodes) or "accuracy" (exact answers)
     metric: str = "pass@1"
     #: the installed packages its data and scorers come from (their versions go to results.json)
