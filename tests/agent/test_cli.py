@@ -67,3 +67,16 @@ def test_reference_backend_replays_an_environment(tmp_path, capsys):
     assert code == 0
     assert "stop: answer, steps: 2, tokens:" in capsys.readouterr().out
     assert json.loads((out / "trajectory.json").read_text())["final"] == "3"
+
+
+def test_a_tool_module_in_the_current_directory_is_found(tmp_path, monkeypatch):
+    import sys
+
+    from dsv32.cli.agent import _load_tools
+
+    (tmp_path / "my_local_tools.py").write_text("def triple(x: int) -> int:\n    return 3 * x\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "my_local_tools", raising=False)
+    (triple,) = _load_tools(["my_local_tools:triple"])
+    assert triple(4) == 12

@@ -45,6 +45,7 @@ CASES = [
     (["generate", "{missing}", "--prompt", "hi"], "no model config at"),
     (["generate", "{tmp}", "--prompt-ids", "1", "--top-p", "2"], "argument --top-p: '2' is not a number in (0, 1]"),
     (["generate", "{tmp}"], "one of the arguments --prompt --prompt-ids is required"),
+    (["chat"], "dsv32 chat: the following arguments are required: COMMAND (see 'dsv32 chat --help')"),
     (["generate", "{tmp}/weights-only", "--prompt", "hello"], "holds no tokenizer for --prompt"),
     (["chat", "encode", "{missing}"], "no such file or directory"),
     (["chat", "encode", "{tmp}/broken.json"], "malformed JSON"),

@@ -42,3 +42,11 @@ def test_dsv32_serve_a_native_checkpoint(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    assert f"dsv32 serve: tiny (V3.2 format) on http://127.0.0.1:{port}/v1" in proc.stdout.read()
+
+
+def test_the_start_up_line_says_how_chat_requests_become_prompts(v32_served):
+    from dsv32.serve import load_served
+
+    assert v32_served.prompt_format == "V3.2 format"
+    assert load_served("tiny-native", device="cpu").prompt_format == "no chat template: text completions only"

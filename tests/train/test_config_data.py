@@ -65,13 +65,19 @@ def test_overrides_defaults_and_errors(tmp_path):
     assert out == tmp_path
 
 
-def test_sparse_and_eval_pick_up_the_previous_stage(tmp_path):
+def test_sparse_and_eval_pick_up_the_previous_stage(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="dsv32.train.pipeline"):
+        cfg, _ = config_from_cli("sparse", {"set": [f"out_dir={json.dumps(str(tmp_path))}"]})
+    assert "no warmup/model under" in caplog.text and "untrained indexers" in caplog.text
+    assert cfg.model.name == "smollm2"
+    caplog.clear()
     (tmp_path / "warmup" / "model").mkdir(parents=True)
     cfg, _ = config_from_cli("sparse", {"set": [f"out_dir={json.dumps(str(tmp_path))}"]})
     assert cfg.model.name == str(tmp_path / "warmup" / "model")
     (tmp_path / "sparse" / "model").mkdir(parents=True)
     cfg, _ = config_from_cli("eval", {"set": [f"out_dir={json.dumps(str(tmp_path))}"]})
     assert cfg.model.name == str(tmp_path / "sparse" / "model")
+    assert "untrained" not in caplog.text
 
 
 def test_documents_split_by_name_and_pack(tmp_path):

@@ -47,7 +47,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dsv32", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show the traceback of any error")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
     for name in GROUPS:
         importlib.import_module(f"dsv32.cli.{name}").add(sub)
     return parser

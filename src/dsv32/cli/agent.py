@@ -68,10 +68,16 @@ class Printer:
 
 
 def _load_tools(specs: list[str]) -> list:
+    """``module:function`` specs → the functions; modules are found on ``sys.path`` and, as with
+    ``python -m``, in the current directory."""
     import importlib
+    import os
+    import sys
 
     from dsv32.agent import AgentError
 
+    if specs and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     tools = []
     for spec in specs:
         module, _, name = spec.partition(":")
@@ -118,7 +124,7 @@ def _env_task(args: argparse.Namespace):
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("agent", help="run an agent that thinks with tools (OpenAI-compatible or local model)")
-    asub = p.add_subparsers(dest="agent_cmd", required=True)
+    asub = p.add_subparsers(dest="agent_cmd", metavar="COMMAND", required=True)
     q = asub.add_parser(
         "run", help="one episode: stream reasoning, tool calls and results; write the trajectory"
     )

@@ -10,7 +10,7 @@ from dsv32.cli import command
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("chat", help="the V3.2 conversation protocol: encode, parse, chat template")
-    csub = p.add_subparsers(dest="chat_cmd", required=True)
+    csub = p.add_subparsers(dest="chat_cmd", metavar="COMMAND", required=True)
     enc = csub.add_parser("encode", help="print the V3.2 prompt of a conversation JSON file")
     enc.add_argument("file", help='a JSON list of messages, or {"messages": [...], "tools": [...]}')
     enc.add_argument("--mode", choices=["thinking", "chat"], default="thinking")

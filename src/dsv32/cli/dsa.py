@@ -18,7 +18,7 @@ def recipe_args(p: argparse.ArgumentParser) -> None:
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("dsa", help="train DeepSeek Sparse Attention into a model (warm-up, sparse, eval)")
-    dsub = p.add_subparsers(dest="dsa_cmd", required=True)
+    dsub = p.add_subparsers(dest="dsa_cmd", metavar="COMMAND", required=True)
     helps = {
         "warmup": "dense warm-up: train only the indexers on Eq. 3 (paper lr 1e-3)",
         "sparse": "sparse stage: top-k attention, model on the LM loss, indexers on Eq. 4 (lr 7.3e-6)",

@@ -188,7 +188,7 @@ def _build_swe(args: argparse.Namespace) -> int:
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("envs", help="verifiable environments: list, show, run an agent on their tasks")
-    esub = p.add_subparsers(dest="envs_cmd", required=True)
+    esub = p.add_subparsers(dest="envs_cmd", metavar="COMMAND", required=True)
     command(esub.add_parser("list", help="the registered environments and their task sets"), _list)
     show = esub.add_parser("show", help="an environment's tools, task sets, sandbox and an example task")
     show.add_argument("name")

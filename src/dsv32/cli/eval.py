@@ -104,7 +104,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "eval", help="benchmarks under the paper's protocol: HumanEval, BFCL, reasoning-gym, agents"
     )
-    esub = p.add_subparsers(dest="eval_cmd", required=True)
+    esub = p.add_subparsers(dest="eval_cmd", metavar="COMMAND", required=True)
 
     q = esub.add_parser("list", help="the benchmarks, their subsets, and the paper's numbers for --paper")
     q.add_argument("--json", action="store_true", help="print JSON")

@@ -9,7 +9,7 @@ from dsv32.cli import command, non_negative_float, non_negative_int, positive_in
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("model", help="inspect model configs and checkpoints")
-    msub = p.add_subparsers(dest="model_cmd", required=True)
+    msub = p.add_subparsers(dest="model_cmd", metavar="COMMAND", required=True)
     info = msub.add_parser("info", help="total and per-token-active parameter counts (meta device)")
     info.add_argument("config", help="config.json (HF or reference inference format) or a checkpoint dir")
 

@@ -298,7 +298,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         "posttrain",
         help="V3.2 post-training: cold-start data, specialist distillation, agentic GRPO, the proof",
     )
-    psub = p.add_subparsers(dest="posttrain_cmd", required=True)
+    psub = p.add_subparsers(dest="posttrain_cmd", metavar="COMMAND", required=True)
     add_cold_start(psub)
     add_distill(psub)
     add_rl(psub)

@@ -11,7 +11,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "rl", help="GRPO post-training as in V3.2 (unbiased KL, OPSM, Keep Routing/Sampling Mask)"
     )
-    rsub = p.add_subparsers(dest="rl_cmd", required=True)
+    rsub = p.add_subparsers(dest="rl_cmd", metavar="COMMAND", required=True)
     helps = {
         "train": "rollouts → rewards → group advantages → mini-batch updates; metrics, plots, checkpoints",
         "eval": "greedy held-out accuracy of a policy on the recipe's eval problems",

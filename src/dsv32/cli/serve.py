@@ -50,8 +50,7 @@ def add(sub: argparse._SubParsersAction) -> None:
             served.name = args.served_model_name
         app = create_app(served, max_batch=args.max_batch, max_queue=args.max_queue, api_key=args.api_key)
         print(
-            f"dsv32 serve: {served.name} ({'V3.2 format' if served.v32 else 'chat template'}) "
-            f"on http://{args.host}:{args.port}/v1",
+            f"dsv32 serve: {served.name} ({served.prompt_format}) on http://{args.host}:{args.port}/v1",
             flush=True,
         )
         serve_forever(app, args.host, args.port)

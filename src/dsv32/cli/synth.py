@@ -76,7 +76,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "synth", help="synthesize agentic tasks (general environments, search QA) and filter by pass@k"
     )
-    ssub = p.add_subparsers(dest="synth_cmd", required=True)
+    ssub = p.add_subparsers(dest="synth_cmd", metavar="COMMAND", required=True)
 
     g = ssub.add_parser(
         "general", help="general-agent environments: db, tools, task, solution, verifier; escalation"

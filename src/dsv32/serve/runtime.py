@@ -75,6 +75,15 @@ class ServedModel:
                 ids.update(source if isinstance(source, list | tuple) else [source])
         return sorted(int(i) for i in ids)
 
+    @property
+    def prompt_format(self) -> str:
+        """How chat requests become prompts, in words (the server's start-up line)."""
+        if self.v32:
+            return "V3.2 format"
+        if getattr(self.tokenizer, "chat_template", None):
+            return "its chat template"
+        return "no chat template: text completions only"
+
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 

@@ -260,6 +260,13 @@ def config_from_cli(command: str, args: dict) -> tuple[RunConfig, Path | None]:
                 logger.info("dsv32 dsa %s: using %s (pass --model to choose)", command, candidate)
                 cfg.model.name = str(candidate)
                 break
+        else:
+            if previous:
+                logger.warning(
+                    "dsv32 dsa %s: no %s under %s, so this starts from %s with untrained indexers "
+                    "(run `dsv32 dsa warmup` first, or pass --model)",
+                    command, " or ".join(f"{name}/model" for name in previous), root, cfg.model.name,
+                )  # fmt: skip
     out = Path(args["out"]) if args.get("out") else None
     if command == "demo" and out is not None:
         cfg.out_dir = str(out)
