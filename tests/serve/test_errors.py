@@ -141,9 +141,9 @@ def test_unknown_model_is_404(v32_server):
 
 def test_malformed_bodies_are_400_and_the_server_keeps_serving(v32_server):
     url = v32_server.base_url + "/chat/completions"
-    assert (
-        httpx.post(url, content=b"{not json", headers={"content-type": "application/json"}).status_code == 400
-    )
+    broken = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})
+    assert broken.status_code == 400 and broken.json()["error"]["param"] is None
+    assert "the body is not valid JSON (at character 1" in broken.json()["error"]["message"]
     assert httpx.post(url, json={"model": MODEL, "messages": "hi"}).status_code == 400
     assert httpx.post(url, json={"model": MODEL, "messages": USER, "bogus": 1}).status_code == 400
     assert httpx.get(v32_server.base_url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
