@@ -19,8 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import jinja2
-
 from dsv32.chat import ConversationError, attach_tools, encode_messages, missing_special_tokens
 from dsv32.chat import protocol as P
 from dsv32.chat.validate import check_conversation
@@ -147,6 +145,8 @@ class ServedModel:
                 raise invalid(f"message {index}: a system message needs string content", "messages")
             if m["role"] == "assistant" and m["content"] is None:
                 m["content"] = ""  # a tool-calling turn without text: templates concatenate content
+        import jinja2  # what transformers renders chat templates with
+
         kwargs = dict(req.chat_template_kwargs or {})
         if tools and req.tool_choice != "none":
             kwargs["tools"] = tools
