@@ -55,9 +55,10 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         from dsv32.engine import generate
         from dsv32.model import DeepseekV32, ModelConfig
 
-        ModelConfig.from_pretrained(args.checkpoint)  # a checkpoint that is not one fails first, then
+        # The cheap checks before the weights load: the checkpoint's config, then the tokenizer.
+        ModelConfig.from_pretrained(args.checkpoint)
         tokenizer = None
-        if args.prompt is not None:  # a missing tokenizer, both before the weights load
+        if args.prompt is not None:
             from transformers import AutoTokenizer
 
             from dsv32.errors import DSV32Error
