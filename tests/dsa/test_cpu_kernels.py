@@ -159,6 +159,50 @@ def test_a_selection_past_the_keys_is_an_index_error_not_a_wild_read():
             sparse_mla_attention(q.repeat(1, 1, 1, 2), kv, bad, 0.25, 16)
 
 
+def test_inputs_that_disagree_are_a_value_error_not_a_wild_read():
+    """Every shape the kernels index by is checked first, on the kernel path and the torch path."""
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 4, 4, 32, generator=g)
+    idx = torch.tensor([[[0, 1], [1, 2], [2, 3], [3, 0]]] * 2)
+    kv = torch.randn(2, 4, 32, generator=g)
+    k, v = torch.randn(2, 4, 2, 32, generator=g), torch.randn(2, 4, 2, 32, generator=g)
+    mla = [
+        (dict(kv=kv[:1]), "disagree on the batch"),  # one key row for two query rows
+        (dict(kv=kv[..., :24], k_rope=torch.randn(2, 1, 8, generator=g)), "k_rope"),  # rope keys too short
+        (dict(q_rope=torch.randn(2, 4, 4, 8, generator=g), q=q[..., :24], kv=kv[..., :24],
+              k_rope=kv[:, :3, 24:]), "k_rope"),
+        (dict(v_dim=40), "v_dim=40"),
+        (dict(kv=kv.bfloat16()), "one dtype"),
+    ]  # fmt: skip
+    for chunk in (None, 2):  # the C kernel and the torch path
+        for change, says in mla:
+            args = dict(q=q, kv=kv, topk_indices=idx, scale=0.2, v_dim=32, chunk_size=chunk) | change
+            with torch.no_grad(), pytest.raises(ValueError, match=says):
+                sparse_mla_attention(**args)
+        for kk, vv in ((k, v[:, :1]), (k[:1], v[:1]), (k[..., :16], v)):  # v rows, batch, head dim
+            with torch.no_grad(), pytest.raises(ValueError, match="disagree"):
+                sparse_attention(q, kk, vv, idx, 0.2, chunk_size=chunk)
+    qi, w, ki = (
+        torch.randn(2, 1, 4, 16, generator=g),
+        torch.randn(2, 1, 4, generator=g),
+        torch.randn(2, 9, 16),
+    )
+    for mask in (torch.tensor([[True], [False]]), torch.ones(2, 5, dtype=torch.bool)):  # not one per key
+        for chunk in (None, 4):
+            with pytest.raises(ValueError, match="key_padding_mask"):
+                indexer_topk(qi, w, ki, 4, key_padding_mask=mask, chunk_size=chunk)
+    one_row = torch.ones(1, 9, dtype=torch.bool)
+    one_row[0, 3] = False  # [1, S] applies to every batch row, on both paths
+    got = indexer_topk(qi, w, ki, 4, key_padding_mask=one_row)
+    assert not (got == 3).any() and torch.equal(
+        got.sort(-1).values,
+        indexer_topk(qi, w, ki, 4, key_padding_mask=one_row, chunk_size=4).sort(-1).values,
+    )
+    for topk in (-1, 2.5):
+        with pytest.raises(ValueError, match="topk must be an integer"):
+            indexer_topk(qi, w, ki, topk)
+
+
 def test_sparse_gqa_kernel_reads_bf16_and_rounds_the_fp32_result_once(monkeypatch):
     g = torch.Generator().manual_seed(9)
     B, T, S, H, Hkv, K = 2, 20, 70, 8, 2, 24

@@ -219,3 +219,12 @@ def test_oracle_topk_is_the_head_summed_attention_top_k_and_reaches_the_oracle_r
         rec = attention_recall(q, k, got, scale=0.5, key_padding_mask=pad)
         if rec.queries:
             assert rec.mean_recall == pytest.approx(rec.mean_oracle, rel=1e-9)
+
+
+def test_attention_recall_refuses_a_selection_past_the_keys_or_of_another_shape():
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, 6, 2, 8, generator=g), torch.randn(2, 6, 2, 8, generator=g)
+    with pytest.raises(IndexError, match="selects key 99 but there are only 6 keys"):
+        attention_recall(q, k, {"indexer": torch.full((2, 6, 4), 99)}, scale=0.3)
+    with pytest.raises(ValueError, match="must be topk_indices"):
+        attention_recall(q, k, torch.zeros(1, 6, 4, dtype=torch.long), scale=0.3)

@@ -275,8 +275,18 @@ def sparse_attention(
     (:func:`~dsv32.dsa.kernels.cpu.sparse_gqa_attention_cpu`: the same result up to fp32 rounding;
     bf16 inputs get an fp32 softmax and one rounding of the output).
     """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            f"expected q [B, T, H, D], k [B, S, H_kv, D], v [B, S, H_kv, D_v]; got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
     B, T, H, D = q.shape
     Hkv = k.shape[2]
+    if k.shape[:3] != v.shape[:3] or k.shape[0] != B or k.shape[-1] != D:
+        raise ValueError(
+            f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} disagree: k and v need the same "
+            "[B, S, H_kv], and k the batch and head dim of q"
+        )
     if H % Hkv:
         raise ValueError(f"{H} query heads are not a multiple of {Hkv} KV heads")
     G, Dv, K = H // Hkv, v.shape[-1], topk_indices.shape[-1]
@@ -352,6 +362,30 @@ def sparse_mla_attention_reference(
     return torch.einsum("bhts,bsc->bthc", probs, kv[..., :v_dim].float()).to(q.dtype)
 
 
+def _check_mla_inputs(q, kv, topk_indices, v_dim, k_rope=None, q_rope=None) -> None:
+    """The shapes :func:`sparse_mla_attention` needs, as a ``ValueError`` naming the mismatch."""
+    if q.dim() != 4 or kv.dim() != 3 or topk_indices.dim() != 3:
+        raise ValueError(
+            f"expected q [B, T, H, C], kv [B, S, C] and topk_indices [B, T, K]; got {tuple(q.shape)}, "
+            f"{tuple(kv.shape)} and {tuple(topk_indices.shape)}"
+        )
+    B, T = q.shape[:2]
+    if kv.shape[0] != B or tuple(topk_indices.shape[:2]) != (B, T):
+        raise ValueError(
+            f"q {tuple(q.shape)}, kv {tuple(kv.shape)} and topk_indices {tuple(topk_indices.shape)} "
+            "disagree on the batch (B) or the queries (T)"
+        )
+    if k_rope is not None and (k_rope.dim() != 3 or k_rope.shape[:2] != kv.shape[:2]):
+        raise ValueError(f"k_rope {tuple(k_rope.shape)} must be [B, S, R] beside kv {tuple(kv.shape)}")
+    if q_rope is not None and (q_rope.dim() != 4 or q_rope.shape[:3] != q.shape[:3]):
+        raise ValueError(f"q_rope {tuple(q_rope.shape)} must be [B, T, H, R] beside q {tuple(q.shape)}")
+    if not 0 < v_dim <= kv.shape[-1]:
+        raise ValueError(f"v_dim={v_dim} must be in 1 .. {kv.shape[-1]} (the latent's width)")
+    dtypes = {t.dtype for t in (q, kv, k_rope, q_rope) if t is not None}
+    if len(dtypes) > 1:
+        raise ValueError(f"q, kv (and k_rope, q_rope) must share one dtype, got {sorted(map(str, dtypes))}")
+
+
 def sparse_mla_attention(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -381,6 +415,7 @@ def sparse_mla_attention(
     fp32 or bf16 without autograd (and without ``chunk_size``, which tunes the torch path) a fused C
     kernel (:mod:`dsv32.dsa.kernels.cpu`), whose output is a heads-major view.
     """
+    _check_mla_inputs(q, kv, topk_indices, v_dim, k_rope, q_rope)
     grad = _needs_grad(q, kv, k_rope, q_rope)
     if (
         chunk_size is None  # chunk_size tunes the torch path

@@ -17,6 +17,7 @@ model: callers pass detached inputs (paper §2.1.1, "we detach the indexer input
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -236,6 +237,22 @@ def indexer_topk(
         raise ValueError(f"k_index {tuple(k_index.shape)} does not match q {tuple(q.shape)}")
     if S < T:
         raise ValueError(f"{T} queries but only {S} keys: queries are aligned to the end of the keys")
+    try:
+        count = operator.index(topk)  # ints, numpy and 0-d torch integers; not 2.5
+    except TypeError:
+        count = -1
+    if count < 0:
+        raise ValueError(f"topk must be an integer >= 0, got {topk!r}")
+    topk = count
+    if key_padding_mask is not None and (
+        key_padding_mask.dim() != 2
+        or key_padding_mask.shape[1] != S
+        or key_padding_mask.shape[0] not in (1, B)
+    ):
+        raise ValueError(
+            f"key_padding_mask {tuple(key_padding_mask.shape)} must be [B, S] = {(B, S)}, one entry per key "
+            "(at a decode step: the whole cache's, not the new token's)"
+        )
     K = min(topk, S)
     if fp8 is not None:
         q, weights = fp8_indexer_queries(q, weights, fp8)

@@ -359,6 +359,14 @@ def attention_recall(
     sels = {"": selections} if single else dict(selections)
     B, T, H, _ = q.shape
     S = k.shape[1]
+    for name, idx in sels.items():
+        label = f"selection {name!r}" if name else "the selection"
+        if idx.dim() != 3 or tuple(idx.shape[:2]) != (B, T):
+            raise ValueError(
+                f"{label} must be topk_indices [B, T, k] with (B, T) = {(B, T)}, got {tuple(idx.shape)}"
+            )
+        if idx.numel() and int(idx.max()) >= S:
+            raise IndexError(f"{label} selects key {int(idx.max())} but there are only {S} keys")
     out = {name: RecallSums() for name in sels}
     chunk = chunk_size or _default_chunk(H, S)
     n_visible_pad = None

@@ -231,6 +231,12 @@ def sparse_mla_attention_cpu(
     Cr = 0 if rope is None else rope.shape[-1]
     if Cl + Cr != C or (q_rope is not None and Cq != Cl):
         raise ValueError(f"q has {Cq} + {C - Cq} dims per head but the keys have {Cl} + {Cr}")
+    # The kernel reads every batch row, key row and query head it is told of: the shapes must agree.
+    if latent.shape[0] != B or (rope is not None and rope.shape[:2] != latent.shape[:2]):
+        raise ValueError(f"keys {tuple(latent.shape)} (rope {None if rope is None else tuple(rope.shape)}) "
+                         f"do not match q's batch of {B} and each other's rows")  # fmt: skip
+    if q_rope is not None and q_rope.shape[:3] != (B, T, H):
+        raise ValueError(f"q_rope {tuple(q_rope.shape)} does not match q {tuple(q.shape)}")
     if Cr and q_rope is None:
         q_rope = q[..., Cl:]
     qr = q if q_rope is None else q_rope
@@ -239,6 +245,10 @@ def sparse_mla_attention_cpu(
     K = idx.shape[-1]
     if out is None:
         out = q.new_empty(B, H, T, v_dim).transpose(1, 2)
+    elif out.shape != (B, T, H, v_dim) or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(
+            f"out must be [B, T, H, v_dim] = {(B, T, H, v_dim)} in {q.dtype}, its last dim contiguous"
+        )
     if T == 0:
         return out
     # Queries are split across threads; a decode step (one query) runs on this thread: splitting its
@@ -421,7 +431,13 @@ def indexer_topk_cpu(
         keys = keys.contiguous()
     pad = None
     if key_padding_mask is not None and not bool(key_padding_mask.bool().all()):
-        pad = (~key_padding_mask.bool()).to(torch.uint8).contiguous()
+        if (
+            key_padding_mask.dim() != 2
+            or key_padding_mask.shape[1] != S
+            or key_padding_mask.shape[0] not in (1, B)
+        ):
+            raise ValueError(f"key_padding_mask {tuple(key_padding_mask.shape)} must be [B, S] = {(B, S)}")
+        pad = (~key_padding_mask.bool()).to(torch.uint8).expand(B, S).contiguous()
     offset = S - T
     threads = torch.get_num_threads()
     workers = max(1, min(threads, T))
