@@ -192,6 +192,46 @@ def test_a_raising_tool_is_reported():
     assert inline.content == out.content
 
 
+class _Unprintable:
+    def __repr__(self) -> str:
+        raise RuntimeError("repr fails")
+
+    __str__ = __repr__
+
+
+def test_results_that_cannot_be_written_and_exits_are_reported_with_or_without_a_timeout():
+    def circular() -> list:
+        loop: list = []
+        loop.append(loop)
+        return loop
+
+    def odd() -> object:
+        return _Unprintable()
+
+    class Strange(Exception):
+        def __str__(self) -> str:
+            raise ValueError("str fails")
+
+    def strange() -> None:
+        raise Strange()
+
+    def leave() -> None:
+        raise SystemExit(3)
+
+    for timeout in (5, None):
+        box = Toolbox([circular, odd, strange, leave], timeout_s=timeout)
+        out = box.execute(call("circular", {}))
+        assert out.error == "unreadable_result" and out.content == (
+            "Error: circular returned a list that cannot be written as text "
+            "(ValueError: Circular reference detected)."
+        )
+        assert box.execute(call("odd", {})).error == "unreadable_result"
+        assert box.execute(call("strange", {})).content == (
+            "Error: strange raised Strange: <Strange that cannot be shown>"
+        )
+        assert box.execute(call("leave", {})).error == "exception"
+
+
 def test_a_slow_tool_times_out_and_is_abandoned():
     release = threading.Event()
 

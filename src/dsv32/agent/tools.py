@@ -206,9 +206,25 @@ class Toolbox:
                 "timeout", f"{name} did not finish within {timeout:g} s and was abandoned (timed out)."
             )
         if status == "exception":
-            return _error("exception", f"{name} raised {type(value).__name__}: {value}")
-        text, cut = truncate(format_output(value), self.max_output_chars)
+            return _error("exception", f"{name} raised {type(value).__name__}: {_shown(value)}")
+        try:
+            text = format_output(value)
+        except Exception as err:  # a circular structure, a __repr__ that raises, ...
+            return _error(
+                "unreadable_result",
+                f"{name} returned a {type(value).__name__} that cannot be written as text "
+                f"({type(err).__name__}: {_shown(err)}).",
+            )
+        text, cut = truncate(text, self.max_output_chars)
         return ToolOutput(text, True, None, truncated=cut, output_chars=len(text))
+
+
+def _shown(value: Any) -> str:
+    """``str(value)``, or a placeholder when even that raises."""
+    try:
+        return str(value)
+    except Exception:
+        return f"<{type(value).__name__} that cannot be shown>"
 
 
 def _error(kind: str, text: str) -> ToolOutput:
@@ -238,14 +254,14 @@ def _call(fn: Callable[..., Any], kwargs: dict, timeout: float | None) -> tuple[
     if timeout is None:
         try:
             return "ok", fn(**kwargs)
-        except Exception as err:  # a failing tool is reported to the model, not raised
+        except (Exception, SystemExit) as err:  # a failing tool is reported to the model, not raised
             return "exception", err
     box: dict[str, Any] = {}
 
     def target() -> None:
         try:
             box["value"] = fn(**kwargs)
-        except Exception as err:  # reported to the model
+        except (Exception, SystemExit) as err:  # reported to the model
             box["error"] = err
 
     worker = threading.Thread(target=target, daemon=True, name="dsv32-tool")
@@ -255,6 +271,6 @@ def _call(fn: Callable[..., Any], kwargs: dict, timeout: float | None) -> tuple[
         return "timeout", None
     if "error" in box:
         return "exception", box["error"]
-    if "value" not in box:  # the thread ended by a BaseException (SystemExit) of the tool
+    if "value" not in box:  # the thread ended by another BaseException of the tool
         return "exception", RuntimeError("the tool exited without returning")
     return "ok", box["value"]
