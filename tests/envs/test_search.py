@@ -81,6 +81,19 @@ def test_tools_return_errors_as_text(env, tasks):
     assert env.state()["errors"] == 5
 
 
+def test_arguments_that_are_not_an_object_are_an_error_text_and_bad_episodes_are_env_errors(env, tasks):
+    env.reset(tasks[0])
+    assert env.call("search", "abc") == "error: the arguments of search must be a JSON object, got str"
+    assert env.call("open", [1]).startswith("error: the arguments of open must be a JSON object")
+    row = {"id": tasks[0].id, "prompt": tasks[0].prompt, "answer": tasks[0].answer}
+    assert env.reset(row) == env.reset(tasks[0])  # a JSONL row works as the task it describes
+    for bad in ("x", None, Episode([], final=7)):
+        with pytest.raises(EnvError, match="reward\\(\\) takes a trajectory"):
+            env.reward(bad)
+    with pytest.raises(EnvError, match="reset\\(\\) takes a Task"):
+        env.reset(42)
+
+
 def test_a_task_without_answer_is_refused(env):
     with pytest.raises(EnvError, match="no answer"):
         env.reset(Task("t", "q"))

@@ -128,6 +128,26 @@ class TrajectoryLike(Protocol):
     final: str | None
 
 
+def as_task(task: Any) -> Task:
+    """What ``reset`` was given as a :class:`Task`: a task, or its JSONL row as a dict."""
+    if isinstance(task, Task):
+        return task
+    if isinstance(task, dict):
+        return Task.from_dict(task)
+    raise EnvError(f"reset() takes a Task (or its JSONL row as a dict), got {type(task).__name__}")
+
+
+def final_answer(trajectory: Any) -> str | None:
+    """The ``final`` of what ``reward`` was given, checked to be trajectory-like."""
+    final = getattr(trajectory, "final", ...)
+    if final is ... or not hasattr(trajectory, "messages") or not (final is None or isinstance(final, str)):
+        raise EnvError(
+            "reward() takes a trajectory (an agent Trajectory or an envs Episode: .messages and a string "
+            f"or None .final), got {type(trajectory).__name__}"
+        )
+    return final
+
+
 @dataclass
 class Episode:
     """A minimal trajectory: the conversation and the final answer."""
