@@ -225,6 +225,9 @@ def test_empty_batch_gives_zero_loss_that_backpropagates(batch):
         (dict(kl_coef=torch.zeros(B + 1), ref_logprobs=torch.zeros(B, T)), "kl_coef must have shape \\[5\\]"),
         (dict(kl_coef=0.1), "ref_logprobs was not given"),
         (dict(kl_coef=-0.1, ref_logprobs=torch.zeros(B, T)), "kl_coef must be >= 0"),
+        (dict(kl_coef=math.nan, ref_logprobs=torch.zeros(B, T)), "kl_coef must be >= 0 and not NaN"),
+        (dict(clip_eps=math.nan), "clip_eps must be a number >= 0"),
+        (dict(opsm_delta=math.nan, sampling_logprobs=torch.zeros(B, T)), "opsm_delta is NaN"),
         (dict(kl_estimator="k2"), "kl_estimator must be one of"),
         (dict(advantages=torch.tensor([0.0, math.nan, 0, 0, 0])), "advantages contain inf or NaN"),
     ],
@@ -254,13 +257,17 @@ def test_group_advantages():
         group_advantages(rewards, 4)
     with pytest.raises(ValueError, match="scale must be"):
         group_advantages(rewards, 3, scale="rank")
+    torch.testing.assert_close(group_advantages([1.0, 0.0], 2), torch.tensor([0.5, -0.5]))  # a list works
+    with pytest.raises(ValueError, match="group_size must be an integer"):
+        group_advantages(rewards, 3.0)
 
 
 def test_sequence_kl_coefs():
     betas = sequence_kl_coefs(["math", "code", "chat"], {"code": 0.01, "chat": 0.1}, default=0.0)
     assert torch.equal(betas, torch.tensor([0.0, 0.01, 0.1]))
-    with pytest.raises(ValueError, match=">= 0"):
-        sequence_kl_coefs(["math"], {"math": -1.0})
+    for bad in (-1.0, math.nan):
+        with pytest.raises(ValueError, match=">= 0"):
+            sequence_kl_coefs(["math"], {"math": bad})
 
 
 @settings(max_examples=30, deadline=None)
@@ -400,5 +407,6 @@ def test_token_outside_its_kept_set_is_rejected():
         token_logprobs(logits, tokens, ids[:, :-1])
     with pytest.raises(ValueError, match="twice"):
         token_logprobs(logits, tokens, torch.cat([ids, ids[..., :1]], -1))
-    with pytest.raises(ValueError, match="temperature must be > 0"):
-        token_logprobs(logits, tokens, ids, temperature=0.0)
+    for bad in (0.0, math.nan):
+        with pytest.raises(ValueError, match="temperature must be > 0"):
+            token_logprobs(logits, tokens, ids, temperature=bad)

@@ -18,7 +18,7 @@ log-probability of token o_t; ``mask`` marks the completion tokens.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -84,14 +84,16 @@ def grpo_loss(
     _check_shape("advantages", advantages, (B,), "[B], one per sequence")
     if kl_estimator not in KL_ESTIMATORS:
         raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {kl_estimator!r}")
-    if clip_eps < 0:
-        raise ValueError(f"clip_eps must be >= 0, got {clip_eps}")
+    if not clip_eps >= 0:  # NaN included
+        raise ValueError(f"clip_eps must be a number >= 0, got {clip_eps}")
+    if opsm_delta is not None and opsm_delta != opsm_delta:  # NaN would silently turn the mask off
+        raise ValueError("opsm_delta is NaN; give a number, or None to turn the mask off")
     beta = torch.as_tensor(kl_coef, dtype=logprobs.dtype, device=logprobs.device)
     if beta.dim() == 0:
         beta = beta.expand(B)
     _check_shape("kl_coef", beta, (B,), "a float or [B], one per sequence")
-    if bool((beta < 0).any()):
-        raise ValueError("kl_coef must be >= 0 (it is a penalty strength β)")
+    if not bool((beta >= 0).all()):  # NaN included
+        raise ValueError("kl_coef must be >= 0 and not NaN (it is a penalty strength β)")
     use_kl = bool((beta != 0).any())
     if use_kl and ref_logprobs is None:
         raise ValueError("kl_coef is nonzero but ref_logprobs was not given: pass log π_ref or set kl_coef=0")
@@ -160,15 +162,20 @@ def grpo_loss(
     return loss, metrics
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "none") -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor | Sequence[float], group_size: int, scale: str = "none"
+) -> torch.Tensor:
     """``[N]`` rewards of consecutive groups of ``group_size`` → ``[N]`` advantages A_i = R_i - mean(R).
 
     ``scale="none"`` is the paper's form (§3.1); ``scale="std"`` also divides by the group's
     (population) standard deviation + 1e-6, as the original GRPO does. A group of equal rewards gets
     exactly zero advantages.
     """
+    rewards = torch.as_tensor(rewards)  # a list of floats works too
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be a [N] tensor, got shape {list(rewards.shape)}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int):
+        raise ValueError(f"group_size must be an integer, got {group_size!r}")
     if group_size < 1 or rewards.numel() % group_size:
         raise ValueError(f"rewards has {rewards.numel()} entries, not a multiple of group_size={group_size}")
     if scale not in ("none", "std"):
@@ -186,7 +193,7 @@ def sequence_kl_coefs(domains: list[str], coefs: Mapping[str, float], default: f
     """``[B]`` β per sequence from its domain (the paper sets KL strength per domain; weak or none for
     math). Domains missing from ``coefs`` get ``default``."""
     betas = [float(coefs.get(d, default)) for d in domains]
-    if any(b < 0 for b in betas):
+    if not all(b >= 0 for b in betas):  # NaN included
         raise ValueError(f"KL coefficients must be >= 0, got {dict(coefs)} (default {default})")
     return torch.tensor(betas, dtype=torch.float32)
 
@@ -196,7 +203,7 @@ def sequence_kl_coefs(domains: list[str], coefs: Mapping[str, float], default: f
 
 def _scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """z = logits / τ in at least float32: at most one new ``[B, T, V]`` tensor (none for fp32, τ=1)."""
-    if temperature <= 0:
+    if not temperature > 0:  # NaN included
         raise ValueError(f"temperature must be > 0, got {temperature} (greedy rollouts have no kept set)")
     if logits.dtype in (torch.float32, torch.float64):
         return logits if temperature == 1.0 else logits / temperature
