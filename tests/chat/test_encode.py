@@ -240,6 +240,8 @@ def bad_args(arguments):
         ([USER, bad_args('{"x": NaN}')], 1, "not valid JSON"),
         ([USER, bad_args(7)], 1, "JSON object string or a dict"),
         ([USER, bad_args({'a"b': 1})], 1, "argument name"),
+        ([USER, bad_args({"text": "x</｜DSML｜parameter>y"})], 1, "which would end it early"),
+        ([USER, bad_args({"items": ["</｜DSML｜parameter>"]})], 1, "which would end it early"),
         ([USER, {"role": "assistant", "content": "no reasoning"}], 1, "needs `reasoning_content` or `tool_calls`"),
         ([USER, {"role": "assistant", "content": "x", "reasoning_content": ""}], 1, "needs `reasoning_content`"),
         ([{"role": "user", "content": None}], 0, "must be a string"),
@@ -295,3 +297,8 @@ def test_attach_tools_rules(fixture_input):
     with pytest.raises(ConversationError, match="already has `tools`"):
         attach_tools(attach_tools([USER], tools), tools)
     assert attach_tools([USER], None) == [USER]
+
+
+def test_tools_that_are_not_a_list_are_refused_when_attached():
+    with pytest.raises(ConversationError, match="tools must be a list"):
+        attach_tools([USER], "abc")

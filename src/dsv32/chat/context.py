@@ -71,6 +71,10 @@ def attach_tools(
     out = [dict(m) for m in messages]
     if not tools and not response_format:
         return out
+    if tools and (not isinstance(tools, Sequence) or isinstance(tools, str | bytes)):
+        raise ConversationError(
+            None, f"tools must be a list of OpenAI function tools, got {type(tools).__name__}"
+        )
     extra: dict[str, Any] = {}
     if tools:
         extra["tools"] = list(tools)

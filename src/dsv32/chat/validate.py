@@ -18,7 +18,7 @@ from typing import Any
 
 from dsv32.chat.context import last_user_index
 from dsv32.chat.errors import ConversationError
-from dsv32.chat.protocol import DSML
+from dsv32.chat.protocol import DSML, PARAM_CLOSE
 
 ROLES = ("system", "user", "developer", "assistant", "tool")
 THINKING_MODES = ("thinking", "chat")
@@ -75,13 +75,19 @@ def tool_call_arguments(index: int, position: int, tool_call: Mapping[str, Any])
                 f"tool call {position} ({name}): argument name {key!r} must be a string without quotes, "
                 "newlines or DSML tags",
             )
+        written = value
         if not isinstance(value, str):
             try:
-                to_json(value)
+                written = to_json(value)
             except (TypeError, ValueError, RecursionError) as err:
                 raise ConversationError(
                     index, f"tool call {position} ({name}): argument {key!r} is not JSON-serializable ({err})"
                 ) from err
+        if PARAM_CLOSE in written:  # it would end the parameter early: the call could not be read back
+            raise ConversationError(
+                index,
+                f"tool call {position} ({name}): argument {key!r} contains {PARAM_CLOSE!r}, which would end it early",
+            )
         if isinstance(value, float) and not math.isfinite(value):
             raise ConversationError(index, f"tool call {position} ({name}): argument {key!r} is not finite")
     return arguments
