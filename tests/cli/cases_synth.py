@@ -44,4 +44,10 @@ CASES = [
     ([*_F, "--env-option", "nonsense", "--out", "{out}"], "must look like key=value"),
     (["synth", "filter", "--env", "search", "--policy", URL + ",temperature=hot", "--out", "{out}"],
      "temperature='hot' must be float"),
+    (["synth", "filter", "--env", "search", "--policy", URL + ",temperature=-1", "--out", "{out}"],
+     "temperature='-1' must be a number in [0, 2]"),
+    (["synth", "filter", "--env", "search", "--policy", URL + ",top_p=nan", "--out", "{out}"],
+     "top_p='nan' must be a number in (0, 1]"),
+    (["synth", "filter", "--env", "search", "--policy", URL + ",price_in=-2", "--out", "{out}"],
+     "price_in='-2' must be a price >= 0"),
 ]  # fmt: skip

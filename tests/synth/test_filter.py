@@ -34,6 +34,10 @@ def test_pass_at_k_edges():
         FilterConfig(k=8, n=4)
     with pytest.raises(SynthError, match="stop_early"):
         FilterConfig(k=2, stop_early=True, drop_solved=True)
+    with pytest.raises(SynthError, match="k must be an integer"):
+        FilterConfig(k=2.5)
+    with pytest.raises(SynthError, match="max_steps must be >= 1"):
+        FilterConfig(k=2, max_steps=0)
 
 
 class KnownRatePolicy:

@@ -69,16 +69,34 @@ class BackendSpec:
                          self.max_steps or default_steps, self.thinking, self.pricing)  # fmt: skip
 
 
+# What each numeric option may be: (test, in words); NaN fails every test.
+_RANGES = {
+    "temperature": (lambda v: 0 <= v <= 2, "a number in [0, 2]"),
+    "top_p": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    "top_k": (lambda v: v >= 0, "an integer >= 0 (0 = off)"),
+    "max_tokens": (lambda v: v >= 1, "an integer >= 1"),
+    "price_in": (lambda v: 0 <= v < float("inf"), "a price >= 0"),
+    "price_out": (lambda v: 0 <= v < float("inf"), "a price >= 0"),
+    "price_cached": (lambda v: 0 <= v < float("inf"), "a price >= 0"),
+}
+
+
 def _value(key: str, text: str, kind: type) -> Any:
     try:
-        return kind(text)
+        value = kind(text)
     except ValueError:
         raise SynthError(f"backend option {key}={text!r} must be {kind.__name__}") from None
+    test, words = _RANGES.get(key, (lambda v: True, ""))
+    if not test(value):
+        raise SynthError(f"backend option {key}={text!r} must be {words}")
+    return value
 
 
 def parse_spec(text: str) -> BackendSpec:
     """Read a spec (see the module docstring); errors say what is wrong and show the form."""
     form = "openai:MODEL@BASE_URL[,key=value...] or local:NAME[,key=value...]"
+    if not isinstance(text, str):
+        raise SynthError(f"a backend is a string {form}, got {type(text).__name__}")
     head, *options = text.split(",")
     kind, sep, rest = head.partition(":")
     if not sep or kind not in ("openai", "local") or not rest:

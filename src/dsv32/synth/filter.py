@@ -54,6 +54,12 @@ class FilterConfig:
 
     def __post_init__(self) -> None:
         self.n = self.k if self.n is None else self.n
+        for name in ("k", "n", "max_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SynthError(f"{name} must be an integer, got {value!r}")
+        if self.max_steps < 1:
+            raise SynthError(f"max_steps must be >= 1, got {self.max_steps}")
         if self.k < 1 or self.n < self.k:
             raise SynthError(f"pass@k needs k >= 1 and n >= k samples per task, got k={self.k}, n={self.n}")
         if self.stop_early and self.drop_solved:
