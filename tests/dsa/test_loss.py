@@ -111,6 +111,20 @@ def test_chunked_loss_equals_direct_value_and_grads(sparse, chunk, padded):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+def test_a_nan_in_the_attention_inputs_reaches_the_chunked_loss(sparse):
+    """Padded queries see no key and are left out; a NaN query is not padding and must not vanish."""
+    q, k, iq, iw, ik = make(seed=4)
+    pad = torch.ones(2, 12, dtype=torch.bool)
+    pad[0, :5] = False
+    topk = select_topk(index_scores(iq, iw, ik).detach(), 5, key_padding_mask=pad) if sparse else None
+    kw = dict(scale=0.4, topk_indices=topk, key_padding_mask=pad, chunk_size=4)
+    assert torch.isfinite(indexer_kl_loss_chunked(q, k, iq, iw, ik, **kw))
+    q = q.detach().clone()
+    q[1, 2, 0, 0] = float("nan")
+    assert torch.isnan(indexer_kl_loss_chunked(q, k, iq, iw, ik, **kw))
+
+
 def test_chunked_loss_query_subset_and_grad_scaling():
     q, k, iq, iw, ik = make(T=12, S=12, seed=2)
     rows = torch.tensor([3, 7, 8, 11])

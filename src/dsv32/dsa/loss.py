@@ -158,12 +158,14 @@ class _Chunked:
             relu = torch.matmul(iq, ik.transpose(-1, -2)).relu_()  # [B, n, H_I, K]
         bias = torch.zeros(keys.shape, device=rows.device).masked_fill_(~keys, float("-inf"))
         logits += bias.view(bias.shape[0], 1, n, 1, w)
-        # Head-summed attention (rows with no visible key give NaN → 0 and are left out below).
-        target = torch.softmax(logits, dim=-1).sum((1, 3)).nan_to_num_(nan=0.0)  # [B, n, w]
+        # Head-summed attention; rows with no visible key (NaN from an all -inf row) become 0 and are
+        # left out below. Only those: a NaN from the inputs must reach the loss, not vanish.
+        seen = keys.any(-1, keepdim=True)  # [B or 1, n, 1]: the query sees a key
+        target = torch.softmax(logits, dim=-1).sum((1, 3)).masked_fill_(~seen, 0.0)  # [B, n, w]
         del logits
         scores = torch.matmul(iw.unsqueeze(2), relu).squeeze(2)  # Eq. 1, [B, n, w]
         mass = target.sum(-1, keepdim=True)
-        valid = (mass > 0).squeeze(-1)
+        valid = seen.squeeze(-1).expand(mass.shape[0], -1)
         p = target.div_(mass.clamp_min_(torch.finfo(torch.float32).tiny))
         log_q = torch.log_softmax(scores + bias, dim=-1)
         rows_kl = torch.xlogy(p, p).sum(-1) - (p * log_q.masked_fill(~keys, 0.0)).sum(-1)
