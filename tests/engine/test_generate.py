@@ -99,3 +99,15 @@ def test_routing_is_recorded_and_replays_exactly(model):
     # the training forward chooses the same experts as the decode steps did
     assert torch.equal(live.routing.sort(-1).values, out.routing.sort(-1).values)
     assert (replay.logits - live.logits).abs().max() < 1e-5
+
+
+def test_a_token_outside_the_vocabulary_is_a_value_error_and_a_long_run_warns(model, monkeypatch):
+    V = model.config.vocab_size
+    for bad in (V, -3):
+        with pytest.raises(
+            ValueError, match=f"prompt token id {bad} is outside the model's vocabulary of {V}"
+        ):
+            generate(model, [[1, 2], [bad, 4, 5]], max_new_tokens=2)
+    monkeypatch.setattr(model.config, "max_position_embeddings", 4)  # read by the check only
+    with pytest.warns(UserWarning, match=r"= 5 positions, beyond the model's max_position_embeddings \(4\)"):
+        generate(model, [[2, 3, 4]], max_new_tokens=2, temperature=0.0)

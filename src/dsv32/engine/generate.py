@@ -9,6 +9,7 @@ model's batch when the backend allows it, so the remaining steps cost only the r
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -65,6 +66,24 @@ def pad_prompts(
     return ids, mask
 
 
+def _check_prompts(model, ids: torch.Tensor, mask: torch.Tensor, length: int) -> None:
+    """Token ids the embedding has (a ValueError naming the first that is not); a warning when prompt +
+    new tokens run past the positions the model was trained on."""
+    config = getattr(model, "config", None)
+    vocab = getattr(config, "vocab_size", None)
+    real = ids[mask.bool()]
+    if vocab is not None and real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab):
+        bad = int(real.min()) if int(real.min()) < 0 else int(real.max())
+        raise ValueError(f"prompt token id {bad} is outside the model's vocabulary of {vocab} ids")
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is not None and length > limit:
+        warnings.warn(
+            f"prompt + max_new_tokens = {length} positions, beyond the model's max_position_embeddings "
+            f"({limit}): quality past it is not what the model was trained for",
+            stacklevel=3,
+        )
+
+
 @torch.no_grad()
 def generate(
     model,
@@ -85,7 +104,8 @@ def generate(
     :class:`~dsv32.model.DeepseekV32` or a transformers causal LM (``LlamaForCausalLM``, Qwen2/3, ...).
 
     ``input_ids``: a ``[B, P]`` tensor (with ``attention_mask`` for left padding) or a list of token
-    lists of any lengths. Stops a row at any of ``eos_token_id`` (default: the model's generation
+    lists of any lengths (an id outside the vocabulary is a ``ValueError``; prompt + ``max_new_tokens``
+    past the model's ``max_position_embeddings`` warns). Stops a row at any of ``eos_token_id`` (default: the model's generation
     config's, else its config's; ``[]`` never stops), and the whole batch once every row stopped.
     ``pad_token_id`` (default: the config's, else the first EOS, else 0) fills prompts and stopped rows.
     ``generator`` makes sampling reproducible. ``return_routing`` (V3.2 only) records MoE routing (Keep
@@ -110,6 +130,7 @@ def generate(
             )
         mask = attention_mask.to(device).long()
     B, P = ids.shape
+    _check_prompts(model, ids, mask, P + max_new_tokens)
 
     logits = backend.prefill(ids, mask, max_len=P + max_new_tokens)  # [B, V]
     rows = torch.arange(B, device=device)  # batch rows still in the model's batch
