@@ -43,6 +43,8 @@ def test_adding_special_tokens_is_explicit(smollm2_tokenizer):
     assert missing_special_tokens(smollm2_tokenizer) == list(SPECIAL_TOKENS)
     with pytest.raises(TokenizerError, match="add_v32_special_tokens"):
         tokenize_conversation(smollm2_tokenizer, [{"role": "user", "content": "hi"}])
+    with pytest.raises(TokenizerError, match="expected a Hugging Face tokenizer"):
+        tokenize_conversation(None, [{"role": "user", "content": "hi"}])
     added = add_v32_special_tokens(smollm2_tokenizer)
     assert added == [*SPECIAL_TOKENS, "｜DSML｜"]
     assert len(smollm2_tokenizer) == size + len(added)  # the caller resizes embeddings to this

@@ -22,6 +22,10 @@ class TokenizerError(DSV32Error, ValueError):
 
 def missing_special_tokens(tokenizer: Any, tokens: Sequence[str] = P.SPECIAL_TOKENS) -> list[str]:
     """The V3.2 tokens that ``tokenizer`` does not treat as single, unsplittable (added) tokens."""
+    if not callable(getattr(tokenizer, "get_added_vocab", None)):
+        raise TokenizerError(
+            f"expected a Hugging Face tokenizer (with get_added_vocab), got {type(tokenizer).__name__}"
+        )
     added = tokenizer.get_added_vocab()
     return [token for token in tokens if token not in added]
 
