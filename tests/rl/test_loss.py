@@ -410,3 +410,6 @@ def test_token_outside_its_kept_set_is_rejected():
     for bad in (0.0, math.nan):
         with pytest.raises(ValueError, match="temperature must be > 0"):
             token_logprobs(logits, tokens, ids, temperature=bad)
+    V = logits.shape[-1]
+    with pytest.raises(ValueError, match=f"token id {V} is outside the logits' vocabulary of {V}"):
+        token_logprobs(logits, tokens.clone().fill_(V))

@@ -248,6 +248,10 @@ def token_logprobs(
         raise ValueError(
             f"logits must be [B, T, V] and tokens [B, T]; got {list(logits.shape)} and {list(tokens.shape)}"
         )
+    outside = (tokens < 0) | (tokens >= logits.shape[-1])
+    if bool(outside.any()):  # one sync; the id only when there is one to name
+        bad = int(tokens[outside][0])
+        raise ValueError(f"token id {bad} is outside the logits' vocabulary of {logits.shape[-1]}")
     z = _scaled_logits(logits, temperature)
     z_token = z.gather(-1, tokens.long()[..., None]).squeeze(-1)  # [B, T]
     lse_full = z.logsumexp(-1)  # [B, T]
