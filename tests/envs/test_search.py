@@ -97,3 +97,33 @@ def test_arguments_that_are_not_an_object_are_an_error_text_and_bad_episodes_are
 def test_a_task_without_answer_is_refused(env):
     with pytest.raises(EnvError, match="no answer"):
         env.reset(Task("t", "q"))
+
+
+def test_every_environment_takes_task_rows_and_refuses_what_is_not_a_trajectory():
+    """The base class gives any subclass (a user's too) what the shipped environments have."""
+    from dsv32.envs import Environment, Reward
+
+    class Echo(Environment):
+        def reset(self, task):
+            self.task = task
+            return [{"role": "user", "content": task.prompt}]
+
+        def tools(self):
+            return []
+
+        def call(self, name, arguments):
+            return "error: no tools"
+
+        def reward(self, trajectory):
+            return Reward(float(trajectory.final == self.task.answer))
+
+        def reference(self, task):
+            return [{"role": "assistant", "content": task.answer}]
+
+    env = Echo()
+    assert env.reset({"id": "e", "prompt": "say x", "answer": "x"}) == [{"role": "user", "content": "say x"}]
+    assert isinstance(env.task, Task) and env.reward(Episode([], "x")).value == 1.0
+    with pytest.raises(EnvError, match="reward\\(\\) takes a trajectory"):
+        env.reward({"final": "x"})
+    with pytest.raises(EnvError, match="missing"):
+        env.reset({"prompt": "no id"})

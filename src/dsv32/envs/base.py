@@ -21,6 +21,7 @@ A trajectory is anything with ``messages`` (the OpenAI-style conversation, tool 
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from abc import ABC, abstractmethod
@@ -128,26 +129,6 @@ class TrajectoryLike(Protocol):
     final: str | None
 
 
-def as_task(task: Any) -> Task:
-    """What ``reset`` was given as a :class:`Task`: a task, or its JSONL row as a dict."""
-    if isinstance(task, Task):
-        return task
-    if isinstance(task, dict):
-        return Task.from_dict(task)
-    raise EnvError(f"reset() takes a Task (or its JSONL row as a dict), got {type(task).__name__}")
-
-
-def final_answer(trajectory: Any) -> str | None:
-    """The ``final`` of what ``reward`` was given, checked to be trajectory-like."""
-    final = getattr(trajectory, "final", ...)
-    if final is ... or not hasattr(trajectory, "messages") or not (final is None or isinstance(final, str)):
-        raise EnvError(
-            "reward() takes a trajectory (an agent Trajectory or an envs Episode: .messages and a string "
-            f"or None .final), got {type(trajectory).__name__}"
-        )
-    return final
-
-
 @dataclass
 class Episode:
     """A minimal trajectory: the conversation and the final answer."""
@@ -183,10 +164,21 @@ def tool_call(name: str, arguments: dict, call_id: str) -> dict:
 
 class Environment(ABC):
     """Base class: subclasses set ``name`` and implement ``reset``, ``tools``, ``call``, ``reward``,
-    ``reference``; ``state`` and ``close`` have defaults."""
+    ``reference``; ``state`` and ``close`` have defaults.
+
+    Every subclass's ``reset`` also takes a task's JSONL row as a dict (it receives the
+    :class:`Task`), and its ``reward`` refuses what is not a trajectory with an :class:`EnvError`:
+    the base class wraps both when the subclass is defined, so no environment repeats the checks."""
 
     name: str = ""
     description: str = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "reset" in cls.__dict__:
+            cls.reset = _taking_task_rows(cls.__dict__["reset"])
+        if "reward" in cls.__dict__:
+            cls.reward = _refusing_non_trajectories(cls.__dict__["reward"])
 
     @abstractmethod
     def reset(self, task: Task) -> list[dict]: ...
@@ -214,6 +206,32 @@ class Environment(ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _taking_task_rows(reset: Callable) -> Callable:
+    @functools.wraps(reset)
+    def wrapped(self, task: Any, *args: Any, **kwargs: Any) -> list[dict]:
+        if isinstance(task, dict):
+            task = Task.from_dict(task)
+        elif not isinstance(task, Task):
+            raise EnvError(f"reset() takes a Task (or its JSONL row as a dict), got {type(task).__name__}")
+        return reset(self, task, *args, **kwargs)
+
+    return wrapped
+
+
+def _refusing_non_trajectories(reward: Callable) -> Callable:
+    @functools.wraps(reward)
+    def wrapped(self, trajectory: Any, *args: Any, **kwargs: Any) -> Reward:
+        final = getattr(trajectory, "final", ...)
+        if not hasattr(trajectory, "messages") or not (final is None or isinstance(final, str)):
+            raise EnvError(
+                "reward() takes a trajectory (an agent Trajectory or an envs Episode: .messages and a "
+                f"string or None .final), got {type(trajectory).__name__}"
+            )
+        return reward(self, trajectory, *args, **kwargs)
+
+    return wrapped
 
 
 @dataclass

@@ -16,16 +16,7 @@ import tempfile
 from pathlib import Path
 
 from dsv32.envs import sandbox
-from dsv32.envs.base import (
-    EnvError,
-    Environment,
-    Reward,
-    Task,
-    TrajectoryLike,
-    as_task,
-    final_answer,
-    tool_call,
-)
+from dsv32.envs.base import EnvError, Environment, Reward, Task, TrajectoryLike, tool_call
 from dsv32.envs.general.bundle import Bundle, load_bundle
 
 RUNNER = str(Path(__file__).with_name("runner.py"))
@@ -60,7 +51,6 @@ class GeneralToolEnv(Environment):
         return load_bundle(where)
 
     def reset(self, task: Task) -> list[dict]:
-        task = as_task(task)
         self.close()
         self.task, self.bundle, self.calls = task, self._bundle_of(task), []
         self.workdir = tempfile.mkdtemp(prefix="dsv32-general-")
@@ -113,7 +103,7 @@ class GeneralToolEnv(Environment):
     def reward(self, trajectory: TrajectoryLike) -> Reward:
         if self.bundle is None:
             raise EnvError("reward() before reset(): there is no task to verify")
-        answer = json.dumps(final_answer(trajectory) or "")
+        answer = json.dumps(trajectory.final or "")
         out = self._run("verify", str(self.bundle.path), str(self.bundle.db), "db.sqlite", answer)
         if not out["ok"]:
             return Reward(0.0, {"verified": 0.0}, f"the verifier failed: {out['error']}")

@@ -8,17 +8,7 @@ answer equals the task's answer, else 0; components ``boxed`` (an answer was box
 
 from __future__ import annotations
 
-from dsv32.envs.base import (
-    EnvError,
-    Environment,
-    Reward,
-    Task,
-    TrajectoryLike,
-    as_task,
-    final_answer,
-    tool_call,
-    tool_schema,
-)
+from dsv32.envs.base import EnvError, Environment, Reward, Task, TrajectoryLike, tool_call, tool_schema
 from dsv32.envs.interpreter.kernel import SandboxedKernel
 from dsv32.envs.interpreter.verify import last_boxed, math_equal
 
@@ -53,7 +43,6 @@ class InterpreterEnv(Environment):
         self.calls: list[dict] = []
 
     def reset(self, task: Task) -> list[dict]:
-        task = as_task(task)
         if task.answer is None:
             raise EnvError(f"task {task.id!r}: the code interpreter needs an 'answer' to check against")
         self.close()
@@ -82,7 +71,7 @@ class InterpreterEnv(Environment):
     def reward(self, trajectory: TrajectoryLike) -> Reward:
         if self.task is None:
             raise EnvError("reward() before reset(): there is no task to check against")
-        boxed = last_boxed(final_answer(trajectory))
+        boxed = last_boxed(trajectory.final)
         if boxed is None:
             return Reward(0.0, {"boxed": 0.0, "correct": 0.0}, "no \\boxed{} answer in the final message")
         ok = math_equal(boxed, str(self.task.answer))

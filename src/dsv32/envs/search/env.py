@@ -13,17 +13,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from dsv32.envs.base import (
-    EnvError,
-    Environment,
-    Reward,
-    Task,
-    TrajectoryLike,
-    as_task,
-    final_answer,
-    tool_call,
-    tool_schema,
-)
+from dsv32.envs.base import EnvError, Environment, Reward, Task, TrajectoryLike, tool_call, tool_schema
 from dsv32.envs.search.answers import extract, matches
 from dsv32.envs.search.corpus import PAGE_CHARS, load_corpus, pages, stdlib_corpus_path
 from dsv32.envs.search.index import Index
@@ -67,7 +57,6 @@ class SearchEnv(Environment):
         self.log: list[dict] = []
 
     def reset(self, task: Task) -> list[dict]:
-        task = as_task(task)
         if task.answer is None:
             raise EnvError(f"search task {task.id!r} has no answer; a search task needs one to be verified")
         self.task, self.log = task, []
@@ -144,7 +133,7 @@ class SearchEnv(Environment):
         if self.task is None:
             raise EnvError("reward() before reset(): start an episode with env.reset(task)")
         gold = str(self.task.answer)
-        final = final_answer(trajectory)
+        final = trajectory.final
         if final is None:
             return Reward(0.0, {"correct": 0.0, "answered": 0.0}, "no final answer")
         ok = matches(final, gold)

@@ -19,17 +19,7 @@ import tempfile
 from pathlib import Path
 
 from dsv32.envs import sandbox
-from dsv32.envs.base import (
-    EnvError,
-    Environment,
-    Reward,
-    Task,
-    TrajectoryLike,
-    as_task,
-    final_answer,
-    tool_call,
-    tool_schema,
-)
+from dsv32.envs.base import EnvError, Environment, Reward, Task, TrajectoryLike, tool_call, tool_schema
 from dsv32.envs.swe.snapshot import Edit, SnapshotError, apply_edit, inside, materialize, pristine
 from dsv32.envs.swe.testrun import TestReport, run_pytest, summarize, test_env
 
@@ -71,7 +61,6 @@ class SweEnv(Environment):
         self.last: TestReport | None = None
 
     def reset(self, task: Task) -> list[dict]:
-        task = as_task(task)
         _require(task)
         self.close()
         self.task, self.calls, self.last = task, [], None
@@ -180,7 +169,6 @@ class SweEnv(Environment):
     def reward(self, trajectory: TrajectoryLike) -> Reward:
         if self.repo is None:
             raise EnvError("reward() before reset(): start an episode with env.reset(task)")
-        final_answer(trajectory)  # a trajectory, though the tests decide
         self.restore_tests()
         info = self.task.info
         report = run_pytest(self.repo, pythonpath=info.get("pythonpath", "."), timeout_s=self.test_timeout_s,
