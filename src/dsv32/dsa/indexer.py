@@ -244,11 +244,7 @@ def indexer_topk(
     if count < 0:
         raise ValueError(f"topk must be an integer >= 0, got {topk!r}")
     topk = count
-    if key_padding_mask is not None and (
-        key_padding_mask.dim() != 2
-        or key_padding_mask.shape[1] != S
-        or key_padding_mask.shape[0] not in (1, B)
-    ):
+    if key_padding_mask is not None and not cpu_kernels.one_entry_per_key(key_padding_mask, B, S):
         raise ValueError(
             f"key_padding_mask {tuple(key_padding_mask.shape)} must be [B, S] = {(B, S)}, one entry per key "
             "(at a decode step: the whole cache's, not the new token's)"

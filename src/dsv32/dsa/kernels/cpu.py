@@ -407,6 +407,14 @@ def _balanced_splits(costs: torch.Tensor, parts: int) -> list[int]:
     return sorted({0, n, *(min(max(c, 1), n - 1) for c in cuts if n > 1)})
 
 
+def one_entry_per_key(key_padding_mask: torch.Tensor, B: int, S: int) -> bool:
+    """Whether a key padding mask is ``[B, S]`` (or ``[1, S]``, for every batch row), as the indexer
+    paths read it; a wrong shape would broadcast silently on the torch path."""
+    return (
+        key_padding_mask.dim() == 2 and key_padding_mask.shape[1] == S and key_padding_mask.shape[0] in (1, B)
+    )
+
+
 def indexer_topk_cpu(
     q: torch.Tensor,
     weights: torch.Tensor,
@@ -431,11 +439,7 @@ def indexer_topk_cpu(
         keys = keys.contiguous()
     pad = None
     if key_padding_mask is not None and not bool(key_padding_mask.bool().all()):
-        if (
-            key_padding_mask.dim() != 2
-            or key_padding_mask.shape[1] != S
-            or key_padding_mask.shape[0] not in (1, B)
-        ):
+        if not one_entry_per_key(key_padding_mask, B, S):  # the kernel reads S bytes per batch row
             raise ValueError(f"key_padding_mask {tuple(key_padding_mask.shape)} must be [B, S] = {(B, S)}")
         pad = (~key_padding_mask.bool()).to(torch.uint8).expand(B, S).contiguous()
     offset = S - T
