@@ -238,12 +238,11 @@ def indexer_topk(
     if S < T:
         raise ValueError(f"{T} queries but only {S} keys: queries are aligned to the end of the keys")
     try:
-        count = operator.index(topk)  # ints, numpy and 0-d torch integers; not 2.5
+        topk = operator.index(topk)  # ints, numpy and 0-d torch integers; not 2.5
     except TypeError:
-        count = -1
-    if count < 0:
-        raise ValueError(f"topk must be an integer >= 0, got {topk!r}")
-    topk = count
+        raise ValueError(f"topk must be an integer >= 0, got {topk!r}") from None
+    if topk < 0:
+        raise ValueError(f"topk must be an integer >= 0, got {topk}")
     if key_padding_mask is not None and not cpu_kernels.one_entry_per_key(key_padding_mask, B, S):
         raise ValueError(
             f"key_padding_mask {tuple(key_padding_mask.shape)} must be [B, S] = {(B, S)}, one entry per key "
