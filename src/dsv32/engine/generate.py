@@ -71,10 +71,13 @@ def _check_prompts(model, ids: torch.Tensor, mask: torch.Tensor, length: int) ->
     new tokens run past the positions the model was trained on."""
     config = getattr(model, "config", None)
     vocab = getattr(config, "vocab_size", None)
-    real = ids[mask.bool()]
-    if vocab is not None and real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab):
-        bad = int(real.min()) if int(real.min()) < 0 else int(real.max())
-        raise ValueError(f"prompt token id {bad} is outside the model's vocabulary of {vocab} ids")
+    if vocab is not None:
+        real = ids[mask.bool()]
+        outside = real[(real < 0) | (real >= vocab)]
+        if outside.numel():
+            raise ValueError(
+                f"prompt token id {int(outside[0])} is outside the model's vocabulary of {vocab} ids"
+            )
     limit = getattr(config, "max_position_embeddings", None)
     if limit is not None and length > limit:
         warnings.warn(
