@@ -180,12 +180,10 @@ class ChatCompletionRequest(SamplingFields):
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:
             raise ValueError(f"tool names must be unique; given more than once: {twice}")
-        if isinstance(self.tool_choice, NamedToolChoice):
-            names = [t.function.name for t in self.tools]
-            if self.tool_choice.function.name not in names:
-                raise ValueError(
-                    f"tool_choice names {self.tool_choice.function.name!r}, which is not among the tools {names}"
-                )
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise ValueError(
+                f"tool_choice names {self.tool_choice.function.name!r}, which is not among the tools {names}"
+            )
         return self
 
     @property
