@@ -23,29 +23,18 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dsv32.serve import responses as R
 from dsv32.serve.errors import ServeError, invalid, unauthorized, unknown_model
 from dsv32.serve.jobs import ClientGone, JobEvents, token_budget
 from dsv32.serve.metrics import Metrics
-from dsv32.serve.protocol import ChatCompletionRequest, CompletionRequest, Message, Tool
+from dsv32.serve.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
 from dsv32.serve.runtime import ServedModel
 from dsv32.serve.scheduler import Chunk, Finished, Scheduler
 from dsv32.serve.stream import PlainStream, V32Stream
 
 logger = logging.getLogger(__name__)
-
-
-class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    model: str
-    messages: list[Message] | None = Field(None, min_length=1)
-    prompt: str | None = None
-    tools: list[Tool] | None = None
-    tool_choice: Any = None
-    chat_template_kwargs: dict[str, Any] | None = None
 
 
 def _sse(data: dict[str, Any] | str) -> str:

@@ -218,3 +218,14 @@ class CompletionRequest(SamplingFields):
         if not value:
             raise ValueError("the prompt is empty")
         return value
+
+
+class TokenizeRequest(_Strict):
+    """``POST /tokenize`` (vLLM's): a chat request's ``messages`` (with its tools) or a ``prompt``."""
+
+    model: str
+    messages: list[Message] | None = Field(None, min_length=1)
+    prompt: str | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None
