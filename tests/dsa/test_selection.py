@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dsv32.dsa import indexer_topk, select_topk
@@ -45,3 +46,47 @@ def test_chunked_indexer_topk_equals_one_shot():
     one = select_topk(index_scores(q, w, k), 5)
     chunked = indexer_topk(q, w, k, 5, chunk_size=8)
     assert torch.equal(one.sort(-1).values, chunked.sort(-1).values)
+
+
+def _nan_inputs(where: str, sign: float):
+    g = torch.Generator().manual_seed(1)
+    q, w, k = (
+        torch.randn(2, 37, 4, 16, generator=g),
+        torch.randn(2, 37, 4, generator=g),
+        torch.randn(2, 37, 16, generator=g),
+    )
+    nan = sign * float("nan")
+    if where == "query":
+        q[0, 5] = nan
+    elif where == "key":
+        k[0, 3], k[1, 20] = nan, nan
+    elif where == "weight":
+        w[1, 30, 2] = nan
+    else:  # every key
+        k[:] = nan
+    return q, w, k
+
+
+@pytest.mark.parametrize("where", ["query", "key", "weight", "every key"])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize("path", ["reference", "default", "torch"])
+def test_nan_scores_never_select_an_invisible_padded_or_repeated_key(where, sign, path):
+    # What a NaN score selects is unspecified (docs/dsa.md); that it stays a valid selection is not.
+    q, w, k = _nan_inputs(where, sign)
+    B, T, S, K = 2, 37, 37, 8
+    pad = torch.ones(B, S, dtype=torch.bool)
+    pad[1, :4] = False
+    if path == "reference":
+        from dsv32.dsa import index_scores
+
+        sel = select_topk(index_scores(q, w, k), K, key_padding_mask=pad)
+    else:
+        sel = indexer_topk(q, w, k, K, key_padding_mask=pad, **({"chunk_size": 8} if path == "torch" else {}))
+    assert sel.shape == (B, T, K)
+    assert ((sel >= -1) & (sel < S)).all()
+    for b in range(B):
+        for t in range(T):
+            keys = sel[b, t][sel[b, t] >= 0]
+            assert (keys <= t + S - T).all(), (b, t, keys)
+            assert pad[b, keys].all(), (b, t, keys)
+            assert keys.unique().numel() == keys.numel(), (b, t, keys)

@@ -224,7 +224,9 @@ def indexer_topk(
     chunk). The machinery lives in :mod:`dsv32.dsa.streaming_topk`. On the CPU, when the C kernels
     build (:mod:`dsv32.dsa.kernels.cpu`) and no tuning knob is given, a fused C kernel scores and
     selects instead (same contract and tie rule; scores may differ from the matmul's in the last bits,
-    so keys tied to rounding may swap); on CUDA, a Triton kernel.
+    so keys tied to rounding may swap); on CUDA, a Triton kernel. NaN scores have no rank: what such a
+    row selects is unspecified and path-dependent, but it is always a valid selection (visible,
+    unpadded, distinct keys).
     """
     if q.dim() != 4 or weights.shape != q.shape[:3] or k_index.dim() != 3:
         raise ValueError(
