@@ -6,8 +6,10 @@ plain-rlimits fallback is tested for what it promises (limits, timeouts, the pro
 """
 
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 
 from dsv32.envs import sandbox
 from dsv32.envs.sandbox import SandboxError
+from dsv32.paths import cache_dir
 
 CONFINING = [k for k in ("bwrap", "unshare") if sandbox._works(k)]
 if not CONFINING:
@@ -170,12 +173,90 @@ def test_environment_is_fresh(tmp_path, kind, monkeypatch):
     assert "SECRET_API_KEY" not in r.stdout and "'EXTRA'" in r.stdout and "'HOME'" in r.stdout
 
 
+@pytest.fixture
+def home(monkeypatch):
+    """A host user's home with secrets, outside /tmp (bwrap's fresh /tmp would hide it anyway)."""
+    path = cache_dir(f"sandbox-test-home-{uuid.uuid4().hex}").resolve()
+    (path / ".ssh").mkdir(parents=True)
+    (path / ".ssh" / "id_ed25519").write_text("PRIVATE KEY")
+    (path / "lib").mkdir()
+    (path / "lib" / "homemod.py").write_text("VALUE = 42\n")
+    (path / "data.txt").write_text("shared")
+    monkeypatch.setenv("HOME", str(path))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_home_is_hidden_but_what_the_program_needs_from_it_is_not(home, kind):
+    work = home / "episode"  # a work dir inside the home stays writable
+    code = (
+        "import os, homemod\n"
+        "for path in ['.ssh/id_ed25519', '.bash_history']:\n"
+        "    print(path, os.path.exists(os.path.join(HOME, path)))\n"
+        "print('import', homemod.VALUE)\n"
+        "print('readable', open(os.path.join(HOME, 'data.txt')).read())\n"
+        "print('listing', sorted(os.listdir(HOME)))\n"
+        "open('mine.txt', 'w').write('ok')\n"
+        "try:\n    open(os.path.join(HOME, 'planted'), 'w')\nexcept OSError:\n    print('home read-only')\n"
+    ).replace("HOME", repr(str(home)))
+    r = attack(code, work, kind, env={"PYTHONPATH": str(home / "lib")}, readable=[str(home / "data.txt")])
+    assert r.ok, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[:2] == [".ssh/id_ed25519 False", ".bash_history False"]
+    assert lines[2:5] == ["import 42", "readable shared", "listing ['data.txt', 'episode', 'lib']"]
+    assert lines[5] == "home read-only"
+    assert (work / "mine.txt").read_text() == "ok" and not (home / "planted").exists()
+    assert (home / ".ssh" / "id_ed25519").read_text() == "PRIVATE KEY"
+    assert sandbox.isolation(kind).home_hidden
+
+
+def test_a_home_given_as_the_work_dir_is_the_program_s(home, kind):
+    r = sandbox.run(
+        [PY, "-c", "open('made', 'w').write(open('data.txt').read())"],
+        cwd=home,
+        timeout_s=5,
+        memory_mb=256,
+        kind=kind,
+    )
+    assert r.ok, r.stderr
+    assert (home / "made").read_text() == "shared"
+
+
+def test_a_python_installed_in_the_home_keeps_its_packages(home, kind, tmp_path):
+    # the host runs from a venv inside the home, with an editable-style .pth path there too
+    venv = home / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = venv.glob("lib/python*/site-packages")
+    (site / "inside.py").write_text("V = 'site'\n")
+    (home / "src").mkdir()
+    (home / "src" / "editable.py").write_text("V = 'pth'\n")
+    (site / "_editable.pth").write_text(f"{home / 'src'}\n")
+    program = (
+        f"import inside, editable, os; print(inside.V, editable.V, os.path.exists({str(home / '.ssh')!r}))"
+    )
+    host = (
+        "import sys\nfrom dsv32.envs import sandbox\n"
+        f"r = sandbox.run([sys.executable, '-c', {program!r}], cwd={str(tmp_path)!r}, timeout_s=10, "
+        f"memory_mb=512, kind={kind!r})\n"
+        "print(r.stdout.strip() or r.stderr)"
+    )
+    ours = os.pathsep.join(
+        p for p in sys.path if p and (Path(p, "dsv32").is_dir() or Path(p, "pydantic").is_dir())
+    )
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", host], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": ours, "HOME": str(home)},
+    )  # fmt: skip
+    assert done.stdout.strip() == "site pth False", done.stdout + done.stderr
+
+
 def test_rlimits_fallback_still_limits(tmp_path):
     r = sandbox.run([PY, "-c", "while True: pass"], cwd=tmp_path, timeout_s=1, memory_mb=256, kind="rlimits")
     assert r.timed_out and r.isolation == "rlimits"
     r = sandbox.run([PY, "-c", "bytearray(10**9)"], cwd=tmp_path, timeout_s=5, memory_mb=256, kind="rlimits")
     assert "MemoryError" in r.stderr
     assert "NO ISOLATION" in sandbox.isolation("rlimits").note
+    assert not sandbox.isolation("rlimits").home_hidden
 
 
 def test_stdin_exit_codes_and_missing_programs(tmp_path):

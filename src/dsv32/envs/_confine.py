@@ -2,10 +2,11 @@
 
 It runs inside the namespaces the sandbox made (``unshare`` or ``bwrap``) and, in this order:
 
-1. with ``"mounts": true`` (the ``unshare`` isolation, which has no bwrap to do it): bind-mounts each
-   writable directory onto itself, then remounts every other mount point read-only (keeping the
-   flags the kernel locks: nosuid, nodev, noexec, atime) — the whole filesystem but the work dir is
-   read-only;
+1. with ``"mounts": true`` (the ``unshare`` isolation, which has no bwrap to do it): mounts an empty
+   tmpfs over each ``"hide"`` directory (the host user's home) and binds each ``"expose"`` path in it
+   back, from a file descriptor opened before the tmpfs hid it; bind-mounts each writable directory
+   onto itself, then remounts every other mount point read-only (keeping the flags the kernel locks:
+   nosuid, nodev, noexec, atime) — the whole filesystem but the work dir is read-only;
 2. drops every capability from the bounding set and sets the no-new-privileges bit and the
    ``NOROOT`` secure bits, so the program (uid 0 inside its user namespace) cannot remount, mount or
    regain a capability through ``execve``;
@@ -67,6 +68,23 @@ def _mount_points() -> list[str]:
     return list(dict.fromkeys(points))
 
 
+def hide(dirs: list[str], expose: list[str]) -> None:
+    """An empty tmpfs over each of ``dirs``, then each ``expose`` path (inside them) bound back in."""
+    held = [(path, os.open(path, os.O_PATH)) for path in expose]  # before the tmpfs hides them
+    for path in dirs:
+        _check(
+            _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0555"), f"hide {path}"
+        )
+    for path, fd in held:
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            os.makedirs(path, exist_ok=True)
+        else:  # a file: its parent directories and an empty file to mount it on
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o444))
+        _mount(f"/proc/self/fd/{fd}", path, MS_BIND | MS_REC)
+        os.close(fd)
+
+
 def read_only_except(writable: list[str]) -> None:
     """Bind each writable dir onto itself, then remount every other mount point read-only."""
     for path in writable:
@@ -120,6 +138,7 @@ def main(argv: list[str]) -> None:
     status_fd = spec.get("status_fd")
     try:
         if spec.get("mounts"):
+            hide(spec.get("hide", []), spec.get("expose", []))
             read_only_except(spec["writable"])
         if spec.get("drop_privileges"):
             drop_privileges()

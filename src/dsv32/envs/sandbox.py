@@ -5,13 +5,18 @@ working directory, under three layers, the strongest this machine allows (probed
 :func:`isolation`):
 
 - ``bwrap`` (bubblewrap installed): new user, PID, IPC, UTS (and, unless ``network=True``, network)
-  namespaces; the host filesystem bound read-only, fresh ``/dev``, ``/proc`` and ``/tmp``; only the
-  work dir (and ``writable``) bound read-write; every capability dropped.
+  namespaces; the host filesystem bound read-only, fresh ``/dev``, ``/proc`` and ``/tmp``, the host
+  user's home hidden; only the work dir (and ``writable``) bound read-write; every capability dropped.
 - ``unshare`` (util-linux, unprivileged user namespaces): the same namespaces through ``unshare``;
-  ``_confine.py`` then bind-mounts the work dir onto itself, remounts every other mount point
-  read-only and drops every capability (so the program cannot remount anything back).
+  ``_confine.py`` then hides the home, bind-mounts the work dir onto itself, remounts every other
+  mount point read-only and drops every capability (so the program cannot remount anything back).
 - ``rlimits`` (neither works): resource limits and the process group only — the network, the host
   filesystem and the other processes of the host user are reachable; a warning says so.
+
+Hiding the home (its secrets: ``~/.ssh``, cloud and hub tokens, shell history) puts an empty,
+read-only directory in its place and binds back, read-only, only what the program needs from it: the
+Python installation and import path of this process (:func:`runtime_paths`) and ``readable`` paths
+(the work dir and ``writable`` stay read-write wherever they are).
 
 In every case ``setrlimit`` bounds CPU seconds (``RLIMIT_CPU``), address space (``RLIMIT_AS`` =
 ``memory_mb``), processes (``RLIMIT_NPROC``, counted per user namespace, so a fork bomb exhausts
@@ -68,13 +73,14 @@ class Isolation:
     read_only_fs: bool
     network_isolated: bool
     note: str
+    home_hidden: bool = False
 
 
 _NOTES = {
-    "bwrap": "bubblewrap: user/pid/ipc/uts/net namespaces, read-only host filesystem, work dir writable, "
-    "no capabilities, rlimits",
-    "unshare": "unshare: user/pid/mount/ipc/uts/net namespaces, every mount remounted read-only but the "
-    "work dir, no capabilities, rlimits (bubblewrap is not installed)",
+    "bwrap": "bubblewrap: user/pid/ipc/uts/net namespaces, read-only host filesystem, home hidden, work dir "
+    "writable, no capabilities, rlimits",
+    "unshare": "unshare: user/pid/mount/ipc/uts/net namespaces, home hidden, every mount remounted read-only "
+    "but the work dir, no capabilities, rlimits (bubblewrap is not installed)",
     "rlimits": "NO ISOLATION: neither bubblewrap nor unprivileged user namespaces work here; only rlimits "
     "and the process group apply — the program can use the network, write wherever this user can "
     "and signal this user's processes",
@@ -101,26 +107,80 @@ class SandboxResult:
         return self.returncode == 0 and not self.timed_out
 
 
+def hidden_dirs() -> list[str]:
+    """The directories a confined program does not see: the host user's home (``~``, real path),
+    unless it is ``/``."""
+    home = os.path.realpath(os.path.expanduser("~"))
+    return [home] if home != "/" and os.path.isdir(home) else []
+
+
+@cache
+def runtime_paths() -> tuple[str, ...]:
+    """What a program started with this process's Python needs to see: the interpreter's directory,
+    this package's confine stage and the import path that interpreter starts with (standard library,
+    site-packages, the directories ``.pth`` files add: editable installs), as real paths. Asked of the
+    interpreter once (~30 ms): this process's own ``sys.path`` also holds its script's directory,
+    which the program does not need."""
+    probe = "import json, sys; print(json.dumps(sys.path[1:]))"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", probe], cwd="/", env=env, capture_output=True, timeout=60
+        )
+        path = json.loads(done.stdout)
+    except (OSError, subprocess.TimeoutExpired, ValueError) as err:
+        log.warning("sandbox: could not read the interpreter's import path (%s); using this process's", err)
+        path = sys.path[1:]
+    paths = [os.path.dirname(os.path.realpath(sys.executable)), os.path.dirname(CONFINE), *path]
+    paths += [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]  # shared libraries
+    real = [os.path.realpath(p) for p in paths if p]
+    return tuple(p for p in dict.fromkeys(real) if os.path.exists(p))
+
+
+def _under(path: str, roots: Sequence[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def _outermost(paths: Sequence[str]) -> list[str]:
+    """``paths`` without those inside another one of them (binding the outer one binds them)."""
+    unique = sorted(set(paths), key=len)
+    kept: list[str] = []
+    for p in unique:
+        if not _under(p, kept):
+            kept.append(p)
+    return kept
+
+
 def _prefix_for(
     kind: str, network: bool, writable: Sequence[str], readable: Sequence[str]
-) -> tuple[list[str], bool, bool]:
-    """``(argv prefix before the confine stage, confine mounts?, confine drops capabilities?)``."""
-    if kind == "bwrap":
+) -> tuple[list[str], dict]:
+    """``(argv prefix before the confine stage, what the confine stage does: its spec's "mounts",
+    "hide", "expose" and "drop_privileges")``."""
+    given = [*writable, *readable]  # a home given to the program whole is not hidden
+    hide = [h for h in hidden_dirs() if kind != "rlimits" and not any(_under(h, [g]) for g in given)]
+    needed = _outermost([p for p in [*runtime_paths(), *readable] if p not in hide])
+    if kind == "bwrap":  # bwrap also gives the program a fresh /tmp
+        expose = [p for p in needed if _under(p, [*hide, "/tmp"])]
         argv = ["bwrap", "--unshare-user", "--unshare-pid", "--as-pid-1", "--unshare-ipc"]
         argv += ["--unshare-uts"]
         argv += [] if network else ["--unshare-net"]
         argv += ["--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev"]
         argv += ["--proc", "/proc", "--tmpfs", "/tmp", "--cap-drop", "ALL"]
-        for path in readable:  # bwrap's fresh /tmp would hide them
+        for path in hide:  # an empty directory in its place, then what the program needs from it
+            argv += ["--perms", "0555", "--tmpfs", path]
+        for path in expose:
             argv += ["--ro-bind", path, path]
         for path in writable:
             argv += ["--bind", path, path]
-        return argv, False, False
+        for path in hide:
+            argv += ["--remount-ro", path]
+        return argv, {"mounts": False, "drop_privileges": False}
     if kind == "unshare":
         argv = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child"]
         argv += ["--mount", "--mount-proc", "--ipc", "--uts"] + ([] if network else ["--net"])
-        return argv, True, True
-    return [], False, False
+        expose = [p for p in needed + list(writable) if _under(p, hide)]
+        return argv, {"mounts": True, "drop_privileges": True, "hide": hide, "expose": _outermost(expose)}
+    return [], {"mounts": False, "drop_privileges": False}
 
 
 @cache
@@ -152,7 +212,7 @@ def isolation(kind: str | None = None) -> Isolation:
     if chosen == "rlimits":
         _warn_once()
     confined = chosen != "rlimits"
-    return Isolation(chosen, confined, confined, confined, _NOTES[chosen])
+    return Isolation(chosen, confined, confined, confined, _NOTES[chosen], confined and bool(hidden_dirs()))
 
 
 def _hint(kind: str) -> str:
@@ -198,7 +258,8 @@ def command_prefix(
     programs (a Jupyter kernel) start it with :func:`popen` or put this prefix in front of its
     command; ``cpu_s`` (default ``timeout_s + 1``) bounds its CPU seconds for its whole life.
     ``cwd`` and ``writable`` are read-write, everything else read-only; ``readable`` names paths
-    under ``/tmp`` the program must see (bwrap gives it a fresh, empty ``/tmp``)."""
+    under ``/tmp`` (bwrap gives the program a fresh, empty ``/tmp``) or under the hidden home
+    (:func:`hidden_dirs`) that the program must see."""
     if memory_mb <= 0 or timeout_s <= 0 or processes <= 0 or open_files <= 0 or file_size_mb <= 0:
         raise SandboxError("sandbox limits must be positive (memory_mb, timeout_s, processes, files)")
     if kind not in KINDS:
@@ -217,10 +278,12 @@ def command_prefix(
     }
     full_env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": cwd, "TMPDIR": cwd, **BASE_ENV}
     full_env.update(env or {})
-    ro = [os.path.realpath(r) for r in readable]
-    prefix, mounts, drop = _prefix_for(kind, network, rw, ro)
-    spec = {"mounts": mounts, "drop_privileges": drop, "writable": rw, "limits": limits, "cwd": cwd}
-    spec["env"], spec["status_fd"] = full_env, status_fd
+    imports = [
+        p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p) and os.path.exists(p)
+    ]
+    ro = [os.path.realpath(r) for r in [*readable, *imports]]
+    prefix, spec = _prefix_for(kind, network, rw, ro)
+    spec |= {"writable": rw, "limits": limits, "cwd": cwd, "env": full_env, "status_fd": status_fd}
     return [*prefix, sys.executable, "-I", "-S", CONFINE, json.dumps(spec)]
 
 
