@@ -277,3 +277,18 @@ def test_bad_requests_are_typed_errors():
         sandbox.run(["true"], timeout_s=0, memory_mb=128)
     with pytest.raises(SandboxError, match="empty"):
         sandbox.run([], timeout_s=1, memory_mb=128)
+
+
+def test_a_tree_deeper_than_the_recursion_limit_and_unreadable_dirs_are_cleaned_up(tmp_path, kind):
+    code = (
+        "import os\nos.mkdir('locked'); open('locked/f', 'w').write('x'); os.chmod('locked', 0o500)\n"
+        "for i in range(3000):\n    os.mkdir('d'); os.chdir('d')\nprint('deep')"
+    )
+    r = sandbox.run([PY, "-c", code], timeout_s=60, memory_mb=256, kind=kind)  # its own temporary work dir
+    assert r.ok and r.stdout.strip() == "deep", r.stderr
+    work = tmp_path / "w"
+    r = attack(code, work, kind, timeout_s=60)
+    assert r.ok
+    sandbox.remove_tree(work)
+    assert not work.exists()
+    sandbox.remove_tree(work)  # already gone: nothing to do, no error

@@ -396,7 +396,25 @@ def run(
     finally:
         os.close(status_r)
         if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp)
+
+
+def remove_tree(path: str | os.PathLike) -> None:
+    """Remove a directory a sandboxed program wrote into, whatever it left there — a tree deeper
+    than Python's recursion limit, directories it made unreadable — and never raise: a tree that
+    cannot be removed is logged and left."""
+    try:
+        shutil.rmtree(path)
+        return
+    except FileNotFoundError:
+        return
+    except (OSError, RecursionError):
+        pass
+    # coreutils walk any depth without recursion; chmod first so the owner may empty every directory
+    subprocess.run(["chmod", "-R", "u+rwx", "--", str(path)], capture_output=True, check=False)
+    done = subprocess.run(["rm", "-rf", "--", str(path)], capture_output=True, check=False)
+    if os.path.lexists(path):
+        log.warning("sandbox: could not remove %s: %s", path, done.stderr.decode(errors="replace").strip())
 
 
 def _program_status(fd: int, fallback: int) -> int:

@@ -204,7 +204,7 @@ def check_version(
     freeze(workspace, dest)
     verdict = _check_frozen(dest, prompt, index, previous, limits)
     if not verdict.accepted:
-        shutil.rmtree(dest, ignore_errors=True)
+        sandbox.remove_tree(dest)
     return verdict
 
 
@@ -216,7 +216,7 @@ def _check_frozen(code: Path, prompt: str, index: int, previous: Version | None,
     try:
         schema = _harness("schema", [str(code)], scratch, [code], limits)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        sandbox.remove_tree(scratch)
     if not schema["ok"]:
         return Verdict(False, f"tools.py: {schema['error']}")
     db = code / "db.sqlite"
@@ -232,13 +232,13 @@ def _check_frozen(code: Path, prompt: str, index: int, previous: Version | None,
         if not verdict["passed"]:
             return Verdict(False, f"the solution's result fails its verifier: {verdict['reason']}")
     finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        sandbox.remove_tree(run_dir)
     idle_dir = Path(tempfile.mkdtemp(prefix="dsv32-synth-idle-"))
     try:
         shutil.copyfile(db, idle_dir / "db.sqlite")
         idle = run_verifier(code, db, idle_dir / "db.sqlite", "", limits)
     finally:
-        shutil.rmtree(idle_dir, ignore_errors=True)
+        sandbox.remove_tree(idle_dir)
     if not idle["ok"] or idle["passed"]:
         why = idle.get("error") or "it accepts an episode that called no tool and answered nothing"
         return Verdict(False, f"the verifier is too weak: {why}")
@@ -266,9 +266,9 @@ def _harder(code: Path, prompt: str, previous: Version, limits: Limits) -> tuple
                 return True, "the previous solution no longer runs on the new tools and data"
             verdict = run_verifier(mixed, code / "db.sqlite", run_dir / "db.sqlite", old["answer"], limits)
         finally:
-            shutil.rmtree(run_dir, ignore_errors=True)
+            sandbox.remove_tree(run_dir)
     finally:
-        shutil.rmtree(mixed, ignore_errors=True)
+        sandbox.remove_tree(mixed)
     if verdict.get("ok") and verdict.get("passed"):
         return (
             False,

@@ -14,7 +14,6 @@ Every tool returns text the agent reads; none raises for what the agent did.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +59,7 @@ class Workspace:
         return self.root / "work"
 
     def close(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        sandbox.remove_tree(self.root)
 
     # ------------------------------------------------------------------------------ the tools
     def bash(self, command: str) -> str:

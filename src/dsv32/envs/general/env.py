@@ -131,5 +131,5 @@ class GeneralToolEnv(Environment):
 
     def close(self) -> None:
         if self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            sandbox.remove_tree(self.workdir)
             self.workdir = None

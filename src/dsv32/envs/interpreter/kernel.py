@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import queue
 import re
-import shutil
 import subprocess
 import tempfile
 import time
@@ -181,7 +180,7 @@ class SandboxedKernel:
     def close(self) -> None:
         self._stop()
         if self._own_dir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            sandbox.remove_tree(self.workdir)
 
     def __enter__(self) -> SandboxedKernel:
         return self

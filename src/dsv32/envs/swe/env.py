@@ -213,5 +213,5 @@ class SweEnv(Environment):
 
     def close(self) -> None:
         if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            sandbox.remove_tree(self.tmp)
         self.tmp = self.repo = None

@@ -111,8 +111,8 @@ def run_pytest(
     """Run pytest on ``args`` (node ids or paths; default: the suite) in ``repo``, sandboxed (no
     network, only ``repo``, a scratch dir and ``writable`` writable), and read its JUnit report;
     ``extra`` goes before ``args`` on pytest's command line, ``env`` into its environment."""
-    with tempfile.TemporaryDirectory(prefix="dsv32-pytest-") as tmp:
-        scratch = Path(tmp)
+    scratch = Path(tempfile.mkdtemp(prefix="dsv32-pytest-"))
+    try:
         report = scratch / "report.xml"
         argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
                 f"--junitxml={report}", f"--rootdir={repo.resolve()}", *(extra or []), *(args or [])]  # fmt: skip
@@ -125,6 +125,8 @@ def run_pytest(
         if not report.is_file():
             return TestReport({}, {}, done.returncode, done.timed_out, tail)
         outcomes, messages = parse_junit(report.read_text(encoding="utf-8"), repo)
+    finally:
+        sandbox.remove_tree(scratch)
     return TestReport(outcomes, messages, done.returncode, done.timed_out, tail)
 
 
