@@ -207,7 +207,7 @@ def test_home_is_hidden_but_what_the_program_needs_from_it_is_not(home, kind):
     assert lines[5] == "home read-only"
     assert (work / "mine.txt").read_text() == "ok" and not (home / "planted").exists()
     assert (home / ".ssh" / "id_ed25519").read_text() == "PRIVATE KEY"
-    assert sandbox.isolation(kind).home_hidden
+    assert str(home) in sandbox.isolation(kind).hidden
 
 
 def test_a_home_given_as_the_work_dir_is_the_program_s(home, kind):
@@ -256,7 +256,7 @@ def test_rlimits_fallback_still_limits(tmp_path):
     r = sandbox.run([PY, "-c", "bytearray(10**9)"], cwd=tmp_path, timeout_s=5, memory_mb=256, kind="rlimits")
     assert "MemoryError" in r.stderr
     assert "NO ISOLATION" in sandbox.isolation("rlimits").note
-    assert not sandbox.isolation("rlimits").home_hidden
+    assert sandbox.isolation("rlimits").hidden == ()
 
 
 def test_stdin_exit_codes_and_missing_programs(tmp_path):
@@ -292,3 +292,57 @@ def test_a_tree_deeper_than_the_recursion_limit_and_unreadable_dirs_are_cleaned_
     sandbox.remove_tree(work)
     assert not work.exists()
     sandbox.remove_tree(work)  # already gone: nothing to do, no error
+
+
+def test_the_program_cannot_forge_its_exit_status_or_trace_the_confine_stage(tmp_path, kind):
+    # the confine stage (pid 1 of the namespace) reports the program's end on a pipe; the program
+    # must reach neither that pipe (through /proc/1/fd) nor the process (ptrace)
+    code = (
+        "import ctypes, os, sys\n"
+        "try:\n    fds = os.listdir('/proc/1/fd')\nexcept OSError:\n    fds = []\n"
+        "for fd in fds:\n"
+        "    try:\n        open(f'/proc/1/fd/{fd}', 'w').write('exit 0 ')\n        print('wrote', fd)\n"
+        "    except OSError:\n        pass\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('ptrace', libc.ptrace(16, 1, None, None))\n"  # PTRACE_ATTACH
+        "sys.exit(3)"
+    )
+    r = attack(code, tmp_path / "w", kind)
+    assert "wrote" not in r.stdout and "ptrace -1" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 3
+
+
+def test_mount_points_with_escaped_and_non_ascii_names_are_read_back_exactly():
+    from dsv32.envs import _confine
+
+    # mountinfo escapes space, tab, newline and backslash as octal and writes other bytes raw
+    assert _confine._unescape(b"/tmp/mnt\\040sp\\011t\\134b-\xc3\xa9") == "/tmp/mnt sp\tt\\b-é"
+    assert _confine._unescape(b"/data/\xff") == os.fsdecode(b"/data/\xff")  # not UTF-8: still that path
+    assert os.path.isdir(_confine._mount_points()[0])
+
+
+def test_other_episodes_and_host_sockets_are_out_of_reach(tmp_path, kind, neighbour):
+    # a Unix socket is reachable through a read-only mount: the host's temporary directories (other
+    # episodes' work dirs, a Jupyter kernel's ipc sockets) and /run must not be there at all
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = str(tmp_path / "host.sock")
+    listener.bind(path)
+    listener.listen(1)
+    listener.settimeout(0.5)
+    code = (
+        "import os, socket\n"
+        f"print('neighbour', os.path.exists({str(neighbour)!r}))\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        f"try:\n    s.connect({path!r}); s.sendall(b'hello'); print('connected')\nexcept OSError as e:\n"
+        "    print('refused', type(e).__name__)\n"
+        "print('run', sorted(os.listdir('/run')) if os.path.isdir('/run') else None)\n"
+    )
+    try:
+        r = attack(code, tmp_path / "w", kind)
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    finally:
+        listener.close()
+    assert r.ok, r.stderr
+    assert r.stdout.splitlines() == ["neighbour False", "refused FileNotFoundError", "run []"]
+    assert "/tmp" in sandbox.isolation(kind).hidden

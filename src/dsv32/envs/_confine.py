@@ -38,7 +38,7 @@ _LOCKED = {
     os.ST_NODIRATIME: MS_NODIRATIME,
     os.ST_RELATIME: MS_RELATIME,
 }
-PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS = 24, 28, 38
+PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS = 4, 24, 28, 38
 SECBIT_ALL_LOCKED_NOROOT = 0x2F  # NOROOT, NO_SETUID_FIXUP and their locks; KEEP_CAPS off
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -61,17 +61,26 @@ def _mount(source: str | None, target: str, flags: int) -> None:
     _check(_libc.mount(src, target.encode(), None, flags, None), f"mount {target}")
 
 
+def _unescape(field: bytes) -> str:
+    """A mountinfo path: the kernel writes space, tab, newline and backslash as 3-digit octal
+    escapes and every other byte as is (UTF-8 or not), so undo the escapes on the bytes."""
+    parts = field.split(b"\\")
+    raw = parts[0] + b"".join(bytes([int(p[:3], 8)]) + p[3:] for p in parts[1:])
+    return os.fsdecode(raw)
+
+
 def _mount_points() -> list[str]:
-    """Every mount point of this namespace (field 5 of mountinfo, octal escapes undone)."""
+    """Every mount point of this namespace (field 5 of mountinfo)."""
     with open("/proc/self/mountinfo", "rb") as f:
-        points = [line.split()[4].decode("unicode_escape") for line in f]
+        points = [_unescape(line.split()[4]) for line in f]
     return list(dict.fromkeys(points))
 
 
 def hide(dirs: list[str], expose: list[str]) -> None:
     """An empty tmpfs over each of ``dirs``, then each ``expose`` path (inside them) bound back in."""
     held = [(path, os.open(path, os.O_PATH)) for path in expose]  # before the tmpfs hides them
-    for path in dirs:
+    for path in dirs:  # parents first: a hidden dir inside another is made in the empty one
+        os.makedirs(path, exist_ok=True)
         _check(
             _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0555"), f"hide {path}"
         )
@@ -145,6 +154,9 @@ def main(argv: list[str]) -> None:
     except (ConfineError, OSError, ValueError) as err:
         sys.stderr.write(f"sandbox: could not confine the program: {err}\n")
         sys.exit(126)
+    # not dumpable: the program (same uid, no capabilities) cannot open this process's files through
+    # /proc/1/fd (the status fd) nor ptrace it; the program's own execve makes it dumpable again
+    _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "clear dumpable")
     child = os.fork()
     if child == 0:
         if status_fd is not None:

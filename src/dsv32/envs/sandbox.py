@@ -5,18 +5,22 @@ working directory, under three layers, the strongest this machine allows (probed
 :func:`isolation`):
 
 - ``bwrap`` (bubblewrap installed): new user, PID, IPC, UTS (and, unless ``network=True``, network)
-  namespaces; the host filesystem bound read-only, fresh ``/dev``, ``/proc`` and ``/tmp``, the host
-  user's home hidden; only the work dir (and ``writable``) bound read-write; every capability dropped.
+  namespaces; the host filesystem bound read-only, fresh ``/dev`` and ``/proc``, the hidden
+  directories (below) emptied; only the work dir (and ``writable``) bound read-write; every
+  capability dropped.
 - ``unshare`` (util-linux, unprivileged user namespaces): the same namespaces through ``unshare``;
-  ``_confine.py`` then hides the home, bind-mounts the work dir onto itself, remounts every other
-  mount point read-only and drops every capability (so the program cannot remount anything back).
+  ``_confine.py`` then empties the hidden directories, bind-mounts the work dir onto itself,
+  remounts every other mount point read-only and drops every capability (so the program cannot
+  remount anything back).
 - ``rlimits`` (neither works): resource limits and the process group only — the network, the host
   filesystem and the other processes of the host user are reachable; a warning says so.
 
-Hiding the home (its secrets: ``~/.ssh``, cloud and hub tokens, shell history) puts an empty,
-read-only directory in its place and binds back, read-only, only what the program needs from it: the
-Python installation and import path of this process (:func:`runtime_paths`) and ``readable`` paths
-(the work dir and ``writable`` stay read-write wherever they are).
+Hidden directories (:func:`hidden_dirs`): the host user's home (``~/.ssh``, cloud and hub tokens,
+shell history), ``/tmp`` and the temporary directory (other episodes' work dirs and their sockets)
+and, without network, ``/run`` (host service sockets). Each is replaced by an empty, read-only
+directory into which only what the program needs is bound back, read-only: the Python installation
+and import path of this process (:func:`runtime_paths`) and ``readable`` paths; the work dir and
+``writable`` stay read-write wherever they are.
 
 In every case ``setrlimit`` bounds CPU seconds (``RLIMIT_CPU``), address space (``RLIMIT_AS`` =
 ``memory_mb``), processes (``RLIMIT_NPROC``, counted per user namespace, so a fork bomb exhausts
@@ -73,14 +77,14 @@ class Isolation:
     read_only_fs: bool
     network_isolated: bool
     note: str
-    home_hidden: bool = False
+    hidden: tuple[str, ...] = ()
 
 
 _NOTES = {
-    "bwrap": "bubblewrap: user/pid/ipc/uts/net namespaces, read-only host filesystem, home hidden, work dir "
-    "writable, no capabilities, rlimits",
-    "unshare": "unshare: user/pid/mount/ipc/uts/net namespaces, home hidden, every mount remounted read-only "
-    "but the work dir, no capabilities, rlimits (bubblewrap is not installed)",
+    "bwrap": "bubblewrap: user/pid/ipc/uts/net namespaces, read-only host filesystem, home, /tmp and /run "
+    "hidden, work dir writable, no capabilities, rlimits",
+    "unshare": "unshare: user/pid/mount/ipc/uts/net namespaces, home, /tmp and /run hidden, every mount "
+    "remounted read-only but the work dir, no capabilities, rlimits",
     "rlimits": "NO ISOLATION: neither bubblewrap nor unprivileged user namespaces work here; only rlimits "
     "and the process group apply — the program can use the network, write wherever this user can "
     "and signal this user's processes",
@@ -107,11 +111,14 @@ class SandboxResult:
         return self.returncode == 0 and not self.timed_out
 
 
-def hidden_dirs() -> list[str]:
-    """The directories a confined program does not see: the host user's home (``~``, real path),
-    unless it is ``/``."""
-    home = os.path.realpath(os.path.expanduser("~"))
-    return [home] if home != "/" and os.path.isdir(home) else []
+def hidden_dirs(network: bool = False) -> list[str]:
+    """The directories a confined program finds empty but for what it needs from them (real paths,
+    parents first): the host user's home (its keys and tokens), the host's temporary directories
+    (other episodes' work dirs and the sockets in them) and, without network, ``/run`` (the host's
+    service sockets: a read-only mount does not stop ``connect()`` on a Unix socket)."""
+    dirs = [os.path.expanduser("~"), "/tmp", tempfile.gettempdir(), *([] if network else ["/run"])]
+    real = dict.fromkeys(os.path.realpath(d) for d in dirs)
+    return sorted((d for d in real if d != "/" and os.path.isdir(d)), key=len)
 
 
 @cache
@@ -151,21 +158,27 @@ def _outermost(paths: Sequence[str]) -> list[str]:
     return kept
 
 
+def _hidden_for(kind: str, network: bool, given: Sequence[str]) -> list[str]:
+    """:func:`hidden_dirs` but those given to the program whole (``cwd``, ``writable``, ``readable``)."""
+    if kind == "rlimits":
+        return []
+    return [h for h in hidden_dirs(network) if not any(_under(h, [g]) for g in given)]
+
+
 def _prefix_for(
     kind: str, network: bool, writable: Sequence[str], readable: Sequence[str]
 ) -> tuple[list[str], dict]:
     """``(argv prefix before the confine stage, what the confine stage does: its spec's "mounts",
     "hide", "expose" and "drop_privileges")``."""
-    given = [*writable, *readable]  # a home given to the program whole is not hidden
-    hide = [h for h in hidden_dirs() if kind != "rlimits" and not any(_under(h, [g]) for g in given)]
+    hide = _hidden_for(kind, network, [*writable, *readable])
     needed = _outermost([p for p in [*runtime_paths(), *readable] if p not in hide])
-    if kind == "bwrap":  # bwrap also gives the program a fresh /tmp
-        expose = [p for p in needed if _under(p, [*hide, "/tmp"])]
+    if kind == "bwrap":
+        expose = [p for p in needed if _under(p, hide)]
         argv = ["bwrap", "--unshare-user", "--unshare-pid", "--as-pid-1", "--unshare-ipc"]
         argv += ["--unshare-uts"]
         argv += [] if network else ["--unshare-net"]
         argv += ["--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev"]
-        argv += ["--proc", "/proc", "--tmpfs", "/tmp", "--cap-drop", "ALL"]
+        argv += ["--proc", "/proc", "--cap-drop", "ALL"]
         for path in hide:  # an empty directory in its place, then what the program needs from it
             argv += ["--perms", "0555", "--tmpfs", path]
         for path in expose:
@@ -212,7 +225,9 @@ def isolation(kind: str | None = None) -> Isolation:
     if chosen == "rlimits":
         _warn_once()
     confined = chosen != "rlimits"
-    return Isolation(chosen, confined, confined, confined, _NOTES[chosen], confined and bool(hidden_dirs()))
+    return Isolation(
+        chosen, confined, confined, confined, _NOTES[chosen], tuple(_hidden_for(chosen, False, ()))
+    )
 
 
 def _hint(kind: str) -> str:
@@ -258,8 +273,8 @@ def command_prefix(
     programs (a Jupyter kernel) start it with :func:`popen` or put this prefix in front of its
     command; ``cpu_s`` (default ``timeout_s + 1``) bounds its CPU seconds for its whole life.
     ``cwd`` and ``writable`` are read-write, everything else read-only; ``readable`` names paths
-    under ``/tmp`` (bwrap gives the program a fresh, empty ``/tmp``) or under the hidden home
-    (:func:`hidden_dirs`) that the program must see."""
+    in a hidden directory (:func:`hidden_dirs`: the home, ``/tmp``, ``/run``) that the program must
+    see."""
     if memory_mb <= 0 or timeout_s <= 0 or processes <= 0 or open_files <= 0 or file_size_mb <= 0:
         raise SandboxError("sandbox limits must be positive (memory_mb, timeout_s, processes, files)")
     if kind not in KINDS:
@@ -419,15 +434,17 @@ def remove_tree(path: str | os.PathLike) -> None:
 
 def _program_status(fd: int, fallback: int) -> int:
     """The program's own end as the confine stage reported it (``-N`` for signal N), else the
-    launcher's return code (the confine stage itself was killed or failed)."""
+    launcher's return code (the confine stage itself was killed or failed, or the report is not
+    one the confine stage writes)."""
     os.set_blocking(fd, False)
     try:
-        kind, _, value = os.read(fd, 64).decode().partition(" ")
-    except BlockingIOError:
+        report = os.read(fd, 64).decode("ascii")
+    except (BlockingIOError, UnicodeDecodeError):
         return fallback
-    if kind == "signal":
-        return -int(value)
-    return int(value) if kind == "exit" else fallback
+    kind, _, value = report.partition(" ")
+    if kind not in ("exit", "signal") or not value.isdigit() or int(value) > 255:
+        return fallback
+    return -int(value) if kind == "signal" else int(value)
 
 
 def _feed(proc: subprocess.Popen, stdin: str | bytes | None) -> None:
