@@ -241,3 +241,10 @@ def test_plain_q_projection_without_q_lora(tmp_path):
     assert torch.equal(
         DeepseekV32.from_pretrained(tmp_path, dtype=torch.float32)(ids).logits, model(ids).logits
     )
+
+
+def test_a_config_of_another_architecture_is_refused_by_name(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "num_attention_heads": 9, "num_key_value_heads": 3}))
+    with pytest.raises(ConfigError, match="'llama' config, not DeepSeek"):
+        ModelConfig.from_pretrained(path)

@@ -163,7 +163,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--tool-timeout", type=float, default=60.0, help="seconds per tool call")
     q.add_argument("--device", default="auto", help="--backend local: auto, cpu, cuda")
     q.add_argument("--out", help="output directory (default: runs/agent/<time>)")
-    q.add_argument("--quiet", action="store_true", help="print only the final line")
+    q.add_argument("--quiet", action="store_true", help="no streaming: summary and paths only")
 
     def run(args: argparse.Namespace) -> int:
         from dsv32.agent import Agent, AgentError, ScriptedBackend, run_episode

@@ -37,7 +37,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="generate from a checkpoint directory (HF format)")
+    p = sub.add_parser("generate", help="generate from a V3.2 checkpoint directory")
     p.add_argument("checkpoint")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="text (needs a tokenizer in the checkpoint directory)")

@@ -244,6 +244,12 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 
 def _from_hf(raw: dict[str, Any]) -> dict[str, Any]:
     data = dict(raw)
+    kind = data.get("model_type")
+    if kind is not None and kind not in ("deepseek_v32", "deepseek_v3"):
+        raise ConfigError(
+            f"a {kind!r} config, not DeepSeek-V3/V3.2: this class loads the V3.2 architecture; "
+            "other Hugging Face models run through dsv32.engine.load_model (dsv32 serve, --backend local)"
+        )
     kvh = data.get("num_key_value_heads")
     if kvh is not None and "num_attention_heads" in data and kvh != data["num_attention_heads"]:
         raise ConfigError(
