@@ -70,7 +70,7 @@ CASES = [
     (["rl", "train", "--policy", "no-such-policy", "--steps", "1", "--out", "{out}"],
      "cannot load model 'no-such-policy'"),
     (["rl", "eval", "{tmp}/broken.toml", "--out", "{out}"], "is not valid TOML"),
-    (["rl", "eval", "--policy", "{missing}", "--out", "{out}"], "cannot load model"),
+    (["rl", "eval", "--policy", "{missing}", "--out", "{out}"], "missing.json': there is no such directory"),
 ]  # fmt: skip
 
 

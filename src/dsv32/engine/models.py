@@ -198,6 +198,9 @@ def load_hf(name: str, dtype: torch.dtype = torch.float32):
         return model, None
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    looks_like_path = name.startswith(("/", ".", "~")) or name.count("/") > 1  # a hub id has one '/'
+    if looks_like_path and not Path(name).expanduser().exists():
+        raise ModelLoadError(f"cannot load model {name!r}: there is no such directory")
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
     except (OSError, ValueError) as err:
