@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import tempfile
 import tomllib
 import types
 import typing
@@ -45,6 +47,7 @@ class Rule:
     ok: Callable[[Any], bool]
     allowed: str
     on_disk: bool = False
+    why: Callable[[Any], str] | None = None  # why a refused value is refused (appended to the message)
 
 
 def at_least(lo: float) -> Rule:
@@ -64,6 +67,43 @@ NON_NEGATIVE = Rule(lambda v: v >= 0, ">= 0")
 UNIT = in_range(0.0, 1.0)  # probabilities and fractions
 OPEN_UNIT = Rule(lambda v: 0 < v <= 1, "in (0, 1]")
 EXISTING_PATH = Rule(lambda v: Path(v).exists(), "an existing file or directory", on_disk=True)
+# AdamW's (beta1, beta2): exactly two, each in [0, 1)
+BETAS = Rule(
+    lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two numbers [beta1, beta2], each in [0, 1)"
+)
+
+
+def out_dir_problem(path: str | Path) -> str | None:
+    """Why ``path`` cannot be (or become) an output directory, or None when it can: an existing path
+    must be a writable directory; otherwise its nearest existing ancestor must be a directory in which
+    a directory can be made (tried with an empty directory that is removed at once, so places that
+    refuse new entries — ``/proc``, read-only mounts, another user's folder — are found before a run
+    starts)."""
+    path = Path(path)
+    if path.exists():
+        if not path.is_dir():
+            return f"{path} exists and is not a directory"
+        if not os.access(path, os.W_OK | os.X_OK):
+            return f"{path} is not writable"
+        return None
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".dsv32-probe-", dir=parent))
+    except OSError as err:
+        return f"no directory can be made in {parent} ({err.strerror or err})"
+    return None
+
+
+OUT_DIR = Rule(
+    lambda v: bool(v) and out_dir_problem(v) is None,
+    "a directory that exists or can be created",
+    on_disk=True,
+    why=lambda v: "it is empty" if not v else out_dir_problem(v) or "",
+)
 
 
 def each(rule: Rule) -> Rule:
@@ -200,7 +240,8 @@ def check_fields(
             raise error(f"[{where}] {key} = {_show(data[key])}: must be {_type_name(hints[key])}")
         rule = ranges.get(key)
         if rule is not None and value is not None and not rule.ok(value):
-            raise error(f"[{where}] {key} = {_show(data[key])}: must be {rule.allowed}")
+            why = f": {rule.why(value)}" if rule.why is not None else ""
+            raise error(f"[{where}] {key} = {_show(data[key])}: must be {rule.allowed}{why}")
         out[key] = value
     return out
 
@@ -231,11 +272,21 @@ def read_recipe(
                 data = tomllib.load(f)
         except OSError as err:
             raise error(f"cannot read recipe {path}: {err.strerror or err}") from err
+        except UnicodeDecodeError as err:
+            raise error(f"{path}: {not_utf8(err)}") from err
         except tomllib.TOMLDecodeError as err:
             raise error(f"{path} is not valid TOML: {err}") from err
     for item in overrides or []:
         apply_override(data, item, error)
     return data
+
+
+def not_utf8(err: UnicodeDecodeError) -> str:
+    """``line L: not UTF-8 text (byte 0xff at column C)`` for an error decoding a whole text."""
+    data = bytes(err.object)
+    line = data.count(b"\n", 0, err.start) + 1
+    column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+    return f"line {line}: not UTF-8 text (byte 0x{data[err.start]:02x} at column {column}); save it as UTF-8"
 
 
 def apply_override(data: dict[str, Any], item: str, error: type[RecipeError] = RecipeError) -> None:

@@ -111,3 +111,77 @@ def test_rl_recipes_load_and_validate(tmp_path):
     bad.write_text("[grpo\n")
     with pytest.raises(RLConfigError, match="not valid TOML"):
         load_rl_config(bad)
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"prompt": "1+1?", "answer": [2]}, "'answer' must be a string or a number"),
+        ({"prompt": "1+1?", "answer": False}, "'answer' must be a string or a number"),
+        ({"prompt": "1+1?", "domain": ["math"]}, "'domain' must be a string"),
+        ({"prompt": "1+1?", "rubric": {"a": 1}}, "'rubric' must be a string"),
+        ({"prompt": "1+1?", "system": 5}, "'system' must be a string, got 5"),
+        ({"prompt": "1+1?", "id": [1]}, "'id' must be a string or an integer"),
+        ({"prompt": ""}, "needs a non-empty string 'prompt'"),
+    ],
+)
+def test_jsonl_task_fields_of_the_wrong_type_name_file_and_line(tmp_path, row, message):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps({"prompt": "ok"}) + "\n\n" + json.dumps(row) + "\n")
+    with pytest.raises(TaskError, match=re.escape(f"tasks.jsonl:3: {message}")):
+        JsonlTasks(str(path))
+
+
+def test_every_task_is_checked_against_the_rewards_before_the_policy_loads(tmp_path, monkeypatch):
+    import dsv32.rl.trainer as trainer
+    from dsv32.rl.config import rl_config_from_dict
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the policy loaded before the tasks were checked")
+
+    monkeypatch.setattr(trainer, "load_policy", no_model)
+    path = tmp_path / "tasks.jsonl"
+    rows = [{"prompt": "1+1?", "answer": 2, "domain": "math"}, {"prompt": "2+2?", "domain": "exact"}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "out"
+    cfg = rl_config_from_dict({"out_dir": str(out), "sources": [{"kind": "jsonl", "path": str(path)}]})
+    with pytest.raises(TaskError, match=r"tasks\.jsonl:2: domain 'exact' is scored against a reference"):
+        trainer.train_grpo(cfg, progress=False)
+    path.write_text(json.dumps({"prompt": "Write a haiku."}) + "\n")  # 'general' needs a judge
+    with pytest.raises(TaskError, match=r"tasks\.jsonl:1: domain 'general' .* add \[rewards\.judge\]"):
+        trainer.train_grpo(cfg, progress=False)
+    cfg.rewards = {"math": {"weights": {"math": 1.0}, "foo": 1}}
+    with pytest.raises(RLConfigError, match=r"\[rewards\.math\] unknown RewardSpec keys \['foo'\]"):
+        trainer.train_grpo(cfg, progress=False)
+    assert not out.exists()
+
+
+def test_reward_setup_keeps_judged_domains_only_with_a_judge():
+    from dsv32.rl.rewards_setup import reward_setup
+    from dsv32.rl.tasks import Task
+
+    plain = reward_setup({}, max_tokens=64)
+    assert sorted(plain.specs) == ["exact", "math"] and plain.unjudged == ("general",)
+    judged = reward_setup({"judge": {"local": "tiny-llama", "scale": 5}}, max_tokens=64)
+    assert "general" in judged.specs
+    assert judged.task_problem(Task("t", "general", "Write a haiku.")) is None
+    assert "no reward" in judged.task_problem(Task("t", "mth", "1+1?", answer="2"))
+    with pytest.raises(RLConfigError, match=r"\[rewards\.judge\] scale must be > 0"):
+        reward_setup({"judge": {"local": "tiny-llama", "scale": 0}}, max_tokens=64)
+
+
+@pytest.mark.parametrize("betas", [[0.9], [0.9, 0.99, 0.999], [0.9, 1.0]])
+def test_grpo_betas_are_two_numbers_in_0_1(betas):
+    from dsv32.rl.config import GRPOConfig
+
+    with pytest.raises(RLConfigError, match="betas"):
+        GRPOConfig(betas=betas)
+
+
+def test_env_options_are_checked_against_the_environment_when_the_recipe_is_read():
+    from dsv32.rl.agentic_config import agentic_config_from_dict
+
+    cfg = agentic_config_from_dict({"envs": [{"name": "code-interpreter", "options": {"cell_timeout_s": 5}}]})
+    assert cfg.envs[0].options == {"cell_timeout_s": 5}
+    with pytest.raises(RLConfigError, match=r"\[envs\.0\] options = \{\"foo\": 1\}: environment"):
+        agentic_config_from_dict({"envs": [{"name": "code-interpreter", "options": {"foo": 1}}]})

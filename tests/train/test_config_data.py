@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,52 @@ def test_sequence_order_is_a_permutation_per_pass_and_resumable():
     for p in range(3):
         assert sorted(order[5 * p : 5 * p + 5]) == list(range(5))
     assert sequence_order(5, seed=3, start=7, count=4) == order[7:11]
+
+
+def test_a_jsonl_source_line_that_is_not_utf8_is_named_by_file_and_line(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    path.write_bytes(b'{"text": "a"}\r\n\n{"text": "b"}\r{"text": "c\xff"}\n')
+    with pytest.raises(TrainConfigError, match=r"docs\.jsonl:4: not UTF-8 text \(byte 0xff at column 12\)"):
+        list_documents(DataConfig(source=str(path)))
+
+
+def test_a_recipe_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    path = tmp_path / "r.toml"
+    path.write_bytes(b"[warmup]\nsteps = 2\n# caf\xe9\n")
+    with pytest.raises(TrainConfigError, match=r"r\.toml: line 3: not UTF-8 text \(byte 0xe9 at column 6\)"):
+        load_run_config(path)
+
+
+@pytest.mark.parametrize(
+    ("dsa", "message"),
+    [
+        ({"index_head_dim": 7}, "index_head_dim = 7: must be even"),
+        ({"index_head_dim": 16, "index_rope_head_dim": 5}, "index_rope_head_dim = 5: must be even"),
+        ({"index_head_dim": 16, "index_rope_head_dim": 32}, "index_rope_head_dim = 32: must be even"),
+    ],
+)
+def test_dsa_shapes_that_rope_cannot_rotate_are_recipe_errors(tmp_path, dsa, message):
+    from dsv32.train.config import run_config_from_dict
+
+    with pytest.raises(TrainConfigError, match=re.escape(f"[dsa] {message}")):
+        run_config_from_dict({"dsa": dsa, "out_dir": str(tmp_path / "out")})
+    run_config_from_dict({"dsa": {"index_head_dim": 7, "index_rope_head_dim": 6}, "out_dir": str(tmp_path)})
+
+
+def test_stage_betas_and_unwritable_out_dirs_are_recipe_errors(tmp_path):
+    from dsv32.train.config import run_config_from_dict
+
+    with pytest.raises(TrainConfigError, match=r"\[warmup\] betas = \[0\.9\]: must be two numbers"):
+        run_config_from_dict({"warmup": {"betas": [0.9]}})
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(TrainConfigError, match="file is not a directory"):
+        run_config_from_dict({"out_dir": str(tmp_path / "file" / "out")})
+    if Path("/proc/self").is_dir():  # a place that refuses new directories
+        with pytest.raises(TrainConfigError, match="no directory can be made in /proc"):
+            run_config_from_dict({"out_dir": "/proc/dsv32-out"})
+    assert list(tmp_path.iterdir()) == [tmp_path / "file"]  # the probe left nothing behind
+
+
+def test_tiny_models_without_a_tokenizer_are_refused_by_the_commands(tmp_path):
+    with pytest.raises(TrainConfigError, match="'tiny-llama': a random test model without a tokenizer"):
+        config_from_cli("warmup", {"model": "tiny-llama", "out": str(tmp_path / "out")})

@@ -39,7 +39,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     for name, text in helps.items():
         q = dsub.add_parser(name, help=text)
         recipe_args(q)
-        q.add_argument("--model", help="smollm2, an HF dir/hub id, a stage output (.../model), tiny-llama")
+        q.add_argument(
+            "--model", help="smollm2, an HF dir/hub id, a stage output (.../model), a native V3.2 checkpoint"
+        )
         q.add_argument("--data", help="stdlib (default), a text or .jsonl file, or a directory")
         q.add_argument("--seq-len", type=int, help="tokens per sequence")
         q.add_argument("--topk", type=int, help="keys per query (DSA top-k)")

@@ -19,11 +19,14 @@ run and are rewarded) and ``[[envs]]`` (the environments in the mix, with weight
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from dsv32.chat.templates import EPISODE_PROMPTS
+from dsv32.envs.base import EnvError, get_env
 from dsv32.recipe import NON_NEGATIVE, POSITIVE, Checked, Rule, at_least, build_section, one_of, read_recipe
 from dsv32.rl.config import RLConfig, RLConfigError, rl_config_from_dict
 from dsv32.rl.rewards.shaping import LENGTH_SHAPES
@@ -100,7 +103,34 @@ def agentic_config_from_dict(data: dict[str, Any]) -> AgenticConfig:
     if not isinstance(envs, list) or not envs:
         raise RLConfigError("envs must be a non-empty array of tables ([[envs]])")
     sources = [build_section(EnvSource, e, f"envs.{i}", RLConfigError) for i, e in enumerate(envs)]
+    for i, e in enumerate(sources):
+        check_env_options(e, f"envs.{i}")
     return AgenticConfig(rl, section, sources)
+
+
+def check_env_options(source: EnvSource, where: str) -> None:
+    """``source.name`` is a registered environment and its factory takes ``source.options`` (checked
+    against the factory's signature: nothing is built)."""
+    try:
+        factory = get_env(source.name).factory
+    except EnvError as err:
+        raise RLConfigError(f"[{where}] name = {source.name!r}: {err}") from None
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a callable without a readable signature is taken on trust
+        return
+    try:
+        signature.bind(**source.options)
+    except TypeError as err:
+        known = sorted(
+            name
+            for name, p in signature.parameters.items()
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+        )
+        raise RLConfigError(
+            f"[{where}] options = {json.dumps(source.options)}: environment {source.name!r} does not take "
+            f"them ({err}); its options: {known}"
+        ) from None
 
 
 def load_agentic_config(path: str | Path | None = None, overrides: list[str] | None = None) -> AgenticConfig:

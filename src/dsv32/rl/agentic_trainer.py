@@ -43,7 +43,7 @@ from dsv32.rl.agentic import (
 from dsv32.rl.agentic_config import AgenticConfig
 from dsv32.rl.loss import group_advantages
 from dsv32.rl.policy import Policy, load_policy
-from dsv32.rl.rewards_setup import build_reward_fn, score
+from dsv32.rl.rewards_setup import build_reward_fn, reward_setup, score
 from dsv32.rl.rollout import SamplingConfig, rollout, truncates
 from dsv32.rl.tasks import MixedTasks
 from dsv32.rl.trainer import (
@@ -263,17 +263,21 @@ def train_agentic(
     """Run mixed agentic GRPO as configured (see the module docstring)."""
     rl, g = cfg.rl, cfg.rl.grpo
     torch.manual_seed(rl.seed)
+    sources, held = env_sources(cfg)
+    if cfg.agentic.single_turn:  # the single-turn tasks and their rewards, checked before the model loads
+        rewards = reward_setup(
+            rl.rewards, max_tokens=rl.sampling.max_new_tokens, thinking=cfg.agentic.thinking
+        )
+        sources += build_tasks(rl, rewards).sources
     policy = policy or v32_policy(cfg)
     if g.keep_routing and policy.kind != "native":
         g = replace(g, keep_routing=False)
-    sources, held = env_sources(cfg)
     reward_fn = None
     if cfg.agentic.single_turn:
         # completions are read in the mode their prompts were rendered in (the policy's)
         reward_fn = build_reward_fn(
             rl.rewards, max_tokens=rl.sampling.max_new_tokens, thinking=policy.thinking
         )
-        sources += build_tasks(rl).sources
     mix = MixedTasks(sources, seed=rl.seed)
     out = Path(rl.out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from dsv32.recipe import (
+    BETAS,
     NON_NEGATIVE,
+    OUT_DIR,
     POSITIVE,
     Checked,
     RecipeError,
@@ -19,7 +21,6 @@ from dsv32.recipe import (
     build_section,
     check_fields,
     each,
-    in_range,
     one_of,
     read_recipe,
 )
@@ -68,7 +69,7 @@ class GRPOConfig(Checked, error=RLConfigError):
         "micro_batch": at_least(1),
         "lr": POSITIVE,
         "weight_decay": NON_NEGATIVE,
-        "betas": each(in_range(0.0, 0.9999999)),
+        "betas": BETAS,
         "warmup_steps": NON_NEGATIVE,
         "clip_grad": POSITIVE,
         "clip_eps": Rule(lambda v: 0 < v < 1, "in (0, 1)"),
@@ -179,7 +180,11 @@ _SECTIONS = {"policy": PolicyConfig, "sampling": SamplingConfig, "grpo": GRPOCon
 class _TopLevel(Checked, error=RLConfigError):
     """The recipe's top-level keys (checked like a section)."""
 
-    RANGES: ClassVar[dict[str, Rule]] = {"save_every": NON_NEGATIVE, "log_every": at_least(1)}
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "out_dir": OUT_DIR,
+        "save_every": NON_NEGATIVE,
+        "log_every": at_least(1),
+    }
 
     out_dir: str = "runs/rl"
     seed: int = 0

@@ -18,8 +18,10 @@ step, and put your final answer within \\boxed{}.``
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -162,12 +164,17 @@ class ArithmeticWordProblems:
 
 @dataclass
 class JsonlTasks:
-    """Tasks from a JSONL file: ``prompt`` or ``question`` (wrapped in the math template when the
-    domain is ``math``), optional ``answer``, ``rubric``, ``domain`` (default ``domain``), ``id``,
-    ``system``. Problem ``i`` wraps around the file."""
+    """Tasks from a JSONL file: ``prompt`` or ``question`` (a string; ``question`` is wrapped in the math
+    template when the domain is ``math``), optional ``answer`` (a string, or a number taken as its
+    JSON text), ``rubric``, ``domain`` (default ``domain``), ``system`` (strings) and ``id`` (a string
+    or an integer); other keys are kept out of the task and ignored. Problem ``i`` wraps around the
+    file. ``check(task)`` returns what stops a task from being used (its domain has no reward, say) or
+    None; every row is checked as it is read, and a problem raises :class:`TaskError` naming
+    ``FILE:LINE``."""
 
     path: str
     domain: str = "general"
+    check: Callable[[Task], str | None] | None = field(default=None, repr=False)
     tasks: list[Task] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -177,28 +184,59 @@ class JsonlTasks:
         except OSError as err:
             raise TaskError(f"cannot read tasks from {path}: {err}") from err
         for n, rec in rows:
-            text = rec.get("prompt", rec.get("question")) if isinstance(rec, dict) else None
-            if not isinstance(text, str):
-                raise TaskError(f"{path}:{n}: needs a string 'prompt' or 'question'")
-            domain = rec.get("domain", self.domain)
-            if "prompt" not in rec and domain == "math":
-                text = MATH_PROMPT.format(question=text)
-            answer = rec.get("answer")
-            self.tasks.append(
-                Task(
-                    id=str(rec.get("id", f"{path.stem}-{n}")),
-                    domain=domain,
-                    prompt=text,
-                    answer=None if answer is None else str(answer),
-                    rubric=rec.get("rubric"),
-                    system=rec.get("system"),
-                )
-            )
+            task = _task(rec, f"{path}:{n}", f"{path.stem}-{n}", self.domain)
+            problem = self.check(task) if self.check is not None else None
+            if problem:
+                if "domain" not in rec:
+                    problem += f" (the row has no 'domain'; {self.domain!r} is the source's default)"
+                raise TaskError(f"{path}:{n}: {problem}")
+            self.tasks.append(task)
         if not self.tasks:
             raise TaskError(f"{path} holds no tasks")
 
     def get(self, i: int) -> Task:
         return self.tasks[i % len(self.tasks)]
+
+
+def _task(rec: object, where: str, default_id: str, default_domain: str) -> Task:
+    """One JSONL row as a :class:`Task`; a field of the wrong type raises :class:`TaskError`."""
+    if not isinstance(rec, dict):
+        raise TaskError(f"{where}: a task is a JSON object, got {type(rec).__name__}")
+    text = rec.get("prompt", rec.get("question"))
+    if not isinstance(text, str) or not text.strip():
+        raise TaskError(f"{where}: needs a non-empty string 'prompt' or 'question'")
+
+    def optional_str(key: str, default: str | None = None) -> str | None:
+        value = rec.get(key, default)
+        if value is not None and not isinstance(value, str):
+            raise TaskError(f"{where}: {key!r} must be a string, got {json.dumps(value)}")
+        return value
+
+    domain = optional_str("domain", default_domain)
+    if not domain:
+        raise TaskError(f"{where}: 'domain' must be a non-empty string")
+    answer = rec.get("answer")
+    if (
+        isinstance(answer, bool)
+        or not isinstance(answer, str | int | float | None)
+        or (isinstance(answer, float) and not math.isfinite(answer))
+    ):
+        raise TaskError(
+            f"{where}: 'answer' must be a string or a number (the reference answer), got {json.dumps(answer)}"
+        )
+    task_id = rec.get("id", default_id)
+    if isinstance(task_id, bool) or not isinstance(task_id, str | int):
+        raise TaskError(f"{where}: 'id' must be a string or an integer, got {json.dumps(task_id)}")
+    if "prompt" not in rec and domain == "math":
+        text = MATH_PROMPT.format(question=text)
+    return Task(
+        id=str(task_id),
+        domain=domain,
+        prompt=text,
+        answer=None if answer is None else (answer if isinstance(answer, str) else json.dumps(answer)),
+        rubric=optional_str("rubric"),
+        system=optional_str("system"),
+    )
 
 
 @dataclass

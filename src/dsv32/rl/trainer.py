@@ -32,7 +32,7 @@ from dsv32.rl.config import GRPOConfig, RLConfig, RLConfigError
 from dsv32.rl.loss import group_advantages, grpo_loss, sequence_kl_coefs
 from dsv32.rl.policy import Policy, load_policy
 from dsv32.rl.rewards import RewardFunction
-from dsv32.rl.rewards_setup import build_reward_fn, score
+from dsv32.rl.rewards_setup import RewardSetup, build_reward_fn, reward_setup, score
 from dsv32.rl.rollout import Rollouts, SamplingConfig, TurnHook, rollout
 from dsv32.rl.tasks import ArithmeticWordProblems, JsonlTasks, MixedTasks, Task
 from dsv32.runlog import StepCheckpoints, append_metrics, truncate_metrics
@@ -66,17 +66,23 @@ class RLResult:
         return "\n".join(lines)
 
 
-def build_tasks(cfg: RLConfig) -> MixedTasks:
+def build_tasks(cfg: RLConfig, rewards: RewardSetup | None = None) -> MixedTasks:
+    """The recipe's ``[[sources]]`` as one mix. With ``rewards``, every task is checked as its source is
+    read (before any model loads): its domain has a reward and it has the fields that reward reads."""
+    check = rewards.task_problem if rewards is not None else None
     sources = []
-    for s in cfg.sources:
+    for i, s in enumerate(cfg.sources):
         if s.kind == "arithmetic":
             src = ArithmeticWordProblems(
                 cfg.seed, s.kinds, s.max_operand, s.domain or "math", template=s.template
             )
+            problem = check(src.get(0)) if check is not None else None
+            if problem:
+                raise RLConfigError(f"[sources.{i}] {problem}")
         elif s.kind == "jsonl":
             if not s.path:
                 raise RLConfigError("a jsonl source needs a path")
-            src = JsonlTasks(s.path, s.domain or "general")
+            src = JsonlTasks(s.path, s.domain or "general", check=check)
         else:
             raise RLConfigError(f"unknown source kind {s.kind!r}; known: 'arithmetic', 'jsonl'")
         sources.append((src, s.weight))
@@ -92,6 +98,15 @@ def eval_tasks(cfg: RLConfig) -> list[Task]:
             )
             return src.take(cfg.eval.problems)
     return []
+
+
+def rewards_of(cfg: RLConfig, reward_fn: Callable | None = None) -> RewardSetup | None:
+    """The recipe's ``[rewards]`` checked (:func:`reward_setup`), or the domains of a given
+    :class:`RewardFunction`; None for another reward callable (its tasks are taken on trust)."""
+    if reward_fn is not None:
+        specs = getattr(reward_fn, "specs", None)
+        return RewardSetup(dict(specs), None) if isinstance(specs, dict) else None
+    return reward_setup(cfg.rewards, max_tokens=completion_budget(cfg.sampling), thinking=cfg.policy.thinking)
 
 
 @torch.no_grad()
@@ -241,15 +256,16 @@ def train_grpo(
     (with a checkpoint), as if the process had been killed."""
     out = Path(cfg.out_dir)
     torch.manual_seed(cfg.seed)
+    rewards = rewards_of(cfg, reward_fn)
+    tasks = build_tasks(cfg, rewards)  # every task checked before the model loads
+    held_out = eval_tasks(cfg)
     policy = policy or load_policy(cfg.policy.name, thinking=cfg.policy.thinking, device=cfg.policy.device)
     reward_fn = reward_fn or build_reward_fn(
-        cfg.rewards, max_tokens=completion_budget(cfg.sampling), thinking=cfg.policy.thinking
+        rewards, max_tokens=completion_budget(cfg.sampling), thinking=cfg.policy.thinking
     )
     g = cfg.grpo
     if g.keep_routing and policy.kind != "native":
         g = replace(g, keep_routing=False)  # dense models have no routing to keep
-    tasks = build_tasks(cfg)
-    held_out = eval_tasks(cfg)
     out.mkdir(parents=True, exist_ok=True)  # only now: bad input (policy, rewards, tasks) writes nothing
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     ref = reference_policy(policy, g)
@@ -468,13 +484,17 @@ def _eval(policy, tasks, reward_fn, cfg: RLConfig, step: int, path: Path, progre
 
 def run_eval(cfg: RLConfig, progress: bool = True) -> dict:
     """``dsv32 rl eval``: greedy held-out accuracy of ``cfg.policy`` (written to ``out_dir/eval.jsonl``)."""
-    policy = load_policy(cfg.policy.name, thinking=cfg.policy.thinking, device=cfg.policy.device)
-    reward_fn = build_reward_fn(
-        cfg.rewards, max_tokens=completion_budget(cfg.sampling), thinking=cfg.policy.thinking
-    )
+    rewards = rewards_of(cfg)
     tasks = eval_tasks(cfg)
     if not tasks:
         raise RLConfigError("no held-out problems: the recipe has no arithmetic source")
+    problem = rewards.task_problem(tasks[0])
+    if problem:
+        raise RLConfigError(f"held-out problems: {problem}")
+    policy = load_policy(cfg.policy.name, thinking=cfg.policy.thinking, device=cfg.policy.device)
+    reward_fn = build_reward_fn(
+        rewards, max_tokens=completion_budget(cfg.sampling), thinking=cfg.policy.thinking
+    )
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     res = _eval(policy, tasks, reward_fn, cfg, 0, out / "eval.jsonl", progress)

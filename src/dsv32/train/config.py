@@ -13,7 +13,9 @@ from typing import Any, ClassVar
 
 from dsv32.dsa.hf import DSAConfig
 from dsv32.recipe import (
+    BETAS,
     NON_NEGATIVE,
+    OUT_DIR,
     POSITIVE,
     UNIT,
     Checked,
@@ -116,7 +118,7 @@ class StageConfig(Checked, error=TrainConfigError):
         "lr": POSITIVE,
         "indexer_lr": POSITIVE,
         "weight_decay": NON_NEGATIVE,
-        "betas": each(in_range(0.0, 0.9999999)),
+        "betas": BETAS,
         "warmup_steps": NON_NEGATIVE,
         "min_lr_ratio": UNIT,
         "clip_grad": POSITIVE,
@@ -225,6 +227,8 @@ def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
     out_dir = data.get("out_dir", base["out_dir"])
     if not isinstance(out_dir, str) or not out_dir:
         raise TrainConfigError(f"out_dir = {out_dir!r}: must be a non-empty string (a directory)")
+    if not OUT_DIR.ok(out_dir):
+        raise TrainConfigError(f"out_dir = {out_dir!r}: must be {OUT_DIR.allowed}: {OUT_DIR.why(out_dir)}")
     return RunConfig(**kwargs, out_dir=out_dir)
 
 

@@ -13,6 +13,7 @@ machine with Python already has.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import sysconfig
@@ -53,6 +54,26 @@ def _jsonl_text(raw: str, path: Path, line: int, text_field: str) -> str:
     return record[text_field]
 
 
+def _not_utf8(path: Path) -> str:
+    """``FILE:LINE: not UTF-8 text (...)`` for the first line of ``path`` that is not UTF-8, its lines
+    numbered as text mode reads them (``\n``, ``\r\n`` and ``\r`` end a line)."""
+    line = 1
+    with path.open("rb") as f:
+        for raw in f:  # split on b"\n"; a lone \r inside a chunk also ends a line in text mode
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                before = raw[: err.start].decode("utf-8")
+                line += before.replace("\r\n", "\n").count("\r")
+                column = len(before) - max(before.rfind("\r"), -1)
+                return (
+                    f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column {column}); "
+                    "save the file as UTF-8"
+                )
+            line += len(io.StringIO(text, newline=None).readlines())
+    return f"{path}: not UTF-8 text; save the file as UTF-8"
+
+
 def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
@@ -75,8 +96,13 @@ def list_documents(cfg: DataConfig) -> list[Document]:
                 if file.is_file() and file.suffix.lower() in exts:
                     docs.append(Document(file.relative_to(path).as_posix(), file))
         elif path.is_file() and path.suffix.lower() == ".jsonl":
-            with path.open(encoding="utf-8") as f:
-                docs.extend(Document(f"{path.name}:{i}", path, i) for i, raw in enumerate(f) if raw.strip())
+            try:
+                with path.open(encoding="utf-8") as f:
+                    docs.extend(
+                        Document(f"{path.name}:{i}", path, i) for i, raw in enumerate(f) if raw.strip()
+                    )
+            except UnicodeDecodeError:
+                raise TrainConfigError(_not_utf8(path)) from None
         elif path.is_file():
             docs.append(Document(path.name, path))
         else:

@@ -49,7 +49,9 @@ def prepare_data(
     """Tokenize just enough text for ``stages`` and ``eval_sequences`` held-out sequences of each
     evaluation length."""
     if dm.tokenizer is None:
-        raise ValueError(f"model {dm.source!r} has no tokenizer: text data needs one")
+        raise TrainConfigError(
+            f"model {dm.source!r} has no tokenizer: text data needs one (save one beside its weights)"
+        )
     need = max([unique_sequences(s) for s in stages] or [1])
     L = cfg.data.seq_len
     eval_tokens = max([n * eval_sequences for n in cfg.eval.seq_lens] + [L]) + 1
@@ -212,6 +214,10 @@ def _stage_summary(result: StageResult) -> dict:
     }
 
 
+# The small random test models: they have no tokenizer, so the commands (text data) cannot use them.
+NO_TOKENIZER = ("tiny-llama", "tiny-native")
+
+
 def config_from_cli(command: str, args: dict) -> tuple[RunConfig, Path | None]:
     """The recipe of ``dsv32 dsa <command>`` / ``dsv32 demo``: ``--config`` (else the demo recipe for
     ``demo``, the defaults otherwise), then the shortcut flags, then ``--set`` overrides. Returns the
@@ -219,7 +225,7 @@ def config_from_cli(command: str, args: dict) -> tuple[RunConfig, Path | None]:
 
     Without ``--model``, ``sparse`` starts from ``<out_dir>/warmup/model`` and ``eval`` reads
     ``<out_dir>/sparse/model`` (else the warm-up's) when they exist."""
-    from dsv32.recipe import apply_override
+    from dsv32.recipe import apply_override, out_dir_problem
     from dsv32.train.config import load_run_config, run_config_from_dict
 
     if args.get("config"):
@@ -251,6 +257,12 @@ def config_from_cli(command: str, args: dict) -> tuple[RunConfig, Path | None]:
         if data[section].get("lr") is None:
             data[section].pop("lr", None)
     cfg = run_config_from_dict(data)
+    if cfg.model.name in NO_TOKENIZER:
+        raise TrainConfigError(
+            f"[model] name = {cfg.model.name!r}: a random test model without a tokenizer cannot read text "
+            "data; use smollm2, a Hugging Face model directory or hub id, a stage output or a native "
+            "V3.2 checkpoint (from Python, tiny models train on token tensors: TokenData.from_sequences)"
+        )
     if args.get("model") is None and not any(s.startswith("model.name=") for s in args.get("set") or []):
         root = Path(cfg.out_dir)
         previous = {"sparse": ["warmup"], "eval": ["sparse", "warmup"]}.get(command, [])
@@ -268,6 +280,9 @@ def config_from_cli(command: str, args: dict) -> tuple[RunConfig, Path | None]:
                     command, " or ".join(f"{name}/model" for name in previous), root, cfg.model.name,
                 )  # fmt: skip
     out = Path(args["out"]) if args.get("out") else None
+    problem = out_dir_problem(out) if out is not None else None
+    if problem:
+        raise TrainConfigError(f"--out {out}: cannot be the output directory: {problem}")
     if command == "demo" and out is not None:
         cfg.out_dir = str(out)
     return cfg, out

@@ -32,8 +32,10 @@ from typing import Any, ClassVar
 import torch
 
 from dsv32.recipe import (
+    BETAS,
     EXISTING_PATH,
     NON_NEGATIVE,
+    OUT_DIR,
     POSITIVE,
     Checked,
     RecipeError,
@@ -41,7 +43,6 @@ from dsv32.recipe import (
     at_least,
     build_section,
     check_fields,
-    each,
     in_range,
     one_of,
     read_recipe,
@@ -112,7 +113,7 @@ class SFTTrainConfig(Checked, error=SFTConfigError):
         "grad_accum": at_least(1),
         "lr": POSITIVE,
         "weight_decay": NON_NEGATIVE,
-        "betas": each(in_range(0.0, 0.9999999)),
+        "betas": BETAS,
         "warmup_steps": NON_NEGATIVE,
         "min_lr_ratio": in_range(0.0, 1.0),
         "clip_grad": NON_NEGATIVE,
@@ -162,7 +163,7 @@ class SFTConfig:
 
 @dataclass
 class _TopLevel(Checked, error=SFTConfigError):
-    RANGES: ClassVar[dict[str, Rule]] = {"out_dir": Rule(bool, "a non-empty directory path")}
+    RANGES: ClassVar[dict[str, Rule]] = {"out_dir": OUT_DIR}
     out_dir: str = "runs/sft"
 
 

@@ -53,6 +53,11 @@ class Example:
 
 def read_conversations(path: str | Path) -> list[dict[str, Any]]:
     """The rows of a JSONL file of conversations; errors name the file and line."""
+    return [row for _, row in numbered_conversations(path)]
+
+
+def numbered_conversations(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """``(line number, row)`` for every conversation of a JSONL file; errors name the file and line."""
     rows = []
     for n, row in read_jsonl(path, SFTDataError):
         if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
@@ -60,7 +65,7 @@ def read_conversations(path: str | Path) -> list[dict[str, Any]]:
         unknown = sorted(set(row) - {"messages", "tools", "id", "domain", "meta"})
         if unknown:
             raise SFTDataError(f"{path}:{n}: unknown field(s) {unknown}; put extra data under 'meta'")
-        rows.append(row)
+        rows.append((n, row))
     if not rows:
         raise SFTDataError(f"{path}: no conversations")
     return rows
@@ -94,15 +99,15 @@ def encode_file(
     dropped (``"drop"``), cut (``"truncate"``) or an error (``"error"``). Returns the examples and
     counts ``{"conversations", "dropped", "truncated", "tokens", "loss_tokens"}``."""
     examples, dropped, cut = [], 0, 0
-    for n, row in enumerate(read_conversations(path), 1):
+    for n, row in numbered_conversations(path):
         try:
             ex = encode_example(tokenizer, row, thinking_mode, train_on)
         except ConversationError as err:
-            raise SFTDataError(f"{path}: conversation {n}: {err}") from err
+            raise SFTDataError(f"{path}:{n}: {err}") from err
         if len(ex.ids) > seq_len:
             if overlong == "error":
                 raise SFTDataError(
-                    f"{path}: conversation {n} has {len(ex.ids)} tokens > seq_len={seq_len}; raise "
+                    f"{path}:{n}: the conversation has {len(ex.ids)} tokens > seq_len={seq_len}; raise "
                     "data.seq_len or set data.overlong to 'drop' or 'truncate'"
                 )
             if overlong == "drop":
@@ -111,7 +116,7 @@ def encode_file(
             ex = Example(ex.ids[:seq_len], [*ex.targets[: seq_len - 1], IGNORE])
             cut += 1
         if ex.loss_tokens == 0:
-            raise SFTDataError(f"{path}: conversation {n} has no assistant tokens to train on")
+            raise SFTDataError(f"{path}:{n}: the conversation has no assistant tokens to train on")
         examples.append(ex)
     if not examples:
         raise SFTDataError(f"{path}: every conversation is longer than seq_len={seq_len}")

@@ -27,8 +27,9 @@ class DSAConfig(Checked, error=DSAError):
         index_n_heads: indexer heads ``H_I`` (V3.2: 64).
         index_head_dim: indexer head dim ``D_I`` (V3.2: 128).
         index_topk: keys each query attends to in ``"sparse"`` mode (V3.2: 2048).
-        index_rope_head_dim: leading dims of ``q_I``/``k_I`` with RoPE; default
-            ``min(index_head_dim, model head_dim)``.
+        index_rope_head_dim: leading dims of ``q_I``/``k_I`` with RoPE, even and at most
+            ``index_head_dim``; default ``min(index_head_dim, model head_dim)`` (so an odd
+            ``index_head_dim`` needs it set).
         layers: decoder layers that get DSA (default: all); the others stay dense.
         mode: initial mode, one of ``"off"``, ``"dense"``, ``"sparse"``.
         sparse_impl: ``"gather"`` (O(L·k)), ``"masked"`` (dense scores masked to the selection, the
@@ -55,6 +56,21 @@ class DSAConfig(Checked, error=DSAError):
     mode: str = "dense"
     sparse_impl: str = "auto"
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        rope = self.index_rope_head_dim
+        if rope is not None and (rope % 2 or rope > self.index_head_dim):
+            raise DSAError(
+                f"index_rope_head_dim = {rope}: must be even (RoPE rotates pairs) and <= index_head_dim = "
+                f"{self.index_head_dim}"
+            )
+        if rope is None and self.index_head_dim % 2:
+            raise DSAError(
+                f"index_head_dim = {self.index_head_dim}: must be even when index_rope_head_dim is left to "
+                "its default (min(index_head_dim, the model's head_dim), rotated in pairs); or set "
+                "index_rope_head_dim to an even number below it"
+            )
 
     def to_dict(self) -> dict:
         return asdict(self)
