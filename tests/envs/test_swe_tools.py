@@ -1,12 +1,15 @@
 """The SWE miner and environment end to end, offline, on a small package the test writes into a
 private cache (so nothing is downloaded): mining, the tools, the reward and its guards."""
 
+import contextlib
 import json
+import os
+import threading
 
 import pytest
 
 from dsv32.envs import EnvError, Episode, Task
-from dsv32.envs.swe import SweEnv
+from dsv32.envs.swe import SweEnv, snapshot
 from dsv32.envs.swe.mine import mine
 from dsv32.envs.swe.snapshot import python_path
 
@@ -190,3 +193,53 @@ def test_build_swe_cli_mines_tasks_the_swe_env_plays(minipkg, tmp_path, capsys):
     assert main(["envs", "run", "swe", "--tasks", str(path), "--backend", "reference"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["n"] == 2 and summary["mean_reward"] == 1.0
+
+
+def _unblock(path):
+    """Open a FIFO for writing and close it, so a reader blocked on it gets end of file."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def test_tools_refuse_special_and_oversized_files(mini_task, monkeypatch):
+    env = SweEnv(bash_timeout_s=20)
+    env.reset(mini_task)
+    assert env.call("bash", {"command": "mkfifo pipe.py && echo ok"}).startswith("exit code 0")
+    answers = {}
+
+    def call(name, args):
+        answers[name] = env.call(name, args)
+
+    for name, args in (
+        ("read_file", {"path": "pipe.py"}),
+        ("edit_file", {"path": "pipe.py", "old_str": "a", "new_str": "b"}),
+    ):
+        worker = threading.Thread(target=call, args=(name, args), daemon=True)
+        worker.start()
+        worker.join(10)
+        blocked = worker.is_alive()
+        _unblock(env.repo / "pipe.py")
+        worker.join(5)
+        assert not blocked, f"{name} blocked on a FIFO"
+        assert answers[name].startswith("error:") and "not a regular file" in answers[name], answers[name]
+    (env.repo / "wide.py").write_text("x" * 5000 + "\nshort\n")
+    shown = env.call("read_file", {"path": "wide.py"})
+    assert "short" in shown and len(shown) < 3000 and "more characters" in shown, shown[:200]
+    monkeypatch.setattr(snapshot, "MAX_FILE_BYTES", 1000)
+    assert "larger than" in env.call("read_file", {"path": "wide.py"})
+    assert "larger than" in env.call("edit_file", {"path": "wide.py", "old_str": "short", "new_str": "s"})
+    env.close()
+
+
+def test_nul_bytes_in_arguments_are_error_texts(mini_task):
+    env = SweEnv(bash_timeout_s=20)
+    env.reset(mini_task)
+    for name, args in (
+        ("bash", {"command": "echo a\x00b"}),
+        ("read_file", {"path": "minipkg/core.py\x00"}),
+        ("edit_file", {"path": "minipkg/\x00core.py", "old_str": "a", "new_str": "b"}),
+        ("run_tests", {"tests": ["tests/test_core.py\x00"]}),
+    ):
+        out = env.call(name, args)
+        assert out.startswith("error:") and "NUL" in out, (name, out)
+    env.close()

@@ -9,7 +9,8 @@ Tools: ``bash`` (sandboxed in the repository: no network, only the repository wr
 ``read_file``, ``edit_file`` (replace one exact occurrence) and ``run_tests``. The reward runs the
 suite in the sandbox after restoring the repository's test and pytest configuration files from the
 snapshot (as SWE-bench re-applies its test patch): 1 when every ``FAIL_TO_PASS`` test passes and no
-``PASS_TO_PASS`` test fails, else 0, read from pytest's JUnit report.
+``PASS_TO_PASS`` test fails, else 0, read from pytest's JUnit report. The tools read only regular
+files of the repository; a bad call is an ``error:`` text.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from pathlib import Path
 
 from dsv32.envs import sandbox
 from dsv32.envs.base import EnvError, Environment, Reward, Task, TrajectoryLike, tool_call, tool_schema
-from dsv32.envs.swe.snapshot import Edit, SnapshotError, apply_edit, inside, materialize, pristine
+from dsv32.envs.swe.snapshot import Edit, SnapshotError, apply_edit, inside, materialize, pristine, read_text
 from dsv32.envs.swe.testrun import TestReport, run_pytest, summarize, test_env
 
 OUTPUT_CHARS = 12000
 READ_LINES = 200
+LINE_CHARS = 2000  # the most characters of one line read_file shows
 _CONFIG_FILES = ("conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
 
 SYSTEM = (
@@ -35,6 +37,12 @@ SYSTEM = (
     "and lists the failures. Find the cause, fix the library code (not the tests), check with "
     "`run_tests`, then reply with a short summary of the fix."
 )
+
+
+def _clip(line: str) -> str:
+    if len(line) <= LINE_CHARS:
+        return line
+    return f"{line[:LINE_CHARS]} ... [{len(line) - LINE_CHARS} more characters]"
 
 
 def _require(task: Task) -> None:
@@ -118,6 +126,8 @@ class SweEnv(Environment):
         command = args.get("command")
         if not isinstance(command, str) or not command.strip():
             return "error: bash needs a non-empty string 'command'"
+        if "\0" in command:
+            return "error: the command contains a NUL byte, which no program argument can hold"
         env = test_env(self.repo, self.task.info.get("pythonpath", "."), self.tmp / "scratch")
         done = sandbox.run(["bash", "-c", command], cwd=self.repo, timeout_s=self.bash_timeout_s,
                            memory_mb=self.memory_mb, env=env, writable=[str(self.tmp / "scratch")])  # fmt: skip
@@ -129,12 +139,12 @@ class SweEnv(Environment):
         path, start = args.get("path"), args.get("start_line", 1)
         if not isinstance(path, str) or not isinstance(start, int) or start < 1:
             return "error: read_file needs a string 'path' and a positive integer 'start_line'"
-        lines = inside(self.repo, path).read_text(encoding="utf-8").splitlines()
+        lines = read_text(self.repo, path).splitlines()
         end = args.get("end_line", start + READ_LINES - 1)
         if not isinstance(end, int) or end < start:
             return "error: 'end_line' must be an integer not before 'start_line'"
         end = min(end, start + READ_LINES - 1, len(lines))
-        shown = "\n".join(f"{i:6d}\t{lines[i - 1]}" for i in range(start, end + 1))
+        shown = "\n".join(f"{i:6d}\t{_clip(lines[i - 1])}" for i in range(start, end + 1))
         return f"{path} (lines {start}-{end} of {len(lines)})\n{shown}"
 
     def _edit(self, args: dict) -> str:
@@ -148,6 +158,8 @@ class SweEnv(Environment):
         tests = args.get("tests") or []
         if not isinstance(tests, list) or not all(isinstance(t, str) for t in tests):
             return "error: 'tests' must be a list of pytest node ids or paths"
+        if any("\0" in t for t in tests):
+            return "error: a test id contains a NUL byte"
         self.last = run_pytest(self.repo, pythonpath=self.task.info.get("pythonpath", "."), args=tests,
                                timeout_s=self.test_timeout_s, memory_mb=self.memory_mb)  # fmt: skip
         return summarize(self.last)

@@ -6,6 +6,10 @@ A task never stores third-party source: it names ``NAME==VERSION`` and a list of
 (``pip download --no-deps --no-binary :all:``) into ``cache_dir("swe", "sdists")`` and unpacks it
 under ``cache_dir("swe", "src")``; :func:`materialize` copies that tree and applies the edits. An
 edit applies only where ``old`` occurs exactly once in its file, so a stale edit fails loudly.
+
+A repository an episode worked on holds whatever the model's commands left there (FIFOs, symlinks,
+huge or deep trees): the host reads from it only regular files, up to :data:`MAX_FILE_BYTES`
+(:func:`read_regular`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import fcntl
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -25,6 +30,8 @@ from pathlib import Path
 
 from dsv32.envs.base import EnvError
 from dsv32.paths import cache_dir
+
+MAX_FILE_BYTES = 16 << 20  # the largest file the host reads from a repository
 
 _SPEC = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
 
@@ -132,18 +139,51 @@ def python_path(root: Path) -> str:
 
 def inside(root: Path, rel: str) -> Path:
     """``root / rel``, refusing paths that leave ``root`` (``..``, absolute paths, symlinks out)."""
+    if "\0" in rel:
+        raise SnapshotError(f"path {rel!r} contains a NUL byte")
     path = (root / rel).resolve()
     if not path.is_relative_to(root.resolve()):
         raise SnapshotError(f"path {rel!r} is outside the repository")
     return path
 
 
+def read_regular(path: Path, name: str, limit: int | None = None) -> bytes:
+    """The content of the regular file ``path`` (``name`` in messages): a :class:`SnapshotError` when
+    it is missing, a symlink (not followed), a FIFO, socket or device (never waited on), or larger
+    than ``limit`` bytes (default :data:`MAX_FILE_BYTES`)."""
+    limit = MAX_FILE_BYTES if limit is None else limit
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SnapshotError(f"{name}: no such file") from None
+    except OSError as err:
+        why = "a symbolic link" if os.path.islink(path) else err.strerror
+        raise SnapshotError(f"{name} is not a regular file ({why})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device"
+            raise SnapshotError(f"{name} is not a regular file ({kind})")
+        chunks, size = [], 0
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise SnapshotError(f"{name} is larger than {limit} bytes (the limit)")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_text(root: Path, rel: str) -> str:
+    """The text (UTF-8) of the regular file ``rel`` inside ``root``."""
+    return read_regular(inside(root, rel), rel).decode("utf-8")
+
+
 def apply_edit(root: Path, edit: Edit) -> None:
     """Apply one exact-string edit in place; an error when ``old`` is not there exactly once."""
     path = inside(root, edit.path)
-    if not path.is_file():
-        raise SnapshotError(f"{edit.path}: no such file in the repository")
-    text = path.read_text(encoding="utf-8")
+    text = read_regular(path, edit.path).decode("utf-8")
     count = text.count(edit.old)
     if count != 1:
         raise SnapshotError(f"{edit.path}: the text to replace occurs {count} times (it must occur once)")
