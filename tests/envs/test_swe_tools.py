@@ -9,9 +9,10 @@ import threading
 import pytest
 
 from dsv32.envs import EnvError, Episode, Task
-from dsv32.envs.swe import SweEnv, snapshot
+from dsv32.envs.swe import SweEnv, snapshot, testrun
 from dsv32.envs.swe.mine import mine
 from dsv32.envs.swe.snapshot import python_path
+from dsv32.envs.swe.testrun import run_pytest
 
 CORE = """\
 def clamp(x, lo, hi):
@@ -193,6 +194,60 @@ def test_build_swe_cli_mines_tasks_the_swe_env_plays(minipkg, tmp_path, capsys):
     assert main(["envs", "run", "swe", "--tasks", str(path), "--backend", "reference"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["n"] == 2 and summary["mean_reward"] == 1.0
+
+
+def _conftest_replacing_the_report(how: str, forged: str) -> str:
+    """A conftest.py that, once pytest has written its JUnit report, replaces it (``how``)."""
+    act = {
+        "symlink": f"os.symlink({forged!r}, path)",
+        "fifo": "os.mkfifo(path)",
+        "malformed": "open(path, 'w').write('<oops')",
+        "doctype": "open(path, 'w').write('<!DOCTYPE t [<!ENTITY a \"x\">]><testsuite>&a;</testsuite>')",
+        "directory": "os.mkdir(path)",
+    }[how]
+    return (
+        "import os\n\n\ndef pytest_unconfigure(config):\n"
+        "    path = os.path.join(os.environ['TMPDIR'], 'report.xml')\n"
+        f"    os.unlink(path)\n    {act}\n"
+    )
+
+
+@pytest.mark.parametrize("how", ["symlink", "fifo", "malformed", "doctype", "directory"])
+def test_a_report_that_is_not_a_plain_well_formed_file_gives_no_results(tmp_path, how):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "test_a.py").write_text("def test_a():\n    assert False\n")
+    forged = tmp_path / "forged.xml"  # a host file the sandbox cannot see
+    forged.write_text('<testsuite><testcase classname="test_a" name="test_a"/></testsuite>')
+    (repo / "conftest.py").write_text(_conftest_replacing_the_report(how, str(forged)))
+    report = run_pytest(repo, timeout_s=60)
+    assert report.outcomes == {} and "the JUnit report" in report.output, report
+
+
+def test_a_report_over_the_size_cap_gives_no_results(tmp_path, monkeypatch):
+    monkeypatch.setattr(testrun, "REPORT_BYTES", 100)
+    (tmp_path / "test_a.py").write_text("def test_a():\n    pass\n")
+    report = run_pytest(tmp_path, timeout_s=60)
+    assert report.outcomes == {} and "larger than" in report.output, report
+
+
+def test_run_tests_and_the_reward_survive_a_malformed_report(mini_task):
+    env = SweEnv()
+    env.reset(mini_task)
+    (env.repo / "tests" / "conftest.py").write_text(_conftest_replacing_the_report("malformed", ""))
+    out = env.call("run_tests", {})
+    assert out.startswith("no test results") and "the JUnit report" in out, out
+    # in the reward's run only the package's code could still reach the report
+    (env.repo / "minipkg" / "__init__.py").write_text(
+        MINIPKG["minipkg/__init__.py"]
+        + "import builtins\nimport _pytest.junitxml\n\n\n"
+        + "def _open(path, *args, **kwargs):\n"
+        + "    f = builtins.open(path, *args, **kwargs)\n    f.write('<oops')\n    return f\n\n\n"
+        + "_pytest.junitxml.open = _open\n"
+    )
+    reward = env.reward(Episode([], "done"))
+    assert reward.value == 0.0 and "the JUnit report" in reward.reason, reward.reason
+    env.close()
 
 
 def _unblock(path):
