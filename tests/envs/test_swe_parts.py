@@ -2,6 +2,7 @@
 package specs and issue texts."""
 
 import ast
+import time
 
 import pytest
 
@@ -128,3 +129,17 @@ def test_issue_text_names_failures_not_the_diff():
     )
     assert "7 of its 40 tests fail" in text and "`t.py::test_0`" in text and "assert 1 == 2" in text
     assert "and 2 more" in text and "t.py::test_6" not in text
+
+
+def test_a_forged_report_with_long_or_deep_classnames_parses_quickly(tmp_path):
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "sub" / "test_m.py").write_text("")
+    deep = "".join(f'<testcase classname="{".".join([f"p{i}"] * 1000)}" name="t"/>' for i in range(2000))
+    xml = (
+        f'<testsuite><testcase classname="{"x" * 300}.y" name="t"/>{deep}'
+        '<testcase classname="pkg.sub.test_m.TestA" name="t"/></testsuite>'
+    )
+    start = time.perf_counter()
+    outcomes, _ = parse_junit(xml, tmp_path)
+    assert time.perf_counter() - start < 10
+    assert len(outcomes) == 2002 and outcomes["pkg/sub/test_m.py::TestA::t"] == "passed"

@@ -1,14 +1,18 @@
 """The SWE miner and environment end to end, offline, on a small package the test writes into a
 private cache (so nothing is downloaded): mining, the tools, the reward and its guards."""
 
+import contextlib
 import json
+import os
+import threading
 
 import pytest
 
 from dsv32.envs import EnvError, Episode, Task
-from dsv32.envs.swe import SweEnv
+from dsv32.envs.swe import SweEnv, snapshot, testrun
 from dsv32.envs.swe.mine import mine
-from dsv32.envs.swe.snapshot import python_path
+from dsv32.envs.swe.snapshot import materialize, python_path, scoring_tree
+from dsv32.envs.swe.testrun import run_pytest
 
 CORE = """\
 def clamp(x, lo, hi):
@@ -190,3 +194,245 @@ def test_build_swe_cli_mines_tasks_the_swe_env_plays(minipkg, tmp_path, capsys):
     assert main(["envs", "run", "swe", "--tasks", str(path), "--backend", "reference"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["n"] == 2 and summary["mean_reward"] == 1.0
+
+
+# What a model could plant to pass without fixing the bug; each, played on the unfixed task, must
+# still score 0 with every PASS_TO_PASS test passing (the suite really ran).
+_PASS_EVERY_TEST = """\
+import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    rep = (yield).get_result()
+    rep.outcome, rep.longrepr = "passed", None
+"""
+_WRITE_A_PASSING_REPORT = """\
+import sys
+
+NAMES = ("low", "high", "mid", "edge", "total", "total_empty")
+
+
+def forge():
+    cases = "".join(f'<testcase classname="tests.test_core" name="test_{n}"/>' for n in NAMES)
+    path = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--junitxml=")][0]
+    with open(path, "w") as f:
+        f.write(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
+"""
+_PATCH_THE_REPORTS = """\
+import _pytest.reports
+
+_made = _pytest.reports.TestReport.from_item_and_call.__func__
+
+
+def _passed(cls, item, call):
+    rep = _made(cls, item, call)
+    rep.outcome, rep.longrepr = "passed", None
+    return rep
+
+
+_pytest.reports.TestReport.from_item_and_call = classmethod(_passed)
+"""
+FORGERIES = {
+    "a pytest.py shadowing pytest": {"pytest.py": _WRITE_A_PASSING_REPORT + "forge()\n"},
+    "a sitecustomize.py": {
+        "sitecustomize.py": _WRITE_A_PASSING_REPORT + "import atexit\natexit.register(forge)\n"
+    },
+    "a new tests/conftest.py": {"tests/conftest.py": _PASS_EVERY_TEST},
+    "a new root conftest.py": {"conftest.py": _PASS_EVERY_TEST},
+    "a plugin named by a new pytest.ini": {
+        "minipkg/forge.py": _PASS_EVERY_TEST,
+        "pytest.ini": "[pytest]\naddopts = -p minipkg.forge\n",
+    },
+    "a new test module patching pytest": {"tests/test_zz.py": _PATCH_THE_REPORTS},
+    "an exit hook in the package": {
+        "minipkg/__init__.py": MINIPKG["minipkg/__init__.py"]
+        + _WRITE_A_PASSING_REPORT
+        + "import atexit\natexit.register(forge)\n"
+    },
+}
+
+
+@pytest.mark.parametrize("files", FORGERIES.values(), ids=FORGERIES.keys())
+def test_files_the_model_plants_do_not_forge_the_reward(mini_task, files):
+    env = SweEnv()
+    env.reset(mini_task)
+    for rel, text in files.items():
+        (env.repo / rel).write_text(text)
+    reward = env.reward(Episode([], "done"))
+    assert reward.value == 0.0, reward.reason
+    assert reward.components == {"fail_to_pass": 0.0, "pass_to_pass": 1.0}, reward.reason
+    env.close()
+
+
+def test_the_reward_scores_the_models_library_code_and_leaves_its_repository_alone(mini_task):
+    env = SweEnv()
+    env.reset(mini_task)
+    core = env.repo / "minipkg" / "core.py"
+    (env.repo / "minipkg" / "bounds.py").write_text("def low(x, lo):\n    return lo if x < lo else x\n")
+    core.write_text(
+        "from minipkg.bounds import low\n\n"
+        + core.read_text().replace("    if x < lo:\n        return hi\n", "    x = low(x, lo)\n")
+    )
+    (env.repo / "tests" / "test_core.py").write_text("def test_ok():\n    pass\n")
+    assert env.reward(Episode([], "fixed")).value == 1.0  # a new module the fix imports is kept
+    assert (env.repo / "tests" / "test_core.py").read_text() == "def test_ok():\n    pass\n"
+    core.unlink()
+    reward = env.reward(Episode([], "deleted"))
+    assert reward.value == 0.0 and reward.components["pass_to_pass"] == 0.0
+    env.close()
+
+
+def _conftest_replacing_the_report(how: str, forged: str) -> str:
+    """A conftest.py that, once pytest has written its JUnit report, replaces it (``how``)."""
+    act = {
+        "symlink": f"os.symlink({forged!r}, path)",
+        "fifo": "os.mkfifo(path)",
+        "malformed": "open(path, 'w').write('<oops')",
+        "doctype": "open(path, 'w').write('<!DOCTYPE t [<!ENTITY a \"x\">]><testsuite>&a;</testsuite>')",
+        "directory": "os.mkdir(path)",
+    }[how]
+    return (
+        "import os\n\n\ndef pytest_unconfigure(config):\n"
+        "    path = os.path.join(os.environ['TMPDIR'], 'report.xml')\n"
+        f"    os.unlink(path)\n    {act}\n"
+    )
+
+
+@pytest.mark.parametrize("how", ["symlink", "fifo", "malformed", "doctype", "directory"])
+def test_a_report_that_is_not_a_plain_well_formed_file_gives_no_results(tmp_path, how):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "test_a.py").write_text("def test_a():\n    assert False\n")
+    forged = tmp_path / "forged.xml"  # a host file the sandbox cannot see
+    forged.write_text('<testsuite><testcase classname="test_a" name="test_a"/></testsuite>')
+    (repo / "conftest.py").write_text(_conftest_replacing_the_report(how, str(forged)))
+    report = run_pytest(repo, timeout_s=60)
+    assert report.outcomes == {} and "the JUnit report" in report.output, report
+
+
+def test_a_report_over_the_size_cap_gives_no_results(tmp_path, monkeypatch):
+    monkeypatch.setattr(testrun, "REPORT_BYTES", 100)
+    (tmp_path / "test_a.py").write_text("def test_a():\n    pass\n")
+    report = run_pytest(tmp_path, timeout_s=60)
+    assert report.outcomes == {} and "larger than" in report.output, report
+
+
+def test_run_tests_and_the_reward_survive_a_malformed_report(mini_task):
+    env = SweEnv()
+    env.reset(mini_task)
+    (env.repo / "tests" / "conftest.py").write_text(_conftest_replacing_the_report("malformed", ""))
+    out = env.call("run_tests", {})
+    assert out.startswith("no test results") and "the JUnit report" in out, out
+    # in the reward's run only the package's code could still reach the report
+    (env.repo / "minipkg" / "__init__.py").write_text(
+        MINIPKG["minipkg/__init__.py"]
+        + "import builtins\nimport _pytest.junitxml\n\n\n"
+        + "def _open(path, *args, **kwargs):\n"
+        + "    f = builtins.open(path, *args, **kwargs)\n    f.write('<oops')\n    return f\n\n\n"
+        + "_pytest.junitxml.open = _open\n"
+    )
+    reward = env.reward(Episode([], "done"))
+    assert reward.value == 0.0 and "the JUnit report" in reward.reason, reward.reason
+    env.close()
+
+
+def _unblock(path):
+    """Open a FIFO for writing and close it, so a reader blocked on it gets end of file."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def test_tools_refuse_special_and_oversized_files(mini_task, monkeypatch):
+    env = SweEnv(bash_timeout_s=20)
+    env.reset(mini_task)
+    assert env.call("bash", {"command": "mkfifo pipe.py && echo ok"}).startswith("exit code 0")
+    answers = {}
+
+    def call(name, args):
+        answers[name] = env.call(name, args)
+
+    for name, args in (
+        ("read_file", {"path": "pipe.py"}),
+        ("edit_file", {"path": "pipe.py", "old_str": "a", "new_str": "b"}),
+    ):
+        worker = threading.Thread(target=call, args=(name, args), daemon=True)
+        worker.start()
+        worker.join(10)
+        blocked = worker.is_alive()
+        _unblock(env.repo / "pipe.py")
+        worker.join(5)
+        assert not blocked, f"{name} blocked on a FIFO"
+        assert answers[name].startswith("error:") and "not a regular file" in answers[name], answers[name]
+    (env.repo / "wide.py").write_text("x" * 5000 + "\nshort\n")
+    shown = env.call("read_file", {"path": "wide.py"})
+    assert "short" in shown and len(shown) < 3000 and "more characters" in shown, shown[:200]
+    monkeypatch.setattr(snapshot, "MAX_FILE_BYTES", 1000)
+    assert "larger than" in env.call("read_file", {"path": "wide.py"})
+    assert "larger than" in env.call("edit_file", {"path": "wide.py", "old_str": "short", "new_str": "s"})
+    env.close()
+
+
+def test_the_reward_survives_special_files_in_the_repository(mini_task):
+    env = SweEnv(bash_timeout_s=20)
+    env.reset(mini_task)
+    out = env.call(
+        "bash",
+        {"command": "rm tests/test_core.py && mkfifo tests/test_core.py pipe.py && ln -s /dev/zero zero.py "
+         "&& ln -s ../outside minipkg/out.py && echo ok"},
+    )  # fmt: skip
+    assert out.startswith("exit code 0"), out
+    reward = env.reward(Episode([], "done"))
+    assert reward.value == 0.0 and reward.components == {"fail_to_pass": 0.0, "pass_to_pass": 1.0}, reward
+    env.close()
+
+
+def test_nul_bytes_in_arguments_are_error_texts(mini_task):
+    env = SweEnv(bash_timeout_s=20)
+    env.reset(mini_task)
+    for name, args in (
+        ("bash", {"command": "echo a\x00b"}),
+        ("read_file", {"path": "minipkg/core.py\x00"}),
+        ("edit_file", {"path": "minipkg/\x00core.py", "old_str": "a", "new_str": "b"}),
+        ("run_tests", {"tests": ["tests/test_core.py\x00"]}),
+    ):
+        out = env.call(name, args)
+        assert out.startswith("error:") and "NUL" in out, (name, out)
+    env.close()
+
+
+def test_the_scored_copy_is_the_snapshot_with_the_models_library_code(mini_task, tmp_path, monkeypatch):
+    repo = materialize("minipkg==0.1", [], tmp_path / "repo")
+    planted = {
+        "minipkg/new.py": "NEW = 1\n",
+        "minipkg/conftest.py": "X = 1\n",
+        "tests/test_core.py": "def test_ok():\n    pass\n",
+        "tests/helpers.py": "H = 1\n",
+        "test_root.py": "def test_r():\n    pass\n",
+        "pytest.ini": "[pytest]\n",
+        "minipkg/data.txt": "data\n",
+        "minipkg/__pycache__/core.cpython-311.pyc": "",
+    }
+    for rel, text in planted.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    os.mkfifo(repo / "minipkg" / "pipe.py")
+    (repo / "minipkg" / "link.py").symlink_to("/etc/hostname")
+    (repo / "minipkg" / "core.py").write_text("# the model's\n")
+    dest = tmp_path / "scored"
+    left_out = scoring_tree("minipkg==0.1", repo, dest, edited=[], tests=["tests/test_core.py"])
+    assert sorted(left_out) == [
+        "minipkg/pipe.py is not a regular file (a FIFO)",
+        "path 'minipkg/link.py' is outside the repository",
+    ]
+    files = {str(p.relative_to(dest)) for p in dest.rglob("*") if not p.is_dir()}
+    assert files == set(MINIPKG) | {"minipkg/new.py"}
+    assert (dest / "minipkg" / "core.py").read_text() == "# the model's\n"
+    assert (dest / "tests" / "test_core.py").read_text() == MINIPKG["tests/test_core.py"]
+
+    env = SweEnv()
+    env.reset(mini_task)
+    monkeypatch.setattr(snapshot, "MAX_SCORED_ENTRIES", 3)
+    reward = env.reward(Episode([], "done"))
+    assert reward.value == 0.0 and reward.reason.startswith("not scored: the repository has more than 3")
+    env.close()

@@ -7,25 +7,26 @@ fix as a unified diff, for people). Each episode works on its own copy of the sn
 
 Tools: ``bash`` (sandboxed in the repository: no network, only the repository writable),
 ``read_file``, ``edit_file`` (replace one exact occurrence) and ``run_tests``. The reward runs the
-suite in the sandbox after restoring the repository's test and pytest configuration files from the
-snapshot (as SWE-bench re-applies its test patch): 1 when every ``FAIL_TO_PASS`` test passes and no
-``PASS_TO_PASS`` test fails, else 0, read from pytest's JUnit report.
+suite in the sandbox on a fresh copy of the snapshot that takes only the library code from the
+episode's repository (:func:`~dsv32.envs.swe.snapshot.scoring_tree`: tests, ``conftest.py`` files and
+pytest configuration are the snapshot's, as SWE-bench re-applies its test patch): 1 when every
+``FAIL_TO_PASS`` test passes and no ``PASS_TO_PASS`` test fails, else 0, read from pytest's JUnit
+report. The tools read only regular files of the repository; a bad call is an ``error:`` text.
 """
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 
 from dsv32.envs import sandbox
 from dsv32.envs.base import EnvError, Environment, Reward, Task, TrajectoryLike, tool_call, tool_schema
-from dsv32.envs.swe.snapshot import Edit, SnapshotError, apply_edit, inside, materialize, pristine
+from dsv32.envs.swe.snapshot import Edit, SnapshotError, apply_edit, materialize, read_text, scoring_tree
 from dsv32.envs.swe.testrun import TestReport, run_pytest, summarize, test_env
 
 OUTPUT_CHARS = 12000
 READ_LINES = 200
-_CONFIG_FILES = ("conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
+LINE_CHARS = 2000  # the most characters of one line read_file shows
 
 SYSTEM = (
     "You are fixing a bug in the Python package {package}. Its source tree (with its tests) is your "
@@ -35,6 +36,12 @@ SYSTEM = (
     "and lists the failures. Find the cause, fix the library code (not the tests), check with "
     "`run_tests`, then reply with a short summary of the fix."
 )
+
+
+def _clip(line: str) -> str:
+    if len(line) <= LINE_CHARS:
+        return line
+    return f"{line[:LINE_CHARS]} ... [{len(line) - LINE_CHARS} more characters]"
 
 
 def _require(task: Task) -> None:
@@ -118,6 +125,8 @@ class SweEnv(Environment):
         command = args.get("command")
         if not isinstance(command, str) or not command.strip():
             return "error: bash needs a non-empty string 'command'"
+        if "\0" in command:
+            return "error: the command contains a NUL byte, which no program argument can hold"
         env = test_env(self.repo, self.task.info.get("pythonpath", "."), self.tmp / "scratch")
         done = sandbox.run(["bash", "-c", command], cwd=self.repo, timeout_s=self.bash_timeout_s,
                            memory_mb=self.memory_mb, env=env, writable=[str(self.tmp / "scratch")])  # fmt: skip
@@ -129,12 +138,12 @@ class SweEnv(Environment):
         path, start = args.get("path"), args.get("start_line", 1)
         if not isinstance(path, str) or not isinstance(start, int) or start < 1:
             return "error: read_file needs a string 'path' and a positive integer 'start_line'"
-        lines = inside(self.repo, path).read_text(encoding="utf-8").splitlines()
+        lines = read_text(self.repo, path).splitlines()
         end = args.get("end_line", start + READ_LINES - 1)
         if not isinstance(end, int) or end < start:
             return "error: 'end_line' must be an integer not before 'start_line'"
         end = min(end, start + READ_LINES - 1, len(lines))
-        shown = "\n".join(f"{i:6d}\t{lines[i - 1]}" for i in range(start, end + 1))
+        shown = "\n".join(f"{i:6d}\t{_clip(lines[i - 1])}" for i in range(start, end + 1))
         return f"{path} (lines {start}-{end} of {len(lines)})\n{shown}"
 
     def _edit(self, args: dict) -> str:
@@ -148,38 +157,39 @@ class SweEnv(Environment):
         tests = args.get("tests") or []
         if not isinstance(tests, list) or not all(isinstance(t, str) for t in tests):
             return "error: 'tests' must be a list of pytest node ids or paths"
+        if any("\0" in t for t in tests):
+            return "error: a test id contains a NUL byte"
         self.last = run_pytest(self.repo, pythonpath=self.task.info.get("pythonpath", "."), args=tests,
                                timeout_s=self.test_timeout_s, memory_mb=self.memory_mb)  # fmt: skip
         return summarize(self.last)
 
-    def restore_tests(self) -> None:
-        """Copy the snapshot's test files and pytest configuration over the episode's copy."""
-        source = pristine(self.task.info["package"])
-        rels = {
-            tid.split("::", 1)[0] for tid in self.task.info["FAIL_TO_PASS"] + self.task.info["PASS_TO_PASS"]
-        }
-        rels |= {str(p.relative_to(source)) for p in source.rglob("*") if p.name in _CONFIG_FILES}
-        bugged = {e["path"] for e in self.task.info["bug"]}
-        for rel in sorted(rels - bugged):
-            if (source / rel).is_file():
-                target = inside(self.repo, rel)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source / rel, target)
-
     def reward(self, trajectory: TrajectoryLike) -> Reward:
         if self.repo is None:
             raise EnvError("reward() before reset(): start an episode with env.reset(task)")
-        self.restore_tests()
         info = self.task.info
-        report = run_pytest(self.repo, pythonpath=info.get("pythonpath", "."), timeout_s=self.test_timeout_s,
-                            memory_mb=self.memory_mb)  # fmt: skip
-        f2p = [t for t in info["FAIL_TO_PASS"] if report.passed(t)]
-        p2p = [t for t in info["PASS_TO_PASS"] if report.passed(t)]
-        f2p_rate = len(f2p) / len(info["FAIL_TO_PASS"])
-        p2p_rate = len(p2p) / len(info["PASS_TO_PASS"]) if info["PASS_TO_PASS"] else 1.0
+        f2p_ids, p2p_ids = info["FAIL_TO_PASS"], info["PASS_TO_PASS"]
+        tree = self.tmp / "scored"
+        sandbox.remove_tree(tree)
+        try:
+            left_out = scoring_tree(info["package"], self.repo, tree, edited=[e["path"] for e in info["bug"]],
+                                    tests=[t.split("::", 1)[0] for t in f2p_ids + p2p_ids])  # fmt: skip
+        except SnapshotError as err:
+            sandbox.remove_tree(tree)
+            return Reward(0.0, {"fail_to_pass": 0.0, "pass_to_pass": 0.0}, f"not scored: {err}")
+        try:
+            report = run_pytest(tree, pythonpath=info.get("pythonpath", "."), timeout_s=self.test_timeout_s,
+                                memory_mb=self.memory_mb)  # fmt: skip
+        finally:
+            sandbox.remove_tree(tree)
+        f2p = [t for t in f2p_ids if report.passed(t)]
+        p2p = [t for t in p2p_ids if report.passed(t)]
+        f2p_rate = len(f2p) / len(f2p_ids)
+        p2p_rate = len(p2p) / len(p2p_ids) if p2p_ids else 1.0
         value = float(f2p_rate == 1.0 and p2p_rate == 1.0)
-        reason = (f"FAIL_TO_PASS {len(f2p)}/{len(info['FAIL_TO_PASS'])} pass, "
-                  f"PASS_TO_PASS {len(p2p)}/{len(info['PASS_TO_PASS'])} pass")  # fmt: skip
+        reason = f"FAIL_TO_PASS {len(f2p)}/{len(f2p_ids)} pass, PASS_TO_PASS {len(p2p)}/{len(p2p_ids)} pass"
+        if left_out:
+            reason += f"; left out of the scored copy: {'; '.join(left_out[:5])}"
+            reason += f" and {len(left_out) - 5} more" if len(left_out) > 5 else ""
         if not report.outcomes:
             reason += f"; pytest gave no results (exit {report.returncode}): {report.output[-500:]}"
         return Reward(value, {"fail_to_pass": f2p_rate, "pass_to_pass": p2p_rate}, reason)

@@ -6,6 +6,11 @@ A task never stores third-party source: it names ``NAME==VERSION`` and a list of
 (``pip download --no-deps --no-binary :all:``) into ``cache_dir("swe", "sdists")`` and unpacks it
 under ``cache_dir("swe", "src")``; :func:`materialize` copies that tree and applies the edits. An
 edit applies only where ``old`` occurs exactly once in its file, so a stale edit fails loudly.
+
+A repository an episode worked on holds whatever the model's commands left there (FIFOs, symlinks,
+huge or deep trees): the host reads from it only regular files, up to :data:`MAX_FILE_BYTES`
+(:func:`read_regular`), and the reward runs on :func:`scoring_tree`, the snapshot with only the
+model's library code taken from the repository.
 """
 
 from __future__ import annotations
@@ -15,16 +20,24 @@ import fcntl
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from dsv32.envs.base import EnvError
 from dsv32.paths import cache_dir
+
+MAX_FILE_BYTES = 16 << 20  # the largest file the host reads from a repository
+MAX_SCORED_ENTRIES = 100_000  # files and folders outside the tests the reward's copy looks at
+MAX_SCORED_BYTES = 256 << 20  # the model's library code the reward's copy takes, in all
+MAX_SCORED_DEPTH = 64  # folders deeper than this are not looked into
+TEST_DIRS = frozenset({"tests", "test", "testing"})
 
 _SPEC = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
 
@@ -132,18 +145,51 @@ def python_path(root: Path) -> str:
 
 def inside(root: Path, rel: str) -> Path:
     """``root / rel``, refusing paths that leave ``root`` (``..``, absolute paths, symlinks out)."""
+    if "\0" in rel:
+        raise SnapshotError(f"path {rel!r} contains a NUL byte")
     path = (root / rel).resolve()
     if not path.is_relative_to(root.resolve()):
         raise SnapshotError(f"path {rel!r} is outside the repository")
     return path
 
 
+def read_regular(path: Path, name: str, limit: int | None = None) -> bytes:
+    """The content of the regular file ``path`` (``name`` in messages): a :class:`SnapshotError` when
+    it is missing, a symlink (not followed), a FIFO, socket or device (never waited on), or larger
+    than ``limit`` bytes (default :data:`MAX_FILE_BYTES`)."""
+    limit = MAX_FILE_BYTES if limit is None else limit
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SnapshotError(f"{name}: no such file") from None
+    except OSError as err:
+        why = "a symbolic link" if os.path.islink(path) else err.strerror
+        raise SnapshotError(f"{name} is not a regular file ({why})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device"
+            raise SnapshotError(f"{name} is not a regular file ({kind})")
+        chunks, size = [], 0
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise SnapshotError(f"{name} is larger than {limit} bytes (the limit)")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_text(root: Path, rel: str) -> str:
+    """The text (UTF-8) of the regular file ``rel`` inside ``root``."""
+    return read_regular(inside(root, rel), rel).decode("utf-8")
+
+
 def apply_edit(root: Path, edit: Edit) -> None:
     """Apply one exact-string edit in place; an error when ``old`` is not there exactly once."""
     path = inside(root, edit.path)
-    if not path.is_file():
-        raise SnapshotError(f"{edit.path}: no such file in the repository")
-    text = path.read_text(encoding="utf-8")
+    text = read_regular(path, edit.path).decode("utf-8")
     count = text.count(edit.old)
     if count != 1:
         raise SnapshotError(f"{edit.path}: the text to replace occurs {count} times (it must occur once)")
@@ -156,6 +202,88 @@ def materialize(spec: str, edits: list[Edit], dest: Path) -> Path:
     for edit in edits:
         apply_edit(dest, edit)
     return dest
+
+
+def is_test_file(rel: str) -> bool:
+    """A path pytest treats as test code: in a ``tests``, ``test`` or ``testing`` folder, or named
+    ``test_*.py``, ``*_test.py`` or ``conftest.py``."""
+    *dirs, name = rel.split("/")
+    return (
+        bool(TEST_DIRS.intersection(dirs))
+        or name == "conftest.py"
+        or (name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py")))
+    )
+
+
+def _library_files(repo: Path, owned) -> list[str]:
+    """The paths under ``repo`` (not following symlinked folders, not looking into test folders,
+    ``__pycache__`` or folders deeper than :data:`MAX_SCORED_DEPTH`) for which ``owned(rel)``."""
+    found, seen, stack = [], 0, [""]
+    while stack:
+        rel_dir = stack.pop()
+        try:
+            with os.scandir(repo / rel_dir) as entries:
+                for entry in entries:
+                    seen += 1
+                    if seen > MAX_SCORED_ENTRIES:
+                        raise SnapshotError(
+                            f"the repository has more than {MAX_SCORED_ENTRIES} files and folders outside "
+                            "its tests"
+                        )
+                    rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                    try:
+                        folder = entry.is_dir(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if not folder:
+                        if owned(rel):
+                            found.append(rel)
+                    elif entry.name not in TEST_DIRS | {"__pycache__"} and rel.count("/") < MAX_SCORED_DEPTH:
+                        stack.append(rel)
+        except OSError:  # unreadable, vanished, or a path too long: nothing from there
+            continue
+    return found
+
+
+def scoring_tree(
+    spec: str, repo: Path, dest: Path, *, edited: Iterable[str], tests: Iterable[str]
+) -> list[str]:
+    """The tree the reward runs the tests on, made at ``dest``: the snapshot of ``spec``, with its
+    library code replaced by the model's. The model's are the ``.py`` files of ``repo`` that are not
+    test code (:func:`is_test_file`) nor in ``tests`` (the files the task's test ids name), and the
+    files in ``edited`` (the task's bug); everything else — tests, ``conftest.py``, pytest
+    configuration, data files, anything the model added that is not library code — is the
+    snapshot's. A model file that is not a regular file inside ``repo`` of at most
+    :data:`MAX_FILE_BYTES` is left out (so it is missing from ``dest``); returns why, one line each.
+    A :class:`SnapshotError` when the repository is too large to copy (more than
+    :data:`MAX_SCORED_ENTRIES` entries outside its tests, or :data:`MAX_SCORED_BYTES` of library
+    code)."""
+    edited, tests = set(edited), set(tests) - set(edited)
+
+    def owned(rel: str) -> bool:
+        return rel in edited or (rel.endswith(".py") and rel not in tests and not is_test_file(rel))
+
+    shutil.copytree(pristine(spec), dest, symlinks=True)
+    for rel in {*_library_files(dest, owned), *edited}:  # the snapshot's library code goes
+        inside(dest, rel)
+        (dest / rel).unlink(missing_ok=True)
+    left_out, total = [], 0
+    for rel in sorted(set(_library_files(repo, owned)) | edited):
+        try:
+            data = read_regular(inside(repo, rel), rel)
+        except (SnapshotError, OSError) as err:
+            left_out.append(str(err) if isinstance(err, SnapshotError) else f"{rel}: {err.strerror}")
+            continue
+        total += len(data)
+        if total > MAX_SCORED_BYTES:
+            raise SnapshotError(f"the repository has more than {MAX_SCORED_BYTES} bytes of library code")
+        try:
+            target = inside(dest, rel)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        except (SnapshotError, OSError) as err:
+            left_out.append(str(err) if isinstance(err, SnapshotError) else f"{rel}: {err.strerror}")
+    return left_out
 
 
 def unified_diff(path: str, before: str, after: str) -> str:

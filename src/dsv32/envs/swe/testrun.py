@@ -6,11 +6,20 @@ carries its ``file``), never from the console. Each test case becomes its pytest
 outcome, the worse of its phases: ``error`` > ``failed`` > ``skipped`` > ``passed`` (a test whose
 call failed and whose teardown errored is an error). A test missing from the report (a collection
 error, a crash) did not pass.
+
+pytest starts so that nothing in the repository can stand in for it: ``python -P -s`` (neither the
+working directory nor the user's site-packages on ``sys.path``, no ``PYTHONPATH``) imports pytest
+and its built-in plugins first, and only then puts the repository on ``sys.path`` (a ``pytest.py``,
+``sitecustomize.py`` or ``_pytest/`` there is never imported); the process ends with ``os._exit``
+right after pytest returns, so the tested code's exit hooks never run. The host reads the
+report only if it is a regular file (not a symlink, FIFO or directory) of at most
+:data:`REPORT_BYTES` and well-formed without a DOCTYPE; otherwise the run has no results.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
@@ -18,9 +27,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsv32.envs import sandbox
+from dsv32.envs.swe.snapshot import SnapshotError, read_regular
 
 _RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 MESSAGE_CHARS = 400
+REPORT_BYTES = 32 << 20  # the largest JUnit report read
+_MODULE_DEPTH = 32  # the most dotted parts of a classname tried as a module path
+
+# pytest's launcher, run as ``python -P -s -c _BOOT PYTHONPATH ARGS...`` in the repository
+_BOOT = """\
+import importlib, os, sys
+import pytest
+from _pytest.config import default_plugins
+for name in default_plugins:
+    importlib.import_module("_pytest." + name)
+sys.path[:0] = list(dict.fromkeys([os.getcwd(), sys.argv[1]]))
+os.environ["PYTHONPATH"] = sys.argv[1]
+code = pytest.main(sys.argv[2:])
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(int(code))
+"""
 
 
 @dataclass
@@ -42,17 +69,36 @@ class TestReport:
         return [t for t, o in self.outcomes.items() if o in ("failed", "error")]
 
 
-def node_id(classname: str, name: str, file: str | None, root: Path | None = None) -> str:
+def _is(path: Path, kind) -> bool:
+    """Whether ``path`` is of ``kind`` (``stat.S_ISREG``, ...); False when it cannot be looked up
+    (missing, a name too long, a symlink loop)."""
+    try:
+        return kind(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def node_id(
+    classname: str, name: str, file: str | None, root: Path | None = None, seen: dict | None = None
+) -> str:
     """A JUnit test case's pytest node id: the test module named by the longest prefix of
     ``classname`` that is a ``.py`` file under ``root`` (else the case's ``file``), then the classes
     left in ``classname``, then the name. ``classname`` comes first because a test inherited from a
-    mixin has the mixin's file in ``file`` but the collecting module in ``classname``."""
+    mixin has the mixin's file in ``file`` but the collecting module in ``classname``. ``seen``
+    keeps the file checks for the next case of the same report (at most one check per existing
+    folder level and :data:`_MODULE_DEPTH` parts, so a forged report cannot make it slow)."""
     parts = classname.split(".") if classname else []
     module_file = None
     if root is not None:
-        for i in range(len(parts), 0, -1):
-            if (root / ("/".join(parts[:i]) + ".py")).is_file():
-                module_file = "/".join(parts[:i]) + ".py"
+        seen = {} if seen is None else seen  # stem -> (stem.py is a file, stem is a folder)
+        for i in range(1, min(len(parts), _MODULE_DEPTH) + 1):
+            stem = "/".join(parts[:i])
+            if stem not in seen:
+                seen[stem] = (_is(root / (stem + ".py"), stat.S_ISREG), _is(root / stem, stat.S_ISDIR))
+            is_file, is_dir = seen[stem]
+            if is_file:
+                module_file = stem + ".py"
+            if not is_dir:
                 break
     module_file = module_file or (file or "").replace(os.sep, "/") or None
     if not module_file:
@@ -62,12 +108,16 @@ def node_id(classname: str, name: str, file: str | None, root: Path | None = Non
     return "::".join([module_file, *(rest.split(".") if rest else []), name])
 
 
-def parse_junit(xml_text: str, root: Path | None = None) -> tuple[dict[str, str], dict[str, str]]:
-    """``(outcomes, messages)`` by node id from a JUnit XML report."""
+def parse_junit(xml: str | bytes, root: Path | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """``(outcomes, messages)`` by node id from a JUnit XML report; ``xml.etree.ElementTree.ParseError``
+    when it is malformed or has a DOCTYPE (pytest writes none; entities could make it huge)."""
+    if ("<!DOCTYPE" if isinstance(xml, str) else b"<!DOCTYPE") in xml:
+        raise ET.ParseError("a DOCTYPE in a JUnit report (pytest writes none)")
     outcomes: dict[str, str] = {}
     messages: dict[str, str] = {}
-    for case in ET.fromstring(xml_text).iter("testcase"):
-        tid = node_id(case.get("classname", ""), case.get("name", ""), case.get("file"), root)
+    seen: dict = {}
+    for case in ET.fromstring(xml).iter("testcase"):
+        tid = node_id(case.get("classname", ""), case.get("name", ""), case.get("file"), root, seen)
         outcome, message = "passed", ""
         for child in case:
             kind = {"failure": "failed", "error": "error", "skipped": "skipped"}.get(child.tag)
@@ -110,21 +160,30 @@ def run_pytest(
 ) -> TestReport:
     """Run pytest on ``args`` (node ids or paths; default: the suite) in ``repo``, sandboxed (no
     network, only ``repo``, a scratch dir and ``writable`` writable), and read its JUnit report;
-    ``extra`` goes before ``args`` on pytest's command line, ``env`` into its environment."""
+    ``extra`` goes before ``args`` on pytest's command line, ``env`` into its environment (the
+    package's folder ``pythonpath`` goes on ``sys.path`` once pytest is imported, and into
+    ``PYTHONPATH`` for the programs the tests start). A report that cannot be read gives no results,
+    with the reason at the end of ``output``."""
     scratch = Path(tempfile.mkdtemp(prefix="dsv32-pytest-"))
     try:
         report = scratch / "report.xml"
-        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
-                f"--junitxml={report}", f"--rootdir={repo.resolve()}", *(extra or []), *(args or [])]  # fmt: skip
+        full_env = {**test_env(repo, pythonpath, scratch), **(env or {})}
+        path = full_env.pop("PYTHONPATH")
+        argv = [sys.executable, "-P", "-s", "-c", _BOOT, path, "-q", "-p", "no:cacheprovider",
+                "-o", "junit_family=xunit1", f"--junitxml={report}", f"--rootdir={repo.resolve()}",
+                *(extra or []), *(args or [])]  # fmt: skip
         done = sandbox.run(
-            argv, cwd=repo, timeout_s=timeout_s, memory_mb=memory_mb,
-            env={**test_env(repo, pythonpath, scratch), **(env or {})},
+            argv, cwd=repo, timeout_s=timeout_s, memory_mb=memory_mb, env=full_env,
             writable=[str(scratch), *(writable or [])], output_bytes=1 << 18,
         )  # fmt: skip
         tail = (done.stdout + done.stderr)[-4000:]
-        if not report.is_file():
-            return TestReport({}, {}, done.returncode, done.timed_out, tail)
-        outcomes, messages = parse_junit(report.read_text(encoding="utf-8"), repo)
+        outcomes: dict[str, str] = {}
+        messages: dict[str, str] = {}
+        if os.path.lexists(report):
+            try:
+                outcomes, messages = parse_junit(read_regular(report, "the JUnit report", REPORT_BYTES), repo)
+            except (SnapshotError, OSError, ET.ParseError) as err:
+                tail += f"\n[the JUnit report was not read: {err}]"
     finally:
         sandbox.remove_tree(scratch)
     return TestReport(outcomes, messages, done.returncode, done.timed_out, tail)
