@@ -1,14 +1,14 @@
-"""Malformed replies of an OpenAI-compatible server, through the real openai client and the stub
-server. What the protocol fixes is refused with a BackendError naming the field (the episode stops
-with "error" and keeps what it did); what the model wrote inside a tool call is answered by the
+"""Malformed replies of an OpenAI-compatible server (through the real openai client and the stub
+server) or of a script. What the protocol fixes is refused with a typed error naming the field (in an
+episode: "error", keeping what it did); what the model wrote inside a tool call is answered by the
 toolbox and the episode goes on."""
 
 from __future__ import annotations
 
 import pytest
-from agent_helpers import add, chunk
+from agent_helpers import add, answer, calls, chunk
 
-from dsv32.agent import Agent, BackendError, OpenAIBackend
+from dsv32.agent import Agent, AgentError, BackendError, OpenAIBackend, ScriptedBackend
 
 GOOD_CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
 
@@ -262,3 +262,61 @@ def test_streamed_parts_without_index_and_other_choices(stub):
         ("c2", '{"a": 3, "b": 4}'),
     ]
     assert [m["content"] for m in traj.messages if m["role"] == "tool"] == ["3", "7"]
+
+
+# ------------------------------------------------------------------------------------------ scripted
+SCRIPT_REFUSED = {
+    "function is a string": ({"tool_calls": [{"function": "add"}]}, "tool_calls[0].function is a string"),
+    "tool call null": ({"tool_calls": [None]}, "tool_calls[0] is null"),
+    "tool_calls an object": ({"tool_calls": {"function": {"name": "add"}}}, "tool_calls is an object"),
+    "content a number": ({"content": 3}, "content is a number (3)"),
+    "reasoning a list": ({"reasoning_content": ["x"]}, "reasoning_content is a list of 1"),
+    "arguments not JSON-able": (
+        {"tool_calls": [{"function": {"name": "add", "arguments": {1, 2}}}]},
+        "tool_calls[0].function.arguments is a set",
+    ),
+    "usage unknown key": ({"content": "x", "usage": {"prompt": 3}}, "usage has unknown keys ['prompt']"),
+    "usage count negative": (
+        {"content": "x", "usage": {"prompt_tokens": -1}},
+        "usage.prompt_tokens is a number (-1)",
+    ),
+    "finish_reason a number": ({"content": "x", "finish_reason": 0}, "finish_reason is a number (0)"),
+    "not a message": ("hello", "the message is a string ('hello')"),
+}
+
+
+@pytest.mark.parametrize("case", list(SCRIPT_REFUSED))
+def test_a_malformed_script_is_refused_when_the_backend_is_built(case):
+    reply, expected = SCRIPT_REFUSED[case]
+    with pytest.raises(AgentError, match="scripted reply 2: ") as info:
+        ScriptedBackend([answer("ok"), reply])
+    assert expected in str(info.value)
+
+
+@pytest.mark.parametrize("case", list(SCRIPT_REFUSED))
+def test_a_malformed_reply_of_a_scripted_callable_stops_the_episode_with_error(case):
+    reply, expected = SCRIPT_REFUSED[case]
+    backend = ScriptedBackend([calls(("add", {"a": 2, "b": 3})), lambda messages, tools: reply])
+    traj = Agent(backend, [add]).run("2+3?")
+    assert traj.stop_reason == "error" and traj.error.startswith("scripted reply 2: ")
+    assert expected in traj.error
+    assert [m["role"] for m in traj.messages] == ["user", "assistant", "tool"] and traj.num_steps == 1
+
+
+def test_a_script_that_is_not_a_list_is_refused():
+    for script in ("hello", {"content": "x"}, 5):
+        with pytest.raises(AgentError, match="a script is a list"):
+            ScriptedBackend(script)
+
+
+def test_scripted_broken_calls_are_answered_like_an_endpoint_s():
+    script = [
+        {"tool_calls": [{"function": {"name": "add", "arguments": [1]}}, {"function": {"arguments": "{}"}}]},
+        {
+            "content": [{"type": "text", "text": "do"}, {"type": "text", "text": "ne"}],
+            "usage": {"total_tokens": 3},
+        },
+    ]
+    traj = Agent(ScriptedBackend(script), [add]).run("q")
+    assert traj.stop_reason == "answer" and traj.final == "done"
+    assert [t.error for t in traj.steps[0].tool_calls] == ["bad_json", "unknown_tool"]
