@@ -45,7 +45,11 @@ def add(a: int, b: int) -> int:
 
 
 class Stub:
-    """Answers POST /v1/chat/completions with queued replies; records every request body."""
+    """Answers POST /v1/chat/completions with queued replies; records every request body.
+
+    A reply's payload is JSON, or ``bytes`` sent as they are; a list is a stream of server-sent
+    events, each a chunk written as JSON or ``bytes`` sent as the event's data. A ``Content-Type``
+    header replaces the default one."""
 
     def __init__(self) -> None:
         self.replies: list[tuple[int, object, dict]] = []
@@ -57,14 +61,16 @@ class Stub:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 stub.requests.append(body)
                 status, payload, headers = stub.replies.pop(0)
+                headers = dict(headers)
                 stream = isinstance(payload, list)
-                data = (
-                    "".join(f"data: {json.dumps(c)}\n\n" for c in payload) + "data: [DONE]\n\n"
-                    if stream
-                    else json.dumps(payload)
-                ).encode()
+                if stream:
+                    events = [c.decode() if isinstance(c, bytes) else json.dumps(c) for c in payload]
+                    data = "".join(f"data: {e}\n\n" for e in [*events, "[DONE]"]).encode()
+                else:
+                    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+                default = "text/event-stream" if stream else "application/json"
                 self.send_response(status)
-                self.send_header("Content-Type", "text/event-stream" if stream else "application/json")
+                self.send_header("Content-Type", headers.pop("Content-Type", default))
                 self.send_header("Content-Length", str(len(data)))
                 for key, value in headers.items():
                     self.send_header(key, value)

@@ -101,3 +101,97 @@ def test_parallel_fewest_step_resets_the_env_per_thread_and_returns_the_winner_r
     assert traj.final == "7" and reward.value == 0.0
     assert traj.total_steps == 7
     assert json.dumps(traj.to_dict())  # the whole record is JSON
+
+
+class Fragile(Counter):
+    """A counter whose methods fail as told: ``fail={"reset", "tools", "call", "reward", "reward_none"}``."""
+
+    name = "fragile"
+
+    def __init__(self, *fail: str) -> None:
+        super().__init__()
+        self.fail = set(fail)
+
+    def reset(self, task: Task) -> list[dict]:
+        if "reset" in self.fail:
+            raise OSError("the task's files are gone")
+        return super().reset(task)
+
+    def tools(self) -> list[dict]:
+        if "tools" in self.fail:
+            raise RuntimeError("no schemas")
+        return super().tools()
+
+    def call(self, name: str, arguments: dict) -> str:
+        if "call" in self.fail:
+            raise ValueError("counter jammed")
+        return super().call(name, arguments)
+
+    def reward(self, trajectory) -> Reward:
+        if "reward" in self.fail:
+            # a verifier tripping over what the model left behind
+            return {"count": self.count}["missing"]
+        if "reward_none" in self.fail:
+            return None
+        return super().reward(trajectory)
+
+
+def test_a_reward_that_raises_ends_the_episode_with_error_and_keeps_the_trajectory():
+    env = Fragile("reward")
+    traj, reward = run_episode(ScriptedBackend(env.reference(TASK)), env, TASK, thinking=False)
+    assert traj.stop_reason == "error"
+    assert traj.error == (
+        "the environment's reward raised KeyError: 'missing' (the agent had stopped with 'answer')"
+    )
+    assert traj.final == "3" and traj.num_steps == 2  # everything the agent did is kept
+    assert [m["role"] for m in traj.messages] == ["system", "user", "assistant", "tool", "tool", "assistant"]
+    assert reward == Reward(0.0, {}, f"not scored: {traj.error}")
+    assert json.loads(json.dumps(traj.to_dict()))["error"] == traj.error
+
+
+def test_a_reward_that_returns_no_reward_and_a_backend_failure_are_both_recorded():
+    env = Fragile("reward_none")
+    traj, reward = run_episode(ScriptedBackend(env.reference(TASK)[:1]), env, TASK, thinking=False)
+    assert traj.stop_reason == "error" and traj.num_steps == 1
+    assert traj.error.startswith("the script has no reply 2")
+    assert traj.error.endswith("; then the environment's reward returned None, not a Reward")
+    assert reward.value == 0.0 and reward.reason.startswith("not scored: the environment's reward")
+
+
+def test_a_reset_or_tools_failure_is_an_error_episode_without_model_calls():
+    for fail, text in (
+        ("reset", "OSError: the task's files are gone"),
+        ("tools", "RuntimeError: no schemas"),
+    ):
+        env = Fragile(fail)
+        backend = ScriptedBackend([answer("3")])
+        traj, reward = run_episode(backend, env, TASK)
+        assert traj.stop_reason == "error" and traj.error == f"the environment's reset/tools raised {text}"
+        assert traj.num_steps == 0 and backend.calls == [] and reward.value == 0.0
+    assert [m["role"] for m in traj.messages] == ["system", "user"]  # tools failed after the reset
+
+
+def test_a_failing_call_is_answered_to_the_model():
+    env = Fragile("call")
+    traj, reward = run_episode(ScriptedBackend(env.reference(TASK)), env, TASK, thinking=False)
+    assert traj.stop_reason == "answer" and reward.value == 0.0  # scored: the count stayed 0
+    results = [m["content"] for m in traj.messages if m["role"] == "tool"]
+    assert results == ["Error: increment raised ValueError: counter jammed"] * 2
+
+
+class SecondVerdictCrashes(Counter):
+    def reward(self, trajectory) -> Reward:
+        self.verdicts = getattr(self, "verdicts", 0) + 1
+        if self.verdicts == 2:
+            raise RuntimeError("verifier crashed")
+        return super().reward(trajectory)
+
+
+def test_parallel_threads_survive_a_reward_failure_in_one_of_them():
+    env = SecondVerdictCrashes()
+    script = env.reference(TASK) * 2
+    traj, reward = run_episode(
+        ScriptedBackend(script), env, TASK, context="parallel_fewest_step", parallel=2, thinking=False
+    )
+    assert [t.stop_reason for t in traj.threads] == ["answer", "error"]
+    assert traj.stop_reason == "answer" and reward.value == 1.0 and traj.total_steps == 4

@@ -10,6 +10,16 @@
 3. the agent runs (``agent_options`` are :class:`~dsv32.agent.loop.Agent`'s keywords);
 4. ``env.reward(trajectory)`` scores it.
 
+A failing environment never loses an episode. ``env.call`` raising is a tool that raised: the model
+reads the error and goes on. ``env.reset`` / ``env.tools`` raising (before any model call: the
+trajectory holds no step) or ``env.reward`` raising or returning something other than a
+:class:`~dsv32.envs.base.Reward` ends the episode with ``stop_reason="error"``: ``trajectory.error``
+names the method and the exception, and the agent's own stop reason when it had run (``"the
+environment's reward raised KeyError: 'x' (the agent had stopped with 'answer')"``); the trajectory
+keeps everything the agent did, and the reward is ``Reward(0.0, {}, "not scored: ...")`` — the
+environment failed, the model was not judged. Bad ``agent_options`` still raise
+:class:`~dsv32.agent.errors.AgentError`.
+
 With ``context="parallel_fewest_step"`` each of the ``parallel`` trajectories is its own episode
 (reset, run, reward), since the environment's state belongs to one trajectory; the winner's reward is
 returned and the totals count every thread. The caller owns ``env`` (this does not close it).
@@ -21,7 +31,7 @@ from typing import Any
 
 from dsv32.agent.backends.base import Backend
 from dsv32.agent.loop import Agent, combine_threads
-from dsv32.agent.tools import Tool, tool
+from dsv32.agent.tools import Tool, _shown, tool
 from dsv32.agent.trajectory import Trajectory
 from dsv32.chat.templates import episode_system_message
 from dsv32.envs.base import Environment, Reward, Task
@@ -66,7 +76,34 @@ def run_episode(
 def _scored(
     backend: Backend, env: Environment, task: Task, prompt: str | None, **agent_options: Any
 ) -> tuple[Trajectory, Reward]:
-    messages = episode_messages(env, task, prompt)
-    agent = Agent(backend, env_tools(env), **agent_options)
+    messages: list[dict] = []
+    try:
+        messages = episode_messages(env, task, prompt)
+        tools = env_tools(env)
+    except (Exception, SystemExit) as err:  # the environment's failure: recorded, not raised
+        failed = Trajectory(messages=list(messages))
+        return failed, _not_scored(failed, "reset/tools", err)
+    agent = Agent(backend, tools, **agent_options)
     trajectory = agent.run(messages)
-    return trajectory, env.reward(trajectory)
+    try:
+        reward = env.reward(trajectory)
+    except (Exception, SystemExit) as err:
+        return trajectory, _not_scored(trajectory, "reward", err)
+    if not isinstance(reward, Reward):
+        got = "None" if reward is None else f"a {type(reward).__name__}"
+        return trajectory, _not_scored(trajectory, "reward", f"returned {got}, not a Reward")
+    return trajectory, reward
+
+
+def _not_scored(trajectory: Trajectory, method: str, problem: BaseException | str) -> Reward:
+    """Record on ``trajectory`` that the environment's ``method`` failed; the reward that says so."""
+    if isinstance(problem, BaseException):
+        problem = f"raised {type(problem).__name__}: {_shown(problem)}"
+    note = f"the environment's {method} {problem}"
+    if trajectory.stop_reason == "error" and trajectory.error:
+        trajectory.error = f"{trajectory.error}; then {note}"
+    else:
+        if trajectory.steps:
+            note += f" (the agent had stopped with {trajectory.stop_reason!r})"
+        trajectory.stop_reason, trajectory.error = "error", note
+    return Reward(0.0, {}, f"not scored: {note}")

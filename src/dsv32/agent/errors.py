@@ -11,5 +11,6 @@ class AgentError(DSV32Error, ValueError):
 
 
 class BackendError(DSV32Error, RuntimeError):
-    """The model could not answer: an endpoint that kept failing after its retries, an exhausted
-    script. The loop turns it into ``stop_reason="error"``; it never escapes :meth:`Agent.run`."""
+    """The model could not answer: an endpoint that kept failing after its retries or sent a malformed
+    reply (the message names the field), an exhausted script. The loop turns it into
+    ``stop_reason="error"``; it never escapes :meth:`Agent.run`."""

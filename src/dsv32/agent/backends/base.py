@@ -10,6 +10,13 @@ given, receives the reply as it is produced (``kind`` is ``"reasoning"`` or ``"c
 ``backend.count_tokens(messages, tools, thinking=...)`` is the prompt size the next call would have;
 the loop's context management triggers on it. Backends that tokenize (local) count exactly; the
 others estimate with :class:`TokenEstimator` (characters / 4, calibrated by the endpoint's usage).
+
+Replies that come from outside (an endpoint's JSON, a script) are read with :func:`reply_message`,
+which checks every field it uses and raises :class:`MalformedReply` naming the first one that is
+wrong; the backend turns that into its typed error. What the protocol fixes (an object where an
+object belongs, strings and lists where they belong) must be right, or the reply is refused; what
+the model wrote inside a tool call (a missing name, arguments that are not a JSON object) is kept
+and answered by the toolbox, as every other broken call is.
 """
 
 from __future__ import annotations
@@ -56,6 +63,130 @@ class Backend(Protocol):
     def count_tokens(
         self, messages: Sequence[dict], tools: Sequence[dict], *, thinking: bool = True
     ) -> int: ...
+
+
+class MalformedReply(Exception):
+    """A reply that is not an assistant message this protocol can read. Its text names the field and
+    what was found (``tool_calls[0].function is a string ('add'), not an object``); backends turn it
+    into :class:`~dsv32.agent.errors.BackendError` (a script given up front: ``AgentError``)."""
+
+
+def describe(value: Any) -> str:
+    """What a JSON value is, for error messages: ``a string ('add')``, ``an object``, ``missing or
+    null`` (``None``: a key that is absent reads the same)."""
+    if value is None:
+        return "missing or null"
+    if isinstance(value, bool):
+        return f"a boolean ({value})"
+    if isinstance(value, (int, float)):
+        return f"a number ({value!r})"
+    if isinstance(value, str):
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        return f"a string ({shown!r})"
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"
+
+
+def at(where: str, key: str | int) -> str:
+    """The path of ``key`` inside ``where``: ``choices[0].message``, ``tool_calls[1]``."""
+    if isinstance(key, int):
+        return f"{where}[{key}]"
+    return f"{where}.{key}" if where else key
+
+
+def wrong(where: str, value: Any, expected: str) -> MalformedReply:
+    """``where`` (a path, "" for the reply itself) is ``value``, not what was ``expected``."""
+    found = "null" if value is None and where.endswith("]") else describe(value)  # a list item
+    return MalformedReply(f"{where or 'the reply'} is {found}, not {expected}")
+
+
+def reply_text(value: Any, where: str) -> str:
+    """``content`` as a string: a string, null (``""``) or a list of text parts (joined)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = []
+        for k, part in enumerate(value):
+            text = part.get("text") if isinstance(part, dict) and part.get("type") == "text" else None
+            if not isinstance(text, str):
+                raise wrong(at(where, k), part, 'a text part {"type": "text", "text": "..."}')
+            texts.append(text)
+        return "".join(texts)
+    raise wrong(where, value, "a string, null or a list of text parts")
+
+
+def optional_string(value: Any, where: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise wrong(where, value, "a string or null")
+
+
+def token_count(value: Any, where: str) -> int:
+    """A usage count: a non-negative integer, or null/missing (0)."""
+    if value is None:
+        return 0
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise wrong(where, value, "a non-negative integer")
+
+
+def arguments_text(value: Any, where: str) -> str:
+    """A tool call's ``arguments`` as the string the protocol sends: a string as it is, null as
+    ``"{}"``, any other JSON value (an object, a list, a number) written as JSON — the toolbox then
+    answers the model when it is not an object."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return "{}"
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as err:
+        raise wrong(where, value, f"a JSON string or value ({err})") from err
+
+
+def reply_tool_call(call: Any, where: str) -> dict:
+    """One tool call, normalized to ``{"id"?, "type": "function", "function": {"name", "arguments"}}``.
+
+    Refused: a call that is not an object, a ``function`` that is not an object, a ``name`` or
+    ``id`` that is neither a string nor null. Kept for the toolbox to answer (the model's mistakes):
+    a null or missing name (``""``, an unknown tool), arguments that are not a JSON object."""
+    if not isinstance(call, dict):
+        raise wrong(where, call, "a tool call object")
+    function = call.get("function")
+    if not isinstance(function, dict):
+        raise wrong(at(where, "function"), function, 'an object {"name": ..., "arguments": ...}')
+    name = optional_string(function.get("name"), at(at(where, "function"), "name")) or ""
+    arguments = arguments_text(function.get("arguments"), at(at(where, "function"), "arguments"))
+    call_id = optional_string(call.get("id"), at(where, "id"))
+    entry = {"type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"id": call_id, **entry} if call_id else entry
+
+
+def reply_tool_calls(value: Any, where: str) -> list[dict]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise wrong(where, value, "a list of tool calls or null")
+    return [reply_tool_call(call, at(where, k)) for k, call in enumerate(value)]
+
+
+def reply_message(data: Any, where: str = "", reasoning_keys: Sequence[str] = ("reasoning_content",)) -> dict:
+    """The assistant message in a reply (a parsed JSON object), normalized like
+    :func:`assistant_message`; raises :class:`MalformedReply` naming what is wrong (see the module
+    docstring). The reasoning is the first non-empty of ``reasoning_keys``."""
+    if not isinstance(data, dict):
+        raise wrong(where or "the message", data, "an assistant message object")
+    content = reply_text(data.get("content"), at(where, "content"))
+    reasoning = ""
+    for key in reasoning_keys:
+        reasoning = reasoning or optional_string(data.get(key), at(where, key)) or ""
+    calls = reply_tool_calls(data.get("tool_calls"), at(where, "tool_calls"))
+    return assistant_message(content, reasoning, calls)
 
 
 def assistant_message(content: Any, reasoning: Any = None, tool_calls: Any = None) -> dict:

@@ -13,10 +13,24 @@ usage (``prompt_tokens_details.cached_tokens`` as cached tokens) and the finish 
 not. Retries with exponential backoff on 408/409/429/5xx, connection errors and timeouts are the
 client's own (``max_retries``; it honours ``Retry-After``); what still fails becomes a
 :class:`~dsv32.agent.errors.BackendError`.
+
+Replies are read as plain JSON (the client does not validate them) and checked field by field
+(:func:`~dsv32.agent.backends.base.reply_message`): a body that is not a chat completion, no
+choices, a choice without a message, ``tool_calls`` that is not a list, a call or its ``function``
+that is not an object, a string field that is not a string, a usage count that is not an integer,
+a body or stream event that is not JSON, an error object in a 200 reply or in the stream — each
+becomes a ``BackendError`` naming the field (the episode stops with ``"error"`` and keeps what it
+has). What the model wrote inside a call is kept for the toolbox to answer: a missing name (``""``),
+null arguments (``"{}"``), arguments sent as a JSON value instead of a string (written as JSON: an
+object is read as usual, anything else is answered as ``bad_json``). ``content`` as a list of text
+parts is joined. Streamed tool-call parts without an ``index`` start a new call when they carry a
+new ``id`` and continue the last one otherwise; choices other than the first are ignored.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -25,12 +39,19 @@ from typing import Any
 from dsv32.agent.backends.base import (
     Completion,
     Delta,
+    MalformedReply,
     TokenEstimator,
     Usage,
-    assistant_message,
+    arguments_text,
+    at,
+    optional_string,
+    reply_message,
+    reply_text,
     reply_tokens,
     send_whole,
+    token_count,
     visible_messages,
+    wrong,
 )
 from dsv32.agent.errors import BackendError
 
@@ -78,13 +99,84 @@ def request_messages(messages: Sequence[dict], thinking: bool) -> list[dict]:
     return out
 
 
-def _extra(obj: Any, *names: str) -> Any:
-    """The first of ``names`` set on a response object (fields the client's models do not declare)."""
-    for name in names:
-        value = getattr(obj, name, None)
-        if value:
-            return value
-    return None
+#: Where endpoints put the reasoning: DeepSeek's API and older vLLM, vLLM's newer name.
+REASONING_KEYS = ("reasoning_content", "reasoning")
+
+
+def _plain(value: Any) -> Any:
+    """A response object of the client as the JSON it was built from. The client builds its models
+    without validation, so a field may hold anything the server sent; reading the plain values
+    lets every field be checked."""
+    from pydantic import BaseModel
+
+    if isinstance(value, BaseModel):
+        fields = {**value.__dict__, **(value.__pydantic_extra__ or {})}
+        return {k: _plain(v) for k, v in fields.items()}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _read(produce: Any, what: str) -> Any:
+    """``_plain(produce())``, with a body the client could not decode (not JSON, nested too deeply)
+    as :class:`MalformedReply`."""
+    try:
+        return _plain(produce())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+        raise MalformedReply(f"{what} is not readable JSON ({type(err).__name__}: {err})") from err
+
+
+def _error_text(error: Any) -> str:
+    message = error.get("message") if isinstance(error, dict) else error
+    return message if isinstance(message, str) and message else json.dumps(error, default=str)[:500]
+
+
+def _usage(raw: Any, where: str) -> Usage:
+    if raw is None:
+        return Usage()
+    if not isinstance(raw, dict):
+        raise wrong(where, raw, "a usage object or null")
+    details = raw.get("prompt_tokens_details")
+    if details is not None and not isinstance(details, dict):
+        raise wrong(at(where, "prompt_tokens_details"), details, "an object or null")
+    return Usage(
+        token_count(raw.get("prompt_tokens"), at(where, "prompt_tokens")),
+        token_count(raw.get("completion_tokens"), at(where, "completion_tokens")),
+        token_count(
+            (details or {}).get("cached_tokens"), at(at(where, "prompt_tokens_details"), "cached_tokens")
+        ),
+    )
+
+
+class _Refused(Exception):
+    """The endpoint answered without a reply: an error object in a 200 body, no choices. The text
+    follows the base URL in the :class:`BackendError`."""
+
+
+def _choices(data: Any, name: str, what: str) -> list:
+    """The ``choices`` of ``data``: the response body (``name``), a completion (``what``), or a chunk."""
+    if not isinstance(data, dict):
+        raise wrong(name, data, what)
+    choices = data.get("choices")
+    if not isinstance(choices, list) and data.get("error") is not None:
+        raise _Refused(f"answered with an error: {_error_text(data['error'])}")
+    if not isinstance(choices, list):
+        raise wrong("choices", choices, "a list of choices")
+    return choices
+
+
+def _chunks(stream: Any) -> Any:
+    """``(n, chunk)`` for the stream's chunks as plain JSON; an event that is not JSON is a
+    :class:`MalformedReply`."""
+    events = iter(stream)
+    for n in itertools.count():
+        try:
+            chunk = _read(lambda: next(events), f"stream event {n}")
+        except StopIteration:
+            return
+        yield n, chunk
 
 
 class OpenAIBackend:
@@ -169,6 +261,14 @@ class OpenAIBackend:
             ) from err
         except (openai.APIConnectionError, openai.APIResponseValidationError) as err:
             raise BackendError(f"{self.base_url}: {err} (after up to {self.max_retries} retries)") from err
+        except openai.APIError as err:  # an error event in a stream
+            raise BackendError(f"{self.base_url} answered with an error: {err.message}") from err
+        except MalformedReply as err:
+            raise BackendError(
+                f"{self.base_url} sent a reply that is not a valid chat completion: {err}"
+            ) from err
+        except _Refused as err:
+            raise BackendError(f"{self.base_url} {err}") from err
         latency = time.perf_counter() - start
         if usage.prompt_tokens:
             self.estimate.calibrate(messages, tools, usage.prompt_tokens)
@@ -179,59 +279,111 @@ class OpenAIBackend:
         return Completion(message, usage, finish, latency)
 
     def _whole(self, kwargs: dict, on_delta: Delta | None) -> tuple[dict, Usage, str | None]:
-        response = self.client.chat.completions.create(**kwargs)
-        if not response.choices:
-            raise BackendError(f"{self.base_url} returned no choices")
-        choice = response.choices[0]
-        raw = choice.message
-        calls = [
-            {
-                "id": c.id,
-                "type": "function",
-                "function": {"name": c.function.name, "arguments": c.function.arguments},
-            }
-            for c in raw.tool_calls or []
-        ]
-        message = assistant_message(raw.content, _extra(raw, "reasoning_content", "reasoning"), calls)
+        data = _read(lambda: self.client.chat.completions.create(**kwargs), "the response body")
+        choices = _choices(data, "the response body", "a chat completion object")
+        if not choices:
+            raise _Refused("returned no choices")
+        choice = choices[0]
+        if not isinstance(choice, dict):
+            raise wrong("choices[0]", choice, "a choice object")
+        message = reply_message(choice.get("message"), "choices[0].message", REASONING_KEYS)
+        finish = optional_string(choice.get("finish_reason"), "choices[0].finish_reason")
+        usage = _usage(data.get("usage"), "usage")
         send_whole(message, on_delta)
-        return message, _usage(response.usage), choice.finish_reason
+        return message, usage, finish
 
     def _streamed(self, kwargs: dict, on_delta: Delta | None) -> tuple[dict, Usage, str | None]:
         stream = self.client.chat.completions.create(
             **kwargs, stream=True, stream_options={"include_usage": True}
         )
-        reasoning, content, calls, usage, finish = [], [], {}, Usage(), None
-        for chunk in stream:
-            if chunk.usage is not None:
-                usage = _usage(chunk.usage)
-            for choice in chunk.choices:
-                delta = choice.delta
-                finish = choice.finish_reason or finish
-                text = _extra(delta, "reasoning_content", "reasoning")
-                if text:
-                    reasoning.append(text)
-                    if on_delta is not None:
-                        on_delta("reasoning", text)
-                if delta.content:
-                    content.append(delta.content)
-                    if on_delta is not None:
-                        on_delta("content", delta.content)
-                for part in delta.tool_calls or []:
-                    call = calls.setdefault(part.index, {"id": None, "name": "", "arguments": ""})
-                    call["id"] = part.id or call["id"]
-                    if part.function is not None:
-                        call["name"] += part.function.name or ""
-                        call["arguments"] += part.function.arguments or ""
+        reply = {"reasoning": [], "content": [], "calls": {}, "usage": Usage(), "finish": None}
+        seen = False
+        for n, chunk in _chunks(stream):
+            try:
+                seen = self._take_chunk(chunk, reply, on_delta) or seen
+            except MalformedReply as err:
+                raise MalformedReply(f"stream event {n}: {err}") from err
+        if not seen:
+            raise _Refused("streamed no choices")
         tool_calls = [
             {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-            for _, c in sorted(calls.items())
+            for _, c in sorted(reply["calls"].items())
         ]
-        return assistant_message("".join(content), "".join(reasoning), tool_calls), usage, finish
+        message = {
+            "content": "".join(reply["content"]),
+            "reasoning_content": "".join(reply["reasoning"]),
+            "tool_calls": tool_calls,
+        }
+        return reply_message(message, "the streamed message"), reply["usage"], reply["finish"]
 
+    def _take_chunk(self, chunk: Any, reply: dict, on_delta: Delta | None) -> bool:
+        """Add one checked chunk to ``reply``; whether it held the first choice."""
+        if isinstance(chunk, dict) and chunk.get("choices") is None and chunk.get("error") is None:
+            choices = []  # a usage-only chunk
+        else:
+            choices = _choices(chunk, "the chunk", "a chat completion chunk object")
+        if chunk.get("usage") is not None:
+            reply["usage"] = _usage(chunk["usage"], "usage")
+        seen = False
+        for i, choice in enumerate(choices):
+            where = at("choices", i)
+            if not isinstance(choice, dict):
+                raise wrong(where, choice, "a choice object")
+            index = choice.get("index")
+            if index is not None and (not isinstance(index, int) or isinstance(index, bool)):
+                raise wrong(at(where, "index"), index, "an integer")
+            if index:  # another choice of n > 1
+                continue
+            seen = True
+            finish = optional_string(choice.get("finish_reason"), at(where, "finish_reason"))
+            reply["finish"] = finish or reply["finish"]
+            delta = choice.get("delta")
+            if delta is None:
+                continue
+            if not isinstance(delta, dict):
+                raise wrong(at(where, "delta"), delta, "a delta object")
+            self._take_delta(delta, at(where, "delta"), reply, on_delta)
+        return seen
 
-def _usage(raw: Any) -> Usage:
-    if raw is None:
-        return Usage()
-    details = getattr(raw, "prompt_tokens_details", None)
-    cached = getattr(details, "cached_tokens", None) or 0
-    return Usage(raw.prompt_tokens or 0, raw.completion_tokens or 0, cached)
+    @staticmethod
+    def _take_delta(delta: dict, where: str, reply: dict, on_delta: Delta | None) -> None:
+        """Add one checked delta to the reply being assembled, passing its text to ``on_delta``."""
+        text = ""
+        for key in REASONING_KEYS:
+            text = text or optional_string(delta.get(key), at(where, key)) or ""
+        if text:
+            reply["reasoning"].append(text)
+            if on_delta is not None:
+                on_delta("reasoning", text)
+        text = reply_text(delta.get("content"), at(where, "content"))
+        if text:
+            reply["content"].append(text)
+            if on_delta is not None:
+                on_delta("content", text)
+        parts = delta.get("tool_calls")
+        if parts is not None and not isinstance(parts, list):
+            raise wrong(at(where, "tool_calls"), parts, "a list of tool call parts or null")
+        calls = reply["calls"]
+        for k, part in enumerate(parts or []):
+            spot = at(at(where, "tool_calls"), k)
+            if not isinstance(part, dict):
+                raise wrong(spot, part, "a tool call part object")
+            call_id = optional_string(part.get("id"), at(spot, "id"))
+            index = part.get("index")
+            if index is None:  # a server that sends no indexes: a new id starts a new call
+                last = max(calls, default=None)
+                continues = last is not None and (not call_id or call_id == calls[last]["id"])
+                index = last if continues else (-1 if last is None else last) + 1
+            elif not isinstance(index, int) or isinstance(index, bool) or index < 0:
+                raise wrong(at(spot, "index"), index, "a non-negative integer")
+            call = calls.setdefault(index, {"id": None, "name": "", "arguments": ""})
+            call["id"] = call_id or call["id"]
+            function = part.get("function")
+            if function is None:
+                continue
+            if not isinstance(function, dict):
+                raise wrong(at(spot, "function"), function, "an object or null")
+            call["name"] += optional_string(function.get("name"), at(at(spot, "function"), "name")) or ""
+            arguments = function.get("arguments")
+            if arguments is not None:
+                call["arguments"] += arguments_text(arguments, at(at(spot, "function"), "arguments"))
