@@ -135,9 +135,11 @@ def test_failure_after_the_retries_stops_the_episode_with_error(stub):
         stub.reply({"error": {"message": "overloaded"}}, 500, **{"retry-after-ms": "1"})
     traj = Agent(OpenAIBackend(stub.url, "m", max_retries=1), [add]).run("q")
     assert traj.stop_reason == "error" and "HTTP 500" in traj.error and "overloaded" in traj.error
+    assert "after up to 1 retries" in traj.error and len(stub.requests) == 2
     stub.reply({"error": {"message": "bad key"}}, 401)
-    with pytest.raises(BackendError, match="check api_key"):
-        OpenAIBackend(stub.url, "m", max_retries=0).complete([{"role": "user", "content": "q"}], [])
+    with pytest.raises(BackendError, match="check api_key") as info:
+        OpenAIBackend(stub.url, "m", max_retries=3).complete([{"role": "user", "content": "q"}], [])
+    assert "retries" not in str(info.value) and len(stub.requests) == 3  # a 401 is not retried
 
 
 def test_reasoning_goes_back_within_the_tool_turn_and_is_dropped_across_user_turns(stub):

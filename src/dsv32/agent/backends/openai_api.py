@@ -254,9 +254,11 @@ class OpenAIBackend:
             else:
                 message, usage, finish = self._whole(kwargs, on_delta)
         except openai.APIStatusError as err:
+            retried = err.status_code in (408, 409, 429) or err.status_code >= 500  # what the client retries
             raise BackendError(
-                f"{self.base_url} answered HTTP {err.status_code} (after up to {self.max_retries} retries): "
-                f"{err.message}"
+                f"{self.base_url} answered HTTP {err.status_code}"
+                + (f" (after up to {self.max_retries} retries)" if retried else "")
+                + f": {err.message}"
                 + (" — check api_key / OPENAI_API_KEY" if err.status_code in (401, 403) else "")
             ) from err
         except (openai.APIConnectionError, openai.APIResponseValidationError) as err:
