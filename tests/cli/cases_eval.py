@@ -9,6 +9,9 @@ def files(tmp) -> dict[str, str]:
     (tmp / "aime.jsonl").write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
     (tmp / "norows.jsonl").write_text("\n")
     (tmp / "badrow.jsonl").write_text('{"problem": "1+1?", "answer": "2"}\n{"problem": \n')
+    (tmp / "nullanswer.jsonl").write_text(json.dumps({"id": "a", "problem": "1+1?", "answer": None}) + "\n")
+    both = {"question": "q?", "options": ["x", "y"], "answer": "B", "answer_index": 0}
+    (tmp / "conflict.jsonl").write_text(json.dumps(both) + "\n")
     (tmp / "noresults").mkdir()
     (tmp / "broken-results").mkdir()
     (tmp / "broken-results" / "results.json").write_text("{not json")
@@ -43,6 +46,10 @@ CASES = [
     (["eval", "run", "byo-boxed", "--data", "{tmp}/norows.jsonl", "--out", "{out}"], "holds no rows"),
     (["eval", "run", "byo-boxed", "--data", "{tmp}/badrow.jsonl", "--out", "{out}"], "badrow.jsonl:2: not JSON"),
     (["eval", "run", "byo-mcq", "--data", "{aime}", "--out", "{out}"], "aime.jsonl:1: missing field 'options' or 'choices'"),
+    (["eval", "run", "byo-boxed", "--data", "{tmp}/nullanswer.jsonl", "--out", "{out}"],
+     "nullanswer.jsonl:1: field 'answer' must be a non-empty string or a number, got null"),
+    (["eval", "run", "byo-mcq", "--data", "{tmp}/conflict.jsonl", "--out", "{out}"],
+     "conflict.jsonl:1: 'answer' 'B' and 'answer_index' 0 name different options"),
     (["eval", "run", "byo-boxed", "--data", "{aime}", "--paper", "gpqa-diamond", "--out", "{out}"],
      "--paper gpqa-diamond compares with GPQA Diamond, which runs as byo-mcq, not byo-boxed"),
     (["eval", "run", "byo-boxed", "--data", "{aime}", "--paper", "aime-2099", "--out", "{out}"],

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from dsv32.eval import RunSettings, run, side_by_side
+from dsv32.eval.byo import Boxed
 from dsv32.eval.errors import EvalError
 from dsv32.eval.report import load_results
 
@@ -149,3 +150,58 @@ def test_a_scorer_that_raises_grades_that_sample_zero_and_the_run_goes_on(tmp_pa
     assert rows["gcd/1"]["reason"].startswith("not scored: the scorer raised ValueError: the verifier met")
     assert results["metrics"]["pass@1"]["value"] == pytest.approx(2 / 3)
     assert "gcd/1" in caplog.text
+
+
+def _boxed(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return RunSettings("byo-boxed", data=str(path))
+
+
+def _samples(out):
+    return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+
+
+def test_lines_added_to_a_file_without_ids_run_only_the_new_problems(tmp_path):
+    out, rows = tmp_path / "o", [{"problem": "1+1?", "answer": "2"}, {"problem": "2+2?", "answer": "4"}]
+    run(_boxed(tmp_path / "noid.jsonl", rows), out, progress=False)
+    first = _samples(out)
+    settings = _boxed(tmp_path / "noid.jsonl", [{"problem": "What is 10*10?", "answer": "100"}, *rows])
+    results = run(settings, out, progress=False)
+    samples = _samples(out)
+    assert samples[:2] == first and len(samples) == 3  # the old samples kept, only the new problem asked
+    problems = {p.id: p for p in Boxed().problems(data=settings.data)}
+    assert sorted(problems) == sorted(r["id"] for r in samples)
+    for row in samples:  # each sample was made from the problem it is counted for
+        assert row["prompt"] == problems[row["id"]].messages
+        assert row["reason"].endswith(f"expected {problems[row['id']].data['answer']!r}")
+    assert results["problems"] == 3 and results["metrics"]["pass@1"]["value"] == 1.0
+
+
+def test_an_edited_problem_is_run_again_and_its_old_samples_count_for_nothing(tmp_path, caplog):
+    out = tmp_path / "o"
+    rows = [{"id": "x", "problem": "1+1?", "answer": "3"}, {"id": "y", "problem": "2+2?", "answer": "4"}]
+    run(_boxed(tmp_path / "ids.jsonl", rows), out, progress=False)
+    rows[0]["answer"] = "2"
+    results = run(_boxed(tmp_path / "ids.jsonl", rows), out, progress=False)
+    assert "1 problem(s) changed since their samples" in caplog.text and "(x)" in caplog.text
+    samples = _samples(out)
+    assert [(r["id"], r["reason"]) for r in samples] == [
+        ("x", "answered '3', expected '3'"),  # kept in the file, no longer counted
+        ("y", "answered '4', expected '4'"),
+        ("x", "answered '2', expected '2'"),
+    ]
+    assert results["problems"] == 2 and results["metrics"]["pass@1"]["samples"] == 2
+    caplog.clear()
+    run(_boxed(tmp_path / "ids.jsonl", rows), out, progress=False)  # nothing left to do
+    assert len(_samples(out)) == 3 and "changed" not in caplog.text
+
+
+def test_samples_without_a_problem_hash_are_made_again(tmp_path):
+    out = tmp_path / "o"
+    settings = _boxed(tmp_path / "a.jsonl", [{"id": "x", "problem": "1+1?", "answer": "2"}])
+    run(settings, out, progress=False)
+    [row] = _samples(out)
+    del row["problem_hash"]
+    (out / "samples.jsonl").write_text(json.dumps(row) + "\n")
+    run(settings, out, progress=False)
+    assert [("problem_hash" in r) for r in _samples(out)] == [False, True]

@@ -24,7 +24,9 @@ repository (see docs/envs.md); it rejects instances it cannot build offline.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import random
 import string
 from typing import Any
@@ -43,21 +45,60 @@ _ID_KEYS = ("id", "ID", "instance_id", "question_id", "problem_id", "Record ID")
 
 
 def read_rows(path: str | None, benchmark: str) -> list[tuple[str, dict]]:
-    """``[(id, row)]`` of a JSONL file; errors name the file and line."""
+    """``[(id, row)]`` of a JSONL file; errors name the file and line.
+
+    A row's id is its ``id`` field (or ``instance_id``, ``question_id``, ...); a row without one is
+    named by its content (:func:`content_id`), so the id of a problem stays the same when lines are
+    added, removed or reordered around it, and an edited row is a new problem."""
     if path is None:
         raise EvalError(f"{benchmark} reads your benchmark file: pass --data FILE.jsonl")
-    rows, seen = [], set()
+    rows, seen = [], {}
     for n, row in read_jsonl(path, EvalError):
+        where = f"{path}:{n}"
         if not isinstance(row, dict):
-            raise EvalError(f"{path}:{n}: a row is a JSON object, got {type(row).__name__}")
-        rid = str(next((row[k] for k in _ID_KEYS if k in row), n))
+            raise EvalError(f"{where}: a row is a JSON object, got {_kind(row)}")
+        key = next((k for k in _ID_KEYS if k in row), None)
+        if key is None:
+            rid = content_id(row)
+        elif isinstance(row[key], int) and not isinstance(row[key], bool):
+            rid = str(row[key])
+        elif isinstance(row[key], str) and row[key].strip():
+            rid = row[key]
+        else:
+            raise EvalError(
+                f"{where}: field {key!r} must be a non-empty string or an integer, got {_kind(row[key])}"
+            )
         if rid in seen:
-            raise EvalError(f"{path}:{n}: duplicate id {rid!r}")
-        seen.add(rid)
-        rows.append((rid, {**row, "_where": f"{path}:{n}"}))
+            if key is None:
+                raise EvalError(
+                    f"{where}: the same row as line {seen[rid]} (a row without an id is named by its content); "
+                    "remove one or give the rows ids"
+                )
+            raise EvalError(f"{where}: duplicate id {rid!r} (first on line {seen[rid]})")
+        seen[rid] = n
+        rows.append((rid, {**row, "_where": where}))
     if not rows:
         raise EvalError(f"{path} holds no rows")
     return rows
+
+
+def content_id(row: dict) -> str:
+    """``row-`` and 12 hex digits of the SHA-256 of the row's canonical JSON (keys sorted)."""
+    canonical = json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return "row-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
+
+
+def _kind(value: Any) -> str:
+    """The JSON type of ``value`` as messages name it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (a boolean)"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return "an empty string" if not value.strip() else f"the string {value[:40]!r}"
+    return {dict: "an object", list: "a list"}.get(type(value), type(value).__name__)
 
 
 def _field(row: dict, *names: str) -> Any:
@@ -65,6 +106,34 @@ def _field(row: dict, *names: str) -> Any:
         if name in row:
             return row[name]
     raise EvalError(f"{row['_where']}: missing field {' or '.join(repr(n) for n in names)}")
+
+
+def _name(row: dict, *names: str) -> str:
+    """The first of ``names`` the row has (for messages about its value)."""
+    return next(n for n in names if n in row)
+
+
+def _text(row: dict, *names: str, numbers: bool = False) -> str:
+    """Field ``names[0]`` (or the first alternative present) as text: a non-empty string, or with
+    ``numbers`` also a finite number (not a boolean), written as JSON writes it."""
+    value = _field(row, *names)
+    if isinstance(value, str) and value.strip():
+        return value
+    if numbers and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return str(value)
+    wanted = "a non-empty string or a number" if numbers else "a non-empty string"
+    raise EvalError(f"{row['_where']}: field {_name(row, *names)!r} must be {wanted}, got {_kind(value)}")
+
+
+def _label(row: dict, *names: str) -> str:
+    """An optional label (``subset``, ``category``, ...): a string, ``""`` when absent or null."""
+    present = [n for n in names if n in row and row[n] is not None]
+    if not present:
+        return ""
+    value = row[present[0]]
+    if not isinstance(value, str):
+        raise EvalError(f"{row['_where']}: field {present[0]!r} must be a string, got {_kind(value)}")
+    return value
 
 
 class _FromFile(Benchmark):
@@ -86,9 +155,10 @@ class Boxed(_FromFile):
     metric = "accuracy"
 
     def problem(self, rid: str, row: dict) -> Problem:
-        question, answer = _field(row, "problem", "question", "Question"), _field(row, "answer", "Answer")
+        question = _text(row, "problem", "question", "Question")
+        answer = _text(row, "answer", "Answer", numbers=True)
         messages = [{"role": "user", "content": MATH_PROMPT.format(question=question)}]
-        return Problem(rid, messages, [], str(row.get("subset", "")), {"answer": str(answer)})
+        return Problem(rid, messages, [], _label(row, "subset"), {"answer": answer})
 
     def score(self, problem: Problem, message: dict) -> Score:
         answer = last_boxed(message.get("content"))
@@ -103,29 +173,63 @@ class Boxed(_FromFile):
 
 def mcq_options(rid: str, row: dict) -> tuple[list[str], int, str]:
     """``(options, index of the correct one, subset)`` of an MMLU-Pro- or GPQA-shaped row."""
+    where = row["_where"]
     if "Correct Answer" in row:
-        wrong = [row[k] for k in sorted(row) if k.startswith("Incorrect Answer")]
-        options = [row["Correct Answer"], *wrong]
+        wrong = sorted((k for k in row if k.startswith("Incorrect Answer")), key=lambda k: (len(k), k))
+        if not wrong:
+            raise EvalError(f"{where}: a GPQA-shaped row needs 'Incorrect Answer 1' (and more)")
+        options = [_text(row, k, numbers=True).strip() for k in ("Correct Answer", *wrong)]
         order = list(range(len(options)))
         random.Random(f"gpqa:{rid}").shuffle(order)
-        return [str(options[i]).strip() for i in order], order.index(0), str(row.get("Subdomain", ""))
-    options = _field(row, "options", "choices")
-    if not isinstance(options, list) or len(options) < 2:
-        raise EvalError(f"{row['_where']}: 'options' must be a list of at least two options")
-    answer = row.get("answer_index", row.get("answer"))
-    if (
-        isinstance(answer, str)
-        and len(answer.strip()) == 1
-        and answer.strip().upper() in string.ascii_uppercase
-    ):
-        index = string.ascii_uppercase.index(answer.strip().upper())
-    elif isinstance(answer, int):
-        index = answer
-    else:
-        raise EvalError(f"{row['_where']}: 'answer' must be an option letter or 'answer_index' an index")
-    if not 0 <= index < len(options):
-        raise EvalError(f"{row['_where']}: the answer points past the {len(options)} options")
-    return [str(o) for o in options], index, str(row.get("category", row.get("subset", "")))
+        return [options[i] for i in order], order.index(0), _label(row, "Subdomain")
+    raw = _field(row, "options", "choices")
+    if not isinstance(raw, list) or len(raw) < 2:
+        raise EvalError(f"{where}: 'options' must be a list of at least two options")
+    options = []
+    for i, option in enumerate(raw):
+        if isinstance(option, bool) or not isinstance(option, (str, int, float)) or not str(option).strip():
+            raise EvalError(
+                f"{where}: option {i} ({string.ascii_uppercase[i % 26]}) must be a non-empty string or a "
+                f"number, got {_kind(option)}"
+            )
+        options.append(str(option))
+    return options, _answer_index(row, len(options)), _label(row, "category", "subset")
+
+
+def _answer_index(row: dict, count: int) -> int:
+    """The correct option's index from ``answer`` (a letter, or an index) and/or ``answer_index``
+    (an index); both given must agree."""
+    where, indices = row["_where"], {}
+    if "answer" in row:
+        answer = row["answer"]
+        if (
+            isinstance(answer, str)
+            and len(answer.strip()) == 1
+            and answer.strip().upper() in string.ascii_uppercase
+        ):
+            indices["answer"] = string.ascii_uppercase.index(answer.strip().upper())
+        elif isinstance(answer, int) and not isinstance(answer, bool):
+            indices["answer"] = answer
+        else:
+            raise EvalError(
+                f"{where}: field 'answer' must be an option letter (A, B, ...) or an index, got {_kind(answer)}"
+            )
+    if "answer_index" in row:
+        index = row["answer_index"]
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise EvalError(f"{where}: field 'answer_index' must be an integer, got {_kind(index)}")
+        indices["answer_index"] = index
+    if not indices:
+        raise EvalError(f"{where}: 'answer' must be an option letter or 'answer_index' an index")
+    if len(set(indices.values())) > 1:
+        raise EvalError(
+            f"{where}: 'answer' {row['answer']!r} and 'answer_index' {row['answer_index']!r} name different "
+            "options; keep one, or make them agree"
+        )
+    index = next(iter(indices.values()))
+    if not 0 <= index < count:
+        raise EvalError(f"{where}: the answer points past the {count} options")
+    return index
 
 
 class MultipleChoice(_FromFile):
@@ -138,7 +242,7 @@ class MultipleChoice(_FromFile):
         if len(options) > 26:
             raise EvalError(f"{row['_where']}: more than 26 options")
         letters = string.ascii_uppercase[: len(options)]
-        question = _field(row, "question", "Question")
+        question = _text(row, "question", "Question")
         listed = "\n".join(f"{letter}) {option}" for letter, option in zip(letters, options))
         content = f"{question}\n\n{listed}\n\n{MCQ_SUFFIX}"
         data = {"letters": letters, "answer": letters[index]}
@@ -182,7 +286,7 @@ class SweBench(_FromFile, EnvBenchmark):
     def problem(self, rid: str, row: dict) -> Problem:
         from dsv32.envs.base import Task
 
-        statement = _field(row, "problem_statement", "prompt")
+        statement = _text(row, "problem_statement", "prompt")
         info = {k: v for k, v in row.items() if k not in ("_where", "problem_statement", "prompt")}
         info["FAIL_TO_PASS"], info["PASS_TO_PASS"] = _tests(row, "FAIL_TO_PASS"), _tests(row, "PASS_TO_PASS")
-        return task_problem(Task(rid, statement, None, str(row.get("repo", "")), info))
+        return task_problem(Task(rid, statement, None, _label(row, "repo"), info))

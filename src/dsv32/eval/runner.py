@@ -5,7 +5,11 @@
    leaves no directory behind.
 2. The run directory (default ``runs/eval/<model>/<benchmark>``) holds ``settings.json``; a directory
    whose settings differ in anything that changes a sample (:data:`~dsv32.eval.settings.IDENTITY`)
-   is refused unless ``fresh``. ``samples.jsonl`` is read back and only the missing pairs run.
+   is refused unless ``fresh``. ``samples.jsonl`` is read back and only the missing pairs run. A
+   sample counts for its problem only while the problem is what it was when the sample was made
+   (:func:`~dsv32.eval.samples.problem_hash`, kept on every line): a problem edited in a ``--data``
+   file since then (or one whose package changed it) is run again, with a warning, and its old lines
+   stay in the file but count for nothing.
 3. Single-turn: the solver answers a chunk (a batch for a local model, ``concurrency`` requests at a
    time for an endpoint), then the chunk is scored in a pool of threads (each HumanEval program is
    its own sandboxed process). Episodes: ``concurrency`` episodes at a time, each with its own
@@ -33,7 +37,7 @@ from dsv32.eval import registry
 from dsv32.eval.errors import EvalError
 from dsv32.eval.paper import paper_number
 from dsv32.eval.report import git_commit, write_results
-from dsv32.eval.samples import SampleWriter, read_samples
+from dsv32.eval.samples import SampleWriter, problem_hash, read_samples
 from dsv32.eval.settings import PAPER_CONTEXT, RunSettings
 from dsv32.eval.solvers import EndpointSolver, LocalSolver, ReferenceSolver
 from dsv32.eval.types import Benchmark, Problem, RunOptions, Score
@@ -105,6 +109,7 @@ def _single_row(problem: Problem, j: int, gen: Any, score: Any) -> dict:
     return {
         "id": problem.id,
         "sample": j,
+        "problem_hash": problem_hash(problem),
         "subset": problem.subset,
         "prompt": problem.messages,
         "completion": gen.message,
@@ -160,6 +165,7 @@ def _run_episodes(bench, solver, settings, pending, writer, tick) -> list[str]:
             {
                 "id": problem.id,
                 "sample": j,
+                "problem_hash": problem_hash(problem),
                 "subset": problem.subset,
                 "prompt": problem.messages,
                 "completion": result.final,
@@ -200,8 +206,23 @@ def run(
     done_rows = _open_dir(out, settings, fresh)
     if on_ready is not None:
         on_ready(out)
-    ids = {p.id for p in problems}
-    done = {(r["id"], r["sample"]) for r in done_rows if r.get("id") in ids}
+    hashes = {p.id: problem_hash(p) for p in problems}
+
+    def current(row: dict) -> bool:
+        return row.get("id") in hashes and row.get("problem_hash") == hashes[row["id"]]
+
+    done = {(r["id"], r["sample"]) for r in done_rows if current(r)}
+    changed = sorted(
+        {r["id"] for r in done_rows if r.get("id") in hashes and not current(r)} - {i for i, _ in done}
+    )
+    if changed:
+        log.warning(
+            "%s: %d problem(s) changed since their samples in %s were made (%s); running them again",
+            bench.name,
+            len(changed),
+            out / "samples.jsonl",
+            ", ".join(changed[:5]) + (", ..." if len(changed) > 5 else ""),
+        )
     pending = [(p, j) for p in problems for j in range(settings.n) if (p.id, j) not in done]
     start, commit = time.perf_counter(), git_commit()  # the code that runs is the code at the start
     from tqdm import tqdm
@@ -221,7 +242,7 @@ def run(
     finally:
         writer.close()
         bar.close()
-    rows = [r for r in read_samples(out / "samples.jsonl") if r.get("id") in ids]
+    rows = [r for r in read_samples(out / "samples.jsonl") if current(r)]
     results = write_results(out, bench, settings, problems, rows, paper, time.perf_counter() - start, commit)
     if errors:
         raise EvalError(

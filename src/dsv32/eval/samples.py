@@ -1,8 +1,9 @@
 """The per-sample JSONL of a run: one line per ``(problem, sample)``, appended as each is scored, so
 an interrupted run resumes where it stopped.
 
-A line: ``id``, ``sample`` (0..n-1), ``subset``, ``prompt`` (the messages sent), ``completion`` (the
-assistant message; for episodes the final answer), ``score``, ``reason`` and what it cost
+A line: ``id``, ``sample`` (0..n-1), ``problem_hash`` (:func:`problem_hash`: what the problem was when
+the sample was made), ``subset``, ``prompt`` (the messages sent), ``completion`` (the assistant message;
+for episodes the final answer), ``score``, ``reason`` and what it cost
 (``prompt_tokens``, ``completion_tokens``, ``latency_s``, ``finish_reason``; for episodes ``steps``,
 ``tokens``, ``resets``, ``stop_reason`` and the whole conversation as ``messages``).
 
@@ -12,12 +13,39 @@ interruption is dropped and cut off the file, any other unreadable line is an er
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 from dsv32.eval.errors import EvalError
+from dsv32.eval.types import Problem
 from dsv32.jsonl import read_log
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    raise TypeError(f"a problem holds a {type(value).__name__}, which has no stable JSON form")
+
+
+def problem_hash(problem: Problem) -> str:
+    """16 hex digits of the SHA-256 of what the model is sent and what it is graded against (the
+    problem's ``messages``, ``tools`` and ``data``, as canonical JSON): a sample counts for a problem
+    only while this is unchanged. The subset is left out: it labels the problem, and the report reads
+    it from the problem."""
+    canonical = json.dumps(
+        {"messages": problem.messages, "tools": problem.tools, "data": problem.data},
+        sort_keys=True,
+        ensure_ascii=False,
+        separators=(",", ":"),
+        default=_plain,
+    )
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
 
 def read_samples(path: Path) -> list[dict]:
