@@ -147,8 +147,9 @@ def run_filter(
             backends[thread] = policy.make()
         backend = backends[thread]
         return score_task(
-            backend, lambda: spec.factory(**env_options), by_key[key], config, key, policy.pricing
-        )
+            backend, lambda: spec.factory(**env_options), by_key[key], config, key, policy.pricing,
+            retry_errors=policy.kind != "local",
+        )  # fmt: skip
 
     summary = run_jobs(list(by_key), work, store, workers=workers, on_result=on_result)
     dist = distribution(store.results, config.k)
