@@ -4,6 +4,7 @@ verified; teacher episodes filtered by the verifier; the Appendix B prompts; row
 from __future__ import annotations
 
 import json
+import os
 from typing import ClassVar
 
 import pytest
@@ -239,6 +240,9 @@ def test_a_write_that_fails_leaves_the_old_file(tmp_path):
 
     out = tmp_path / "cold.jsonl"
     write_rows(out, [{"id": "old"}])
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask  # a data file others may read, as usual
     with pytest.raises(TypeError):
         write_rows(out, [{"id": "new"}, {"id": object()}])
     assert _rows(out) == [{"id": "old"}] and sorted(p.name for p in tmp_path.iterdir()) == ["cold.jsonl"]

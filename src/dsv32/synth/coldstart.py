@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -75,16 +75,17 @@ def write_rows(out_path: Path, rows: Iterable[dict]) -> None:
     """Write ``rows`` as JSONL to a temporary file beside ``out_path``, then rename it over
     ``out_path``: a reader (or an interrupted run) sees the old file or the new one, never a part."""
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".tmp", dir=out_path.parent)
+    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    f = tmp.open("x", encoding="utf-8")  # the usual permissions (umask), unlike mkstemp's 0600
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with f:
             for row in rows:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, out_path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
