@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+
+def files(tmp) -> dict[str, str]:
+    (tmp / "kept.jsonl").write_text('{"id": "a conversation kept from an earlier run"}\n')
+    return {}
+
+
 _C = ["posttrain", "cold-start", "--out", "{out}/cold.jsonl"]
+_CI = ["posttrain", "cold-start", "--env", "code-interpreter"]
 
 CASES = [
     ([*_C, "--env", "no-such-env"], "unknown environment 'no-such-env'"),
@@ -12,6 +19,9 @@ CASES = [
     ([*_C, "--env", "code-interpreter", "--prompt", "fancy"], "argument --prompt: invalid choice: 'fancy'"),
     ([*_C, "--env", "code-interpreter", "--limit", "0"], "argument --limit: '0' is not an integer >= 1"),
     (["posttrain", "cold-start", "--env", "code-interpreter"], "the following arguments are required: --out"),
+    ([*_CI, "--out", "{tmp}/kept.jsonl"], "kept.jsonl exists; pass --overwrite to replace it"),
+    ([*_CI, "--out", "{tmp}/kept.jsonl/out/cold.jsonl", "--overwrite"], "kept.jsonl is not a directory"),
+    ([*_CI, "--out", "{tmp}", "--overwrite"], "is a directory; give the path of a JSONL file"),
 ]  # fmt: skip
 
 CASES += [
@@ -34,6 +44,8 @@ CASES += [
     ([*_D, "--specialist", "code-interpreter=local:smollm2", "--weight", "code-interpreter=lots"], "is not a number"),
     ([*_D, "--specialist", "code-interpreter=local:smollm2", "--weight", "code-interpreter=-1"],
      "domain 'code-interpreter': a mix weight must be a finite number >= 0, got -1.0"),
+    (["posttrain", "distill", "--specialist", "code-interpreter=openai:m@http://127.0.0.1:9/v1", "--out",
+      "{tmp}/kept.jsonl"], "kept.jsonl exists; pass --overwrite to replace it"),
 ]  # fmt: skip
 
 CASES += [

@@ -10,6 +10,17 @@ URL = "openai:m@http://127.0.0.1:9/v1"  # never contacted: every row fails befor
 def files(tmp) -> dict[str, str]:
     rows = [{"id": f"d{i}", "title": f"d{i}", "text": "common words"} for i in range(2)]
     (tmp / "tiny.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for name, files in {
+        "mine": {"tasks.jsonl": json.dumps({"id": "t", "prompt": "p", "info": {"bundle": str(tmp)}})},
+        "listed": {"run.json": "[1, 2]"},
+        "foreign": {
+            "run.json": json.dumps({"kind": "filter", "provenance": {}}),
+            "results.jsonl": '{"foo": 1}',
+        },
+    }.items():
+        (tmp / name).mkdir()
+        for file, text in files.items():
+            (tmp / name / file).write_text(text + "\n")
     return {}
 
 
@@ -50,4 +61,9 @@ CASES = [
      "top_p='nan' must be a number in (0, 1]"),
     (["synth", "filter", "--env", "search", "--policy", URL + ",price_in=-2", "--out", "{out}"],
      "price_in='-2' must be a price >= 0"),
+    ([*_F, "--k", "1", "--out", "{tmp}/mine"], "mine holds tasks.jsonl but no run.json"),
+    ([*_F, "--k", "1", "--out", "{tmp}/listed"], "listed/run.json: not a synthesis run record"),
+    ([*_F, "--k", "1", "--out", "{tmp}/foreign"],
+     "foreign holds a filter run with other settings (policy None -> 'm@http://127.0.0.1:9/v1'; "),
+    ([*_G, "--generator", URL, "--out", "{tmp}/foreign"], "foreign holds a 'filter' run, not 'general'"),
 ]  # fmt: skip

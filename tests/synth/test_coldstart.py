@@ -4,6 +4,7 @@ verified; teacher episodes filtered by the verifier; the Appendix B prompts; row
 from __future__ import annotations
 
 import json
+import os
 from typing import ClassVar
 
 import pytest
@@ -176,3 +177,84 @@ def test_cli_writes_conversations_and_prints_the_report(tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert printed["kept"] == 1 and printed["rejected"] == 0
     assert _rows(out)[0]["messages"][3]["content"].strip() == "408"
+
+
+class DownTeacher(FakeTeacher):
+    """A teacher whose endpoint fails every call (the backend raises after its retries)."""
+
+    label = "down-teacher"
+
+    def make(self):
+        from dsv32.agent import ScriptedBackend
+
+        return ScriptedBackend([])
+
+
+class CountingEnv(AddEnv):
+    made = 0
+
+    def __init__(self):
+        super().__init__()
+        type(self).made += 1
+
+
+def test_an_existing_out_is_replaced_only_when_asked_and_never_by_nothing(tmp_path):
+    out = tmp_path / "cold.jsonl"
+    build_coldstart(AddEnv, _tasks(2), out, prompt="bare")
+    before = out.read_bytes()
+    CountingEnv.made = 0
+    with pytest.raises(SynthError, match=r"cold\.jsonl exists; pass --overwrite to replace it"):
+        build_coldstart(CountingEnv, _tasks(2), out, prompt="bare")
+    assert CountingEnv.made == 0  # refused before any episode
+    with pytest.raises(
+        SynthError, match=r"every episode \(4\) stopped with an error \(first: the script has no"
+    ):
+        build_coldstart(
+            AddEnv, _tasks(2), out, prompt="bare", teacher=DownTeacher(), samples=2, overwrite=True
+        )
+    with pytest.raises(
+        SynthError, match=r"no conversation to write \(2 × reference not verified \(reward 0\)\)"
+    ):
+        build_coldstart(AddEnv, _tasks(2, wrong={0, 1}), out, prompt="bare", overwrite=True)
+    assert out.read_bytes() == before
+    report = build_coldstart(AddEnv, _tasks(3, wrong={0}), out, prompt="bare", overwrite=True)
+    assert report.kept == 2 and [r["id"] for r in _rows(out)] == ["t1", "t2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cold.jsonl"]  # no temporary file left
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_any_episode(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "a-dir").mkdir()
+    CountingEnv.made = 0
+    with pytest.raises(
+        SynthError, match=r"cannot write --out .*/a-file/sub/c\.jsonl: .*/a-file is not a directory"
+    ):
+        build_coldstart(CountingEnv, _tasks(1), tmp_path / "a-file" / "sub" / "c.jsonl")
+    with pytest.raises(SynthError, match=r"a-dir is a directory; give the path of a JSONL file"):
+        build_coldstart(CountingEnv, _tasks(1), tmp_path / "a-dir", overwrite=True)
+    assert CountingEnv.made == 0 and list((tmp_path / "a-dir").iterdir()) == []
+
+
+def test_a_write_that_fails_leaves_the_old_file(tmp_path):
+    from dsv32.synth.coldstart import write_rows
+
+    out = tmp_path / "cold.jsonl"
+    write_rows(out, [{"id": "old"}])
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask  # a data file others may read, as usual
+    with pytest.raises(TypeError):
+        write_rows(out, [{"id": "new"}, {"id": object()}])
+    assert _rows(out) == [{"id": "old"}] and sorted(p.name for p in tmp_path.iterdir()) == ["cold.jsonl"]
+
+
+def test_cli_refuses_to_overwrite_and_fails_when_every_episode_fails(tmp_path, capsys):
+    out = tmp_path / "cs.jsonl"
+    argv = ["posttrain", "cold-start", "--env", "code-interpreter", "--tasks", "smoke", "--limit", "2",
+            "--prompt", "bare", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0 and len(_rows(out)) == 2
+    before = out.read_bytes()
+    capsys.readouterr()
+    assert main([*argv, "--teacher", "openai:m@http://127.0.0.1:9/v1"]) == 2
+    assert "cs.jsonl exists; pass --overwrite to replace it" in capsys.readouterr().err
+    assert out.read_bytes() == before

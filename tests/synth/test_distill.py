@@ -132,3 +132,38 @@ def test_a_weight_that_is_not_a_finite_number_at_least_0_is_refused_up_front(wei
         Specialist("math", DoubleEnv, _tasks("a", [3]), Specialist_("m"), weight=weight)
     with pytest.raises(SynthError, match="a mix weight must be a finite number >= 0"):
         mix([{"i": 0}], weight, random.Random(0))
+
+
+class DownSpecialist(Specialist_):
+    """Its endpoint fails every call."""
+
+    def make(self):
+        from dsv32.agent import ScriptedBackend
+
+        return ScriptedBackend([])
+
+
+def test_an_empty_mix_never_replaces_the_output_and_an_existing_one_needs_overwrite(tmp_path):
+    out = tmp_path / "mix.jsonl"
+    distill([Specialist("math", DoubleEnv, _tasks("a", [1]), Specialist_("m"))], out, prompt="bare")
+    before = out.read_bytes()
+    with pytest.raises(SynthError, match=r"mix\.jsonl exists; pass --overwrite"):
+        distill([Specialist("math", DoubleEnv, _tasks("a", [2]), DownSpecialist("m"))], out, prompt="bare")
+    down = Specialist("math", DoubleEnv, _tasks("a", [1, 2]), DownSpecialist("m"))
+    with pytest.raises(SynthError, match=r"every episode \(2\) stopped with an error"):
+        distill([down], out, prompt="bare", overwrite=True)
+    wrong = Specialist("math", DoubleEnv, _tasks("a", [30]), Specialist_("m", wrong_from=10))
+    with pytest.raises(SynthError, match=r"no conversation to write \(1 × reward 0\)"):
+        distill([wrong], out, prompt="bare", overwrite=True)
+    unweighted = Specialist("math", DoubleEnv, _tasks("a", [3]), Specialist_("m"), weight=0)
+    with pytest.raises(SynthError, match=r"\(the mix weights keep none of the verified ones\)"):
+        distill([unweighted], out, prompt="bare", overwrite=True)
+    assert out.read_bytes() == before
+    distill(
+        [Specialist("math", DoubleEnv, _tasks("a", [4, 5]), Specialist_("m"))],
+        out,
+        prompt="bare",
+        overwrite=True,
+    )
+    assert [r["id"] for r in _rows(out)] == ["a4", "a5"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mix.jsonl"]

@@ -120,3 +120,42 @@ def test_a_resumed_filter_run_scores_only_what_is_left(setup):
     summary, store = _run(setup, config, "resume")
     assert sum(policy.seen.values()) - calls_before == 2 * 2  # only the two tasks not scored before
     assert summary["jobs"] == 4
+
+
+class DownPolicy(KnownRatePolicy):
+    """Its endpoint fails every call while ``down`` is set (after the client's retries)."""
+
+    down = True
+
+    def complete(self, messages, tools, *, thinking=True, sampling=None, on_delta=None) -> Completion:
+        from dsv32.agent.errors import BackendError
+
+        if self.down:
+            raise BackendError("http://127.0.0.1:9/v1: Connection error. (after up to 5 retries)")
+        return super().complete(messages, tools, thinking=thinking, sampling=sampling, on_delta=on_delta)
+
+
+def test_an_endpoint_failure_is_an_error_retried_next_run_not_a_drop(setup):
+    tasks, _, make_env, tmp = setup
+    policy = DownPolicy({"once": 1}, {"once": "'once'"})
+    task = next(t for t in tasks if t.id == "t-once")
+    store = Store(tmp / "down", "filter", {}, artifacts=None)
+
+    def work(key, store, retry_errors=True):
+        return score_task(policy, make_env, task, FilterConfig(k=2), key, retry_errors=retry_errors)
+
+    summary = run_jobs([task.id], work, store)
+    (row,) = store.results
+    assert (
+        row["status"] == "error"
+        and "sample 1 got no answer from the policy: http://127.0.0.1:9" in row["error"]
+    )
+    assert summary["jobs_with_errors"] == 1 and summary["dropped"] == {} and store.done() == set()
+    assert distribution(store.results, 2)["tasks"] == 0 and not (store.out / "tasks.jsonl").exists()
+    policy.down = False
+    summary = run_jobs([task.id], work, Store(tmp / "down", "filter", {}, artifacts=None))
+    assert summary["jobs_with_errors"] == 0 and summary["kept"] == 1
+    # a local model's backend failure (its window is full) is the policy failing, the same every run
+    policy.down = True
+    result = work(task.id, None, retry_errors=False)
+    assert result.dropped and result.stats["stop_reasons"] == {"error": 2}

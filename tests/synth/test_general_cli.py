@@ -17,7 +17,8 @@ from dsv32.envs.general.env import GeneralToolEnv
 
 
 class StubServer:
-    """``POST /v1/chat/completions`` answered by ``reply(request) -> assistant message``."""
+    """``POST /v1/chat/completions`` answered by ``reply(request) -> assistant message``; a reply of
+    None is an HTTP 400 (which the client does not retry)."""
 
     def __init__(self, reply) -> None:
         self.reply, self.requests, self.lock = reply, [], threading.Lock()
@@ -28,7 +29,11 @@ class StubServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with stub.lock:
                     stub.requests.append(body)
-                message = {"role": "assistant", **stub.reply(body)}
+                reply = stub.reply(body)
+                if reply is None:
+                    self.send_error(400, "the stub refuses this request")
+                    return
+                message = {"role": "assistant", **reply}
                 calls = message.get("tool_calls") or []
                 for i, call in enumerate(calls):
                     call.setdefault("id", f"call_{len(stub.requests)}_{i}")
@@ -200,3 +205,30 @@ def test_synth_search_and_filter_against_an_endpoint(tmp_path):
     assert report["distribution"]["never_solved"] == 1 and report["distribution"]["always_solved"] == 1
     assert [t.id for t in load_tasks(tmp_path / "filter" / "tasks.jsonl")] == ["t-high"]
     assert "| 0.9-1.0 | 1 |" in (tmp_path / "filter" / "report.md").read_text()
+
+
+def test_synth_filter_retries_endpoint_failures_and_resumes_only_with_its_own_settings(tmp_path, capsys):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps(Task("t-low", "Which tide?", "'low'", "search").to_dict()) + "\n")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"id": "d", "title": "d", "text": "filler"}) + "\n")
+    up = threading.Event()
+    out = tmp_path / "filter"
+    with StubServer(lambda request: {"content": "Answer: 'low'"} if up.is_set() else None) as stub:
+        argv = ["synth", "filter", "--env", "search", "--env-option", f"corpus={corpus}", "--tasks", str(tasks),
+                "--policy", stub.spec(), "--k", "1", "--out", str(out)]  # fmt: skip
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(
+            "dsv32 synth filter: 1 job(s) failed (first: t-low: task 't-low': sample 1 got no"
+        )
+        assert "HTTP 400" in err and "run the same command again to retry them" in err
+        (row,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+        assert row["status"] == "error" and not (out / "tasks.jsonl").exists()
+        assert main([*argv, "--k", "2", "--n", "2"]) == 2
+        assert "holds a filter run with other settings (k 1 -> 2; n 1 -> 2)" in capsys.readouterr().err
+        up.set()
+        assert main(argv) == 0
+    assert [t.id for t in load_tasks(out / "tasks.jsonl")] == ["t-low"]
+    assert json.loads((out / "summary.json").read_text())["jobs_with_errors"] == 0

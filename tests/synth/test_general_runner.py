@@ -118,3 +118,137 @@ def test_normalization_and_keys():
     renamed = json.loads(json.dumps(TOOLS).replace("hotel_id", "id"))
     assert tool_signature(TOOLS) != tool_signature(renamed) and tool_signature([]) == ""
     assert Pricing(1.0, 2.0, 0.5).cost(RoleUsage().role("r")) == 0.0
+
+
+def _snapshot(root):
+    return {
+        str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))
+    }
+
+
+@pytest.mark.parametrize("name", ["tasks.jsonl", "results.jsonl", "summary.json", "staging", "bundles"])
+def test_a_directory_without_run_json_that_holds_run_files_is_refused_untouched(tmp_path, name):
+    keep = tmp_path / "my_bundle_keep"
+    keep.mkdir()
+    (keep / "important.txt").write_text("keep me")
+    out = tmp_path / "mydir"
+    out.mkdir()
+    row = {"id": "t", "prompt": "p", "info": {"job": "j", "dedup": "d", "bundle": str(keep)}}
+    (out / "tasks.jsonl").write_text(json.dumps(row) + "\n")  # a user's task file, kept whatever the case
+    if name == "staging" or name == "bundles":
+        (out / name).mkdir()
+    elif name != "tasks.jsonl":
+        (out / name).write_text("{}\n")
+    before = _snapshot(tmp_path)
+    with pytest.raises(SynthError, match=r"but no run\.json, so it is not a synthesis run directory"):
+        Store(out, "filter", {})
+    assert _snapshot(tmp_path) == before
+
+
+def test_a_directory_of_other_files_may_hold_a_run(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    store = Store(tmp_path, "general", {})
+    run_jobs(["a"], lambda key, s: _job(s, key, ["Task one."]), store)
+    assert (tmp_path / "notes.txt").read_text() == "mine" and (tmp_path / "run.json").is_file()
+
+
+def test_uncommitted_tasks_take_only_their_own_bundles_with_them(tmp_path):
+    store = Store(tmp_path / "run", "general", {})
+    run_jobs(["a"], lambda key, s: _job(s, key, ["Task one."]), store)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "important.txt").write_text("keep me")
+    (store.out / "bundles" / "link").symlink_to(outside)
+    own = store.out / "bundles" / "b-0"
+    own.mkdir()
+    bundles = [str(outside), str(store.out), str(store.out / "bundles"),
+               str(store.out / "bundles" / ".." / ".." / "outside"), str(store.out / "bundles" / "link"), str(own)]  # fmt: skip
+    with (store.out / "tasks.jsonl").open("a") as f:
+        for i, bundle in enumerate(bundles):
+            f.write(json.dumps({"id": f"b-{i}", "prompt": "x", "info": {"job": "b", "dedup": f"z{i}", "bundle": bundle}}) + "\n")  # fmt: skip
+    resumed = Store(tmp_path / "run", "general", {})
+    assert resumed.done() == {"a"} and len(_lines(store.out / "tasks.jsonl")) == 1
+    assert not own.exists() and (outside / "important.txt").read_text() == "keep me"
+    assert (store.out / "bundles" / "a-0" / "task.json").is_file() and (store.out / "run.json").is_file()
+
+
+def test_job_keys_and_task_ids_never_name_a_path_outside_the_run(tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    store = Store(tmp_path / "run", "filter", {}, artifacts=None)
+    summary = run_jobs(["../../victim"], lambda key, s: JobResult(key, dropped=[{"reason": "r"}]), store)
+    assert summary["jobs"] == 1 and victim.is_dir()
+    with pytest.raises(SynthError, match="cannot name a directory"):
+        store.staging("../victim")
+    general = Store(tmp_path / "general", "general", {})
+    item = Item({"id": "../../victim", "prompt": "p", "info": {}}, "p", "", general.staging("k"))
+    row = run_jobs(["k"], lambda key, s: JobResult(key, [item]), general)
+    assert row["jobs_with_errors"] == 1 and "artifact cannot be kept" in row["first_error"]
+    assert victim.is_dir() and not (general.out / "tasks.jsonl").exists()
+
+
+RUN = json.dumps({"kind": "filter", "provenance": {"generators": {"policy": "m"}, "settings": {"k": 1}}})
+GOOD = json.dumps({"key": "t", "status": "dropped", "kept": [], "duplicates": [], "dropped": []})
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"run.json": "[1, 2]"}, r"run\.json: not a synthesis run record"),
+        ({"run.json": '{"kind": "filter"'}, r"run\.json: not JSON"),
+        ({"run.json": '{"kind": 3, "provenance": {}}'}, r"run\.json: not a synthesis run record"),
+        (
+            {"run.json": RUN, "results.jsonl": '{"foo": 1}\n'},
+            r"results\.jsonl:1: not a synthesis result \(no job 'key'\)",
+        ),
+        (
+            {"run.json": RUN, "results.jsonl": f"{GOOD}\n[1]\n"},
+            r"results\.jsonl:2: not a synthesis result \(expected a JSON object",
+        ),
+        (
+            {
+                "run.json": RUN,
+                "results.jsonl": GOOD.replace('"status": "dropped"', '"status": "done"') + "\n",
+            },
+            r"'status' is 'done'",
+        ),
+        (
+            {"run.json": RUN, "results.jsonl": GOOD.replace('"kept": []', '"kept": 1') + "\n"},
+            r"'kept' is not a list",
+        ),
+        (
+            {"run.json": RUN, "results.jsonl": f"{GOOD}\n", "tasks.jsonl": '{"id": "x", "prompt": "p"}\n'},
+            r"tasks\.jsonl:1: not a synthesized task \(no 'info' object",
+        ),
+        (
+            {"run.json": RUN, "tasks.jsonl": '{"id": "x", "info": {"job": "t"}}\n{"id": "y", "info": {'},
+            r"tasks\.jsonl:1: not a synthesized task",
+        ),
+    ],
+)
+def test_foreign_or_corrupt_run_files_are_refused_before_anything_is_written(tmp_path, files, message):
+    out = tmp_path / "run"
+    out.mkdir()
+    for name, text in files.items():
+        (out / name).write_text(text)
+    with (out / "results.jsonl").open("a") as f:
+        f.write('{"key": "torn')  # left as it is: nothing is written
+    before = _snapshot(out)
+    with pytest.raises(SynthError, match=message):
+        Store(out, "filter", {"generators": {"policy": "m"}, "settings": {"k": 1}}, artifacts=None)
+    assert _snapshot(out) == before
+
+
+def test_a_run_resumes_only_with_its_own_generators_and_settings(tmp_path):
+    def provenance(policy="m", k=1, limit=1):
+        return {"generators": {"policy": policy}, "settings": {"k": k, "limit": limit}, "date": "any"}
+
+    Store(tmp_path, "filter", provenance(), artifacts=None, scope=("limit",))
+    (tmp_path / "results.jsonl").write_text(GOOD + "\n")
+    resumed = Store(tmp_path, "filter", provenance(limit=3), artifacts=None, scope=("limit",))
+    assert resumed.done() == {"t"}
+    with pytest.raises(SynthError, match=r"other settings \(policy 'm' -> 'other'; k 1 -> 4\); run it with"):
+        Store(tmp_path, "filter", provenance("other", k=4), artifacts=None, scope=("limit",))
+    with pytest.raises(SynthError, match=r"other settings \(limit 1 -> 3\)"):
+        Store(tmp_path, "filter", provenance(limit=3), artifacts=None)
+    assert json.loads((tmp_path / "run.json").read_text())["provenance"] == provenance()

@@ -115,7 +115,9 @@ def run_proof(config: str | None, overrides: list[str], out: str | None, progres
 
     evaluate("base")
     with timed("cold_start"):
-        cold = build_coldstart(InterpreterEnv, train, root / "coldstart.jsonl", prompt=tasks_cfg.prompt)
+        cold = build_coldstart(
+            InterpreterEnv, train, root / "coldstart.jsonl", prompt=tasks_cfg.prompt, overwrite=True
+        )
     sft_cfg.data.path = str(root / "coldstart.jsonl")
     with timed("sft"):
         train_sft(sft_cfg, model=sm, resume=False, progress=progress)
@@ -170,6 +172,7 @@ def add_cold_start(psub: argparse._SubParsersAction) -> None:
     q.add_argument("--prompt", default="reasoning_agent", choices=PROMPTS)
     q.add_argument("--workers", type=positive_int, default=4, help="episodes run at once (threads)")
     q.add_argument("--out", required=True, help="output JSONL of conversations")
+    q.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
 
     def run(args: argparse.Namespace) -> int:
         from dsv32.envs.base import get_env
@@ -181,7 +184,7 @@ def add_cold_start(psub: argparse._SubParsersAction) -> None:
         tasks = _tasks(args.env, args.tasks, args.limit)
         report = build_coldstart(
             spec.factory, tasks, args.out, prompt=args.prompt, teacher=teacher, samples=args.samples,
-            max_steps=args.max_steps, workers=args.workers,
+            max_steps=args.max_steps, workers=args.workers, overwrite=args.overwrite,
         )  # fmt: skip
         print(json.dumps({"out": args.out, **report.to_dict()}))
         return 0
@@ -216,6 +219,7 @@ def add_distill(psub: argparse._SubParsersAction) -> None:
     q.add_argument("--workers", type=positive_int, default=4)
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--out", required=True, help="output JSONL of conversations")
+    q.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
 
     def run(args: argparse.Namespace) -> int:
         from dsv32.envs.base import get_env
@@ -240,7 +244,7 @@ def add_distill(psub: argparse._SubParsersAction) -> None:
             )  # fmt: skip
         reports = distill(
             specialists, args.out, samples=args.samples, prompt=args.prompt, max_steps=args.max_steps,
-            workers=args.workers, seed=args.seed,
+            workers=args.workers, seed=args.seed, overwrite=args.overwrite,
         )  # fmt: skip
         print(json.dumps({"out": args.out, "domains": {d: asdict(r) for d, r in reports.items()}}))
         return 0

@@ -31,8 +31,16 @@ def _pairs(items: list[str]) -> dict:
 
 
 def _print(summary: dict, out: str) -> int:
+    """Print the summary; a run with jobs that failed (an endpoint down) ends with an error saying so."""
+    from dsv32.synth.records import SynthError
+
     print(json.dumps({k: v for k, v in summary.items() if k != "provenance"}, indent=1))
     print(f"written to {out}")
+    if summary["jobs_with_errors"]:
+        raise SynthError(
+            f"{summary['jobs_with_errors']} job(s) failed (first: {summary['first_error']}); the others are "
+            f"committed in {out}; run the same command again to retry them"
+        )
     return 0
 
 

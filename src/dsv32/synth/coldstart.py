@@ -27,7 +27,9 @@ of ``dsv32 sft``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+import os
+import uuid
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -49,6 +51,62 @@ def check_run(prompt: str, samples: int, workers: int) -> None:
         raise SynthError(f"prompt {prompt!r} is not one of {', '.join(PROMPTS)}")
     if samples < 1 or workers < 1:
         raise SynthError(f"samples and workers must be >= 1, got {samples} and {workers}")
+
+
+def check_out(out_path: str | Path, overwrite: bool = False) -> Path:
+    """Refuse, before any episode runs, an output file that cannot be written: a directory, an existing
+    file without ``overwrite``, a path under a file or under a directory that is not writable."""
+    path = Path(out_path)
+    if path.is_dir():
+        raise SynthError(f"--out {path} is a directory; give the path of a JSONL file")
+    if path.exists() and not overwrite:
+        raise SynthError(f"--out {path} exists; pass --overwrite to replace it, or choose another --out")
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise SynthError(f"cannot write --out {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise SynthError(f"cannot write --out {path}: {parent} is not writable")
+    return path
+
+
+def write_rows(out_path: Path, rows: Iterable[dict]) -> None:
+    """Write ``rows`` as JSONL to a temporary file beside ``out_path``, then rename it over
+    ``out_path``: a reader (or an interrupted run) sees the old file or the new one, never a part."""
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    f = tmp.open("x", encoding="utf-8")  # the usual permissions (umask), unlike mkstemp's 0600
+    try:
+        with f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out_path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def check_outcomes(outcomes: Sequence[Outcome], written: int, out_path: Path) -> None:
+    """Refuse to write a set without a single row: every episode failed (the backend: an endpoint
+    down), or none was verified. ``out_path`` is left as it was."""
+    errors = [o.error for o in outcomes if o.error]
+    if outcomes and len(errors) == len(outcomes):
+        raise SynthError(
+            f"every episode ({len(outcomes)}) stopped with an error (first: {errors[0]}); "
+            f"{out_path} is left as it was"
+        )
+    if not written:
+        reasons: dict[str, int] = {}
+        for o in outcomes:
+            if o.row is None:
+                reasons[o.reason] = reasons.get(o.reason, 0) + 1
+        listed = ", ".join(f"{n} × {why}" for why, n in reasons.items())
+        if any(o.row is not None for o in outcomes):
+            listed = ", ".join(filter(None, [listed, "the mix weights keep none of the verified ones"]))
+        raise SynthError(f"no conversation to write ({listed}); {out_path} is left as it was")
 
 
 def _first_line(text: str, limit: int = 200) -> str:
@@ -101,12 +159,13 @@ def conversation_row(
 
 @dataclass
 class Outcome:
-    """One attempt: the row when it was verified, else why not."""
+    """One attempt: the row when it was verified, else why not (``error``: the backend's failure)."""
 
     task: str
     row: dict | None
     reward: float
     reason: str = ""
+    error: str = ""
 
 
 def reference_outcome(make_env: Callable[[], Environment], task: Task, prompt: str) -> Outcome:
@@ -145,7 +204,8 @@ def teacher_outcome(
     if trajectory.stop_reason != "answer" or reward.value < VERIFIED:
         answered = trajectory.stop_reason == "answer"
         why = f"reward {reward.value:g}" if answered else f"stopped with {trajectory.stop_reason}"
-        return Outcome(task.id, None, reward.value, why)
+        error = (trajectory.error or "the backend failed") if trajectory.stop_reason == "error" else ""
+        return Outcome(task.id, None, reward.value, why, error)
     row = conversation_row(task, env.name, trajectory.messages, tools, prompt, spec.label, reward.value)
     return Outcome(task.id, row, reward.value)
 
@@ -172,14 +232,21 @@ def build_coldstart(
     samples: int = 1,
     max_steps: int = 8,
     workers: int = 4,
+    overwrite: bool = False,
 ) -> ColdStartReport:
     """Write the verified conversations of ``tasks`` to ``out_path`` (JSONL, in task order) and return
     what was kept and rejected. ``teacher`` None uses the reference solutions (one per task);
     otherwise ``samples`` teacher episodes per task. Episodes run in ``workers`` threads, each with its
-    own environment (``make_env()``)."""
+    own environment (``make_env()``).
+
+    ``out_path`` is checked before any episode runs (:func:`check_out`; an existing file is replaced
+    only with ``overwrite``) and written at once at the end (:func:`write_rows`). Nothing is written
+    when no conversation was kept — every episode failed, or none was verified: that raises
+    :class:`SynthError` (:func:`check_outcomes`)."""
     check_run(prompt, samples, workers)
     if not tasks:
         raise SynthError("no tasks to build cold-start conversations from")
+    out_path = check_out(out_path, overwrite)
     if teacher is None:
         jobs = [lambda t=t: reference_outcome(make_env, t, prompt) for t in tasks]
     else:
@@ -191,15 +258,15 @@ def build_coldstart(
     with ThreadPoolExecutor(workers) as pool:
         outcomes = list(pool.map(lambda job: job(), jobs))
     report = ColdStartReport(tasks=len(tasks))
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with out_path.open("w", encoding="utf-8") as f:
-        for o in outcomes:
-            if o.row is None:
-                report.rejected += 1
-                report.reasons[o.reason] = report.reasons.get(o.reason, 0) + 1
-                continue
-            report.kept += 1
-            f.write(json.dumps(o.row, ensure_ascii=False) + "\n")
+    rows = []
+    for o in outcomes:
+        if o.row is None:
+            report.rejected += 1
+            report.reasons[o.reason] = report.reasons.get(o.reason, 0) + 1
+            continue
+        report.kept += 1
+        rows.append(o.row)
     report.tasks_with_a_kept_row = len({o.task for o in outcomes if o.row is not None})
+    check_outcomes(outcomes, len(rows), out_path)
+    write_rows(out_path, rows)
     return report

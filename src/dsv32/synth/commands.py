@@ -55,7 +55,9 @@ def run_general(
         "episodes": episodes,
         **{k: v for k, v in options.items() if k != "limits"},
     }
-    store = Store(out, "general", provenance({"generator": generator.label}, settings))
+    store = Store(
+        out, "general", provenance({"generator": generator.label}, settings), scope=("categories", "episodes")
+    )
 
     def work(key: str, store: Store):
         config = configs[key.rsplit("-", 1)[0]]
@@ -89,7 +91,7 @@ def run_search(
     generators.update({f"answerer{i}": a.label for i, a in enumerate(answerers)})
     settings = {**asdict(config), "entities": entities, "max_mentions": max_mentions,
                 "answerers": [a.text.split(",")[0] + f" {a.sampling} prompt={a.prompt}" for a in answerers]}  # fmt: skip
-    store = Store(out, "search", provenance(generators, settings))
+    store = Store(out, "search", provenance(generators, settings), scope=("entities",))
 
     def work(key: str, store: Store):
         return synthesize_qa(
@@ -133,7 +135,8 @@ def run_filter(
     _check_workers([policy], workers)
     by_key = {t.id: t for t in chosen}
     settings = {**asdict(config), "env": env, "tasks": tasks, "limit": limit, "env_options": env_options}
-    store = Store(out, "filter", provenance({"policy": policy.label}, settings), artifacts="unused")
+    store = Store(out, "filter", provenance({"policy": policy.label}, settings), artifacts=None,
+                  scope=("limit",), owned=("report.json", "report.md"))  # fmt: skip
     backends: dict[int, object] = {}
 
     def work(key: str, store: Store):
@@ -144,8 +147,9 @@ def run_filter(
             backends[thread] = policy.make()
         backend = backends[thread]
         return score_task(
-            backend, lambda: spec.factory(**env_options), by_key[key], config, key, policy.pricing
-        )
+            backend, lambda: spec.factory(**env_options), by_key[key], config, key, policy.pricing,
+            retry_errors=policy.kind != "local",
+        )  # fmt: skip
 
     summary = run_jobs(list(by_key), work, store, workers=workers, on_result=on_result)
     dist = distribution(store.results, config.k)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv32.envs.base import Environment, Task
-from dsv32.synth.coldstart import Outcome, check_run, teacher_outcome
+from dsv32.synth.coldstart import Outcome, check_out, check_outcomes, check_run, teacher_outcome, write_rows
 from dsv32.synth.records import SynthError, dedup_key
 
 
@@ -103,12 +103,16 @@ def distill(
     max_steps: int = 8,
     workers: int = 4,
     seed: int = 0,
+    overwrite: bool = False,
 ) -> dict[str, DomainReport]:
     """Generate, verify, dedup and mix (see the module docstring); writes ``out_path`` (JSONL) and
-    returns the per-domain report."""
+    returns the per-domain report. ``out_path`` is checked, replaced and left alone as by
+    :func:`dsv32.synth.coldstart.build_coldstart`: checked before any episode, an existing file
+    replaced only with ``overwrite``, written at once, and not written when the mix has no row."""
     if not specialists:
         raise SynthError("no specialists: give at least one --specialist DOMAIN=BACKEND")
     check_run(prompt, samples, workers)
+    out_path = check_out(out_path, overwrite)
     jobs = [
         (s.domain, lambda s=s, t=t: teacher_outcome(s.make_env, t, prompt, s.spec, max_steps))
         for s in specialists
@@ -136,12 +140,11 @@ def distill(
         o.row["domain"] = domain
         kept[domain].append(o.row)
     rng = random.Random(seed)
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with out_path.open("w", encoding="utf-8") as f:
-        for s in specialists:
-            rows = mix(kept[s.domain], s.weight, rng)
-            reports[s.domain].written = len(rows)
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    rows: list[dict] = []
+    for s in specialists:
+        mixed = mix(kept[s.domain], s.weight, rng)
+        reports[s.domain].written = len(mixed)
+        rows += mixed
+    check_outcomes([o for _, o in outcomes], len(rows), out_path)
+    write_rows(out_path, rows)
     return reports

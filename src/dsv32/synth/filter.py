@@ -75,8 +75,16 @@ def score_task(
     config: FilterConfig,
     key: str,
     pricing: Pricing | None = None,
+    *,
+    retry_errors: bool = True,
 ) -> JobResult:
-    """Run the policy ``n`` times on ``task``; keep or drop it (see the module docstring)."""
+    """Run the policy ``n`` times on ``task``; keep or drop it (see the module docstring).
+
+    An episode whose backend failed (``stop_reason == "error"``: an endpoint that kept failing after
+    its retries) scores nothing about the policy, so with ``retry_errors`` it raises
+    :class:`SynthError`: the job is logged as an error, committed as nothing, and runs again on the
+    next run. Without it (a local model, whose only backend failure is a conversation that fills its
+    window: the same on every run) such an episode counts as not solved."""
     result = JobResult(key)
     usage = result.usage.role("policy", pricing)
     rewards: list[float] = []
@@ -90,6 +98,10 @@ def score_task(
                 backend, env, task, max_steps=config.max_steps, thinking=config.thinking, sampling=sampling
             )
         usage.add_trajectory(trajectory)
+        if retry_errors and trajectory.stop_reason == "error":
+            raise SynthError(
+                f"task {task.id!r}: sample {i + 1} got no answer from the policy: {trajectory.error}"
+            )
         stops[trajectory.stop_reason] = stops.get(trajectory.stop_reason, 0) + 1
         rewards.append(reward.value)
         if config.stop_early and reward.value >= config.success:

@@ -2,7 +2,8 @@
 
 An output directory holds one run::
 
-    OUT/run.json        {"kind", "provenance"}: written once; a later run of another kind is refused
+    OUT/run.json        {"kind", "provenance"}: written once; a later run of another kind, other
+                        generators or other settings is refused
     OUT/results.jsonl   one line per finished job: key, status, kept task ids, drops, usage, cost
     OUT/tasks.jsonl     the kept tasks (``dsv32.envs`` task rows), info.job naming their job
     OUT/<artifacts>/    per-task directories (general-tool bundles), moved in from OUT/staging/
@@ -14,7 +15,8 @@ committed under one lock: its artifacts move out of staging, its tasks are appen
 ``tasks.jsonl``, then its line is appended to ``results.jsonl`` — that line is the commit. On resume
 the jobs with a ``results.jsonl`` line are skipped (errored jobs are retried), a torn last line is cut
 off, and tasks or artifacts of uncommitted jobs are removed, so an interrupted run continues as if it
-had stopped between two jobs.
+had stopped between two jobs. Nothing is written before the directory is known to be this run's
+(:class:`Store`), and nothing outside ``OUT/<artifacts>/`` and ``OUT/staging/`` is ever deleted.
 
 Dedup (:func:`dsv32.synth.records.dedup_key`) runs at commit against every task kept so far, this
 run's and the resumed ones'.
@@ -71,40 +73,187 @@ def _append(path: Path, row: dict) -> None:
 
 _NOT_A_LOG = "this file is not a synthesis log"
 
+#: The files and directories every run writes in its output directory (besides ``run.json`` and the
+#: artifacts directory): a directory that holds any of them without a ``run.json`` is refused.
+OWNED = ("results.jsonl", "tasks.jsonl", "summary.json", "staging")
+_STATUSES = ("kept", "dropped", "error")
+
+
+def _peek_log(path: Path) -> tuple[list[tuple[int, object]], int]:
+    """``(line number, value)`` of every complete line of an append-only log and the length of a
+    torn last line (the bytes after the last ``\n``); reads only (see :func:`dsv32.jsonl.read_log`)."""
+    if not path.is_file():
+        return [], 0
+    *lines, tail = path.read_bytes().split(b"\n")
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((n, json.loads(line.decode("utf-8"))))
+        except (ValueError, RecursionError) as err:
+            why = err.msg if isinstance(err, json.JSONDecodeError) else f"{type(err).__name__}: {err}"
+            raise SynthError(f"{path}:{n}: not JSON ({why}); {_NOT_A_LOG}") from None
+    return rows, len(tail)
+
+
+def _result_problem(row: object) -> str | None:
+    """What makes ``row`` not a ``results.jsonl`` row of this package, or None."""
+    if not isinstance(row, dict):
+        return f"expected a JSON object, got {type(row).__name__}"
+    if not isinstance(row.get("key"), str) or not row["key"]:
+        return "no job 'key'"
+    if row.get("status") not in _STATUSES:
+        return f"'status' is {row.get('status')!r}, not one of {', '.join(_STATUSES)}"
+    for name in ("kept", "duplicates", "dropped"):
+        if not isinstance(row.get(name), list):
+            return f"'{name}' is not a list"
+    if not all(isinstance(d, dict) for d in row["dropped"]):
+        return "'dropped' holds a value that is not an object"
+    for name in ("usage", "stats"):
+        if not isinstance(row.get(name, {}), dict):
+            return f"'{name}' is not an object"
+    return None
+
+
+def _task_problem(row: object) -> str | None:
+    """What makes ``row`` not a ``tasks.jsonl`` row this package committed, or None."""
+    if not isinstance(row, dict):
+        return f"expected a JSON object, got {type(row).__name__}"
+    if not isinstance(row.get("id"), str):
+        return "no task 'id'"
+    info = row.get("info")
+    if (
+        not isinstance(info, dict)
+        or not isinstance(info.get("job"), str)
+        or not isinstance(info.get("dedup"), str)
+    ):
+        return "no 'info' object with the 'job' and 'dedup' a synthesis run records"
+    return None
+
+
+def _safe_name(name: str) -> bool:
+    """``name`` is one path component (a job key or task id used as a directory name under OUT)."""
+    return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
+
+
+def _differences(before: dict, now: dict, scope: Iterable[str]) -> list[str]:
+    """``name old -> new`` for every generator and setting that differs (``scope`` settings may)."""
+    changed = []
+    for part in ("generators", "settings"):
+        old, new = before.get(part) or {}, now.get(part) or {}
+        if not isinstance(old, dict):
+            old = {}
+        for name in sorted(set(old) | set(new)):
+            if part == "settings" and name in scope:
+                continue
+            if old.get(name) != new.get(name):
+                changed.append(f"{name} {old.get(name)!r} -> {new.get(name)!r}")
+    return changed
+
 
 class Store:
-    """The output directory of one run (see the module docstring)."""
+    """The output directory of one run (see the module docstring).
 
-    def __init__(self, out: str | Path, kind: str, provenance: dict, artifacts: str = "bundles",
-                 artifact_field: str = "bundle") -> None:  # fmt: skip
+    Opening it checks everything before writing anything: ``run.json`` must name the same kind of run
+    with the same generators and settings (``scope`` names the settings that only choose which jobs
+    run, e.g. a task limit, and may change between runs); ``results.jsonl`` and ``tasks.jsonl`` must
+    be this package's logs; a directory without ``run.json`` must not hold any file a run writes
+    (:data:`OWNED`, the artifacts directory, ``owned``). Only then is a torn last line cut off and
+    are the tasks of uncommitted jobs removed — and their artifacts, if they lie in
+    ``OUT/<artifacts>/``: nothing outside the output directory is ever deleted."""
+
+    def __init__(self, out: str | Path, kind: str, provenance: dict, artifacts: str | None = "bundles",
+                 artifact_field: str = "bundle", *, scope: Iterable[str] = (),
+                 owned: Iterable[str] = ()) -> None:  # fmt: skip
         self.out = Path(out).resolve()
         self.kind, self.provenance = kind, provenance
-        self.artifacts, self.artifact_field = self.out / artifacts, artifact_field
+        self.artifacts = None if artifacts is None else self.out / artifacts
+        self.artifact_field = artifact_field
         self.lock = threading.Lock()
         run_file = self.out / "run.json"
+        if self.out.exists() and not self.out.is_dir():
+            raise SynthError(f"--out {self.out} is a file, not a directory; use another --out")
         if run_file.is_file():
-            previous = json.loads(run_file.read_text(encoding="utf-8"))
-            if previous.get("kind") != kind:
+            self._check_run_file(run_file, set(scope))
+        else:
+            names = [*OWNED, *owned, *([artifacts] if artifacts else [])]
+            found = [n for n in names if (self.out / n).exists()]
+            if found:
                 raise SynthError(
-                    f"{self.out} holds a '{previous.get('kind')}' run, not '{kind}'; use another --out"
+                    f"{self.out} holds {', '.join(found)} but no run.json, so it is not a synthesis "
+                    "run directory this command may write into; use another --out"
                 )
+        results, results_tail = _peek_log(self.out / "results.jsonl")
+        for n, row in results:
+            if (why := _result_problem(row)) is not None:
+                raise SynthError(
+                    f"{self.out / 'results.jsonl'}:{n}: not a synthesis result ({why}); {_NOT_A_LOG}"
+                )
+        tasks, tasks_tail = _peek_log(self.out / "tasks.jsonl")
+        for n, row in tasks:
+            if (why := _task_problem(row)) is not None:
+                raise SynthError(
+                    f"{self.out / 'tasks.jsonl'}:{n}: not a synthesized task ({why}); {_NOT_A_LOG}"
+                )
+        # everything is checked: from here on the directory is this run's
         self.out.mkdir(parents=True, exist_ok=True)
         if not run_file.is_file():
             run_file.write_text(
                 json.dumps({"kind": kind, "provenance": provenance}, indent=1), encoding="utf-8"
             )
-        self.results = read_log(self.out / "results.jsonl", SynthError, _NOT_A_LOG)
-        tasks = self._drop_uncommitted({r["key"] for r in self.results})
-        self.seen = {t["info"]["dedup"] for t in tasks}
+        for name, tail in (("results.jsonl", results_tail), ("tasks.jsonl", tasks_tail)):
+            if tail:  # an interrupted write: cut off, so the next row starts on a line of its own
+                path = self.out / name
+                with path.open("r+b") as f:
+                    f.truncate(path.stat().st_size - tail)
+        self.results = [row for _, row in results]
+        committed = {r["key"] for r in self.results}
+        kept = self._drop_uncommitted([row for _, row in tasks], committed)
+        self.seen = {t["info"]["dedup"] for t in kept}
         shutil.rmtree(self.out / "staging", ignore_errors=True)
 
-    def _drop_uncommitted(self, committed: set[str]) -> list[dict]:
-        """Remove the tasks (and their artifacts) of jobs without a results line; the tasks left."""
-        rows = read_log(self.out / "tasks.jsonl", SynthError, _NOT_A_LOG)
-        keep = [t for t in rows if t["info"].get("job") in committed]
+    def _check_run_file(self, run_file: Path, scope: set[str]) -> None:
+        try:
+            previous = json.loads(run_file.read_text(encoding="utf-8"))
+        except (ValueError, RecursionError) as err:
+            raise SynthError(f"{run_file}: not JSON ({err}); {_NOT_A_LOG}") from None
+        if (
+            not isinstance(previous, dict)
+            or not isinstance(previous.get("kind"), str)
+            or not isinstance(previous.get("provenance"), dict)
+        ):
+            raise SynthError(
+                f"{run_file}: not a synthesis run record (an object with 'kind' and 'provenance'); "
+                "use another --out"
+            )
+        if previous["kind"] != self.kind:
+            raise SynthError(
+                f"{self.out} holds a '{previous['kind']}' run, not '{self.kind}'; use another --out"
+            )
+        changed = _differences(previous["provenance"], self.provenance, scope)
+        if changed:
+            raise SynthError(
+                f"{self.out} holds a {self.kind} run with other settings ({'; '.join(changed)}); "
+                "run it with its own settings to resume it, or use another --out"
+            )
+
+    def _own_artifact(self, path: object) -> Path | None:
+        """``path`` resolved, if it is a directory of this run's artifacts directory; else None."""
+        if self.artifacts is None or not isinstance(path, str) or not path:
+            return None
+        resolved = Path(path).resolve()
+        return resolved if resolved.parent == self.artifacts.resolve() else None
+
+    def _drop_uncommitted(self, rows: list[dict], committed: set[str]) -> list[dict]:
+        """Remove the tasks of jobs without a results line, and their artifacts if this run owns them
+        (:meth:`_own_artifact`); the tasks left."""
+        keep = [t for t in rows if t["info"]["job"] in committed]
         for task in rows:
-            if task["info"].get("job") not in committed and task["info"].get(self.artifact_field):
-                shutil.rmtree(task["info"][self.artifact_field], ignore_errors=True)
+            if task["info"]["job"] not in committed:
+                artifact = self._own_artifact(task["info"].get(self.artifact_field))
+                if artifact is not None:
+                    shutil.rmtree(artifact, ignore_errors=True)
         if len(keep) != len(rows):
             tmp = self.out / "tasks.jsonl.tmp"
             tmp.write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in keep), encoding="utf-8")
@@ -116,10 +265,17 @@ class Store:
         return {r["key"] for r in self.results if r["status"] != "error"}
 
     def staging(self, key: str) -> Path:
+        """A fresh directory ``OUT/staging/<key>`` for the job's artifacts before its commit."""
+        if not _safe_name(key):
+            raise SynthError(f"job key {key!r} cannot name a directory (it must be one path component)")
         path = self.out / "staging" / key
         shutil.rmtree(path, ignore_errors=True)
         path.mkdir(parents=True)
         return path
+
+    def _unstage(self, key: str) -> None:
+        if _safe_name(key):
+            shutil.rmtree(self.out / "staging" / key, ignore_errors=True)
 
     def record(self, result: JobResult) -> dict:
         """Commit one job: dedup its items, keep the new ones, log the job (one line)."""
@@ -132,6 +288,12 @@ class Store:
                     duplicates.append(item.task["id"])
                     continue
                 new[key] = item
+            for item in new.values():  # checked before anything of the job is committed
+                if item.artifact is not None and (self.artifacts is None or not _safe_name(item.task["id"])):
+                    raise SynthError(
+                        f"task {item.task['id']!r}: its artifact cannot be kept (a task id with an artifact "
+                        "must be one path component, in a run that keeps artifacts)"
+                    )
             cost = result.usage.cost()
             per_task = cost / len(new) if new else None
             for key, item in new.items():
@@ -162,7 +324,7 @@ class Store:
             }
             _append(self.out / "results.jsonl", row)
             self.results.append(row)
-            shutil.rmtree(self.out / "staging" / result.key, ignore_errors=True)
+            self._unstage(result.key)
             return row
 
     def record_error(self, key: str, message: str) -> dict:
@@ -177,7 +339,7 @@ class Store:
             }
             _append(self.out / "results.jsonl", row)
             self.results.append(row)
-            shutil.rmtree(self.out / "staging" / key, ignore_errors=True)
+            self._unstage(key)
             return row
 
     def summary(self) -> dict:
@@ -199,6 +361,9 @@ class Store:
             "kind": self.kind,
             "jobs": len(rows),
             "jobs_with_errors": sum(r["status"] == "error" for r in rows),
+            "first_error": next(
+                (f"{r['key']}: {r.get('error')}" for r in rows if r["status"] == "error"), None
+            ),
             "kept": kept,
             "environments": len(
                 {t["info"].get("env_signature") for t in tasks if t["info"].get("env_signature")}
