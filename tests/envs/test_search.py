@@ -127,3 +127,13 @@ def test_every_environment_takes_task_rows_and_refuses_what_is_not_a_trajectory(
         env.reward({"final": "x"})
     with pytest.raises(EnvError, match="missing"):
         env.reset({"prompt": "no id"})
+    for bad in (
+        {"id": None},
+        {"id": True},
+        {"id": ""},
+        {"id": "e", "domain": None},
+        {"id": "e", "domain": 3},
+    ):
+        with pytest.raises(EnvError, match=r"'(id|domain)' must"):  # never the text "None"
+            env.reset({"prompt": "p", **bad})
+    assert env.reset({"id": 7, "prompt": "p"}) and env.task.id == "7"

@@ -62,10 +62,16 @@ class Task:
             raise EnvError(f"{where}: unknown field(s) {unknown}; put extra data under 'info'")
         if not isinstance(row["prompt"], str) or not row["prompt"].strip():
             raise EnvError(f"{where}: 'prompt' must be a non-empty string")
+        task_id = row["id"]
+        if isinstance(task_id, bool) or not isinstance(task_id, (str, int)) or task_id == "":
+            raise EnvError(f"{where}: 'id' must be a non-empty string or an integer, got {task_id!r}")
+        domain = row.get("domain", "")
+        if not isinstance(domain, str):
+            raise EnvError(f"{where}: 'domain' must be a string, got {domain!r}")
         info = row.get("info") or {}
         if not isinstance(info, dict):
             raise EnvError(f"{where}: 'info' must be a JSON object")
-        return cls(str(row["id"]), row["prompt"], row.get("answer"), str(row.get("domain", "")), info)
+        return cls(str(task_id), row["prompt"], row.get("answer"), domain, info)
 
     def to_dict(self) -> dict:
         return asdict(self)
