@@ -1,7 +1,8 @@
 """JSONL files: one reader for user data (tasks, corpora, conversations, benchmark rows) and one for
-the append-only logs a run resumes from (evaluation samples, synthesis results). Both split lines on
-``\n`` only, skip blank lines and report a bad line (not UTF-8, not JSON) the same way, as
-``FILE:LINE: not JSON (why)`` raised as the caller's own error class."""
+the append-only logs a run resumes from (evaluation samples, synthesis results, training metrics).
+Both split lines on ``\n`` only, skip blank lines and report a bad line (not UTF-8, not JSON) the same
+way, as ``FILE:LINE: not JSON (why)`` raised as the caller's own error class. :func:`read_json` reads
+one JSON document (a run's settings or state) and names the file the same way."""
 
 from __future__ import annotations
 
@@ -31,18 +32,35 @@ def read_jsonl(path: str | Path, error: type[Exception]) -> Iterator[tuple[int, 
                 yield n, _row(line, path, n, error)
 
 
-def read_log(path: str | Path, error: type[Exception], hint: str) -> list[Any]:
+def read_log(path: str | Path, error: type[Exception], hint: str, *, cut: bool = True) -> list[Any]:
     """The rows of an append-only JSONL log (``[]`` when there is none yet). Every row ends with
     ``\n``, and lines are split on ``\n`` only (a row may hold U+2028 and the like): whatever follows
     the last ``\n`` is an interrupted write, cut off the file so the next row starts on a line of its
-    own (the run redoes that row). A bad complete line raises ``error`` ending in ``hint``."""
+    own (the run redoes that row); ``cut=False`` only reads, leaving it out. A bad complete line
+    raises ``error`` ending in ``hint``."""
     path = Path(path)
     if not path.is_file():
         return []
     data = path.read_bytes()
     *lines, tail = data.split(b"\n")
     rows = [_row(line, path, n, error, f"; {hint}") for n, line in enumerate(lines, 1) if line.strip()]
-    if tail:
+    if tail and cut:
         with path.open("r+b") as f:
             f.truncate(len(data) - len(tail))
     return rows
+
+
+def read_json(path: str | Path, error: type[Exception], hint: str = "") -> Any:
+    """The JSON document in ``path``; one that is not UTF-8 or not JSON raises ``error`` as
+    ``FILE: not JSON (why)`` followed by ``; hint`` when given. Opening the file raises ``OSError`` as
+    usual."""
+    data = Path(path).read_bytes()
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as err:
+        why = (
+            f"{err.msg} at line {err.lineno}, column {err.colno}"
+            if isinstance(err, json.JSONDecodeError)
+            else f"{type(err).__name__}: {err}"
+        )
+        raise error(f"{path}: not JSON ({why}){'; ' + hint if hint else ''}") from err

@@ -1,55 +1,160 @@
 """What a training run leaves on disk, shared by every trainer: ``metrics.jsonl`` (one JSON line per
-logged step) and step checkpoints it can resume from exactly.
+logged step), its metadata files and step checkpoints it can resume from exactly.
 
 A checkpoint is ``out_dir/checkpoints/step_NNNNNN/`` with ``weights.safetensors`` (all parameters, or
 only the trainable ones), ``optimizer.pt`` (optimizer state and the RNG states of torch, CUDA, Python
-and NumPy) and ``state.json`` (the step and whatever the trainer adds). It is written to a temporary
-folder and renamed, so a killed run never leaves a half-written checkpoint; the last ``keep`` stay.
+and NumPy, plain tensors and numbers: it loads with ``torch.load(weights_only=True)``) and
+``state.json`` (the step, the run's identity and whatever the trainer adds). It is written to a
+temporary folder and renamed, so a killed run never leaves a half-written checkpoint; after each save
+the newest ``keep`` checkpoints up to that step stay (a checkpoint past it is never removed).
+
+Resuming (:meth:`StepCheckpoints.begin`) takes the newest checkpoint and checks, before anything is
+written, that it belongs to this run: the run's identity (what determines the training: model, data,
+hyper-parameters; not the number of steps, which may grow to extend a run) must equal the one the
+checkpoint was saved with, the checkpoint's step must not be past the run's last step, and its
+tensors must fit the model. A checkpoint that cannot be read (a truncated file) is skipped with a
+warning for the next older one; when none is readable the run stops with a :class:`CheckpointError`.
+Starting over (no checkpoint, or ``resume=False``) first discards the previous run's checkpoints and
+outputs in ``out_dir`` (:meth:`StepCheckpoints.discard`): they are renamed into one hidden folder
+and then deleted, so the directory never holds a mix of two runs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
 import random
 import shutil
+import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from dsv32.errors import DSV32Error
+from dsv32.jsonl import read_json, read_log
+
+logger = logging.getLogger(__name__)
+
+#: What a run writes besides its checkpoints; :meth:`StepCheckpoints.discard` removes these names only.
+RUN_OUTPUTS = ("metrics.jsonl", "eval.jsonl", "model", "config.json", "data.json", "stage.json")
+
+_START_OVER = "start over with --no-resume (this discards that run) or choose another --out"
 
 
-class CheckpointError(DSV32Error, ValueError):
-    """A checkpoint that does not belong to this run (another stage, another model)."""
+class RunLogError(DSV32Error, ValueError):
+    """A file of a run's output directory that cannot be read (a malformed ``metrics.jsonl`` line)."""
+
+
+class CheckpointError(RunLogError):
+    """A checkpoint that cannot be read, or that does not belong to this run (another model, data or
+    hyper-parameters, a step past the run's end)."""
+
+
+class UnreadableCheckpoint(CheckpointError):
+    """A checkpoint whose files cannot be read (truncated, not what they claim to be)."""
+
+
+# ---------------------------------------------------------------------------------------------- files
+def write_text(path: str | Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically: a temporary file beside it, then a rename."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    """``obj`` as indented JSON in ``path``, atomically (:func:`write_text`)."""
+    write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def file_digest(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes (a data file's identity in a run's identity)."""
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------- metrics
+_METRICS_HINT = "fix or delete that line, or " + _START_OVER
+
+
 def append_metrics(path: Path, record: dict) -> None:
     with Path(path).open("a") as f:
         f.write(json.dumps(record) + "\n")
 
 
+def _steps_of(path: Path, rows: list) -> list[int]:
+    steps = []
+    for row in rows:
+        step = row.get("step") if isinstance(row, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise RunLogError(
+                f"{path}: a row without an integer step ({json.dumps(row)[:60]}); {_METRICS_HINT}"
+            )
+        steps.append(step)
+    return steps
+
+
 def truncate_metrics(path: Path, step: int) -> None:
-    """Drop the lines of a ``metrics.jsonl`` after ``step`` (a resumed run rewrites them)."""
+    """Drop the rows of a JSONL run log (``metrics.jsonl``, ``eval.jsonl``) after ``step``: a resumed
+    run rewrites them. An interrupted last line is cut off as :func:`dsv32.jsonl.read_log` does; a bad
+    complete line raises :class:`RunLogError` naming the file and line."""
     path = Path(path)
-    if not path.exists():
-        return
-    keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in keep))
+    rows = read_log(path, RunLogError, _METRICS_HINT)
+    steps = _steps_of(path, rows)
+    if any(s > step for s in steps):
+        write_text(path, "".join(json.dumps(r) + "\n" for r, s in zip(rows, steps) if s <= step))
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    path = Path(path)
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The rows of a run log (``[]`` when there is none); an interrupted last line is left out."""
+    return read_log(path, RunLogError, _METRICS_HINT, cut=False)
+
+
+# ---------------------------------------------------------------------------------------------- identity
+def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts (and lists of dicts) as ``{"section.field": value}``, as recipes name fields."""
+    if isinstance(obj, dict) and obj:
+        out = {}
+        for k, v in obj.items():
+            out |= _flat(v, f"{prefix}{k}.")
+        return out
+    if isinstance(obj, list) and obj and all(isinstance(v, dict) for v in obj):
+        out = {f"{prefix}len": len(obj)}
+        for i, v in enumerate(obj):
+            out |= _flat(v, f"{prefix}{i}.")
+        return out
+    return {prefix[:-1]: obj}
+
+
+def run_differences(saved: dict, current: dict) -> list[str]:
+    """``field saved → current`` for every field where two run identities differ, the shallowest
+    fields first (``stage`` before the fields of a section)."""
+    a, b = _flat(saved), _flat(json.loads(json.dumps(current)))
+    return [
+        f"{k} {json.dumps(a.get(k))} → {json.dumps(b.get(k))}"
+        for k in sorted(a.keys() | b.keys(), key=lambda k: (k.count("."), k))
+        if a.get(k) != b.get(k)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
 def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    key, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": [key, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -58,23 +163,54 @@ def rng_state() -> dict:
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    key, keys, *rest = state["numpy"]
+    keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
+    np.random.set_state((key, keys.astype(np.uint32), *rest))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _load_blob(path: Path, device) -> Any:
+    """``optimizer.pt`` without unpickling code: tensors and plain values only (checkpoints of earlier
+    versions kept NumPy's RNG state as an array, whose reconstruction is allowed too)."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except Exception as err:
+        if "numpy" not in str(err):
+            raise
+    core = getattr(np, "_core", None) or np.core
+    allowed = [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    with torch.serialization.safe_globals(allowed):
+        return torch.load(path, map_location=device, weights_only=True)
+
+
 class StepCheckpoints:
     """``out_dir/checkpoints/step_NNNNNN/`` (see the module docstring). ``trainable_only``: save and
-    restore only the parameters with ``requires_grad`` (a frozen base is not copied every time)."""
+    restore only the parameters with ``requires_grad`` (a frozen base is not copied every time);
+    ``run``: the run's identity, saved with every checkpoint and compared on resume."""
 
-    def __init__(self, out_dir: str | Path, keep: int = 1, trainable_only: bool = False) -> None:
-        self.root = Path(out_dir) / "checkpoints"
+    def __init__(
+        self, out_dir: str | Path, keep: int = 1, trainable_only: bool = False, run: dict | None = None
+    ) -> None:
+        self.out = Path(out_dir)
+        self.root = self.out / "checkpoints"
         self.keep = max(1, keep)
         self.trainable_only = trainable_only
+        self.run = run
+        self.resumed_from: Path | None = None  # the checkpoint :meth:`begin` loaded
+
+    def complete(self) -> list[tuple[int, Path]]:
+        """``(step, folder)`` of every complete checkpoint, oldest first."""
+        found = []
+        for p in self.root.glob("step_*"):
+            digits = p.name[len("step_") :]
+            if digits.isdigit() and (p / "state.json").is_file():
+                found.append((int(digits), p))
+        return sorted(found)
 
     def latest(self) -> Path | None:
-        done = sorted(p for p in self.root.glob("step_*") if (p / "state.json").is_file())
-        return done[-1] if done else None
+        done = self.complete()
+        return done[-1][1] if done else None
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, **state) -> Path:
         from safetensors.torch import save_file, save_model
@@ -90,37 +226,143 @@ class StepCheckpoints:
         else:
             save_model(model, str(tmp / "weights.safetensors"))
         torch.save({"optimizer": optimizer.state_dict(), "rng": rng_state()}, tmp / "optimizer.pt")
-        (tmp / "state.json").write_text(json.dumps({"step": step, **state}))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        for old in sorted(self.root.glob("step_*"))[: -self.keep]:
+        (tmp / "state.json").write_text(json.dumps({"step": step, "run": self.run, **state}))
+        if final.exists():  # the same step again (a finished run re-run, an unreadable one redone)
+            old = self.root / f".old_step_{step:06d}"
+            shutil.rmtree(old, ignore_errors=True)
+            final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(final)
+        upto = [p for s, p in self.complete() if s <= step]
+        for old in upto[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final
 
     def state(self, path: Path) -> dict:
-        return json.loads((Path(path) / "state.json").read_text())
+        file = Path(path) / "state.json"
+        state = read_json(file, UnreadableCheckpoint)
+        if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+            raise UnreadableCheckpoint(f"{file}: not a checkpoint state (no integer step)")
+        return state
 
     def load(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
-        """Restore weights, optimizer and RNG states from ``path``; returns its step."""
-        from safetensors.torch import load_file, load_model
+        """Restore weights, optimizer and RNG states from ``path``; returns its step. Every file is read
+        and checked against the model before anything changes: :class:`UnreadableCheckpoint` for a
+        file that cannot be read, :class:`CheckpointError` for tensors that do not fit the model."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
 
         path = Path(path)
+        step = int(self.state(path)["step"])
         device = next(model.parameters()).device
+        weights, opt_file = path / "weights.safetensors", path / "optimizer.pt"
+        try:
+            tensors = load_file(str(weights))
+        except (SafetensorError, OSError, ValueError) as err:
+            raise UnreadableCheckpoint(f"{weights}: unreadable ({err})") from err
+        try:
+            blob = _load_blob(opt_file, device)
+        except Exception as err:  # truncated zip, foreign pickle: torch raises several kinds
+            why = " ".join(str(err).split()).split(". ")[0]  # torch adds paragraphs of advice
+            raise UnreadableCheckpoint(f"{opt_file}: unreadable ({why})") from err
+        if not (isinstance(blob, dict) and {"optimizer", "rng"} <= blob.keys()):
+            raise UnreadableCheckpoint(f"{opt_file}: not an optimizer checkpoint (no optimizer/rng state)")
         if self.trainable_only:
-            tensors = load_file(str(path / "weights.safetensors"))
-            params = dict(model.named_parameters())
-            missing = sorted(n for n, p in params.items() if p.requires_grad and n not in tensors)
-            if missing or any(n not in params for n in tensors):
-                raise CheckpointError(
-                    f"{path} does not match the model's trainable parameters (missing {missing[:3]}): "
-                    "use another out_dir or start over"
-                )
-            with torch.no_grad():
-                for name, tensor in tensors.items():
-                    params[name].copy_(tensor)
+            params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+            missing = [n for n in params if n not in tensors]
         else:
-            load_model(model, str(path / "weights.safetensors"), device=str(device))
-        blob = torch.load(path / "optimizer.pt", map_location=device, weights_only=False)
-        optimizer.load_state_dict(blob["optimizer"])
+            params = model.state_dict()
+            storages: dict[int, list[str]] = {}
+            for n, t in params.items():
+                storages.setdefault(t.untyped_storage().data_ptr(), []).append(n)
+            missing = [  # a tied weight is saved once, under one of its names
+                n
+                for n, t in params.items()
+                if not any(m in tensors for m in storages[t.untyped_storage().data_ptr()])
+            ]
+        unexpected = [n for n in tensors if n not in params]
+        shapes = [
+            f"{n} is {list(t.shape)} in the checkpoint, {list(params[n].shape)} in the model"
+            for n, t in tensors.items()
+            if n in params and t.shape != params[n].shape
+        ]
+        if missing or unexpected or shapes:
+            what = (
+                shapes[0]
+                if shapes
+                else f"missing {missing[:3]}"
+                if missing
+                else f"unexpected {unexpected[:3]}"
+            )
+            raise CheckpointError(f"{weights} does not fit the model ({what}): {_START_OVER}")
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                params[name].copy_(tensor)
+        try:
+            optimizer.load_state_dict(blob["optimizer"])
+        except (ValueError, KeyError) as err:
+            raise CheckpointError(f"{opt_file} does not fit the optimizer ({err}): {_START_OVER}") from err
         set_rng_state(blob["rng"])
-        return int(self.state(path)["step"])
+        return step
+
+    def begin(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, resume: bool, steps: int) -> int:
+        """The step this run starts at. ``resume``: the newest readable checkpoint of this run, loaded
+        into ``model`` and ``optimizer`` (0 when there is none; an unreadable newer one is skipped with
+        a warning). Raises :class:`CheckpointError`, writing nothing, for a checkpoint of another run
+        or one past ``steps``, for no readable checkpoint at all, and for a fresh start over the
+        ``model/`` of a run without checkpoints."""
+        found = self.complete() if resume else []
+        skipped: list[str] = []
+        for _, path in reversed(found):
+            try:
+                state = self.state(path)
+                self._check(path, state, steps)
+                step = self.load(path, model, optimizer)
+            except UnreadableCheckpoint as err:
+                skipped.append(str(err))
+                continue
+            for why in skipped:
+                logger.warning("skipping an unreadable checkpoint: %s; resuming from %s", why, path)
+            self.resumed_from = path
+            return step
+        if skipped:
+            raise CheckpointError(f"no readable checkpoint: {skipped[0]}; {_START_OVER}")
+        if resume and (self.out / "model").exists():
+            raise CheckpointError(
+                f"{self.out} holds a trained model/ and no checkpoint to resume from: "
+                "pass --no-resume to train anew and replace it, or choose another --out"
+            )
+        return 0
+
+    def _check(self, path: Path, state: dict, steps: int) -> None:
+        saved = state.get("run")
+        if saved is None:
+            logger.warning("%s has no run identity (an earlier dsv32 wrote it): resuming unchecked", path)
+        elif self.run is not None and (diff := run_differences(saved, self.run)):
+            more = f" and {len(diff) - 4} more" if len(diff) > 4 else ""
+            raise CheckpointError(
+                f"{path} belongs to another run ({', '.join(diff[:4])}{more}): {_START_OVER}"
+            )
+        if state["step"] > steps:
+            raise CheckpointError(
+                f"{path} is at step {state['step']}, past this run's {steps} steps: pass at least "
+                f"--steps {state['step']} to continue it, or {_START_OVER}"
+            )
+
+    def discard(self, outputs: Iterable[str] = RUN_OUTPUTS) -> None:
+        """Remove the previous run in ``out_dir`` before a new one starts: its checkpoints first, then
+        ``outputs``; everything is renamed into one hidden folder and then deleted, so a crash in
+        between leaves no checkpoint to resume beside the other run's files. Leftovers of such a
+        crash are deleted too."""
+        for left in self.out.glob(".discarded-*"):
+            shutil.rmtree(left, ignore_errors=True)
+        present = [p for p in (self.root, *(self.out / n for n in outputs)) if p.exists() or p.is_symlink()]
+        if not present:
+            return
+        trash = self.out / f".discarded-{time.time_ns()}"
+        trash.mkdir()
+        for p in present:
+            p.rename(trash / p.name)
+        shutil.rmtree(trash, ignore_errors=True)

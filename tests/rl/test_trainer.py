@@ -198,6 +198,63 @@ def test_cli_rl_train_and_eval(tmp_path, capsys):
     assert "2 steps" in out and "held-out accuracy" in out
     rows = (tmp_path / "cli" / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 2 and (tmp_path / "cli" / "eval.jsonl").is_file()
+    train_eval = (tmp_path / "cli" / "eval.jsonl").read_bytes()
     assert main(["rl", "eval", str(recipe), "--no-progress"]) == 0
     assert '"accuracy"' in capsys.readouterr().out
+    assert (tmp_path / "cli" / "eval.jsonl").read_bytes() == train_eval  # the training run's log
+    [row] = [json.loads(x) for x in (tmp_path / "cli" / "rl_eval.jsonl").read_text().splitlines()]
+    assert row["policy"] == "tiny-llama" and row["step"] == 0
     assert main(["rl", "train", str(recipe), "--set", "grpo.group_size=1"]) == 2
+
+
+def _steps(path):
+    return [json.loads(x)["step"] for x in path.read_text().splitlines()]
+
+
+def test_starting_over_replaces_the_previous_run_and_a_plain_run_resumes_the_new_one(tmp_path):
+    run = tmp_path / "run"
+    train_grpo(_recipe(tmp_path, **{"grpo.steps": 4}), reward_fn=LetterReward(), progress=False)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000004"]
+    train_grpo(_recipe(tmp_path, **{"grpo.steps": 2}), reward_fn=LetterReward(), progress=False, resume=False)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000002"]
+    assert _steps(run / "metrics.jsonl") == [1, 2]
+    result = train_grpo(_recipe(tmp_path, **{"grpo.steps": 3}), reward_fn=LetterReward(), progress=False)
+    assert result.steps == 3 and [m["step"] for m in result.metrics] == [3]
+    assert _steps(run / "metrics.jsonl") == [1, 2, 3]
+
+
+def test_resuming_with_other_settings_or_tasks_is_refused_before_anything_is_written(tmp_path):
+    from dsv32.runlog import CheckpointError
+
+    run = tmp_path / "run"
+    train_grpo(_recipe(tmp_path, **{"grpo.steps": 1}), reward_fn=LetterReward(), progress=False)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(CheckpointError, match=r"belongs to another run \(grpo.lr 0.003 → 0.5\): start over"):
+        train_grpo(_recipe(tmp_path, **{"grpo.lr": 0.5}), reward_fn=LetterReward(), progress=False)
+    cfg = _recipe(tmp_path, **{"grpo.steps": 2})
+    (tmp_path / "toy.jsonl").write_text(json.dumps({"prompt": "other", "domain": "toy"}) + "\n")
+    with pytest.raises(CheckpointError, match=r"\(sources.0.sha256 "):
+        train_grpo(cfg, reward_fn=LetterReward(), progress=False)
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_a_resumed_run_logs_each_held_out_evaluation_once(tmp_path):
+    from dsv32.rl.config import SourceConfig
+
+    over = {"grpo.steps": 4, "save_every": 2, "eval.every": 1, "eval.problems": 2, "eval.max_new_tokens": 4}
+    cfg = _recipe(tmp_path, **over)
+    cfg.sources.append(SourceConfig(kind="arithmetic", max_operand=9, weight=0.5))
+
+    def killed(record):
+        if record["step"] == 4:  # after the held-out evaluation of step 3, before any of step 4
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_grpo(cfg, reward_fn=LetterReward(), progress=False, on_step=killed)
+    eval_log = tmp_path / "run" / "eval.jsonl"
+    assert _steps(eval_log) == [0, 1, 2, 3]  # the checkpoint is at step 2
+    result = train_grpo(cfg, reward_fn=LetterReward(), progress=False)
+    assert _steps(eval_log) == [0, 1, 2, 3, 4] and _steps(tmp_path / "run" / "metrics.jsonl") == [1, 2, 3, 4]
+    assert result.eval_before["step"] == 0 and result.eval_after["step"] == 4
+    train_grpo(cfg, reward_fn=LetterReward(), progress=False)  # the finished run again: nothing new
+    assert _steps(eval_log) == [0, 1, 2, 3, 4]

@@ -336,3 +336,35 @@ def test_new_token_lr_leaves_nothing_on_the_model(tmp_path):
     sm.model(input_ids=ids, labels=ids).loss.backward()
     grad = input_embeddings(sm.model).grad
     assert grad[[5, 6, 7]].abs().sum() > 0  # pretrained rows get their gradient
+
+
+def test_resuming_with_other_data_or_model_is_refused_before_anything_is_written(tmp_path):
+    from dsv32.runlog import CheckpointError
+
+    cfg = _cfg(tmp_path, **{"train.steps": 2, "train.eval_every": 0})
+    train_sft(cfg, progress=False)
+    run = tmp_path / "run"
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    other = _write(tmp_path / "other.jsonl", [short_conversation(a, a + 1) for a in range(3, 11)])
+    with pytest.raises(
+        CheckpointError, match=r"belongs to another run \(data.path .*other.jsonl.*--no-resume"
+    ):
+        train_sft(_cfg(tmp_path, **{"data.path": str(other), "train.steps": 4}), progress=False)
+    with pytest.raises(CheckpointError, match=r'model.name "tiny-llama" → "tiny-native"'):
+        train_sft(_cfg(tmp_path, "tiny-native", **{"train.steps": 4}), progress=False)
+    _write(tmp_path / "train.jsonl", [short_conversation(a, a + 9) for a in range(3, 11)])  # edited in place
+    with pytest.raises(CheckpointError, match=r"\(data.sha256 "):
+        train_sft(cfg, progress=False)
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_more_steps_extend_a_run_and_no_resume_replaces_it(tmp_path):
+    run = tmp_path / "run"
+    train_sft(_cfg(tmp_path, **{"train.steps": 2, "train.eval_every": 0}), progress=False)
+    longer = train_sft(_cfg(tmp_path, **{"train.steps": 3, "train.eval_every": 0}), progress=False)
+    assert longer.steps == 3 and [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2, 3]
+    again = _cfg(tmp_path, **{"train.steps": 1, "train.eval_every": 0})
+    train_sft(again, progress=False, resume=False)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001"]
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1]
+    assert json.loads((run / "data.json").read_text())["steps"] == 1

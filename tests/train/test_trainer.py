@@ -151,3 +151,44 @@ def test_native_gradient_isolation():
     sum(losses.values()).backward()
     assert all(p.grad is None for p in dm.model.parameters() if id(p) not in idx)
     assert all(p.grad is not None for _, p in dm.indexer_named_parameters())
+
+
+def test_a_stage_resumes_only_its_own_run_and_checks_everything_before_writing(tmp_path):
+    from dsv32.runlog import CheckpointError
+    from dsv32.train import TrainConfigError
+
+    data, out = token_data(), tmp_path / "w"
+    run = {"model": {"name": "tiny-llama"}, "data": {"source": "a"}}
+    cfg = StageConfig(stage="warmup", steps=2, batch_size=2, lr=1e-2)
+    train_stage(load(), data, cfg, out, progress=False, run=run)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(
+        CheckpointError, match=r"belongs to another run \(data.source \"a\" → \"b\", warmup.lr"
+    ):
+        train_stage(load(), data, StageConfig(stage="warmup", steps=4, batch_size=2, lr=0.5), out,
+                    progress=False, run={**run, "data": {"source": "b"}})  # fmt: skip
+    with pytest.raises(CheckpointError, match=r'stage "warmup" → "sparse"'):
+        train_stage(load(), data, StageConfig(stage="sparse", steps=4, batch_size=2, lr=1e-2, index_topk=8),
+                    out, progress=False, run=run)  # fmt: skip
+    wide = load_dsa_model(
+        ModelSpec(name="tiny-llama"), DSAConfig(index_n_heads=2, index_head_dim=32, index_topk=8)
+    )
+    with pytest.raises(
+        CheckpointError, match=r"weights.safetensors does not fit the model \(.* in the checkpoint"
+    ):
+        train_stage(wide, data, StageConfig(stage="warmup", steps=4, batch_size=2, lr=1e-2), out,
+                    progress=False, run=run)  # fmt: skip
+    with pytest.raises(TrainConfigError, match="replay_pool=3 must be a multiple of batch_size=2"):
+        train_stage(load(), data, StageConfig(stage="warmup", steps=500, batch_size=2, lr=0.9, replay=2,
+                    replay_pool=3), out, progress=False, resume=False)  # fmt: skip
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    longer = train_stage(load(), data, StageConfig(stage="warmup", steps=3, batch_size=2, lr=1e-2), out,
+                         progress=False, run=run)  # fmt: skip
+    assert longer.steps == 3 and [m["step"] for m in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_dsa_stages_take_no_resume():
+    from dsv32.cli import build_parser
+
+    assert build_parser().parse_args(["dsa", "warmup", "--no-resume"]).no_resume
+    assert not build_parser().parse_args(["dsa", "sparse"]).no_resume

@@ -32,7 +32,9 @@ def add(sub: argparse._SubParsersAction) -> None:
         if args.dsa_cmd == "eval":
             run_eval(cfg, out, progress=not args.no_progress)
         else:
-            result = run_stage(cfg, args.dsa_cmd, out, progress=not args.no_progress)
+            result = run_stage(
+                cfg, args.dsa_cmd, out, progress=not args.no_progress, resume=not args.no_resume
+            )
             print(f"dsv32 dsa {args.dsa_cmd}: {result.steps} steps → {result.model_dir or result.out_dir}")
         return 0
 
@@ -48,6 +50,11 @@ def add(sub: argparse._SubParsersAction) -> None:
         if name != "eval":
             q.add_argument("--steps", type=int)
             q.add_argument("--lr", type=float)
+            q.add_argument(
+                "--no-resume",
+                action="store_true",
+                help="start over, discarding the previous run in the output dir",
+            )
         command(q, run)
 
     demo = sub.add_parser("demo", help="the main job: SmolLM2 → DSA → warm-up → sparse stage → eval report")

@@ -19,7 +19,6 @@ held-out accuracy and well-formed tool use), ``rl.png``, ``checkpoints/``, ``mod
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -55,7 +54,9 @@ from dsv32.rl.trainer import (
     make_optimizer,
     mean_by_domain,
     reference_policy,
+    run_identity,
     run_steps,
+    task_files,
 )
 from dsv32.runlog import append_metrics
 
@@ -279,9 +280,10 @@ def train_agentic(
             rl.rewards, max_tokens=rl.sampling.max_new_tokens, thinking=policy.thinking
         )
     mix = MixedTasks(sources, seed=rl.seed)
+    files = {("envs", i): e.tasks for i, e in enumerate(cfg.envs) if Path(e.tasks).is_file()}
+    if cfg.agentic.single_turn:
+        files |= task_files(rl)
     out = Path(rl.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     ref = reference_policy(policy, g)
     optimizer = make_optimizer(policy, g)
 
@@ -301,4 +303,6 @@ def train_agentic(
         evaluate_before=evaluate_before,
         evaluate_after=evaluate_after,
         desc="agentic grpo",
+        run=run_identity(cfg.to_dict(), files),
+        meta={"config.json": cfg.to_dict()},
     )

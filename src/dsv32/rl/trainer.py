@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,7 +36,15 @@ from dsv32.rl.rewards import RewardFunction
 from dsv32.rl.rewards_setup import RewardSetup, build_reward_fn, reward_setup, score
 from dsv32.rl.rollout import Rollouts, SamplingConfig, TurnHook, rollout
 from dsv32.rl.tasks import ArithmeticWordProblems, JsonlTasks, MixedTasks, Task
-from dsv32.runlog import StepCheckpoints, append_metrics, truncate_metrics
+from dsv32.runlog import (
+    RUN_OUTPUTS,
+    StepCheckpoints,
+    append_metrics,
+    file_digest,
+    read_metrics,
+    truncate_metrics,
+    write_json,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -266,8 +275,6 @@ def train_grpo(
     g = cfg.grpo
     if g.keep_routing and policy.kind != "native":
         g = replace(g, keep_routing=False)  # dense models have no routing to keep
-    out.mkdir(parents=True, exist_ok=True)  # only now: bad input (policy, rewards, tasks) writes nothing
-    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     ref = reference_policy(policy, g)
     optimizer = make_optimizer(policy, g)
 
@@ -286,7 +293,38 @@ def train_grpo(
         stop_after=stop_after,
         evaluate_before=evaluate_before,
         on_step=on_step,
+        run=run_identity(cfg.to_dict(), task_files(cfg)),
+        meta={"config.json": cfg.to_dict()},
     )
+
+
+#: Fields that do not change what is trained: they may differ when a run is resumed (``grpo.steps``
+#: may grow; it is checked on its own). ``""``: the top level.
+BOOKKEEPING = {
+    "": ("out_dir", "save_every", "log_every"),
+    "policy": ("device",),
+    "grpo": ("steps",),
+    "eval": ("every", "batch_size"),
+}
+
+
+def task_files(cfg: RLConfig) -> dict[tuple[str, int], str]:
+    """The task files of a recipe's ``[[sources]]``: ``(section, index) → path``."""
+    return {("sources", i): s.path for i, s in enumerate(cfg.sources) if s.kind == "jsonl" and s.path}
+
+
+def run_identity(config: dict, files: dict[tuple[str, int], str]) -> dict:
+    """What determines a GRPO run: the recipe ``config`` (``RLConfig.to_dict``, or a recipe that
+    extends it) without :data:`BOOKKEEPING`, and the SHA-256 of each task file in ``files`` as
+    ``<section>.<index>.sha256``."""
+    identity = json.loads(json.dumps(config))
+    for section, fields in BOOKKEEPING.items():
+        table = identity.get(section, {}) if section else identity
+        for f in fields:
+            table.pop(f, None)
+    for (section, i), path in files.items():
+        identity[section][i]["sha256"] = file_digest(path)
+    return identity
 
 
 def reference_policy(policy: Policy, g: GRPOConfig) -> Policy | None:
@@ -322,30 +360,41 @@ def run_steps(
     evaluate_after: bool = True,
     on_step: Callable[[dict], None] | None = None,
     desc: str = "grpo",
+    run: dict | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> RLResult:
     """The loop of a GRPO run under ``result.out_dir``: resume from its latest checkpoint, or start
     over (held-out ``evaluate(0, eval.jsonl)`` first); then ``step_fn(step)`` for ``cfg.grpo.steps``
     steps, each at its warmup learning rate, its record appended to ``metrics.jsonl``; ``evaluate``
     every ``cfg.eval.every`` steps and after the last, checkpoints (every ``cfg.save_every`` steps),
     the final model and ``rl.png``. ``stop_after`` stops after that step with a checkpoint, as if
-    the process had been killed; ``evaluate`` None: no held-out items."""
+    the process had been killed; ``evaluate`` None: no held-out items. ``run``: the run's identity,
+    compared with the checkpoint's before resuming (:mod:`dsv32.runlog`); ``meta``: JSON files
+    (name → content) written once every check has passed. A resumed run cuts ``eval.jsonl`` back to
+    the checkpoint's step like ``metrics.jsonl``, and reuses a held-out result logged for a step
+    instead of evaluating that step again."""
     from tqdm.auto import tqdm
 
     from dsv32.rl.plot import plot_rl_metrics
 
     out, steps, eval_every, save_every = result.out_dir, cfg.grpo.steps, cfg.eval.every, cfg.save_every
-    ckpts = StepCheckpoints(out, keep=1)
+    ckpts = StepCheckpoints(out, keep=1, run=run)
     metrics_path, eval_path = out / "metrics.jsonl", out / "eval.jsonl"
-    step = 0
-    if resume and (latest := ckpts.latest()) is not None:
-        step = ckpts.load(latest, policy.model, optimizer)
+    step = ckpts.begin(policy.model, optimizer, resume=resume, steps=steps)
+    logged: dict[int, dict] = {}
+    if step:
         truncate_metrics(metrics_path, step)
-        logger.info("rl: resumed from %s (step %d)", latest, step)
+        truncate_metrics(eval_path, step)
+        logged = {r["step"]: r for r in read_metrics(eval_path)}
+        result.eval_before = logged.get(0)
+        logger.info("rl: resumed from %s (step %d)", ckpts.resumed_from, step)
     else:
-        for path in (metrics_path, eval_path):
-            path.unlink(missing_ok=True)
-        if evaluate_before and evaluate is not None:
-            result.eval_before = evaluate(0, eval_path)
+        out.mkdir(parents=True, exist_ok=True)
+        ckpts.discard((*RUN_OUTPUTS, "rl.png"))
+    for name, content in (meta or {}).items():
+        write_json(out / name, content)
+    if not step and evaluate_before and evaluate is not None:
+        result.eval_before = evaluate(0, eval_path)
     last = steps if stop_after is None else min(steps, stop_after)
     start = time.time()
     bar = tqdm(total=steps, initial=step, desc=desc, disable=not progress, dynamic_ncols=True)
@@ -363,7 +412,8 @@ def run_steps(
                 on_step(record)
             bar.set_postfix(reward=f"{record['reward_mean']:.3f}", acc=f"{record['accuracy']:.2f}")
             bar.update(1)
-            if eval_every and step % eval_every == 0 and step < steps and evaluate is not None:
+            due = eval_every and step % eval_every == 0 and step < steps and step not in logged
+            if due and evaluate is not None:
                 evaluate(step, eval_path)
             if (save_every and step % save_every == 0) or step == last:
                 ckpts.save(step, policy.model, optimizer)
@@ -373,7 +423,7 @@ def run_steps(
     result.steps, result.seconds = step, time.time() - start
     if step >= steps:
         if evaluate is not None and evaluate_after:
-            result.eval_after = evaluate(step, eval_path)
+            result.eval_after = logged.get(step) or evaluate(step, eval_path)
         result.model_dir = _save_policy(policy, out / "model")
     plot_rl_metrics(metrics_path, eval_path, out / "rl.png")
     return result
@@ -466,10 +516,12 @@ def _mean(records: list[dict]) -> dict:
     return {k: sum(r[k] for r in records if k in r) / sum(1 for r in records if k in r) for k in keys}
 
 
-def _eval(policy, tasks, reward_fn, cfg: RLConfig, step: int, path: Path, progress: bool) -> dict:
+def _eval(
+    policy, tasks, reward_fn, cfg: RLConfig, step: int, path: Path, progress: bool, extra: dict | None = None
+) -> dict:
     t = time.time()
     res = evaluate(policy, tasks, reward_fn, cfg.eval.max_new_tokens, cfg.eval.batch_size)
-    res |= {"step": step, "seconds": round(time.time() - t, 1)}
+    res |= {"step": step, "seconds": round(time.time() - t, 1), **(extra or {})}
     append_metrics(path, res)
     if progress:
         logger.info(
@@ -483,7 +535,9 @@ def _eval(policy, tasks, reward_fn, cfg: RLConfig, step: int, path: Path, progre
 
 
 def run_eval(cfg: RLConfig, progress: bool = True) -> dict:
-    """``dsv32 rl eval``: greedy held-out accuracy of ``cfg.policy`` (written to ``out_dir/eval.jsonl``)."""
+    """``dsv32 rl eval``: greedy held-out accuracy of ``cfg.policy``, appended to
+    ``out_dir/rl_eval.jsonl`` with the policy's name (a training run's own ``eval.jsonl`` beside it is
+    left alone)."""
     rewards = rewards_of(cfg)
     tasks = eval_tasks(cfg)
     if not tasks:
@@ -497,7 +551,9 @@ def run_eval(cfg: RLConfig, progress: bool = True) -> dict:
     )
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    res = _eval(policy, tasks, reward_fn, cfg, 0, out / "eval.jsonl", progress)
+    res = _eval(
+        policy, tasks, reward_fn, cfg, 0, out / "rl_eval.jsonl", progress, {"policy": cfg.policy.name}
+    )
     print(json.dumps({k: v for k, v in res.items() if k != "samples"}))
     return res
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -83,10 +83,27 @@ def check_lengths(cfg: RunConfig, dm: DSAModel, eval_only: bool = False) -> None
             raise TrainConfigError(f"{key} = {length} exceeds the model's max_position_embeddings ({limit})")
 
 
+def run_identity(cfg: RunConfig) -> dict:
+    """What determines a stage's training besides its own section: the model (name, dtype), the DSA
+    settings and the data (all but the held-out budget), as recipe sections."""
+    data = {k: v for k, v in asdict(cfg.data).items() if k != "max_eval_tokens"}
+    return {
+        "model": {"name": cfg.model.name, "dtype": cfg.model.dtype},
+        "dsa": cfg.dsa.to_dict(),
+        "data": data,
+    }
+
+
 def run_stage(
-    cfg: RunConfig, stage: str, out_dir: str | Path | None = None, progress: bool = True
+    cfg: RunConfig,
+    stage: str,
+    out_dir: str | Path | None = None,
+    progress: bool = True,
+    resume: bool = True,
 ) -> StageResult:
-    """``dsv32 dsa warmup|sparse``: load ``cfg.model``, train one stage, save ``out_dir/model``."""
+    """``dsv32 dsa warmup|sparse``: load ``cfg.model``, train one stage, save ``out_dir/model``.
+    ``resume``: continue the run in ``out_dir`` when its checkpoint has this recipe's settings
+    (a :class:`~dsv32.runlog.CheckpointError` when it has others); False: start over."""
     stage_cfg = cfg.warmup if stage == "warmup" else cfg.sparse
     out = Path(out_dir or Path(cfg.out_dir) / stage)
     dm = load_dsa_model(cfg.model, cfg.dsa)
@@ -96,7 +113,7 @@ def run_stage(
         "%s: %s, %d train sequences of %d tokens from %r", stage, dm.source, data.train_sequences().shape[0],
         data.seq_len, data.source,
     )  # fmt: skip
-    return train_stage(dm, data, stage_cfg, out, progress=progress)
+    return train_stage(dm, data, stage_cfg, out, progress=progress, resume=resume, run=run_identity(cfg))
 
 
 def run_eval(cfg: RunConfig, out_dir: str | Path | None = None, progress: bool = True) -> dict:
@@ -147,7 +164,9 @@ def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
     )  # fmt: skip
 
     t = time.time()
-    warm = train_stage(dm, data, cfg.warmup, out / "warmup", resume=False, progress=progress)
+    warm = train_stage(
+        dm, data, cfg.warmup, out / "warmup", resume=False, progress=progress, run=run_identity(cfg)
+    )
     timings["warmup"] = time.time() - t
     t = time.time()
     points = evaluate_dsa(
@@ -163,7 +182,9 @@ def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
 
     t = time.time()
     sparse_cfg = cfg.sparse if cfg.sparse.index_topk else replace(cfg.sparse, index_topk=cfg.eval.topks[0])
-    sparse = train_stage(dm, data, sparse_cfg, out / "sparse", resume=False, progress=progress)
+    sparse = train_stage(
+        dm, data, sparse_cfg, out / "sparse", resume=False, progress=progress, run=run_identity(cfg)
+    )
     timings["sparse"] = time.time() - t
     t = time.time()
     head = points[0]

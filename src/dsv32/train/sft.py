@@ -21,7 +21,6 @@ the V3.2 chat template).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -47,7 +46,15 @@ from dsv32.recipe import (
     one_of,
     read_recipe,
 )
-from dsv32.runlog import StepCheckpoints, append_metrics, read_metrics, truncate_metrics
+from dsv32.runlog import (
+    RUN_OUTPUTS,
+    StepCheckpoints,
+    append_metrics,
+    file_digest,
+    read_metrics,
+    truncate_metrics,
+    write_json,
+)
 from dsv32.train.sft_data import IGNORE, Example, block_causal_mask, collate, encode_file, make_rows
 from dsv32.train.sft_model import (
     SFTModel,
@@ -285,6 +292,26 @@ def _encode(sm: SFTModel, path: str, cfg: SFTConfig) -> tuple[list[Example], dic
     )
 
 
+#: Fields that do not change what is trained: they may differ when a run is resumed (the number of
+#: steps, from ``train.steps`` or ``train.epochs``, may grow; it is checked on its own).
+BOOKKEEPING = {
+    "model": ("device",),
+    "data": ("eval_path",),
+    "train": ("steps", "epochs", "save_every", "log_every", "eval_every", "keep_checkpoints"),
+}
+
+
+def run_identity(cfg: SFTConfig) -> dict:
+    """What determines an SFT run, as recipe sections: every field but :data:`BOOKKEEPING`, and the
+    SHA-256 of the training data (``data.sha256``)."""
+    sections = {name: dict(value) for name, value in cfg.to_dict().items() if name in BOOKKEEPING}
+    for name, fields in BOOKKEEPING.items():
+        for f in fields:
+            sections[name].pop(f)
+    sections["data"]["sha256"] = file_digest(cfg.data.path)
+    return sections
+
+
 def train_sft(
     cfg: SFTConfig,
     *,
@@ -312,20 +339,20 @@ def train_sft(
     held_rows = make_rows(held[0], cfg.data.seq_len, cfg.data.packing) if held else []
     total = total_steps(tc, len(rows))
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)  # only now: bad input writes nothing
-    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-    data_info = {**counts, "rows": len(rows), "steps": total, "added_tokens": len(sm.added_tokens)}
-    (out / "data.json").write_text(json.dumps(data_info, indent=2) + "\n")
     optimizer = torch.optim.AdamW(_param_groups(sm, tc), lr=tc.lr, betas=tuple(tc.betas))
-    ckpts = StepCheckpoints(out, keep=tc.keep_checkpoints)
+    ckpts = StepCheckpoints(out, keep=tc.keep_checkpoints, run=run_identity(cfg))
     metrics_path = out / "metrics.jsonl"
-    step = 0
-    if resume and (latest := ckpts.latest()) is not None:
-        step = ckpts.load(latest, sm.model, optimizer)
+    step = ckpts.begin(sm.model, optimizer, resume=resume, steps=total)
+    # only now, every check passed: bad input writes nothing
+    if step:
         truncate_metrics(metrics_path, step)
-        logger.info("sft: resumed from %s (step %d)", latest, step)
+        logger.info("sft: resumed from %s (step %d)", ckpts.resumed_from, step)
     else:
-        metrics_path.unlink(missing_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
+        ckpts.discard((*RUN_OUTPUTS, "sft.png"))
+    write_json(out / "config.json", cfg.to_dict())
+    data_info = {**counts, "rows": len(rows), "steps": total, "added_tokens": len(sm.added_tokens)}
+    write_json(out / "data.json", data_info)
     last = total if stop_after is None else min(total, stop_after)
     start = time.time()
     bar = tqdm(total=total, initial=step, desc="sft", disable=not progress, dynamic_ncols=True)

@@ -17,7 +17,6 @@ Outputs under ``out_dir``: ``metrics.jsonl`` (one line per logged step), ``loss.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 import torch
 
 from dsv32.dsa.hf import LayerView, get_dsa
-from dsv32.runlog import StepCheckpoints, append_metrics, truncate_metrics
+from dsv32.runlog import RUN_OUTPUTS, StepCheckpoints, append_metrics, truncate_metrics, write_json
 from dsv32.train.config import StageConfig, TrainConfigError
 from dsv32.train.data import TokenData, sequence_order
 from dsv32.train.models import DSAModel
@@ -149,6 +148,15 @@ def _query_rows(cfg: StageConfig, step: int, micro: int, T: int, device) -> torc
     return torch.randperm(T, generator=g)[: cfg.loss_queries].sort().values.to(device)
 
 
+#: Stage fields that do not change what is trained: they may differ when a run is resumed.
+BOOKKEEPING = ("steps", "save_every", "keep_checkpoints", "log_every")
+
+
+def stage_identity(cfg: StageConfig) -> dict:
+    """The fields of a stage config that determine its training (all but :data:`BOOKKEEPING`)."""
+    return {k: v for k, v in asdict(cfg).items() if k not in BOOKKEEPING}
+
+
 def train_stage(
     dm: DSAModel,
     data: TokenData,
@@ -159,17 +167,20 @@ def train_stage(
     progress: bool = True,
     stop_after: int | None = None,
     save_model: bool = True,
+    run: dict | None = None,
 ) -> StageResult:
     """Run one stage (``cfg.stage``) on ``dm`` in place. ``resume``: continue from the latest
-    checkpoint in ``out_dir``; ``stop_after``: stop (with a checkpoint) after that step, as if the run
-    were interrupted; ``save_model``: write ``out_dir/model`` at the end."""
+    checkpoint in ``out_dir`` if it belongs to this run, else start over (discarding the previous
+    run there); ``stop_after``: stop (with a checkpoint) after that step, as if the run were
+    interrupted; ``save_model``: write ``out_dir/model`` at the end; ``run``: what else determines
+    the run (model, DSA and data settings as recipe sections; default: the model's and the data's
+    names), compared with a checkpoint's before resuming from it (:mod:`dsv32.runlog`). Nothing is
+    written before every check has passed."""
     from tqdm.auto import tqdm
 
     from dsv32.train.plot import plot_metrics
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "stage.json").write_text(json.dumps({"model": dm.source, **asdict(cfg)}, indent=2) + "\n")
     if cfg.stage == "warmup":
         dm.set_mode("dense")
     else:
@@ -178,24 +189,25 @@ def train_stage(
     groups = _param_groups(dm, cfg)
     if not groups:
         raise TrainConfigError("nothing to train: the model has no indexer parameters")
-    optimizer = torch.optim.AdamW(groups, betas=tuple(cfg.betas), eps=1e-8)
-    ckpts = StepCheckpoints(out, cfg.keep_checkpoints, trainable_only=True)
-    step = 0
-    metrics_path = out / "metrics.jsonl"
-    if resume and (latest := ckpts.latest()) is not None:
-        if (stage := ckpts.state(latest).get("stage")) != cfg.stage:
-            raise TrainConfigError(
-                f"{latest} is a {stage!r} checkpoint, not {cfg.stage!r}: use another out_dir"
-            )
-        step = ckpts.load(latest, dm.model, optimizer)
-        logger.info("%s: resumed from %s (step %d)", cfg.stage, latest, step)
-        truncate_metrics(metrics_path, step)
-    elif metrics_path.exists():
-        metrics_path.unlink()
-
     seqs = data.train_sequences()
-    T = seqs.shape[1]
     replay = _Replay(dm, seqs, cfg) if cfg.stage == "warmup" and cfg.replay > 1 else None
+    optimizer = torch.optim.AdamW(groups, betas=tuple(cfg.betas), eps=1e-8)
+    identity = dict(
+        run or {"model": {"name": dm.source}, "data": {"source": data.source, "seq_len": data.seq_len}}
+    )
+    identity |= {"stage": cfg.stage, cfg.stage: stage_identity(cfg)}
+    ckpts = StepCheckpoints(out, cfg.keep_checkpoints, trainable_only=True, run=identity)
+    metrics_path = out / "metrics.jsonl"
+    step = ckpts.begin(dm.model, optimizer, resume=resume, steps=cfg.steps)
+    if step:
+        logger.info("%s: resumed from %s (step %d)", cfg.stage, ckpts.resumed_from, step)
+        truncate_metrics(metrics_path, step)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        ckpts.discard((*RUN_OUTPUTS, "loss.png"))
+    write_json(out / "stage.json", {"model": dm.source, **asdict(cfg)})
+
+    T = seqs.shape[1]
     last = min(cfg.steps, stop_after) if stop_after is not None else cfg.steps
     records: list[dict] = []
     dm.model.train()
@@ -252,19 +264,24 @@ def train_stage(
             bar.set_postfix(postfix)
             bar.update(1)
             if (cfg.save_every and step % cfg.save_every == 0) or step == last:
-                ckpts.save(step, dm.model, optimizer, stage=cfg.stage, config=asdict(cfg))
+                ckpts.save(step, dm.model, optimizer, stage=cfg.stage)
     finally:
         bar.close()
-        dm.model.eval()
-        for p in dm.model.parameters():
-            p.requires_grad_(True)
-        dm.collect_losses(False)
+        _restore(dm)
     result = StageResult(cfg.stage, out, step, time.time() - start, records)
     plot_metrics(metrics_path, out / "loss.png", title=f"DSA {cfg.stage}")
     if save_model and step >= cfg.steps:
         weights = cfg.stage == "sparse" or dm.kind == "native"
         result.model_dir = dm.save(out / "model", weights=weights)
     return result
+
+
+def _restore(dm: DSAModel) -> None:
+    """The model as a stage found it: eval mode, every parameter trainable, no loss collection."""
+    dm.model.eval()
+    for p in dm.model.parameters():
+        p.requires_grad_(True)
+    dm.collect_losses(False)
 
 
 def _online_micro(
