@@ -68,6 +68,15 @@ def test_other_settings_are_refused_unless_fresh(tmp_path):
     assert results["settings"]["temperature"] == 0.5
 
 
+def test_a_corrupt_settings_file_is_named(tmp_path):
+    out = tmp_path / "x"
+    run(RunSettings("reasoning-gym", subset=["lcm"], limit=1), out, progress=False)
+    for text in ('{"benchmark": "reason', "[1, 2]"):
+        (out / "settings.json").write_text(text)
+        with pytest.raises(EvalError, match=r"settings\.json: not "):
+            run(RunSettings("reasoning-gym", subset=["lcm"], limit=1), out, progress=False)
+
+
 def test_bad_inputs_write_nothing(tmp_path):
     out = tmp_path / "out"
     for settings, message in [

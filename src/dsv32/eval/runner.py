@@ -41,6 +41,7 @@ from dsv32.eval.samples import SampleWriter, problem_hash, read_samples
 from dsv32.eval.settings import PAPER_CONTEXT, RunSettings
 from dsv32.eval.solvers import EndpointSolver, LocalSolver, ReferenceSolver
 from dsv32.eval.types import Benchmark, Problem, RunOptions, Score
+from dsv32.jsonl import read_json
 
 log = logging.getLogger(__name__)
 SCORE_WORKERS = 2
@@ -89,7 +90,9 @@ def prepare(settings: RunSettings) -> tuple[Benchmark, list[Problem], dict | Non
 def _open_dir(out: Path, settings: RunSettings, fresh: bool) -> list[dict]:
     saved = out / "settings.json"
     if saved.is_file() and not fresh:
-        before = json.loads(saved.read_text(encoding="utf-8"))
+        before = read_json(saved, EvalError, "pass --fresh to start over or another --out")
+        if not isinstance(before, dict):
+            raise EvalError(f"{saved}: not a run's settings (a JSON object); pass --fresh or another --out")
         changed = {k: (before.get(k), v) for k, v in settings.identity().items() if before.get(k) != v}
         if changed:
             listed = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items()))
