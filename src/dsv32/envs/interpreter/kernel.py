@@ -12,24 +12,43 @@ would not reach across). One cell at a time:
   so the kernel raises ``KeyboardInterrupt`` and keeps its variables); if it does not stop within a
   grace period, or the kernel died (killed by a limit, ``os._exit``), the kernel is restarted and the
   text says so — the model's variables are gone.
+
+Every interaction with the kernel — starting it, each cell, interrupts, restarts, stopping it — runs
+on one long-lived thread the kernel owns (``dsv32-kernel``); callers wait for it. Two reasons: ZeroMQ
+sockets must never be used by two threads at once (libzmq aborts the process, or replies reach the
+wrong reader), and the sandbox kills the kernel when the *thread* that started it ends (bubblewrap's
+``--die-with-parent`` is ``PR_SET_PDEATHSIG``), so a kernel started in a short-lived worker thread
+(the agent's tool-timeout thread) would die after the call. Cells run one at a time: a caller that
+stops waiting (a tool timeout) leaves its cell to finish within its own limit, and the next cell
+waits for it — at most ``wait_s``, after which it is not run and the text says the kernel is busy.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import queue
 import re
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from typing import Any
 
 from jupyter_client import KernelManager
 
 from dsv32.envs import sandbox
 
+log = logging.getLogger(__name__)
+
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 INTERRUPT_GRACE_S = 5.0
+STOP_S = 30.0  # how long close() waits for the kernel's thread to stop the kernel
 
 
 class _SandboxedKernelManager(KernelManager):
@@ -46,7 +65,7 @@ class CellResult:
     """One executed cell: ``text`` is what the model reads."""
 
     text: str
-    status: str  # "ok", "error", "timeout", "died"
+    status: str  # "ok", "error", "timeout", "died", "busy" (not run), "closed"
     seconds: float
 
 
@@ -73,8 +92,55 @@ def _error_text(content: dict, frames: int = 3) -> str:
     return head + "".join(s + "\n" for s in short) + f"{content['ename']}: {content['evalue']}"
 
 
+class _Owner:
+    """One long-lived daemon thread that runs jobs in order and hands each result to its caller
+    through a future. After :meth:`stop` it takes no more jobs."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._guard = threading.Lock()
+        self._stopped = False
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def submit(self, fn: Callable[[], Any], release: threading.Lock | None = None) -> Future:
+        """Run ``fn`` on the thread; ``release`` is released when it ends (or is dropped)."""
+        future: Future = Future()
+        with self._guard:
+            if self._stopped:
+                raise sandbox.SandboxError("the kernel is closed")
+            self._jobs.put((fn, future, release))
+        return future
+
+    def stop(self, timeout: float) -> bool:
+        """Run what is queued, then end the thread; whether it ended within ``timeout``."""
+        with self._guard:
+            self._stopped = True
+            self._jobs.put(None)
+        if threading.current_thread() is not self.thread:
+            self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fn, future, release = job
+            try:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn())
+                    except BaseException as err:  # handed to the caller
+                        future.set_exception(err)
+            finally:
+                if release is not None:
+                    release.release()
+
+
 class SandboxedKernel:
-    """A kernel in its own sandboxed work dir (a fresh temporary one, removed by :meth:`close`)."""
+    """A kernel in its own sandboxed work dir (a fresh temporary one, removed by :meth:`close`).
+
+    ``start=False`` leaves the kernel to start with the first cell (a start that fails is then that
+    cell's text, and the next cell tries again); by default it starts now and a failure raises
+    :class:`~dsv32.envs.sandbox.SandboxError`."""
 
     def __init__(
         self,
@@ -84,6 +150,7 @@ class SandboxedKernel:
         cpu_s: float = 600,
         startup_timeout_s: float = 60,
         kind: str | None = None,
+        start: bool = True,
     ) -> None:
         self._own_dir = workdir is None
         self.workdir = os.path.realpath(workdir or tempfile.mkdtemp(prefix="dsv32-kernel-"))
@@ -92,7 +159,88 @@ class SandboxedKernel:
         options = {"cwd": self.workdir, "memory_mb": memory_mb, "timeout_s": cpu_s, "cpu_s": cpu_s}
         self._sandbox_options = {**options, "env": env, "kind": kind}
         self.restarts = 0
-        self._start()
+        self.km: KernelManager | None = None
+        self.kc = None
+        self._closed = threading.Event()
+        self._free = threading.Lock()  # held from a job's submission to its end on the owner thread
+        self._busy_until = 0.0  # when the running cell reaches its time limit (monotonic)
+        self._owner = _Owner("dsv32-kernel")
+        if start:
+            try:
+                self._exclusive(self._start, None, self.startup_timeout_s + STOP_S)
+            except BaseException:
+                self.close()
+                raise
+
+    # -- on the caller's thread -------------------------------------------------------------------
+
+    def _exclusive(self, fn: Callable[[], Any], wait_s: float | None, limit_s: float) -> Any:
+        """``fn()`` on the owner thread once no other job runs (waiting at most ``wait_s``; None: as
+        long as it takes); ``_Busy`` when the wait ran out, ``_Late`` when ``fn`` took over
+        ``limit_s``. Exceptions of ``fn`` are raised here."""
+        if self._closed.is_set():
+            raise sandbox.SandboxError("the kernel is closed")
+        if not self._free.acquire(timeout=-1 if wait_s is None else max(wait_s, 0)):
+            return _BUSY
+        try:
+            future = self._owner.submit(fn, release=self._free)
+        except BaseException:
+            self._free.release()
+            raise
+        try:
+            return future.result(timeout=limit_s)
+        except FutureTimeout:
+            return _LATE
+
+    def execute(
+        self, code: str, *, timeout_s: float = 30, max_chars: int = 8000, wait_s: float | None = None
+    ) -> CellResult:
+        """Run one cell and return what it printed, its value and its error (see the module doc).
+        While another cell runs, wait for it at most ``wait_s`` seconds (None: as long as it takes);
+        past that this cell is not run and the result (status ``busy``) says so."""
+        start = time.perf_counter()
+        limit = timeout_s + INTERRUPT_GRACE_S + 2 * (self.startup_timeout_s + STOP_S)
+        result = self._exclusive(lambda: self._run_cell(code, timeout_s, max_chars), wait_s, limit)
+        if result is _BUSY:
+            left = max(self._busy_until - time.monotonic(), 0)
+            text = (
+                "[this cell was not run: the kernel is still busy with an earlier cell (its call timed "
+                f"out; it reaches its time limit in {left:.0f} s); run this cell again]"
+            )
+            return CellResult(text, "busy", time.perf_counter() - start)
+        if result is _LATE:
+            text = f"[the kernel did not answer within {limit:g} s; this cell's result is lost]"
+            return CellResult(text, "timeout", time.perf_counter() - start)
+        return result
+
+    def restart(self) -> None:
+        """A fresh kernel in the same work dir (files kept, variables lost)."""
+        self._exclusive(self._restart, None, STOP_S + self.startup_timeout_s + STOP_S)
+
+    def alive(self) -> bool:
+        km = self.km
+        return km is not None and km.is_alive()
+
+    def close(self) -> None:
+        """Stop the kernel (a running cell is abandoned within a fraction of a second) and remove its
+        work dir; idempotent."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        with contextlib.suppress(sandbox.SandboxError):  # a close() alongside stopped it already
+            self._owner.submit(self._stop)
+        if not self._owner.stop(STOP_S):
+            log.warning("interpreter: the kernel's thread did not stop within %g s", STOP_S)
+        if self._own_dir:
+            sandbox.remove_tree(self.workdir)
+
+    def __enter__(self) -> SandboxedKernel:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- on the owner thread ----------------------------------------------------------------------
 
     def _start(self) -> None:
         km = _SandboxedKernelManager(
@@ -106,56 +254,81 @@ class SandboxedKernel:
         km.start_kernel(cwd=self.workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.km, self.kc = km, km.client()
         self.kc.start_channels()
-        try:
-            self.kc.wait_for_ready(timeout=self.startup_timeout_s)
-        except RuntimeError as err:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:  # in steps of a second, so that close() need not wait for the whole timeout
+            try:
+                self.kc.wait_for_ready(timeout=min(1.0, max(deadline - time.monotonic(), 0)))
+                return
+            except RuntimeError:
+                if self._closed.is_set():
+                    problem = "it was closed while starting"
+                elif not km.is_alive():
+                    problem = "it exited while starting"
+                elif time.monotonic() >= deadline:
+                    problem = f"it did not answer within {self.startup_timeout_s:g} s"
+                else:
+                    continue
             self._stop()
-            raise sandbox.SandboxError(f"the sandboxed Jupyter kernel did not start: {err}") from err
+            raise sandbox.SandboxError(f"the sandboxed Jupyter kernel did not start: {problem}")
 
     def _stop(self) -> None:
-        self.kc.stop_channels()
-        if self.km.has_kernel:
-            self.km.shutdown_kernel(now=True)
-        self.km.cleanup_resources()
+        km, kc, self.km, self.kc = self.km, self.kc, None, None
+        if kc is not None:
+            kc.stop_channels()
+        if km is not None:
+            if km.has_kernel:
+                km.shutdown_kernel(now=True)
+            km.cleanup_resources()
 
-    def restart(self) -> None:
-        """A fresh kernel in the same work dir (files kept, variables lost)."""
+    def _restart(self) -> None:
         self._stop()
         self.restarts += 1
         self._start()
 
-    def alive(self) -> bool:
-        return self.km.is_alive()
-
-    def execute(self, code: str, *, timeout_s: float = 30, max_chars: int = 8000) -> CellResult:
-        """Run one cell and return what it printed, its value and its error (see the module doc)."""
+    def _run_cell(self, code: str, timeout_s: float, max_chars: int) -> CellResult:
         start = time.perf_counter()
+        if self.kc is None:  # not started yet (start=False), or a restart failed
+            try:
+                self._start()
+            except sandbox.SandboxError as err:
+                text = f"[{err}; this cell was not run; the next cell tries again]"
+                return CellResult(text, "died", time.perf_counter() - start)
+        self._busy_until = time.monotonic() + timeout_s + INTERRUPT_GRACE_S
         msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)
         parts: list[str] = []
         status, failed = self._collect(msg_id, time.monotonic() + timeout_s, parts)
         if status == "timeout":
             self.km.interrupt_kernel()
-            if self._collect(msg_id, time.monotonic() + INTERRUPT_GRACE_S, [])[0] != "idle":
+            after = self._collect(msg_id, time.monotonic() + INTERRUPT_GRACE_S, [])[0]
+            status = "closed" if after == "closed" else status
+            if after not in ("idle", "closed"):
                 status = "died"
                 parts.append(f"[the cell ran past {timeout_s:g} s and did not stop when interrupted]")
             else:
                 parts.append(
                     f"[interrupted: the cell ran past its {timeout_s:g} s limit; variables are kept]"
                 )
+        if status == "closed":
+            return CellResult(
+                "[the kernel was closed while this cell ran]", status, time.perf_counter() - start
+            )
         if status == "died":
             parts.append(
                 "[the Python kernel died (a limit or an exit); it was restarted: variables are lost]"
             )
-            self.restart()
+            self._restart()
         text = _shorten("".join(parts).rstrip("\n"), max_chars) or "[no output]"
         final = ("error" if failed else "ok") if status == "idle" else status
         return CellResult(text, final, time.perf_counter() - start)
 
     def _collect(self, msg_id: str, deadline: float, parts: list[str]) -> tuple[str, bool]:
         """Read this cell's iopub messages into ``parts`` until it is idle ("idle"), the deadline
-        passes ("timeout") or the kernel dies ("died"); also whether it raised."""
+        passes ("timeout"), the kernel dies ("died") or is being closed ("closed"); also whether it
+        raised."""
         failed = False
         while True:
+            if self._closed.is_set():
+                return "closed", failed
             if time.monotonic() > deadline:
                 return "timeout", failed
             try:
@@ -177,13 +350,5 @@ class SandboxedKernel:
             elif kind == "status" and content["execution_state"] == "idle":
                 return "idle", failed
 
-    def close(self) -> None:
-        self._stop()
-        if self._own_dir:
-            sandbox.remove_tree(self.workdir)
 
-    def __enter__(self) -> SandboxedKernel:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+_BUSY, _LATE = object(), object()

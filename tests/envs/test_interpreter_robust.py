@@ -1,0 +1,89 @@
+"""The code interpreter against hostile cells and impatient callers: calls that outlive the agent's
+tool timeout, kernels started from short-lived threads, floods of output, restarts a cell tries to
+poison, code that is not valid text. Each case loses nothing: the model reads a text, the next call
+works, the host survives and nothing is left behind."""
+
+import glob
+import json
+import threading
+import time
+
+import pytest
+
+from dsv32.agent import ScriptedBackend
+from dsv32.agent.episode import run_episode
+from dsv32.envs.base import Task
+from dsv32.envs.interpreter import InterpreterEnv, SandboxedKernel
+
+TASK = Task("t", "What is 41 + 1?", "42")
+
+
+def calls(code: str) -> dict:
+    call = {"type": "function", "function": {"name": "python", "arguments": json.dumps({"code": code})}}
+    return {"reasoning_content": "computing", "tool_calls": [call]}
+
+
+def tool_texts(trajectory) -> list[str]:
+    return [m["content"] for m in trajectory.messages if m["role"] == "tool"]
+
+
+@pytest.fixture
+def env():
+    e = InterpreterEnv(memory_mb=1024)
+    yield e
+    e.close()
+
+
+def test_variables_survive_calls_through_the_agents_tool_threads(env):
+    """Each agent tool call runs in its own short-lived thread; the kernel lives on."""
+    replies = [calls("x = 41"), calls("x + 1"), {"content": "\\boxed{42}"}]
+    trajectory, reward = run_episode(ScriptedBackend(replies), env, TASK, tool_timeout_s=60)
+    assert tool_texts(trajectory) == ["[no output]", "42"]
+    assert reward.value == 1.0 and env.state()["kernel_restarts"] == 0
+
+
+def test_a_call_past_the_tool_timeout_does_not_mix_with_the_next(env):
+    """The agent abandons the loop at 4 s; the kernel interrupts it at 5 s; the next call waits for
+    that and reads its own result only."""
+    env.cell_timeout_s = 5
+    loop = "import time\nfor i in range(100):\n    print('tick', i, flush=True)\n    time.sleep(0.2)"
+    replies = [calls("x = 41"), calls(loop), calls("print('second'); x + 1"), calls("x"), {"content": "42"}]
+    trajectory, _ = run_episode(ScriptedBackend(replies), env, TASK, tool_timeout_s=4)
+    first, looped, second, third = tool_texts(trajectory)
+    assert first == "[no output]" and "timed out" in looped
+    assert second == "second\n42" and third == "41"
+    assert [c["status"] for c in env.state()["calls"]] == ["ok", "timeout", "ok", "ok"]
+
+
+def test_a_cell_waits_for_the_running_one_or_says_the_kernel_is_busy():
+    with SandboxedKernel(memory_mb=1024) as kernel:
+        kernel.execute("x = 41")
+        loop = "import time\nwhile True:\n    print('tick', flush=True)\n    time.sleep(0.1)"
+        results = []
+        worker = threading.Thread(target=lambda: results.append(kernel.execute(loop, timeout_s=3)))
+        worker.start()
+        time.sleep(0.5)
+        start = time.monotonic()
+        busy = kernel.execute("x + 1", wait_s=0.5)
+        assert busy.status == "busy" and "not run" in busy.text and time.monotonic() - start < 2
+        waited = kernel.execute("x + 1")  # waits for the loop's interrupt
+        worker.join()
+        assert waited.text == "42" and waited.status == "ok"
+        (looped,) = results
+        assert looped.status == "timeout" and "tick" in looped.text and "42" not in looped.text
+
+
+def test_close_stops_a_running_cell_and_leaves_nothing(env):
+    env.reset(TASK)
+    env.call("python", {"code": "x = 1"})
+    kernel = env.kernel
+    workdir, owner = kernel.workdir, kernel._owner.thread
+    worker = threading.Thread(target=env.call, args=("python", {"code": "while True: pass"}))
+    worker.start()
+    time.sleep(1)
+    start = time.monotonic()
+    env.close()
+    assert time.monotonic() - start < 10
+    worker.join(10)
+    assert not worker.is_alive() and not owner.is_alive() and not kernel.alive()
+    assert workdir not in glob.glob("/tmp/dsv32-kernel-*")
