@@ -14,6 +14,7 @@ from dsv32.agent import ScriptedBackend
 from dsv32.agent.episode import run_episode
 from dsv32.envs.base import Task
 from dsv32.envs.interpreter import InterpreterEnv, SandboxedKernel
+from dsv32.envs.interpreter.kernel import _Output
 
 TASK = Task("t", "What is 41 + 1?", "42")
 
@@ -87,3 +88,17 @@ def test_close_stops_a_running_cell_and_leaves_nothing(env):
     worker.join(10)
     assert not worker.is_alive() and not owner.is_alive() and not kernel.alive()
     assert workdir not in glob.glob("/tmp/dsv32-kernel-*")
+
+
+def test_output_is_kept_bounded_while_it_arrives():
+    output = _Output(1000)
+    output.add("<start>")
+    for i in range(200_000):  # 200 MB of output in all
+        output.add(f"{i:>8}" + "z" * 992)
+    output.add("<end>")
+    kept = len(output.head) + output.tail_chars
+    assert kept <= 2 * 1000 + 1000  # the head, and a tail no longer than one chunk past its size
+    text = output.text()
+    assert output.truncated and text.startswith("<start>") and text.endswith("z<end>")
+    assert f"[... output truncated: {output.total - 1000} characters cut ...]" in text
+    assert len(text) < 1100

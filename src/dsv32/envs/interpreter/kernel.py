@@ -25,6 +25,7 @@ waits for it — at most ``wait_s``, after which it is not run and the text says
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -67,13 +68,48 @@ class CellResult:
     text: str
     status: str  # "ok", "error", "timeout", "died", "busy" (not run), "closed"
     seconds: float
+    truncated: bool = False  # the output was longer than max_chars: its middle was cut
 
 
-def _shorten(text: str, max_chars: int) -> str:
-    if len(text) <= max_chars:
-        return text
-    half = max_chars // 2
-    return f"{text[:half]}\n[... {len(text) - max_chars} characters cut ...]\n{text[-half:]}"
+class _Output:
+    """A cell's output kept bounded while it arrives: its first ``max_chars // 2`` characters, its
+    last ``max_chars - max_chars // 2`` and how many there were in all."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.head_max = max(max_chars, 0) // 2
+        self.tail_max = max(max_chars, 0) - self.head_max
+        self.head = ""
+        self.tail: collections.deque[str] = collections.deque()
+        self.tail_chars = 0
+        self.total = 0
+
+    def add(self, text: str) -> None:
+        self.total += len(text)
+        room = self.head_max - len(self.head)
+        if room > 0:
+            self.head, text = self.head + text[:room], text[room:]
+        if not text or not self.tail_max:
+            return
+        if len(text) >= self.tail_max:
+            self.tail.clear()
+            self.tail_chars = 0
+            text = text[-self.tail_max :]
+        self.tail.append(text)
+        self.tail_chars += len(text)
+        while self.tail_chars - len(self.tail[0]) >= self.tail_max:
+            self.tail_chars -= len(self.tail.popleft())
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.head_max + self.tail_max
+
+    def text(self) -> str:
+        tail = "".join(self.tail)
+        if not self.truncated:
+            return self.head + tail
+        tail = tail[-self.head_max :] if self.head_max else ""
+        cut = self.total - len(self.head) - len(tail)
+        return f"{self.head}\n[... output truncated: {cut} characters cut ...]\n{tail}"
 
 
 def _noise(line: str) -> bool:
@@ -295,17 +331,17 @@ class SandboxedKernel:
                 return CellResult(text, "died", time.perf_counter() - start)
         self._busy_until = time.monotonic() + timeout_s + INTERRUPT_GRACE_S
         msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)
-        parts: list[str] = []
-        status, failed = self._collect(msg_id, time.monotonic() + timeout_s, parts)
+        output, notes = _Output(max_chars), []
+        status, failed = self._collect(msg_id, time.monotonic() + timeout_s, output)
         if status == "timeout":
             self.km.interrupt_kernel()
-            after = self._collect(msg_id, time.monotonic() + INTERRUPT_GRACE_S, [])[0]
+            after = self._collect(msg_id, time.monotonic() + INTERRUPT_GRACE_S, _Output(0))[0]
             status = "closed" if after == "closed" else status
             if after not in ("idle", "closed"):
                 status = "died"
-                parts.append(f"[the cell ran past {timeout_s:g} s and did not stop when interrupted]")
+                notes.append(f"[the cell ran past {timeout_s:g} s and did not stop when interrupted]")
             else:
-                parts.append(
+                notes.append(
                     f"[interrupted: the cell ran past its {timeout_s:g} s limit; variables are kept]"
                 )
         if status == "closed":
@@ -313,16 +349,16 @@ class SandboxedKernel:
                 "[the kernel was closed while this cell ran]", status, time.perf_counter() - start
             )
         if status == "died":
-            parts.append(
+            notes.append(
                 "[the Python kernel died (a limit or an exit); it was restarted: variables are lost]"
             )
             self._restart()
-        text = _shorten("".join(parts).rstrip("\n"), max_chars) or "[no output]"
+        text = "\n".join(t for t in [output.text().rstrip("\n"), *notes] if t) or "[no output]"
         final = ("error" if failed else "ok") if status == "idle" else status
-        return CellResult(text, final, time.perf_counter() - start)
+        return CellResult(text, final, time.perf_counter() - start, output.truncated)
 
-    def _collect(self, msg_id: str, deadline: float, parts: list[str]) -> tuple[str, bool]:
-        """Read this cell's iopub messages into ``parts`` until it is idle ("idle"), the deadline
+    def _collect(self, msg_id: str, deadline: float, output: _Output) -> tuple[str, bool]:
+        """Read this cell's iopub messages into ``output`` until it is idle ("idle"), the deadline
         passes ("timeout"), the kernel dies ("died") or is being closed ("closed"); also whether it
         raised."""
         failed = False
@@ -341,12 +377,12 @@ class SandboxedKernel:
                 continue
             kind, content = msg["msg_type"], msg["content"]
             if kind == "stream":
-                parts.append(content["text"])
+                output.add(content["text"])
             elif kind in ("execute_result", "display_data") and "text/plain" in content.get("data", {}):
-                parts.append(content["data"]["text/plain"] + "\n")
+                output.add(content["data"]["text/plain"] + "\n")
             elif kind == "error":
                 failed = True
-                parts.append(_error_text(content) + "\n")
+                output.add(_error_text(content) + "\n")
             elif kind == "status" and content["execution_state"] == "idle":
                 return "idle", failed
 
