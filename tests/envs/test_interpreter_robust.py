@@ -102,3 +102,46 @@ def test_output_is_kept_bounded_while_it_arrives():
     assert output.truncated and text.startswith("<start>") and text.endswith("z<end>")
     assert f"[... output truncated: {output.total - 1000} characters cut ...]" in text
     assert len(text) < 1100
+
+
+PLANT = """\
+import os, site
+hang = "import time\\nwhile True:\\n    time.sleep(1)\\n"
+profile = os.path.join(os.environ["IPYTHONDIR"], "profile_default")
+os.makedirs(os.path.join(profile, "startup"), exist_ok=True)
+for path in [os.path.join(profile, "startup", "00-hang.py"), os.path.join(profile, "ipython_kernel_config.py"),
+             os.path.join(os.environ["HOME"], ".ipython", "profile_default", "startup", "00-hang.py"),
+             "ipykernel_launcher.py", "zmq.py", "traitlets.py"]:  # the work dir is the current directory
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    open(path, "w").write(hang)
+os.makedirs(site.getusersitepackages(), exist_ok=True)
+open(os.path.join(site.getusersitepackages(), "hang.pth"), "w").write("import time; time.sleep(10**6)\\n")
+open("mine.py", "w").write("VALUE = 7\\n")
+'planted'
+"""
+
+
+def test_a_cell_cannot_make_the_kernel_restart_run_its_files():
+    with SandboxedKernel(memory_mb=1024, startup_timeout_s=30) as kernel:
+        assert kernel.execute(PLANT).text == "'planted'"
+        start = time.monotonic()
+        died = kernel.execute("import os\nos._exit(0)")
+        assert died.status == "died" and "it was restarted" in died.text
+        assert time.monotonic() - start < 25  # no startup file ran (one hangs for good)
+        assert kernel.execute("1 + 1").text == "2" and kernel.alive()
+        assert kernel.execute("import mine\nmine.VALUE").text == "7"  # cells import what they wrote
+
+
+def test_a_failed_restart_is_a_text_and_a_later_cell_recovers():
+    before = set(glob.glob("/tmp/dsv32-kernel-*"))
+    with SandboxedKernel(memory_mb=1024) as kernel:
+        kernel.execute("x = 1")
+        kernel._sandbox_options["memory_mb"] = 1  # no Python starts in 1 MB: every start fails
+        died = kernel.execute("import os\nos._exit(0)")
+        assert died.status == "died" and "could not be restarted" in died.text and not kernel.alive()
+        again = kernel.execute("1 + 1")
+        assert again.status == "died" and "this cell was not run" in again.text
+        kernel._sandbox_options["memory_mb"] = 1024
+        assert kernel.execute("1 + 1").text == "2" and kernel.alive()
+        assert "NameError" in kernel.execute("x").text
+    assert set(glob.glob("/tmp/dsv32-kernel-*")) <= before  # work dir and every start's dir removed

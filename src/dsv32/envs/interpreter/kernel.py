@@ -2,8 +2,15 @@
 
 The kernel process starts through :func:`dsv32.envs.sandbox.command_prefix` — its own namespaces,
 a read-only filesystem but its work dir, no network, rlimits — and talks to this process over
-ZeroMQ ``ipc`` sockets (files in the work dir: with a private network namespace, TCP on 127.0.0.1
-would not reach across). One cell at a time:
+ZeroMQ ``ipc`` sockets (with a private network namespace, TCP on 127.0.0.1 would not reach across).
+
+Nothing a cell writes runs when the kernel (re)starts: the work dir is writable, so the sockets, the
+connection file and the IPython dir (profile config, startup files) live in a fresh directory for
+each start, made by this process and removed when that kernel stops; the kernel's Python runs with
+``-P`` and ``-s``, so neither the work dir (the current directory) nor the user site under ``HOME``
+(also the work dir) is on its import path while it starts. Once it has started, the work dir joins
+the import path where IPython puts it (after the standard library), so cells import the modules they
+wrote. One cell at a time:
 
 - :meth:`SandboxedKernel.execute` returns what a notebook shows: stdout/stderr, the last
   expression's value (``text/plain``), and errors as ``Name: message`` with the last frames of a
@@ -32,6 +39,7 @@ import os
 import queue
 import re
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -52,13 +60,31 @@ INTERRUPT_GRACE_S = 5.0
 STOP_S = 30.0  # how long close() waits for the kernel's thread to stop the kernel
 
 
+# The kernel's IPython profile, written into each start's fresh IPython dir.
+KERNEL_CONFIG = "c.InteractiveShellApp.ignore_cwd = True  # the startup file adds it, once started\n"
+KERNEL_STARTUP = """\
+def _dsv32_startup():
+    import sys
+
+    if "" not in sys.path:  # where IPython puts the current directory: after the standard library
+        at = [i for i, p in enumerate(sys.path) if p.endswith(("site-packages", "dist-packages"))]
+        sys.path.insert(at[0] if at else 0, "")
+
+
+_dsv32_startup()
+del _dsv32_startup
+"""
+
+
 class _SandboxedKernelManager(KernelManager):
-    """A KernelManager whose kernel command is prefixed by the sandbox's."""
+    """A KernelManager whose kernel command is this Python's ``ipykernel`` behind the sandbox's
+    prefix, with ``-P -s`` (see the module doc)."""
 
     sandbox_options: dict
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
-        return sandbox.command_prefix(**self.sandbox_options) + super().format_kernel_cmd(extra_arguments)
+        kernel = [sys.executable, "-P", "-s", "-m", "ipykernel_launcher", "-f", self.connection_file]
+        return sandbox.command_prefix(**self.sandbox_options) + kernel
 
 
 @dataclass
@@ -191,12 +217,12 @@ class SandboxedKernel:
         self._own_dir = workdir is None
         self.workdir = os.path.realpath(workdir or tempfile.mkdtemp(prefix="dsv32-kernel-"))
         self.startup_timeout_s = startup_timeout_s
-        env = {"IPYTHONDIR": os.path.join(self.workdir, ".ipython"), "MPLBACKEND": "Agg"}
         options = {"cwd": self.workdir, "memory_mb": memory_mb, "timeout_s": cpu_s, "cpu_s": cpu_s}
-        self._sandbox_options = {**options, "env": env, "kind": kind}
+        self._sandbox_options = {**options, "kind": kind}
         self.restarts = 0
         self.km: KernelManager | None = None
         self.kc = None
+        self._run_dir: str | None = None  # the running kernel's sockets and IPython dir
         self._closed = threading.Event()
         self._free = threading.Lock()  # held from a job's submission to its end on the owner thread
         self._busy_until = 0.0  # when the running cell reaches its time limit (monotonic)
@@ -279,17 +305,34 @@ class SandboxedKernel:
     # -- on the owner thread ----------------------------------------------------------------------
 
     def _start(self) -> None:
+        """Start a kernel; :class:`~dsv32.envs.sandbox.SandboxError` when it does not answer within
+        ``startup_timeout_s`` (or exits, or cannot be launched), with nothing left running."""
+        self._run_dir = run_dir = tempfile.mkdtemp(prefix="dsv32-kernel-run-")
+        profile = os.path.join(run_dir, "ipython", "profile_default")
+        os.makedirs(os.path.join(profile, "startup"))
+        with open(os.path.join(profile, "ipython_kernel_config.py"), "w") as f:
+            f.write(KERNEL_CONFIG)
+        with open(os.path.join(profile, "startup", "00-dsv32.py"), "w") as f:
+            f.write(KERNEL_STARTUP)
+        env = {"IPYTHONDIR": os.path.join(run_dir, "ipython"), "MPLBACKEND": "Agg"}
         km = _SandboxedKernelManager(
             transport="ipc",
-            ip=os.path.join(self.workdir, ".kernel"),
-            connection_file=os.path.join(self.workdir, ".kernel.json"),
+            ip=os.path.join(run_dir, "kernel"),
+            connection_file=os.path.join(run_dir, "kernel.json"),
             kernel_name="python3",
         )
-        km.sandbox_options = self._sandbox_options
+        km.sandbox_options = {**self._sandbox_options, "env": env, "writable": [run_dir]}
         km.kernel_spec.interrupt_mode = "message"  # signals would stop at the sandbox's launcher
-        km.start_kernel(cwd=self.workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.km, self.kc = km, km.client()
-        self.kc.start_channels()
+        self.km = km
+        try:
+            km.start_kernel(cwd=self.workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.kc = km.client()
+            self.kc.start_channels()
+        except Exception as err:  # the sandbox or the kernel could not be launched
+            self._stop()
+            raise sandbox.SandboxError(
+                f"the sandboxed Jupyter kernel did not start: {type(err).__name__}: {err}"
+            ) from err
         deadline = time.monotonic() + self.startup_timeout_s
         while True:  # in steps of a second, so that close() need not wait for the whole timeout
             try:
@@ -308,13 +351,16 @@ class SandboxedKernel:
             raise sandbox.SandboxError(f"the sandboxed Jupyter kernel did not start: {problem}")
 
     def _stop(self) -> None:
-        km, kc, self.km, self.kc = self.km, self.kc, None, None
+        km, kc, run_dir = self.km, self.kc, self._run_dir
+        self.km = self.kc = self._run_dir = None
         if kc is not None:
             kc.stop_channels()
         if km is not None:
             if km.has_kernel:
                 km.shutdown_kernel(now=True)
             km.cleanup_resources()
+        if run_dir is not None:
+            sandbox.remove_tree(run_dir)
 
     def _restart(self) -> None:
         self._stop()
@@ -323,6 +369,8 @@ class SandboxedKernel:
 
     def _run_cell(self, code: str, timeout_s: float, max_chars: int) -> CellResult:
         start = time.perf_counter()
+        if self._closed.is_set():
+            return CellResult("[the kernel was closed; this cell was not run]", "closed", 0.0)
         if self.kc is None:  # not started yet (start=False), or a restart failed
             try:
                 self._start()
@@ -349,10 +397,16 @@ class SandboxedKernel:
                 "[the kernel was closed while this cell ran]", status, time.perf_counter() - start
             )
         if status == "died":
-            notes.append(
-                "[the Python kernel died (a limit or an exit); it was restarted: variables are lost]"
-            )
-            self._restart()
+            try:
+                self._restart()
+                notes.append(
+                    "[the Python kernel died (a limit or an exit); it was restarted: variables are lost]"
+                )
+            except sandbox.SandboxError as err:
+                notes.append(
+                    f"[the Python kernel died (a limit or an exit) and could not be restarted ({err}); "
+                    "variables are lost; the next cell starts it again]"
+                )
         text = "\n".join(t for t in [output.text().rstrip("\n"), *notes] if t) or "[no output]"
         final = ("error" if failed else "ok") if status == "idle" else status
         return CellResult(text, final, time.perf_counter() - start, output.truncated)
