@@ -145,3 +145,62 @@ def test_a_failed_restart_is_a_text_and_a_later_cell_recovers():
         assert kernel.execute("1 + 1").text == "2" and kernel.alive()
         assert "NameError" in kernel.execute("x").text
     assert set(glob.glob("/tmp/dsv32-kernel-*")) <= before  # work dir and every start's dir removed
+
+
+def _peak_rss_mib(fn):
+    """``fn()``, and how far this process's resident memory rose above where it started (MiB)."""
+
+    def rss() -> int:
+        with open("/proc/self/status") as f:
+            return int(f.read().split("VmRSS:")[1].split()[0]) >> 10
+
+    start, peak, done = rss(), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss())
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = fn()
+    finally:
+        done.set()
+        sampler.join()
+    return result, max(peak[0] - start, 0)
+
+
+def test_a_print_loop_keeps_host_memory_bounded():
+    with SandboxedKernel(memory_mb=2048) as kernel:
+        kernel.execute("kept = 'yes'")
+        flood, rise = _peak_rss_mib(lambda: kernel.execute("while True: print('z' * 10000)", timeout_s=5))
+        assert rise < 100 and flood.truncated and "characters cut" in flood.text and len(flood.text) < 9000
+        assert kernel.execute("kept").text == "'yes'" and kernel.restarts == 0
+
+
+def test_huge_outputs_show_their_head_and_tail_and_keep_host_memory_bounded():
+    with SandboxedKernel(memory_mb=2048) as kernel:
+        cell = "print('<start>')\nprint('b' * 30_000_000)\nprint('<end>')\n'v' * 20_000_000"
+        big, rise = _peak_rss_mib(lambda: kernel.execute(cell))
+        assert rise < 100 and big.status == "ok" and big.truncated
+        assert big.text.startswith("<start>\nbbb") and big.text.endswith("vvv'")  # its tail is the value's
+        cut = (8 + 30_000_001 + 6 + 20_000_003) - 8000  # every line but what is shown
+        assert f"\n[... output truncated: {cut} characters cut ...]\n" in big.text
+
+
+def test_messages_past_the_kernels_own_cut_are_refused_and_the_kernel_stays():
+    """A cell that sends huge messages itself (not through print) gets a note; the host stays small
+    and the next cell reads its own output."""
+    send = (
+        "k = get_ipython().kernel\n"
+        "for i in range(2):\n"
+        "    k.session.send(k.iopub_socket, 'stream', {'name': 'stdout', 'text': 'c' * 150_000_000},\n"
+        "                   parent=k.get_parent('shell'))\n"
+        "'sent'"
+    )
+    with SandboxedKernel(memory_mb=2048) as kernel:
+        kernel.execute("kept = 'yes'")
+        raw, rise = _peak_rss_mib(lambda: kernel.execute(send))
+        assert rise < 100 and raw.status == "ok" and "output was dropped" in raw.text
+        assert kernel.execute("print('next'); kept").text == "next\n'yes'" and kernel.restarts == 0

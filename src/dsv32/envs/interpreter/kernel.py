@@ -49,6 +49,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
+import zmq
 from jupyter_client import KernelManager
 
 from dsv32.envs import sandbox
@@ -60,20 +61,63 @@ INTERRUPT_GRACE_S = 5.0
 STOP_S = 30.0  # how long close() waits for the kernel's thread to stop the kernel
 
 
+# What reaches this process is bounded twice. The kernel cuts the text of each message (a stream, a
+# value, a display) to its first and last KERNEL_KEEP characters (counting the rest) and sends no
+# other formats than text, so a print loop or a huge value sends small messages; and, for
+# whatever a cell sends past that, this process's sockets refuse a message over MAX_MESSAGE_BYTES and
+# queue at most QUEUED_MESSAGES: host memory stays bounded whatever the kernel does. A cell whose
+# messages were refused ends when its execute_reply is in and the kernel stays quiet for REPLY_QUIET_S.
+KERNEL_KEEP = 32768
+MAX_MESSAGE_BYTES = 8 << 20
+QUEUED_MESSAGES = 8
+REPLY_QUIET_S = 2.0
+
 # The kernel's IPython profile, written into each start's fresh IPython dir.
 KERNEL_CONFIG = "c.InteractiveShellApp.ignore_cwd = True  # the startup file adds it, once started\n"
 KERNEL_STARTUP = """\
 def _dsv32_startup():
     import sys
 
+    KEEP = @KEEP@
+
     if "" not in sys.path:  # where IPython puts the current directory: after the standard library
         at = [i for i, p in enumerate(sys.path) if p.endswith(("site-packages", "dist-packages"))]
         sys.path.insert(at[0] if at else 0, "")
 
+    def cut(content, holder, key):  # the first and last KEEP characters, and a count of the rest
+        text = holder.get(key)
+        if isinstance(text, str) and len(text) > 2 * KEEP:
+            holder[key], content["dsv32_cut"] = text[:KEEP] + text[-KEEP:], len(text) - 2 * KEEP
+
+    def cut_stream(msg):
+        if isinstance(msg.get("content"), dict):
+            cut(msg["content"], msg["content"], "text")
+        return msg
+
+    def cut_data(msg):  # only text/plain is read: other formats (images) are not sent
+        content = msg.get("content")
+        if isinstance(content, dict) and isinstance(content.get("data"), dict):
+            data = content["data"]
+            content["data"] = {"text/plain": data["text/plain"]} if "text/plain" in data else {}
+            cut(content, content["data"], "text/plain")
+        return msg
+
+    for stream in (sys.stdout, sys.stderr):  # hooks apply in the thread that sends: the IOPub thread
+        try:
+            stream.pub_thread.schedule(lambda stream=stream: stream.register_hook(cut_stream))
+        except AttributeError:
+            pass
+    shell = get_ipython()  # noqa: F821 (a startup file runs in the shell's namespace)
+    for publisher in (shell.displayhook, shell.display_pub):  # these send from the cell's thread
+        try:
+            publisher.register_hook(cut_data)
+        except AttributeError:
+            pass
+
 
 _dsv32_startup()
 del _dsv32_startup
-"""
+""".replace("@KEEP@", str(KERNEL_KEEP))
 
 
 class _SandboxedKernelManager(KernelManager):
@@ -102,8 +146,9 @@ class _Output:
     last ``max_chars - max_chars // 2`` and how many there were in all."""
 
     def __init__(self, max_chars: int) -> None:
-        self.head_max = max(max_chars, 0) // 2
-        self.tail_max = max(max_chars, 0) - self.head_max
+        self.half = max(max_chars, 0) // 2
+        self.head_room = self.half  # what the head may still take
+        self.tail_max = max(max_chars, 0) - self.half
         self.head = ""
         self.tail: collections.deque[str] = collections.deque()
         self.tail_chars = 0
@@ -111,9 +156,10 @@ class _Output:
 
     def add(self, text: str) -> None:
         self.total += len(text)
-        room = self.head_max - len(self.head)
-        if room > 0:
-            self.head, text = self.head + text[:room], text[room:]
+        if self.head_room > 0:
+            piece, text = text[: self.head_room], text[self.head_room :]
+            self.head += piece
+            self.head_room -= len(piece)
         if not text or not self.tail_max:
             return
         if len(text) >= self.tail_max:
@@ -125,15 +171,23 @@ class _Output:
         while self.tail_chars - len(self.tail[0]) >= self.tail_max:
             self.tail_chars -= len(self.tail.popleft())
 
+    def skip(self, count: int) -> None:
+        """``count`` characters the kernel cut from the middle of a message: what comes after them is
+        not joined to what came before."""
+        self.total += count
+        self.head_room = 0
+        self.tail.clear()
+        self.tail_chars = 0
+
     @property
     def truncated(self) -> bool:
-        return self.total > self.head_max + self.tail_max
+        return self.total > len(self.head) + self.tail_chars
 
     def text(self) -> str:
         tail = "".join(self.tail)
         if not self.truncated:
             return self.head + tail
-        tail = tail[-self.head_max :] if self.head_max else ""
+        tail = tail[-self.half :] if self.half else ""
         cut = self.total - len(self.head) - len(tail)
         return f"{self.head}\n[... output truncated: {cut} characters cut ...]\n{tail}"
 
@@ -223,6 +277,7 @@ class SandboxedKernel:
         self.km: KernelManager | None = None
         self.kc = None
         self._run_dir: str | None = None  # the running kernel's sockets and IPython dir
+        self._context: zmq.Context | None = None  # the client's sockets
         self._closed = threading.Event()
         self._free = threading.Lock()  # held from a job's submission to its end on the owner thread
         self._busy_until = 0.0  # when the running cell reaches its time limit (monotonic)
@@ -326,12 +381,30 @@ class SandboxedKernel:
         self.km = km
         try:
             km.start_kernel(cwd=self.workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            self.kc = km.client()
-            self.kc.start_channels()
         except Exception as err:  # the sandbox or the kernel could not be launched
             self._stop()
             raise sandbox.SandboxError(
                 f"the sandboxed Jupyter kernel did not start: {type(err).__name__}: {err}"
+            ) from err
+        self._connect()
+
+    def _connect(self) -> None:
+        """A fresh client for the running kernel, ready within ``startup_timeout_s`` (a socket that
+        refused a message does not reconnect); on failure the kernel is stopped and
+        :class:`~dsv32.envs.sandbox.SandboxError` raised."""
+        if self.kc is not None:
+            self.kc.stop_channels()
+        if self._context is None:
+            self._context = zmq.Context()  # its sockets' defaults: see MAX_MESSAGE_BYTES
+            self._context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+            self._context.setsockopt(zmq.RCVHWM, QUEUED_MESSAGES)
+        try:
+            self.kc = self.km.client(context=self._context)
+            self.kc.start_channels()
+        except Exception as err:
+            self._stop()
+            raise sandbox.SandboxError(
+                f"the sandboxed Jupyter kernel could not be reached: {type(err).__name__}: {err}"
             ) from err
         deadline = time.monotonic() + self.startup_timeout_s
         while True:  # in steps of a second, so that close() need not wait for the whole timeout
@@ -341,7 +414,7 @@ class SandboxedKernel:
             except RuntimeError:
                 if self._closed.is_set():
                     problem = "it was closed while starting"
-                elif not km.is_alive():
+                elif not self.km.is_alive():
                     problem = "it exited while starting"
                 elif time.monotonic() >= deadline:
                     problem = f"it did not answer within {self.startup_timeout_s:g} s"
@@ -351,10 +424,12 @@ class SandboxedKernel:
             raise sandbox.SandboxError(f"the sandboxed Jupyter kernel did not start: {problem}")
 
     def _stop(self) -> None:
-        km, kc, run_dir = self.km, self.kc, self._run_dir
-        self.km = self.kc = self._run_dir = None
+        km, kc, run_dir, context = self.km, self.kc, self._run_dir, self._context
+        self.km = self.kc = self._run_dir = self._context = None
         if kc is not None:
             kc.stop_channels()
+        if context is not None:
+            context.destroy(linger=0)
         if km is not None:
             if km.has_kernel:
                 km.shutdown_kernel(now=True)
@@ -381,21 +456,33 @@ class SandboxedKernel:
         msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)
         output, notes = _Output(max_chars), []
         status, failed = self._collect(msg_id, time.monotonic() + timeout_s, output)
+        lost = status == "lost"
         if status == "timeout":
             self.km.interrupt_kernel()
             after = self._collect(msg_id, time.monotonic() + INTERRUPT_GRACE_S, _Output(0))[0]
-            status = "closed" if after == "closed" else status
-            if after not in ("idle", "closed"):
-                status = "died"
-                notes.append(f"[the cell ran past {timeout_s:g} s and did not stop when interrupted]")
-            else:
+            lost = after == "lost"
+            if after == "closed":
+                status = "closed"
+            elif after in ("idle", "lost"):
                 notes.append(
                     f"[interrupted: the cell ran past its {timeout_s:g} s limit; variables are kept]"
                 )
+            else:
+                status = "died"
+                notes.append(f"[the cell ran past {timeout_s:g} s and did not stop when interrupted]")
         if status == "closed":
             return CellResult(
                 "[the kernel was closed while this cell ran]", status, time.perf_counter() - start
             )
+        if lost:
+            notes.append(
+                f"[some of this cell's output was dropped: a message over {MAX_MESSAGE_BYTES >> 20} MiB, "
+                "or more messages than could be read]"
+            )
+            try:
+                self._connect()  # the socket that refused a message is closed for good
+            except sandbox.SandboxError:
+                status = "died"
         if status == "died":
             try:
                 self._restart()
@@ -408,14 +495,14 @@ class SandboxedKernel:
                     "variables are lost; the next cell starts it again]"
                 )
         text = "\n".join(t for t in [output.text().rstrip("\n"), *notes] if t) or "[no output]"
-        final = ("error" if failed else "ok") if status == "idle" else status
+        final = ("error" if failed else "ok") if status in ("idle", "lost") else status
         return CellResult(text, final, time.perf_counter() - start, output.truncated)
 
     def _collect(self, msg_id: str, deadline: float, output: _Output) -> tuple[str, bool]:
-        """Read this cell's iopub messages into ``output`` until it is idle ("idle"), the deadline
-        passes ("timeout"), the kernel dies ("died") or is being closed ("closed"); also whether it
-        raised."""
-        failed = False
+        """Read this cell's iopub messages into ``output`` until it is idle ("idle"), its reply is in
+        but its last messages were refused ("lost"), the deadline passes ("timeout"), the kernel dies
+        ("died") or is being closed ("closed"); also whether it raised."""
+        failed, replied = False, None
         while True:
             if self._closed.is_set():
                 return "closed", failed
@@ -426,19 +513,46 @@ class SandboxedKernel:
             except queue.Empty:
                 if not self.km.is_alive():
                     return "died", failed
+                if replied is None and self._replied(msg_id):
+                    replied = time.monotonic()
+                if replied is not None and time.monotonic() - replied > REPLY_QUIET_S:
+                    return "lost", failed
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
             if kind == "stream":
-                output.add(content["text"])
+                _add_text(output, content.get("text", ""), content.get("dsv32_cut"))
             elif kind in ("execute_result", "display_data") and "text/plain" in content.get("data", {}):
-                output.add(content["data"]["text/plain"] + "\n")
+                _add_text(output, content["data"]["text/plain"], content.get("dsv32_cut"), "\n")
             elif kind == "error":
                 failed = True
                 output.add(_error_text(content) + "\n")
             elif kind == "status" and content["execution_state"] == "idle":
                 return "idle", failed
+
+    def _replied(self, msg_id: str) -> bool:
+        """Whether the shell replies read now (all that are in: nothing else reads them) include
+        this cell's."""
+        found = False
+        while True:
+            try:
+                msg = self.kc.get_shell_msg(timeout=0)
+            except queue.Empty:
+                return found
+            found = found or msg["parent_header"].get("msg_id") == msg_id
+
+
+def _add_text(output: _Output, text: object, cut: object, end: str = "") -> None:
+    """A message's text; one the kernel cut (``dsv32_cut``: the count) is its head and tail around
+    what it cut."""
+    text = str(text)
+    if type(cut) is int and cut > 0 and len(text) == 2 * KERNEL_KEEP:
+        output.add(text[:KERNEL_KEEP])
+        output.skip(cut)
+        output.add(text[KERNEL_KEEP:] + end)
+    else:
+        output.add(text + end)
 
 
 _BUSY, _LATE = object(), object()
