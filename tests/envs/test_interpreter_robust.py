@@ -204,3 +204,19 @@ def test_messages_past_the_kernels_own_cut_are_refused_and_the_kernel_stays():
         raw, rise = _peak_rss_mib(lambda: kernel.execute(send))
         assert rise < 100 and raw.status == "ok" and "output was dropped" in raw.text
         assert kernel.execute("print('next'); kept").text == "next\n'yes'" and kernel.restarts == 0
+
+
+def test_code_and_output_that_are_not_valid_text_are_readable_errors(env):
+    env.reset(TASK)
+    text = env.call("python", {"code": "x = 1\ns = '\ud800'"})
+    assert text.startswith("SyntaxError") and "line 2" in text and "'\\ud800'" in text
+    assert env.state()["kernel_alive"] is False  # not sent: no kernel was needed
+    assert env.call("python", {"code": "s = '\\ud800'\nlen(s)"}) == "1"  # written as an escape, it runs
+    # a kernel made to send one anyway (its own serializer escapes what UTF-8 refuses)
+    hostile = (
+        "import json\n"
+        "get_ipython().kernel.session.pack = lambda o: json.dumps(o, default=str).encode()\n"
+        "print('a\\ud800b')"
+    )
+    out = env.call("python", {"code": hostile})
+    assert out == "a\\ud800b" and out.encode("utf-8")

@@ -192,6 +192,19 @@ class _Output:
         return f"{self.head}\n[... output truncated: {cut} characters cut ...]\n{tail}"
 
 
+def _unencodable(code: str) -> str | None:
+    """The error text for code UTF-8 cannot encode (a lone surrogate), else None."""
+    try:
+        code.encode("utf-8")
+    except UnicodeEncodeError as err:
+        char, line = code[err.start], code.count("\n", 0, err.start) + 1
+        return (
+            f"SyntaxError: the cell is not valid text: line {line} holds the lone surrogate {char!r}, "
+            f"which UTF-8 cannot encode; inside a string, write it as the escape {char!r}"
+        )
+    return None
+
+
 def _noise(line: str) -> bool:
     return not line.strip() or set(line.strip()) <= {"-"} or "Traceback (most recent call last)" in line
 
@@ -314,8 +327,11 @@ class SandboxedKernel:
     ) -> CellResult:
         """Run one cell and return what it printed, its value and its error (see the module doc).
         While another cell runs, wait for it at most ``wait_s`` seconds (None: as long as it takes);
-        past that this cell is not run and the result (status ``busy``) says so."""
+        past that this cell is not run and the result (status ``busy``) says so. Code that is not
+        valid text (a lone surrogate, which UTF-8 cannot encode) is an error, not sent."""
         start = time.perf_counter()
+        if (problem := _unencodable(code)) is not None:
+            return CellResult(problem, "error", time.perf_counter() - start)
         limit = timeout_s + INTERRUPT_GRACE_S + 2 * (self.startup_timeout_s + STOP_S)
         result = self._exclusive(lambda: self._run_cell(code, timeout_s, max_chars), wait_s, limit)
         if result is _BUSY:
@@ -495,6 +511,8 @@ class SandboxedKernel:
                     "variables are lost; the next cell starts it again]"
                 )
         text = "\n".join(t for t in [output.text().rstrip("\n"), *notes] if t) or "[no output]"
+        if _unencodable(text) is not None:  # what the kernel sent may hold lone surrogates too
+            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
         final = ("error" if failed else "ok") if status in ("idle", "lost") else status
         return CellResult(text, final, time.perf_counter() - start, output.truncated)
 
