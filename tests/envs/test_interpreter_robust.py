@@ -220,3 +220,23 @@ def test_code_and_output_that_are_not_valid_text_are_readable_errors(env):
     )
     out = env.call("python", {"code": hostile})
     assert out == "a\\ud800b" and out.encode("utf-8")
+
+
+def test_malformed_messages_are_skipped_and_a_failure_here_restarts_the_kernel():
+    with SandboxedKernel(memory_mb=1024) as kernel:
+        odd = (
+            "k = get_ipython().kernel\n"
+            "for kind, content in [('execute_result', {'data': 3}), ('status', {}), ('error', {'traceback': 5})]:\n"
+            "    k.session.send(k.iopub_socket, kind, content, parent=k.get_parent('shell'))\n"
+            "print('fine')"
+        )
+        r = kernel.execute(odd)
+        assert r.status == "ok" and r.text.endswith("fine") and kernel.restarts == 0
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("socket trouble")
+
+        kernel.kc.get_iopub_msg = broken
+        r = kernel.execute("1 + 1")
+        assert r.status == "died" and "RuntimeError: socket trouble" in r.text and "restarted" in r.text
+        assert kernel.execute("1 + 1").text == "2" and kernel.restarts == 1

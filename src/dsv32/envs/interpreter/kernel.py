@@ -192,6 +192,14 @@ class _Output:
         return f"{self.head}\n[... output truncated: {cut} characters cut ...]\n{tail}"
 
 
+def _attempt(step: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """``step(*args, **kwargs)``; a failure is logged."""
+    try:
+        step(*args, **kwargs)
+    except Exception:
+        log.exception("interpreter: stopping the kernel failed")
+
+
 def _unencodable(code: str) -> str | None:
     """The error text for code UTF-8 cannot encode (a lone surrogate), else None."""
     try:
@@ -442,14 +450,14 @@ class SandboxedKernel:
     def _stop(self) -> None:
         km, kc, run_dir, context = self.km, self.kc, self._run_dir, self._context
         self.km = self.kc = self._run_dir = self._context = None
-        if kc is not None:
-            kc.stop_channels()
+        if kc is not None:  # each step whatever the one before did
+            _attempt(kc.stop_channels)
         if context is not None:
-            context.destroy(linger=0)
+            _attempt(context.destroy, linger=0)
         if km is not None:
             if km.has_kernel:
-                km.shutdown_kernel(now=True)
-            km.cleanup_resources()
+                _attempt(km.shutdown_kernel, now=True)
+            _attempt(km.cleanup_resources)
         if run_dir is not None:
             sandbox.remove_tree(run_dir)
 
@@ -459,6 +467,22 @@ class SandboxedKernel:
         self._start()
 
     def _run_cell(self, code: str, timeout_s: float, max_chars: int) -> CellResult:
+        """:meth:`_cell`; a failure of this side (ZeroMQ, ``jupyter_client``) is the cell's text and
+        the kernel is restarted."""
+        start = time.perf_counter()
+        try:
+            return self._cell(code, timeout_s, max_chars)
+        except Exception as err:
+            log.exception("interpreter: running a cell failed")
+            text = f"[running this cell failed ({type(err).__name__}: {err}); "
+            try:
+                self._restart()
+                text += "the Python kernel was restarted: variables are lost]"
+            except Exception as again:
+                text += f"the Python kernel could not be restarted ({again}); the next cell starts it again]"
+            return CellResult(text, "died", time.perf_counter() - start)
+
+    def _cell(self, code: str, timeout_s: float, max_chars: int) -> CellResult:
         start = time.perf_counter()
         if self._closed.is_set():
             return CellResult("[the kernel was closed; this cell was not run]", "closed", 0.0)
@@ -536,18 +560,21 @@ class SandboxedKernel:
                 if replied is not None and time.monotonic() - replied > REPLY_QUIET_S:
                     return "lost", failed
                 continue
-            if msg["parent_header"].get("msg_id") != msg_id:
+            try:
+                if msg["parent_header"].get("msg_id") != msg_id:
+                    continue
+                kind, content = msg["msg_type"], msg["content"]
+                if kind == "stream":
+                    _add_text(output, content.get("text", ""), content.get("dsv32_cut"))
+                elif kind in ("execute_result", "display_data") and "text/plain" in content.get("data", {}):
+                    _add_text(output, content["data"]["text/plain"], content.get("dsv32_cut"), "\n")
+                elif kind == "error":
+                    output.add(_error_text(content) + "\n")
+                    failed = True
+                elif kind == "status" and content["execution_state"] == "idle":
+                    return "idle", failed
+            except (AttributeError, KeyError, TypeError, ValueError):  # a malformed message: skipped
                 continue
-            kind, content = msg["msg_type"], msg["content"]
-            if kind == "stream":
-                _add_text(output, content.get("text", ""), content.get("dsv32_cut"))
-            elif kind in ("execute_result", "display_data") and "text/plain" in content.get("data", {}):
-                _add_text(output, content["data"]["text/plain"], content.get("dsv32_cut"), "\n")
-            elif kind == "error":
-                failed = True
-                output.add(_error_text(content) + "\n")
-            elif kind == "status" and content["execution_state"] == "idle":
-                return "idle", failed
 
     def _replied(self, msg_id: str) -> bool:
         """Whether the shell replies read now (all that are in: nothing else reads them) include
@@ -558,7 +585,8 @@ class SandboxedKernel:
                 msg = self.kc.get_shell_msg(timeout=0)
             except queue.Empty:
                 return found
-            found = found or msg["parent_header"].get("msg_id") == msg_id
+            with contextlib.suppress(AttributeError, KeyError, TypeError):  # a malformed message
+                found = found or msg["parent_header"].get("msg_id") == msg_id
 
 
 def _add_text(output: _Output, text: object, cut: object, end: str = "") -> None:
