@@ -5,6 +5,9 @@ works, the host survives and nothing is left behind."""
 
 import glob
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -240,3 +243,25 @@ def test_malformed_messages_are_skipped_and_a_failure_here_restarts_the_kernel()
         r = kernel.execute("1 + 1")
         assert r.status == "died" and "RuntimeError: socket trouble" in r.text and "restarted" in r.text
         assert kernel.execute("1 + 1").text == "2" and kernel.restarts == 1
+
+
+def test_a_process_that_exits_without_closing_leaves_no_kernel_or_directory(tmp_path):
+    script = tmp_path / "unclosed.py"
+    script.write_text(
+        "from dsv32.envs.base import Task\n"
+        "from dsv32.envs.interpreter import InterpreterEnv\n"
+        "env = InterpreterEnv(memory_mb=1024)\n"
+        "env.reset(Task('t', 'q', '1'))\n"
+        "print(env.call('python', {'code': 'open(\"f.txt\", \"w\").write(\"x\")'}))\n"
+        "print(env.kernel.workdir, env.kernel._run_dir, flush=True)\n"
+        "raise SystemExit(3)  # no env.close()\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    result, dirs = done.stdout.splitlines()
+    workdir, run_dir = dirs.split()
+    assert result == "1" and workdir.startswith("/tmp/dsv32-kernel-") and "-run-" in run_dir
+    time.sleep(0.5)
+    assert not os.path.exists(workdir) and not os.path.exists(run_dir)
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert run_dir not in ps  # its kernel died with the process

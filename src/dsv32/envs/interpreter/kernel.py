@@ -32,6 +32,7 @@ waits for it — at most ``wait_s``, after which it is not run and the text says
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import logging
@@ -118,6 +119,16 @@ def _dsv32_startup():
 _dsv32_startup()
 del _dsv32_startup
 """.replace("@KEEP@", str(KERNEL_KEEP))
+
+
+# The directories of kernels not closed yet: removed when this process exits (the kernels die with it).
+_UNREMOVED: set[str] = set()
+
+
+@atexit.register
+def _remove_unclosed() -> None:
+    for path in list(_UNREMOVED):
+        sandbox.remove_tree(path)
 
 
 class _SandboxedKernelManager(KernelManager):
@@ -291,6 +302,8 @@ class SandboxedKernel:
     ) -> None:
         self._own_dir = workdir is None
         self.workdir = os.path.realpath(workdir or tempfile.mkdtemp(prefix="dsv32-kernel-"))
+        if self._own_dir:
+            _UNREMOVED.add(self.workdir)
         self.startup_timeout_s = startup_timeout_s
         options = {"cwd": self.workdir, "memory_mb": memory_mb, "timeout_s": cpu_s, "cpu_s": cpu_s}
         self._sandbox_options = {**options, "kind": kind}
@@ -374,6 +387,7 @@ class SandboxedKernel:
             log.warning("interpreter: the kernel's thread did not stop within %g s", STOP_S)
         if self._own_dir:
             sandbox.remove_tree(self.workdir)
+            _UNREMOVED.discard(self.workdir)
 
     def __enter__(self) -> SandboxedKernel:
         return self
@@ -387,6 +401,7 @@ class SandboxedKernel:
         """Start a kernel; :class:`~dsv32.envs.sandbox.SandboxError` when it does not answer within
         ``startup_timeout_s`` (or exits, or cannot be launched), with nothing left running."""
         self._run_dir = run_dir = tempfile.mkdtemp(prefix="dsv32-kernel-run-")
+        _UNREMOVED.add(run_dir)
         profile = os.path.join(run_dir, "ipython", "profile_default")
         os.makedirs(os.path.join(profile, "startup"))
         with open(os.path.join(profile, "ipython_kernel_config.py"), "w") as f:
@@ -460,6 +475,7 @@ class SandboxedKernel:
             _attempt(km.cleanup_resources)
         if run_dir is not None:
             sandbox.remove_tree(run_dir)
+            _UNREMOVED.discard(run_dir)
 
     def _restart(self) -> None:
         self._stop()
