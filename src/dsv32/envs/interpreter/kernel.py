@@ -14,11 +14,15 @@ wrote. One cell at a time:
 
 - :meth:`SandboxedKernel.execute` returns what a notebook shows: stdout/stderr, the last
   expression's value (``text/plain``), and errors as ``Name: message`` with the last frames of a
-  short, colour-free traceback; output past ``max_chars`` keeps its head and tail;
+  short, colour-free traceback; output past ``max_chars`` keeps its head and tail, and is kept so
+  while it arrives: the kernel cuts each message's text, this process refuses messages over
+  ``MAX_MESSAGE_BYTES``, so its memory stays bounded whatever a cell prints or sends;
+- code that UTF-8 cannot encode (a lone surrogate) is a ``SyntaxError`` text and is not sent;
 - a cell that runs past its timeout is interrupted (an ``interrupt_request`` on the control channel,
   so the kernel raises ``KeyboardInterrupt`` and keeps its variables); if it does not stop within a
   grace period, or the kernel died (killed by a limit, ``os._exit``), the kernel is restarted and the
-  text says so — the model's variables are gone.
+  text says so — the model's variables are gone. A start that fails is the cell's text too, and the
+  next cell starts the kernel again.
 
 Every interaction with the kernel — starting it, each cell, interrupts, restarts, stopping it — runs
 on one long-lived thread the kernel owns (``dsv32-kernel``); callers wait for it. Two reasons: ZeroMQ
@@ -327,7 +331,7 @@ class SandboxedKernel:
 
     def _exclusive(self, fn: Callable[[], Any], wait_s: float | None, limit_s: float) -> Any:
         """``fn()`` on the owner thread once no other job runs (waiting at most ``wait_s``; None: as
-        long as it takes); ``_Busy`` when the wait ran out, ``_Late`` when ``fn`` took over
+        long as it takes); ``_BUSY`` when the wait ran out, ``_LATE`` when ``fn`` took over
         ``limit_s``. Exceptions of ``fn`` are raised here."""
         if self._closed.is_set():
             raise sandbox.SandboxError("the kernel is closed")
@@ -356,10 +360,11 @@ class SandboxedKernel:
         limit = timeout_s + INTERRUPT_GRACE_S + 2 * (self.startup_timeout_s + STOP_S)
         result = self._exclusive(lambda: self._run_cell(code, timeout_s, max_chars), wait_s, limit)
         if result is _BUSY:
-            left = max(self._busy_until - time.monotonic(), 0)
+            left = self._busy_until - time.monotonic()
+            limit_in = f", which reaches its time limit in {left:.0f} s" if left >= 1 else ""
             text = (
-                "[this cell was not run: the kernel is still busy with an earlier cell (its call timed "
-                f"out; it reaches its time limit in {left:.0f} s); run this cell again]"
+                "[this cell was not run: the kernel is still busy with an earlier cell (one whose call "
+                f"stopped waiting for it){limit_in}; run this cell again]"
             )
             return CellResult(text, "busy", time.perf_counter() - start)
         if result is _LATE:
@@ -502,13 +507,14 @@ class SandboxedKernel:
         start = time.perf_counter()
         if self._closed.is_set():
             return CellResult("[the kernel was closed; this cell was not run]", "closed", 0.0)
+        starting = self.startup_timeout_s if self.kc is None else 0
+        self._busy_until = time.monotonic() + starting + timeout_s + INTERRUPT_GRACE_S
         if self.kc is None:  # not started yet (start=False), or a restart failed
             try:
                 self._start()
             except sandbox.SandboxError as err:
                 text = f"[{err}; this cell was not run; the next cell tries again]"
                 return CellResult(text, "died", time.perf_counter() - start)
-        self._busy_until = time.monotonic() + timeout_s + INTERRUPT_GRACE_S
         msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)
         output, notes = _Output(max_chars), []
         status, failed = self._collect(msg_id, time.monotonic() + timeout_s, output)
