@@ -361,10 +361,10 @@ class SandboxedKernel:
         result = self._exclusive(lambda: self._run_cell(code, timeout_s, max_chars), wait_s, limit)
         if result is _BUSY:
             left = self._busy_until - time.monotonic()
-            limit_in = f", which reaches its time limit in {left:.0f} s" if left >= 1 else ""
+            within = f"; it is stopped within {left:.0f} s" if left >= 1 else ""
             text = (
                 "[this cell was not run: the kernel is still busy with an earlier cell (one whose call "
-                f"stopped waiting for it){limit_in}; run this cell again]"
+                f"stopped waiting for it{within}); run this cell again]"
             )
             return CellResult(text, "busy", time.perf_counter() - start)
         if result is _LATE:
