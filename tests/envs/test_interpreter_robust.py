@@ -174,11 +174,18 @@ def _peak_rss_mib(fn):
     return result, max(peak[0] - start, 0)
 
 
-def test_a_print_loop_keeps_host_memory_bounded():
-    with SandboxedKernel(memory_mb=2048) as kernel:
+def test_a_print_loop_keeps_host_and_kernel_memory_bounded():
+    """Gigabytes of output: the host keeps what it shows, the kernel neither buffers nor keeps it
+    (1 GB is enough), the loop is interrupted at its limit like any other."""
+    with SandboxedKernel(memory_mb=1024) as kernel:
         kernel.execute("kept = 'yes'")
         flood, rise = _peak_rss_mib(lambda: kernel.execute("while True: print('z' * 10000)", timeout_s=5))
         assert rise < 100 and flood.truncated and "characters cut" in flood.text and len(flood.text) < 9000
+        assert flood.status == "timeout" and flood.text.endswith("variables are kept]")
+        again = kernel.execute(
+            "import sys\nfor _ in range(3000):\n    sys.stdout.write('q' * 100_000)\n'done'"
+        )
+        assert again.status == "ok" and again.text.endswith("q'done'")  # 300 MB more, in the same kernel
         assert kernel.execute("kept").text == "'yes'" and kernel.restarts == 0
 
 

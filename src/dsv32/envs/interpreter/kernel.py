@@ -68,11 +68,14 @@ STOP_S = 30.0  # how long close() waits for the kernel's thread to stop the kern
 
 # What reaches this process is bounded twice. The kernel cuts the text of each message (a stream, a
 # value, a display) to its first and last KERNEL_KEEP characters (counting the rest) and sends no
-# other formats than text, so a print loop or a huge value sends small messages; and, for
-# whatever a cell sends past that, this process's sockets refuse a message over MAX_MESSAGE_BYTES and
-# queue at most QUEUED_MESSAGES: host memory stays bounded whatever the kernel does. A cell whose
-# messages were refused ends when its execute_reply is in and the kernel stays quiet for REPLY_QUIET_S.
+# other formats than text, so a print loop or a huge value sends small messages; its own memory stays
+# bounded too (a stream is sent every KERNEL_FLUSH characters, and IPython does not keep cells'
+# output for its history). For whatever a cell sends past that, this process's sockets refuse a
+# message over MAX_MESSAGE_BYTES and queue at most QUEUED_MESSAGES: host memory stays bounded
+# whatever the kernel does. A cell whose messages were refused ends when its execute_reply is in and
+# the kernel stays quiet for REPLY_QUIET_S.
 KERNEL_KEEP = 32768
+KERNEL_FLUSH = 16 << 20
 MAX_MESSAGE_BYTES = 8 << 20
 QUEUED_MESSAGES = 8
 REPLY_QUIET_S = 2.0
@@ -83,7 +86,7 @@ KERNEL_STARTUP = """\
 def _dsv32_startup():
     import sys
 
-    KEEP = @KEEP@
+    KEEP, FLUSH = @KEEP@, @FLUSH@
 
     if "" not in sys.path:  # where IPython puts the current directory: after the standard library
         at = [i for i, p in enumerate(sys.path) if p.endswith(("site-packages", "dist-packages"))]
@@ -107,12 +110,36 @@ def _dsv32_startup():
             cut(content, content["data"], "text/plain")
         return msg
 
+    def flushing(stream, write):  # a stream sent every FLUSH characters: its buffer stays bounded
+        pending = 0
+
+        def write_and_flush(text):
+            nonlocal pending
+            written = write(text)
+            pending += len(text)
+            if pending > FLUSH:
+                pending = 0
+                stream.flush()  # waits for the IOPub thread to send it
+            return written
+
+        return write_and_flush
+
     for stream in (sys.stdout, sys.stderr):  # hooks apply in the thread that sends: the IOPub thread
         try:
             stream.pub_thread.schedule(lambda stream=stream: stream.register_hook(cut_stream))
+            stream.write = flushing(stream, stream.write)
         except AttributeError:
             pass
     shell = get_ipython()  # noqa: F821 (a startup file runs in the shell's namespace)
+
+    class Forget(dict):  # IPython 9 keeps every cell's output in memory for its history: not here
+        def __contains__(self, key):
+            return False
+
+        def __getitem__(self, key):
+            return []
+
+    shell.history_manager.outputs = Forget()
     for publisher in (shell.displayhook, shell.display_pub):  # these send from the cell's thread
         try:
             publisher.register_hook(cut_data)
@@ -122,7 +149,7 @@ def _dsv32_startup():
 
 _dsv32_startup()
 del _dsv32_startup
-""".replace("@KEEP@", str(KERNEL_KEEP))
+""".replace("@KEEP@", str(KERNEL_KEEP)).replace("@FLUSH@", str(KERNEL_FLUSH))
 
 
 # The directories of kernels not closed yet: removed when this process exits (the kernels die with it).
