@@ -2,11 +2,17 @@
 and a math-verify check of the final ``\\boxed{}`` answer (paper §3.2.3, "Code Interpreter Agent").
 
 The kernel starts on the episode's first ``python`` call (an episode that never calls it costs no
-kernel) and lives until ``reset`` or ``close``. Reward: 1 when the last ``\\boxed{…}`` of the final
-answer equals the task's answer, else 0; components ``boxed`` (an answer was boxed) and ``correct``.
+kernel) and lives until ``reset`` or ``close``. Cells run one at a time: a call that arrives while
+an earlier cell still runs (its caller stopped waiting, as the agent does at its tool timeout) waits
+for it at most ``busy_wait_s`` seconds, then answers that the kernel is busy without running.
+
+Reward: 1 when the last ``\\boxed{…}`` of the final answer equals the task's answer, else 0;
+components ``boxed`` (an answer was boxed) and ``correct``.
 """
 
 from __future__ import annotations
+
+import threading
 
 from dsv32.envs.base import EnvError, Environment, Reward, Task, TrajectoryLike, tool_call, tool_schema
 from dsv32.envs.interpreter.kernel import SandboxedKernel
@@ -35,12 +41,14 @@ class InterpreterEnv(Environment):
         cpu_s: float = 600,
         max_output_chars: int = 8000,
         isolation: str | None = None,
+        busy_wait_s: float = 10,
     ) -> None:
         self.cell_timeout_s, self.memory_mb, self.cpu_s = cell_timeout_s, memory_mb, cpu_s
-        self.max_output_chars, self.isolation = max_output_chars, isolation
+        self.max_output_chars, self.isolation, self.busy_wait_s = max_output_chars, isolation, busy_wait_s
         self.task: Task | None = None
         self.kernel: SandboxedKernel | None = None
         self.calls: list[dict] = []
+        self._lock = threading.Lock()  # a call that timed out may still be running in another thread
 
     def reset(self, task: Task) -> list[dict]:
         if task.answer is None:
@@ -62,10 +70,15 @@ class InterpreterEnv(Environment):
         code = arguments.get("code") if isinstance(arguments, dict) else None
         if not isinstance(code, str):
             return "error: the python tool takes one argument, 'code' (a string of Python source)"
-        if self.kernel is None:
-            self.kernel = SandboxedKernel(memory_mb=self.memory_mb, cpu_s=self.cpu_s, kind=self.isolation)
-        result = self.kernel.execute(code, timeout_s=self.cell_timeout_s, max_chars=self.max_output_chars)
-        self.calls.append({"status": result.status, "seconds": round(result.seconds, 4)})
+        with self._lock:
+            if self.kernel is None:  # its kernel starts with the first cell, on the kernel's own thread
+                options = {"memory_mb": self.memory_mb, "cpu_s": self.cpu_s, "kind": self.isolation}
+                self.kernel = SandboxedKernel(**options, start=False)
+            kernel, calls = self.kernel, self.calls  # this episode's, even if a reset comes first
+        result = kernel.execute(
+            code, timeout_s=self.cell_timeout_s, max_chars=self.max_output_chars, wait_s=self.busy_wait_s
+        )
+        calls.append({"status": result.status, "seconds": round(result.seconds, 4)})
         return result.text
 
     def reward(self, trajectory: TrajectoryLike) -> Reward:
@@ -96,6 +109,7 @@ class InterpreterEnv(Environment):
         }
 
     def close(self) -> None:
-        if self.kernel is not None:
-            self.kernel.close()
-            self.kernel = None
+        with self._lock:
+            kernel, self.kernel = self.kernel, None
+        if kernel is not None:
+            kernel.close()
