@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -346,3 +347,19 @@ def test_other_episodes_and_host_sockets_are_out_of_reach(tmp_path, kind, neighb
     assert r.ok, r.stderr
     assert r.stdout.splitlines() == ["neighbour False", "refused FileNotFoundError", "run []"]
     assert "/tmp" in sandbox.isolation(kind).hidden
+
+
+def test_a_sandboxed_program_dies_with_the_process_that_started_it(tmp_path, kind):
+    marker = f"orphan-{uuid.uuid4().hex}"
+    host = (
+        "import sys, time\nfrom dsv32.envs import sandbox\n"
+        f"sandbox.popen([sys.executable, '-c', 'import time; time.sleep(60)', {marker!r}], cwd={str(tmp_path)!r}, "
+        f"timeout_s=60, memory_mb=256, kind={kind!r})\n"
+        "time.sleep(1)\nprint('started', flush=True)\n"
+    )
+    done = subprocess.run([PY, "-c", host], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "started", done.stderr
+    deadline = time.monotonic() + 10
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not processes_with(marker)  # the host exited without stopping it: it went with the host

@@ -189,7 +189,9 @@ def _prefix_for(
             argv += ["--remount-ro", path]
         return argv, {"mounts": False, "drop_privileges": False}
     if kind == "unshare":
-        argv = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child"]
+        # setpriv: unshare dies with this process, its --kill-child takes the namespace with it
+        argv = ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
+        argv += ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child"]
         argv += ["--mount", "--mount-proc", "--ipc", "--uts"] + ([] if network else ["--net"])
         expose = [p for p in needed + list(writable) if _under(p, hide)]
         return argv, {"mounts": True, "drop_privileges": True, "hide": hide, "expose": _outermost(expose)}
@@ -305,7 +307,9 @@ def command_prefix(
 def popen(argv: Sequence[str], *, cwd: str | os.PathLike, **options) -> subprocess.Popen:
     """Start ``argv`` confined (keyword ``options`` as :func:`command_prefix`; ``stdin``,
     ``stdout``, ``stderr`` go to :class:`subprocess.Popen`), in a new session: stop it with
-    :func:`kill`."""
+    :func:`kill`. Under ``bwrap`` and ``unshare`` the program is killed when the *thread* that
+    started it ends (the kernel's parent-death signal): start a long-lived program from a thread
+    that lives as long as it should."""
     streams = {k: options.pop(k) for k in ("stdin", "stdout", "stderr") if k in options}
     argv = command_prefix(cwd=cwd, **options) + list(argv)
     fds = () if options.get("status_fd") is None else (options["status_fd"],)
