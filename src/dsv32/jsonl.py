@@ -32,22 +32,29 @@ def read_jsonl(path: str | Path, error: type[Exception]) -> Iterator[tuple[int, 
                 yield n, _row(line, path, n, error)
 
 
+def peek_log(path: str | Path, error: type[Exception], hint: str) -> tuple[list[tuple[int, Any]], int]:
+    """``(line number, row)`` for every complete row of an append-only JSONL log (``[]`` when there is
+    none yet) and the length in bytes of what follows the last ``\n`` (an interrupted write); reads
+    only. A bad complete line raises ``error`` ending in ``hint``."""
+    path = Path(path)
+    if not path.is_file():
+        return [], 0
+    *lines, tail = path.read_bytes().split(b"\n")
+    rows = [(n, _row(line, path, n, error, f"; {hint}")) for n, line in enumerate(lines, 1) if line.strip()]
+    return rows, len(tail)
+
+
 def read_log(path: str | Path, error: type[Exception], hint: str, *, cut: bool = True) -> list[Any]:
     """The rows of an append-only JSONL log (``[]`` when there is none yet). Every row ends with
     ``\n``, and lines are split on ``\n`` only (a row may hold U+2028 and the like): whatever follows
     the last ``\n`` is an interrupted write, cut off the file so the next row starts on a line of its
     own (the run redoes that row); ``cut=False`` only reads, leaving it out. A bad complete line
     raises ``error`` ending in ``hint``."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    data = path.read_bytes()
-    *lines, tail = data.split(b"\n")
-    rows = [_row(line, path, n, error, f"; {hint}") for n, line in enumerate(lines, 1) if line.strip()]
-    if tail and cut:
-        with path.open("r+b") as f:
-            f.truncate(len(data) - len(tail))
-    return rows
+    rows, torn = peek_log(path, error, hint)
+    if torn and cut:
+        with Path(path).open("r+b") as f:
+            f.truncate(f.seek(0, 2) - torn)
+    return [row for _, row in rows]
 
 
 def read_json(path: str | Path, error: type[Exception], hint: str = "") -> Any:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsv32.errors import DSV32Error
-from dsv32.jsonl import read_log
+from dsv32.jsonl import peek_log, read_json, read_log
 from dsv32.synth.records import RoleUsage, SynthError, TokenUsage, dedup_key
 
 log = logging.getLogger(__name__)
@@ -77,24 +77,6 @@ _NOT_A_LOG = "this file is not a synthesis log"
 #: artifacts directory): a directory that holds any of them without a ``run.json`` is refused.
 OWNED = ("results.jsonl", "tasks.jsonl", "summary.json", "staging")
 _STATUSES = ("kept", "dropped", "error")
-
-
-def _peek_log(path: Path) -> tuple[list[tuple[int, object]], int]:
-    """``(line number, value)`` of every complete line of an append-only log and the length of a
-    torn last line (the bytes after the last ``\n``); reads only (see :func:`dsv32.jsonl.read_log`)."""
-    if not path.is_file():
-        return [], 0
-    *lines, tail = path.read_bytes().split(b"\n")
-    rows = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append((n, json.loads(line.decode("utf-8"))))
-        except (ValueError, RecursionError) as err:
-            why = err.msg if isinstance(err, json.JSONDecodeError) else f"{type(err).__name__}: {err}"
-            raise SynthError(f"{path}:{n}: not JSON ({why}); {_NOT_A_LOG}") from None
-    return rows, len(tail)
 
 
 def _result_problem(row: object) -> str | None:
@@ -184,13 +166,13 @@ class Store:
                     f"{self.out} holds {', '.join(found)} but no run.json, so it is not a synthesis "
                     "run directory this command may write into; use another --out"
                 )
-        results, results_tail = _peek_log(self.out / "results.jsonl")
+        results, results_tail = peek_log(self.out / "results.jsonl", SynthError, _NOT_A_LOG)
         for n, row in results:
             if (why := _result_problem(row)) is not None:
                 raise SynthError(
                     f"{self.out / 'results.jsonl'}:{n}: not a synthesis result ({why}); {_NOT_A_LOG}"
                 )
-        tasks, tasks_tail = _peek_log(self.out / "tasks.jsonl")
+        tasks, tasks_tail = peek_log(self.out / "tasks.jsonl", SynthError, _NOT_A_LOG)
         for n, row in tasks:
             if (why := _task_problem(row)) is not None:
                 raise SynthError(
@@ -214,10 +196,7 @@ class Store:
         shutil.rmtree(self.out / "staging", ignore_errors=True)
 
     def _check_run_file(self, run_file: Path, scope: set[str]) -> None:
-        try:
-            previous = json.loads(run_file.read_text(encoding="utf-8"))
-        except (ValueError, RecursionError) as err:
-            raise SynthError(f"{run_file}: not JSON ({err}); {_NOT_A_LOG}") from None
+        previous = read_json(run_file, SynthError, _NOT_A_LOG)
         if (
             not isinstance(previous, dict)
             or not isinstance(previous.get("kind"), str)
