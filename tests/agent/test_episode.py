@@ -145,7 +145,7 @@ def test_a_reward_that_raises_ends_the_episode_with_error_and_keeps_the_trajecto
     )
     assert traj.final == "3" and traj.num_steps == 2  # everything the agent did is kept
     assert [m["role"] for m in traj.messages] == ["system", "user", "assistant", "tool", "tool", "assistant"]
-    assert reward == Reward(0.0, {}, f"not scored: {traj.error}")
+    assert reward == Reward(0.0, {}, f"not scored: {traj.error}", scored=False)
     assert json.loads(json.dumps(traj.to_dict()))["error"] == traj.error
 
 

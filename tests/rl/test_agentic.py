@@ -207,6 +207,20 @@ def test_tool_result_tokens_get_zero_gradient(llama_policy):
     llama_policy.model.zero_grad(set_to_none=True)
 
 
+def test_an_episode_whose_environment_fails_to_score_is_kept_but_not_scored(llama_policy):
+    class Broken(EchoEnv):
+        def reward(self, trajectory):
+            raise RuntimeError("verifier crashed")
+
+    jobs = [(Broken if i == 0 else EchoEnv, TASKS[0], "echo") for i in range(2)]
+    episodes = run_episodes(
+        llama_policy, jobs, SAMPLING, SETTINGS, generator=torch.Generator().manual_seed(0)
+    )
+    assert [e.scored for e in episodes] == [False, True]
+    assert episodes[0].records and "verifier crashed" in episodes[0].trajectory.error
+    assert episode_summary(episodes)["not_scored"] == 1
+
+
 def test_batching_does_not_depend_on_thread_timing(llama_policy):
     a = [e.records for e in _episodes(llama_policy, n=4, seed=3)]
     b = [e.records for e in _episodes(llama_policy, n=4, seed=3)]

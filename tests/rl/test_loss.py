@@ -262,6 +262,22 @@ def test_group_advantages():
         group_advantages(rewards, 3.0)
 
 
+def test_group_advantages_leave_out_members_without_a_reward():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 7.0, 3.0, 0.0, 0.0, 0.0])
+    valid = [True, True, True, False, True, False, False, False]
+    # group 1: the unscored member (its 7.0 means nothing) is out of the mean and gets zero advantage
+    expected = group_advantages(torch.tensor([1.0, 0.0, 0.0]), 3)
+    got = group_advantages(rewards, 4, valid=valid)
+    torch.testing.assert_close(got[:3], expected)
+    assert got[3] == 0
+    assert torch.equal(got[4:], torch.zeros(4))  # one scored member left: nothing to compare it with
+    std = group_advantages(rewards, 4, "std", valid=valid)
+    torch.testing.assert_close(std[:3], group_advantages(torch.tensor([1.0, 0.0, 0.0]), 3, "std"))
+    torch.testing.assert_close(group_advantages(rewards, 4, valid=[True] * 8), group_advantages(rewards, 4))
+    with pytest.raises(ValueError, match="valid must be"):
+        group_advantages(rewards, 4, valid=[True] * 4)
+
+
 def test_sequence_kl_coefs():
     betas = sequence_kl_coefs(["math", "code", "chat"], {"code": 0.01, "chat": 0.1}, default=0.0)
     assert torch.equal(betas, torch.tensor([0.0, 0.01, 0.1]))

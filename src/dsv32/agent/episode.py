@@ -106,4 +106,4 @@ def _not_scored(trajectory: Trajectory, method: str, problem: BaseException | st
         if trajectory.steps:
             note += f" (the agent had stopped with {trajectory.stop_reason!r})"
         trajectory.stop_reason, trajectory.error = "error", note
-    return Reward(0.0, {}, f"not scored: {note}")
+    return Reward(0.0, {}, f"not scored: {note}", scored=False)

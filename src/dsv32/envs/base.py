@@ -123,11 +123,14 @@ def save_tasks(tasks: Iterable[Task], path: str | Path) -> Path:
 
 @dataclass
 class Reward:
-    """The verifier's verdict: ``value`` in [0, 1], named ``components`` and a human ``reason``."""
+    """The verifier's verdict: ``value`` in [0, 1], named ``components`` and a human ``reason``;
+    ``scored`` False when there is no verdict (the environment failed: ``value`` is then 0 and says
+    nothing of the episode)."""
 
     value: float
     components: dict[str, float] = field(default_factory=dict)
     reason: str = ""
+    scored: bool = True
 
 
 class TrajectoryLike(Protocol):

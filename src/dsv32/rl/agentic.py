@@ -50,6 +50,9 @@ class Episode:
     records: list[StepRecord]
     reward: float = 0.0
     components: dict[str, float] = field(default_factory=dict)
+    scored: bool = (
+        True  # False: the environment failed to give a verdict (no advantage, see group_advantages)
+    )
 
     @property
     def generated_tokens(self) -> int:
@@ -105,7 +108,7 @@ def run_episodes(
                     context_window=settings.context_window,
                     tool_timeout_s=settings.tool_timeout_s,
                 )
-            return Episode(task, domain, trajectory, verdict.value, backend.records)
+            return Episode(task, domain, trajectory, verdict.value, backend.records, scored=verdict.scored)
         finally:
             batcher.leave()
 
@@ -232,6 +235,7 @@ def episode_summary(episodes: Sequence[Episode]) -> dict[str, Any]:
         "mean_steps": sum(e.trajectory.num_steps for e in episodes) / n,
         "mean_generated_tokens": sum(e.generated_tokens for e in episodes) / n,
         "stop_reasons": stops,
+        "not_scored": sum(not e.scored for e in episodes),
     }
 
 

@@ -158,7 +158,7 @@ def agentic_step(
         for e in episodes:
             e.reward, e.components = reward(e)
         r = torch.tensor([e.reward for e in episodes])
-        adv = group_advantages(r, G, scale=g.advantage_scale)
+        adv = group_advantages(r, G, scale=g.advantage_scale, valid=[e.scored for e in episodes])
         rows, row_adv, row_tasks = [], [], []
         for e, a in zip(episodes, adv.tolist()):
             for row in episode_rows(e.records):

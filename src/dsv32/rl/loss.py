@@ -163,13 +163,17 @@ def grpo_loss(
 
 
 def group_advantages(
-    rewards: torch.Tensor | Sequence[float], group_size: int, scale: str = "none"
+    rewards: torch.Tensor | Sequence[float],
+    group_size: int,
+    scale: str = "none",
+    valid: torch.Tensor | Sequence[bool] | None = None,
 ) -> torch.Tensor:
     """``[N]`` rewards of consecutive groups of ``group_size`` → ``[N]`` advantages A_i = R_i - mean(R).
 
     ``scale="none"`` is the paper's form (§3.1); ``scale="std"`` also divides by the group's
     (population) standard deviation + 1e-6, as the original GRPO does. A group of equal rewards gets
-    exactly zero advantages.
+    exactly zero advantages. ``valid`` (``[N]`` bools): members without a reward (their environment
+    failed) get zero advantage and are left out of their group's mean and standard deviation.
     """
     rewards = torch.as_tensor(rewards)  # a list of floats works too
     if rewards.dim() != 1:
@@ -182,11 +186,26 @@ def group_advantages(
         raise ValueError(f"scale must be 'none' or 'std', got {scale!r}")
     R = rewards.float() if not rewards.is_floating_point() else rewards
     R = R.reshape(-1, group_size)  # [groups, G]
-    A = R - R.mean(-1, keepdim=True)
+    if valid is None:
+        A = R - R.mean(-1, keepdim=True)
+        if scale == "std":
+            A = A / (R.std(-1, correction=0, keepdim=True) + 1e-6)
+        equal = R.amax(-1, keepdim=True) == R.amin(-1, keepdim=True)
+        return torch.where(equal, torch.zeros_like(A), A).view(-1)
+    V = torch.as_tensor(valid, dtype=torch.bool, device=R.device)
+    if V.shape != (rewards.numel(),):
+        raise ValueError(f"valid must be [N] = [{rewards.numel()}] bools, got shape {list(V.shape)}")
+    V = V.reshape(-1, group_size)
+    n = V.sum(-1, keepdim=True).clamp(min=1)
+    mean = torch.where(V, R, 0).sum(-1, keepdim=True) / n
+    A = R - mean
     if scale == "std":
-        A = A / (R.std(-1, correction=0, keepdim=True) + 1e-6)
-    equal = R.amax(-1, keepdim=True) == R.amin(-1, keepdim=True)
-    return torch.where(equal, torch.zeros_like(A), A).view(-1)
+        A = A / ((torch.where(V, A, 0) ** 2).sum(-1, keepdim=True) / n).sqrt().add(1e-6)
+    big, small = (
+        torch.where(V, R, -torch.inf).amax(-1, keepdim=True),
+        torch.where(V, R, torch.inf).amin(-1, keepdim=True),
+    )
+    return torch.where(V & (big != small), A, torch.zeros_like(A)).view(-1)
 
 
 def sequence_kl_coefs(domains: list[str], coefs: Mapping[str, float], default: float = 0.0) -> torch.Tensor:
