@@ -28,6 +28,7 @@ import os
 import random
 import shutil
 import time
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -62,11 +63,20 @@ class UnreadableCheckpoint(CheckpointError):
 
 # ---------------------------------------------------------------------------------------------- files
 def write_text(path: str | Path, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically: a temporary file beside it, then a rename."""
+    """Replace ``path`` with ``text`` (UTF-8) atomically: a temporary file of this process beside it
+    (the usual permissions, unlike ``mkstemp``'s 0600), flushed to disk, then a rename — a reader or an
+    interrupted run sees the old file or the new one, never a part; a failed write leaves nothing."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with tmp.open("x", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_json(path: str | Path, obj: Any) -> None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -38,6 +37,7 @@ from typing import Any
 from dsv32.chat.templates import EPISODE_PROMPTS as PROMPTS
 from dsv32.chat.templates import episode_system_message as system_message
 from dsv32.envs.base import Environment, Task, replay
+from dsv32.runlog import write_text
 from dsv32.synth.records import SynthError
 
 #: What ``env.reward(...).value`` must reach for a transcript to be kept.
@@ -74,19 +74,9 @@ def check_out(out_path: str | Path, overwrite: bool = False) -> Path:
 def write_rows(out_path: Path, rows: Iterable[dict]) -> None:
     """Write ``rows`` as JSONL to a temporary file beside ``out_path``, then rename it over
     ``out_path``: a reader (or an interrupted run) sees the old file or the new one, never a part."""
+    text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)  # fails before any write
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-    f = tmp.open("x", encoding="utf-8")  # the usual permissions (umask), unlike mkstemp's 0600
-    try:
-        with f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out_path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_text(out_path, text)
 
 
 def check_outcomes(outcomes: Sequence[Outcome], written: int, out_path: Path) -> None:

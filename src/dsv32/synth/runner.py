@@ -38,6 +38,7 @@ from pathlib import Path
 
 from dsv32.errors import DSV32Error
 from dsv32.jsonl import peek_log, read_json, read_log
+from dsv32.runlog import write_text
 from dsv32.synth.records import RoleUsage, SynthError, TokenUsage, dedup_key
 
 log = logging.getLogger(__name__)
@@ -234,9 +235,9 @@ class Store:
                 if artifact is not None:
                     shutil.rmtree(artifact, ignore_errors=True)
         if len(keep) != len(rows):
-            tmp = self.out / "tasks.jsonl.tmp"
-            tmp.write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in keep), encoding="utf-8")
-            tmp.replace(self.out / "tasks.jsonl")
+            write_text(
+                self.out / "tasks.jsonl", "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in keep)
+            )
         return keep
 
     def done(self) -> set[str]:
