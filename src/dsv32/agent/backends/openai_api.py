@@ -350,18 +350,17 @@ class OpenAIBackend:
     @staticmethod
     def _take_delta(delta: dict, where: str, reply: dict, on_delta: Delta | None) -> None:
         """Add one checked delta to the reply being assembled, passing its text to ``on_delta``."""
-        text = ""
+        reasoning = ""
         for key in REASONING_KEYS:
-            text = text or optional_string(delta.get(key), at(where, key)) or ""
-        if text:
-            reply["reasoning"].append(text)
-            if on_delta is not None:
-                on_delta("reasoning", text)
-        text = reply_text(delta.get("content"), at(where, "content"))
-        if text:
-            reply["content"].append(text)
-            if on_delta is not None:
-                on_delta("content", text)
+            reasoning = reasoning or optional_string(delta.get(key), at(where, key)) or ""
+        for kind, text in (
+            ("reasoning", reasoning),
+            ("content", reply_text(delta.get("content"), at(where, "content"))),
+        ):
+            if text:
+                reply[kind].append(text)
+                if on_delta is not None:
+                    on_delta(kind, text)
         parts = delta.get("tool_calls")
         if parts is not None and not isinstance(parts, list):
             raise wrong(at(where, "tool_calls"), parts, "a list of tool call parts or null")
