@@ -24,7 +24,6 @@ repository (see docs/envs.md); it rejects instances it cannot build offline.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -35,6 +34,7 @@ from dsv32.chat.templates import MATH_PROMPT
 from dsv32.eval.agentic import EnvBenchmark, task_problem
 from dsv32.eval.answers import choice_letter, last_boxed, math_equal
 from dsv32.eval.errors import EvalError
+from dsv32.eval.samples import canonical_digest
 from dsv32.eval.types import Benchmark, Problem, Score
 from dsv32.jsonl import read_jsonl
 
@@ -84,8 +84,7 @@ def read_rows(path: str | None, benchmark: str) -> list[tuple[str, dict]]:
 
 def content_id(row: dict) -> str:
     """``row-`` and 12 hex digits of the SHA-256 of the row's canonical JSON (keys sorted)."""
-    canonical = json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return "row-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
+    return "row-" + canonical_digest(row)[:12]
 
 
 def _kind(value: Any) -> str:

@@ -33,19 +33,18 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"a problem holds a {type(value).__name__}, which has no stable JSON form")
 
 
+def canonical_digest(value: object) -> str:
+    """The SHA-256 (hex) of ``value`` as canonical JSON: keys sorted, no spaces, UTF-8 as is."""
+    canonical = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=_plain)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
 def problem_hash(problem: Problem) -> str:
     """16 hex digits of the SHA-256 of what the model is sent and what it is graded against (the
     problem's ``messages``, ``tools`` and ``data``, as canonical JSON): a sample counts for a problem
     only while this is unchanged. The subset is left out: it labels the problem, and the report reads
     it from the problem."""
-    canonical = json.dumps(
-        {"messages": problem.messages, "tools": problem.tools, "data": problem.data},
-        sort_keys=True,
-        ensure_ascii=False,
-        separators=(",", ":"),
-        default=_plain,
-    )
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+    return canonical_digest({"messages": problem.messages, "tools": problem.tools, "data": problem.data})[:16]
 
 
 def read_samples(path: Path) -> list[dict]:
