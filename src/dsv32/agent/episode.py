@@ -31,7 +31,7 @@ from typing import Any
 
 from dsv32.agent.backends.base import Backend
 from dsv32.agent.loop import Agent, combine_threads
-from dsv32.agent.tools import Tool, _shown, tool
+from dsv32.agent.tools import Tool, shown, tool
 from dsv32.agent.trajectory import Trajectory
 from dsv32.chat.templates import episode_system_message
 from dsv32.envs.base import Environment, Reward, Task
@@ -98,7 +98,7 @@ def _scored(
 def _not_scored(trajectory: Trajectory, method: str, problem: BaseException | str) -> Reward:
     """Record on ``trajectory`` that the environment's ``method`` failed; the reward that says so."""
     if isinstance(problem, BaseException):
-        problem = f"raised {type(problem).__name__}: {_shown(problem)}"
+        problem = f"raised {type(problem).__name__}: {shown(problem)}"
     note = f"the environment's {method} {problem}"
     if trajectory.stop_reason == "error" and trajectory.error:
         trajectory.error = f"{trajectory.error}; then {note}"

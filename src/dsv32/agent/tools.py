@@ -206,20 +206,20 @@ class Toolbox:
                 "timeout", f"{name} did not finish within {timeout:g} s and was abandoned (timed out)."
             )
         if status == "exception":
-            return _error("exception", f"{name} raised {type(value).__name__}: {_shown(value)}")
+            return _error("exception", f"{name} raised {type(value).__name__}: {shown(value)}")
         try:
             text = format_output(value)
         except Exception as err:  # a circular structure, a __repr__ that raises, ...
             return _error(
                 "unreadable_result",
                 f"{name} returned a {type(value).__name__} that cannot be written as text "
-                f"({type(err).__name__}: {_shown(err)}).",
+                f"({type(err).__name__}: {shown(err)}).",
             )
         text, cut = truncate(text, self.max_output_chars)
         return ToolOutput(text, True, None, truncated=cut, output_chars=len(text))
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
     """``str(value)``, or a placeholder when even that raises."""
     try:
         return str(value)
