@@ -24,6 +24,7 @@ import torch
 from transformers import DynamicCache
 
 from dsv32.dsa.hf import attach_dsa, detach_dsa
+from dsv32.engine.backends import hf_cache_keyword
 from dsv32.engine.hfcache import GrowingCache
 from dsv32.engine.models import load_smollm2
 
@@ -45,14 +46,14 @@ def cache_bytes(cache) -> int:
 def decode(model, make_cache, prompt: torch.Tensor, new_tokens: int) -> dict:
     cache = make_cache(model.config)
     start = time.perf_counter()
-    logits = model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    logits = model(prompt, **{hf_cache_keyword(model): cache}, use_cache=True, logits_to_keep=1).logits[:, -1]
     prefill_s = time.perf_counter() - start
     tokens, steps = [], []
     for _ in range(new_tokens):
         token = logits.argmax(-1)
         tokens.append(int(token))
         start = time.perf_counter()
-        logits = model(token[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
+        logits = model(token[:, None], **{hf_cache_keyword(model): cache}, use_cache=True).logits[:, -1]
         steps.append(time.perf_counter() - start)
     return {
         "prefill_s": prefill_s,

@@ -83,6 +83,26 @@ def test_sparse_generation_with_a_cache_matches_the_full_forward():
     assert handle.mode == "sparse"
 
 
+@pytest.mark.parametrize("keyword", ["cache", "past_key_values"])
+@pytest.mark.parametrize("mode", ["off", "sparse"])
+def test_an_attached_layer_takes_its_cache_by_either_name_transformers_has_used(keyword, mode):
+    from transformers import DynamicCache
+
+    from dsv32.engine.backends import hf_index_keys
+
+    model = tiny("llama")
+    attach_dsa(model, 3, 8, 6, mode=mode)
+    attn = model.model.layers[0].self_attn
+    x = torch.randn(1, 10, 48)
+    positions = torch.arange(10)[None]
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        out, _ = attn(x, model.model.rotary_emb(x, positions), None, **{keyword: cache})
+    assert out.shape == (1, 10, 48)
+    assert cache.get_seq_length(0) == 10  # K/V went into the cache, under either name
+    assert (0 in hf_index_keys(cache)) == (mode == "sparse")  # and the indexer keys beside them
+
+
 def test_losses_per_layer_and_only_for_chosen_layers():
     model = tiny("qwen3")
     handle = attach_dsa(model, 2, 8, 8, layers=[1])

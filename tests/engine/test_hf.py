@@ -205,7 +205,7 @@ def test_crop_hf_cache_cuts_the_indexer_keys_with_the_cache_and_crop_alone_is_re
     from transformers import DynamicCache
 
     from dsv32.dsa import DSAError, attach_dsa
-    from dsv32.engine.backends import crop_hf_cache, hf_index_keys
+    from dsv32.engine.backends import crop_hf_cache, hf_cache_keyword, hf_index_keys
 
     model = tiny("llama")
     attach_dsa(model, 2, 16, 4, mode="sparse")
@@ -213,14 +213,14 @@ def test_crop_hf_cache_cuts_the_indexer_keys_with_the_cache_and_crop_alone_is_re
     with torch.no_grad():
         full = model(ids).logits[0, -1]
         cache = DynamicCache(config=model.config)
-        model(ids[:, :25], past_key_values=cache, use_cache=True)
+        model(ids[:, :25], **{hf_cache_keyword(model): cache}, use_cache=True)
         cache.crop(-5)  # K/V only: the indexer keys of 25 tokens stay
         with pytest.raises(DSAError, match="crop_hf_cache"):
-            model(ids[:, 20:], past_key_values=cache, use_cache=True)
+            model(ids[:, 20:], **{hf_cache_keyword(model): cache}, use_cache=True)
         cache = DynamicCache(config=model.config)
-        model(ids[:, :25], past_key_values=cache, use_cache=True)
+        model(ids[:, :25], **{hf_cache_keyword(model): cache}, use_cache=True)
         crop_hf_cache(cache, 20)
         assert cache.get_seq_length() == 20
         assert all(keys.shape[1] == 20 for keys in hf_index_keys(cache).values())
-        out = model(ids[:, 20:], past_key_values=cache, use_cache=True).logits[0, -1]
+        out = model(ids[:, 20:], **{hf_cache_keyword(model): cache}, use_cache=True).logits[0, -1]
     torch.testing.assert_close(out, full, rtol=1e-4, atol=1e-4)

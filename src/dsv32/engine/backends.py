@@ -71,7 +71,7 @@ class NativeBackend:
 
 class HFBackend:
     """A transformers causal LM with a :class:`~dsv32.engine.hfcache.GrowingCache` (a ``DynamicCache``
-    that appends in place; ``past_key_values``, ``use_cache=True``)."""
+    that appends in place, passed as :func:`hf_cache_keyword`, ``use_cache=True``)."""
 
     def __init__(self, model) -> None:
         self.model = model
@@ -80,6 +80,7 @@ class HFBackend:
         self.prefill_kwargs = (
             {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
         )
+        self.cache_keyword = hf_cache_keyword(model)
         self.can_drop_rows = True
         gen, cfg = getattr(model, "generation_config", None), model.config
         self.eos_token_id = _first_set(getattr(gen, "eos_token_id", None), getattr(cfg, "eos_token_id", None))
@@ -109,15 +110,22 @@ class HFBackend:
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=self.cache,
             use_cache=True,
+            **{self.cache_keyword: self.cache},
             **kwargs,
         )
-        self.cache = out.past_key_values
+        self.cache = getattr(out, self.cache_keyword)
         return out.logits[:, -1]
 
     def recorded_routing(self) -> None:
         return None
+
+
+def hf_cache_keyword(model) -> str:
+    """The keyword a transformers model takes its KV cache by, and the field its output returns it in:
+    ``cache`` from transformers 5.24 on, ``past_key_values`` before (still accepted there, with a
+    deprecation warning)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def hf_index_keys(cache) -> dict:

@@ -76,6 +76,7 @@ class Session:
         self.prefilled_tokens = 0
         self.reused_tokens = 0
         self._hf_kwargs = {} if self.native else backend.prefill_kwargs  # logits_to_keep=1 where taken
+        self._cache_keyword = None if self.native else backend.cache_keyword
 
     def reset(self) -> None:
         self.cache, self.ids = None, []
@@ -135,11 +136,11 @@ class Session:
             out = self.model(
                 input_ids=x,
                 position_ids=positions,
-                past_key_values=self.cache,
                 use_cache=True,
+                **{self._cache_keyword: self.cache},
                 **self._hf_kwargs,
             )
-            self.cache = out.past_key_values
+            self.cache = getattr(out, self._cache_keyword)
         self.ids.extend(ids)
         return out.logits[0, -1]
 

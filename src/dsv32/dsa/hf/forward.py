@@ -55,30 +55,37 @@ def dsa_forward(
     hidden_states: torch.Tensor,
     position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
     attention_mask: torch.Tensor | None = None,
-    past_key_values=None,
+    cache=None,
     **kwargs,
 ):
-    """Replacement ``forward`` of a Llama-family attention module (see :mod:`dsv32.dsa.hf`)."""
+    """Replacement ``forward`` of a Llama-family attention module (see :mod:`dsv32.dsa.hf`).
+
+    ``cache`` is the KV cache, the fourth argument of the module's own ``forward``: transformers
+    passes it by keyword as ``cache`` from 5.24 on and as ``past_key_values`` before; both are taken."""
+    if cache is None:
+        cache = kwargs.pop("past_key_values", None)
+    else:
+        kwargs.pop("past_key_values", None)
     handle: DSAHandle = self.__dict__["_dsa_handle"]
     cfg = handle.config
-    if cfg.mode == "off":
+    if cfg.mode == "off":  # the cache goes back in the original's own (fourth) position
         original = type(self).forward
-        return original(self, hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
-    p = _project(self, hidden_states, position_embeddings, past_key_values)
+        return original(self, hidden_states, position_embeddings, attention_mask, cache, **kwargs)
+    p = _project(self, hidden_states, position_embeddings, cache)
     S = p.k.shape[2]
     sparse = cfg.mode == "sparse" and cfg.index_topk < S
     observe = p.fresh and (handle.collect_loss or handle.observer is not None)
-    keep_keys = cfg.mode == "sparse" and past_key_values is not None
+    keep_keys = cfg.mode == "sparse" and cache is not None
     topk_indices = None
     if sparse or observe or keep_keys:
-        cache = past_key_values if keep_keys else None
-        topk_indices = _index(self, handle, hidden_states, p, attention_mask, cache, sparse, observe)
+        kept = cache if keep_keys else None
+        topk_indices = _index(self, handle, hidden_states, p, attention_mask, kept, sparse, observe)
     if topk_indices is None:
         return _dense_output(self, handle, p, attention_mask, **kwargs)
     return _sparse_output(self, handle, p, topk_indices), None
 
 
-def _project(self, hidden_states, position_embeddings, past_key_values) -> _Projected:
+def _project(self, hidden_states, position_embeddings, cache) -> _Projected:
     modeling = sys.modules[type(self).__module__]
     B, T = hidden_states.shape[:2]
     shape = (B, T, -1, self.head_dim)
@@ -90,8 +97,8 @@ def _project(self, hidden_states, position_embeddings, past_key_values) -> _Proj
     q, k = q.transpose(1, 2), k.transpose(1, 2)
     cos, sin = position_embeddings
     q, k = modeling.apply_rotary_pos_emb(q, k, cos, sin)
-    if past_key_values is not None:
-        k, v = past_key_values.update(k, v, self.layer_idx)
+    if cache is not None:
+        k, v = cache.update(k, v, self.layer_idx)
     return _Projected(q, k, v, cos, sin)
 
 
@@ -206,11 +213,11 @@ def _key_padding(attention_mask, S: int) -> torch.Tensor | None:
     return None if bool(real.all()) else real
 
 
-def _index_keys(attn, past_key_values, new_keys: torch.Tensor, S: int) -> torch.Tensor:
+def _index_keys(attn, cache, new_keys: torch.Tensor, S: int) -> torch.Tensor:
     """All ``S`` index keys: those of earlier tokens are kept on the cache object beside its K/V."""
-    if past_key_values is None:
+    if cache is None:
         return new_keys
-    store = past_key_values.__dict__.setdefault(INDEX_KEYS_ATTR, {})
+    store = cache.__dict__.setdefault(INDEX_KEYS_ATTR, {})
     T = new_keys.shape[1]
     prev = None if S == T else store.get(attn.layer_idx)
     if S != T and prev is None:
@@ -229,15 +236,15 @@ def _index_keys(attn, past_key_values, new_keys: torch.Tensor, S: int) -> torch.
         store[attn.layer_idx] = keys.detach()
         return keys
     # appended in place: a decode step writes its one key instead of copying all S (see GrowingTensor)
-    growth = past_key_values.__dict__.setdefault(_GROWTH_ATTR, {})
+    growth = cache.__dict__.setdefault(_GROWTH_ATTR, {})
     keys = growth.setdefault(attn.layer_idx, GrowingTensor(1)).extend(prev, new_keys)
     store[attn.layer_idx] = keys
     return keys
 
 
-def cut_index_keys(past_key_values, keep: int) -> None:
-    """Cut the indexer keys kept on ``past_key_values`` back to their first ``keep`` tokens."""
-    store = past_key_values.__dict__.get(INDEX_KEYS_ATTR, {})
-    growth = past_key_values.__dict__.get(_GROWTH_ATTR, {})
+def cut_index_keys(cache, keep: int) -> None:
+    """Cut the indexer keys kept on ``cache`` back to their first ``keep`` tokens."""
+    store = cache.__dict__.get(INDEX_KEYS_ATTR, {})
+    growth = cache.__dict__.get(_GROWTH_ATTR, {})
     for layer, keys in store.items():
         store[layer] = growth[layer].cut(keys, keep) if layer in growth else keys[:, :keep]
