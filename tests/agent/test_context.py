@@ -55,20 +55,32 @@ def test_rounds_and_discard_counts():
     assert fewest_steps(["context", "max_steps"], [2, 9]) == 0
 
 
-def test_none_stops_with_context_when_the_prompt_would_exceed_the_trigger():
-    backend = CountingBackend(rounds_script(10))
-    traj = agent(backend, "none").run("task")
-    # prompts: 2, 4, 6, 8 messages (<= 80 tokens) were sent; 10 messages = 100 > 80 stops
+@pytest.mark.parametrize("strategy", ["none", "parallel_fewest_step"])
+def test_the_unmanaged_baselines_use_the_whole_window_and_stop_when_it_is_full(strategy):
+    # window 110: prompts of 90 and 100 tokens are over the 0.8 trigger (88) but still fit
+    backend = CountingBackend(rounds_script(10) * 2)
+    traj = Agent(backend, [add], system="sys", context_window=110, context=strategy, parallel=1).run("task")
+    assert [len(c.messages) for c in backend.calls] == [2, 4, 6, 8, 10]  # 12 messages = 120 > 110
     assert traj.stop_reason == "context" and traj.final is None
-    assert [len(c.messages) for c in backend.calls] == [2, 4, 6, 8]
     assert traj.context_events == []
+    # one more round of room and the same script answers
+    backend = CountingBackend(rounds_script(4))
+    traj = Agent(backend, [add], system="sys", context_window=110, context=strategy, parallel=1).run("t")
+    assert traj.stop_reason == "answer" and len(backend.calls[-1].messages) == 10
+
+
+def test_a_prompt_that_fills_the_window_exactly_stops_the_unmanaged_baseline():
+    backend = CountingBackend(rounds_script(10))
+    traj = agent(backend, "none").run("task")  # window 100: 10 messages = 100 tokens leave no room
+    assert [len(c.messages) for c in backend.calls] == [2, 4, 6, 8]
+    assert traj.stop_reason == "context"
 
 
 def test_the_trigger_fraction_is_a_parameter():
     backend = CountingBackend(rounds_script(10))
-    traj = agent(backend, "none", context_trigger=0.5).run("task")
-    assert [len(c.messages) for c in backend.calls] == [2, 4]  # 60 > 50 stops
-    assert traj.stop_reason == "context"
+    traj = agent(backend, "discard_all", context_trigger=0.5, max_steps=4).run("task")
+    assert [len(c.messages) for c in backend.calls] == [2, 4, 2, 4]  # 60 > 50 resets
+    assert [e.tokens_before for e in traj.context_events] == [60]
 
 
 def test_discard_75_removes_the_oldest_rounds_and_keeps_the_newest():

@@ -1,7 +1,7 @@
 """Test-time context management (paper §4.4): what to do when the prompt outgrows the window.
 
 The loop calls these when a step's prompt would exceed ``trigger · context_window`` tokens (the paper
-uses 80 %). ``anchor`` is the index of the first message after the task: everything before it (the
+uses 80 %); the unmanaged baselines (``none``, ``parallel_fewest_step``) use the whole window. ``anchor`` is the index of the first message after the task: everything before it (the
 system prompt, the task, any earlier conversation) always stays. A *tool-call round* is an assistant
 message with ``tool_calls`` and the tool results answering it.
 
@@ -11,9 +11,11 @@ message with ``tool_calls`` and the tool results answering it.
   (:func:`discard_rounds`), the newer ones stay with their reasoning;
 - ``discard_all``: every round leaves; the system prompt and the task stay (a fresh start that keeps
   nothing of what was learned, like a "new context" tool);
-- ``parallel_fewest_step``: no reset; N independent trajectories run to the end and the finished one
-  with the fewest steps wins (:func:`fewest_steps`) — the parallel-scaling baseline;
-- ``none``: the episode stops with ``stop_reason="context"``.
+- ``parallel_fewest_step``: no reset; N independent trajectories run to the end (each stops when its
+  prompt fills the window) and the finished one with the fewest steps wins (:func:`fewest_steps`) —
+  the parallel-scaling baseline;
+- ``none``: no reset; the episode stops with ``stop_reason="context"`` when the prompt fills the
+  window (the no-management baseline).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 One step::
 
     tokens = backend.count_tokens(context)            # only with a context_window
-    if tokens > trigger · context_window:  reset the context by the strategy (or stop: "context")
+    if tokens > trigger · context_window:  reset the context by the strategy
+    (none, parallel_fewest_step: if tokens ≥ context_window: stop: "context")
     reply = backend.complete(context, tools, thinking)
     context += [reply];  no tool calls → stop: "answer" (final = reply.content)
     for each call in reply.tool_calls, in order:  context += [tool result]   (errors are results too)
@@ -165,7 +166,7 @@ class Agent:
         traj = Trajectory(messages=list(initial), strategy=strategy)
         context, anchor, task_messages = list(initial), len(initial), initial
         pending: list[ContextEvent] = []
-        limit = None if self.context_window is None else self.context_trigger * self.context_window
+        limit = self._limit(strategy)
         try:
             while len(traj.steps) < self.max_steps:
                 if limit is not None:
@@ -207,6 +208,17 @@ class Agent:
         traj.total_tokens = sum(s.tokens for s in traj.steps)
         self._emit("stop", {"stop_reason": traj.stop_reason, "final": traj.final, "thread": thread})
         return traj
+
+    def _limit(self, strategy: str) -> float | None:
+        """The most tokens a step's prompt may hold: ``trigger · context_window`` for the strategies
+        that manage the context (beyond it they act); the whole window less one token for the reply
+        under ``none`` and in the threads of ``parallel_fewest_step``, which run unmanaged (§4.4's
+        baselines) and stop only when the prompt fills the window."""
+        if self.context_window is None:
+            return None
+        if strategy in ("none", "parallel_fewest_step"):
+            return self.context_window - 1
+        return self.context_trigger * self.context_window
 
     def _record(
         self, traj: Trajectory, completion: Completion, kind: str, thread: int, events: list[ContextEvent]
