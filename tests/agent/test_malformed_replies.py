@@ -200,7 +200,10 @@ STREAM_REFUSED = {
         "delta.tool_calls[0].index is a string ('first')",
     ),
     "arguments fragment a number": (
-        [chunk({"tool_calls": [part(0, "c", "add", "{")]}), chunk({"tool_calls": [part(0, arguments=7)]})],
+        [
+            chunk({"tool_calls": [part(0, "c", "add", "{")]}),
+            chunk({"tool_calls": [part(0, arguments=7)]}, "tool_calls"),
+        ],
         None,  # a number fragment is written as JSON: the call's arguments are '{7', answered as bad_json
     ),
     "delta a string": (
@@ -220,6 +223,10 @@ STREAM_REFUSED = {
         "answered with an error: engine died",
     ),
     "no choices at all": ([USAGE], "streamed no choices"),
+    "cut short": (  # content came, then the stream ended without a finish_reason
+        [chunk({"content": "The answer is \\box"}), USAGE],
+        "ended the stream before the reply finished (no finish_reason)",
+    ),
 }
 
 

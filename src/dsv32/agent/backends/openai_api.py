@@ -24,7 +24,8 @@ has). What the model wrote inside a call is kept for the toolbox to answer: a mi
 null arguments (``"{}"``), arguments sent as a JSON value instead of a string (written as JSON: an
 object is read as usual, anything else is answered as ``bad_json``). ``content`` as a list of text
 parts is joined. Streamed tool-call parts without an ``index`` start a new call when they carry a
-new ``id`` and continue the last one otherwise; choices other than the first are ignored.
+new ``id`` and continue the last one otherwise; choices other than the first are ignored; a stream
+that ends before its first choice has a ``finish_reason`` was cut short and is a ``BackendError``.
 """
 
 from __future__ import annotations
@@ -307,6 +308,8 @@ class OpenAIBackend:
                 raise MalformedReply(f"stream event {n}: {err}") from err
         if not seen:
             raise _Refused("streamed no choices")
+        if reply["finish"] is None:  # a stream cut short ends like a finished one, without the reason
+            raise _Refused("ended the stream before the reply finished (no finish_reason)")
         tool_calls = [
             {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
             for _, c in sorted(reply["calls"].items())
