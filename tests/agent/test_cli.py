@@ -45,6 +45,18 @@ def test_run_against_an_endpoint_streams_and_writes_the_trajectory(stub, tmp_pat
     assert stub.requests[0]["tools"][0]["function"]["name"] == "add"
 
 
+def test_the_command_does_not_log_each_http_request(stub, tmp_path):
+    import subprocess
+    import sys
+
+    stub.reply([chunk({"content": "hi"}, "stop")])
+    argv = ["agent", "run", "--base-url", stub.url, "--model", "m", "--task", "hello", "--out", str(tmp_path)]
+    code = "import sys; from dsv32.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "answer: hi" in done.stdout and "HTTP Request" not in done.stderr + done.stdout
+
+
 def test_reference_backend_replays_an_environment(tmp_path, capsys):
     register(
         EnvSpec("agent-test-counter", "a counter", Counter, {"basic": lambda: [Task("t1", "Count to 3.", 3)]})

@@ -164,6 +164,8 @@ def user_error(err: BaseException) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for chatty in ("httpx", "httpx2", "httpcore", "httpcore2"):  # the openai client logs each request
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
