@@ -6,7 +6,10 @@ n > 1, ``pass@k`` for k = 2, 4, ... n, each a value in [0, 1] with its 95 % inte
 :mod:`dsv32.eval.metrics`), ``subsets`` (the same per category or task family), ``agentic`` (mean
 steps, tokens and context resets per episode), ``tokens`` (mean completion tokens per sample),
 ``excluded`` (problems the benchmark left out, with why), ``paper`` (the paper's number for
-``--paper``), ``problems``, ``samples`` and ``elapsed_s`` (this invocation's wall time).
+``--paper``), ``problems`` and ``samples`` (those with a scored result, which the metrics cover),
+``selected`` (``problems`` and ``samples`` the settings asked for: problems × n), ``incomplete``
+(true when some selected sample has no scored result), ``missing`` (each such sample: ``id``,
+``sample`` and the ``error`` that left it unscored) and ``elapsed_s`` (this invocation's wall time).
 """
 
 from __future__ import annotations
@@ -68,6 +71,30 @@ def aggregate(problems: list[Problem], rows: list[dict], n: int) -> dict:
     return out
 
 
+NOT_RUN = "no scored result (not run)"
+
+
+def completeness(
+    problems: list[Problem], rows: list[dict], n: int, failed: dict[tuple[str, int], str] | None = None
+) -> dict:
+    """``selected`` (problems and samples asked for), ``incomplete`` and ``missing``: every selected
+    ``(problem, sample)`` without a scored row, with the error that left it unscored (``failed``,
+    keyed by ``(id, sample)``; otherwise :data:`NOT_RUN`)."""
+    failed = failed or {}
+    scored = {(r["id"], r["sample"]) for r in rows}
+    missing = [
+        {"id": p.id, "sample": j, "error": failed.get((p.id, j), NOT_RUN)}
+        for p in problems
+        for j in range(n)
+        if (p.id, j) not in scored
+    ]
+    return {
+        "selected": {"problems": len(problems), "samples": len(problems) * n},
+        "incomplete": bool(missing),
+        "missing": missing,
+    }
+
+
 def write_results(
     out: Path,
     bench: Benchmark,
@@ -77,9 +104,11 @@ def write_results(
     paper: dict | None,
     elapsed_s: float,
     commit: str,
+    failed: dict[tuple[str, int], str] | None = None,
 ) -> dict:
     """Write ``results.json`` and ``report.md`` under ``out`` (``commit``: the code's git commit when
-    the run started) and return the results."""
+    the run started; ``failed``: the error of each ``(id, sample)`` this invocation could not score)
+    and return the results."""
     results = {
         "benchmark": {
             "name": bench.name,
@@ -93,6 +122,7 @@ def write_results(
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "git_commit": commit,
         **aggregate(problems, rows, settings.n),
+        **completeness(problems, rows, settings.n, failed),
         "excluded": dict(bench.excluded),
         "paper": paper,
         "elapsed_s": round(elapsed_s, 2),
@@ -120,14 +150,14 @@ def render(results: dict) -> str:
     lines = [
         f"# {b['name']}: {m['name']} ({m['backend']})",
         "",
+        *([f"**{incomplete_note(results)}**", ""] if results.get("incomplete") else []),
         b["description"],
         "",
         f"- data: {b['source']} {b['versions'] or ''}".rstrip(),
         f"- settings: n={s['n']}, temperature={s['temperature']}, top_p={s['top_p']}, "
         f"max_tokens={s['max_tokens']}, "
         f"thinking={'on' if s['thinking'] else 'off'}, context={s['context']}",
-        f"- {results['problems']} problems, {results['samples']} samples; {results['date']}; "
-        f"commit {results['git_commit'][:12]}",
+        f"- {_counts(results)}; {results['date']}; commit {results['git_commit'][:12]}",
         "",
         "| metric | score % [95 % CI] |" + (" paper % |" if results.get("paper") else ""),
         "|---|---|" + ("---|" if results.get("paper") else ""),
@@ -155,7 +185,38 @@ def render(results: dict) -> str:
         lines += ["", f"Left out ({len(results['excluded'])}):"] + [
             f"- {k}: {v}" for k, v in results["excluded"].items()
         ]
+    if results.get("missing"):
+        lines += ["", f"Not scored ({len(results['missing'])}; not counted, retried by running again):"] + [
+            f"- {m['id']} #{m['sample']}: {m['error']}" for m in results["missing"]
+        ]
     return "\n".join(lines) + "\n"
+
+
+def _counts(results: dict) -> str:
+    selected = results.get("selected")
+    if not selected:
+        return f"{results['problems']} problems, {results['samples']} samples"
+    return (
+        f"{results['problems']} of {selected['problems']} problems, "
+        f"{results['samples']} of {selected['samples']} samples scored"
+    )
+
+
+def incomplete_note(results: dict) -> str:
+    """One line on what an incomplete run lacks: the unscored samples and problems, and the pass@k
+    it cannot report."""
+    selected, missing = results["selected"], results.get("missing", [])
+    unscored = selected["problems"] - results["problems"]
+    note = (
+        f"INCOMPLETE: {len(missing)} of {selected['samples']} samples have no scored result "
+        f"({unscored} of {selected['problems']} problems none at all); the scores cover only the "
+        f"{results['problems']} problems and {results['samples']} samples scored"
+    )
+    n = results["settings"]["n"]
+    absent = [f"pass@{k}" for k in default_ks(n)[1:] if f"pass@{k}" not in results["metrics"]]
+    if absent and results["problems"]:
+        note += f"; {', '.join(absent)} not reported (a problem has fewer scored samples than k)"
+    return note + ". The unscored samples are listed below; running the same command again retries them."
 
 
 def load_results(path: str | Path) -> dict:
@@ -174,7 +235,10 @@ def side_by_side(paths: list[str | Path]) -> str:
     paper's number where a run named one."""
     runs = [load_results(p) for p in paths]
     try:
-        heads = [f"{r['model']['name']} ({r['model']['backend']})" for r in runs]
+        heads = [
+            f"{r['model']['name']} ({r['model']['backend']})" + (" INCOMPLETE" if r.get("incomplete") else "")
+            for r in runs
+        ]
     except KeyError as err:
         raise EvalError(f"a results file lacks {err}; is it from 'dsv32 eval run'?") from err
     if len(set(heads)) < len(heads):

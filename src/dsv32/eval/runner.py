@@ -15,9 +15,11 @@
    its own sandboxed process). Episodes: ``concurrency`` episodes at a time, each with its own
    backend. Each sample is appended to ``samples.jsonl`` as soon as it is scored; a progress bar
    counts them.
-4. A sample whose endpoint call failed (after the client's retries) is not written: the run ends
-   with an error that says how many, and running the same command again retries just those. (A
-   local model that fills its window fails its episode like any wrong answer.)
+4. A sample whose endpoint call failed (after the client's retries) is not written, and not counted
+   as a wrong answer: ``results.json`` and ``report.md`` are still written, marked incomplete, with
+   every unscored ``(problem, sample)`` and its error under ``missing``; the run then ends with an
+   error that lists them, and running the same command again retries just those. (A local model
+   that fills its window fails its episode like any wrong answer.)
 5. ``results.json`` and ``report.md`` (:mod:`dsv32.eval.report`).
 """
 
@@ -137,23 +139,25 @@ def _score(bench: Benchmark, problem: Problem, message: dict) -> Score:
         return Score(0.0, why)
 
 
-def _run_single(bench, solver, settings, pending, writer, tick) -> list[str]:
-    errors: list[str] = []
+def _run_single(bench, solver, settings, pending, writer, tick) -> dict[tuple[str, int], str]:
+    failed: dict[tuple[str, int], str] = {}
     size = solver.chunk_size
     with ThreadPoolExecutor(SCORE_WORKERS) as pool:
         for start in range(0, len(pending), size):
             chunk = pending[start : start + size]
             generated = solver.complete(chunk, settings)
             ok = [(item, gen) for item, gen in zip(chunk, generated) if gen.error is None]
-            errors += [gen.error for gen in generated if gen.error is not None]
+            failed.update(
+                {(p.id, j): gen.error for (p, j), gen in zip(chunk, generated) if gen.error is not None}
+            )
             scores = pool.map(lambda pair: _score(bench, pair[0][0], pair[1].message), ok)
             for ((problem, j), gen), score in zip(ok, scores):
                 writer.write(_single_row(problem, j, gen, score))
                 tick()
-    return errors
+    return failed
 
 
-def _run_episodes(bench, solver, settings, pending, writer, tick) -> list[str]:
+def _run_episodes(bench, solver, settings, pending, writer, tick) -> dict[tuple[str, int], str]:
     options = RunOptions(
         settings.thinking, settings.sampling(), settings.context, settings.context_window, settings.max_steps
     )
@@ -187,7 +191,8 @@ def _run_episodes(bench, solver, settings, pending, writer, tick) -> list[str]:
 
     workers = settings.concurrency if settings.backend != "local" else 1
     with ThreadPoolExecutor(workers) as pool:
-        return [e for e in pool.map(one, pending) if e is not None]
+        errors = list(pool.map(one, pending))
+    return {(p.id, j): e for (p, j), e in zip(pending, errors) if e is not None}
 
 
 def run(
@@ -241,15 +246,30 @@ def run(
     writer = SampleWriter(out / "samples.jsonl")
     try:
         runner = _run_single if bench.kind == "single" else _run_episodes
-        errors = runner(bench, solver, settings, pending, writer, lambda: bar.update(1))
+        failed = runner(bench, solver, settings, pending, writer, lambda: bar.update(1))
     finally:
         writer.close()
         bar.close()
     rows = [r for r in read_samples(out / "samples.jsonl") if current(r)]
-    results = write_results(out, bench, settings, problems, rows, paper, time.perf_counter() - start, commit)
-    if errors:
-        raise EvalError(
-            f"{len(errors)} sample(s) got no answer from the model (first: {errors[0]}); the others are in "
-            f"{out}; run the same command again to retry them"
-        )
+    results = write_results(
+        out, bench, settings, problems, rows, paper, time.perf_counter() - start, commit, failed
+    )
+    if results["incomplete"]:
+        raise EvalError(_incomplete_message(results, out))
     return results
+
+
+def _incomplete_message(results: dict, out: Path, shown: int = 20) -> str:
+    """What an incomplete run tells its user: the counts, then the unscored samples (the first
+    ``shown``; all of them are under ``missing`` in results.json)."""
+    missing, selected = results["missing"], results["selected"]
+    lines = [
+        f"{len(missing)} of {selected['samples']} sample(s) have no scored result "
+        f"({selected['problems'] - results['problems']} of {selected['problems']} problem(s) none at all); "
+        f"{out}/results.json and report.md are marked INCOMPLETE and list every one under 'missing'; "
+        "run the same command again to retry them:"
+    ]
+    lines += [f"  {m['id']} #{m['sample']}: {m['error']}" for m in missing[:shown]]
+    if len(missing) > shown:
+        lines.append(f"  ... and {len(missing) - shown} more (results.json 'missing')")
+    return "\n".join(lines)
