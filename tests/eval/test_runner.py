@@ -295,3 +295,33 @@ def test_many_failures_are_counted_and_the_rest_pointed_to(tmp_path):
     results = load_results(out)
     assert len(results["missing"]) == 25 and results["problems"] == 0 and results["metrics"] == {}
     assert "INCOMPLETE: 25 of 25 samples" in (out / "report.md").read_text()
+
+
+def test_a_second_run_on_a_busy_directory_stops_with_a_typed_error(tmp_path):
+    from dsv32.eval import RunDirectoryBusy
+
+    out, settings = tmp_path / "o", _five(tmp_path / "f.jsonl")
+    refused = []
+
+    def second(path):  # called while the first run holds the directory
+        with pytest.raises(RunDirectoryBusy, match=r"o is in use by another 'dsv32 eval run'") as raised:
+            run(settings, path, progress=False)
+        refused.append(raised.value.directory)
+
+    results = run(settings, out, progress=False, on_ready=second)
+    assert refused == [str(out)]
+    assert results["samples"] == 5 and len(_samples(out)) == 5  # nothing written twice
+    assert run(settings, out, progress=False)["samples"] == 5  # the lock is gone once the run ends
+
+
+def test_duplicate_sample_lines_count_once_the_first_kept(tmp_path):
+    out, settings = tmp_path / "o", _five(tmp_path / "f.jsonl", n=2)
+    run(settings, out, progress=False)
+    lines = (out / "samples.jsonl").read_text().splitlines()
+    wrong = [json.dumps({**json.loads(line), "score": 0.0}) for line in lines]
+    (out / "samples.jsonl").write_text("\n".join(lines + wrong) + "\n")  # as two runs at once leave it
+    results = run(settings, out, progress=False)
+    assert len(_samples(out)) == 20  # nothing ran again
+    assert results["problems"] == 5 and results["samples"] == 10
+    assert results["metrics"]["pass@1"]["value"] == 1.0 and results["metrics"]["pass@1"]["samples"] == 10
+    assert results["metrics"]["pass@2"]["value"] == 1.0 and not results["incomplete"]

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from dsv32.eval.errors import EvalError
 from dsv32.eval.metrics import default_ks, summarize
+from dsv32.eval.samples import first_of_each
 from dsv32.eval.settings import RunSettings
 from dsv32.eval.types import Benchmark, Problem
 
@@ -46,7 +47,9 @@ def _mean(values: list[float]) -> float | None:
 
 
 def aggregate(problems: list[Problem], rows: list[dict], n: int) -> dict:
-    """Metrics overall and per subset over the samples of ``problems``."""
+    """Metrics overall and per subset over the samples of ``problems``, each ``(id, sample)`` once
+    (the first of its lines)."""
+    rows = first_of_each(rows)
     by_problem: dict[str, list[float]] = defaultdict(list)
     for row in sorted(rows, key=lambda r: (r["id"], r["sample"])):
         if row["sample"] < n:

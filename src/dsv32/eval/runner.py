@@ -3,7 +3,10 @@
 1. The benchmark's problems (``--subset``, ``--data``, the first ``--limit``), the solver (a local
    model is loaded here) and the paper row are made ready before anything is written, so a bad input
    leaves no directory behind.
-2. The run directory (default ``runs/eval/<model>/<benchmark>``) holds ``settings.json``; a directory
+2. The run directory (default ``runs/eval/<model>/<benchmark>``) is locked for the whole run
+   (``fcntl.flock`` on its ``.lock`` file, without waiting): a second run on the same directory at
+   the same time stops at once with :class:`~dsv32.eval.errors.RunDirectoryBusy`. It holds
+   ``settings.json``; a directory
    whose settings differ in anything that changes a sample (:data:`~dsv32.eval.settings.IDENTITY`)
    is refused unless ``fresh``. ``samples.jsonl`` is read back and only the missing pairs run. A
    sample counts for its problem only while the problem is what it was when the sample was made
@@ -25,18 +28,20 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from dsv32.eval import registry
-from dsv32.eval.errors import EvalError
+from dsv32.eval.errors import EvalError, RunDirectoryBusy
 from dsv32.eval.paper import paper_number
 from dsv32.eval.report import git_commit, write_results
 from dsv32.eval.samples import SampleWriter, problem_hash, read_samples
@@ -87,6 +92,23 @@ def prepare(settings: RunSettings) -> tuple[Benchmark, list[Problem], dict | Non
     if not problems:
         raise EvalError(f"{bench.name} has no problems for these settings")
     return bench, problems, paper
+
+
+@contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``out`` (created if need be) or raise :class:`RunDirectoryBusy` at
+    once. The lock is the open ``.lock`` file's: the system drops it when the process ends, however
+    it ends, so a killed run never leaves the directory locked."""
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / ".lock").open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunDirectoryBusy(str(out)) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _open_dir(out: Path, settings: RunSettings, fresh: bool) -> list[dict]:
@@ -211,6 +233,11 @@ def run(
         window = getattr(solver, "window", None) or PAPER_CONTEXT
         settings = replace(settings, context_window=min(PAPER_CONTEXT, window))
     out = Path(out) if out is not None else default_out(settings)
+    with _locked(out):
+        return _run_locked(settings, bench, problems, paper, solver, out, fresh, progress, on_ready)
+
+
+def _run_locked(settings, bench, problems, paper, solver, out, fresh, progress, on_ready) -> dict:
     done_rows = _open_dir(out, settings, fresh)
     if on_ready is not None:
         on_ready(out)
