@@ -122,6 +122,7 @@ def test_side_by_side_and_paper_column(tmp_path):
     assert "paper (DeepSeek-V3.2)" in table
     assert "| byo-boxed | accuracy (pass@1) | 100.0" in table and "93.1 (Table 2" in table
     assert "| reasoning-gym | accuracy (pass@1) | - | 100.0" in table
+    assert "| reasoning-gym | problems |  | 2 |" in table and "WARNING" not in table  # one run per benchmark
     with pytest.raises(EvalError, match=r"no results\.json"):
         side_by_side([tmp_path / "nothing"])
 
@@ -325,3 +326,50 @@ def test_duplicate_sample_lines_count_once_the_first_kept(tmp_path):
     assert results["problems"] == 5 and results["samples"] == 10
     assert results["metrics"]["pass@1"]["value"] == 1.0 and results["metrics"]["pass@1"]["samples"] == 10
     assert results["metrics"]["pass@2"]["value"] == 1.0 and not results["incomplete"]
+
+
+def _rg(tmp_path, name, **settings):
+    run(
+        RunSettings("reasoning-gym", **{"subset": ["gcd"], "limit": 2, **settings}),
+        tmp_path / name,
+        progress=False,
+    )
+    return tmp_path / name
+
+
+def _warning(table):
+    [line] = [line for line in table.splitlines() if line.startswith("WARNING")]
+    return line
+
+
+def test_side_by_side_shows_what_makes_runs_comparable_and_warns_when_they_differ(tmp_path):
+    a, b = _rg(tmp_path, "a"), _rg(tmp_path, "b", limit=3)
+    table = side_by_side([a, b])
+    assert "| reasoning-gym | problems | 2 | 3 |" in table
+    settings = next(line for line in table.splitlines() if "| settings |" in line)
+    assert "subset=gcd, limit=2, data=-, n=1, temperature=1.0" in settings and "limit=3" in settings
+    warning = _warning(table)
+    assert warning.startswith("WARNING: reasoning-gym: these runs are not comparable")
+    assert "problems 2 vs 3" in warning and "limit 2 vs 3" in warning and "problem set" in warning
+    assert "temperature" not in warning and "subset" not in warning
+    assert "WARNING" not in side_by_side([a, _rg(tmp_path, "same")])  # the same settings elsewhere
+
+
+def test_the_same_count_of_other_problems_is_not_comparable(tmp_path):
+    warning = _warning(side_by_side([_rg(tmp_path, "a"), _rg(tmp_path, "b", subset=["lcm"])]))
+    assert "problem set " in warning and "subset gcd vs lcm" in warning and "problems 2 vs" not in warning
+
+
+def test_other_sampling_data_or_an_incomplete_run_is_warned_of(tmp_path):
+    warning = _warning(side_by_side([_rg(tmp_path, "a"), _rg(tmp_path, "b", n=2, temperature=0.5)]))
+    assert "n 1 vs 2" in warning and "temperature 1.0 vs 0.5" in warning and "problem set" not in warning
+    one, two = _five(tmp_path / "one.jsonl"), _five(tmp_path / "two.jsonl")
+    run(one, tmp_path / "c", progress=False)
+    run(two, tmp_path / "d", progress=False)
+    warning = _warning(side_by_side([tmp_path / "c", tmp_path / "d"]))
+    assert f"data {tmp_path / 'one.jsonl'} vs {tmp_path / 'two.jsonl'}" in warning
+    with pytest.raises(EvalError):
+        run(one, tmp_path / "e", progress=False, solver=_FailingSolver(Boxed(), {("q0", 0)}))
+    table = side_by_side([tmp_path / "c", tmp_path / "e"])
+    assert "| byo-boxed | problems | 5 | 4 of 5 scored (INCOMPLETE) |" in table
+    assert "incomplete no vs yes" in _warning(table)

@@ -9,7 +9,8 @@ steps, tokens and context resets per episode), ``tokens`` (mean completion token
 ``--paper``), ``problems`` and ``samples`` (those with a scored result, which the metrics cover),
 ``selected`` (``problems`` and ``samples`` the settings asked for: problems × n), ``incomplete``
 (true when some selected sample has no scored result), ``missing`` (each such sample: ``id``,
-``sample`` and the ``error`` that left it unscored) and ``elapsed_s`` (this invocation's wall time).
+``sample`` and the ``error`` that left it unscored), ``problem_set`` (:func:`problem_set`: which
+problems were selected) and ``elapsed_s`` (this invocation's wall time).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from dsv32.eval.errors import EvalError
 from dsv32.eval.metrics import default_ks, summarize
-from dsv32.eval.samples import first_of_each
+from dsv32.eval.samples import canonical_digest, first_of_each, problem_hash
 from dsv32.eval.settings import RunSettings
 from dsv32.eval.types import Benchmark, Problem
 
@@ -126,6 +127,7 @@ def write_results(
         "git_commit": commit,
         **aggregate(problems, rows, settings.n),
         **completeness(problems, rows, settings.n, failed),
+        "problem_set": problem_set(problems),
         "excluded": dict(bench.excluded),
         "paper": paper,
         "elapsed_s": round(elapsed_s, 2),
@@ -233,25 +235,91 @@ def load_results(path: str | Path) -> dict:
         raise EvalError(f"{file}: not a results file ({err.msg})") from err
 
 
+#: The settings that make two runs of one benchmark comparable (besides the problems themselves).
+COMPARABLE = ("subset", "limit", "data", "n", "temperature", "top_p", "max_tokens", "thinking", "context")
+
+
+def problem_set(problems: list[Problem]) -> str:
+    """16 hex digits naming the selected problems: the digest of their ids and
+    :func:`~dsv32.eval.samples.problem_hash` values, in order. Two runs with the same value asked
+    the same questions."""
+    return canonical_digest([[p.id, problem_hash(p)] for p in problems])[:16]
+
+
+def comparability(results: dict) -> dict:
+    """What must match for two runs of one benchmark to be compared: the problem count (selected),
+    the problem set, the :data:`COMPARABLE` settings and whether the run is incomplete. A value an
+    older results file lacks is ``None``."""
+    settings = results.get("settings", {})
+    return {
+        "problems": (results.get("selected") or {}).get("problems", results.get("problems")),
+        "problem set": results.get("problem_set"),
+        **{k: settings.get(k) for k in COMPARABLE},
+        "incomplete": results.get("incomplete"),
+    }
+
+
+def _show(value: object) -> str:
+    if value is None or value == []:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def _describe(results: dict) -> tuple[str, str]:
+    """The ``problems`` and ``settings`` cells of one run."""
+    c = comparability(results)
+    problems = _show(c["problems"])
+    if results.get("incomplete"):
+        problems = f"{results['problems']} of {problems} scored (INCOMPLETE)"
+    settings = ", ".join(
+        f"{k}={_show(Path(c[k]).name if k == 'data' and c[k] else c[k])}" for k in COMPARABLE
+    )
+    return problems, settings.replace("|", "\\|")
+
+
+def _differences(runs: list[dict]) -> list[str]:
+    """The comparability keys in which ``runs`` (of one benchmark) differ, each with every run's value
+    in column order. An unknown value (an older results file) is left out of the comparison; an
+    incomplete run always counts as a difference, since its scores cover only the samples it scored."""
+    found = []
+    described = [comparability(r) for r in runs]
+    for key in described[0]:
+        values = [d[key] for d in described]
+        known = [v for v in values if v is not None]
+        differs = any(values) if key == "incomplete" else len({json.dumps(v) for v in known}) > 1
+        if differs:
+            found.append(f"{key} " + " vs ".join(_show(v) for v in values))
+    return found
+
+
 def side_by_side(paths: list[str | Path]) -> str:
-    """A Markdown table: one row per benchmark metric (and subset), one column per run, then the
-    paper's number where a run named one."""
+    """A Markdown table: per benchmark, a row with each run's problem count and one with the
+    settings that make runs comparable (:func:`comparability`), then one row per metric (and
+    subset), one column per run, then the paper's number where a run named one. Under the table, a
+    ``WARNING`` line for each benchmark whose runs differ in any of those."""
     runs = [load_results(p) for p in paths]
     try:
         heads = [
             f"{r['model']['name']} ({r['model']['backend']})" + (" INCOMPLETE" if r.get("incomplete") else "")
             for r in runs
         ]
+        benches = [r["benchmark"]["name"] for r in runs]
     except KeyError as err:
         raise EvalError(f"a results file lacks {err}; is it from 'dsv32 eval run'?") from err
     if len(set(heads)) < len(heads):
         heads = [f"{h}, {Path(p).name}" for h, p in zip(heads, paths)]
     rows: dict[tuple[str, str], list[str]] = {}
     papers: dict[str, str] = {}
-    for i, r in enumerate(runs):
-        bench = r["benchmark"]["name"]
+    for i, (r, bench) in enumerate(zip(runs, benches)):
         if r.get("paper"):
             papers[bench] = f"{r['paper']['value']:.1f} ({r['paper']['source']})"
+        problems, settings = _describe(r)
+        rows.setdefault((bench, "problems"), [""] * len(runs))[i] = problems
+        rows.setdefault((bench, "settings"), [""] * len(runs))[i] = settings
         cells = [((bench, label(r, k)), m) for k, m in r["metrics"].items()]
         cells += [
             ((bench, f"{sub}: {label(r, 'pass@1')}"), ms["pass@1"])
@@ -268,4 +336,18 @@ def side_by_side(paths: list[str | Path]) -> str:
         overall = ":" not in metric and "pass@1" in metric
         paper = [papers.get(bench, "-") if overall else ""] if paper_col else []
         lines.append(f"| {bench} | {metric} | " + " | ".join(cells + paper) + " |")
+    warnings = []
+    for bench in dict.fromkeys(benches):
+        same = [i for i, b in enumerate(benches) if b == bench]
+        if len(same) < 2:
+            continue
+        differences = _differences([runs[i] for i in same])
+        if differences:
+            warnings.append(
+                f"WARNING: {bench}: these runs are not comparable; they differ in "
+                + "; ".join(differences)
+                + " (values in column order)."
+            )
+    if warnings:
+        lines += ["", *warnings]
     return "\n".join(lines) + "\n"
