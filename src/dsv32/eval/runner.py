@@ -6,13 +6,12 @@
 2. The run directory (default ``runs/eval/<model>/<benchmark>``) is locked for the whole run
    (``fcntl.flock`` on its ``.lock`` file, without waiting): a second run on the same directory at
    the same time stops at once with :class:`~dsv32.eval.errors.RunDirectoryBusy`. It holds
-   ``settings.json``; a directory
-   whose settings differ in anything that changes a sample (:data:`~dsv32.eval.settings.IDENTITY`)
-   is refused unless ``fresh``. ``samples.jsonl`` is read back and only the missing pairs run. A
-   sample counts for its problem only while the problem is what it was when the sample was made
-   (:func:`~dsv32.eval.samples.problem_hash`, kept on every line): a problem edited in a ``--data``
-   file since then (or one whose package changed it) is run again, with a warning, and its old lines
-   stay in the file but count for nothing.
+   ``settings.json``; a directory whose settings differ in anything that changes a sample
+   (:data:`~dsv32.eval.settings.IDENTITY`) is refused unless ``fresh``. ``samples.jsonl`` is read
+   back and only the missing pairs run. A sample counts for its problem only while the problem is
+   what it was when the sample was made (:func:`~dsv32.eval.samples.problem_hash`, kept on every
+   line): a problem edited in a ``--data`` file since then (or one whose package changed it) is run
+   again, with a warning, and its old lines stay in the file but count for nothing.
 3. Single-turn: the solver answers a chunk (a batch for a local model, ``concurrency`` requests at a
    time for an endpoint), then the chunk is scored in a pool of threads (each HumanEval program is
    its own sandboxed process). Episodes: ``concurrency`` episodes at a time, each with its own
