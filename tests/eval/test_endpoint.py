@@ -51,7 +51,7 @@ def test_humaneval_over_an_endpoint(tmp_path, humaneval, capsys):
     assert "pass@1 50.0%" in capsys.readouterr().out
 
 
-def test_failed_requests_are_retried_by_running_again(tmp_path, humaneval):
+def test_failed_requests_are_retried_by_running_again(tmp_path, humaneval, capsys):
     bench, by_prompt = humaneval
     failing = {list(by_prompt)[1]}
 
@@ -66,12 +66,21 @@ def test_failed_requests_are_retried_by_running_again(tmp_path, humaneval):
     with StubEndpoint(reply) as stub:
         assert main([*argv, "--base-url", stub.base_url]) == 2  # one sample got no answer
         assert len((out / "samples.jsonl").read_text().splitlines()) == 2
+        err = capsys.readouterr().err
+        assert "1 of 3 sample(s) have no scored result" in err and "HumanEval/1 #0: " in err
+        partial = json.loads((out / "results.json").read_text())
+        assert partial["incomplete"] and [(m["id"], m["sample"]) for m in partial["missing"]] == [
+            ("HumanEval/1", 0)
+        ]
+        assert "400" in partial["missing"][0]["error"]
+        assert (out / "report.md").read_text().splitlines()[2].startswith("**INCOMPLETE: 1 of 3 samples")
         assert stub.requests[0]["chat_template_kwargs"] == {"thinking": False}
         failing.clear()
         seen = len(stub.requests)
         assert main([*argv, "--base-url", stub.base_url]) == 0
         assert len(stub.requests) == seen + 1  # only the missing sample was asked again
-    assert json.loads((out / "results.json").read_text())["metrics"]["pass@1"]["value"] == 1.0
+    final = json.loads((out / "results.json").read_text())
+    assert final["metrics"]["pass@1"]["value"] == 1.0 and not final["incomplete"] and final["missing"] == []
 
 
 def test_bfcl_tool_calls_over_an_endpoint(tmp_path):
@@ -140,3 +149,14 @@ def test_unreadable_tool_call_arguments_score_zero_and_the_run_finishes(tmp_path
     assert sorted(r["score"] for r in rows.values()) == [0.0, 0.0, 1.0]
     reasons = " ".join(r["reason"] for r in rows.values())
     assert "cannot be read (ValueError)" in reasons and "cannot be read (RecursionError)" in reasons
+
+
+def test_failed_episodes_are_listed_as_missing(tmp_path, capsys):
+    out = tmp_path / "ci"
+    with StubEndpoint(lambda request: 400) as stub:
+        assert main(["eval", "run", "agent-code-interpreter", "--limit", "2", "--backend", "openai", "--base-url",
+                     stub.base_url, "--model", "m", "--concurrency", "2", "--out", str(out), "--no-progress"]) == 2  # fmt: skip
+    results = json.loads((out / "results.json").read_text())
+    assert results["incomplete"] and results["problems"] == 0 and len(results["missing"]) == 2
+    assert all(m["error"] for m in results["missing"])
+    assert "2 of 2 sample(s) have no scored result" in capsys.readouterr().err

@@ -4,6 +4,7 @@ checked, and several runs go side by side."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -121,6 +122,7 @@ def test_side_by_side_and_paper_column(tmp_path):
     assert "paper (DeepSeek-V3.2)" in table
     assert "| byo-boxed | accuracy (pass@1) | 100.0" in table and "93.1 (Table 2" in table
     assert "| reasoning-gym | accuracy (pass@1) | - | 100.0" in table
+    assert "| reasoning-gym | problems |  | 2 |" in table and "WARNING" not in table  # one run per benchmark
     with pytest.raises(EvalError, match=r"no results\.json"):
         side_by_side([tmp_path / "nothing"])
 
@@ -214,3 +216,160 @@ def test_samples_without_a_problem_hash_are_made_again(tmp_path):
     (out / "samples.jsonl").write_text(json.dumps(row) + "\n")
     run(settings, out, progress=False)
     assert [("problem_hash" in r) for r in _samples(out)] == [False, True]
+
+
+class _FailingSolver:
+    """The reference answers, except that the ``(id, sample)`` pairs in ``fail`` get no answer, as
+    an endpoint call that failed after its retries."""
+
+    chunk_size = 8
+
+    def __init__(self, bench, fail):
+        from dsv32.eval.solvers import ReferenceSolver
+
+        self.reference, self.fail = ReferenceSolver(bench), fail
+
+    def complete(self, items, settings):
+        out = self.reference.complete(items, settings)
+        for (problem, j), gen in zip(items, out):
+            if (problem.id, j) in self.fail:
+                gen.error = f"HTTP 500 for {problem.id} #{j}"
+        return out
+
+
+def _five(path, n=1):
+    rows = [{"id": f"q{i}", "problem": f"{i}+1?", "answer": str(i + 1)} for i in range(5)]
+    return replace(_boxed(path, rows), n=n)
+
+
+def test_failed_samples_mark_the_run_incomplete_and_are_listed(tmp_path):
+    out, settings = tmp_path / "o", _five(tmp_path / "f.jsonl")
+    solver = _FailingSolver(Boxed(), {("q1", 0), ("q3", 0)})
+    with pytest.raises(EvalError) as raised:
+        run(settings, out, progress=False, solver=solver)
+    message = str(raised.value)
+    assert "2 of 5 sample(s) have no scored result (2 of 5 problem(s) none at all)" in message
+    assert "q1 #0: HTTP 500 for q1 #0" in message and "q3 #0: HTTP 500 for q3 #0" in message
+    results = load_results(out)
+    assert results["incomplete"] is True
+    assert results["selected"] == {"problems": 5, "samples": 5}
+    assert results["problems"] == 3 and results["samples"] == 3
+    assert results["missing"] == [
+        {"id": "q1", "sample": 0, "error": "HTTP 500 for q1 #0"},
+        {"id": "q3", "sample": 0, "error": "HTTP 500 for q3 #0"},
+    ]
+    assert results["metrics"]["pass@1"]["value"] == 1.0  # a failed sample is not a wrong answer
+    report = (out / "report.md").read_text()
+    head = report.split("\n")[2]
+    assert head.startswith("**INCOMPLETE: 2 of 5 samples have no scored result (2 of 5 problems none at all)")
+    assert "3 of 5 problems, 3 of 5 samples scored" in report
+    assert "- q3 #0: HTTP 500 for q3 #0" in report
+    assert "INCOMPLETE" in side_by_side([out]).splitlines()[0]
+    # running again retries just the failed samples and the run is complete
+    results = run(settings, out, progress=False, solver=_FailingSolver(Boxed(), set()))
+    assert results["incomplete"] is False and results["missing"] == [] and results["problems"] == 5
+    assert len(_samples(out)) == 5
+    assert "INCOMPLETE" not in (out / "report.md").read_text()
+
+
+def test_an_incomplete_sampled_run_says_which_pass_at_k_it_lacks(tmp_path):
+    out, settings = tmp_path / "o", _five(tmp_path / "f.jsonl", n=4)
+    with pytest.raises(EvalError, match=r"1 of 20 sample\(s\) have no scored result \(0 of 5 problem"):
+        run(settings, out, progress=False, solver=_FailingSolver(Boxed(), {("q2", 0)}))
+    results = load_results(out)
+    assert results["incomplete"] and results["missing"][0]["sample"] == 0
+    assert "pass@2" in results["metrics"] and "pass@4" not in results["metrics"]
+    assert results["problems"] == 5 and results["samples"] == 19
+    assert (
+        "pass@4 not reported (a problem has fewer scored samples than k)" in (out / "report.md").read_text()
+    )
+
+
+def test_many_failures_are_counted_and_the_rest_pointed_to(tmp_path):
+    out, settings = tmp_path / "o", _five(tmp_path / "f.jsonl", n=5)
+    fail = {(f"q{i}", j) for i in range(5) for j in range(5)}
+    with pytest.raises(EvalError) as raised:
+        run(settings, out, progress=False, solver=_FailingSolver(Boxed(), fail))
+    lines = str(raised.value).splitlines()
+    assert lines[0].startswith("25 of 25 sample(s) have no scored result (5 of 5 problem(s) none at all)")
+    assert len(lines) == 1 + 20 + 1 and lines[-1] == "  ... and 5 more (results.json 'missing')"
+    results = load_results(out)
+    assert len(results["missing"]) == 25 and results["problems"] == 0 and results["metrics"] == {}
+    assert "INCOMPLETE: 25 of 25 samples" in (out / "report.md").read_text()
+
+
+def test_a_second_run_on_a_busy_directory_stops_with_a_typed_error(tmp_path):
+    from dsv32.eval import RunDirectoryBusy
+
+    out, settings = tmp_path / "o", _five(tmp_path / "f.jsonl")
+    refused = []
+
+    def second(path):  # called while the first run holds the directory
+        with pytest.raises(RunDirectoryBusy, match=r"o is in use by another 'dsv32 eval run'") as raised:
+            run(settings, path, progress=False)
+        refused.append(raised.value.directory)
+
+    results = run(settings, out, progress=False, on_ready=second)
+    assert refused == [str(out)]
+    assert results["samples"] == 5 and len(_samples(out)) == 5  # nothing written twice
+    assert run(settings, out, progress=False)["samples"] == 5  # the lock is gone once the run ends
+
+
+def test_duplicate_sample_lines_count_once_the_first_kept(tmp_path):
+    out, settings = tmp_path / "o", _five(tmp_path / "f.jsonl", n=2)
+    run(settings, out, progress=False)
+    lines = (out / "samples.jsonl").read_text().splitlines()
+    wrong = [json.dumps({**json.loads(line), "score": 0.0}) for line in lines]
+    (out / "samples.jsonl").write_text("\n".join(lines + wrong) + "\n")  # as two runs at once leave it
+    results = run(settings, out, progress=False)
+    assert len(_samples(out)) == 20  # nothing ran again
+    assert results["problems"] == 5 and results["samples"] == 10
+    assert results["metrics"]["pass@1"]["value"] == 1.0 and results["metrics"]["pass@1"]["samples"] == 10
+    assert results["metrics"]["pass@2"]["value"] == 1.0 and not results["incomplete"]
+
+
+def _rg(tmp_path, name, **settings):
+    run(
+        RunSettings("reasoning-gym", **{"subset": ["gcd"], "limit": 2, **settings}),
+        tmp_path / name,
+        progress=False,
+    )
+    return tmp_path / name
+
+
+def _warning(table):
+    [line] = [line for line in table.splitlines() if line.startswith("WARNING")]
+    return line
+
+
+def test_side_by_side_shows_what_makes_runs_comparable_and_warns_when_they_differ(tmp_path):
+    a, b = _rg(tmp_path, "a"), _rg(tmp_path, "b", limit=3)
+    table = side_by_side([a, b])
+    assert "| reasoning-gym | problems | 2 | 3 |" in table
+    settings = next(line for line in table.splitlines() if "| settings |" in line)
+    assert "subset=gcd, limit=2, data=-, n=1, temperature=1.0" in settings and "limit=3" in settings
+    warning = _warning(table)
+    assert warning.startswith("WARNING: reasoning-gym: these runs are not comparable")
+    assert "problems 2 vs 3" in warning and "limit 2 vs 3" in warning and "problem set" in warning
+    assert "temperature" not in warning and "subset" not in warning
+    assert "WARNING" not in side_by_side([a, _rg(tmp_path, "same")])  # the same settings elsewhere
+
+
+def test_the_same_count_of_other_problems_is_not_comparable(tmp_path):
+    warning = _warning(side_by_side([_rg(tmp_path, "a"), _rg(tmp_path, "b", subset=["lcm"])]))
+    assert "problem set " in warning and "subset gcd vs lcm" in warning and "problems 2 vs" not in warning
+
+
+def test_other_sampling_data_or_an_incomplete_run_is_warned_of(tmp_path):
+    warning = _warning(side_by_side([_rg(tmp_path, "a"), _rg(tmp_path, "b", n=2, temperature=0.5)]))
+    assert "n 1 vs 2" in warning and "temperature 1.0 vs 0.5" in warning and "problem set" not in warning
+    one, two = _five(tmp_path / "one.jsonl"), _five(tmp_path / "two.jsonl")
+    run(one, tmp_path / "c", progress=False)
+    run(two, tmp_path / "d", progress=False)
+    warning = _warning(side_by_side([tmp_path / "c", tmp_path / "d"]))
+    assert f"data {tmp_path / 'one.jsonl'} vs {tmp_path / 'two.jsonl'}" in warning
+    with pytest.raises(EvalError):
+        run(one, tmp_path / "e", progress=False, solver=_FailingSolver(Boxed(), {("q0", 0)}))
+    table = side_by_side([tmp_path / "c", tmp_path / "e"])
+    assert "| byo-boxed | problems | 5 | 4 of 5 scored (INCOMPLETE) |" in table
+    assert "incomplete no vs yes" in _warning(table)

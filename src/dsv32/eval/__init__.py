@@ -16,7 +16,7 @@ per-sample JSONL; reports (:mod:`.report`) write results.json and report.md and 
 side; :mod:`.paper` holds the paper's numbers with their tables. See docs/eval.md.
 """
 
-from dsv32.eval.errors import EvalError
+from dsv32.eval.errors import EvalError, RunDirectoryBusy
 from dsv32.eval.metrics import Metric, pass_at_k, summarize
 from dsv32.eval.paper import PAPER
 from dsv32.eval.registry import get, names
@@ -33,6 +33,7 @@ __all__ = [
     "EvalError",
     "Metric",
     "Problem",
+    "RunDirectoryBusy",
     "RunSettings",
     "Score",
     "get",

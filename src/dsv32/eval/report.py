@@ -6,7 +6,11 @@ n > 1, ``pass@k`` for k = 2, 4, ... n, each a value in [0, 1] with its 95 % inte
 :mod:`dsv32.eval.metrics`), ``subsets`` (the same per category or task family), ``agentic`` (mean
 steps, tokens and context resets per episode), ``tokens`` (mean completion tokens per sample),
 ``excluded`` (problems the benchmark left out, with why), ``paper`` (the paper's number for
-``--paper``), ``problems``, ``samples`` and ``elapsed_s`` (this invocation's wall time).
+``--paper``), ``problems`` and ``samples`` (those with a scored result, which the metrics cover),
+``selected`` (``problems`` and ``samples`` the settings asked for: problems × n), ``incomplete``
+(true when some selected sample has no scored result), ``missing`` (each such sample: ``id``,
+``sample`` and the ``error`` that left it unscored), ``problem_set`` (:func:`problem_set`: which
+problems were selected) and ``elapsed_s`` (this invocation's wall time).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 
 from dsv32.eval.errors import EvalError
 from dsv32.eval.metrics import default_ks, summarize
+from dsv32.eval.samples import canonical_digest, first_of_each, problem_hash
 from dsv32.eval.settings import RunSettings
 from dsv32.eval.types import Benchmark, Problem
 
@@ -43,7 +48,9 @@ def _mean(values: list[float]) -> float | None:
 
 
 def aggregate(problems: list[Problem], rows: list[dict], n: int) -> dict:
-    """Metrics overall and per subset over the samples of ``problems``."""
+    """Metrics overall and per subset over the samples of ``problems``, each ``(id, sample)`` once
+    (the first of its lines)."""
+    rows = first_of_each(rows)
     by_problem: dict[str, list[float]] = defaultdict(list)
     for row in sorted(rows, key=lambda r: (r["id"], r["sample"])):
         if row["sample"] < n:
@@ -68,6 +75,30 @@ def aggregate(problems: list[Problem], rows: list[dict], n: int) -> dict:
     return out
 
 
+NOT_RUN = "no scored result (not run)"
+
+
+def completeness(
+    problems: list[Problem], rows: list[dict], n: int, failed: dict[tuple[str, int], str] | None = None
+) -> dict:
+    """``selected`` (problems and samples asked for), ``incomplete`` and ``missing``: every selected
+    ``(problem, sample)`` without a scored row, with the error that left it unscored (``failed``,
+    keyed by ``(id, sample)``; otherwise :data:`NOT_RUN`)."""
+    failed = failed or {}
+    scored = {(r["id"], r["sample"]) for r in rows}
+    missing = [
+        {"id": p.id, "sample": j, "error": failed.get((p.id, j), NOT_RUN)}
+        for p in problems
+        for j in range(n)
+        if (p.id, j) not in scored
+    ]
+    return {
+        "selected": {"problems": len(problems), "samples": len(problems) * n},
+        "incomplete": bool(missing),
+        "missing": missing,
+    }
+
+
 def write_results(
     out: Path,
     bench: Benchmark,
@@ -77,9 +108,11 @@ def write_results(
     paper: dict | None,
     elapsed_s: float,
     commit: str,
+    failed: dict[tuple[str, int], str] | None = None,
 ) -> dict:
     """Write ``results.json`` and ``report.md`` under ``out`` (``commit``: the code's git commit when
-    the run started) and return the results."""
+    the run started; ``failed``: the error of each ``(id, sample)`` this invocation could not score)
+    and return the results."""
     results = {
         "benchmark": {
             "name": bench.name,
@@ -93,6 +126,8 @@ def write_results(
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "git_commit": commit,
         **aggregate(problems, rows, settings.n),
+        **completeness(problems, rows, settings.n, failed),
+        "problem_set": problem_set(problems),
         "excluded": dict(bench.excluded),
         "paper": paper,
         "elapsed_s": round(elapsed_s, 2),
@@ -120,14 +155,14 @@ def render(results: dict) -> str:
     lines = [
         f"# {b['name']}: {m['name']} ({m['backend']})",
         "",
+        *([f"**{incomplete_note(results)}**", ""] if results.get("incomplete") else []),
         b["description"],
         "",
         f"- data: {b['source']} {b['versions'] or ''}".rstrip(),
         f"- settings: n={s['n']}, temperature={s['temperature']}, top_p={s['top_p']}, "
         f"max_tokens={s['max_tokens']}, "
         f"thinking={'on' if s['thinking'] else 'off'}, context={s['context']}",
-        f"- {results['problems']} problems, {results['samples']} samples; {results['date']}; "
-        f"commit {results['git_commit'][:12]}",
+        f"- {_counts(results)}; {results['date']}; commit {results['git_commit'][:12]}",
         "",
         "| metric | score % [95 % CI] |" + (" paper % |" if results.get("paper") else ""),
         "|---|---|" + ("---|" if results.get("paper") else ""),
@@ -155,7 +190,38 @@ def render(results: dict) -> str:
         lines += ["", f"Left out ({len(results['excluded'])}):"] + [
             f"- {k}: {v}" for k, v in results["excluded"].items()
         ]
+    if results.get("missing"):
+        lines += ["", f"Not scored ({len(results['missing'])}; not counted, retried by running again):"] + [
+            f"- {m['id']} #{m['sample']}: {m['error']}" for m in results["missing"]
+        ]
     return "\n".join(lines) + "\n"
+
+
+def _counts(results: dict) -> str:
+    selected = results.get("selected")
+    if not selected:
+        return f"{results['problems']} problems, {results['samples']} samples"
+    return (
+        f"{results['problems']} of {selected['problems']} problems, "
+        f"{results['samples']} of {selected['samples']} samples scored"
+    )
+
+
+def incomplete_note(results: dict) -> str:
+    """One line on what an incomplete run lacks: the unscored samples and problems, and the pass@k
+    it cannot report."""
+    selected, missing = results["selected"], results.get("missing", [])
+    unscored = selected["problems"] - results["problems"]
+    note = (
+        f"INCOMPLETE: {len(missing)} of {selected['samples']} samples have no scored result "
+        f"({unscored} of {selected['problems']} problems none at all); the scores cover only the "
+        f"{results['problems']} problems and {results['samples']} samples scored"
+    )
+    n = results["settings"]["n"]
+    absent = [f"pass@{k}" for k in default_ks(n)[1:] if f"pass@{k}" not in results["metrics"]]
+    if absent and results["problems"]:
+        note += f"; {', '.join(absent)} not reported (a problem has fewer scored samples than k)"
+    return note + ". The unscored samples are listed below; running the same command again retries them."
 
 
 def load_results(path: str | Path) -> dict:
@@ -169,22 +235,91 @@ def load_results(path: str | Path) -> dict:
         raise EvalError(f"{file}: not a results file ({err.msg})") from err
 
 
+#: The settings that make two runs of one benchmark comparable (besides the problems themselves).
+COMPARABLE = ("subset", "limit", "data", "n", "temperature", "top_p", "max_tokens", "thinking", "context")
+
+
+def problem_set(problems: list[Problem]) -> str:
+    """16 hex digits naming the selected problems: the digest of their ids and
+    :func:`~dsv32.eval.samples.problem_hash` values, in order. Two runs with the same value asked
+    the same questions."""
+    return canonical_digest([[p.id, problem_hash(p)] for p in problems])[:16]
+
+
+def comparability(results: dict) -> dict:
+    """What must match for two runs of one benchmark to be compared: the problem count (selected),
+    the problem set, the :data:`COMPARABLE` settings and whether the run is incomplete. A value an
+    older results file lacks is ``None``."""
+    settings = results.get("settings", {})
+    return {
+        "problems": (results.get("selected") or {}).get("problems", results.get("problems")),
+        "problem set": results.get("problem_set"),
+        **{k: settings.get(k) for k in COMPARABLE},
+        "incomplete": results.get("incomplete"),
+    }
+
+
+def _show(value: object) -> str:
+    if value is None or value == []:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def _describe(results: dict) -> tuple[str, str]:
+    """The ``problems`` and ``settings`` cells of one run."""
+    c = comparability(results)
+    problems = _show(c["problems"])
+    if results.get("incomplete"):
+        problems = f"{results['problems']} of {problems} scored (INCOMPLETE)"
+    settings = ", ".join(
+        f"{k}={_show(Path(c[k]).name if k == 'data' and c[k] else c[k])}" for k in COMPARABLE
+    )
+    return problems, settings.replace("|", "\\|")
+
+
+def _differences(runs: list[dict]) -> list[str]:
+    """The comparability keys in which ``runs`` (of one benchmark) differ, each with every run's value
+    in column order. An unknown value (an older results file) is left out of the comparison; an
+    incomplete run always counts as a difference, since its scores cover only the samples it scored."""
+    found = []
+    described = [comparability(r) for r in runs]
+    for key in described[0]:
+        values = [d[key] for d in described]
+        known = [v for v in values if v is not None]
+        differs = any(values) if key == "incomplete" else len({json.dumps(v) for v in known}) > 1
+        if differs:
+            found.append(f"{key} " + " vs ".join(_show(v) for v in values))
+    return found
+
+
 def side_by_side(paths: list[str | Path]) -> str:
-    """A Markdown table: one row per benchmark metric (and subset), one column per run, then the
-    paper's number where a run named one."""
+    """A Markdown table: per benchmark, a row with each run's problem count and one with the
+    settings that make runs comparable (:func:`comparability`), then one row per metric (and
+    subset), one column per run, then the paper's number where a run named one. Under the table, a
+    ``WARNING`` line for each benchmark whose runs differ in any of those."""
     runs = [load_results(p) for p in paths]
     try:
-        heads = [f"{r['model']['name']} ({r['model']['backend']})" for r in runs]
+        heads = [
+            f"{r['model']['name']} ({r['model']['backend']})" + (" INCOMPLETE" if r.get("incomplete") else "")
+            for r in runs
+        ]
+        benches = [r["benchmark"]["name"] for r in runs]
     except KeyError as err:
         raise EvalError(f"a results file lacks {err}; is it from 'dsv32 eval run'?") from err
     if len(set(heads)) < len(heads):
         heads = [f"{h}, {Path(p).name}" for h, p in zip(heads, paths)]
     rows: dict[tuple[str, str], list[str]] = {}
     papers: dict[str, str] = {}
-    for i, r in enumerate(runs):
-        bench = r["benchmark"]["name"]
+    for i, (r, bench) in enumerate(zip(runs, benches)):
         if r.get("paper"):
             papers[bench] = f"{r['paper']['value']:.1f} ({r['paper']['source']})"
+        problems, settings = _describe(r)
+        rows.setdefault((bench, "problems"), [""] * len(runs))[i] = problems
+        rows.setdefault((bench, "settings"), [""] * len(runs))[i] = settings
         cells = [((bench, label(r, k)), m) for k, m in r["metrics"].items()]
         cells += [
             ((bench, f"{sub}: {label(r, 'pass@1')}"), ms["pass@1"])
@@ -201,4 +336,18 @@ def side_by_side(paths: list[str | Path]) -> str:
         overall = ":" not in metric and "pass@1" in metric
         paper = [papers.get(bench, "-") if overall else ""] if paper_col else []
         lines.append(f"| {bench} | {metric} | " + " | ".join(cells + paper) + " |")
+    warnings = []
+    for bench in dict.fromkeys(benches):
+        same = [i for i, b in enumerate(benches) if b == bench]
+        if len(same) < 2:
+            continue
+        differences = _differences([runs[i] for i in same])
+        if differences:
+            warnings.append(
+                f"WARNING: {bench}: these runs are not comparable; they differ in "
+                + "; ".join(differences)
+                + " (values in column order)."
+            )
+    if warnings:
+        lines += ["", *warnings]
     return "\n".join(lines) + "\n"

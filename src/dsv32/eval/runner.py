@@ -3,38 +3,44 @@
 1. The benchmark's problems (``--subset``, ``--data``, the first ``--limit``), the solver (a local
    model is loaded here) and the paper row are made ready before anything is written, so a bad input
    leaves no directory behind.
-2. The run directory (default ``runs/eval/<model>/<benchmark>``) holds ``settings.json``; a directory
-   whose settings differ in anything that changes a sample (:data:`~dsv32.eval.settings.IDENTITY`)
-   is refused unless ``fresh``. ``samples.jsonl`` is read back and only the missing pairs run. A
-   sample counts for its problem only while the problem is what it was when the sample was made
-   (:func:`~dsv32.eval.samples.problem_hash`, kept on every line): a problem edited in a ``--data``
-   file since then (or one whose package changed it) is run again, with a warning, and its old lines
-   stay in the file but count for nothing.
+2. The run directory (default ``runs/eval/<model>/<benchmark>``) is locked for the whole run
+   (``fcntl.flock`` on its ``.lock`` file, without waiting): a second run on the same directory at
+   the same time stops at once with :class:`~dsv32.eval.errors.RunDirectoryBusy`. It holds
+   ``settings.json``; a directory whose settings differ in anything that changes a sample
+   (:data:`~dsv32.eval.settings.IDENTITY`) is refused unless ``fresh``. ``samples.jsonl`` is read
+   back and only the missing pairs run. A sample counts for its problem only while the problem is
+   what it was when the sample was made (:func:`~dsv32.eval.samples.problem_hash`, kept on every
+   line): a problem edited in a ``--data`` file since then (or one whose package changed it) is run
+   again, with a warning, and its old lines stay in the file but count for nothing.
 3. Single-turn: the solver answers a chunk (a batch for a local model, ``concurrency`` requests at a
    time for an endpoint), then the chunk is scored in a pool of threads (each HumanEval program is
    its own sandboxed process). Episodes: ``concurrency`` episodes at a time, each with its own
    backend. Each sample is appended to ``samples.jsonl`` as soon as it is scored; a progress bar
    counts them.
-4. A sample whose endpoint call failed (after the client's retries) is not written: the run ends
-   with an error that says how many, and running the same command again retries just those. (A
-   local model that fills its window fails its episode like any wrong answer.)
+4. A sample whose endpoint call failed (after the client's retries) is not written, and not counted
+   as a wrong answer: ``results.json`` and ``report.md`` are still written, marked incomplete, with
+   every unscored ``(problem, sample)`` and its error under ``missing``; the run then ends with an
+   error that lists them, and running the same command again retries just those. (A local model
+   that fills its window fails its episode like any wrong answer.)
 5. ``results.json`` and ``report.md`` (:mod:`dsv32.eval.report`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from dsv32.eval import registry
-from dsv32.eval.errors import EvalError
+from dsv32.eval.errors import EvalError, RunDirectoryBusy
 from dsv32.eval.paper import paper_number
 from dsv32.eval.report import git_commit, write_results
 from dsv32.eval.samples import SampleWriter, problem_hash, read_samples
@@ -87,6 +93,23 @@ def prepare(settings: RunSettings) -> tuple[Benchmark, list[Problem], dict | Non
     return bench, problems, paper
 
 
+@contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``out`` (created if need be) or raise :class:`RunDirectoryBusy` at
+    once. The lock is the open ``.lock`` file's: the system drops it when the process ends, however
+    it ends, so a killed run never leaves the directory locked."""
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / ".lock").open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunDirectoryBusy(str(out)) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _open_dir(out: Path, settings: RunSettings, fresh: bool) -> list[dict]:
     saved = out / "settings.json"
     if saved.is_file() and not fresh:
@@ -137,23 +160,25 @@ def _score(bench: Benchmark, problem: Problem, message: dict) -> Score:
         return Score(0.0, why)
 
 
-def _run_single(bench, solver, settings, pending, writer, tick) -> list[str]:
-    errors: list[str] = []
+def _run_single(bench, solver, settings, pending, writer, tick) -> dict[tuple[str, int], str]:
+    failed: dict[tuple[str, int], str] = {}
     size = solver.chunk_size
     with ThreadPoolExecutor(SCORE_WORKERS) as pool:
         for start in range(0, len(pending), size):
             chunk = pending[start : start + size]
             generated = solver.complete(chunk, settings)
             ok = [(item, gen) for item, gen in zip(chunk, generated) if gen.error is None]
-            errors += [gen.error for gen in generated if gen.error is not None]
+            failed.update(
+                {(p.id, j): gen.error for (p, j), gen in zip(chunk, generated) if gen.error is not None}
+            )
             scores = pool.map(lambda pair: _score(bench, pair[0][0], pair[1].message), ok)
             for ((problem, j), gen), score in zip(ok, scores):
                 writer.write(_single_row(problem, j, gen, score))
                 tick()
-    return errors
+    return failed
 
 
-def _run_episodes(bench, solver, settings, pending, writer, tick) -> list[str]:
+def _run_episodes(bench, solver, settings, pending, writer, tick) -> dict[tuple[str, int], str]:
     options = RunOptions(
         settings.thinking, settings.sampling(), settings.context, settings.context_window, settings.max_steps
     )
@@ -187,7 +212,8 @@ def _run_episodes(bench, solver, settings, pending, writer, tick) -> list[str]:
 
     workers = settings.concurrency if settings.backend != "local" else 1
     with ThreadPoolExecutor(workers) as pool:
-        return [e for e in pool.map(one, pending) if e is not None]
+        errors = list(pool.map(one, pending))
+    return {(p.id, j): e for (p, j), e in zip(pending, errors) if e is not None}
 
 
 def run(
@@ -206,6 +232,11 @@ def run(
         window = getattr(solver, "window", None) or PAPER_CONTEXT
         settings = replace(settings, context_window=min(PAPER_CONTEXT, window))
     out = Path(out) if out is not None else default_out(settings)
+    with _locked(out):
+        return _run_locked(settings, bench, problems, paper, solver, out, fresh, progress, on_ready)
+
+
+def _run_locked(settings, bench, problems, paper, solver, out, fresh, progress, on_ready) -> dict:
     done_rows = _open_dir(out, settings, fresh)
     if on_ready is not None:
         on_ready(out)
@@ -241,15 +272,30 @@ def run(
     writer = SampleWriter(out / "samples.jsonl")
     try:
         runner = _run_single if bench.kind == "single" else _run_episodes
-        errors = runner(bench, solver, settings, pending, writer, lambda: bar.update(1))
+        failed = runner(bench, solver, settings, pending, writer, lambda: bar.update(1))
     finally:
         writer.close()
         bar.close()
     rows = [r for r in read_samples(out / "samples.jsonl") if current(r)]
-    results = write_results(out, bench, settings, problems, rows, paper, time.perf_counter() - start, commit)
-    if errors:
-        raise EvalError(
-            f"{len(errors)} sample(s) got no answer from the model (first: {errors[0]}); the others are in "
-            f"{out}; run the same command again to retry them"
-        )
+    results = write_results(
+        out, bench, settings, problems, rows, paper, time.perf_counter() - start, commit, failed
+    )
+    if results["incomplete"]:
+        raise EvalError(_incomplete_message(results, out))
     return results
+
+
+def _incomplete_message(results: dict, out: Path, shown: int = 20) -> str:
+    """What an incomplete run tells its user: the counts, then the unscored samples (the first
+    ``shown``; all of them are under ``missing`` in results.json)."""
+    missing, selected = results["missing"], results["selected"]
+    lines = [
+        f"{len(missing)} of {selected['samples']} sample(s) have no scored result "
+        f"({selected['problems'] - results['problems']} of {selected['problems']} problem(s) none at all); "
+        f"{out}/results.json and report.md are marked INCOMPLETE and list every one under 'missing'; "
+        "run the same command again to retry them:"
+    ]
+    lines += [f"  {m['id']} #{m['sample']}: {m['error']}" for m in missing[:shown]]
+    if len(missing) > shown:
+        lines.append(f"  ... and {len(missing) - shown} more (results.json 'missing')")
+    return "\n".join(lines)

@@ -47,6 +47,19 @@ def problem_hash(problem: Problem) -> str:
     return canonical_digest({"messages": problem.messages, "tools": problem.tools, "data": problem.data})[:16]
 
 
+def first_of_each(rows: list[dict]) -> list[dict]:
+    """``rows`` with one line per ``(id, sample)``: the first in file order (a directory that two runs
+    wrote at once may hold a pair twice; it counts once)."""
+    seen: set[tuple] = set()
+    out = []
+    for row in rows:
+        key = (row.get("id"), row.get("sample"))
+        if key not in seen:
+            seen.add(key)
+            out.append(row)
+    return out
+
+
 def read_samples(path: Path) -> list[dict]:
     return read_log(path, EvalError, "remove the line or use --fresh")
 
