@@ -24,6 +24,8 @@ CASES = [
     (["eval", "run", "humaneval", "--n", "0", "--out", "{out}"], "argument --n: '0' is not an integer >= 1"),
     (["eval", "run", "humaneval", "--top-p", "0", "--out", "{out}"], "argument --top-p: '0' is not a number in (0, 1]"),
     (["eval", "run", "humaneval", "--temperature", "-1", "--out", "{out}"], "argument --temperature: '-1' is not a number >= 0"),
+    (["eval", "run", "humaneval", "--timeout", "0", "--out", "{out}"], "argument --timeout: '0' is not a number > 0"),
+    (["eval", "run", "humaneval", "--max-retries", "-1", "--out", "{out}"], "argument --max-retries: '-1' is not an integer >= 0"),
     (["eval", "run", "humaneval", "--backend", "local", "--out", "{out}"], "local needs the model to load"),
     (["eval", "run", "humaneval", "--backend", "gpu", "--out", "{out}"], "'gpu' is not one of reference, local, openai"),
     (["eval", "run", "--backend", "local", "smollm2", "humaneval", "--out", "{out}"],

@@ -160,3 +160,28 @@ def test_failed_episodes_are_listed_as_missing(tmp_path, capsys):
     assert results["incomplete"] and results["problems"] == 0 and len(results["missing"]) == 2
     assert all(m["error"] for m in results["missing"])
     assert "2 of 2 sample(s) have no scored result" in capsys.readouterr().err
+
+
+def test_a_hung_endpoint_holds_a_sample_only_for_the_timeout_and_retries_given(tmp_path, humaneval, capsys):
+    import threading
+
+    bench, by_prompt = humaneval
+    hung, release = list(by_prompt)[1], threading.Event()
+
+    def reply(request):
+        if _user_text(request) == hung:
+            release.wait(30)  # never answers in time
+        return bench.reference(by_prompt[_user_text(request)])
+
+    out = tmp_path / "run"
+    with StubEndpoint(reply) as stub:
+        argv = ["eval", "run", "humaneval", "--backend", "openai", "--base-url", stub.base_url, "--model", "m",
+                "--limit", "2", "--out", str(out), "--no-progress", "--timeout", "0.5", "--max-retries", "1"]  # fmt: skip
+        try:
+            assert main(argv) == 2
+        finally:
+            release.set()
+    assert sum(_user_text(r) == hung for r in stub.requests) == 2  # the first attempt and one retry
+    (missing,) = json.loads((out / "results.json").read_text())["missing"]
+    assert missing["id"] == "HumanEval/1" and "timed out" in missing["error"].lower()
+    assert "after up to 1 retries" in missing["error"]

@@ -87,6 +87,7 @@ positive_int = number_type(int, lambda v: v >= 1, "an integer >= 1")
 non_negative_int = number_type(int, lambda v: v >= 0, "an integer >= 0")
 non_negative_float = number_type(float, lambda v: v >= 0 and v != float("inf"), "a number >= 0")
 probability = number_type(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+positive_float = number_type(float, lambda v: 0 < v < float("inf"), "a number > 0")
 
 
 def add_backend(

@@ -6,7 +6,16 @@ import argparse
 import json
 import sys
 
-from dsv32.cli import add_backend, check_backend_flags, command, non_negative_float, positive_int, probability
+from dsv32.cli import (
+    add_backend,
+    check_backend_flags,
+    command,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    probability,
+)
 
 BACKENDS = ("reference", "local", "openai")
 
@@ -65,6 +74,8 @@ def _run(args: argparse.Namespace) -> int:
         data=args.data,
         paper=args.paper,
         concurrency=args.concurrency,
+        request_timeout_s=args.timeout,
+        max_retries=args.max_retries,
         batch_size=args.batch_size,
         seed=args.seed,
         **given,
@@ -153,6 +164,12 @@ def add(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--limit", type=positive_int, help="only the first N problems")
     q.add_argument(
         "--concurrency", type=positive_int, default=1, help="parallel requests / episodes (endpoints)"
+    )
+    q.add_argument(
+        "--timeout", type=positive_float, default=600.0, help="seconds one request may take (endpoints)"
+    )
+    q.add_argument(
+        "--max-retries", type=non_negative_int, default=5, help="retries of a failed request (endpoints)"
     )
     q.add_argument("--batch-size", type=positive_int, default=8, help="prompts per batch (local model)")
     q.add_argument("--seed", type=int, default=0, help="sampling seed (local model)")

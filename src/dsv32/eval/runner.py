@@ -65,7 +65,13 @@ def make_solver(settings: RunSettings, bench: Benchmark) -> Any:
     if settings.backend == "reference":
         return ReferenceSolver(bench)
     if settings.backend == "openai":
-        return EndpointSolver(settings.base_url or "", settings.model, settings.concurrency)
+        return EndpointSolver(
+            settings.base_url or "",
+            settings.model,
+            settings.concurrency,
+            timeout_s=settings.request_timeout_s,
+            max_retries=settings.max_retries,
+        )
     if settings.backend == "local":
         if settings.concurrency > 1:
             raise EvalError(

@@ -26,7 +26,7 @@ from typing import ClassVar
 
 from dsv32.agent.context import STRATEGIES
 from dsv32.eval.errors import EvalError
-from dsv32.recipe import NON_NEGATIVE, OPEN_UNIT, Checked, Rule, at_least, one_of
+from dsv32.recipe import NON_NEGATIVE, OPEN_UNIT, POSITIVE, Checked, Rule, at_least, one_of
 
 PAPER_CONTEXT = 131072
 DEFAULTS = {
@@ -66,6 +66,8 @@ class RunSettings(Checked, error=EvalError):
         "temperature": NON_NEGATIVE,
         "top_p": OPEN_UNIT,
         "context": one_of(*STRATEGIES),
+        "request_timeout_s": POSITIVE,
+        "max_retries": NON_NEGATIVE,
         **dict.fromkeys(
             ("max_tokens", "context_window", "max_steps", "limit", "concurrency", "batch_size"), at_least(1)
         ),
@@ -88,6 +90,8 @@ class RunSettings(Checked, error=EvalError):
     paper: str | None = None
     limit: int | None = None
     concurrency: int = 1
+    request_timeout_s: float = 600.0  # an endpoint request: seconds per attempt
+    max_retries: int = 5  # an endpoint request: the client's retries after the first attempt
     batch_size: int = 8
     seed: int = 0
 

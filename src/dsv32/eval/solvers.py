@@ -57,15 +57,28 @@ class ReferenceSolver:
 
 
 class EndpointSolver:
-    def __init__(self, base_url: str, model: str, concurrency: int = 1, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        concurrency: int = 1,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 600.0,
+        max_retries: int = 5,
+    ) -> None:
         if not base_url or not model:
             raise EvalError("--backend openai needs --base-url URL and --model NAME")
         from dsv32.agent import OpenAIBackend
 
         self.base_url, self.model, self.api_key = base_url, model, api_key
         self.concurrency = concurrency
+        self.max_retries = max_retries
         self.chunk_size = max(4 * concurrency, 8)
-        self.client = OpenAIBackend(base_url, model, api_key).client  # thread-safe, shared by the backends
+        # one thread-safe client, shared by the backends
+        self.client = OpenAIBackend(
+            base_url, model, api_key, timeout_s=timeout_s, max_retries=max_retries
+        ).client
         self._local = threading.local()
 
     def _backend(self) -> Any:
@@ -76,7 +89,9 @@ class EndpointSolver:
     def episode_backend(self, problem: Problem | None) -> Any:
         from dsv32.agent import OpenAIBackend
 
-        return OpenAIBackend(self.base_url, self.model, self.api_key, client=self.client)
+        return OpenAIBackend(
+            self.base_url, self.model, self.api_key, client=self.client, max_retries=self.max_retries
+        )
 
     def complete(self, items: list[tuple[Problem, int]], settings: RunSettings) -> list[Generated]:
         from dsv32.agent import BackendError
