@@ -8,7 +8,6 @@ its cache); one test lets SmolLM2 generate freely."""
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
@@ -16,7 +15,7 @@ import torch
 from agent_helpers import add
 
 from dsv32.agent import Agent, AgentError, BackendError, LocalBackend
-from dsv32.chat import add_v32_special_tokens, attach_tools, encode_messages
+from dsv32.chat import attach_tools, encode_messages
 from dsv32.engine.models import load_model, tiny_native_config
 from dsv32.engine.sampling import SamplingParams
 from dsv32.engine.session import Session, common_prefix
@@ -28,23 +27,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def smollm2():
     return load_model("smollm2", device="cpu")
-
-
-@pytest.fixture(scope="module")
-def v32_tokenizer():
-    """SmolLM2's tokenizer (from the converted copy when it exists: no model load) + the V3.2 tokens."""
-    from transformers import AutoTokenizer
-
-    from dsv32.engine.models import SMOLLM2_GGUF, smollm2_dir
-    from dsv32.paths import cache_dir
-
-    converted = cache_dir(f"smollm2-135m-instruct-{(smollm2_dir() / SMOLLM2_GGUF).stat().st_size}")
-    if (converted / "tokenizer.json").is_file():
-        tokenizer = AutoTokenizer.from_pretrained(converted)
-    else:
-        tokenizer = copy.deepcopy(load_model("smollm2", device="cpu").tokenizer)
-    add_v32_special_tokens(tokenizer)
-    return tokenizer
 
 
 @pytest.fixture(scope="module")

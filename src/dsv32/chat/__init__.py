@@ -11,6 +11,8 @@
 - :func:`tokenize_conversation` -- ``(input_ids, loss_mask)`` for training;
   :func:`add_v32_special_tokens` for tokenizers that lack the V3.2 tokens.
 - :func:`chat_template` -- the same rules as a Jinja template for transformers / vLLM.
+- :func:`strip_special_tokens` / :func:`strip_tool_results` -- special-token strings removed from
+  untrusted text (tool results) before it is tokenized.
 """
 
 from dsv32.chat.context import (
@@ -45,6 +47,7 @@ from dsv32.chat.tokenize import (
     missing_special_tokens,
     tokenize_conversation,
 )
+from dsv32.chat.untrusted import strip_special_tokens, strip_tool_results, tokenizer_special_tokens
 
 __all__ = [
     "ASSISTANT",
@@ -75,5 +78,8 @@ __all__ = [
     "reasoning_system_prompt",
     "render_segments",
     "render_tools",
+    "strip_special_tokens",
+    "strip_tool_results",
     "tokenize_conversation",
+    "tokenizer_special_tokens",
 ]

@@ -8,6 +8,11 @@ and its completions are decoded with special tokens kept, for the parser. Any ot
 the messages with its own chat template (``tools`` and ``chat_template_kwargs`` passed through) and
 its completions are plain content.
 
+Tool results are untrusted text: before the prompt is tokenized, the special-token strings are
+removed from the content of ``tool`` messages (:func:`dsv32.chat.strip_tool_results`) — the V3.2
+special tokens on a V3.2 model, the tokenizer's own special tokens with a chat template — so a tool
+result cannot open a turn of its own. Other messages are the caller's and go in verbatim.
+
 ``tool_choice`` on a V3.2 model: ``"none"`` leaves the tools out of the prompt; ``"required"`` and a
 named function force the opening of a tool-call block (and the function's name) as the answer's
 first tokens — right away in chat mode, right after ``</think>`` in thinking mode — and a named
@@ -19,7 +24,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv32.chat import ConversationError, attach_tools, encode_messages, missing_special_tokens
+from dsv32.chat import (
+    ConversationError,
+    attach_tools,
+    encode_messages,
+    missing_special_tokens,
+    strip_tool_results,
+    tokenizer_special_tokens,
+)
 from dsv32.chat import protocol as P
 from dsv32.chat.validate import check_conversation
 from dsv32.engine.models import ByteTokenizer, LoadedModel, ModelLoadError, load_model
@@ -111,7 +123,7 @@ class ServedModel:
                 opening += choice.function.name + '">\n'
             forced = Forced(opening, P.THINK_END if mode == "thinking" else "")
         try:
-            conversation = attach_tools(messages, tools, req.output_format)
+            conversation = attach_tools(strip_tool_results(messages), tools, req.output_format)
         except ConversationError as err:
             raise invalid(str(err), "messages") from err
         try:
@@ -150,6 +162,7 @@ class ServedModel:
         kwargs = dict(req.chat_template_kwargs or {})
         if tools and req.tool_choice != "none":
             kwargs["tools"] = tools
+        messages = strip_tool_results(messages, tokenizer_special_tokens(self.tokenizer))
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=False, **kwargs

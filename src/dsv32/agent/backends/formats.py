@@ -14,6 +14,11 @@ Hermes, SmolLM3). For a template that ignores ``tools`` (SmolLM2's does) the too
 the system message with instructions in that convention; for one that ignores assistant
 ``tool_calls`` the calls are written into the assistant's content in the same form, so the model
 sees what it did. Reasoning inside ``<think>…</think>`` becomes ``reasoning_content``.
+
+Tool results are untrusted text: both formats remove special-token strings from them before the
+prompt is tokenized (:func:`dsv32.chat.strip_tool_results`) — the V3.2 special tokens, or the
+template tokenizer's own special tokens (``<|im_start|>``, ...) — so a tool cannot open a turn of
+its own. The messages themselves are not changed.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from dsv32.chat import (
     last_user_index,
     missing_special_tokens,
     parse_completion,
+    strip_tool_results,
+    tokenizer_special_tokens,
 )
 from dsv32.chat.protocol import CALLS_START
 
@@ -83,12 +90,13 @@ class V32Format:
             if not new:
                 return last
             if last_user_index(new) < 0:
+                new = strip_tool_results(new)
                 tail = encode_messages(new, mode, context=attach_tools(last.messages, tools))
                 self.last = Prompt(
                     list(messages), tools, thinking, last.text + tail, last.ids + self._ids(tail)
                 )
                 return self.last
-        text = encode_messages(attach_tools(messages, tools), mode)
+        text = encode_messages(attach_tools(strip_tool_results(messages), tools), mode)
         self.last = Prompt(list(messages), tools, thinking, text, self._ids(text))
         return self.last
 
@@ -170,6 +178,7 @@ class TemplateFormat:
         self.tokenizer = tokenizer
         self.stop_ids = list(stop_ids)
         self.template_kwargs = dict(template_kwargs or {})
+        self.special_tokens = tokenizer_special_tokens(tokenizer)
         probe_tool = {"type": "function", "function": {"name": _PROBE, "parameters": {"type": "object"}}}
         user = {"role": "user", "content": "hi"}
         call = {"type": "function", "function": {"name": _PROBE, "arguments": {}}}
@@ -202,7 +211,7 @@ class TemplateFormat:
         self, messages: Sequence[dict], tools: Sequence[dict], thinking: bool
     ) -> list[dict]:
         """The conversation as this template gets it (see the module docstring)."""
-        out = visible_messages(messages, thinking)
+        out = strip_tool_results(visible_messages(messages, thinking), self.special_tokens)
         for message in out:
             if message.get("role") == "assistant" and message.get("tool_calls") and not self.renders_calls:
                 blocks = [render_call(c) for c in message.pop("tool_calls")]

@@ -4,7 +4,9 @@
 What goes out (:func:`request_messages`): the conversation with the thinking context of §3.2.1 —
 ``reasoning_content`` is sent back on the assistant turns after the last user message (the tool
 calls of the current turn, as DeepSeek's API requires) and dropped on earlier turns (and everywhere
-in chat mode); only the keys the Chat Completions API knows are sent. ``thinking`` becomes
+in chat mode); only the keys the Chat Completions API knows are sent; tool results go without the
+V3.2 special-token strings (:func:`dsv32.chat.strip_tool_results`: a server that renders the V3.2
+format would turn them into tokens). ``thinking`` becomes
 ``chat_template_kwargs: {"thinking": ...}`` (vLLM and SGLang pass it to the chat template);
 sampling keys the client does not know (``top_k``, ``min_p``, ...) travel in ``extra_body``.
 
@@ -55,6 +57,7 @@ from dsv32.agent.backends.base import (
     wrong,
 )
 from dsv32.agent.errors import BackendError
+from dsv32.chat import strip_tool_results
 
 #: Keyword arguments of ``client.chat.completions.create``; other sampling keys go in ``extra_body``.
 CLIENT_PARAMS = frozenset(
@@ -89,9 +92,10 @@ _SENT_KEYS = {
 
 
 def request_messages(messages: Sequence[dict], thinking: bool) -> list[dict]:
-    """The messages as sent: §3.2.1's thinking context, API keys only."""
+    """The messages as sent: §3.2.1's thinking context, API keys only, tool results stripped of the
+    V3.2 special tokens."""
     out = []
-    for message in visible_messages(messages, thinking):
+    for message in strip_tool_results(visible_messages(messages, thinking)):
         keys = _SENT_KEYS.get(message.get("role"), tuple(message))
         sent = {k: message[k] for k in keys if message.get(k) is not None}
         if sent.get("role") == "assistant" and not sent.get("reasoning_content"):

@@ -1,0 +1,65 @@
+"""Untrusted text in prompts: special-token strings removed before the text is tokenized.
+
+A tokenizer turns the text of a special token (``<｜User｜>``, ``<｜end▁of▁sentence｜>``, ...) into
+that token's id wherever it appears, so text that holds one can open a turn of its own in the
+prompt. Tool results are such text: :func:`strip_tool_results` removes the tokens from them before
+a conversation is encoded (the agent's backends and the server do). :func:`encode_messages` and
+:func:`tokenize_conversation` themselves take text verbatim.
+
+No import of transformers here: :func:`tokenizer_special_tokens` reads the tokenizer object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from dsv32.chat import protocol as P
+
+
+def strip_special_tokens(text: str, tokens: Iterable[str] = P.SPECIAL_TOKENS) -> str:
+    """``text`` with every occurrence of ``tokens`` removed, until none is left.
+
+    Removing one token can join the text around it into another (``<｜Us<｜User｜>er｜>``), so the
+    text is read once, character by character, and a token is removed as soon as the text kept so
+    far ends with it: what remains holds none of ``tokens``.
+    """
+    tokens = {t for t in tokens if t}
+    if not any(t in text for t in tokens):
+        return text
+    by_last: dict[str, list[str]] = {}
+    for token in sorted(tokens, key=len, reverse=True):
+        by_last.setdefault(token[-1], []).append(token)
+    longest = max(map(len, tokens))
+    kept: list[str] = []
+    for char in text:
+        kept.append(char)
+        for token in by_last.get(char, ()):
+            if "".join(kept[-longest:]).endswith(token):
+                del kept[-len(token) :]
+                break
+    return "".join(kept)
+
+
+def strip_tool_results(messages: Sequence[dict], tokens: Iterable[str] = P.SPECIAL_TOKENS) -> list[dict]:
+    """``messages`` with ``tokens`` stripped from the string content of tool results (copies of the
+    messages that change; every other message is passed as it is)."""
+    tokens = tuple(tokens)
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if message.get("role") == "tool" and isinstance(content, str):
+            stripped = strip_special_tokens(content, tokens)
+            if stripped != content:
+                message = {**message, "content": stripped}
+        out.append(message)
+    return out
+
+
+def tokenizer_special_tokens(tokenizer: Any) -> list[str]:
+    """The special tokens of a Hugging Face tokenizer: ``all_special_tokens`` and the added tokens
+    marked special (``<|im_start|>``, ``<|im_end|>``, ... of a chat model)."""
+    tokens = set(getattr(tokenizer, "all_special_tokens", None) or ())
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    tokens.update(t.content for t in added.values() if getattr(t, "special", False))
+    return sorted(t for t in tokens if isinstance(t, str) and t)
