@@ -16,8 +16,12 @@ from typing import Any
 
 from dsv32.chat import protocol as P
 
+#: What is removed from tool results by default: the V3.2 special tokens and the DSML tag, which
+#: :func:`~dsv32.chat.add_v32_special_tokens` registers as a special token too.
+UNTRUSTED_TOKENS: tuple[str, ...] = P.SPECIAL_TOKENS + P.EXTRA_TOKENS
 
-def strip_special_tokens(text: str, tokens: Iterable[str] = P.SPECIAL_TOKENS) -> str:
+
+def strip_special_tokens(text: str, tokens: Iterable[str] = UNTRUSTED_TOKENS) -> str:
     """``text`` with every occurrence of ``tokens`` removed, until none is left.
 
     Removing one token can join the text around it into another (``<｜Us<｜User｜>er｜>``), so the
@@ -41,7 +45,7 @@ def strip_special_tokens(text: str, tokens: Iterable[str] = P.SPECIAL_TOKENS) ->
     return "".join(kept)
 
 
-def strip_tool_results(messages: Sequence[dict], tokens: Iterable[str] = P.SPECIAL_TOKENS) -> list[dict]:
+def strip_tool_results(messages: Sequence[dict], tokens: Iterable[str] = UNTRUSTED_TOKENS) -> list[dict]:
     """``messages`` with ``tokens`` stripped from the string content of tool results (copies of the
     messages that change; every other message is passed as it is)."""
     tokens = tuple(tokens)
