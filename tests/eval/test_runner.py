@@ -373,3 +373,24 @@ def test_other_sampling_data_or_an_incomplete_run_is_warned_of(tmp_path):
     table = side_by_side([tmp_path / "c", tmp_path / "e"])
     assert "| byo-boxed | problems | 5 | 4 of 5 scored (INCOMPLETE) |" in table
     assert "incomplete no vs yes" in _warning(table)
+
+
+def test_the_report_counts_how_replies_ended(tmp_path):
+    out, settings = tmp_path / "o", _five(tmp_path / "f.jsonl")
+    solver = _FailingSolver(Boxed(), set())
+    reference = solver.complete
+
+    def complete(items, settings):
+        out = reference(items, settings)
+        for (problem, _), gen in zip(items, out):
+            if problem.id in ("q1", "q4"):
+                gen.finish_reason = "length"
+        return out
+
+    solver.complete = complete
+    results = run(settings, out, progress=False, solver=solver)
+    assert results["endings"] == {"length": 2, "stop": 3}
+    assert "- replies ended: length 2 (cut at max_tokens), stop 3" in (out / "report.md").read_text()
+    episodes = run(RunSettings("agent-code-interpreter", limit=2), tmp_path / "e", progress=False)
+    assert episodes["endings"] == {"answer": 2}
+    assert "- episodes ended: answer 2" in (tmp_path / "e" / "report.md").read_text()

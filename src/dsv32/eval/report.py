@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections import defaultdict
+from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -61,6 +61,7 @@ def aggregate(problems: list[Problem], rows: list[dict], n: int) -> dict:
         if subset_of.get(pid):
             subsets[subset_of[pid]][pid] = scores
     episodes = [r for r in rows if "steps" in r]
+    counted = [r for r in rows if r["sample"] < n]
     out = {
         "metrics": _metrics(by_problem, n),
         "subsets": {name: _metrics(s, n) for name, s in sorted(subsets.items())} if len(subsets) > 1 else {},
@@ -69,6 +70,11 @@ def aggregate(problems: list[Problem], rows: list[dict], n: int) -> dict:
         },
         "problems": len(by_problem),
         "samples": sum(len(s) for s in by_problem.values()),
+        # how the scored replies ended: a single-turn reply's finish_reason ("length": cut at
+        # max_tokens), an episode's stop reason ("context", "max_steps", ...)
+        "endings": dict(
+            sorted(Counter(str(r.get("stop_reason", r.get("finish_reason"))) for r in counted).items())
+        ),
     }
     if episodes:
         out["agentic"] = {k + "_mean": _mean([r[k] for r in episodes]) for k in ("steps", "tokens", "resets")}
@@ -163,6 +169,11 @@ def render(results: dict) -> str:
         f"max_tokens={s['max_tokens']}, "
         f"thinking={'on' if s['thinking'] else 'off'}, context={s['context']}",
         f"- {_counts(results)}; {results['date']}; commit {results['git_commit'][:12]}",
+        *(
+            [f"- {_endings(results['endings'], bool(results.get('agentic')))}"]
+            if results.get("endings")
+            else []
+        ),
         "",
         "| metric | score % [95 % CI] |" + (" paper % |" if results.get("paper") else ""),
         "|---|---|" + ("---|" if results.get("paper") else ""),
@@ -195,6 +206,13 @@ def render(results: dict) -> str:
             f"- {m['id']} #{m['sample']}: {m['error']}" for m in results["missing"]
         ]
     return "\n".join(lines) + "\n"
+
+
+def _endings(endings: dict[str, int], episodes: bool) -> str:
+    """``replies ended: length 3 (cut at max_tokens), stop 37`` (``episodes ended: ...``)."""
+    notes = {"length": " (cut at max_tokens)", "context": " (the window was full)"}
+    parts = [f"{k} {v}{notes.get(k, '')}" for k, v in endings.items()]
+    return f"{'episodes' if episodes else 'replies'} ended: " + ", ".join(parts)
 
 
 def _counts(results: dict) -> str:
