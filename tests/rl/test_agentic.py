@@ -276,6 +276,38 @@ def test_mixed_run_trains_on_policy_and_resumes_exactly(llama_policy, tmp_path):
     assert (full.out_dir / "rl.png").is_file() and (full.out_dir / "model").is_dir()
 
 
+def test_the_update_sees_each_episode_as_one_output(llama_policy, tmp_path, monkeypatch):
+    """Every row carries its episode as sequence id (an episode in several rows is one output o_i of
+    the loss); single-turn samples are outputs of their own."""
+    import dsv32.rl.agentic_trainer as trainer
+
+    seen = []
+
+    def spy(policy, optimizer, batch, advantages, cfg, **kwargs):
+        seen.append((batch, advantages, kwargs["sequence_ids"]))
+        return real(policy, optimizer, batch, advantages, cfg, **kwargs)
+
+    real = trainer.grpo_update
+    monkeypatch.setattr(trainer, "grpo_update", spy)
+    start = {k: v.clone() for k, v in llama_policy.model.state_dict().items()}
+    envs = [{"name": "echo-test", "tasks": "train", "weight": 1.0}]
+    cfg = _cfg(
+        tmp_path, **{"grpo.steps": 1, "grpo.prompts_per_step": 4, "envs": envs, "agentic.eval_tasks": 0}
+    )
+    train_agentic(cfg, policy=llama_policy, progress=False, evaluate_before=False, evaluate_after=False)
+    llama_policy.model.load_state_dict(start)
+    ((batch, advantages, ids),) = seen
+    assert ids is not None and ids.shape == (len(batch),)
+    episode = [i for i, t in enumerate(batch.tasks) if t.domain == "echo-test"]
+    single = [i for i, t in enumerate(batch.tasks) if t.domain != "echo-test"]
+    assert episode and single and episode == list(range(len(episode)))  # episode rows come first
+    episode_ids = ids[episode].tolist()
+    assert episode_ids == sorted(episode_ids)  # episode i's rows, then episode i + 1's
+    for i in set(episode_ids):
+        assert len(set(advantages[ids == i].tolist())) == 1  # the rows of an episode share its advantage
+    assert len(set(ids[single].tolist())) == len(single) and min(ids[single].tolist()) > max(episode_ids)
+
+
 def test_keep_routing_and_the_sampling_mask_hold_for_native_multi_turn(tmp_path_factory):
     policy = _tool_user("tiny-native", tmp_path_factory)
     episodes = _episodes(policy, n=4, keep_routing=True)

@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsv32.engine.sampling import SamplingParams, kept_mask
-from dsv32.rl.loss import group_advantages, grpo_loss, kept_log_mass, sequence_kl_coefs, token_logprobs
+from dsv32.rl.loss import (
+    OutputTotals,
+    group_advantages,
+    grpo_loss,
+    kept_log_mass,
+    sequence_kl_coefs,
+    token_logprobs,
+)
 
 F64 = torch.float64
 B, T = 5, 7
@@ -317,6 +324,184 @@ def test_group_advantages_are_centered_and_shift_invariant(rewards, shift):
     A = group_advantages(R, 3)
     torch.testing.assert_close(A.view(2, 3).sum(-1), torch.zeros(2, dtype=F64), rtol=0, atol=1e-12)
     torch.testing.assert_close(group_advantages(R + shift, 3), A, rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------- outputs laid out in several rows
+# An agentic episode (one output o_i) may be split into several rows: rows 0-1 and 3-4 below are one
+# output each, so they share an advantage and a β.
+IDS = torch.tensor([0, 0, 1, 2, 2])
+OUTPUT_ADVANTAGES = [-0.6, -0.6, 0.3, 0.8, 0.8]
+OUTPUT_BETAS = [0.5, 0.5, 0.0, 0.2, 0.2]
+
+
+def output_batch(seed: int):
+    lp, old, _, mask, ref, samp = make_batch(seed, spread=0.4)
+    mask[PADDED_ROW, :3] = True  # the single-row output has tokens too
+    A, beta = torch.tensor(OUTPUT_ADVANTAGES, dtype=F64), torch.tensor(OUTPUT_BETAS, dtype=F64)
+    return lp, old, A, mask, ref, samp, beta
+
+
+def joined(x: torch.Tensor) -> torch.Tensor:
+    """The ``[5, ...]`` rows of :data:`IDS` as three rows, each output's rows end to end: ``[3, 2T]``."""
+    pad = torch.zeros_like(x[0])
+    return torch.stack([torch.cat([x[0], x[1]]), torch.cat([x[2], pad]), torch.cat([x[3], x[4]])])
+
+
+def test_a_split_output_weighs_like_an_unsplit_one_and_opsm_decides_on_all_of_it():
+    """G = 2: output 0 is one 10-token row, output 1 is a 2-token row and an 8-token row. Eq. 5 gives
+    each output weight 1/G and each of its tokens 1/(G·|o_i|), whatever the rows."""
+    mask = torch.zeros(3, 10, dtype=torch.bool)
+    mask[0], mask[1, :2], mask[2, :8] = True, True, True
+    samp = torch.zeros(3, 10, dtype=F64)
+    samp[1, :2] = 2.0  # output 1: divergence 2.0 on its 2-token row, 0.4 over its 10 tokens
+    A, ids = torch.tensor([0.5, -0.5, -0.5], dtype=F64), torch.tensor([0, 1, 1])
+    zeros = torch.zeros(3, 10, dtype=F64)
+
+    def grads(**kwargs):
+        _, grad = grad_of(lambda x: grpo_loss(x, zeros, A, mask, sampling_logprobs=samp, **kwargs)[0], zeros)
+        return grad.abs()
+
+    g = grads(sequence_ids=ids)
+    assert float(g[0].sum()) == pytest.approx(0.25) and float(g[1:].sum()) == pytest.approx(0.25)
+    assert torch.allclose(g[mask], torch.full((20,), 0.025, dtype=F64))  # every token weighs the same
+    per_row = grads()  # each row its own output: the split output weighs twice as much
+    assert float(per_row[1:].sum()) == pytest.approx(2 * float(per_row[0].sum()))
+
+    # Eq. 9 on the whole output: 0.4 < δ = 0.5 keeps it, though its 2-token row alone is at 2.0.
+    assert torch.equal(grads(sequence_ids=ids, opsm_delta=0.5), g)
+    _, m = grpo_loss(zeros, zeros, A, mask, sampling_logprobs=samp, opsm_delta=0.5, sequence_ids=ids)
+    assert m["opsm_masked_frac"] == 0.0 and m["log_ratio_sampling"] == pytest.approx(0.2)
+    # δ = 0.3 < 0.4 masks the output: both of its rows.
+    masked = grads(sequence_ids=ids, opsm_delta=0.3)
+    assert float(masked[0].sum()) == pytest.approx(0.25) and torch.equal(
+        masked[1:], torch.zeros(2, 10, dtype=F64)
+    )
+    _, m = grpo_loss(zeros, zeros, A, mask, sampling_logprobs=samp, opsm_delta=0.3, sequence_ids=ids)
+    assert m["opsm_masked_frac"] == 0.5
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), delta=st.floats(-1.0, 1.0), estimator=st.sampled_from(["unbiased", "k3"]))
+def test_an_output_in_several_rows_is_the_same_output_in_one_row(seed, delta, estimator):
+    """Loss, gradient and every metric of rows with sequence ids equal those of each output's rows
+    laid end to end in one row (Eq. 5-9 see outputs, not rows)."""
+    lp, old, A, mask, ref, samp, beta = output_batch(seed)
+    kwargs = dict(kl_estimator=estimator, opsm_delta=delta)
+    split = [old, A, mask]
+    loss, grad = grad_of(
+        lambda x: grpo_loss(x, *split, ref_logprobs=ref, sampling_logprobs=samp, kl_coef=beta,
+                            sequence_ids=IDS, **kwargs)[0], lp,
+    )  # fmt: skip
+    one_row = [joined(old), A[[0, 2, 3]], joined(mask)]
+    one = dict(ref_logprobs=joined(ref), sampling_logprobs=joined(samp), kl_coef=beta[[0, 2, 3]], **kwargs)
+    want, want_grad = grad_of(lambda x: grpo_loss(x, *one_row, **one)[0], joined(lp))
+    torch.testing.assert_close(loss, want, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(joined(grad), want_grad, rtol=1e-10, atol=1e-14)
+    _, metrics = grpo_loss(
+        lp, *split, ref_logprobs=ref, sampling_logprobs=samp, kl_coef=beta, sequence_ids=IDS, **kwargs
+    )
+    _, want_metrics = grpo_loss(joined(lp), *one_row, **one)
+    assert metrics == pytest.approx(want_metrics, rel=1e-12, abs=1e-14)
+
+
+def test_distinct_sequence_ids_are_the_per_row_loss():
+    """Every row an output of its own gives what ``sequence_ids=None`` gives: loss, gradient and
+    metrics bit for bit when the ids increase with the rows (outputs are summed in id order), up to
+    the order of a float sum otherwise."""
+    lp, old, A, mask, ref, samp = make_batch(seed=6, spread=0.4)
+    kwargs = dict(ref_logprobs=ref, sampling_logprobs=samp, kl_coef=torch.linspace(0, 1, B, dtype=F64))
+    d = sorted(divergences(lp, samp, mask).values())
+    kwargs["opsm_delta"] = (d[1] + d[2]) / 2  # masks some rows (those with A < 0), keeps others
+
+    def run(ids):
+        loss, grad = grad_of(lambda x: grpo_loss(x, old, A, mask, **kwargs, sequence_ids=ids)[0], lp)
+        return loss, grad, grpo_loss(lp, old, A, mask, **kwargs, sequence_ids=ids)[1]
+
+    loss, grad, metrics = run(None)
+    assert metrics["opsm_masked_frac"] > 0
+    for ids in (torch.arange(B), torch.tensor([-3, 0, 7, 10, 99])):
+        got = run(ids)
+        assert torch.equal(got[0], loss) and torch.equal(got[1], grad) and got[2] == metrics
+    got = run(torch.tensor([10, -3, 7, 0, 99]))
+    torch.testing.assert_close(got[0], loss, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(got[1], grad, rtol=1e-12, atol=1e-15)
+    assert got[2] == pytest.approx(metrics, rel=1e-12, abs=1e-15)
+
+
+SHARES = ("opsm_masked_frac", "kl", "pg_loss", "kl_loss", "log_ratio_sampling")  # summed over parts
+TOKEN_MEANS = ("clip_frac", "ratio_mean")  # weighted by each part's tokens
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    delta=st.floats(-1.0, 1.0),
+    parts=st.lists(st.integers(0, 2), min_size=B, max_size=B),
+)
+def test_parts_with_the_whole_batchs_totals_add_up_to_the_whole_batch(seed, delta, parts):
+    """Rows split into parts (micro-batches) however outputs straddle them: given the whole batch's
+    :class:`OutputTotals` and, for Eq. 9, the log-ratio of each output outside the part, the parts'
+    losses, gradients and share metrics sum to the whole batch's."""
+    lp, old, A, mask, ref, samp, beta = output_batch(seed)
+    kwargs = dict(sampling_logprobs=samp, ref_logprobs=ref, kl_coef=beta, opsm_delta=delta)
+    whole, whole_grad = grad_of(lambda x: grpo_loss(x, old, A, mask, **kwargs, sequence_ids=IDS)[0], lp)
+    _, whole_metrics = grpo_loss(lp, old, A, mask, **kwargs, sequence_ids=IDS)
+
+    totals = OutputTotals.of(mask, IDS)
+    row_log_ratio = torch.where(mask, samp - lp, 0.0).sum(-1)  # Σ log(π_sampling/π_θ) per row
+    x = lp.clone().requires_grad_()
+    loss, sums, n_tokens = 0.0, dict.fromkeys(SHARES + TOKEN_MEANS, 0.0), int(mask.sum())
+    for p in set(parts):
+        rows = torch.tensor([i for i in range(B) if parts[i] == p])
+        outside = torch.tensor([i for i in range(B) if parts[i] != p], dtype=torch.long)
+        rest = torch.zeros(3, dtype=F64).index_add_(0, IDS[outside], row_log_ratio[outside])[IDS[rows]]
+        part_kwargs = {k: v[rows] for k, v in kwargs.items() if torch.is_tensor(v)} | {"opsm_delta": delta}
+        part_loss, m = grpo_loss(
+            x[rows], old[rows], A[rows], mask[rows], **part_kwargs, sequence_ids=IDS[rows],
+            totals=totals.part(rows, rest),
+        )  # fmt: skip
+        loss = loss + part_loss
+        for k in SHARES:
+            sums[k] += m[k]
+        for k in TOKEN_MEANS:
+            sums[k] += m[k] * m["tokens"] / n_tokens
+    loss.backward()
+    torch.testing.assert_close(loss.detach(), whole, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(x.grad, whole_grad, rtol=1e-10, atol=1e-14)
+    assert sums == pytest.approx({k: whole_metrics[k] for k in sums}, rel=1e-10, abs=1e-14)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(sequence_ids=torch.zeros(B + 1, dtype=torch.long)), r"sequence_ids must have shape \[5\]"),
+        (dict(sequence_ids=torch.zeros(B)), r"sequence_ids must be integers"),
+        (dict(sequence_ids=torch.tensor([0, 0, 1, 2, 3])), r"must share their advantage and kl_coef"),
+        (
+            dict(sequence_ids=torch.tensor([0, 0, 1, 1, 2]), advantages=torch.ones(B)),
+            r"must share their advantage and kl_coef",
+        ),
+        (
+            dict(totals=OutputTotals(torch.ones(B, dtype=torch.long), 5, torch.zeros(B))),
+            r"totals.tokens counts fewer tokens",
+        ),
+        (dict(totals=OutputTotals(torch.ones(B + 1), 5, torch.zeros(B))), r"totals.tokens must have shape"),
+    ],
+)
+def test_bad_sequence_ids_and_totals_are_rejected(kwargs, match):
+    args = dict(
+        advantages=torch.arange(B, dtype=torch.float32), kl_coef=torch.tensor([0.1, 0.2, 0.2, 0.3, 0.3])
+    )
+    args |= kwargs
+    with pytest.raises(ValueError, match=match):
+        grpo_loss(
+            torch.zeros(B, T),
+            torch.zeros(B, T),
+            args.pop("advantages"),
+            torch.ones(B, T),
+            ref_logprobs=torch.zeros(B, T),
+            **args,
+        )
 
 
 # ---------------------------------------------------------------- Keep Sampling Mask

@@ -258,3 +258,116 @@ def test_a_resumed_run_logs_each_held_out_evaluation_once(tmp_path):
     assert result.eval_before["step"] == 0 and result.eval_after["step"] == 4
     train_grpo(cfg, reward_fn=LetterReward(), progress=False)  # the finished run again: nothing new
     assert _steps(eval_log) == [0, 1, 2, 3, 4]
+
+
+# ------------------------------------------------------------------ outputs laid out in several rows
+class GradientRecorder(torch.optim.Optimizer):
+    """An optimizer whose step records the gradient (flattened) and leaves the parameters alone."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+        self.grads: list[torch.Tensor] = []
+
+    def step(self, closure=None):
+        params = [p for g in self.param_groups for p in g["params"]]
+        self.grads.append(
+            torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
+        )
+
+
+def _split_outputs_batch(policy):
+    """Six rows of three outputs (ids 1, 0, 2, 1, 2, 1: output 0 in one row, 1 in three, 2 in two),
+    with sampling log-probs set so that Eq. 9 at δ = 0.1 masks output 2 (divergence 0.15 on every
+    token) and keeps output 1 (0.15 on its first, 2-token row only: 0.3 / 14 over the output)."""
+    from dsv32.rl.agentic import Row, rows_to_rollouts
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.tensor([1, 0, 2, 1, 2, 1])
+    lengths = [2, 5, 6, 6, 4, 6]
+    rows = []
+    for n in lengths:
+        prompt = torch.randint(5, 90, (3,), generator=g).tolist()
+        tokens = torch.randint(5, 90, (n + 1,), generator=g).tolist()
+        actions = [True] * n
+        actions.insert(n // 2, False)  # a context token (a tool result) inside the row
+        rows.append(Row(prompt, tokens, actions, [0.0] * (n + 1)))
+    batch = rows_to_rollouts(rows, [Task(id="t", domain="toy", prompt="p")] * 6, 0, "cpu", with_kept=False)
+    with torch.no_grad():
+        logp = policy.action_logprobs(**batch.rows(torch.arange(6)))
+    offset = torch.zeros(6, 1)
+    offset[0] = offset[2] = offset[4] = 0.15  # output 1's first row, both rows of output 2
+    batch.sampling_logprobs = torch.where(batch.action_mask, logp + offset, 0.0)
+    advantages = torch.tensor([1.0, -0.5, -0.5])[ids]  # output 0: +1; outputs 1, 2: -0.5
+    return batch, advantages, ids
+
+
+def _update(policy, batch, advantages, ids, **over):
+    from dsv32.rl.config import GRPOConfig
+    from dsv32.rl.trainer import grpo_update
+
+    cfg = GRPOConfig(prompts_per_step=1, group_size=3, clip_grad=1e9, opsm_delta=0.1, keep_routing=False,
+                     **{"mini_batches": 1, "micro_batch": 6} | over)  # fmt: skip
+    opt = GradientRecorder(policy.model.parameters())
+    records = grpo_update(
+        policy, opt, batch, advantages, cfg, temperature=1.0, ref=None,
+        generator=torch.Generator().manual_seed(0), sequence_ids=ids,
+    )  # fmt: skip
+    return opt.grads, records
+
+
+def _loss_gradient(policy, batch, advantages, ids, rows):
+    """The gradient of grpo_loss over ``rows`` in one forward, with their sequence ids."""
+    from dsv32.rl.loss import grpo_loss
+
+    policy.model.zero_grad(set_to_none=True)
+    logp = policy.action_logprobs(**batch.rows(rows))
+    s = batch.sampling_logprobs[rows]
+    loss, metrics = grpo_loss(
+        logp, s, advantages[rows], batch.action_mask[rows], sampling_logprobs=s, opsm_delta=0.1,
+        sequence_ids=None if ids is None else ids[rows],
+    )  # fmt: skip
+    loss.backward()
+    grad = torch.cat([p.grad.flatten() for p in policy.model.parameters()])
+    policy.model.zero_grad(set_to_none=True)
+    return grad, metrics
+
+
+def test_an_output_split_across_micro_batches_is_one_output_of_the_update():
+    """However its rows fall into micro-batches, the update's gradient and metrics are those of
+    grpo_loss over the whole mini-batch with sequence ids: each output weighs 1/3, and Eq. 9 masks
+    output 2 and keeps output 1 over all of their rows."""
+    policy = load_policy("tiny-llama", device="cpu")
+    batch, advantages, ids = _split_outputs_batch(policy)
+    want, want_metrics = _loss_gradient(policy, batch, advantages, ids, torch.arange(6))
+    assert want_metrics["opsm_masked_frac"] == pytest.approx(1 / 3)
+    per_row, _ = _loss_gradient(policy, batch, advantages, None, torch.arange(6))
+    assert not torch.allclose(per_row, want, rtol=1e-3, atol=1e-6)  # rows as outputs: another update
+    for micro_batch in (1, 2, 4, 6):
+        grads, (record,) = _update(policy, batch, advantages, ids, micro_batch=micro_batch)
+        torch.testing.assert_close(grads[0], want, rtol=1e-4, atol=1e-7, msg=f"micro_batch={micro_batch}")
+        for k in (
+            "opsm_masked_frac",
+            "pg_loss",
+            "log_ratio_sampling",
+            "clip_frac",
+            "ratio_mean",
+            "ratio_max",
+        ):
+            assert record[k] == pytest.approx(want_metrics[k], rel=1e-5, abs=1e-7), (micro_batch, k)
+
+
+def test_all_rows_of_an_output_are_in_the_same_mini_batch():
+    """Three mini-batches of three outputs: each optimizer step holds exactly one output's rows."""
+    policy = load_policy("tiny-llama", device="cpu")
+    batch, advantages, ids = _split_outputs_batch(policy)
+    per_output = [
+        _loss_gradient(policy, batch, advantages, ids, (ids == i).nonzero().squeeze(1))[0] for i in range(3)
+    ]
+    grads, records = _update(policy, batch, advantages, ids, mini_batches=3, micro_batch=2)
+    assert len(records) == 3
+    matched = sorted(
+        next(i for i, want in enumerate(per_output) if torch.allclose(got, want, rtol=1e-4, atol=1e-7))
+        for got in grads
+    )
+    assert matched == [0, 1, 2]
+    assert sorted(r["opsm_masked_frac"] for r in records) == [0.0, 0.0, 1.0]

@@ -11,11 +11,19 @@
 """
 
 from dsv32.rl.config import GRPOConfig, PolicyConfig, RLConfig, RLConfigError, SourceConfig, load_rl_config
-from dsv32.rl.loss import group_advantages, grpo_loss, kept_log_mass, sequence_kl_coefs, token_logprobs
+from dsv32.rl.loss import (
+    OutputTotals,
+    group_advantages,
+    grpo_loss,
+    kept_log_mass,
+    sequence_kl_coefs,
+    token_logprobs,
+)
 from dsv32.rl.rollout import Rollouts, SamplingConfig, rollout
 
 __all__ = [
     "GRPOConfig",
+    "OutputTotals",
     "PolicyConfig",
     "RLConfig",
     "RLConfigError",

@@ -14,8 +14,9 @@ results, turn 2, ... — with ``action_mask`` 1 exactly on the sampled tokens, s
 rendered context carry no loss and one training forward reproduces every turn's sampling context.
 A call whose prompt does not extend the row (a context reset of §4.4, a reply re-tokenized
 differently from how it was sampled) starts a new row; the context it re-renders is its prompt,
-masked. Every row of an episode gets the episode's advantage ``A = R − mean(group)``; each row is
-weighted as one sequence in the loss.
+masked. Every row of an episode gets the episode's advantage ``A = R − mean(group)``; in the loss the
+rows of an episode are one output o_i (the trainer passes the episode as the rows' sequence id, see
+:func:`dsv32.rl.loss.grpo_loss`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ One step:
 2. rewards (verifier + length + language for episodes, the domain reward for single-turn), group
    advantages ``A = R − mean(group)``, spread over every row of an episode;
 3. the mini-batch updates of :func:`dsv32.rl.trainer.grpo_update` (clipped ratio, unbiased KL with
-   per-domain β, OPSM, Keep Sampling Mask, Keep Routing) over the joint batch.
+   per-domain β, OPSM, Keep Sampling Mask, Keep Routing) over the joint batch, with each row's episode
+   as its sequence id: an episode laid out in several rows is one output o_i of Eq. 8 (its tokens
+   weigh 1/|o_i| together, Eq. 9 decides on all of them), however its rows fall into mini- and
+   micro-batches.
 
 Tasks and sampling noise of step ``s`` are functions of ``(seed, s)``; a checkpoint holds the policy,
 the optimizer and the step. Outputs under ``out_dir``: ``metrics.jsonl``, ``eval.jsonl`` (greedy
@@ -149,6 +152,7 @@ def agentic_step(
     jobs = [(it.make_env, it.task, it.domain) for it in env_items for _ in range(G)]
     reward = agentic_reward(cfg)
     batches, advantages, rewards, domains, correct = [], [], [], [], []
+    sequence_ids: list[int] = []  # the output each row belongs to: an episode, or a single-turn sample
     episodes: list[Episode] = []
     if jobs:
         episodes = run_episodes(
@@ -160,11 +164,12 @@ def agentic_step(
         r = torch.tensor([e.reward for e in episodes])
         adv = group_advantages(r, G, scale=g.advantage_scale, valid=[e.scored for e in episodes])
         rows, row_adv, row_tasks = [], [], []
-        for e, a in zip(episodes, adv.tolist()):
+        for i, (e, a) in enumerate(zip(episodes, adv.tolist())):
             for row in episode_rows(e.records):
                 rows.append(row)
                 row_adv.append(a)
                 row_tasks.append(rl_task(e))
+                sequence_ids.append(i)
         if rows:
             with_kept = truncates(cfg.rl.sampling)
             batches.append(
@@ -188,6 +193,7 @@ def agentic_step(
         r = torch.tensor([x.total for x in results], dtype=torch.float32)
         batches.append(st)
         advantages.append(group_advantages(r, G, scale=g.advantage_scale))
+        sequence_ids += range(len(episodes), len(episodes) + len(st))
         rewards += r.tolist()
         domains += [t.domain for t in st.tasks]
         correct += [bool(x.correct) for x in results if x.correct is not None]
@@ -199,7 +205,7 @@ def agentic_step(
     temperature = cfg.rl.sampling.temperature
     updates = grpo_update(
         policy, optimizer, batch, adv, g, temperature=temperature, ref=ref,
-        generator=_generator(cfg.rl.seed, step, 2),
+        generator=_generator(cfg.rl.seed, step, 2), sequence_ids=torch.tensor(sequence_ids),
     )  # fmt: skip
     rewards_t = torch.tensor(rewards)
     record = {

@@ -12,13 +12,17 @@
   top-k/top-p kept when sampling, so π_θ and π_old share one action space; :func:`kept_log_mass` is the
   log-probability mass of that set (what the log-ratio would be off by without the mask).
 
-All per-token tensors are ``[B, T]`` (B sequences, T positions), aligned so that position t holds the
-log-probability of token o_t; ``mask`` marks the completion tokens.
+All per-token tensors are ``[B, T]`` (B rows, T positions), aligned so that position t holds the
+log-probability of token o_t; ``mask`` marks the completion tokens. A row is one output o_i, or a piece
+of one: ``sequence_ids`` groups the rows of an output laid out in several (an agentic episode), and
+:class:`OutputTotals` lets a micro-batch that holds only some of an output's rows compute its exact
+share of the batch's loss.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -30,9 +34,45 @@ def _check_shape(name: str, x: torch.Tensor | None, shape: tuple[int, ...], what
         raise ValueError(f"{name} must have shape {list(shape)} ({what}), got {list(x.shape)}")
 
 
-def _seq_mean(x: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """``[B, T]`` → ``[B]``: mean of x over each sequence's masked tokens (0 for an empty row)."""
-    return (x * mask).sum(-1) / lengths.clamp_min(1)
+@dataclass(frozen=True)
+class OutputTotals:
+    """What the whole batch says about each row's output o_i, for rows given to :func:`grpo_loss` as
+    one part of a larger batch (a micro-batch) when an output's rows may lie in several parts.
+
+    - ``tokens`` ``[B]``: |o_i|, the masked tokens of the row's output over all of its rows;
+    - ``outputs``: the number of outputs with at least one masked token in the whole batch (the
+      count Eq. 8 averages over);
+    - ``log_ratio_rest`` ``[B]``: Σ log(π_sampling/π_θ) over the tokens of the row's output that lie
+      outside this part (0 where every row of o_i is in the part); read only by Eq. 9.
+
+    :meth:`of` gives the totals of a whole batch (every rest 0), :meth:`part` those of some of its rows.
+    """
+
+    tokens: torch.Tensor
+    outputs: int
+    log_ratio_rest: torch.Tensor
+
+    @classmethod
+    def of(cls, mask: torch.Tensor, sequence_ids: torch.Tensor | None = None) -> OutputTotals:
+        """The totals of a whole ``[B, T]`` batch whose rows belong to outputs ``sequence_ids``."""
+        index, n = _output_index(sequence_ids, mask.shape[0], mask.device)
+        row_tokens = (mask != 0).sum(-1)
+        tokens = torch.zeros(n, dtype=row_tokens.dtype, device=mask.device).index_add_(0, index, row_tokens)
+        rest = torch.zeros(mask.shape[0], device=mask.device)
+        return cls(tokens[index], int((tokens > 0).sum()), rest)
+
+    def part(self, rows: torch.Tensor, log_ratio_rest: torch.Tensor | None = None) -> OutputTotals:
+        """The totals of ``rows`` (indices into the batch), with their ``log_ratio_rest`` if given."""
+        rest = self.log_ratio_rest[rows] if log_ratio_rest is None else log_ratio_rest
+        return OutputTotals(self.tokens[rows], self.outputs, rest)
+
+
+def _output_index(sequence_ids: torch.Tensor | None, B: int, device) -> tuple[torch.Tensor, int]:
+    """``[B]`` index of each row's output in ``[0, n)``, and n. None: row i is output i."""
+    if sequence_ids is None:
+        return torch.arange(B, device=device), B
+    _, index = torch.unique(sequence_ids, return_inverse=True)
+    return index.to(device), int(index.max()) + 1 if B else 0
 
 
 def grpo_loss(
@@ -47,33 +87,49 @@ def grpo_loss(
     kl_coef: float | torch.Tensor = 0.0,
     kl_estimator: str = "unbiased",
     opsm_delta: float | None = None,
+    sequence_ids: torch.Tensor | None = None,
+    totals: OutputTotals | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """``-J(θ)`` of Eq. 8 for a batch of sequences, and metrics (Python floats).
+    """``-J(θ)`` of Eq. 8 for a batch of outputs, and metrics (Python floats).
 
     Args:
         logprobs: ``[B, T]`` log π_θ(o_t), differentiable.
         old_logprobs: ``[B, T]`` log π_old(o_t), the policy the ratio r is taken against (Eq. 6).
-        advantages: ``[B]`` A_i, one per sequence (see :func:`group_advantages`).
+        advantages: ``[B]`` A_i, the advantage of each row's output (see :func:`group_advantages`).
         mask: ``[B, T]`` bool or float, nonzero on completion tokens. Values elsewhere are ignored,
             even inf/NaN.
         ref_logprobs: ``[B, T]`` log π_ref(o_t); required when ``kl_coef`` is nonzero.
         sampling_logprobs: ``[B, T]`` log-probs returned by the inference engine; Eq. 9 measures the
             divergence against these (falls back to ``old_logprobs``).
         clip_eps: ε of the clipped ratio.
-        kl_coef: β ≥ 0, a float or a ``[B]`` tensor (per-sequence, e.g. per-domain strength).
+        kl_coef: β ≥ 0, a float or a ``[B]`` tensor (per output, e.g. per-domain strength).
         kl_estimator: ``"unbiased"`` (Eq. 7, the K3 estimate times the non-detached ratio r, whose
             gradient is unbiased for tokens sampled from π_old) or ``"k3"`` (Schulman's plain K3).
         opsm_delta: δ of Off-Policy Sequence Masking (Eq. 9); ``None`` turns it off.
+        sequence_ids: ``[B]`` integers; rows with the same id are pieces of one output o_i (an
+            agentic episode whose turns are laid out in several rows). ``None``: every row is an
+            output of its own. Rows of one output must share their advantage and β.
+        totals: the whole batch's :class:`OutputTotals` when these rows are one part of it (a
+            micro-batch) and an output's rows may lie in other parts; ``None``: every output is
+            whole here.
 
-    Each sequence contributes the mean over its masked tokens, then sequences are averaged; rows with
-    no masked token are left out of that average. An empty batch gives a zero loss that is still
-    connected to ``logprobs``. M_i zeroes only the policy-gradient term, never the KL term.
+    An output o_i contributes the mean over all its masked tokens, across its rows (each token weighs
+    1/|o_i|, Eq. 5), and outputs are averaged (Eq. 8's 1/G Σ_i); outputs with no masked token are left
+    out of that average. Eq. 9's divergence 1/|o_i| Σ_t log(π_sampling/π_θ) is taken over the whole
+    output, and M_i applies to all of its rows; M_i zeroes only the policy-gradient term, never the
+    KL term. An empty batch gives a zero loss that is still connected to ``logprobs``.
+
+    With ``totals``, |o_i|, the number of outputs and Eq. 9's divergence are the whole batch's, and the
+    loss is this part's share of the whole batch's loss: the losses of the parts sum to it (and so do
+    their gradients), however the rows are split.
 
     Metrics: ``clip_frac`` (share of tokens where the clipped branch won and differs), ``opsm_masked_frac``
-    (share of sequences with M_i = 0), ``ratio_mean/max/min`` (r over masked tokens), ``kl`` (the
+    (share of outputs with M_i = 0), ``ratio_mean/max/min`` (r over masked tokens), ``kl`` (the
     estimate, averaged like the loss; reported whenever ``ref_logprobs`` is given, even at β = 0),
-    ``pg_loss`` + ``kl_loss`` (= loss), ``log_ratio_sampling`` (mean over sequences of the Eq. 9
-    divergence), ``tokens``.
+    ``pg_loss`` + ``kl_loss`` (= loss), ``log_ratio_sampling`` (mean over outputs of the Eq. 9
+    divergence), ``tokens``. With ``totals``, the per-output ones (``opsm_masked_frac``, ``kl``,
+    ``pg_loss``, ``kl_loss``, ``log_ratio_sampling``) are this part's share, which sum over the parts
+    to the whole batch's; the per-token ones are over this part's tokens.
     """
     if logprobs.dim() != 2 or not logprobs.is_floating_point():
         raise ValueError(f"logprobs must be a floating [B, T] tensor, got {list(logprobs.shape)}")
@@ -81,17 +137,24 @@ def grpo_loss(
     per_token = {"old_logprobs": old_logprobs, "mask": mask, "ref_logprobs": ref_logprobs}
     for name, x in {**per_token, "sampling_logprobs": sampling_logprobs}.items():
         _check_shape(name, x, (B, T), "[B, T] like logprobs")
-    _check_shape("advantages", advantages, (B,), "[B], one per sequence")
+    _check_shape("advantages", advantages, (B,), "[B], one per row")
+    _check_shape("sequence_ids", sequence_ids, (B,), "[B], one per row")
+    if sequence_ids is not None and sequence_ids.is_floating_point():
+        raise ValueError(f"sequence_ids must be integers, got {sequence_ids.dtype}")
+    if totals is not None:
+        _check_shape("totals.tokens", totals.tokens, (B,), "[B], one per row")
+        _check_shape("totals.log_ratio_rest", totals.log_ratio_rest, (B,), "[B], one per row")
     if kl_estimator not in KL_ESTIMATORS:
         raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {kl_estimator!r}")
     if not clip_eps >= 0:  # NaN included
         raise ValueError(f"clip_eps must be a number >= 0, got {clip_eps}")
     if opsm_delta is not None and opsm_delta != opsm_delta:  # NaN would silently turn the mask off
         raise ValueError("opsm_delta is NaN; give a number, or None to turn the mask off")
-    beta = torch.as_tensor(kl_coef, dtype=logprobs.dtype, device=logprobs.device)
+    dtype, device = logprobs.dtype, logprobs.device
+    beta = torch.as_tensor(kl_coef, dtype=dtype, device=device)
     if beta.dim() == 0:
         beta = beta.expand(B)
-    _check_shape("kl_coef", beta, (B,), "a float or [B], one per sequence")
+    _check_shape("kl_coef", beta, (B,), "a float or [B], one per row")
     if not bool((beta >= 0).all()):  # NaN included
         raise ValueError("kl_coef must be >= 0 and not NaN (it is a penalty strength β)")
     use_kl = bool((beta != 0).any())
@@ -100,13 +163,40 @@ def grpo_loss(
     if not bool(torch.isfinite(advantages).all()):
         raise ValueError("advantages contain inf or NaN")
 
+    # Outputs: row b is a piece of output index[b]; per-output values are sums of per-row ones.
+    index, n_out = _output_index(sequence_ids, B, device)
+
+    def per_output(per_row: torch.Tensor) -> torch.Tensor:  # [B] → [n_out], summed over each output's rows
+        return torch.zeros(n_out, dtype=per_row.dtype, device=device).index_add_(0, index, per_row)
+
+    def of_output(per_row: torch.Tensor) -> torch.Tensor:  # [B] → [n_out], a value its rows share
+        return torch.zeros(n_out, dtype=per_row.dtype, device=device).scatter_(0, index, per_row)
+
+    A_out, beta_out = of_output(advantages), of_output(beta)
+    if sequence_ids is not None and not (
+        torch.equal(A_out[index], advantages) and torch.equal(beta_out[index], beta)
+    ):
+        raise ValueError("rows of one output (same sequence_ids) must share their advantage and kl_coef")
+
     mask = mask != 0
-    mask_f = mask.to(logprobs.dtype)
-    lengths = mask_f.sum(-1)  # |o_i|, [B]
-    has_tokens = lengths > 0
-    n_seqs = has_tokens.sum().clamp_min(1)
-    n_tokens = int(lengths.sum())
-    A = advantages.to(logprobs.dtype)[:, None]  # [B, 1]
+    mask_f = mask.to(dtype)
+    local_lengths = per_output(mask_f.sum(-1))  # this call's tokens of each output, [n_out]
+    if totals is None:
+        lengths = local_lengths  # |o_i|
+        has_tokens = lengths > 0
+        n_seqs = has_tokens.sum().clamp_min(1)
+    else:
+        lengths = of_output(totals.tokens.to(dtype))
+        if not bool((local_lengths <= lengths).all()):
+            raise ValueError("totals.tokens counts fewer tokens of an output than these rows hold")
+        has_tokens = lengths > 0
+        n_seqs = torch.tensor(max(totals.outputs, 1), dtype=dtype, device=device)
+    n_tokens = int(mask_f.sum())
+    A = advantages.to(dtype)[:, None]  # [B, 1]
+
+    def output_mean(x: torch.Tensor) -> torch.Tensor:
+        """``[B, T]`` → ``[n_out]``: Σ of x over each output's masked tokens here, / |o_i| (0 if empty)."""
+        return per_output((x * mask_f).sum(-1)) / lengths.clamp_min(1)
 
     # Eq. 6: the ratio, with padding positions set to log r = 0 so garbage there can never leak a NaN.
     log_r = torch.where(mask, logprobs - old_logprobs, 0.0)
@@ -115,16 +205,17 @@ def grpo_loss(
     pg_clipped = r.clamp(1 - clip_eps, 1 + clip_eps) * A
     pg = torch.minimum(pg_unclipped, pg_clipped)  # [B, T]
 
-    # Eq. 9: Off-Policy Sequence Masking, decided with π_θ detached.
+    # Eq. 9: Off-Policy Sequence Masking, decided per output over all its tokens with π_θ detached.
     log_pi_sampling = sampling_logprobs if sampling_logprobs is not None else old_logprobs
-    log_ratio_sampling = _seq_mean(
-        torch.where(mask, log_pi_sampling - logprobs.detach(), 0.0), mask_f, lengths
-    )  # [B]
+    log_ratio_sampling = output_mean(torch.where(mask, log_pi_sampling - logprobs.detach(), 0.0))  # [n_out]
+    divergence = log_ratio_sampling
+    if totals is not None:
+        divergence = log_ratio_sampling + of_output(totals.log_ratio_rest.to(dtype)) / lengths.clamp_min(1)
     if opsm_delta is None:
-        opsm_masked = torch.zeros(B, dtype=torch.bool, device=logprobs.device)
+        opsm_masked = torch.zeros(n_out, dtype=torch.bool, device=device)
     else:
-        opsm_masked = (advantages < 0) & (log_ratio_sampling > opsm_delta) & has_tokens
-    M = (~opsm_masked).to(logprobs.dtype)[:, None]  # [B, 1]
+        opsm_masked = (A_out < 0) & (divergence > opsm_delta) & has_tokens
+    M = (~opsm_masked).to(dtype)[index][:, None]  # [B, 1]
 
     # Eq. 7: K3 = π_ref/π_θ - log(π_ref/π_θ) - 1 = expm1(x) - x with x = log π_ref - log π_θ.
     if ref_logprobs is not None:
@@ -135,9 +226,9 @@ def grpo_loss(
     else:
         kl = torch.zeros_like(logprobs)
 
-    pg_seq = _seq_mean(pg * M, mask_f, lengths)  # [B]
-    kl_seq = _seq_mean(kl, mask_f, lengths)  # [B]
-    J_seq = pg_seq - beta * kl_seq if use_kl else pg_seq
+    pg_seq = output_mean(pg * M)  # [n_out]
+    kl_seq = output_mean(kl)  # [n_out]
+    J_seq = pg_seq - beta_out * kl_seq if use_kl else pg_seq
     loss = -(J_seq * has_tokens).sum() / n_seqs
 
     with torch.no_grad():
@@ -147,15 +238,17 @@ def grpo_loss(
 
         clipped = mask & (pg_clipped < pg_unclipped)
         r_tokens = r[mask]
+        # each masked output counts by the share of its tokens that is here (all of it without totals)
+        here = torch.where(has_tokens, local_lengths / lengths.clamp_min(1), 0.0)
         metrics = {
             "clip_frac": float(clipped.sum()) / max(n_tokens, 1),
-            "opsm_masked_frac": float(opsm_masked.sum()) / max(int(has_tokens.sum()), 1),
+            "opsm_masked_frac": float((opsm_masked * here).sum()) / int(n_seqs),
             "ratio_mean": float(r_tokens.mean()) if n_tokens else 1.0,
             "ratio_max": float(r_tokens.max()) if n_tokens else 1.0,
             "ratio_min": float(r_tokens.min()) if n_tokens else 1.0,
             "kl": batch_mean(kl_seq),
             "pg_loss": -batch_mean(pg_seq),
-            "kl_loss": batch_mean(beta * kl_seq) if use_kl else 0.0,
+            "kl_loss": batch_mean(beta_out * kl_seq) if use_kl else 0.0,
             "log_ratio_sampling": batch_mean(log_ratio_sampling),
             "tokens": float(n_tokens),
         }
