@@ -10,7 +10,8 @@ steps, tokens and context resets per episode), ``tokens`` (mean completion token
 ``selected`` (``problems`` and ``samples`` the settings asked for: problems × n), ``incomplete``
 (true when some selected sample has no scored result), ``missing`` (each such sample: ``id``,
 ``sample`` and the ``error`` that left it unscored), ``problem_set`` (:func:`problem_set`: which
-problems were selected) and ``elapsed_s`` (this invocation's wall time).
+problems were selected), ``elapsed_s`` (this invocation's wall time) and, for the BFCL
+benchmarks, ``bfcl`` (BFCL's own group scores, :mod:`dsv32.eval.bfcl.groups`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
+from dsv32.eval.bfcl import groups as bfcl_groups
 from dsv32.eval.errors import EvalError
 from dsv32.eval.metrics import default_ks, summarize
 from dsv32.eval.samples import canonical_digest, first_of_each, problem_hash
@@ -138,6 +140,8 @@ def write_results(
         "paper": paper,
         "elapsed_s": round(elapsed_s, 2),
     }
+    if bench.name.startswith("bfcl"):
+        results["bfcl"] = bfcl_groups.from_subsets(results["subsets"])
     (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
     (out / "report.md").write_text(render(results), encoding="utf-8")
     return results
@@ -190,6 +194,8 @@ def render(results: dict) -> str:
         lines += ["", "| subset | problems | pass@1 % [95 % CI] |", "|---|---|---|"]
         for name, metrics in results["subsets"].items():
             lines.append(f"| {name} | {metrics['pass@1']['problems']} | {pct(metrics['pass@1'])} |")
+    if results.get("bfcl"):
+        lines += _bfcl_table(results["bfcl"])
     if results.get("agentic"):
         a = results["agentic"]
         lines += [
@@ -206,6 +212,27 @@ def render(results: dict) -> str:
             f"- {m['id']} #{m['sample']}: {m['error']}" for m in results["missing"]
         ]
     return "\n".join(lines) + "\n"
+
+
+def _bfcl_table(groups: dict) -> list[str]:
+    lines = [
+        "",
+        "The accuracy above is the mean over all entries, so large categories weigh most. BFCL's "
+        "leaderboard numbers are its group scores, each from per-category accuracies "
+        "(weighted: by entry count; unweighted: mean of the categories):",
+        "",
+        "| BFCL group | score % | how | categories | BFCL counts, not run |",
+        "|---|---|---|---|---|",
+    ]
+    for name, g in groups.items():
+        if isinstance(g, dict):
+            lines.append(
+                f"| {name} | {100 * g['accuracy']:.1f} | {g['method']} | {', '.join(g['categories'])} "
+                f"| {', '.join(g['missing']) or '-'} |"
+            )
+    if "overall" in groups:
+        lines += ["", f"BFCL overall: {groups['overall']}."]
+    return lines
 
 
 def _endings(endings: dict[str, int], episodes: bool) -> str:
