@@ -120,3 +120,16 @@ def test_a_model_that_never_calls_a_function(tmp_path):
     assert "| irrelevance | 100.0 | unweighted | irrelevance, live_irrelevance | - |" in report
     assert "simple_java, simple_javascript" in report
     assert "mean over all entries" in report
+
+
+def test_a_run_of_one_category_has_its_group(tmp_path):
+    res = run(
+        RunSettings("bfcl", backend="reference", model="ref", subset=["live_parallel"]),
+        tmp_path,
+        fresh=True,
+        progress=False,
+    )
+    assert res["subsets"] == {}
+    assert res["bfcl"]["live_ast"]["accuracy"] == 1.0
+    assert res["bfcl"]["live_ast"]["categories"] == ["live_parallel"]
+    assert res["bfcl"]["live_ast"]["entries"] == res["problems"]

@@ -141,7 +141,14 @@ def write_results(
         "elapsed_s": round(elapsed_s, 2),
     }
     if bench.name.startswith("bfcl"):
-        results["bfcl"] = bfcl_groups.from_subsets(results["subsets"])
+        # a run of one category has no per-subset table: that category is the whole run
+        only = {p.subset for p in problems}
+        one = (
+            {only.pop(): {"pass@1": results["metrics"]["pass@1"]}}
+            if len(only) == 1 and results["problems"]
+            else {}
+        )
+        results["bfcl"] = bfcl_groups.from_subsets(results["subsets"] or one)
     (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
     (out / "report.md").write_text(render(results), encoding="utf-8")
     return results
