@@ -390,7 +390,7 @@ def test_the_report_counts_how_replies_ended(tmp_path):
     solver.complete = complete
     results = run(settings, out, progress=False, solver=solver)
     assert results["endings"] == {"length": 2, "stop": 3}
-    assert "- replies ended: length 2 (cut at max_tokens), stop 3" in (out / "report.md").read_text()
+    assert "- replies ended: length: 2 (cut at max_tokens), stop: 3" in (out / "report.md").read_text()
     episodes = run(RunSettings("agent-code-interpreter", limit=2), tmp_path / "e", progress=False)
     assert episodes["endings"] == {"answer": 2}
-    assert "- episodes ended: answer 2" in (tmp_path / "e" / "report.md").read_text()
+    assert "- episodes ended: answer: 2" in (tmp_path / "e" / "report.md").read_text()

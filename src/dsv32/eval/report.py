@@ -243,9 +243,10 @@ def _bfcl_table(groups: dict) -> list[str]:
 
 
 def _endings(endings: dict[str, int], episodes: bool) -> str:
-    """``replies ended: length 3 (cut at max_tokens), stop 37`` (``episodes ended: ...``)."""
+    """One line of counts by reason, e.g. ``replies ended: length: 3 (cut at max_tokens), stop: 37``
+    (``episodes ended: answer: 9, context: 1 (the window was full)`` for episodes)."""
     notes = {"length": " (cut at max_tokens)", "context": " (the window was full)"}
-    parts = [f"{k} {v}{notes.get(k, '')}" for k, v in endings.items()]
+    parts = [f"{k}: {v}{notes.get(k, '')}" for k, v in endings.items()]
     return f"{'episodes' if episodes else 'replies'} ended: " + ", ".join(parts)
 
 
