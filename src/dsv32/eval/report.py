@@ -22,7 +22,6 @@ from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
-from dsv32.eval.bfcl import groups as bfcl_groups
 from dsv32.eval.errors import EvalError
 from dsv32.eval.metrics import default_ks, summarize
 from dsv32.eval.samples import canonical_digest, first_of_each, problem_hash
@@ -49,24 +48,24 @@ def _mean(values: list[float]) -> float | None:
     return round(sum(values) / len(values), 3) if values else None
 
 
-def aggregate(problems: list[Problem], rows: list[dict], n: int) -> dict:
+def aggregate(problems: list[Problem], rows: list[dict], n: int, bench: Benchmark | None = None) -> dict:
     """Metrics overall and per subset over the samples of ``problems``, each ``(id, sample)`` once
-    (the first of its lines)."""
+    (the first of its lines), and ``bench``'s :meth:`~dsv32.eval.types.Benchmark.subset_summaries`."""
     rows = first_of_each(rows)
+    counted = [r for r in rows if r["sample"] < n]
     by_problem: dict[str, list[float]] = defaultdict(list)
-    for row in sorted(rows, key=lambda r: (r["id"], r["sample"])):
-        if row["sample"] < n:
-            by_problem[row["id"]].append(float(row["score"]))
+    for row in sorted(counted, key=lambda r: (r["id"], r["sample"])):
+        by_problem[row["id"]].append(float(row["score"]))
     subset_of = {p.id: p.subset for p in problems}
     subsets: dict[str, dict[str, list[float]]] = defaultdict(dict)
     for pid, scores in by_problem.items():
         if subset_of.get(pid):
             subsets[subset_of[pid]][pid] = scores
+    per_subset = {name: _metrics(s, n) for name, s in sorted(subsets.items())}
     episodes = [r for r in rows if "steps" in r]
-    counted = [r for r in rows if r["sample"] < n]
     out = {
         "metrics": _metrics(by_problem, n),
-        "subsets": {name: _metrics(s, n) for name, s in sorted(subsets.items())} if len(subsets) > 1 else {},
+        "subsets": per_subset if len(per_subset) > 1 else {},
         "tokens": {
             "completion_mean": _mean([r["completion_tokens"] for r in rows if "completion_tokens" in r])
         },
@@ -80,6 +79,8 @@ def aggregate(problems: list[Problem], rows: list[dict], n: int) -> dict:
     }
     if episodes:
         out["agentic"] = {k + "_mean": _mean([r[k] for r in episodes]) for k in ("steps", "tokens", "resets")}
+    if bench is not None:
+        out |= bench.subset_summaries(per_subset)
     return out
 
 
@@ -133,22 +134,13 @@ def write_results(
         "settings": settings.to_dict(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "git_commit": commit,
-        **aggregate(problems, rows, settings.n),
+        **aggregate(problems, rows, settings.n, bench),
         **completeness(problems, rows, settings.n, failed),
         "problem_set": problem_set(problems),
         "excluded": dict(bench.excluded),
         "paper": paper,
         "elapsed_s": round(elapsed_s, 2),
     }
-    if bench.name.startswith("bfcl"):
-        # a run of one category has no per-subset table: that category is the whole run
-        only = {p.subset for p in problems}
-        one = (
-            {only.pop(): {"pass@1": results["metrics"]["pass@1"]}}
-            if len(only) == 1 and results["problems"]
-            else {}
-        )
-        results["bfcl"] = bfcl_groups.from_subsets(results["subsets"] or one)
     (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
     (out / "report.md").write_text(render(results), encoding="utf-8")
     return results

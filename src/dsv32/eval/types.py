@@ -96,6 +96,12 @@ class Benchmark(ABC):
     def subsets(self) -> list[str]:
         return []
 
+    def subset_summaries(self, subsets: dict[str, dict]) -> dict:
+        """Fields for results.json that the benchmark forms from the metrics of every subset the run
+        scored (``{subset: {"pass@1": ...}}``, a run of one subset included): BFCL's leaderboard
+        groups; none for most benchmarks."""
+        return {}
+
     @abstractmethod
     def problems(self, subset: list[str] | None = None, data: str | None = None) -> list[Problem]: ...
 

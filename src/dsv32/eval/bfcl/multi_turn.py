@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from dsv32.eval.bfcl import groups
 from dsv32.eval.bfcl.api import ApiWorker, WorkerError, parse_call
 from dsv32.eval.bfcl.data import chosen_categories, load_answers, load_entries, load_file, openai_tool
 from dsv32.eval.types import Benchmark, EpisodeResult, Problem, RunOptions, Score
@@ -132,6 +133,10 @@ class BFCLMultiTurn(Benchmark):
     source = "the bfcl-eval package's data/BFCL_v4_multi_turn_*.json and its func_source_code classes"
     packages = ("bfcl-eval",)
     metric = "accuracy"
+
+    def subset_summaries(self, subsets: dict[str, dict]) -> dict:
+        """BFCL's own group scores under ``bfcl`` (:mod:`dsv32.eval.bfcl.groups`)."""
+        return {"bfcl": groups.from_subsets(subsets)} if subsets else {}
 
     def subsets(self) -> list[str]:
         return list(CATEGORIES)

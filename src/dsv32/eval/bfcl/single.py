@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 
+from dsv32.eval.bfcl import groups
 from dsv32.eval.bfcl.ast_check import check
 from dsv32.eval.bfcl.data import (
     chosen_categories,
@@ -139,6 +140,10 @@ class BFCL(Benchmark):
     source = "the bfcl-eval package's data/BFCL_v4_*.json and possible_answer/"
     packages = ("bfcl-eval",)
     metric = "accuracy"
+
+    def subset_summaries(self, subsets: dict[str, dict]) -> dict:
+        """BFCL's own group scores under ``bfcl`` (:mod:`dsv32.eval.bfcl.groups`)."""
+        return {"bfcl": groups.from_subsets(subsets)} if subsets else {}
 
     def subsets(self) -> list[str]:
         return list(CATEGORIES)
