@@ -1,8 +1,9 @@
 """Test-time context management (paper §4.4): what to do when the prompt outgrows the window.
 
 The loop calls these when a step's prompt would exceed ``trigger · context_window`` tokens (the paper
-uses 80 %); the unmanaged baselines (``none``, ``parallel_fewest_step``) use the whole window. ``anchor`` is the index of the first message after the task: everything before it (the
-system prompt, the task, any earlier conversation) always stays. A *tool-call round* is an assistant
+uses 80 %); the :data:`UNMANAGED` baselines use the whole window. ``anchor`` is the index of the first
+message after the task: everything before it (the system prompt, the task, any earlier conversation)
+always stays. A *tool-call round* is an assistant
 message with ``tool_calls`` and the tool results answering it.
 
 - ``summary``: the model summarizes the overflowed trajectory (:func:`summary_request`); the rollout
@@ -26,6 +27,8 @@ from dsv32.agent.errors import AgentError
 from dsv32.chat import last_user_index
 
 STRATEGIES = ("none", "summary", "discard_75", "discard_all", "parallel_fewest_step")
+#: The baselines that never reset the context (§4.4): they stop when a prompt fills the window.
+UNMANAGED = ("none", "parallel_fewest_step")
 DEFAULT_TRIGGER = 0.8
 
 SUMMARY_REQUEST = (

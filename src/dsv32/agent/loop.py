@@ -28,6 +28,7 @@ from typing import Any
 from dsv32.agent.backends.base import Backend, Completion
 from dsv32.agent.context import (
     DEFAULT_TRIGGER,
+    UNMANAGED,
     check_strategy,
     discard_rounds,
     fewest_steps,
@@ -216,7 +217,7 @@ class Agent:
         baselines) and stop only when the prompt fills the window."""
         if self.context_window is None:
             return None
-        if strategy in ("none", "parallel_fewest_step"):
+        if strategy in UNMANAGED:
             return self.context_window - 1
         return self.context_trigger * self.context_window
 
@@ -269,7 +270,7 @@ class Agent:
         (strategy ``none``, nothing left to remove, or still over the limit)."""
         step = len(traj.steps)
         summary = None
-        if strategy in ("none", "parallel_fewest_step"):
+        if strategy in UNMANAGED:
             return None
         if strategy == "summary":
             completion = self._call(summary_request(context))

@@ -65,6 +65,8 @@ class ServedModel:
         self.tokenizer = loaded.tokenizer
         self.name = name
         self.v32 = speaks_v32(self.tokenizer)
+        # what tool results lose before a chat template renders them (the V3.2 path strips its own)
+        self.special_tokens = tokenizer_special_tokens(self.tokenizer)
         limit = getattr(self.model.config, "max_position_embeddings", None)
         self.max_model_len = int(max_model_len or limit or 4096)
         if limit and self.max_model_len > limit:
@@ -162,7 +164,7 @@ class ServedModel:
         kwargs = dict(req.chat_template_kwargs or {})
         if tools and req.tool_choice != "none":
             kwargs["tools"] = tools
-        messages = strip_tool_results(messages, tokenizer_special_tokens(self.tokenizer))
+        messages = strip_tool_results(messages, self.special_tokens)
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=False, **kwargs
