@@ -55,7 +55,7 @@ class OutputTotals:
     @classmethod
     def of(cls, mask: torch.Tensor, sequence_ids: torch.Tensor | None = None) -> OutputTotals:
         """The totals of a whole ``[B, T]`` batch whose rows belong to outputs ``sequence_ids``."""
-        index, n = _output_index(sequence_ids, mask.shape[0], mask.device)
+        index, n = output_index(sequence_ids, mask.shape[0], mask.device)
         row_tokens = (mask != 0).sum(-1)
         tokens = torch.zeros(n, dtype=row_tokens.dtype, device=mask.device).index_add_(0, index, row_tokens)
         rest = torch.zeros(mask.shape[0], device=mask.device)
@@ -67,7 +67,7 @@ class OutputTotals:
         return OutputTotals(self.tokens[rows], self.outputs, rest)
 
 
-def _output_index(sequence_ids: torch.Tensor | None, B: int, device) -> tuple[torch.Tensor, int]:
+def output_index(sequence_ids: torch.Tensor | None, B: int, device=None) -> tuple[torch.Tensor, int]:
     """``[B]`` index of each row's output in ``[0, n)``, and n. None: row i is output i."""
     if sequence_ids is None:
         return torch.arange(B, device=device), B
@@ -164,7 +164,7 @@ def grpo_loss(
         raise ValueError("advantages contain inf or NaN")
 
     # Outputs: row b is a piece of output index[b]; per-output values are sums of per-row ones.
-    index, n_out = _output_index(sequence_ids, B, device)
+    index, n_out = output_index(sequence_ids, B, device)
 
     def per_output(per_row: torch.Tensor) -> torch.Tensor:  # [B] → [n_out], summed over each output's rows
         return torch.zeros(n_out, dtype=per_row.dtype, device=device).index_add_(0, index, per_row)

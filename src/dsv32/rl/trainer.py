@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from dsv32.rl.config import GRPOConfig, RLConfig, RLConfigError
-from dsv32.rl.loss import OutputTotals, group_advantages, grpo_loss, sequence_kl_coefs
+from dsv32.rl.loss import OutputTotals, group_advantages, grpo_loss, output_index, sequence_kl_coefs
 from dsv32.rl.policy import Policy, load_policy
 from dsv32.rl.rewards import RewardFunction
 from dsv32.rl.rewards_setup import RewardSetup, build_reward_fn, reward_setup, score
@@ -190,8 +190,7 @@ def grpo_update(
     ids = torch.arange(B, device=device) if sequence_ids is None else sequence_ids.to(device)
     if ids.shape != (B,):
         raise ValueError(f"sequence_ids must have shape [{B}] (one per row), got {list(ids.shape)}")
-    output_of_row = torch.unique(ids, return_inverse=True)[1]
-    n_outputs = int(output_of_row.max()) + 1 if B else 0
+    output_of_row, n_outputs = output_index(ids, B, device)
     ref_logprobs = _batch_logprobs(ref, batch, cfg, temperature) if ref is not None else None
     domains = [t.domain for t in batch.tasks]
     kl_coefs = sequence_kl_coefs(domains, cfg.domain_kl_coef, default=cfg.kl_coef).to(device)
@@ -272,8 +271,7 @@ def _log_ratio_rest(
     ``log_ratio_rest``). Nonzero only for outputs with negative advantage whose rows span micro-batches:
     their rows get a no-grad forward under the current π_θ, ``len(parts[0])`` rows at a time."""
     device = mb.device
-    output = torch.unique(ids, return_inverse=True)[1]  # [R]: each row's output within the mini-batch
-    n = int(output.max()) + 1
+    output, n = output_index(ids, len(ids), device)  # [R]: each row's output within the mini-batch
     in_part = torch.empty(len(mb), dtype=torch.long, device=device)
     for j, part in enumerate(parts):
         in_part[part] = j
