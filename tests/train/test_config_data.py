@@ -140,6 +140,48 @@ def test_a_jsonl_source_line_that_is_not_utf8_is_named_by_file_and_line(tmp_path
         list_documents(DataConfig(source=str(path)))
 
 
+def test_jsonl_records_are_numbered_as_text_lines_and_read_from_their_own_bytes(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    lines = [
+        b'{"text": "a"}\r\n',
+        b"\n",
+        b'{"text": "b\xc3\xa9"}\r',
+        b"  \n",
+        b'{"text": "c"}\n',
+        b'{"text": "d"}',
+    ]
+    path.write_bytes(b"".join(lines))
+    docs = list_documents(DataConfig(source=str(path)))
+    assert [(d.name, d.read("text")) for d in docs] == [
+        ("docs.jsonl:0", "a"), ("docs.jsonl:2", "bé"), ("docs.jsonl:4", "c"), ("docs.jsonl:5", "d"),
+    ]  # fmt: skip
+    # A record is read by its byte range: the lines before it are not read again (they are garbage now).
+    path.write_bytes(b"\xff" * sum(map(len, lines[:4])) + b"".join(lines[4:]))
+    assert docs[2].read("text") == "c" and docs[3].read("text") == "d"
+
+
+def test_a_bad_data_source_fails_before_the_model_is_loaded(tmp_path, monkeypatch):
+    from dsv32.train import pipeline
+
+    bad = tmp_path / "docs.jsonl"
+    bad.write_bytes(b'{"text": "a"}\n{"text": "\xff"}\n')
+    cfg = load_run_config(
+        None, [f"data.source={json.dumps(str(bad))}", f"out_dir={json.dumps(str(tmp_path / 'out'))}"]
+    )
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the data source was checked")
+
+    monkeypatch.setattr(pipeline, "load_dsa_model", no_model)
+    for run in (
+        lambda: pipeline.run_stage(cfg, "warmup"),
+        lambda: pipeline.run_eval(cfg),
+        lambda: pipeline.run_demo(cfg),
+    ):
+        with pytest.raises(TrainConfigError, match=r"docs\.jsonl:2: not UTF-8"):
+            run()
+
+
 def test_a_recipe_that_is_not_utf8_is_named_with_its_line(tmp_path):
     path = tmp_path / "r.toml"
     path.write_bytes(b"[warmup]\nsteps = 2\n# caf\xe9\n")

@@ -13,9 +13,9 @@ machine with Python already has.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
+import re
 import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,16 +32,17 @@ logger = logging.getLogger(__name__)
 class Document:
     name: str  # stable id: relative path, or "file.jsonl:LINE"
     path: Path
-    line: int | None = None  # JSONL record number
+    line: int | None = None  # JSONL record: its line number (from 0) and its bytes in the file
+    offset: int = 0
+    size: int = 0
 
     def read(self, text_field: str) -> str:
         if self.line is None:
             return self.path.read_text(encoding="utf-8", errors="replace")
-        with self.path.open(encoding="utf-8") as f:
-            for i, raw in enumerate(f):
-                if i == self.line:
-                    return _jsonl_text(raw, self.path, i, text_field)
-        raise TrainConfigError(f"{self.path} has no line {self.line}")
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            raw = f.read(self.size)
+        return _jsonl_text(raw.decode("utf-8"), self.path, self.line, text_field)
 
 
 def _jsonl_text(raw: str, path: Path, line: int, text_field: str) -> str:
@@ -54,10 +55,16 @@ def _jsonl_text(raw: str, path: Path, line: int, text_field: str) -> str:
     return record[text_field]
 
 
-def _not_utf8(path: Path) -> str:
-    """``FILE:LINE: not UTF-8 text (...)`` for the first line of ``path`` that is not UTF-8, its lines
-    numbered as text mode reads them (``\n``, ``\r\n`` and ``\r`` end a line)."""
-    line = 1
+# A line as text mode reads one: ended by \r\n, \r or \n (or by the end of the file).
+_TEXT_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
+
+
+def jsonl_documents(path: Path) -> list[Document]:
+    """One document per non-blank line of ``path``, numbered as text mode numbers lines, with its
+    byte range (so reading a record is a seek, whatever its place in the file). A line that is not
+    UTF-8 is a :class:`TrainConfigError` naming ``FILE:LINE``."""
+    docs: list[Document] = []
+    line, offset = 0, 0
     with path.open("rb") as f:
         for raw in f:  # split on b"\n"; a lone \r inside a chunk also ends a line in text mode
             try:
@@ -66,12 +73,17 @@ def _not_utf8(path: Path) -> str:
                 before = raw[: err.start].decode("utf-8")
                 line += before.replace("\r\n", "\n").count("\r")
                 column = len(before) - max(before.rfind("\r"), -1)
-                return (
-                    f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column {column}); "
+                raise TrainConfigError(
+                    f"{path}:{line + 1}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column {column}); "
                     "save the file as UTF-8"
-                )
-            line += len(io.StringIO(text, newline=None).readlines())
-    return f"{path}: not UTF-8 text; save the file as UTF-8"
+                ) from None
+            parts = _TEXT_LINE.findall(text) if "\r" in text else [text]
+            for part in parts:
+                size = len(part.encode("utf-8"))
+                if part.strip():
+                    docs.append(Document(f"{path.name}:{line}", path, line, offset, size))
+                line, offset = line + 1, offset + size
+    return docs
 
 
 def stdlib_root() -> Path:
@@ -96,13 +108,7 @@ def list_documents(cfg: DataConfig) -> list[Document]:
                 if file.is_file() and file.suffix.lower() in exts:
                     docs.append(Document(file.relative_to(path).as_posix(), file))
         elif path.is_file() and path.suffix.lower() == ".jsonl":
-            try:
-                with path.open(encoding="utf-8") as f:
-                    docs.extend(
-                        Document(f"{path.name}:{i}", path, i) for i, raw in enumerate(f) if raw.strip()
-                    )
-            except UnicodeDecodeError:
-                raise TrainConfigError(_not_utf8(path)) from None
+            docs.extend(jsonl_documents(path))
         elif path.is_file():
             docs.append(Document(path.name, path))
         else:
@@ -162,14 +168,19 @@ def separator_id(tokenizer) -> int:
     return int(tokenizer.eos_token_id)
 
 
-def load_token_data(cfg: DataConfig, tokenizer, train_tokens: int, eval_tokens: int) -> TokenData:
+def load_token_data(
+    cfg: DataConfig, tokenizer, train_tokens: int, eval_tokens: int, docs: list[Document] | None = None
+) -> TokenData:
     """Tokenize documents (seeded hash order) until each split has its budget — ``train_tokens`` /
-    ``eval_tokens``, capped by ``cfg.max_*_tokens`` — or the corpus ends."""
+    ``eval_tokens``, capped by ``cfg.max_*_tokens`` — or the corpus ends. ``docs``: the source's
+    documents when already listed (:func:`list_documents`, which checks the source without a model)."""
     if cfg.max_train_tokens is not None:
         train_tokens = min(train_tokens, cfg.max_train_tokens)
     if cfg.max_eval_tokens is not None:
         eval_tokens = min(eval_tokens, cfg.max_eval_tokens)
-    docs = sorted(list_documents(cfg), key=lambda d: _hash(f"order:{cfg.seed}:{d.name}"))
+    docs = sorted(
+        list_documents(cfg) if docs is None else docs, key=lambda d: _hash(f"order:{cfg.seed}:{d.name}")
+    )
     sep = separator_id(tokenizer)
     streams: dict[bool, list[int]] = {False: [], True: []}
     budget = {False: train_tokens, True: eval_tokens}

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from dsv32.train.config import RunConfig, StageConfig, TrainConfigError
-from dsv32.train.data import TokenData, load_token_data
+from dsv32.train.data import Document, TokenData, list_documents, load_token_data
 from dsv32.train.models import DSAModel, load_dsa_model
 from dsv32.train.trainer import StageResult, train_stage
 
@@ -44,10 +44,15 @@ def unique_sequences(cfg: StageConfig) -> int:
 
 
 def prepare_data(
-    cfg: RunConfig, dm: DSAModel, stages: list[StageConfig], eval_sequences: int = 0
+    cfg: RunConfig,
+    dm: DSAModel,
+    stages: list[StageConfig],
+    eval_sequences: int = 0,
+    docs: list[Document] | None = None,
 ) -> TokenData:
     """Tokenize just enough text for ``stages`` and ``eval_sequences`` held-out sequences of each
-    evaluation length."""
+    evaluation length. ``docs``: ``cfg.data``'s documents, listed before the model was loaded (so a
+    bad source fails before the wait)."""
     if dm.tokenizer is None:
         raise TrainConfigError(
             f"model {dm.source!r} has no tokenizer: text data needs one (save one beside its weights)"
@@ -55,7 +60,7 @@ def prepare_data(
     need = max([unique_sequences(s) for s in stages] or [1])
     L = cfg.data.seq_len
     eval_tokens = max([n * eval_sequences for n in cfg.eval.seq_lens] + [L]) + 1
-    return load_token_data(cfg.data, dm.tokenizer, need * L + 1, eval_tokens)
+    return load_token_data(cfg.data, dm.tokenizer, need * L + 1, eval_tokens, docs=docs)
 
 
 def eval_sequences(data: TokenData, cfg: RunConfig) -> dict[int, torch.Tensor]:
@@ -106,9 +111,10 @@ def run_stage(
     (a :class:`~dsv32.runlog.CheckpointError` when it has others); False: start over."""
     stage_cfg = cfg.warmup if stage == "warmup" else cfg.sparse
     out = Path(out_dir or Path(cfg.out_dir) / stage)
+    docs = list_documents(cfg.data)
     dm = load_dsa_model(cfg.model, cfg.dsa)
     check_lengths(cfg, dm)
-    data = prepare_data(cfg, dm, [stage_cfg])
+    data = prepare_data(cfg, dm, [stage_cfg], docs=docs)
     logger.info(
         "%s: %s, %d train sequences of %d tokens from %r", stage, dm.source, data.train_sequences().shape[0],
         data.seq_len, data.source,
@@ -122,9 +128,10 @@ def run_eval(cfg: RunConfig, out_dir: str | Path | None = None, progress: bool =
     from dsv32.train.report import report_dict, write_report
 
     out = Path(out_dir or Path(cfg.out_dir) / "eval")
+    docs = list_documents(cfg.data)
     dm = load_dsa_model(cfg.model, cfg.dsa)
     check_lengths(cfg, dm, eval_only=True)
-    data = prepare_data(cfg, dm, [], eval_sequences=cfg.eval.sequences)
+    data = prepare_data(cfg, dm, [], eval_sequences=cfg.eval.sequences, docs=docs)
     points = evaluate_dsa(
         dm,
         eval_sequences(data, cfg),
@@ -150,11 +157,12 @@ def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
     out = Path(cfg.out_dir)
     timings: dict[str, float] = {}
     t = time.time()
+    docs = list_documents(cfg.data)
     dm = load_dsa_model(cfg.model, cfg.dsa)
     check_lengths(cfg, dm)
     timings["load"] = time.time() - t
     t = time.time()
-    data = prepare_data(cfg, dm, [cfg.warmup, cfg.sparse], eval_sequences=cfg.eval.sequences)
+    data = prepare_data(cfg, dm, [cfg.warmup, cfg.sparse], eval_sequences=cfg.eval.sequences, docs=docs)
     held_out = eval_sequences(data, cfg)
     timings["data"] = time.time() - t
     logger.info(
