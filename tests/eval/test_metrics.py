@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 
 import pytest
 
-from dsv32.eval.metrics import default_ks, mean_interval, pass_at_k, summarize, wilson_interval
+from dsv32.eval.metrics import (
+    default_ks,
+    is_correct,
+    mean_interval,
+    pass_at_k,
+    sampling_variance,
+    summarize,
+    wilson_interval,
+)
 
 
 def brute_pass_at_k(n: int, c: int, k: int) -> float:
@@ -86,3 +95,42 @@ def test_all_or_nothing_problems_do_not_collapse_the_interval():
     assert out["pass@4"].ci_high > 0.15
     mixed = summarize([[1.0, 0.0], [1.0, 1.0]])
     assert (mixed["pass@1"].ci_low, mixed["pass@1"].ci_high) == pytest.approx(mean_interval([0.5, 1.0]))
+
+
+@pytest.mark.parametrize("scores", [[1, 0, 1, 1, 0], [1, 1, 0, 0, 0, 0, 1, 0], [0.5, 1.0, 0.0, 0.25]])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_sampling_variance_is_the_delete_one_jackknife(scores, k):
+    n = len(scores)
+
+    def estimate(rest):
+        return sum(rest) / len(rest) if k == 1 else pass_at_k(len(rest), sum(map(is_correct, rest)), k)
+
+    leave_one_out = [estimate(scores[:j] + scores[j + 1 :]) for j in range(n)]
+    mean = sum(leave_one_out) / n
+    assert sampling_variance(scores, k) == pytest.approx(
+        (n - 1) / n * sum((t - mean) ** 2 for t in leave_one_out)
+    )
+    assert sampling_variance(scores[:k], k) == 0.0  # n - 1 < k: no estimate to leave one out of
+
+
+def test_problems_sharing_one_value_keep_the_width_of_their_samples():
+    # 50 problems, each solved by 1 of 2 samples: s = 0 over problems, but every sample is a coin flip.
+    out = summarize([[1.0, 0.0]] * 50, ks=[1, 2])
+    half = 1.959963984540054 * math.sqrt(0.25 / 50)  # s_i^2 / n_i = (1/2) / 2 per problem
+    assert (out["pass@1"].ci_low, out["pass@1"].ci_high) == pytest.approx((0.5 - half, 0.5 + half))
+    assert (out["pass@2"].ci_low, out["pass@2"].ci_high) == pytest.approx(wilson_interval(50, 50))  # all 1
+    one = summarize([[1.0, 0.0] * 4])["pass@1"]  # a single problem: its samples' own interval
+    half = 1.959963984540054 * math.sqrt(2 / 7 / 8)  # s^2 = 8 * 0.25 / 7
+    assert (one.ci_low, one.ci_high) == pytest.approx((0.5 - half, 0.5 + half))
+    spread = [[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [1.0, 1.0]]  # s^2 over problems exceeds the floor
+    means = [1.0, 0.0, 0.5, 1.0]
+    assert summarize(spread)["pass@1"].ci_low == pytest.approx(mean_interval(means)[0])
+
+
+def test_the_interval_covers_the_true_rate_with_few_samples_per_problem():
+    rng = random.Random(0)
+    covered = 0
+    for _ in range(1000):  # 5 problems of true rate 1/2, 4 samples each
+        m = summarize([[float(rng.random() < 0.5) for _ in range(4)] for _ in range(5)])["pass@1"]
+        covered += m.ci_low <= 0.5 <= m.ci_high
+    assert covered >= 940  # the normal interval over problems alone covers about 87 % here

@@ -13,7 +13,11 @@ A benchmark's score is the mean over problems of the per-problem value. Its 95 %
   at 0 % or 100 % the way the normal interval does;
 - otherwise the normal interval over problems, mean ± 1.96 · s / sqrt(N) with s the sample standard
   deviation of the per-problem values (the standard error lm-evaluation-harness reports), clipped
-  to [0, 1].
+  to [0, 1]. With several samples per problem, s² is at least the mean over problems of each
+  problem's own sampling variance (the delete-one jackknife of its estimate over its samples:
+  s_i² / n_i for pass@1). s² estimates that variance plus the spread between problems, so the floor
+  only matters where s² underestimates it: a single problem, or problems that happen to share one
+  value (50 problems each solved by 1 of 2 samples has s = 0, yet its samples are coin flips).
 """
 
 from __future__ import annotations
@@ -46,17 +50,33 @@ def wilson_interval(successes: int, total: int, z: float = Z95) -> tuple[float, 
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def mean_interval(values: Sequence[float], z: float = Z95) -> tuple[float, float]:
-    """mean ± z · s / sqrt(N), clipped to [0, 1] (one value: the value itself)."""
+def mean_interval(values: Sequence[float], z: float = Z95, min_var: float = 0.0) -> tuple[float, float]:
+    """mean ± z · s / sqrt(N), clipped to [0, 1], with s² the sample variance of ``values`` but at
+    least ``min_var`` (one value has no sample variance: only ``min_var`` counts)."""
     n = len(values)
     if n == 0:
         return (0.0, 0.0)
     mean = sum(values) / n
-    if n == 1:
-        return (mean, mean)
-    var = sum((v - mean) ** 2 for v in values) / (n - 1)
-    half = z * math.sqrt(var / n)
+    var = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else 0.0
+    half = z * math.sqrt(max(var, min_var) / n)
     return (max(0.0, mean - half), min(1.0, mean + half))
+
+
+def sampling_variance(scores: Sequence[float], k: int = 1) -> float:
+    """The delete-one jackknife variance of one problem's pass@k estimate over its ``scores`` (pass@1:
+    the mean score, whose jackknife variance is s² / n); 0 with too few samples (n - 1 < k)."""
+    n = len(scores)
+    if n - 1 < k:
+        return 0.0
+    if k == 1:
+        mean = sum(scores) / n
+        return sum((s - mean) ** 2 for s in scores) / ((n - 1) * n)
+    # Leaving one sample out gives one of two estimates: without a correct one or without a wrong one.
+    c = sum(is_correct(s) for s in scores)
+    without_correct = pass_at_k(n - 1, c - 1, k) if c > 0 else 0.0
+    without_wrong = pass_at_k(n - 1, c, k) if c < n else 0.0
+    mean = (c * without_correct + (n - c) * without_wrong) / n
+    return (n - 1) / n * (c * (without_correct - mean) ** 2 + (n - c) * (without_wrong - mean) ** 2)
 
 
 @dataclass
@@ -74,11 +94,13 @@ class Metric:
         return asdict(self)
 
 
-def interval(values: Sequence[float]) -> tuple[float, float]:
-    """The 95 % interval of the mean of per-problem values (see the module docstring)."""
+def interval(values: Sequence[float], sampling: Sequence[float] = ()) -> tuple[float, float]:
+    """The 95 % interval of the mean of per-problem ``values``; ``sampling``: each problem's own
+    sampling variance (:func:`sampling_variance`), whose mean bounds s² from below (see the module
+    docstring)."""
     if all(v in (0.0, 1.0) for v in values):
         return wilson_interval(int(sum(values)), len(values))
-    return mean_interval(values)
+    return mean_interval(values, min_var=sum(sampling) / len(values))
 
 
 def is_correct(score: float) -> bool:
@@ -96,14 +118,14 @@ def summarize(scores: Sequence[Sequence[float]], ks: Sequence[int] = (1,)) -> di
     out: dict[str, Metric] = {}
     total = sum(len(r) for r in rows)
     means = [sum(r) / len(r) for r in rows]
-    low, high = interval(means)
+    low, high = interval(means, [sampling_variance(r) for r in rows])
     out["pass@1"] = Metric("pass@1", sum(means) / len(means), low, high, len(rows), total)
     n_min = min(len(r) for r in rows)
     for k in ks:
         if k <= 1 or k > n_min:
             continue
         values = [pass_at_k(len(r), sum(is_correct(s) for s in r), k) for r in rows]
-        low, high = interval(values)
+        low, high = interval(values, [sampling_variance(r, k) for r in rows])
         out[f"pass@{k}"] = Metric(f"pass@{k}", sum(values) / len(values), low, high, len(rows), total)
     return out
 
