@@ -55,10 +55,10 @@ from dsv32.runlog import (
     truncate_metrics,
     write_json,
 )
-from dsv32.train.sft_data import IGNORE, Example, block_causal_mask, collate, encode_file, make_rows
+from dsv32.train.sft_data import IGNORE, Example, collate, encode_file, make_rows
 from dsv32.train.sft_model import (
     SFTModel,
-    SFTModelError,
+    check_packing,
     freeze_lower_layers,
     input_embeddings,
     keep_pretrained_rows,
@@ -254,12 +254,13 @@ def loss_sum(sm: SFTModel, batch: dict[str, torch.Tensor], packed: bool) -> tupl
     positions, segments = batch["position_ids"].to(dev), batch["segments"].to(dev)
     keep = targets != IGNORE
     n = int(keep.sum())
+    if packed:
+        check_packing(sm)
     if sm.kind == "native":
-        if packed:
-            raise SFTModelError("packing needs a Hugging Face model (a block mask); set data.packing=false")
         logits = sm.model(ids, attention_mask=(segments >= 0).long(), position_ids=positions).logits[keep]
     else:
-        mask = block_causal_mask(segments) if packed else (segments >= 0).long()
+        # packed: no mask, so transformers derives the block-diagonal one from the restarting positions
+        mask = None if packed else (segments >= 0).long()
         hidden = sm.model.get_decoder()(
             input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False
         )
@@ -330,8 +331,8 @@ def train_sft(
     tc = cfg.train
     torch.manual_seed(tc.seed)
     sm = model or prepare_sft_model(cfg.model.name, cfg.model.device)
-    if cfg.data.packing and sm.kind == "native":
-        raise SFTModelError("packing needs a Hugging Face model (a block mask); set data.packing=false")
+    if cfg.data.packing:
+        check_packing(sm)
     freeze_lower_layers(sm.model, tc.freeze_layers)
     examples, counts = _encode(sm, cfg.data.path, cfg)
     rows = make_rows(examples, cfg.data.seq_len, cfg.data.packing)

@@ -14,9 +14,10 @@ conversation, before packing, so no token is ever predicted across two packed co
 
 Rows: with ``packing`` the conversations are put whole into rows of at most ``seq_len`` tokens by
 best-fit decreasing (as TRL's ``packing_strategy="bfd"``); each keeps its own positions (restarting
-at 0) and attends only to itself (a block-diagonal causal mask), so a packed row computes exactly
-what its conversations would compute one by one. Without packing a row is one conversation,
-right-padded in the batch.
+at 0), from which transformers' masking utilities build the block-diagonal causal mask (with any
+sliding window of the model) for the eager, SDPA and flex attention implementations, so a packed row
+computes exactly what its conversations would compute one by one. Without packing a row is one
+conversation, right-padded in the batch.
 """
 
 from __future__ import annotations
@@ -179,13 +180,3 @@ def collate(
             segments[b, at : at + n] = k
             at += n
     return {"input_ids": ids, "targets": targets, "position_ids": positions, "segments": segments}
-
-
-def block_causal_mask(segments: torch.Tensor) -> torch.Tensor:
-    """``[B, 1, L, L]`` bool: query t sees key s iff s ≤ t and both belong to the same conversation
-    (padding rows see only themselves, so no row is empty)."""
-    L = segments.shape[1]
-    causal = torch.ones(L, L, dtype=torch.bool, device=segments.device).tril()
-    same = segments[:, :, None] == segments[:, None, :]
-    eye = torch.eye(L, dtype=torch.bool, device=segments.device)
-    return ((same & causal) | eye)[:, None]

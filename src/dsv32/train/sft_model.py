@@ -161,6 +161,24 @@ def prepare_sft_model(name: str, device: str = "auto") -> SFTModel:
     return SFTModel(loaded.model, tok, loaded.kind, added, name, base_vocab)
 
 
+#: Attention implementations for which transformers builds a packed row's block-diagonal causal mask
+#: (and any sliding window) from position ids that restart at 0; flash attention reads packed
+#: sequences from position ids only for a batch of one row, so it is not among them.
+PACKING_ATTENTION = ("eager", "sdpa", "flex_attention")
+
+
+def check_packing(sm: SFTModel) -> None:
+    """Refuse packing where a packed row would not compute what its conversations compute alone."""
+    if sm.kind == "native":
+        raise SFTModelError("packing needs a Hugging Face model (a block mask); set data.packing=false")
+    impl = getattr(sm.model.config, "_attn_implementation", None)
+    if impl not in PACKING_ATTENTION:
+        raise SFTModelError(
+            f"packing is exact only with attention {list(PACKING_ATTENTION)}; the model uses {impl!r}: "
+            "load it with attn_implementation='sdpa' or 'eager', or set data.packing=false"
+        )
+
+
 def input_embeddings(model: nn.Module) -> torch.Tensor:
     """The input embedding matrix (shared with the head when tied), HF or native."""
     if hasattr(model, "get_input_embeddings"):
