@@ -60,10 +60,10 @@ from dsv32.train.sft_model import (
     SFTModel,
     check_packing,
     freeze_lower_layers,
-    input_embeddings,
     keep_pretrained_rows,
     prepare_sft_model,
     save_sft_model,
+    vocab_matrices,
 )
 
 logger = logging.getLogger(__name__)
@@ -148,8 +148,9 @@ class SFTTrainConfig(Checked, error=SFTConfigError):
     eval_every: int = 0
     keep_checkpoints: int = 1
     freeze_layers: int = 0  # the lowest N transformer layers keep their weights (a CPU budget)
-    #: > 0: the embedding matrix is its own optimizer group at this lr, and only the rows of the added
-    #: V3.2 tokens move (the pretrained rows keep their values); 0: it trains with the rest at ``lr``.
+    #: > 0: the embedding matrix (and an untied head) is its own optimizer group at this lr, and only the
+    #: rows of the V3.2 tokens this run added move (the other rows keep their values); 0, or no tokens
+    #: added (a tokenizer that has them already): every row trains with the rest at ``lr``.
     new_token_lr: float = 0.0
 
     @property
@@ -334,6 +335,11 @@ def train_sft(
     if cfg.data.packing:
         check_packing(sm)
     freeze_lower_layers(sm.model, tc.freeze_layers)
+    if tc.new_token_lr > 0 and not sm.added_tokens:
+        logger.warning(
+            "sft: train.new_token_lr has no effect: the tokenizer already has the V3.2 tokens, so no rows "
+            "were added and every embedding row trains at train.lr"
+        )
     examples, counts = _encode(sm, cfg.data.path, cfg)
     rows = make_rows(examples, cfg.data.seq_len, cfg.data.packing)
     held = _encode(sm, cfg.data.eval_path, cfg) if cfg.data.eval_path else None
@@ -381,18 +387,23 @@ def train_sft(
     return result
 
 
+def new_token_rows(sm: SFTModel, tc: SFTTrainConfig) -> bool:
+    """Whether the added tokens' rows train apart (``new_token_lr`` > 0 and this run added tokens)."""
+    return tc.new_token_lr > 0 and bool(sm.added_tokens)
+
+
 def _param_groups(sm: SFTModel, tc: SFTTrainConfig) -> list[dict]:
-    """AdamW groups: matrices with weight decay, the rest without; with ``new_token_lr`` the
-    embedding matrix alone, only its new rows moving (:func:`keep_pretrained_rows`)."""
-    embed = input_embeddings(sm.model) if tc.new_token_lr > 0 else None
-    trainable = [p for p in sm.model.parameters() if p.requires_grad and p is not embed]
+    """AdamW groups: matrices with weight decay, the rest without; with :func:`new_token_rows` the
+    embedding and an untied head alone, only their new rows moving (:func:`keep_pretrained_rows`)."""
+    apart = vocab_matrices(sm.model) if new_token_rows(sm, tc) else []
+    trainable = [p for p in sm.model.parameters() if p.requires_grad and not any(p is q for q in apart)]
     groups = [
         {"params": [p for p in trainable if p.dim() >= 2], "weight_decay": tc.weight_decay, "base_lr": tc.lr},
         {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0, "base_lr": tc.lr},
     ]
-    if embed is not None:
+    if apart:
         groups.append(
-            {"params": [embed], "weight_decay": 0.0, "base_lr": tc.new_token_lr, "lr": tc.new_token_lr}
+            {"params": apart, "weight_decay": 0.0, "base_lr": tc.new_token_lr, "lr": tc.new_token_lr}
         )
     return groups
 
@@ -409,7 +420,7 @@ def _step(sm: SFTModel, optimizer, examples, rows, cfg: SFTConfig, step: int, to
         s, _ = loss_sum(sm, collate(examples, picked[a : a + tc.batch_size], sm.pad_id), cfg.data.packing)
         (s / n_total).backward()
         loss_value += float(s.detach()) / n_total
-    if tc.new_token_lr > 0:
+    if new_token_rows(sm, tc):
         keep_pretrained_rows(sm.model, sm.base_vocab)
     params = [p for g in optimizer.param_groups for p in g["params"]]
     norm = torch.nn.utils.clip_grad_norm_(params, tc.clip_grad or math.inf)
