@@ -314,6 +314,16 @@ def run_identity(cfg: SFTConfig) -> dict:
     return sections
 
 
+def check_seq_len(cfg: SFTConfig, sm: SFTModel) -> None:
+    """``data.seq_len`` must fit the model's position limit (checked before anything is written)."""
+    limit = getattr(sm.model.config, "max_position_embeddings", None)
+    if limit and cfg.data.seq_len > limit:
+        raise SFTConfigError(
+            f"data.seq_len = {cfg.data.seq_len} exceeds the model's max_position_embeddings ({limit}); "
+            "lower data.seq_len (longer conversations are handled by data.overlong)"
+        )
+
+
 def train_sft(
     cfg: SFTConfig,
     *,
@@ -332,6 +342,7 @@ def train_sft(
     tc = cfg.train
     torch.manual_seed(tc.seed)
     sm = model or prepare_sft_model(cfg.model.name, cfg.model.device)
+    check_seq_len(cfg, sm)
     if cfg.data.packing:
         check_packing(sm)
     freeze_lower_layers(sm.model, tc.freeze_layers)

@@ -1,0 +1,38 @@
+"""What ``dsv32 sft`` checks before anything is written, and how it reports what it leaves out."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from dsv32.train.sft import SFTConfigError, load_sft_config, train_sft
+
+
+def _conversation(i: int) -> dict:
+    return {
+        "messages": [
+            {"role": "user", "content": f"q{i}"},
+            {"role": "assistant", "reasoning_content": "r" * (i + 1), "content": f"a{i}"},
+        ]
+    }
+
+
+def _cfg(tmp_path, rows=None, **over):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows or [_conversation(i) for i in range(4)]))
+    sets = {
+        "model.name": "tiny-llama", "model.device": "cpu", "data.path": str(data), "data.seq_len": 256,
+        "train.batch_size": 2, "train.steps": 1, "out_dir": str(tmp_path / "run"),
+    } | over  # fmt: skip
+    return load_sft_config(None, [f"{k}={json.dumps(v)}" for k, v in sets.items()])
+
+
+def test_a_seq_len_past_the_models_positions_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(
+        SFTConfigError, match=r"data\.seq_len = 2048 exceeds the model's max_position_embeddings \(1024\)"
+    ):
+        train_sft(_cfg(tmp_path, **{"data.seq_len": 2048}), progress=False)
+    assert not (tmp_path / "run").exists()
