@@ -36,3 +36,13 @@ def test_a_seq_len_past_the_models_positions_is_refused_before_anything_is_writt
     ):
         train_sft(_cfg(tmp_path, **{"data.seq_len": 2048}), progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_dropped_overlong_conversations_are_reported(tmp_path, caplog):
+    rows = [_conversation(i) for i in range(4)] + [{"messages": [
+        {"role": "user", "content": "long " * 80}, {"role": "assistant", "reasoning_content": "r", "content": "ok"}]}]  # fmt: skip
+    with caplog.at_level("WARNING", logger="dsv32.train.sft_data"):
+        result = train_sft(_cfg(tmp_path, rows, **{"data.seq_len": 128}), progress=False, save_model=False)
+    assert result.data["dropped"] == 1 and result.data["conversations"] == 5
+    assert "dropped 1 of 5 (longer than seq_len)" in result.summary()
+    assert "dropped 1 of 5 conversations longer than seq_len=128" in caplog.text

@@ -22,6 +22,7 @@ conversation, right-padded in the batch.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,8 @@ from dsv32.errors import DSV32Error
 from dsv32.jsonl import read_jsonl
 
 IGNORE = -100
+
+logger = logging.getLogger(__name__)
 
 
 class SFTDataError(DSV32Error, ValueError):
@@ -121,6 +124,12 @@ def encode_file(
         examples.append(ex)
     if not examples:
         raise SFTDataError(f"{path}: every conversation is longer than seq_len={seq_len}")
+    if dropped:
+        logger.warning(
+            "%s: dropped %d of %d conversations longer than seq_len=%d (data.overlong='drop'); raise "
+            "data.seq_len or set data.overlong='truncate' to keep them",
+            path, dropped, len(examples) + dropped, seq_len,
+        )  # fmt: skip
     counts = {
         "conversations": len(examples) + dropped,
         "dropped": dropped,
