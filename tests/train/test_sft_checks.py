@@ -46,3 +46,18 @@ def test_dropped_overlong_conversations_are_reported(tmp_path, caplog):
     assert result.data["dropped"] == 1 and result.data["conversations"] == 5
     assert "dropped 1 of 5 (longer than seq_len)" in result.summary()
     assert "dropped 1 of 5 conversations longer than seq_len=128" in caplog.text
+
+
+def test_a_truncation_that_leaves_no_assistant_token_drops_the_conversation(tmp_path, caplog):
+    long_prompt = {"messages": [{"role": "system", "content": "S" * 200}, *_conversation(9)["messages"]]}
+    rows = [_conversation(i) for i in range(4)] + [long_prompt]
+    with caplog.at_level("WARNING", logger="dsv32.train.sft_data"):
+        result = train_sft(
+            _cfg(tmp_path, rows, **{"data.seq_len": 128, "data.overlong": "truncate"}),
+            progress=False,
+            save_model=False,
+        )
+    assert result.data["dropped_no_loss"] == 1 and result.data["truncated"] == 0
+    assert result.data["conversations"] == 5 and result.data["dropped"] == 0
+    assert "dropped 1 of 5 (no assistant token in seq_len)" in result.summary()
+    assert "dropped 1 of 5 conversations whose first 128 tokens hold no assistant token" in caplog.text

@@ -213,8 +213,12 @@ class SFTResult:
 
     def summary(self) -> str:
         line = f"dsv32 sft: {self.steps} steps in {self.seconds:.0f} s → {self.out_dir}"
-        if self.data.get("dropped"):
-            line += f"; dropped {self.data['dropped']} of {self.data['conversations']} (longer than seq_len)"
+        for key, why in (
+            ("dropped", "longer than seq_len"),
+            ("dropped_no_loss", "no assistant token in seq_len"),
+        ):
+            if self.data.get(key):
+                line += f"; dropped {self.data[key]} of {self.data['conversations']} ({why})"
         if self.metrics:
             first, last = self.metrics[0], self.metrics[-1]
             line += f"\nloss {first['loss']:.4f} (step {first['step']}) → {last['loss']:.4f} (step {last['step']})"

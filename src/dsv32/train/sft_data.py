@@ -100,14 +100,19 @@ def encode_file(
     overlong: str = "drop",
 ) -> tuple[list[Example], dict[str, int]]:
     """Every conversation of ``path`` encoded; ``overlong`` ones (more than ``seq_len`` tokens) are
-    dropped (``"drop"``), cut (``"truncate"``) or an error (``"error"``). Returns the examples and
-    counts ``{"conversations", "dropped", "truncated", "tokens", "loss_tokens"}``."""
-    examples, dropped, cut = [], 0, 0
+    dropped (``"drop"``), cut (``"truncate"``) or an error (``"error"``); a cut that leaves no
+    assistant token is dropped too. Returns the examples and counts ``{"conversations", "dropped",
+    "truncated", "dropped_no_loss", "tokens", "loss_tokens"}`` (``dropped``: longer than seq_len;
+    ``dropped_no_loss``: cut to nothing to train on; ``truncated`` counts only the cuts kept)."""
+    examples, dropped, cut, empty, total = [], 0, 0, 0, 0
     for n, row in numbered_conversations(path):
+        total += 1
         try:
             ex = encode_example(tokenizer, row, thinking_mode, train_on)
         except ConversationError as err:
             raise SFTDataError(f"{path}:{n}: {err}") from err
+        if ex.loss_tokens == 0:
+            raise SFTDataError(f"{path}:{n}: the conversation has no assistant tokens to train on")
         if len(ex.ids) > seq_len:
             if overlong == "error":
                 raise SFTDataError(
@@ -118,22 +123,34 @@ def encode_file(
                 dropped += 1
                 continue
             ex = Example(ex.ids[:seq_len], [*ex.targets[: seq_len - 1], IGNORE])
+            if ex.loss_tokens == 0:  # its first assistant token lies past seq_len
+                empty += 1
+                continue
             cut += 1
-        if ex.loss_tokens == 0:
-            raise SFTDataError(f"{path}:{n}: the conversation has no assistant tokens to train on")
         examples.append(ex)
-    if not examples:
-        raise SFTDataError(f"{path}: every conversation is longer than seq_len={seq_len}")
     if dropped:
         logger.warning(
             "%s: dropped %d of %d conversations longer than seq_len=%d (data.overlong='drop'); raise "
             "data.seq_len or set data.overlong='truncate' to keep them",
-            path, dropped, len(examples) + dropped, seq_len,
+            path, dropped, total, seq_len,
         )  # fmt: skip
+    if empty:
+        logger.warning(
+            "%s: dropped %d of %d conversations whose first %d tokens hold no assistant token "
+            "(data.overlong='truncate'); raise data.seq_len to keep them",
+            path, empty, total, seq_len,
+        )  # fmt: skip
+    if not examples:
+        raise SFTDataError(
+            f"{path}: no conversation left to train on: all {total} are longer than seq_len={seq_len}"
+            + (" and cut before their first assistant token" if empty else "")
+            + "; raise data.seq_len"
+        )
     counts = {
-        "conversations": len(examples) + dropped,
+        "conversations": total,
         "dropped": dropped,
         "truncated": cut,
+        "dropped_no_loss": empty,
         "tokens": sum(len(e.ids) for e in examples),
         "loss_tokens": sum(e.loss_tokens for e in examples),
     }
