@@ -61,3 +61,23 @@ def test_a_truncation_that_leaves_no_assistant_token_drops_the_conversation(tmp_
     assert result.data["conversations"] == 5 and result.data["dropped"] == 0
     assert "dropped 1 of 5 (no assistant token in seq_len)" in result.summary()
     assert "dropped 1 of 5 conversations whose first 128 tokens hold no assistant token" in caplog.text
+
+
+def test_the_same_data_under_another_path_resumes(tmp_path):
+    import shutil
+
+    from dsv32.runlog import read_metrics
+
+    first = _cfg(tmp_path, **{"train.steps": 2})
+    train_sft(first, progress=False, save_model=False)
+    moved = tmp_path / "elsewhere" / "copy.jsonl"
+    moved.parent.mkdir()
+    shutil.copy(first.data.path, moved)
+    again = _cfg(tmp_path / "elsewhere", **{"train.steps": 3, "out_dir": str(tmp_path / "run")})
+    again.data.path = str(moved)
+    result = train_sft(again, progress=False, save_model=False)
+    assert result.steps == 3 and [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [
+        1,
+        2,
+        3,
+    ]

@@ -301,10 +301,11 @@ def _encode(sm: SFTModel, path: str, cfg: SFTConfig) -> tuple[list[Example], dic
 
 
 #: Fields that do not change what is trained: they may differ when a run is resumed (the number of
-#: steps, from ``train.steps`` or ``train.epochs``, may grow; it is checked on its own).
+#: steps, from ``train.steps`` or ``train.epochs``, may grow; it is checked on its own). The data
+#: file is identified by its SHA-256, so the same file under another path resumes.
 BOOKKEEPING = {
     "model": ("device",),
-    "data": ("eval_path",),
+    "data": ("path", "eval_path"),
     "train": ("steps", "epochs", "save_every", "log_every", "eval_every", "keep_checkpoints"),
 }
 
