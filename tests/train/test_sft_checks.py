@@ -81,3 +81,21 @@ def test_the_same_data_under_another_path_resumes(tmp_path):
         2,
         3,
     ]
+
+
+@pytest.mark.parametrize("first", [[{"role": "system", "content": "You are a bot."}], []])
+def test_an_assistant_turn_before_any_user_message_names_the_line(tmp_path, first):
+    from dsv32.chat import add_v32_special_tokens
+    from dsv32.train.sft_data import SFTDataError, encode_file
+    from dsv32.train.sft_model import byte_level_tokenizer
+
+    tokenizer = byte_level_tokenizer()
+    add_v32_special_tokens(tokenizer)
+
+    bad = {"messages": [*first, {"role": "assistant", "reasoning_content": "r", "content": "hello"}]}
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps(_conversation(1)) + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(
+        SFTDataError, match=rf"c\.jsonl:2: message {len(first)}: an assistant turn before any user"
+    ):
+        encode_file(tokenizer, path, seq_len=256)

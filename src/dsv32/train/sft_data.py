@@ -85,6 +85,16 @@ def encode_example(
     tokenizer: Any, row: dict[str, Any], thinking_mode: str = "thinking", train_on: str = "all"
 ) -> Example:
     """``(ids, targets)`` of one conversation (see the module docstring)."""
+    for index, message in enumerate(row["messages"]):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role in ("user", "developer"):
+            break
+        if role == "assistant":  # V3.2 writes <｜Assistant｜> only after a user turn
+            raise ConversationError(
+                index,
+                "an assistant turn before any user message has no <｜Assistant｜> marker in the V3.2 layout "
+                "(its text would follow the system text as if it were part of it); put a user message before it",
+            )
     ids, mask = tokenize_conversation(tokenizer, conversation_messages(row), thinking_mode, train_on=train_on)
     targets = [ids[t + 1] if mask[t + 1] else IGNORE for t in range(len(ids) - 1)] + [IGNORE]
     return Example(ids, targets)
