@@ -22,6 +22,8 @@ conversation, right-padded in the batch.
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -168,22 +170,31 @@ def encode_file(
 
 
 def pack(lengths: Sequence[int], seq_len: int) -> list[list[int]]:
-    """Best-fit decreasing: example indices grouped into bins of total length ≤ ``seq_len``.
-    Deterministic (ties broken by index)."""
+    """Best-fit decreasing: example indices grouped into bins of total length ≤ ``seq_len``, each
+    example into the fullest bin it fits (the lowest-numbered among equals), else a new one.
+    Deterministic (ties broken by index); O(n log n) for n examples."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     bins: list[list[int]] = []
-    free: list[int] = []
+    frees: list[int] = []  # the distinct free capacities some bin has, ascending
+    holders: dict[int, list[int]] = {}  # free capacity → heap of the bins that have it
     for i in order:
         n = lengths[i]
         if n > seq_len:
             raise SFTDataError(f"example {i} has {n} tokens > seq_len={seq_len}")
-        best = min((j for j in range(len(bins)) if free[j] >= n), key=lambda j: free[j], default=None)
-        if best is None:
+        k = bisect.bisect_left(frees, n)
+        if k == len(frees):
+            j, free = len(bins), seq_len - n
             bins.append([i])
-            free.append(seq_len - n)
         else:
-            bins[best].append(i)
-            free[best] -= n
+            j = heapq.heappop(holders[frees[k]])
+            free = frees[k] - n
+            if not holders[frees[k]]:
+                del holders[frees.pop(k)]
+            bins[j].append(i)
+        if free not in holders:
+            holders[free] = []
+            bisect.insort(frees, free)
+        heapq.heappush(holders[free], j)
     return bins
 
 
