@@ -88,15 +88,15 @@ class SFTModelConfig(Checked, error=SFTConfigError):
 class SFTDataConfig(Checked, error=SFTConfigError):
     """``path``: JSONL conversations; ``eval_path``: held-out ones for an eval loss ("" = none);
     ``seq_len``: the longest row; ``packing``: whole conversations best-fit into rows (HF models);
-    ``thinking_mode``: ``thinking`` or ``chat``; ``train_on``: ``all`` assistant turns or the
-    ``last_round``; ``overlong``: ``drop``, ``truncate`` or ``error`` for conversations over seq_len."""
+    ``thinking_mode``: ``thinking`` or ``chat``; ``train_on``: ``all`` assistant turns, the
+    ``last_round``, or ``each_round`` (one example per round, with its reasoning); ``overlong``: ``drop``, ``truncate`` or ``error`` for conversations over seq_len."""
 
     RANGES: ClassVar[dict[str, Rule]] = {
         "path": EXISTING_PATH,
         "eval_path": Rule(lambda v: v == "" or Path(v).exists(), "'' or an existing file", on_disk=True),
         "seq_len": at_least(8),
         "thinking_mode": one_of("thinking", "chat"),
-        "train_on": one_of("all", "last_round"),
+        "train_on": one_of("all", "last_round", "each_round"),
         "overlong": one_of("drop", "truncate", "error"),
     }
 
@@ -218,7 +218,7 @@ class SFTResult:
             ("dropped_no_loss", "no assistant token in seq_len"),
         ):
             if self.data.get(key):
-                line += f"; dropped {self.data[key]} of {self.data['conversations']} ({why})"
+                line += f"; dropped {self.data[key]} of {self.data['examples']} ({why})"
         if self.metrics:
             first, last = self.metrics[0], self.metrics[-1]
             line += f"\nloss {first['loss']:.4f} (step {first['step']}) → {last['loss']:.4f} (step {last['step']})"
