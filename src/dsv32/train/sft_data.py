@@ -90,8 +90,10 @@ def encode_example(
 ) -> Example:
     """``(ids, targets)`` of one conversation (see the module docstring); ``train_on`` is ``all`` or
     ``last_round`` (``each_round``: :func:`encode_examples`)."""
-    _check_assistant_after_user(row["messages"])
     ids, mask = tokenize_conversation(tokenizer, conversation_messages(row), thinking_mode, train_on=train_on)
+    _check_assistant_after_user(
+        row["messages"]
+    )  # after the encoder's own checks, which name earlier messages
     targets = [ids[t + 1] if mask[t + 1] else IGNORE for t in range(len(ids) - 1)] + [IGNORE]
     return Example(ids, targets)
 
@@ -129,7 +131,6 @@ def encode_examples(
     each trained on its last round."""
     if train_on != "each_round":
         return [encode_example(tokenizer, row, thinking_mode, train_on)]
-    _check_assistant_after_user(row["messages"])
     return [encode_example(tokenizer, cut, thinking_mode, "last_round") for cut in round_rows(row)]
 
 
