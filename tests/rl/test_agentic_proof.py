@@ -32,7 +32,7 @@ def test_report_has_every_key_and_needs_every_stage():
 
 
 def test_the_proof_pipeline_runs_every_stage_on_a_tiny_model(tmp_path, capsys):
-    sets = ["sft.model.name=tiny-llama", "sft.train.freeze_layers=0", "sft.data.seq_len=2048", "sft.train.epochs=1", "tasks.train=2",
+    sets = ["sft.model.name=tiny-llama", "sft.train.freeze_layers=0", "sft.data.seq_len=1024", "sft.train.epochs=1", "tasks.train=2",
             "tasks.heldout=2", "rl.grpo.steps=1", "rl.grpo.prompts_per_step=1", "rl.grpo.group_size=2",
             "rl.grpo.mini_batches=1", "rl.sampling.max_new_tokens=16"]  # fmt: skip
     argv = ["posttrain", "proof", "--out", str(tmp_path / "p"), "--no-progress"]

@@ -20,32 +20,14 @@ the V3.2 chat template).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
 
 import torch
 
-from dsv32.recipe import (
-    BETAS,
-    EXISTING_PATH,
-    NON_NEGATIVE,
-    OUT_DIR,
-    POSITIVE,
-    Checked,
-    RecipeError,
-    Rule,
-    at_least,
-    build_section,
-    check_fields,
-    in_range,
-    one_of,
-    read_recipe,
-)
 from dsv32.runlog import (
     RUN_OUTPUTS,
     StepCheckpoints,
@@ -55,152 +37,44 @@ from dsv32.runlog import (
     truncate_metrics,
     write_json,
 )
-from dsv32.train.sft_data import IGNORE, Example, block_causal_mask, collate, encode_file, make_rows
+from dsv32.train.sft_config import (
+    SFTConfig,
+    SFTConfigError,
+    SFTDataConfig,
+    SFTModelConfig,
+    SFTTrainConfig,
+    load_sft_config,
+    sft_config_from_dict,
+)
+from dsv32.train.sft_data import IGNORE, Example, collate, encode_file, make_rows
 from dsv32.train.sft_model import (
     SFTModel,
-    SFTModelError,
+    check_packing,
     freeze_lower_layers,
-    input_embeddings,
     keep_pretrained_rows,
     prepare_sft_model,
     save_sft_model,
+    vocab_matrices,
 )
+
+__all__ = [
+    "SFTConfig",
+    "SFTConfigError",
+    "SFTDataConfig",
+    "SFTModelConfig",
+    "SFTResult",
+    "SFTTrainConfig",
+    "eval_loss",
+    "load_sft_config",
+    "loss_sum",
+    "run_identity",
+    "sft_config_from_dict",
+    "train_sft",
+]
 
 logger = logging.getLogger(__name__)
 
 
-class SFTConfigError(RecipeError):
-    """A recipe or override that does not fit the SFT config schema."""
-
-
-@dataclass
-class SFTModelConfig(Checked, error=SFTConfigError):
-    """``name``: ``smollm2``, a Hugging Face model directory or a native V3.2 checkpoint (with its
-    tokenizer)."""
-
-    RANGES: ClassVar[dict[str, Rule]] = {}
-
-    name: str = "smollm2"
-    device: str = "auto"
-
-
-@dataclass
-class SFTDataConfig(Checked, error=SFTConfigError):
-    """``path``: JSONL conversations; ``eval_path``: held-out ones for an eval loss ("" = none);
-    ``seq_len``: the longest row; ``packing``: whole conversations best-fit into rows (HF models);
-    ``thinking_mode``: ``thinking`` or ``chat``; ``train_on``: ``all`` assistant turns or the
-    ``last_round``; ``overlong``: ``drop``, ``truncate`` or ``error`` for conversations over seq_len."""
-
-    RANGES: ClassVar[dict[str, Rule]] = {
-        "path": EXISTING_PATH,
-        "eval_path": Rule(lambda v: v == "" or Path(v).exists(), "'' or an existing file", on_disk=True),
-        "seq_len": at_least(8),
-        "thinking_mode": one_of("thinking", "chat"),
-        "train_on": one_of("all", "last_round"),
-        "overlong": one_of("drop", "truncate", "error"),
-    }
-
-    path: str = "runs/posttrain/coldstart.jsonl"
-    eval_path: str = ""
-    seq_len: int = 1024
-    packing: bool = False
-    thinking_mode: str = "thinking"
-    train_on: str = "all"
-    overlong: str = "drop"
-
-
-@dataclass
-class SFTTrainConfig(Checked, error=SFTConfigError):
-    """Optimization. ``steps`` 0: ``ceil(epochs × rows / (batch_size × grad_accum))``."""
-
-    RANGES: ClassVar[dict[str, Rule]] = {
-        "epochs": POSITIVE,
-        "steps": NON_NEGATIVE,
-        "batch_size": at_least(1),
-        "grad_accum": at_least(1),
-        "lr": POSITIVE,
-        "weight_decay": NON_NEGATIVE,
-        "betas": BETAS,
-        "warmup_steps": NON_NEGATIVE,
-        "min_lr_ratio": in_range(0.0, 1.0),
-        "clip_grad": NON_NEGATIVE,
-        "save_every": NON_NEGATIVE,
-        "log_every": at_least(1),
-        "eval_every": NON_NEGATIVE,
-        "keep_checkpoints": at_least(1),
-        "freeze_layers": NON_NEGATIVE,
-        "new_token_lr": NON_NEGATIVE,
-    }
-
-    epochs: float = 3.0
-    steps: int = 0
-    batch_size: int = 4
-    grad_accum: int = 1
-    lr: float = 2e-5
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.1
-    clip_grad: float = 1.0
-    seed: int = 0
-    save_every: int = 0
-    log_every: int = 1
-    eval_every: int = 0
-    keep_checkpoints: int = 1
-    freeze_layers: int = 0  # the lowest N transformer layers keep their weights (a CPU budget)
-    #: > 0: the embedding matrix is its own optimizer group at this lr, and only the rows of the added
-    #: V3.2 tokens move (the pretrained rows keep their values); 0: it trains with the rest at ``lr``.
-    new_token_lr: float = 0.0
-
-    @property
-    def rows_per_step(self) -> int:
-        return self.batch_size * self.grad_accum
-
-
-@dataclass
-class SFTConfig:
-    model: SFTModelConfig = field(default_factory=SFTModelConfig)
-    data: SFTDataConfig = field(default_factory=SFTDataConfig)
-    train: SFTTrainConfig = field(default_factory=SFTTrainConfig)
-    out_dir: str = "runs/sft"
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass
-class _TopLevel(Checked, error=SFTConfigError):
-    RANGES: ClassVar[dict[str, Rule]] = {"out_dir": OUT_DIR}
-    out_dir: str = "runs/sft"
-
-
-_SECTIONS = {"model": SFTModelConfig, "data": SFTDataConfig, "train": SFTTrainConfig}
-
-
-def sft_config_from_dict(data: dict[str, Any]) -> SFTConfig:
-    """Nested dicts (TOML) → :class:`SFTConfig`, every field checked (:mod:`dsv32.recipe`)."""
-    unknown = sorted(set(data) - set(_SECTIONS) - {"out_dir"})
-    if unknown:
-        raise SFTConfigError(f"unknown sections {unknown}; known: {sorted(_SECTIONS)} and out_dir")
-    base = SFTConfig().to_dict()
-    kwargs = {}
-    for name, cls in _SECTIONS.items():
-        given = data.get(name, {})
-        if not isinstance(given, dict):
-            raise SFTConfigError(f"[{name}] must be a table")
-        kwargs[name] = build_section(cls, {**base[name], **given}, name, error=SFTConfigError)
-    top = check_fields(
-        _TopLevel, {"out_dir": data.get("out_dir", base["out_dir"])}, "top level", SFTConfigError
-    )
-    return SFTConfig(**kwargs, **top)
-
-
-def load_sft_config(path: str | Path | None = None, overrides: list[str] | None = None) -> SFTConfig:
-    """A TOML recipe (defaults when ``path`` is None) with ``section.field=value`` overrides."""
-    return sft_config_from_dict(read_recipe(path, overrides, error=SFTConfigError))
-
-
-# ---------------------------------------------------------------------------------------------- the loop
 @dataclass
 class SFTResult:
     out_dir: Path
@@ -212,6 +86,12 @@ class SFTResult:
 
     def summary(self) -> str:
         line = f"dsv32 sft: {self.steps} steps in {self.seconds:.0f} s → {self.out_dir}"
+        for key, why in (
+            ("dropped", "longer than seq_len"),
+            ("dropped_no_loss", "no assistant token in seq_len"),
+        ):
+            if self.data.get(key):
+                line += f"; dropped {self.data[key]} of {self.data['examples']} ({why})"
         if self.metrics:
             first, last = self.metrics[0], self.metrics[-1]
             line += f"\nloss {first['loss']:.4f} (step {first['step']}) → {last['loss']:.4f} (step {last['step']})"
@@ -254,12 +134,13 @@ def loss_sum(sm: SFTModel, batch: dict[str, torch.Tensor], packed: bool) -> tupl
     positions, segments = batch["position_ids"].to(dev), batch["segments"].to(dev)
     keep = targets != IGNORE
     n = int(keep.sum())
+    if packed:
+        check_packing(sm)
     if sm.kind == "native":
-        if packed:
-            raise SFTModelError("packing needs a Hugging Face model (a block mask); set data.packing=false")
         logits = sm.model(ids, attention_mask=(segments >= 0).long(), position_ids=positions).logits[keep]
     else:
-        mask = block_causal_mask(segments) if packed else (segments >= 0).long()
+        # packed: no mask, so transformers derives the block-diagonal one from the restarting positions
+        mask = None if packed else (segments >= 0).long()
         hidden = sm.model.get_decoder()(
             input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False
         )
@@ -293,10 +174,11 @@ def _encode(sm: SFTModel, path: str, cfg: SFTConfig) -> tuple[list[Example], dic
 
 
 #: Fields that do not change what is trained: they may differ when a run is resumed (the number of
-#: steps, from ``train.steps`` or ``train.epochs``, may grow; it is checked on its own).
+#: steps, from ``train.steps`` or ``train.epochs``, may grow; it is checked on its own). The data
+#: file is identified by its SHA-256, so the same file under another path resumes.
 BOOKKEEPING = {
     "model": ("device",),
-    "data": ("eval_path",),
+    "data": ("path", "eval_path"),
     "train": ("steps", "epochs", "save_every", "log_every", "eval_every", "keep_checkpoints"),
 }
 
@@ -310,6 +192,16 @@ def run_identity(cfg: SFTConfig) -> dict:
             sections[name].pop(f)
     sections["data"]["sha256"] = file_digest(cfg.data.path)
     return sections
+
+
+def check_seq_len(cfg: SFTConfig, sm: SFTModel) -> None:
+    """``data.seq_len`` must fit the model's position limit (checked before anything is written)."""
+    limit = getattr(sm.model.config, "max_position_embeddings", None)
+    if limit and cfg.data.seq_len > limit:
+        raise SFTConfigError(
+            f"data.seq_len = {cfg.data.seq_len} exceeds the model's max_position_embeddings ({limit}); "
+            "lower data.seq_len (longer conversations are handled by data.overlong)"
+        )
 
 
 def train_sft(
@@ -330,9 +222,15 @@ def train_sft(
     tc = cfg.train
     torch.manual_seed(tc.seed)
     sm = model or prepare_sft_model(cfg.model.name, cfg.model.device)
-    if cfg.data.packing and sm.kind == "native":
-        raise SFTModelError("packing needs a Hugging Face model (a block mask); set data.packing=false")
+    check_seq_len(cfg, sm)
+    if cfg.data.packing:
+        check_packing(sm)
     freeze_lower_layers(sm.model, tc.freeze_layers)
+    if tc.new_token_lr > 0 and not sm.added_tokens:
+        logger.warning(
+            "sft: train.new_token_lr has no effect: the tokenizer already has the V3.2 tokens, so no rows "
+            "were added and every embedding row trains at train.lr"
+        )
     examples, counts = _encode(sm, cfg.data.path, cfg)
     rows = make_rows(examples, cfg.data.seq_len, cfg.data.packing)
     held = _encode(sm, cfg.data.eval_path, cfg) if cfg.data.eval_path else None
@@ -380,18 +278,23 @@ def train_sft(
     return result
 
 
+def new_token_rows(sm: SFTModel, tc: SFTTrainConfig) -> bool:
+    """Whether the added tokens' rows train apart (``new_token_lr`` > 0 and this run added tokens)."""
+    return tc.new_token_lr > 0 and bool(sm.added_tokens)
+
+
 def _param_groups(sm: SFTModel, tc: SFTTrainConfig) -> list[dict]:
-    """AdamW groups: matrices with weight decay, the rest without; with ``new_token_lr`` the
-    embedding matrix alone, only its new rows moving (:func:`keep_pretrained_rows`)."""
-    embed = input_embeddings(sm.model) if tc.new_token_lr > 0 else None
-    trainable = [p for p in sm.model.parameters() if p.requires_grad and p is not embed]
+    """AdamW groups: matrices with weight decay, the rest without; with :func:`new_token_rows` the
+    embedding and an untied head alone, only their new rows moving (:func:`keep_pretrained_rows`)."""
+    apart = vocab_matrices(sm.model) if new_token_rows(sm, tc) else []
+    trainable = [p for p in sm.model.parameters() if p.requires_grad and not any(p is q for q in apart)]
     groups = [
         {"params": [p for p in trainable if p.dim() >= 2], "weight_decay": tc.weight_decay, "base_lr": tc.lr},
         {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0, "base_lr": tc.lr},
     ]
-    if embed is not None:
+    if apart:
         groups.append(
-            {"params": [embed], "weight_decay": 0.0, "base_lr": tc.new_token_lr, "lr": tc.new_token_lr}
+            {"params": apart, "weight_decay": 0.0, "base_lr": tc.new_token_lr, "lr": tc.new_token_lr}
         )
     return groups
 
@@ -408,7 +311,7 @@ def _step(sm: SFTModel, optimizer, examples, rows, cfg: SFTConfig, step: int, to
         s, _ = loss_sum(sm, collate(examples, picked[a : a + tc.batch_size], sm.pad_id), cfg.data.packing)
         (s / n_total).backward()
         loss_value += float(s.detach()) / n_total
-    if tc.new_token_lr > 0:
+    if new_token_rows(sm, tc):
         keep_pretrained_rows(sm.model, sm.base_vocab)
     params = [p for g in optimizer.param_groups for p in g["params"]]
     norm = torch.nn.utils.clip_grad_norm_(params, tc.clip_grad or math.inf)

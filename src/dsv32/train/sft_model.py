@@ -161,6 +161,24 @@ def prepare_sft_model(name: str, device: str = "auto") -> SFTModel:
     return SFTModel(loaded.model, tok, loaded.kind, added, name, base_vocab)
 
 
+#: Attention implementations for which transformers builds a packed row's block-diagonal causal mask
+#: (and any sliding window) from position ids that restart at 0; flash attention reads packed
+#: sequences from position ids only for a batch of one row, so it is not among them.
+PACKING_ATTENTION = ("eager", "sdpa", "flex_attention")
+
+
+def check_packing(sm: SFTModel) -> None:
+    """Refuse packing where a packed row would not compute what its conversations compute alone."""
+    if sm.kind == "native":
+        raise SFTModelError("packing needs a Hugging Face model (a block mask); set data.packing=false")
+    impl = getattr(sm.model.config, "_attn_implementation", None)
+    if impl not in PACKING_ATTENTION:
+        raise SFTModelError(
+            f"packing is exact only with attention {list(PACKING_ATTENTION)}; the model uses {impl!r}: "
+            "load it with attn_implementation='sdpa' or 'eager', or set data.packing=false"
+        )
+
+
 def input_embeddings(model: nn.Module) -> torch.Tensor:
     """The input embedding matrix (shared with the head when tied), HF or native."""
     if hasattr(model, "get_input_embeddings"):
@@ -168,14 +186,25 @@ def input_embeddings(model: nn.Module) -> torch.Tensor:
     return model.model.embed_tokens.weight
 
 
+def vocab_matrices(model: nn.Module) -> list[torch.Tensor]:
+    """The parameters with one row per token: the input embedding and, when it is not tied to it,
+    the output head's weight (and bias), HF or native."""
+    embed = input_embeddings(model)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else model.lm_head
+    out = [embed]
+    if head is not None:
+        out += [p for p in (head.weight, getattr(head, "bias", None)) if p is not None and p is not embed]
+    return out
+
+
 def keep_pretrained_rows(model: nn.Module, base_vocab: int) -> None:
-    """Zero the accumulated gradient of the embedding rows below ``base_vocab`` (the pretrained
-    tokens), between the backward passes and the optimizer step: with its own optimizer group (no
-    weight decay) only the new tokens' rows move. Nothing stays attached to the model, so a later
-    stage (GRPO) trains every row."""
-    grad = input_embeddings(model).grad
-    if grad is not None:
-        grad[:base_vocab] = 0
+    """Zero the accumulated gradient of the rows below ``base_vocab`` (the pretrained tokens) of the
+    embedding and of an untied head, between the backward passes and the optimizer step: with their
+    own optimizer group (no weight decay) only the new tokens' rows move. Nothing stays attached to
+    the model, so a later stage (GRPO) trains every row."""
+    for p in vocab_matrices(model):
+        if p.grad is not None:
+            p.grad[:base_vocab] = 0
 
 
 def freeze_lower_layers(model: nn.Module, n: int) -> int:
