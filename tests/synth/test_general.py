@@ -226,3 +226,27 @@ def test_solution_rules():
     assert solution_problems("def other(tools):\n    pass\n") == [
         "solution.py must define solve(tools) at module level"
     ]
+
+
+def test_a_version_file_that_is_a_link_is_refused_without_reading_its_target(tmp_path):
+    from dsv32.synth.versions import Limits
+    from dsv32.synth.workspace import Workspace
+
+    outside = tmp_path / "host"
+    outside.mkdir()
+    (outside / "tools.py").write_text(TOOLS_V1 + "\nSECRET = 'host-only-3141'\n")
+    ws = Workspace.create(limits=Limits(timeout_s=20))
+    try:
+        ws.write_file("make_db.py", MAKE_DB)
+        ws.bash("python3 make_db.py")
+        ws.write_file("solution.py", SOLUTION_V1)
+        ws.write_file("verify.py", _verify(0.0))
+        (ws.work / "tools.py").symlink_to(outside / "tools.py")
+        text = ws.submit_version("Book the cheapest hotel in Paris.")
+        assert text.startswith("version 1 rejected: tools.py is a symbolic link") and "3141" not in text
+        (ws.work / "tools.py").unlink()
+        (ws.work / "tools.py").mkdir()
+        assert "tools.py is not a regular file" in ws.submit_version("Book the cheapest hotel.")
+        assert ws.versions == [] and list((ws.root / "versions").iterdir()) == []
+    finally:
+        ws.close()
