@@ -153,6 +153,7 @@ def test_an_endpoint_failure_is_an_error_retried_next_run_not_a_drop(setup):
     assert summary["jobs_with_errors"] == 1 and summary["dropped"] == {} and store.done() == set()
     assert distribution(store.results, 2)["tasks"] == 0 and not (store.out / "tasks.jsonl").exists()
     policy.down = False
+    store.close()
     summary = run_jobs([task.id], work, Store(tmp / "down", "filter", {}, artifacts=None))
     assert summary["jobs_with_errors"] == 0 and summary["kept"] == 1
     # a local model's backend failure (its window is full) is the policy failing, the same every run

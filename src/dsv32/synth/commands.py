@@ -65,7 +65,8 @@ def run_general(
                           provenance=store.provenance)  # fmt: skip
 
     keys = [f"{s}-{i:05d}" for s in configs for i in range(episodes)]
-    return run_jobs(keys, work, store, workers=workers, on_result=on_result)
+    with store:
+        return run_jobs(keys, work, store, workers=workers, on_result=on_result)
 
 
 def run_search(
@@ -100,7 +101,8 @@ def run_search(
             verifier=verifier.agent("verifier", 20), rubric_writer=rubric.agent("rubric", 1), config=config,
         )  # fmt: skip
 
-    return run_jobs(list(by_key), work, store, workers=workers, on_result=on_result)
+    with store:
+        return run_jobs(list(by_key), work, store, workers=workers, on_result=on_result)
 
 
 def run_filter(
@@ -151,11 +153,12 @@ def run_filter(
             retry_errors=policy.kind != "local",
         )  # fmt: skip
 
-    summary = run_jobs(list(by_key), work, store, workers=workers, on_result=on_result)
-    dist = distribution(store.results, config.k)
-    summary["distribution"] = dist
-    (store.out / "report.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-    (store.out / "report.md").write_text(
-        report_markdown(dist, config.k, f"{env} / {policy.label}"), encoding="utf-8"
-    )
+    with store:
+        summary = run_jobs(list(by_key), work, store, workers=workers, on_result=on_result)
+        dist = distribution(store.results, config.k)
+        summary["distribution"] = dist
+        (store.out / "report.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+        (store.out / "report.md").write_text(
+            report_markdown(dist, config.k, f"{env} / {policy.label}"), encoding="utf-8"
+        )
     return summary
