@@ -269,3 +269,20 @@ def test_a_second_run_on_a_directory_in_use_is_refused_and_changes_nothing(tmp_p
     first.close()
     with Store(tmp_path / "run", "general", {}) as resumed:
         assert resumed.done() == {"a", "b"} and (resumed.out / "bundles" / "b-0").is_dir()
+
+
+def test_tasks_left_by_an_interrupted_retry_of_an_errored_job_are_removed(tmp_path):
+    def failing(key, s):
+        raise SynthError("endpoint down")
+
+    with Store(tmp_path / "run", "general", {}) as store:
+        assert run_jobs(["a"], failing, store)["jobs_with_errors"] == 1
+        # the retry committed its task and bundle, then was killed before its results line
+        store.record(_job(store, "a", ["Task one."]))
+    results = store.out / "results.jsonl"
+    results.write_text(results.read_text().splitlines(keepends=True)[0])
+    with Store(tmp_path / "run", "general", {}) as resumed:
+        assert resumed.seen == set() and not (store.out / "bundles" / "a-0").exists()
+        summary = run_jobs(["a"], lambda key, s: _job(s, key, ["Task one."]), resumed)
+    assert summary["kept"] == 1 and summary["duplicates"] == 0 and summary["jobs_with_errors"] == 0
+    assert [t["id"] for t in _lines(store.out / "tasks.jsonl")] == ["a-0"]

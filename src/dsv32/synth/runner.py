@@ -15,8 +15,8 @@ sandboxed subprocesses, so threads give the concurrency without pickling backend
 committed under one lock: its artifacts move out of staging, its tasks are appended to
 ``tasks.jsonl``, then its line is appended to ``results.jsonl`` — that line is the commit. On resume
 the jobs with a ``results.jsonl`` line are skipped (errored jobs are retried), a torn last line is cut
-off, and tasks or artifacts of uncommitted jobs are removed, so an interrupted run continues as if it
-had stopped between two jobs. Nothing is written before the directory is known to be this run's
+off, and tasks or artifacts of uncommitted jobs (errored ones included) are removed, so an
+interrupted run continues as if it had stopped between two jobs. Nothing is written before the directory is known to be this run's
 (:class:`Store`), and nothing outside ``OUT/<artifacts>/`` and ``OUT/staging/`` is ever deleted. A
 second run on a directory in use stops at once with a :class:`SynthError` and changes nothing, since
 its resume would delete the staged and uncommitted work of the first.
@@ -242,8 +242,7 @@ class Store:
                 with path.open("r+b") as f:
                     f.truncate(path.stat().st_size - tail)
         self.results = [row for _, row in results]
-        committed = {r["key"] for r in self.results}
-        kept = self._drop_uncommitted([row for _, row in tasks], committed)
+        kept = self._drop_uncommitted([row for _, row in tasks], self.done())
         self.seen = {t["info"]["dedup"] for t in kept}
         shutil.rmtree(self.out / "staging", ignore_errors=True)
 
