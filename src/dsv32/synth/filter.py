@@ -23,7 +23,7 @@ from typing import Any
 
 from dsv32.agent import run_episode
 from dsv32.envs.base import Environment, Task
-from dsv32.synth.records import Pricing, SynthError
+from dsv32.synth.records import JobFailed, Pricing, SynthError
 from dsv32.synth.runner import Item, JobResult
 
 BINS = 10
@@ -82,8 +82,8 @@ def score_task(
 
     An episode whose backend failed (``stop_reason == "error"``: an endpoint that kept failing after
     its retries) scores nothing about the policy, so with ``retry_errors`` it raises
-    :class:`SynthError`: the job is logged as an error, committed as nothing, and runs again on the
-    next run. Without it (a local model, whose only backend failure is a conversation that fills its
+    :class:`JobFailed` with the tokens spent so far: the job is logged as an error (its usage
+    counted in the run's totals), committed as nothing, and runs again on the next run. Without it (a local model, whose only backend failure is a conversation that fills its
     window: the same on every run) such an episode counts as not solved."""
     result = JobResult(key)
     usage = result.usage.role("policy", pricing)
@@ -99,8 +99,9 @@ def score_task(
             )
         usage.add_trajectory(trajectory)
         if retry_errors and trajectory.stop_reason == "error":
-            raise SynthError(
-                f"task {task.id!r}: sample {i + 1} got no answer from the policy: {trajectory.error}"
+            raise JobFailed(
+                f"task {task.id!r}: sample {i + 1} got no answer from the policy: {trajectory.error}",
+                result.usage,
             )
         stops[trajectory.stop_reason] = stops.get(trajectory.stop_reason, 0) + 1
         rewards.append(reward.value)

@@ -44,7 +44,7 @@ from typing import IO
 from dsv32.errors import DSV32Error
 from dsv32.jsonl import peek_log, read_json, read_log
 from dsv32.runlog import write_text
-from dsv32.synth.records import RoleUsage, SynthError, TokenUsage, dedup_key
+from dsv32.synth.records import JobFailed, RoleUsage, SynthError, TokenUsage, dedup_key
 
 log = logging.getLogger(__name__)
 
@@ -357,7 +357,8 @@ class Store:
             self._unstage(result.key)
             return row
 
-    def record_error(self, key: str, message: str) -> dict:
+    def record_error(self, key: str, message: str, usage: RoleUsage | None = None) -> dict:
+        """Log a failed job: it commits nothing and runs again; ``usage`` is what it spent."""
         with self.lock:
             row = {
                 "key": key,
@@ -366,6 +367,7 @@ class Store:
                 "kept": [],
                 "duplicates": [],
                 "dropped": [],
+                "usage": (usage or RoleUsage()).to_dict(),
             }
             _append(self.out / "results.jsonl", row)
             self.results.append(row)
@@ -377,13 +379,14 @@ class Store:
         last = {r["key"]: r for r in self.results}  # a retried job's latest line counts
         rows = list(last.values())
         usage, cost = TokenUsage(), 0.0
-        reasons: Counter = Counter()
-        for r in rows:
+        for r in self.results:  # every attempt was paid for, failed ones included
             for role in (r.get("usage") or {}).get("roles", {}).values():
                 usage.add(
                     role["prompt_tokens"], role["completion_tokens"], role["cached_tokens"], role["calls"]
                 )
             cost += (r.get("usage") or {}).get("cost_usd", 0.0)
+        reasons: Counter = Counter()
+        for r in rows:
             reasons.update(d.get("reason", "unknown") for d in r["dropped"])
         kept = sum(len(r["kept"]) for r in rows)
         tasks = read_log(self.out / "tasks.jsonl", SynthError, _NOT_A_LOG)
@@ -430,7 +433,7 @@ def run_jobs(
             return store.record(work(key, store))
         except DSV32Error as err:
             log.warning("job %s failed: %s", key, err)
-            return store.record_error(key, str(err))
+            return store.record_error(key, str(err), err.usage if isinstance(err, JobFailed) else None)
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="synth") as pool:
         futures = [pool.submit(one, key) for key in pending]
