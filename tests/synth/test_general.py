@@ -250,3 +250,25 @@ def test_a_version_file_that_is_a_link_is_refused_without_reading_its_target(tmp
         assert ws.versions == [] and list((ws.root / "versions").iterdir()) == []
     finally:
         ws.close()
+
+
+def test_a_generator_that_fails_before_any_version_is_an_error_not_a_drop(tmp_path):
+    from dsv32.synth.records import JobFailed
+
+    start = [_write("make_db.py", MAKE_DB), _call("bash", command="python3 make_db.py")]
+    with pytest.raises(
+        JobFailed, match="the generator failed before any version was accepted: the script"
+    ) as err:
+        synthesize(
+            ScriptedBackend(start), GeneralConfig("hotel booking"), "e2", tmp_path / "a"
+        )  # reply 3 fails
+    assert err.value.usage.roles["generator"].calls == 2
+    # a local generator's failure (a full window) is the same on every run: dropped
+    result = synthesize(ScriptedBackend(start), GeneralConfig("hotel booking"), "e2", tmp_path / "b",
+                        retry_errors=False)  # fmt: skip
+    assert result.dropped == [{"reason": "no accepted version", "stop_reason": "error"}]
+    # a version accepted before the failure is a checked task: kept
+    result = synthesize(ScriptedBackend(TRANSCRIPT[:6]), GeneralConfig("hotel booking"), "e3", tmp_path / "c")
+    assert [i.task["info"]["difficulty"] for i in result.items] == [1] and result.stats[
+        "stop_reason"
+    ] == "error"

@@ -62,7 +62,7 @@ def run_general(
     def work(key: str, store: Store):
         config = configs[key.rsplit("-", 1)[0]]
         return synthesize(generator.make(), config, key, store.staging(key), pricing=generator.pricing,
-                          provenance=store.provenance)  # fmt: skip
+                          provenance=store.provenance, retry_errors=generator.kind != "local")  # fmt: skip
 
     keys = [f"{s}-{i:05d}" for s in configs for i in range(episodes)]
     with store:
