@@ -29,12 +29,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from dsv32.agent import env_tools, tool
+from dsv32.agent.errors import BackendError
 from dsv32.envs.base import Task, tool_schema
 from dsv32.envs.search import SearchEnv, extract
 from dsv32.envs.search.corpus import Doc
 from dsv32.envs.search.index import Index, tokenize
 from dsv32.synth.prompts import QA_CONSTRUCT_SYSTEM, QA_CONSTRUCT_USER, QA_VERIFY_SYSTEM, QA_VERIFY_USER
-from dsv32.synth.records import RoleUsage, SynthError, normalize
+from dsv32.synth.records import JobFailed, RoleUsage, SynthError, normalize
 from dsv32.synth.roles import AgentSpec
 from dsv32.synth.rubric import write_rubric
 from dsv32.synth.runner import Item, JobResult
@@ -87,7 +88,8 @@ def _contains(haystack: str, needle: str) -> bool:
 def construct(
     spec: AgentSpec, entity: Doc, env: SearchEnv, config: SearchQAConfig, usage: RoleUsage
 ) -> QA | None:
-    """Stage 2: the question-construction agent's first valid ``submit_qa``, or None."""
+    """Stage 2: the question-construction agent's first valid ``submit_qa``, or None
+    (:class:`JobFailed` when its endpoint failed before one)."""
     found: list[QA] = []
 
     def submit_qa(question: str, answer: str, evidence: list) -> str:
@@ -123,7 +125,9 @@ def construct(
     snippet = " ".join(entity.text.split())[:600]
     user = QA_CONSTRUCT_USER.format(title=entity.title, doc_id=entity.id, snippet=snippet)
     messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-    spec.run(messages, [*env_tools(env), tool(submit_qa, schema=schema)], usage, "constructor")
+    trajectory = spec.run(messages, [*env_tools(env), tool(submit_qa, schema=schema)], usage, "constructor")
+    if not found and spec.failed(trajectory):
+        raise JobFailed(f"the question constructor got no reply: {trajectory.error}", usage)
     return found[0] if found else None
 
 
@@ -143,7 +147,8 @@ def answer(spec: AgentSpec, task: Task, env: SearchEnv, usage: RoleUsage) -> dic
 def verify(
     spec: AgentSpec, question: str, answers: list[str], env: SearchEnv, usage: RoleUsage
 ) -> dict[int, bool] | None:
-    """Stage 4, one pass: ``{answer index: correct}`` for every answer, or None without a full verdict."""
+    """Stage 4, one pass: ``{answer index: correct}`` for every answer, or None without a full verdict
+    (:class:`JobFailed` when its endpoint failed before one)."""
     verdict: dict[int, bool] = {}
 
     def submit_verdict(verdicts: list) -> str:
@@ -172,7 +177,9 @@ def verify(
         {"role": "system", "content": QA_VERIFY_SYSTEM},
         {"role": "user", "content": QA_VERIFY_USER.format(question=question, answers=listed)},
     ]
-    spec.run(messages, [*env_tools(env), tool(submit_verdict, schema=schema)], usage, "verifier")
+    trajectory = spec.run(messages, [*env_tools(env), tool(submit_verdict, schema=schema)], usage, "verifier")
+    if not verdict and spec.failed(trajectory):
+        raise JobFailed(f"the verifier got no reply: {trajectory.error}", usage)
     return dict(verdict) if verdict else None
 
 
@@ -186,7 +193,9 @@ def synthesize_qa(
     rubric_writer: AgentSpec,
     config: SearchQAConfig,
 ) -> JobResult:
-    """The whole pipeline for one entity (see the module docstring)."""
+    """The whole pipeline for one entity (see the module docstring). An agent whose endpoint kept
+    failing (:meth:`AgentSpec.failed`) before it did its part raises :class:`JobFailed`: an outage
+    says nothing about the question, so the job runs again on the next run."""
     if not answerers:
         raise SynthError("search-QA synthesis needs at least one answer agent")
     result = JobResult(key)
@@ -229,7 +238,10 @@ def synthesize_qa(
         if any(p[i] for p in passes for i in range(1, len(answers))):
             result.dropped.append({"reason": "a candidate was judged correct"})
             return result
-        rubric = write_rubric(rubric_writer, qa.question, qa.answer, qa.evidence, usage)
+        try:
+            rubric = write_rubric(rubric_writer, qa.question, qa.answer, qa.evidence, usage)
+        except BackendError as err:
+            raise JobFailed(f"the rubric writer got no reply: {err}", usage) from None
         if isinstance(rubric, str):
             result.dropped.append({"reason": "the rubric is malformed", "detail": rubric})
             return result
