@@ -222,3 +222,19 @@ def test_an_agent_whose_endpoint_fails_makes_the_job_an_error_not_a_drop(corpus,
     monkeypatch.setattr(BackendSpec, "make", lambda self: None)  # no model is loaded for the check
     assert BackendSpec("openai", "m", "http://127.0.0.1:9/v1").agent("a", 5).retry_errors is True
     assert BackendSpec("local", "smollm2").agent("a", 5).retry_errors is False
+
+
+def test_an_answer_agent_whose_endpoint_fails_is_not_a_wrong_answer(corpus):
+    wrong = {GOLD: True, "'day'": False}
+    verifier = _verifier(wrong, wrong)
+    with pytest.raises(JobFailed, match="answer agent 'b' got no reply: the script has no reply 1") as err:
+        _run(corpus, [_answerer("a", "Answer: 'day'"), _dead("b")], verifier)
+    assert verifier.backend.calls == [] and set(err.value.usage.roles) == {
+        "constructor",
+        "answerer:a",
+        "answerer:b",
+    }
+    local = _dead("b")
+    local.retry_errors = False  # a local model that fills its window did not find the truth
+    result = _run(corpus, [_answerer("a", "Answer: 'day'"), local], _verifier(wrong, wrong))
+    assert len(result.items) == 1 and result.items[0].task["info"]["candidates"][1]["answer"] is None

@@ -132,8 +132,12 @@ def construct(
 
 
 def answer(spec: AgentSpec, task: Task, env: SearchEnv, usage: RoleUsage) -> dict:
-    """Stage 3: one answer agent's episode: its extracted answer and whether it matches the truth."""
+    """Stage 3: one answer agent's episode: its extracted answer and whether it matches the truth.
+    An endpoint outage is not a failure to find the truth (it would make every question look hard):
+    :class:`JobFailed`."""
     trajectory = spec.run(env.reset(task), env_tools(env), usage, f"answerer:{spec.name}")
+    if spec.failed(trajectory):
+        raise JobFailed(f"answer agent {spec.name!r} got no reply: {trajectory.error}", usage)
     reward = env.reward(trajectory)
     final = trajectory.final
     return {
