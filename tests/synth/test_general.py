@@ -272,3 +272,24 @@ def test_a_generator_that_fails_before_any_version_is_an_error_not_a_drop(tmp_pa
     assert [i.task["info"]["difficulty"] for i in result.items] == [1] and result.stats[
         "stop_reason"
     ] == "error"
+
+
+def test_a_verifier_that_accepts_any_answer_on_the_untouched_database_is_too_weak():
+    from dsv32.synth.versions import Limits
+    from dsv32.synth.workspace import Workspace
+
+    ws = Workspace.create(limits=Limits(timeout_s=20))
+    try:
+        ws.write_file("make_db.py", MAKE_DB)
+        ws.bash("python3 make_db.py")
+        ws.write_file("tools.py", TOOLS_V1)
+        ws.write_file("solution.py", SOLUTION_V1)
+        ws.write_file(
+            "verify.py", "def verify(initial_db, final_db, answer):\n    return bool(answer.strip())\n"
+        )
+        assert ws.submit_version("Book the cheapest hotel in Paris.") == (
+            "version 1 rejected: the verifier is too weak: it accepts an episode that called no tool "
+            "and answered 'I could not complete the task.'"
+        )
+    finally:
+        ws.close()

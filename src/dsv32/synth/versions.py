@@ -17,7 +17,8 @@ on a frozen copy of those files, in the sandbox:
    reach the data only through the tools);
 3. ``solve(tools)`` runs, calls at least one tool, returns a string, and
    ``verify(initial, final, answer)`` accepts its result (else the agent repairs and resubmits);
-4. ``verify`` rejects an episode that did nothing (no calls, the database untouched, answer ``""``);
+4. ``verify`` rejects an episode that did nothing: no calls, the database untouched, and each answer
+   of :data:`IDLE_ANSWERS` (nothing, and a non-empty non-answer);
 5. for version ``n > 1`` (escalation): the prompt differs from version ``n − 1`` and the previous
    version's ``solve`` does not pass the new verifier on the new database and tools — a harder
    version is one the easier solution no longer solves.
@@ -44,6 +45,9 @@ from dsv32.synth.records import SynthError, normalize
 
 HARNESS = str(Path(__file__).with_name("harness.py"))
 VERSION_FILES = ("db.sqlite", "tools.py", "solution.py", "verify.py")
+#: The answers of an episode that did nothing: ``verify`` must reject each on the untouched database
+#: (a verifier that only checks that some answer was given accepts the second).
+IDLE_ANSWERS = ("", "I could not complete the task.")
 SOLUTION_IMPORTS = frozenset(
     [
         "bisect",
@@ -258,15 +262,18 @@ def _check_frozen(code: Path, prompt: str, index: int, previous: Version | None,
             return Verdict(False, f"the solution's result fails its verifier: {verdict['reason']}")
     finally:
         sandbox.remove_tree(run_dir)
-    idle_dir = Path(tempfile.mkdtemp(prefix="dsv32-synth-idle-"))
-    try:
-        shutil.copyfile(db, idle_dir / "db.sqlite")
-        idle = run_verifier(code, db, idle_dir / "db.sqlite", "", limits)
-    finally:
-        sandbox.remove_tree(idle_dir)
-    if not idle["ok"] or idle["passed"]:
-        why = idle.get("error") or "it accepts an episode that called no tool and answered nothing"
-        return Verdict(False, f"the verifier is too weak: {why}")
+    for idle_answer in IDLE_ANSWERS:
+        idle_dir = Path(tempfile.mkdtemp(prefix="dsv32-synth-idle-"))
+        try:
+            shutil.copyfile(db, idle_dir / "db.sqlite")
+            idle = run_verifier(code, db, idle_dir / "db.sqlite", idle_answer, limits)
+        finally:
+            sandbox.remove_tree(idle_dir)
+        if not idle["ok"] or idle["passed"]:
+            why = (
+                idle.get("error") or f"it accepts an episode that called no tool and answered {idle_answer!r}"
+            )
+            return Verdict(False, f"the verifier is too weak: {why}")
     harder = ""
     if previous is not None:
         is_harder, harder = _harder(code, prompt, previous, limits)
