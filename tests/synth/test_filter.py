@@ -13,7 +13,7 @@ from dsv32.agent import Completion, Usage
 from dsv32.envs.base import Task
 from dsv32.envs.search import SearchEnv
 from dsv32.synth.filter import FilterConfig, distribution, pass_at_k, report_markdown, score_task
-from dsv32.synth.records import Pricing, SynthError
+from dsv32.synth.records import JobFailed, Pricing, SynthError
 from dsv32.synth.runner import Store, run_jobs
 
 
@@ -194,3 +194,32 @@ def test_the_tokens_of_a_failed_job_count_in_the_totals(setup):
     summary, row = run(FailsAfter(2, {"once": 1}, {"once": "'once'"}))  # the retry: both samples
     assert row["status"] == "kept" and summary["jobs_with_errors"] == 0
     assert summary["tokens"]["calls"] == 3 and summary["cost_usd"] == pytest.approx(3.15)
+
+
+class BrokenReward(SearchEnv):
+    def reward(self, trajectory):
+        raise KeyError("x")
+
+
+def test_a_task_the_environment_cannot_score_is_dropped_as_broken_not_retried(setup):
+    from dsv32.envs.general.env import GeneralToolEnv
+
+    tasks, policy, make_env, tmp = setup
+    task = next(t for t in tasks if t.id == "t-once")
+    result = score_task(policy, lambda: BrokenReward(make_env().corpus), task, FilterConfig(k=4), "b")
+    why = "the environment's reward raised KeyError: 'x' (the agent had stopped with 'answer')"
+    assert result.items == [] and result.dropped == [
+        {"reason": "broken task", "task": "t-once", "detail": why}
+    ]
+    assert result.stats == {"task": "t-once", "n": 1, "broken": why}  # no more samples spent on it
+    missing = Task("t-missing", "Book a hotel.", None, "general", {"bundle": str(tmp / "no-bundle")})
+    result = score_task(policy, GeneralToolEnv, missing, FilterConfig(k=2), "m")
+    assert result.dropped[0]["detail"].startswith(
+        "the environment's reset/tools raised EnvError: task bundle"
+    )
+    dist = distribution([{"status": "dropped", "kept": [], "stats": result.stats}], 2)
+    assert dist["broken"] == 1 and dist["tasks"] == 0 and "broken tasks" in report_markdown(dist, 2, "t")
+    # a backend that failed is retried even when the environment then failed too
+    down = DownPolicy({"once": 1}, {"once": "'once'"})
+    with pytest.raises(JobFailed, match=r"got no answer from the policy: http://127\.0\.0\.1:9/v1"):
+        score_task(down, lambda: BrokenReward(make_env().corpus), task, FilterConfig(k=2), "d")
