@@ -33,6 +33,8 @@ CASES = [
     ([*_G, "--generator", URL, "--corpus", "{missing}", "--out", "{out}"], "the search corpus must be 'stdlib' or"),
     (["synth", "general", "--category", " ", "--generator", URL, "--out", "{out}"], "the task category is empty"),
     ([*_G, "--generator", URL, "--episodes", "0", "--out", "{out}"], "argument --episodes: '0' is not an integer >= 1"),
+    ([*_G, "--category", "Trip planning!", "--generator", URL, "--out", "{out}"],
+     "the categories 'trip planning' and 'Trip planning!' have the same job name 'trip-planning'"),
     ([*_G, "--generator", "local:no-such-model", "--out", "{out}"], "cannot load model 'no-such-model'"),
     ([*_G, "--generator", "local:smollm2", "--workers", "2", "--out", "{out}"],
      "a local model runs one episode at a time"),

@@ -44,7 +44,15 @@ def run_general(
     options["thinking"] = options.get("thinking", True) and generator.thinking
     if generator.max_steps:
         options["max_steps"] = generator.max_steps
-    configs = {slug(c): GeneralConfig(c, **options) for c in categories}
+    configs: dict[str, GeneralConfig] = {}
+    for category in categories:  # a job key is the slug, so two categories may not share one
+        name = slug(category)
+        if name in configs and configs[name].category != category:
+            raise SynthError(
+                f"the categories {configs[name].category!r} and {category!r} have the same job name "
+                f"{name!r} (lower-case letters and digits, the first 40 characters); make them differ there"
+            )
+        configs[name] = GeneralConfig(category, **options)
     if not configs:
         raise SynthError("name at least one task category (--category)")
     if any(c.corpus not in (None, "stdlib") and not Path(c.corpus).is_file() for c in configs.values()):
