@@ -48,6 +48,8 @@ CASES = [
      "does not exist"),
     ([*_S, "--constructor", URL, "--answerer", URL, "--verifier", URL, "--corpus", "{tmp}/tiny.jsonl",
       "--max-mentions", "1", "--out", "{out}"], "long-tail documents"),
+    ([*_S, "--constructor", URL, "--answerer", URL, "--verifier", URL, "--breadth", "21", "--out", "{out}"],
+     "breadth must be at most 20 (the most results one search returns)"),
     (["synth", "search", "--entities", "2", "--constructor", URL, "--verifier", URL, "--out", "{out}"],
      "the following arguments are required: --answerer"),
     (["synth", "filter", "--env", "nowhere", "--policy", URL, "--out", "{out}"], "unknown environment 'nowhere'"),

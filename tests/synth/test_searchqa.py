@@ -238,3 +238,25 @@ def test_an_answer_agent_whose_endpoint_fails_is_not_a_wrong_answer(corpus):
     local.retry_errors = False  # a local model that fills its window did not find the truth
     result = _run(corpus, [_answerer("a", "Answer: 'day'"), local], _verifier(wrong, wrong))
     assert len(result.items) == 1 and result.items[0].task["info"]["candidates"][1]["answer"] is None
+
+
+def test_breadth_caps_the_results_of_the_constructors_search(corpus):
+    from dsv32.synth.records import RoleUsage
+    from dsv32.synth.searchqa import construct
+
+    entity = shared_index(corpus).by_id["quokka.Burrow"]
+    spec = AgentSpec("constructor", ScriptedBackend([
+        _call("search", query="quokka burrow den", k=10), _call("search", query="quokka burrow den"),
+        {"content": "No question."},
+    ]))  # fmt: skip
+    with SearchEnv(corpus) as env:
+        assert construct(spec, entity, env, SearchQAConfig(breadth=2, corpus=corpus), RoleUsage()) is None
+    results = [m["content"] for m in spec.backend.calls[-1].messages if m["role"] == "tool"]
+    assert [r.count("\n[") + 1 for r in results] == [2, 2]  # the corpus has more matches
+    search = next(t for t in spec.backend.calls[0].tools if t["function"]["name"] == "search")
+    assert (
+        search["function"]["parameters"]["properties"]["k"]["description"]
+        == "how many results, 1 to 2 (default 2)"
+    )
+    with pytest.raises(SynthError, match="breadth must be at most 20"):
+        SearchQAConfig(breadth=21)

@@ -5,9 +5,10 @@ Per entity (one job):
 1. **Entity**: long-tail documents of the corpus (:func:`sample_entities`: the document's own name
    is mentioned in at most ``max_mentions`` documents).
 2. **Question construction**: an agent explores the entity with ``search``/``open`` (depth: the
-   question needs facts from ≥ ``depth`` documents; breadth: results looked at per step) and calls
-   ``submit_qa(question, answer, evidence)``; the host checks the evidence ids exist, include the
-   entity and number ≥ ``depth``, the answer is short and not written in the question.
+   question needs facts from ≥ ``depth`` documents; breadth: its ``search`` returns at most
+   ``breadth`` results per call) and calls ``submit_qa(question, answer, evidence)``; the host
+   checks the evidence ids exist, include the entity and number ≥ ``depth``, the answer is short and
+   not written in the question.
 3. **Answer generation**: every configured answer agent (its own backend, prompt, sampling) runs the
    question as a ``search`` environment episode. One whose answer matches the ground truth under the
    environment's answer rule (:func:`dsv32.envs.search.matches`) means the question is too easy:
@@ -27,12 +28,14 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from dsv32.agent import env_tools, tool
 from dsv32.agent.errors import BackendError
 from dsv32.envs.base import Task, tool_schema
 from dsv32.envs.search import SearchEnv, extract
 from dsv32.envs.search.corpus import Doc
+from dsv32.envs.search.env import MAX_K
 from dsv32.envs.search.index import Index, tokenize
 from dsv32.synth.prompts import QA_CONSTRUCT_SYSTEM, QA_CONSTRUCT_USER, QA_VERIFY_SYSTEM, QA_VERIFY_USER
 from dsv32.synth.records import JobFailed, RoleUsage, SynthError, normalize
@@ -53,6 +56,8 @@ class SearchQAConfig:
     def __post_init__(self) -> None:
         if self.depth < 1 or self.breadth < 1 or self.verify_passes < 1:
             raise SynthError("depth, breadth and verify_passes must be at least 1")
+        if self.breadth > MAX_K:
+            raise SynthError(f"breadth must be at most {MAX_K} (the most results one search returns)")
 
 
 def sample_entities(index: Index, n: int, seed: int = 0, max_mentions: int = 3) -> list[Doc]:
@@ -83,6 +88,27 @@ class QA:
 
 def _contains(haystack: str, needle: str) -> bool:
     return f" {normalize(needle)} " in f" {normalize(haystack)} " if normalize(needle) else False
+
+
+def _constructor_search(env: SearchEnv, breadth: int) -> Any:
+    """The environment's ``search`` returning at most ``breadth`` results: breadth is how many results
+    the constructor looks at per step, whatever ``k`` it asks for."""
+    default = min(5, breadth)
+    schema = tool_schema(
+        "search",
+        "BM25 search over the corpus; returns the best k documents (id, title, number of pages, snippet).",
+        {"query": {"type": "string", "description": "keywords, e.g. a function's dotted name"},
+         "k": {"type": "integer", "description": f"how many results, 1 to {breadth} (default {default})"}},
+        required=["query"],
+    )  # fmt: skip
+
+    def search(**arguments: Any) -> str:
+        k = arguments.get("k", default)
+        if isinstance(k, int) and not isinstance(k, bool) and k > breadth:
+            k = breadth
+        return env.call("search", {**arguments, "k": k})
+
+    return tool(search, schema=schema)
 
 
 def construct(
@@ -125,7 +151,9 @@ def construct(
     snippet = " ".join(entity.text.split())[:600]
     user = QA_CONSTRUCT_USER.format(title=entity.title, doc_id=entity.id, snippet=snippet)
     messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-    trajectory = spec.run(messages, [*env_tools(env), tool(submit_qa, schema=schema)], usage, "constructor")
+    tools = [t for t in env_tools(env) if t.name != "search"]
+    tools += [_constructor_search(env, config.breadth), tool(submit_qa, schema=schema)]
+    trajectory = spec.run(messages, tools, usage, "constructor")
     if not found and spec.failed(trajectory):
         raise JobFailed(f"the question constructor got no reply: {trajectory.error}", usage)
     return found[0] if found else None
