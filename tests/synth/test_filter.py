@@ -13,7 +13,7 @@ from dsv32.agent import Completion, Usage
 from dsv32.envs.base import Task
 from dsv32.envs.search import SearchEnv
 from dsv32.synth.filter import FilterConfig, distribution, pass_at_k, report_markdown, score_task
-from dsv32.synth.records import SynthError
+from dsv32.synth.records import JobFailed, Pricing, SynthError
 from dsv32.synth.runner import Store, run_jobs
 
 
@@ -153,9 +153,73 @@ def test_an_endpoint_failure_is_an_error_retried_next_run_not_a_drop(setup):
     assert summary["jobs_with_errors"] == 1 and summary["dropped"] == {} and store.done() == set()
     assert distribution(store.results, 2)["tasks"] == 0 and not (store.out / "tasks.jsonl").exists()
     policy.down = False
+    store.close()
     summary = run_jobs([task.id], work, Store(tmp / "down", "filter", {}, artifacts=None))
     assert summary["jobs_with_errors"] == 0 and summary["kept"] == 1
     # a local model's backend failure (its window is full) is the policy failing, the same every run
     policy.down = True
     result = work(task.id, None, retry_errors=False)
     assert result.dropped and result.stats["stop_reasons"] == {"error": 2}
+
+
+class FailsAfter(KnownRatePolicy):
+    """Answers its first ``ok`` calls, then its endpoint fails every call."""
+
+    def __init__(self, ok: int, *args) -> None:
+        super().__init__(*args)
+        self.ok = ok
+
+    def complete(self, messages, tools, *, thinking=True, sampling=None, on_delta=None) -> Completion:
+        from dsv32.agent.errors import BackendError
+
+        if self.ok == 0:
+            raise BackendError("http://127.0.0.1:9/v1: Connection error. (after up to 5 retries)")
+        self.ok -= 1
+        return super().complete(messages, tools, thinking=thinking, sampling=sampling, on_delta=on_delta)
+
+
+def test_the_tokens_of_a_failed_job_count_in_the_totals(setup):
+    tasks, _, make_env, tmp = setup
+    task = next(t for t in tasks if t.id == "t-once")
+    price = Pricing(input=10_000.0, output=10_000.0)  # 100 + 5 tokens a call: 1.05 USD
+
+    def run(policy):
+        work = lambda key, store: score_task(policy, make_env, task, FilterConfig(k=2), key, price)  # noqa: E731
+        with Store(tmp / "paid", "filter", {}, artifacts=None) as store:
+            return run_jobs([task.id], work, store), store.results[-1]
+
+    summary, row = run(FailsAfter(1, {"once": 1}, {"once": "'once'"}))  # sample 2 of 2 fails
+    assert row["status"] == "error" and row["usage"]["roles"]["policy"]["calls"] == 1
+    assert summary["tokens"]["prompt_tokens"] == 100 and summary["cost_usd"] == pytest.approx(1.05)
+    summary, row = run(FailsAfter(2, {"once": 1}, {"once": "'once'"}))  # the retry: both samples
+    assert row["status"] == "kept" and summary["jobs_with_errors"] == 0
+    assert summary["tokens"]["calls"] == 3 and summary["cost_usd"] == pytest.approx(3.15)
+
+
+class BrokenReward(SearchEnv):
+    def reward(self, trajectory):
+        raise KeyError("x")
+
+
+def test_a_task_the_environment_cannot_score_is_dropped_as_broken_not_retried(setup):
+    from dsv32.envs.general.env import GeneralToolEnv
+
+    tasks, policy, make_env, tmp = setup
+    task = next(t for t in tasks if t.id == "t-once")
+    result = score_task(policy, lambda: BrokenReward(make_env().corpus), task, FilterConfig(k=4), "b")
+    why = "the environment's reward raised KeyError: 'x' (the agent had stopped with 'answer')"
+    assert result.items == [] and result.dropped == [
+        {"reason": "broken task", "task": "t-once", "detail": why}
+    ]
+    assert result.stats == {"task": "t-once", "n": 1, "broken": why}  # no more samples spent on it
+    missing = Task("t-missing", "Book a hotel.", None, "general", {"bundle": str(tmp / "no-bundle")})
+    result = score_task(policy, GeneralToolEnv, missing, FilterConfig(k=2), "m")
+    assert result.dropped[0]["detail"].startswith(
+        "the environment's reset/tools raised EnvError: task bundle"
+    )
+    dist = distribution([{"status": "dropped", "kept": [], "stats": result.stats}], 2)
+    assert dist["broken"] == 1 and dist["tasks"] == 0 and "broken tasks" in report_markdown(dist, 2, "t")
+    # a backend that failed is retried even when the environment then failed too
+    down = DownPolicy({"once": 1}, {"once": "'once'"})
+    with pytest.raises(JobFailed, match=r"got no answer from the policy: http://127\.0\.0\.1:9/v1"):
+        score_task(down, lambda: BrokenReward(make_env().corpus), task, FilterConfig(k=2), "d")

@@ -226,3 +226,70 @@ def test_solution_rules():
     assert solution_problems("def other(tools):\n    pass\n") == [
         "solution.py must define solve(tools) at module level"
     ]
+
+
+def test_a_version_file_that_is_a_link_is_refused_without_reading_its_target(tmp_path):
+    from dsv32.synth.versions import Limits
+    from dsv32.synth.workspace import Workspace
+
+    outside = tmp_path / "host"
+    outside.mkdir()
+    (outside / "tools.py").write_text(TOOLS_V1 + "\nSECRET = 'host-only-3141'\n")
+    ws = Workspace.create(limits=Limits(timeout_s=20))
+    try:
+        ws.write_file("make_db.py", MAKE_DB)
+        ws.bash("python3 make_db.py")
+        ws.write_file("solution.py", SOLUTION_V1)
+        ws.write_file("verify.py", _verify(0.0))
+        (ws.work / "tools.py").symlink_to(outside / "tools.py")
+        text = ws.submit_version("Book the cheapest hotel in Paris.")
+        assert text.startswith("version 1 rejected: tools.py is a symbolic link") and "3141" not in text
+        (ws.work / "tools.py").unlink()
+        (ws.work / "tools.py").mkdir()
+        assert "tools.py is not a regular file" in ws.submit_version("Book the cheapest hotel.")
+        assert ws.versions == [] and list((ws.root / "versions").iterdir()) == []
+    finally:
+        ws.close()
+
+
+def test_a_generator_that_fails_before_any_version_is_an_error_not_a_drop(tmp_path):
+    from dsv32.synth.records import JobFailed
+
+    start = [_write("make_db.py", MAKE_DB), _call("bash", command="python3 make_db.py")]
+    with pytest.raises(
+        JobFailed, match="the generator failed before any version was accepted: the script"
+    ) as err:
+        synthesize(
+            ScriptedBackend(start), GeneralConfig("hotel booking"), "e2", tmp_path / "a"
+        )  # reply 3 fails
+    assert err.value.usage.roles["generator"].calls == 2
+    # a local generator's failure (a full window) is the same on every run: dropped
+    result = synthesize(ScriptedBackend(start), GeneralConfig("hotel booking"), "e2", tmp_path / "b",
+                        retry_errors=False)  # fmt: skip
+    assert result.dropped == [{"reason": "no accepted version", "stop_reason": "error"}]
+    # a version accepted before the failure is a checked task: kept
+    result = synthesize(ScriptedBackend(TRANSCRIPT[:6]), GeneralConfig("hotel booking"), "e3", tmp_path / "c")
+    assert [i.task["info"]["difficulty"] for i in result.items] == [1] and result.stats[
+        "stop_reason"
+    ] == "error"
+
+
+def test_a_verifier_that_accepts_any_answer_on_the_untouched_database_is_too_weak():
+    from dsv32.synth.versions import Limits
+    from dsv32.synth.workspace import Workspace
+
+    ws = Workspace.create(limits=Limits(timeout_s=20))
+    try:
+        ws.write_file("make_db.py", MAKE_DB)
+        ws.bash("python3 make_db.py")
+        ws.write_file("tools.py", TOOLS_V1)
+        ws.write_file("solution.py", SOLUTION_V1)
+        ws.write_file(
+            "verify.py", "def verify(initial_db, final_db, answer):\n    return bool(answer.strip())\n"
+        )
+        assert ws.submit_version("Book the cheapest hotel in Paris.") == (
+            "version 1 rejected: the verifier is too weak: it accepts an episode that called no tool "
+            "and answered 'I could not complete the task.'"
+        )
+    finally:
+        ws.close()

@@ -71,6 +71,7 @@ def test_resume_after_an_interruption(tmp_path):
         ran.append(key)
         return _job(s, key, [f"Task {key}."])
 
+    store.close()  # the first run ended
     resumed = Store(tmp_path / "run", "general", {})
     assert resumed.done() == {"a"} and not (store.out / "bundles" / "b-0").exists()
     summary = run_jobs(["a", "b", "c"], work, resumed, workers=2)
@@ -85,6 +86,7 @@ def test_rows_holding_unicode_line_breaks_survive_a_resume(tmp_path):
     run_jobs(["a", "b"], lambda key, s: _job(s, key, [f"{prompt} {key}"]), store)
     with (store.out / "results.jsonl").open("a") as f:
         f.write('{"key": "c", "status": "ke')
+    store.close()  # the first run ended
     resumed = Store(tmp_path / "run", "general", {})
     assert resumed.done() == {"a", "b"} and len(resumed.seen) == 2
     assert [t["prompt"] for t in _lines(store.out / "tasks.jsonl")] == [f"{prompt} a", f"{prompt} b"]
@@ -166,6 +168,7 @@ def test_uncommitted_tasks_take_only_their_own_bundles_with_them(tmp_path):
     with (store.out / "tasks.jsonl").open("a") as f:
         for i, bundle in enumerate(bundles):
             f.write(json.dumps({"id": f"b-{i}", "prompt": "x", "info": {"job": "b", "dedup": f"z{i}", "bundle": bundle}}) + "\n")  # fmt: skip
+    store.close()  # the first run ended
     resumed = Store(tmp_path / "run", "general", {})
     assert resumed.done() == {"a"} and len(_lines(store.out / "tasks.jsonl")) == 1
     assert not own.exists() and (outside / "important.txt").read_text() == "keep me"
@@ -252,3 +255,34 @@ def test_a_run_resumes_only_with_its_own_generators_and_settings(tmp_path):
     with pytest.raises(SynthError, match=r"other settings \(limit 1 -> 3\)"):
         Store(tmp_path, "filter", provenance(limit=3), artifacts=None)
     assert json.loads((tmp_path / "run.json").read_text())["provenance"] == provenance()
+
+
+def test_a_second_run_on_a_directory_in_use_is_refused_and_changes_nothing(tmp_path):
+    first = Store(tmp_path / "run", "general", {})
+    run_jobs(["a"], lambda key, s: _job(s, key, ["Task one."]), first)
+    (first.staging("b") / "b0").mkdir()  # job "b" of the first run is under way
+    before = _snapshot(tmp_path)
+    with pytest.raises(SynthError, match=r"another run is using .*run \(it holds .*\.lock\)"):
+        Store(tmp_path / "run", "general", {})
+    assert _snapshot(tmp_path) == before
+    first.record(_job(first, "b", ["Task two."]))
+    first.close()
+    with Store(tmp_path / "run", "general", {}) as resumed:
+        assert resumed.done() == {"a", "b"} and (resumed.out / "bundles" / "b-0").is_dir()
+
+
+def test_tasks_left_by_an_interrupted_retry_of_an_errored_job_are_removed(tmp_path):
+    def failing(key, s):
+        raise SynthError("endpoint down")
+
+    with Store(tmp_path / "run", "general", {}) as store:
+        assert run_jobs(["a"], failing, store)["jobs_with_errors"] == 1
+        # the retry committed its task and bundle, then was killed before its results line
+        store.record(_job(store, "a", ["Task one."]))
+    results = store.out / "results.jsonl"
+    results.write_text(results.read_text().splitlines(keepends=True)[0])
+    with Store(tmp_path / "run", "general", {}) as resumed:
+        assert resumed.seen == set() and not (store.out / "bundles" / "a-0").exists()
+        summary = run_jobs(["a"], lambda key, s: _job(s, key, ["Task one."]), resumed)
+    assert summary["kept"] == 1 and summary["duplicates"] == 0 and summary["jobs_with_errors"] == 0
+    assert [t["id"] for t in _lines(store.out / "tasks.jsonl")] == ["a-0"]

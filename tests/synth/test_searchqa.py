@@ -12,7 +12,8 @@ import pytest
 from dsv32.agent import ScriptedBackend
 from dsv32.envs.base import load_tasks
 from dsv32.envs.search import SearchEnv, shared_index
-from dsv32.synth.records import SynthError
+from dsv32.synth.backends import BackendSpec
+from dsv32.synth.records import JobFailed, SynthError
 from dsv32.synth.roles import AgentSpec
 from dsv32.synth.rubric import check_rubric, grading_messages, rubric_score
 from dsv32.synth.searchqa import SearchQAConfig, sample_entities, synthesize_qa
@@ -190,3 +191,72 @@ def test_rubric_checks_and_scoring():
         {"criteria": [RUBRIC["criteria"][0], {"name": "x", "description": "y", "weight": 0}]}
     )
     assert "Rubric:" in grading_messages(rubric, "q", "r")[1]["content"]
+
+
+def _dead(name: str) -> AgentSpec:
+    return AgentSpec(name, ScriptedBackend([]))  # every call fails
+
+
+def test_an_agent_whose_endpoint_fails_makes_the_job_an_error_not_a_drop(corpus, monkeypatch):
+    entity = shared_index(corpus).by_id["quokka.Burrow"]
+    config = SearchQAConfig(depth=2, verify_passes=1, corpus=corpus)
+    wrong = {GOLD: True, "'day'": False}
+
+    def run(constructor=None, verifier=None, rubric=None):
+        return synthesize_qa(entity, "q0", constructor=constructor or _constructor(),
+                             answerers=[_answerer("a", "Answer: 'day'")], verifier=verifier or _verifier(wrong),
+                             rubric_writer=rubric or _rubric_writer(), config=config)  # fmt: skip
+
+    with pytest.raises(JobFailed, match="the question constructor got no reply: the script has no reply 1"):
+        run(constructor=_dead("constructor"))
+    with pytest.raises(JobFailed, match="the verifier got no reply") as err:
+        run(verifier=_dead("verifier"))
+    assert set(err.value.usage.roles) == {"constructor", "answerer:a", "verifier"}
+    with pytest.raises(JobFailed, match="the rubric writer got no reply") as err:
+        run(rubric=_dead("rubric"))
+    assert err.value.usage.roles["verifier"].calls == 3
+    # a local model's failure (a full window) is its result, the same on every run
+    local = _dead("verifier")
+    local.retry_errors = False
+    assert run(verifier=local).dropped == [{"reason": "the verifier gave no verdict"}]
+    monkeypatch.setattr(BackendSpec, "make", lambda self: None)  # no model is loaded for the check
+    assert BackendSpec("openai", "m", "http://127.0.0.1:9/v1").agent("a", 5).retry_errors is True
+    assert BackendSpec("local", "smollm2").agent("a", 5).retry_errors is False
+
+
+def test_an_answer_agent_whose_endpoint_fails_is_not_a_wrong_answer(corpus):
+    wrong = {GOLD: True, "'day'": False}
+    verifier = _verifier(wrong, wrong)
+    with pytest.raises(JobFailed, match="answer agent 'b' got no reply: the script has no reply 1") as err:
+        _run(corpus, [_answerer("a", "Answer: 'day'"), _dead("b")], verifier)
+    assert verifier.backend.calls == [] and set(err.value.usage.roles) == {
+        "constructor",
+        "answerer:a",
+        "answerer:b",
+    }
+    local = _dead("b")
+    local.retry_errors = False  # a local model that fills its window did not find the truth
+    result = _run(corpus, [_answerer("a", "Answer: 'day'"), local], _verifier(wrong, wrong))
+    assert len(result.items) == 1 and result.items[0].task["info"]["candidates"][1]["answer"] is None
+
+
+def test_breadth_caps_the_results_of_the_constructors_search(corpus):
+    from dsv32.synth.records import RoleUsage
+    from dsv32.synth.searchqa import construct
+
+    entity = shared_index(corpus).by_id["quokka.Burrow"]
+    spec = AgentSpec("constructor", ScriptedBackend([
+        _call("search", query="quokka burrow den", k=10), _call("search", query="quokka burrow den"),
+        {"content": "No question."},
+    ]))  # fmt: skip
+    with SearchEnv(corpus) as env:
+        assert construct(spec, entity, env, SearchQAConfig(breadth=2, corpus=corpus), RoleUsage()) is None
+    results = [m["content"] for m in spec.backend.calls[-1].messages if m["role"] == "tool"]
+    assert [r.count("\n[") + 1 for r in results] == [2, 2]  # the corpus has more matches
+    search = next(t for t in spec.backend.calls[0].tools if t["function"]["name"] == "search")
+    assert (
+        search["function"]["parameters"]["properties"]["k"]["description"]
+        == "how many results, 1 to 2 (default 2)"
+    )
+    with pytest.raises(SynthError, match="breadth must be at most 20"):
+        SearchQAConfig(breadth=21)

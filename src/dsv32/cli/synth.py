@@ -112,7 +112,12 @@ def add(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--rubric", help="the rubric writer (default: the verifier's model)")
     s.add_argument("--corpus", help="JSONL corpus of id/title/text rows (default: the standard library)")
     s.add_argument("--depth", type=positive_int, default=2, help="documents a question must chain")
-    s.add_argument("--breadth", type=positive_int, default=5, help="search results looked at per step")
+    s.add_argument(
+        "--breadth",
+        type=positive_int,
+        default=5,
+        help="the most results one search of the question constructor returns (at most 20)",
+    )
     s.add_argument("--passes", type=positive_int, default=2, help="verification passes")
     s.add_argument(
         "--max-mentions", type=positive_int, default=3, help="long tail: documents naming the entity"

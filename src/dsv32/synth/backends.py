@@ -66,7 +66,8 @@ class BackendSpec:
     def agent(self, name: str, default_steps: int) -> AgentSpec:
         system = None if self.prompt is None else ANSWER_SYSTEMS[self.prompt]
         return AgentSpec(name, self.make(), self.label, system, dict(self.sampling),
-                         self.max_steps or default_steps, self.thinking, self.pricing)  # fmt: skip
+                         self.max_steps or default_steps, self.thinking, self.pricing,
+                         retry_errors=self.kind != "local")  # fmt: skip
 
 
 # What each numeric option may be: (test, in words); NaN fails every test.

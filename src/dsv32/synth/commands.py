@@ -44,7 +44,15 @@ def run_general(
     options["thinking"] = options.get("thinking", True) and generator.thinking
     if generator.max_steps:
         options["max_steps"] = generator.max_steps
-    configs = {slug(c): GeneralConfig(c, **options) for c in categories}
+    configs: dict[str, GeneralConfig] = {}
+    for category in categories:  # a job key is the slug, so two categories may not share one
+        name = slug(category)
+        if name in configs and configs[name].category != category:
+            raise SynthError(
+                f"the categories {configs[name].category!r} and {category!r} have the same job name "
+                f"{name!r} (lower-case letters and digits, the first 40 characters); make them differ there"
+            )
+        configs[name] = GeneralConfig(category, **options)
     if not configs:
         raise SynthError("name at least one task category (--category)")
     if any(c.corpus not in (None, "stdlib") and not Path(c.corpus).is_file() for c in configs.values()):
@@ -62,10 +70,11 @@ def run_general(
     def work(key: str, store: Store):
         config = configs[key.rsplit("-", 1)[0]]
         return synthesize(generator.make(), config, key, store.staging(key), pricing=generator.pricing,
-                          provenance=store.provenance)  # fmt: skip
+                          provenance=store.provenance, retry_errors=generator.kind != "local")  # fmt: skip
 
     keys = [f"{s}-{i:05d}" for s in configs for i in range(episodes)]
-    return run_jobs(keys, work, store, workers=workers, on_result=on_result)
+    with store:
+        return run_jobs(keys, work, store, workers=workers, on_result=on_result)
 
 
 def run_search(
@@ -100,7 +109,8 @@ def run_search(
             verifier=verifier.agent("verifier", 20), rubric_writer=rubric.agent("rubric", 1), config=config,
         )  # fmt: skip
 
-    return run_jobs(list(by_key), work, store, workers=workers, on_result=on_result)
+    with store:
+        return run_jobs(list(by_key), work, store, workers=workers, on_result=on_result)
 
 
 def run_filter(
@@ -151,11 +161,12 @@ def run_filter(
             retry_errors=policy.kind != "local",
         )  # fmt: skip
 
-    summary = run_jobs(list(by_key), work, store, workers=workers, on_result=on_result)
-    dist = distribution(store.results, config.k)
-    summary["distribution"] = dist
-    (store.out / "report.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-    (store.out / "report.md").write_text(
-        report_markdown(dist, config.k, f"{env} / {policy.label}"), encoding="utf-8"
-    )
+    with store:
+        summary = run_jobs(list(by_key), work, store, workers=workers, on_result=on_result)
+        dist = distribution(store.results, config.k)
+        summary["distribution"] = dist
+        (store.out / "report.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+        (store.out / "report.md").write_text(
+            report_markdown(dist, config.k, f"{env} / {policy.label}"), encoding="utf-8"
+        )
     return summary

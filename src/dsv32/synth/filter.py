@@ -23,7 +23,7 @@ from typing import Any
 
 from dsv32.agent import run_episode
 from dsv32.envs.base import Environment, Task
-from dsv32.synth.records import Pricing, SynthError
+from dsv32.synth.records import JobFailed, Pricing, SynthError
 from dsv32.synth.runner import Item, JobResult
 
 BINS = 10
@@ -82,9 +82,14 @@ def score_task(
 
     An episode whose backend failed (``stop_reason == "error"``: an endpoint that kept failing after
     its retries) scores nothing about the policy, so with ``retry_errors`` it raises
-    :class:`SynthError`: the job is logged as an error, committed as nothing, and runs again on the
-    next run. Without it (a local model, whose only backend failure is a conversation that fills its
-    window: the same on every run) such an episode counts as not solved."""
+    :class:`JobFailed` with the tokens spent so far: the job is logged as an error (its usage
+    counted in the run's totals), committed as nothing, and runs again on the next run. Without it
+    (a local model, whose only backend failure is a conversation that fills its window: the same on
+    every run) such an episode counts as not solved.
+
+    An episode the environment could not score (its reset, tools or reward failed: ``reward.scored``
+    is False) is a broken task, the same on every run: the task is dropped as ``broken task`` (the
+    failure in ``detail``) at once, without more samples."""
     result = JobResult(key)
     usage = result.usage.role("policy", pricing)
     rewards: list[float] = []
@@ -98,10 +103,17 @@ def score_task(
                 backend, env, task, max_steps=config.max_steps, thinking=config.thinking, sampling=sampling
             )
         usage.add_trajectory(trajectory)
-        if retry_errors and trajectory.stop_reason == "error":
-            raise SynthError(
-                f"task {task.id!r}: sample {i + 1} got no answer from the policy: {trajectory.error}"
+        broken = None if reward.scored else reward.reason.removeprefix("not scored: ")
+        # run_episode's error is the environment's note alone when only the environment failed
+        if retry_errors and trajectory.stop_reason == "error" and trajectory.error != broken:
+            raise JobFailed(
+                f"task {task.id!r}: sample {i + 1} got no answer from the policy: {trajectory.error}",
+                result.usage,
             )
+        if broken is not None:
+            result.stats = {"task": task.id, "n": i + 1, "broken": broken}
+            result.dropped.append({"reason": "broken task", "task": task.id, "detail": broken})
+            return result
         stops[trajectory.stop_reason] = stops.get(trajectory.stop_reason, 0) + 1
         rewards.append(reward.value)
         if config.stop_early and reward.value >= config.success:
@@ -134,7 +146,7 @@ def score_task(
 
 def distribution(rows: list[dict], k: int) -> dict:
     """Counts over scored tasks: pass@1 in ``BINS`` equal bins (the last one closed), tasks never
-    solved, always solved, kept; mean pass@1 and pass@k."""
+    solved, always solved, kept; mean pass@1 and pass@k; and the broken tasks, which are not scored."""
     stats = [r["stats"] for r in rows if r.get("status") != "error" and "pass@1" in r.get("stats", {})]
     bins = [0] * BINS
     for s in stats:
@@ -144,6 +156,7 @@ def distribution(rows: list[dict], k: int) -> dict:
         "tasks": len(stats),
         "kept": sum(len(r.get("kept", [])) for r in rows),
         "never_solved": sum(s["c"] == 0 for s in stats),
+        "broken": sum("broken" in r.get("stats", {}) for r in rows if r.get("status") != "error"),
         "always_solved": sum(s["c"] == s["n"] and not s["stopped_early"] for s in stats),
         "mean_pass@1": round(sum(s["pass@1"] for s in stats) / len(stats), 4) if stats else None,
         f"mean_pass@{k}": round(sum(at_k) / len(at_k), 4) if at_k else None,
@@ -159,6 +172,8 @@ def report_markdown(dist: dict, k: int, title: str) -> str:
         f"- never solved (pass@{k} = 0): {dist['never_solved']}, always solved: {dist['always_solved']}"
     ]
     lines += [f"- mean pass@1: {dist['mean_pass@1']}, mean pass@{k}: {dist[f'mean_pass@{k}']}"]
+    if dist["broken"]:
+        lines += [f"- broken tasks (the environment could not score them, dropped): {dist['broken']}"]
     if dist["lower_bounds"]:
         lines += ["- sampling stopped at the first success for some tasks: their values are lower bounds"]
     lines += ["", "| pass@1 | tasks |", "|---|---|"]

@@ -32,7 +32,7 @@ from dsv32.envs.base import Task, replay
 from dsv32.envs.general.bundle import load_bundle
 from dsv32.envs.general.env import GeneralToolEnv
 from dsv32.synth.prompts import GENERAL_SYSTEM, GENERAL_USER, SEARCH_HINT
-from dsv32.synth.records import Pricing, SynthError, tool_signature
+from dsv32.synth.records import JobFailed, Pricing, SynthError, tool_signature
 from dsv32.synth.runner import Item, JobResult
 from dsv32.synth.versions import SOLUTION_IMPORTS, Limits, Version, freeze
 from dsv32.synth.workspace import Workspace
@@ -98,8 +98,16 @@ def synthesize(
     pricing: Pricing | None = None,
     provenance: dict | None = None,
     on_event: Any = None,
+    retry_errors: bool = True,
 ) -> JobResult:
-    """Run one synthesis episode with ``backend``; accepted versions become bundles under ``staging``."""
+    """Run one synthesis episode with ``backend``; accepted versions become bundles under ``staging``.
+
+    An episode whose backend failed (``stop_reason == "error"``: an endpoint that kept failing after
+    its retries) before any version was accepted says nothing about the category, so with
+    ``retry_errors`` it raises :class:`JobFailed`: the job is logged as an error and runs again on
+    the next run. Versions accepted before such a failure are checked tasks and are kept. Without
+    ``retry_errors`` (a local model, whose only backend failure is a full window, the same on every
+    run) the episode is dropped like any other without a version."""
     result = JobResult(key)
     workspace = Workspace.create(limits=config.limits, max_versions=config.max_versions,
                                  bash_timeout_s=config.bash_timeout_s)  # fmt: skip
@@ -130,6 +138,9 @@ def synthesize(
         }
         if trajectory.error:
             result.stats["error"] = trajectory.error
+        if retry_errors and trajectory.stop_reason == "error" and not workspace.versions:
+            raise JobFailed(f"the generator failed before any version was accepted: {trajectory.error}",
+                            result.usage)  # fmt: skip
         if not workspace.versions:
             result.dropped.append({"reason": "no accepted version", "stop_reason": trajectory.stop_reason})
         for version in workspace.versions:

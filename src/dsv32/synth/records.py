@@ -33,6 +33,16 @@ class SynthError(DSV32Error, ValueError):
     output directory that belongs to another run."""
 
 
+class JobFailed(SynthError):
+    """A job that cannot finish now (an endpoint that kept failing after its retries): logged as an
+    error and run again on the next run. ``usage`` is what it spent before it failed, so the run's
+    totals count it."""
+
+    def __init__(self, message: str, usage: RoleUsage) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
 @dataclass
 class TokenUsage:
     """Tokens spent by one role (constructor, answerer, verifier, policy) over one or more calls."""

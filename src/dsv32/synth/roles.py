@@ -13,7 +13,8 @@ from dsv32.synth.records import Pricing, RoleUsage, SynthError
 @dataclass
 class AgentSpec:
     """One configured agent. ``system`` replaces the environment's system prompt (None keeps it);
-    ``model`` names the generator in provenance."""
+    ``model`` names the generator in provenance; ``retry_errors``: its backend failures are outages
+    to retry (an endpoint), not the agent's own result (a local model filling its window)."""
 
     name: str
     backend: Any
@@ -23,6 +24,7 @@ class AgentSpec:
     max_steps: int = 20
     thinking: bool = True
     pricing: Pricing | None = None
+    retry_errors: bool = True
 
     def __post_init__(self) -> None:
         if not self.name or self.max_steps < 1:
@@ -40,6 +42,10 @@ class AgentSpec:
         trajectory = agent.run(messages)
         usage.role(role or self.name, self.pricing).add_trajectory(trajectory)
         return trajectory
+
+    def failed(self, trajectory: Any) -> bool:
+        """Whether ``trajectory`` ended in a backend failure that should make its job run again."""
+        return self.retry_errors and trajectory.stop_reason == "error"
 
     def complete(self, messages: list[dict], usage: RoleUsage, role: str | None = None) -> str:
         """One model call without tools (chat mode); its text."""

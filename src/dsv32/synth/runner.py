@@ -2,6 +2,7 @@
 
 An output directory holds one run::
 
+    OUT/.lock           held (``fcntl.flock``, without waiting) by the one run using the directory
     OUT/run.json        {"kind", "provenance"}: written once; a later run of another kind, other
                         generators or other settings is refused
     OUT/results.jsonl   one line per finished job: key, status, kept task ids, drops, usage, cost
@@ -14,9 +15,11 @@ sandboxed subprocesses, so threads give the concurrency without pickling backend
 committed under one lock: its artifacts move out of staging, its tasks are appended to
 ``tasks.jsonl``, then its line is appended to ``results.jsonl`` — that line is the commit. On resume
 the jobs with a ``results.jsonl`` line are skipped (errored jobs are retried), a torn last line is cut
-off, and tasks or artifacts of uncommitted jobs are removed, so an interrupted run continues as if it
-had stopped between two jobs. Nothing is written before the directory is known to be this run's
-(:class:`Store`), and nothing outside ``OUT/<artifacts>/`` and ``OUT/staging/`` is ever deleted.
+off, and tasks or artifacts of uncommitted jobs (errored ones included) are removed, so an
+interrupted run continues as if it had stopped between two jobs. Nothing is written before the directory is known to be this run's
+(:class:`Store`), and nothing outside ``OUT/<artifacts>/`` and ``OUT/staging/`` is ever deleted. A
+second run on a directory in use stops at once with a :class:`SynthError` and changes nothing, since
+its resume would delete the staged and uncommitted work of the first.
 
 Dedup (:func:`dsv32.synth.records.dedup_key`) runs at commit against every task kept so far, this
 run's and the resumed ones'.
@@ -25,6 +28,7 @@ run's and the resumed ones'.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -35,11 +39,12 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from dsv32.errors import DSV32Error
 from dsv32.jsonl import peek_log, read_json, read_log
 from dsv32.runlog import write_text
-from dsv32.synth.records import RoleUsage, SynthError, TokenUsage, dedup_key
+from dsv32.synth.records import JobFailed, RoleUsage, SynthError, TokenUsage, dedup_key
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +125,21 @@ def _safe_name(name: str) -> bool:
     return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
 
 
+def _lock(out: Path) -> IO:
+    """The open ``OUT/.lock``, locked exclusively, or :class:`SynthError` at once if another run holds
+    it. The lock belongs to the open file, so the system drops it when the process ends, however it
+    ends."""
+    handle = (out / ".lock").open("a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise SynthError(
+            f"another run is using {out} (it holds {out / '.lock'}); wait for it to end or use another --out"
+        ) from None
+    return handle
+
+
 def _differences(before: dict, now: dict, scope: Iterable[str]) -> list[str]:
     """``name old -> new`` for every generator and setting that differs (``scope`` settings may)."""
     changed = []
@@ -144,7 +164,10 @@ class Store:
     be this package's logs; a directory without ``run.json`` must not hold any file a run writes
     (:data:`OWNED`, the artifacts directory, ``owned``). Only then is a torn last line cut off and
     are the tasks of uncommitted jobs removed — and their artifacts, if they lie in
-    ``OUT/<artifacts>/``: nothing outside the output directory is ever deleted."""
+    ``OUT/<artifacts>/``: nothing outside the output directory is ever deleted.
+
+    The store holds ``OUT/.lock`` from opening to :meth:`close` (or the end of the process); the
+    checks run again once it is held."""
 
     def __init__(self, out: str | Path, kind: str, provenance: dict, artifacts: str | None = "bundles",
                  artifact_field: str = "bundle", *, scope: Iterable[str] = (),
@@ -154,14 +177,39 @@ class Store:
         self.artifacts = None if artifacts is None else self.out / artifacts
         self.artifact_field = artifact_field
         self.lock = threading.Lock()
-        run_file = self.out / "run.json"
+        self._owned = [*OWNED, *owned, *([artifacts] if artifacts else [])]
+        self._scope = set(scope)
         if self.out.exists() and not self.out.is_dir():
             raise SynthError(f"--out {self.out} is a file, not a directory; use another --out")
+        self._check()  # before the lock file is made: a directory that is not this run's gets nothing
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._lock_file: IO | None = _lock(self.out)
+        try:
+            self._take(*self._check())  # again under the lock: another run may have ended meanwhile
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Let another run use the directory (also done when the process ends)."""
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check(self) -> tuple[list, int, list, int]:
+        """Read-only: refuse a directory that is not this run's; its results and tasks (with the
+        length of a torn last line of each)."""
+        run_file = self.out / "run.json"
         if run_file.is_file():
-            self._check_run_file(run_file, set(scope))
+            self._check_run_file(run_file, self._scope)
         else:
-            names = [*OWNED, *owned, *([artifacts] if artifacts else [])]
-            found = [n for n in names if (self.out / n).exists()]
+            found = [n for n in self._owned if (self.out / n).exists()]
             if found:
                 raise SynthError(
                     f"{self.out} holds {', '.join(found)} but no run.json, so it is not a synthesis "
@@ -179,11 +227,14 @@ class Store:
                 raise SynthError(
                     f"{self.out / 'tasks.jsonl'}:{n}: not a synthesized task ({why}); {_NOT_A_LOG}"
                 )
-        # everything is checked: from here on the directory is this run's
-        self.out.mkdir(parents=True, exist_ok=True)
+        return results, results_tail, tasks, tasks_tail
+
+    def _take(self, results: list, results_tail: int, tasks: list, tasks_tail: int) -> None:
+        """Make the checked directory this run's: record it, cut torn lines, drop uncommitted jobs."""
+        run_file = self.out / "run.json"
         if not run_file.is_file():
             run_file.write_text(
-                json.dumps({"kind": kind, "provenance": provenance}, indent=1), encoding="utf-8"
+                json.dumps({"kind": self.kind, "provenance": self.provenance}, indent=1), encoding="utf-8"
             )
         for name, tail in (("results.jsonl", results_tail), ("tasks.jsonl", tasks_tail)):
             if tail:  # an interrupted write: cut off, so the next row starts on a line of its own
@@ -191,8 +242,7 @@ class Store:
                 with path.open("r+b") as f:
                     f.truncate(path.stat().st_size - tail)
         self.results = [row for _, row in results]
-        committed = {r["key"] for r in self.results}
-        kept = self._drop_uncommitted([row for _, row in tasks], committed)
+        kept = self._drop_uncommitted([row for _, row in tasks], self.done())
         self.seen = {t["info"]["dedup"] for t in kept}
         shutil.rmtree(self.out / "staging", ignore_errors=True)
 
@@ -307,7 +357,8 @@ class Store:
             self._unstage(result.key)
             return row
 
-    def record_error(self, key: str, message: str) -> dict:
+    def record_error(self, key: str, message: str, usage: RoleUsage | None = None) -> dict:
+        """Log a failed job: it commits nothing and runs again; ``usage`` is what it spent."""
         with self.lock:
             row = {
                 "key": key,
@@ -316,6 +367,7 @@ class Store:
                 "kept": [],
                 "duplicates": [],
                 "dropped": [],
+                "usage": (usage or RoleUsage()).to_dict(),
             }
             _append(self.out / "results.jsonl", row)
             self.results.append(row)
@@ -327,13 +379,14 @@ class Store:
         last = {r["key"]: r for r in self.results}  # a retried job's latest line counts
         rows = list(last.values())
         usage, cost = TokenUsage(), 0.0
-        reasons: Counter = Counter()
-        for r in rows:
+        for r in self.results:  # every attempt was paid for, failed ones included
             for role in (r.get("usage") or {}).get("roles", {}).values():
                 usage.add(
                     role["prompt_tokens"], role["completion_tokens"], role["cached_tokens"], role["calls"]
                 )
             cost += (r.get("usage") or {}).get("cost_usd", 0.0)
+        reasons: Counter = Counter()
+        for r in rows:
             reasons.update(d.get("reason", "unknown") for d in r["dropped"])
         kept = sum(len(r["kept"]) for r in rows)
         tasks = read_log(self.out / "tasks.jsonl", SynthError, _NOT_A_LOG)
@@ -380,7 +433,7 @@ def run_jobs(
             return store.record(work(key, store))
         except DSV32Error as err:
             log.warning("job %s failed: %s", key, err)
-            return store.record_error(key, str(err))
+            return store.record_error(key, str(err), err.usage if isinstance(err, JobFailed) else None)
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="synth") as pool:
         futures = [pool.submit(one, key) for key in pending]

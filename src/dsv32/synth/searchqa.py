@@ -5,9 +5,10 @@ Per entity (one job):
 1. **Entity**: long-tail documents of the corpus (:func:`sample_entities`: the document's own name
    is mentioned in at most ``max_mentions`` documents).
 2. **Question construction**: an agent explores the entity with ``search``/``open`` (depth: the
-   question needs facts from ≥ ``depth`` documents; breadth: results looked at per step) and calls
-   ``submit_qa(question, answer, evidence)``; the host checks the evidence ids exist, include the
-   entity and number ≥ ``depth``, the answer is short and not written in the question.
+   question needs facts from ≥ ``depth`` documents; breadth: its ``search`` returns at most
+   ``breadth`` results per call) and calls ``submit_qa(question, answer, evidence)``; the host
+   checks the evidence ids exist, include the entity and number ≥ ``depth``, the answer is short and
+   not written in the question.
 3. **Answer generation**: every configured answer agent (its own backend, prompt, sampling) runs the
    question as a ``search`` environment episode. One whose answer matches the ground truth under the
    environment's answer rule (:func:`dsv32.envs.search.matches`) means the question is too easy:
@@ -27,14 +28,17 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from dsv32.agent import env_tools, tool
+from dsv32.agent.errors import BackendError
 from dsv32.envs.base import Task, tool_schema
 from dsv32.envs.search import SearchEnv, extract
 from dsv32.envs.search.corpus import Doc
+from dsv32.envs.search.env import MAX_K
 from dsv32.envs.search.index import Index, tokenize
 from dsv32.synth.prompts import QA_CONSTRUCT_SYSTEM, QA_CONSTRUCT_USER, QA_VERIFY_SYSTEM, QA_VERIFY_USER
-from dsv32.synth.records import RoleUsage, SynthError, normalize
+from dsv32.synth.records import JobFailed, RoleUsage, SynthError, normalize
 from dsv32.synth.roles import AgentSpec
 from dsv32.synth.rubric import write_rubric
 from dsv32.synth.runner import Item, JobResult
@@ -52,6 +56,8 @@ class SearchQAConfig:
     def __post_init__(self) -> None:
         if self.depth < 1 or self.breadth < 1 or self.verify_passes < 1:
             raise SynthError("depth, breadth and verify_passes must be at least 1")
+        if self.breadth > MAX_K:
+            raise SynthError(f"breadth must be at most {MAX_K} (the most results one search returns)")
 
 
 def sample_entities(index: Index, n: int, seed: int = 0, max_mentions: int = 3) -> list[Doc]:
@@ -84,10 +90,32 @@ def _contains(haystack: str, needle: str) -> bool:
     return f" {normalize(needle)} " in f" {normalize(haystack)} " if normalize(needle) else False
 
 
+def _constructor_search(env: SearchEnv, breadth: int) -> Any:
+    """The environment's ``search`` returning at most ``breadth`` results: breadth is how many results
+    the constructor looks at per step, whatever ``k`` it asks for."""
+    default = min(5, breadth)
+    schema = tool_schema(
+        "search",
+        "BM25 search over the corpus; returns the best k documents (id, title, number of pages, snippet).",
+        {"query": {"type": "string", "description": "keywords, e.g. a function's dotted name"},
+         "k": {"type": "integer", "description": f"how many results, 1 to {breadth} (default {default})"}},
+        required=["query"],
+    )  # fmt: skip
+
+    def search(**arguments: Any) -> str:
+        k = arguments.get("k", default)
+        if isinstance(k, int) and not isinstance(k, bool) and k > breadth:
+            k = breadth
+        return env.call("search", {**arguments, "k": k})
+
+    return tool(search, schema=schema)
+
+
 def construct(
     spec: AgentSpec, entity: Doc, env: SearchEnv, config: SearchQAConfig, usage: RoleUsage
 ) -> QA | None:
-    """Stage 2: the question-construction agent's first valid ``submit_qa``, or None."""
+    """Stage 2: the question-construction agent's first valid ``submit_qa``, or None
+    (:class:`JobFailed` when its endpoint failed before one)."""
     found: list[QA] = []
 
     def submit_qa(question: str, answer: str, evidence: list) -> str:
@@ -123,13 +151,21 @@ def construct(
     snippet = " ".join(entity.text.split())[:600]
     user = QA_CONSTRUCT_USER.format(title=entity.title, doc_id=entity.id, snippet=snippet)
     messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-    spec.run(messages, [*env_tools(env), tool(submit_qa, schema=schema)], usage, "constructor")
+    tools = [t for t in env_tools(env) if t.name != "search"]
+    tools += [_constructor_search(env, config.breadth), tool(submit_qa, schema=schema)]
+    trajectory = spec.run(messages, tools, usage, "constructor")
+    if not found and spec.failed(trajectory):
+        raise JobFailed(f"the question constructor got no reply: {trajectory.error}", usage)
     return found[0] if found else None
 
 
 def answer(spec: AgentSpec, task: Task, env: SearchEnv, usage: RoleUsage) -> dict:
-    """Stage 3: one answer agent's episode: its extracted answer and whether it matches the truth."""
+    """Stage 3: one answer agent's episode: its extracted answer and whether it matches the truth.
+    An endpoint outage is not a failure to find the truth (it would make every question look hard):
+    :class:`JobFailed`."""
     trajectory = spec.run(env.reset(task), env_tools(env), usage, f"answerer:{spec.name}")
+    if spec.failed(trajectory):
+        raise JobFailed(f"answer agent {spec.name!r} got no reply: {trajectory.error}", usage)
     reward = env.reward(trajectory)
     final = trajectory.final
     return {
@@ -143,7 +179,8 @@ def answer(spec: AgentSpec, task: Task, env: SearchEnv, usage: RoleUsage) -> dic
 def verify(
     spec: AgentSpec, question: str, answers: list[str], env: SearchEnv, usage: RoleUsage
 ) -> dict[int, bool] | None:
-    """Stage 4, one pass: ``{answer index: correct}`` for every answer, or None without a full verdict."""
+    """Stage 4, one pass: ``{answer index: correct}`` for every answer, or None without a full verdict
+    (:class:`JobFailed` when its endpoint failed before one)."""
     verdict: dict[int, bool] = {}
 
     def submit_verdict(verdicts: list) -> str:
@@ -172,7 +209,9 @@ def verify(
         {"role": "system", "content": QA_VERIFY_SYSTEM},
         {"role": "user", "content": QA_VERIFY_USER.format(question=question, answers=listed)},
     ]
-    spec.run(messages, [*env_tools(env), tool(submit_verdict, schema=schema)], usage, "verifier")
+    trajectory = spec.run(messages, [*env_tools(env), tool(submit_verdict, schema=schema)], usage, "verifier")
+    if not verdict and spec.failed(trajectory):
+        raise JobFailed(f"the verifier got no reply: {trajectory.error}", usage)
     return dict(verdict) if verdict else None
 
 
@@ -186,7 +225,9 @@ def synthesize_qa(
     rubric_writer: AgentSpec,
     config: SearchQAConfig,
 ) -> JobResult:
-    """The whole pipeline for one entity (see the module docstring)."""
+    """The whole pipeline for one entity (see the module docstring). An agent whose endpoint kept
+    failing (:meth:`AgentSpec.failed`) before it did its part raises :class:`JobFailed`: an outage
+    says nothing about the question, so the job runs again on the next run."""
     if not answerers:
         raise SynthError("search-QA synthesis needs at least one answer agent")
     result = JobResult(key)
@@ -229,7 +270,10 @@ def synthesize_qa(
         if any(p[i] for p in passes for i in range(1, len(answers))):
             result.dropped.append({"reason": "a candidate was judged correct"})
             return result
-        rubric = write_rubric(rubric_writer, qa.question, qa.answer, qa.evidence, usage)
+        try:
+            rubric = write_rubric(rubric_writer, qa.question, qa.answer, qa.evidence, usage)
+        except BackendError as err:
+            raise JobFailed(f"the rubric writer got no reply: {err}", usage) from None
         if isinstance(rubric, str):
             result.dropped.append({"reason": "the rubric is malformed", "detail": rubric})
             return result

@@ -7,7 +7,9 @@ A version is the agent's workspace at the time it calls ``submit_version(prompt)
     solution.py   def solve(tools) -> str   — may only call tools.NAME(...) and compute
     verify.py     def verify(initial_db, final_db, answer) -> bool   (assert cond, "why" allowed)
 
-It is accepted when, on a frozen copy of those files, in the sandbox:
+The four files must be regular files: a symbolic link is refused and never followed (the host copies
+them, and a link made in the sandbox could name a host file the sandbox hides). It is accepted when,
+on a frozen copy of those files, in the sandbox:
 
 1. the tool schemas can be read off ``tools.py`` (:mod:`.harness` ``schema``);
 2. ``solution.py`` passes the static rules (:func:`solution_problems`: imports only from
@@ -15,7 +17,8 @@ It is accepted when, on a frozen copy of those files, in the sandbox:
    reach the data only through the tools);
 3. ``solve(tools)`` runs, calls at least one tool, returns a string, and
    ``verify(initial, final, answer)`` accepts its result (else the agent repairs and resubmits);
-4. ``verify`` rejects an episode that did nothing (no calls, the database untouched, answer ``""``);
+4. ``verify`` rejects an episode that did nothing: no calls, the database untouched, and each answer
+   of :data:`IDLE_ANSWERS` (nothing, and a non-empty non-answer);
 5. for version ``n > 1`` (escalation): the prompt differs from version ``n − 1`` and the previous
    version's ``solve`` does not pass the new verifier on the new database and tools — a harder
    version is one the easier solution no longer solves.
@@ -27,8 +30,10 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shutil
 import sqlite3
+import stat
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -36,10 +41,13 @@ from pathlib import Path
 
 from dsv32.envs import sandbox
 from dsv32.envs.general.env import RUNNER
-from dsv32.synth.records import normalize
+from dsv32.synth.records import SynthError, normalize
 
 HARNESS = str(Path(__file__).with_name("harness.py"))
 VERSION_FILES = ("db.sqlite", "tools.py", "solution.py", "verify.py")
+#: The answers of an episode that did nothing: ``verify`` must reject each on the untouched database
+#: (a verifier that only checks that some answer was given accepts the second).
+IDLE_ANSWERS = ("", "I could not complete the task.")
 SOLUTION_IMPORTS = frozenset(
     [
         "bisect",
@@ -133,8 +141,9 @@ def solution_problems(source: str) -> list[str]:
     return problems
 
 
-def _db_problem(path: Path) -> str | None:
-    if Path(f"{path}-wal").exists() or Path(f"{path}-journal").exists():
+def _db_problem(path: Path, workspace_db: Path) -> str | None:
+    """What makes the frozen ``path`` not the environment's data; ``workspace_db`` is its source."""
+    if any(os.path.lexists(f"{workspace_db}-{end}") for end in ("wal", "journal")):
         return "db.sqlite has a pending -wal/-journal file; close every connection (and commit) before submitting"
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
@@ -179,10 +188,28 @@ def run_verifier(code_dir: Path, initial: Path, final: Path, answer: str, limits
     return _harness("verify", args, final.parent, [code_dir, initial.parent], limits, script=RUNNER)
 
 
+def _copy_regular(src: Path, dst: Path) -> None:
+    """Copy ``src`` only if it is a regular file, never following a link: a link made in the sandbox
+    could name a host file the sandbox hides, and the host must not read it on the agent's behalf."""
+    if src.is_symlink():
+        raise SynthError(f"{src.name} is a symbolic link")
+    try:  # O_NOFOLLOW: a link swapped in after the check is refused too
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as err:
+        raise SynthError(f"{src.name} cannot be read as a regular file ({err.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SynthError(f"{src.name} is not a regular file")
+    with open(fd, "rb") as source, open(dst, "xb") as target:
+        shutil.copyfileobj(source, target)
+
+
 def freeze(workspace: Path, dest: Path) -> None:
+    """Copy the version's files into a new ``dest``; :class:`SynthError` if one is a link or not a
+    regular file."""
     dest.mkdir(parents=True)
     for name in VERSION_FILES:
-        shutil.copyfile(workspace / name, dest / name)
+        _copy_regular(workspace / name, dest / name)
 
 
 def check_version(
@@ -190,7 +217,7 @@ def check_version(
 ) -> Verdict:
     """Check the workspace as version ``index`` (see the module docstring); its files are frozen in
     ``dest`` (removed again when rejected)."""
-    missing = [n for n in VERSION_FILES if not (workspace / n).is_file()]
+    missing = [n for n in VERSION_FILES if not os.path.lexists(workspace / n)]
     if missing:
         return Verdict(
             False,
@@ -198,11 +225,13 @@ def check_version(
         )
     if not prompt.strip():
         return Verdict(False, "the task prompt is empty; pass the task the solver will read as prompt")
-    problem = _db_problem(workspace / "db.sqlite")
-    if problem:
-        return Verdict(False, problem)
-    freeze(workspace, dest)
-    verdict = _check_frozen(dest, prompt, index, previous, limits)
+    try:
+        freeze(workspace, dest)
+    except SynthError as err:
+        sandbox.remove_tree(dest)
+        return Verdict(False, f"{err}; a version is made of regular files, not links or directories")
+    problem = _db_problem(dest / "db.sqlite", workspace / "db.sqlite")
+    verdict = Verdict(False, problem) if problem else _check_frozen(dest, prompt, index, previous, limits)
     if not verdict.accepted:
         sandbox.remove_tree(dest)
     return verdict
@@ -233,15 +262,18 @@ def _check_frozen(code: Path, prompt: str, index: int, previous: Version | None,
             return Verdict(False, f"the solution's result fails its verifier: {verdict['reason']}")
     finally:
         sandbox.remove_tree(run_dir)
-    idle_dir = Path(tempfile.mkdtemp(prefix="dsv32-synth-idle-"))
-    try:
-        shutil.copyfile(db, idle_dir / "db.sqlite")
-        idle = run_verifier(code, db, idle_dir / "db.sqlite", "", limits)
-    finally:
-        sandbox.remove_tree(idle_dir)
-    if not idle["ok"] or idle["passed"]:
-        why = idle.get("error") or "it accepts an episode that called no tool and answered nothing"
-        return Verdict(False, f"the verifier is too weak: {why}")
+    for idle_answer in IDLE_ANSWERS:
+        idle_dir = Path(tempfile.mkdtemp(prefix="dsv32-synth-idle-"))
+        try:
+            shutil.copyfile(db, idle_dir / "db.sqlite")
+            idle = run_verifier(code, db, idle_dir / "db.sqlite", idle_answer, limits)
+        finally:
+            sandbox.remove_tree(idle_dir)
+        if not idle["ok"] or idle["passed"]:
+            why = (
+                idle.get("error") or f"it accepts an episode that called no tool and answered {idle_answer!r}"
+            )
+            return Verdict(False, f"the verifier is too weak: {why}")
     harder = ""
     if previous is not None:
         is_harder, harder = _harder(code, prompt, previous, limits)
