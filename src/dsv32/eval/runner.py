@@ -27,7 +27,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import re
@@ -48,6 +47,7 @@ from dsv32.eval.settings import PAPER_CONTEXT, RunSettings
 from dsv32.eval.solvers import EndpointSolver, LocalSolver, ReferenceSolver
 from dsv32.eval.types import Benchmark, Problem, RunOptions, Score
 from dsv32.jsonl import read_json
+from dsv32.paths import lock_directory
 
 log = logging.getLogger(__name__)
 SCORE_WORKERS = 2
@@ -102,18 +102,13 @@ def prepare(settings: RunSettings) -> tuple[Benchmark, list[Problem], dict | Non
 @contextmanager
 def _locked(out: Path) -> Iterator[None]:
     """Hold an exclusive lock on ``out`` (created if need be) or raise :class:`RunDirectoryBusy` at
-    once. The lock is the open ``.lock`` file's: the system drops it when the process ends, however
-    it ends, so a killed run never leaves the directory locked."""
+    once (:func:`dsv32.paths.lock_directory`)."""
     out.mkdir(parents=True, exist_ok=True)
-    with (out / ".lock").open("a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RunDirectoryBusy(str(out)) from None
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    handle = lock_directory(out)
+    if handle is None:
+        raise RunDirectoryBusy(str(out))
+    with handle:
+        yield
 
 
 def _open_dir(out: Path, settings: RunSettings, fresh: bool) -> list[dict]:

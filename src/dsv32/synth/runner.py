@@ -28,7 +28,6 @@ run's and the resumed ones'.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -43,6 +42,7 @@ from typing import IO
 
 from dsv32.errors import DSV32Error
 from dsv32.jsonl import peek_log, read_json, read_log
+from dsv32.paths import lock_directory
 from dsv32.runlog import write_text
 from dsv32.synth.records import JobFailed, RoleUsage, SynthError, TokenUsage, dedup_key
 
@@ -126,17 +126,13 @@ def _safe_name(name: str) -> bool:
 
 
 def _lock(out: Path) -> IO:
-    """The open ``OUT/.lock``, locked exclusively, or :class:`SynthError` at once if another run holds
-    it. The lock belongs to the open file, so the system drops it when the process ends, however it
-    ends."""
-    handle = (out / ".lock").open("a")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
+    """The open ``OUT/.lock``, locked exclusively (:func:`dsv32.paths.lock_directory`), or
+    :class:`SynthError` at once if another run holds it."""
+    handle = lock_directory(out)
+    if handle is None:
         raise SynthError(
             f"another run is using {out} (it holds {out / '.lock'}); wait for it to end or use another --out"
-        ) from None
+        )
     return handle
 
 
