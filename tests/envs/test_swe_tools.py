@@ -401,6 +401,41 @@ def test_nul_bytes_in_arguments_are_error_texts(mini_task):
     env.close()
 
 
+def test_lone_surrogates_in_arguments_are_error_texts_and_change_nothing(mini_task):
+    """JSON's \\u escapes carry lone surrogates, which UTF-8 cannot encode: every tool answers with
+    an error text (it never raises) and the file an edit named keeps its content."""
+    env = SweEnv(bash_timeout_s=20)
+    env.reset(mini_task)
+    core = env.repo / "minipkg" / "core.py"
+    before = core.read_bytes()
+    for name, raw in (
+        (
+            "edit_file",
+            '{"path": "minipkg/core.py", "old_str": "def total", "new_str": "def total  # \\ud83d"}',
+        ),
+        ("bash", '{"command": "echo \\ud800"}'),
+        ("read_file", '{"path": "minipkg/\\ud800.py"}'),
+        ("run_tests", '{"tests": ["tests/test_core.py::x\\ud800"]}'),
+    ):
+        out = env.call(name, json.loads(raw))
+        assert out.startswith("error:") and "surrogate" in out, (name, out)
+        out.encode("utf-8")
+    assert core.read_bytes() == before
+    env.close()
+
+
+def test_an_edit_that_cannot_be_written_leaves_the_file_whole(minipkg, tmp_path):
+    repo = materialize("minipkg==0.1", [], tmp_path / "repo")
+    core = repo / "minipkg" / "core.py"
+    core.chmod(0o640)
+    with pytest.raises(snapshot.SnapshotError, match="not valid UTF-8"):
+        snapshot.apply_edit(repo, snapshot.Edit("minipkg/core.py", "def total", "def total\ud83d"))
+    assert core.read_text() == CORE
+    snapshot.apply_edit(repo, snapshot.Edit("minipkg/core.py", "def total", "def total_"))
+    assert "def total_(xs)" in core.read_text() and (core.stat().st_mode & 0o777) == 0o640
+    assert sorted(p.name for p in core.parent.iterdir()) == ["__init__.py", "core.py"]
+
+
 def test_the_scored_copy_is_the_snapshot_with_the_models_library_code(mini_task, tmp_path, monkeypatch):
     repo = materialize("minipkg==0.1", [], tmp_path / "repo")
     planted = {

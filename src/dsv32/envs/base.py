@@ -171,6 +171,33 @@ def tool_call(name: str, arguments: dict, call_id: str) -> dict:
     }
 
 
+def lone_surrogate(arguments: Any, name: str = "the arguments") -> str | None:
+    """The ``error:`` text for tool-call ``arguments`` with a string UTF-8 cannot encode (a lone
+    surrogate such as ``"\\ud83d"``, which JSON's ``\\u`` escapes can carry), else None. Looks into
+    every string, list item, object key and value."""
+    if isinstance(arguments, str):
+        try:
+            arguments.encode("utf-8")
+        except UnicodeEncodeError as err:
+            char = arguments[err.start]
+            return (
+                f"error: {name} holds the lone surrogate {char!r} (at character {err.start}), which "
+                "UTF-8 cannot encode; write the character itself or a complete surrogate pair"
+            )
+        return None
+    if isinstance(arguments, dict):
+        for key, value in arguments.items():
+            where = f"argument {key!r}" if name == "the arguments" else name
+            problem = lone_surrogate(key, f"an argument name in {name}") or lone_surrogate(value, where)
+            if problem:
+                return problem
+    elif isinstance(arguments, list):
+        for value in arguments:
+            if problem := lone_surrogate(value, name):
+                return problem
+    return None
+
+
 class Environment(ABC):
     """Base class: subclasses set ``name`` and implement ``reset``, ``tools``, ``call``, ``reward``,
     ``reference``; ``state`` and ``close`` have defaults.

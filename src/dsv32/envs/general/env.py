@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from dsv32.envs import sandbox
-from dsv32.envs.base import EnvError, Environment, Reward, Task, TrajectoryLike, tool_call
+from dsv32.envs.base import EnvError, Environment, Reward, Task, TrajectoryLike, lone_surrogate, tool_call
 from dsv32.envs.general.bundle import Bundle, load_bundle
 
 RUNNER = str(Path(__file__).with_name("runner.py"))
@@ -96,6 +96,8 @@ class GeneralToolEnv(Environment):
             return f"error: unknown tool {name!r}; the tools are {', '.join(known)}"
         if not isinstance(arguments, dict):
             return "error: tool arguments must be a JSON object"
+        if problem := lone_surrogate(arguments):
+            return problem
         out = self._run("call", str(self.bundle.path), "db.sqlite", name, json.dumps(arguments))
         self.calls.append({"name": name, "ok": out["ok"]})
         return json.dumps(out["result"], ensure_ascii=False) if out["ok"] else f"error: {out['error']}"

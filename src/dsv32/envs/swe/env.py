@@ -20,7 +20,16 @@ import tempfile
 from pathlib import Path
 
 from dsv32.envs import sandbox
-from dsv32.envs.base import EnvError, Environment, Reward, Task, TrajectoryLike, tool_call, tool_schema
+from dsv32.envs.base import (
+    EnvError,
+    Environment,
+    Reward,
+    Task,
+    TrajectoryLike,
+    lone_surrogate,
+    tool_call,
+    tool_schema,
+)
 from dsv32.envs.swe.snapshot import Edit, SnapshotError, apply_edit, materialize, read_text, scoring_tree
 from dsv32.envs.swe.testrun import TestReport, run_pytest, summarize, test_env
 
@@ -113,10 +122,12 @@ class SweEnv(Environment):
             out = f"error: unknown tool {name!r}; the tools are {', '.join(handler)}"
         elif not isinstance(arguments, dict):
             out = f"error: the arguments of {name} must be a JSON object, got {type(arguments).__name__}"
+        elif problem := lone_surrogate(arguments):
+            out = problem
         else:
             try:
                 out = handler[name](arguments)
-            except (SnapshotError, OSError, UnicodeDecodeError) as err:
+            except (SnapshotError, OSError, UnicodeError) as err:
                 out = f"error: {err}"
         self.calls.append({"tool": name, "error": out.startswith("error:")})
         return out

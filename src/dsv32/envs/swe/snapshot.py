@@ -15,6 +15,7 @@ model's library code taken from the repository.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import fcntl
 import os
@@ -187,13 +188,29 @@ def read_text(root: Path, rel: str) -> str:
 
 
 def apply_edit(root: Path, edit: Edit) -> None:
-    """Apply one exact-string edit in place; an error when ``old`` is not there exactly once."""
+    """Apply one exact-string edit; an error when ``old`` is not there exactly once or the result is
+    not UTF-8 text (a lone surrogate). The new content is written to a temporary file beside the
+    file, then renamed over it: a failure leaves the file as it was."""
     path = inside(root, edit.path)
     text = read_regular(path, edit.path).decode("utf-8")
     count = text.count(edit.old)
     if count != 1:
         raise SnapshotError(f"{edit.path}: the text to replace occurs {count} times (it must occur once)")
-    path.write_text(text.replace(edit.old, edit.new, 1), encoding="utf-8")
+    try:
+        data = text.replace(edit.old, edit.new, 1).encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise SnapshotError(f"{edit.path}: the new text is not valid UTF-8 text ({err.reason})") from None
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    fd, tmp = tempfile.mkstemp(prefix=".dsv32-edit-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def materialize(spec: str, edits: list[Edit], dest: Path) -> Path:
