@@ -59,6 +59,17 @@ def test_a_lone_surrogate_in_an_argument_is_an_error_text(env):
     out.encode("utf-8")
 
 
+def test_huge_model_input_is_an_error_text_or_a_scored_zero(env):
+    """A tool argument or a final answer past the 128 KiB a program argument holds still reaches the
+    sandboxed runner: the call is the tool's error text, the answer a scored 0."""
+    env.reset(resolve_tasks("general-tools", "smoke")[0])
+    name = env.tools()[0]["function"]["name"]
+    out = env.call(name, {"x": "a" * 200_000})
+    assert out.startswith("error: bad arguments for"), out[:200]
+    reward = env.reward(Episode([], "x" * 200_000))
+    assert reward.scored and reward.value == 0.0 and "the verifier failed" not in reward.reason, reward
+
+
 def test_difficulty_grows(tmp_path):
     for category in GENERATORS:
         easy, hard = (
