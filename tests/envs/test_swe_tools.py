@@ -181,6 +181,33 @@ def test_bad_tasks_are_typed_errors():
         env.reward(Episode([], None))
 
 
+@pytest.mark.parametrize("pythonpath", ["../../../root", "/root", "src/../..", "", 1])
+def test_a_pythonpath_outside_the_repository_is_a_typed_error(mini_task, pythonpath):
+    info = {**mini_task.info, "pythonpath": pythonpath}
+    env = SweEnv()
+    with pytest.raises(EnvError, match=r"info\.pythonpath"):
+        env.reset(Task("t", "p", None, "swe", info))
+    repo = snapshot.pristine("minipkg==0.1")
+    with pytest.raises(EnvError, match="pythonpath"):
+        testrun.test_env(repo, pythonpath, repo)
+
+
+def test_a_package_folder_made_a_symlink_out_of_the_repository_binds_nothing(mini_task, tmp_path):
+    """The package folder goes on the sandbox's import path and is bound in; a symlink the model
+    puts in its place must not bind the folder it points to."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key.txt").write_text("the hidden key\n")
+    env = SweEnv(bash_timeout_s=20)
+    env.reset(Task("t", "p", None, "swe", {**mini_task.info, "pythonpath": "lib"}))
+    assert env.call("bash", {"command": f"ln -s {secret} lib && echo linked"}).startswith("exit code 0")
+    for name, args in (("bash", {"command": "cat lib/key.txt; cat $PYTHONPATH/key.txt"}), ("run_tests", {})):
+        out = env.call(name, args)
+        assert out.startswith("error:") and "outside the repository" in out, (name, out)
+        assert "the hidden key" not in out
+    env.close()
+
+
 def test_build_swe_cli_mines_tasks_the_swe_env_plays(minipkg, tmp_path, capsys):
     from dsv32.cli import main
 

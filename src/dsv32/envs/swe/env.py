@@ -31,7 +31,7 @@ from dsv32.envs.base import (
     tool_schema,
 )
 from dsv32.envs.swe.snapshot import Edit, SnapshotError, apply_edit, materialize, read_text, scoring_tree
-from dsv32.envs.swe.testrun import TestReport, run_pytest, summarize, test_env
+from dsv32.envs.swe.testrun import TestReport, check_pythonpath, run_pytest, summarize, test_env
 
 OUTPUT_CHARS = 12000
 READ_LINES = 200
@@ -60,6 +60,10 @@ def _require(task: Task) -> None:
             raise EnvError(f"SWE task {task.id!r}: info.{key} must be a {kind.__name__}")
     if not info["FAIL_TO_PASS"]:
         raise EnvError(f"SWE task {task.id!r}: FAIL_TO_PASS is empty, so nothing shows the bug is fixed")
+    try:
+        check_pythonpath(info.get("pythonpath", "."))
+    except EnvError as err:
+        raise EnvError(f"SWE task {task.id!r}: info.{err}") from None
 
 
 class SweEnv(Environment):

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsv32.envs import sandbox
+from dsv32.envs.base import EnvError
 from dsv32.envs.swe.snapshot import SnapshotError, read_regular
 
 _RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
@@ -131,14 +132,37 @@ def parse_junit(xml: str | bytes, root: Path | None = None) -> tuple[dict[str, s
     return outcomes, messages
 
 
+def check_pythonpath(pythonpath: object) -> str:
+    """``pythonpath`` if it names a folder inside the repository: a relative path without ``..``
+    parts or a NUL byte (``.``, ``src``, ``lib/python``); else an :class:`EnvError` (the folder is
+    bound into the sandbox, so one outside the repository would show the program what it hides)."""
+    if (
+        not isinstance(pythonpath, str)
+        or not pythonpath
+        or "\0" in pythonpath
+        or os.path.isabs(pythonpath)
+        or ".." in Path(pythonpath).parts
+    ):
+        raise EnvError(
+            f"pythonpath {pythonpath!r} must be a relative folder inside the repository ('.' or 'src'), "
+            "without '..'"
+        )
+    return pythonpath
+
+
 def test_env(repo: Path, pythonpath: str, scratch: Path) -> dict[str, str]:
     """The environment of a sandboxed command in ``repo``: this Python's ``bin`` first on ``PATH``
-    (``python`` and ``pytest`` are the project's), the package importable, temp files in ``scratch``,
-    no pytest plugins loaded by entry point."""
+    (``python`` and ``pytest`` are the project's), the package importable (``pythonpath``, checked
+    by :func:`check_pythonpath`), temp files in ``scratch``, no pytest plugins loaded by entry point.
+    A :class:`SnapshotError` when that folder resolves outside the repository (a symlink the
+    repository's commands made)."""
+    package = (repo / check_pythonpath(pythonpath)).resolve()
+    if not package.is_relative_to(repo.resolve()):
+        raise SnapshotError(f"the package folder {pythonpath!r} leads outside the repository (a symlink)")
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)])
     return {
         "PATH": path,
-        "PYTHONPATH": str((repo / pythonpath).resolve()),
+        "PYTHONPATH": str(package),
         "TMPDIR": str(scratch),
         "PYTHONHASHSEED": "0",
         # the repository's conftest.py still loads; the plugins installed in this venv (hypothesis,
