@@ -363,3 +363,23 @@ def test_a_sandboxed_program_dies_with_the_process_that_started_it(tmp_path, kin
     while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not processes_with(marker)  # the host exited without stopping it: it went with the host
+
+
+def test_dev_is_read_only_but_a_private_dev_shm(kind, tmp_path):
+    """/dev holds no file the program made (its RAM would be the host's); under bubblewrap a private
+    /dev/shm stays writable (multiprocessing's locks need it), under unshare the host's is read-only."""
+    code = (
+        "import os\n"
+        "for path in ('/dev/planted', '/dev/shm/planted'):\n"
+        "    try:\n"
+        "        open(path, 'w').close(); print(path, 'written')\n"
+        "    except OSError as err:\n"
+        "        print(path, err.strerror)\n"
+        "open('/dev/null', 'w').write('x')\n"
+    )
+    r = attack(code, tmp_path / "w", kind)
+    assert r.returncode == 0, r.stderr
+    assert "/dev/planted Read-only file system" in r.stdout, r.stdout
+    shm = "written" if kind == "bwrap" else "Read-only file system"
+    assert f"/dev/shm/planted {shm}" in r.stdout, r.stdout
+    assert not os.path.exists("/dev/shm/planted")

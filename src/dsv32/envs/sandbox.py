@@ -5,7 +5,8 @@ working directory, under three layers, the strongest this machine allows (probed
 :func:`isolation`):
 
 - ``bwrap`` (bubblewrap installed): new user, PID, IPC, UTS (and, unless ``network=True``, network)
-  namespaces; the host filesystem bound read-only, fresh ``/dev`` and ``/proc``, the hidden
+  namespaces; the host filesystem bound read-only, fresh ``/dev`` (read-only but a private
+  ``/dev/shm``) and ``/proc``, the hidden
   directories (below) emptied; only the work dir (and ``writable``) bound read-write; every
   capability dropped.
 - ``unshare`` (util-linux, unprivileged user namespaces): the same namespaces through ``unshare``;
@@ -177,7 +178,8 @@ def _prefix_for(
         argv = ["bwrap", "--unshare-user", "--unshare-pid", "--as-pid-1", "--unshare-ipc"]
         argv += ["--unshare-uts"]
         argv += [] if network else ["--unshare-net"]
-        argv += ["--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev"]
+        argv += ["--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev", "--perms", "1777"]
+        argv += ["--tmpfs", "/dev/shm"]
         argv += ["--proc", "/proc", "--cap-drop", "ALL"]
         for path in hide:  # an empty directory in its place, then what the program needs from it
             argv += ["--perms", "0555", "--tmpfs", path]
@@ -185,7 +187,7 @@ def _prefix_for(
             argv += ["--ro-bind", path, path]
         for path in writable:
             argv += ["--bind", path, path]
-        for path in hide:
+        for path in [*hide, "/dev"]:  # /dev/shm, a mount of its own, stays writable
             argv += ["--remount-ro", path]
         return argv, {"mounts": False, "drop_privileges": False}
     if kind == "unshare":
