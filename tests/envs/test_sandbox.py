@@ -383,3 +383,35 @@ def test_dev_is_read_only_but_a_private_dev_shm(kind, tmp_path):
     shm = "written" if kind == "bwrap" else "Read-only file system"
     assert f"/dev/shm/planted {shm}" in r.stdout, r.stdout
     assert not os.path.exists("/dev/shm/planted")
+
+
+def test_the_project_source_and_the_task_files_read_are_hidden(kind, tmp_path):
+    """Task answers stay out of reach: the project's source (the shipped task sets, the code that
+    generates tasks, its git history) is hidden, and a task file the host read is /dev/null there
+    (read as empty, or refused where devices may not be opened)."""
+    from dsv32.envs.base import load_tasks
+
+    shipped = Path(sandbox.__file__).parent / "swe" / "tasks.jsonl"
+    user = Path("/var/tmp") / f"dsv32-test-tasks-{uuid.uuid4().hex}.jsonl"
+    user.write_text('{"id": "t", "prompt": "p", "answer": "the secret answer"}\n')
+    try:
+        load_tasks(user)
+        code = (
+            "import importlib.util, sys\n"
+            f"for path in ({str(shipped)!r}, {str(user)!r}):\n"
+            "    try:\n"
+            "        print(path, repr(open(path).read(40)))\n"
+            "    except OSError as err:\n"
+            "        print(path, err.strerror)\n"
+            "print('dsv32 importable:', importlib.util.find_spec('dsv32') is not None)\n"
+        )
+        r = attack(code, tmp_path / "w", kind)
+    finally:
+        user.unlink()
+    assert r.returncode == 0, r.stderr
+    assert f"{shipped} No such file or directory" in r.stdout, r.stdout
+    assert f"{user} ''" in r.stdout or f"{user} Permission denied" in r.stdout, r.stdout
+    assert "secret" not in r.stdout, r.stdout
+    assert "dsv32 importable: False" in r.stdout, r.stdout
+    for project in sandbox.project_dirs():
+        assert project in sandbox.isolation(kind).hidden

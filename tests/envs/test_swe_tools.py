@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -498,3 +499,23 @@ def test_the_scored_copy_is_the_snapshot_with_the_models_library_code(mini_task,
     reward = env.reward(Episode([], "done"))
     assert reward.value == 0.0 and reward.reason.startswith("not scored: the repository has more than 3")
     env.close()
+
+
+def test_the_bash_tool_cannot_read_the_task_answers(mini_task, tmp_path):
+    """The shipped SWE tasks hold each bug's exact fix; a task file the host read holds the one of
+    the episode: neither is readable from the repository's sandbox, nor is this project importable."""
+    from dsv32.envs.base import load_tasks, save_tasks
+
+    shipped = Path(snapshot.__file__).with_name("tasks.jsonl")
+    user = Path("/var/tmp") / f"dsv32-test-swe-{os.getpid()}.jsonl"
+    save_tasks([mini_task], user)
+    try:
+        (task,) = load_tasks(user)
+        env = SweEnv(bash_timeout_s=20)
+        env.reset(task)
+        out = env.call("bash", {"command": f"cat {shipped} {user}; python -c 'import dsv32'"})
+        env.close()
+    finally:
+        user.unlink()
+    assert "No such file or directory" in out and "No module named 'dsv32'" in out, out
+    assert "return hi" not in out and "FAIL_TO_PASS" not in out, out

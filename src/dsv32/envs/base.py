@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -77,8 +78,15 @@ class Task:
         return asdict(self)
 
 
+# Every task file this process has read (real paths): the sandbox masks them, so a sandboxed program
+# cannot read the answers of the tasks it is given.
+TASK_FILES: set[str] = set()
+
+
 def load_tasks(path: str | Path) -> list[Task]:
-    """Tasks from a JSONL file (one object per line; blank lines skipped); errors name the line."""
+    """Tasks from a JSONL file (one object per line; blank lines skipped); errors name the line.
+    The file is added to :data:`TASK_FILES`."""
+    TASK_FILES.add(os.path.realpath(path))
     tasks, seen = [], set()
     for n, row in read_jsonl(path, EnvError):
         task = Task.from_dict(row, f"{path}:{n}")

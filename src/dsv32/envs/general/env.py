@@ -72,7 +72,7 @@ class GeneralToolEnv(Environment):
             stdin=data,
             timeout_s=self.call_timeout_s,
             memory_mb=self.memory_mb,
-            readable=[str(self.bundle.path), str(Path(RUNNER).parent)],
+            readable=[str(self.bundle.path), RUNNER],
             kind=self.isolation,
         )
         if result.timed_out or result.returncode != 0:
