@@ -50,6 +50,26 @@ def test_reference_episodes_through_the_tools(env):
         assert env.reward(Episode([], episode.final)).value == 0.0
 
 
+def test_a_lone_surrogate_in_an_argument_is_an_error_text(env):
+    """UTF-8 cannot encode a lone surrogate (JSON's \\u escapes carry one): the call is refused
+    before it runs, so no tool result echoes it back."""
+    env.reset(resolve_tasks("general-tools", "smoke")[0])
+    out = env.call("get_room_bookings", {"room": "\ud800", "day": "2025-01-01"})
+    assert out.startswith("error:") and "surrogate" in out, out
+    out.encode("utf-8")
+
+
+def test_huge_model_input_is_an_error_text_or_a_scored_zero(env):
+    """A tool argument or a final answer past the 128 KiB a program argument holds still reaches the
+    sandboxed runner: the call is the tool's error text, the answer a scored 0."""
+    env.reset(resolve_tasks("general-tools", "smoke")[0])
+    name = env.tools()[0]["function"]["name"]
+    out = env.call(name, {"x": "a" * 200_000})
+    assert out.startswith("error: bad arguments for"), out[:200]
+    reward = env.reward(Episode([], "x" * 200_000))
+    assert reward.scored and reward.value == 0.0 and "the verifier failed" not in reward.reason, reward
+
+
 def test_difficulty_grows(tmp_path):
     for category in GENERATORS:
         easy, hard = (

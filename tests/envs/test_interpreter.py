@@ -2,6 +2,7 @@
 math task generator, the verifier, and the golden check over every shipped task."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -129,3 +130,14 @@ def test_any_jsonl_of_prompt_and_answer(tmp_path):
     episode = replay(env, task, env.reference(task))
     assert env.reward(episode).value == 1.0
     assert env.reward(Episode([], r"\boxed{0.5}")).value == 1.0
+
+
+def test_a_cell_cannot_read_the_task_answers(kernel):
+    """The kernel imports nothing of this project and reads none of its task sets."""
+    import dsv32.envs.swe
+
+    shipped = str(Path(dsv32.envs.swe.__file__).with_name("tasks.jsonl"))
+    r = kernel.execute("import dsv32")
+    assert r.status == "error" and "ModuleNotFoundError" in r.text, r.text
+    r = kernel.execute(f"open({shipped!r}).read()")
+    assert r.status == "error" and "FileNotFoundError" in r.text, r.text

@@ -363,3 +363,55 @@ def test_a_sandboxed_program_dies_with_the_process_that_started_it(tmp_path, kin
     while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not processes_with(marker)  # the host exited without stopping it: it went with the host
+
+
+def test_dev_is_read_only_but_a_private_dev_shm(kind, tmp_path):
+    """/dev holds no file the program made (its RAM would be the host's); under bubblewrap a private
+    /dev/shm stays writable (multiprocessing's locks need it), under unshare the host's is read-only."""
+    code = (
+        "import os\n"
+        "for path in ('/dev/planted', '/dev/shm/planted'):\n"
+        "    try:\n"
+        "        open(path, 'w').close(); print(path, 'written')\n"
+        "    except OSError as err:\n"
+        "        print(path, err.strerror)\n"
+        "open('/dev/null', 'w').write('x')\n"
+    )
+    r = attack(code, tmp_path / "w", kind)
+    assert r.returncode == 0, r.stderr
+    assert "/dev/planted Read-only file system" in r.stdout, r.stdout
+    shm = "written" if kind == "bwrap" else "Read-only file system"
+    assert f"/dev/shm/planted {shm}" in r.stdout, r.stdout
+    assert not os.path.exists("/dev/shm/planted")
+
+
+def test_the_project_source_and_the_task_files_read_are_hidden(kind, tmp_path):
+    """Task answers stay out of reach: the project's source (the shipped task sets, the code that
+    generates tasks, its git history) is hidden, and a task file the host read is /dev/null there
+    (read as empty, or refused where devices may not be opened)."""
+    from dsv32.envs.base import load_tasks
+
+    shipped = Path(sandbox.__file__).parent / "swe" / "tasks.jsonl"
+    user = Path("/var/tmp") / f"dsv32-test-tasks-{uuid.uuid4().hex}.jsonl"
+    user.write_text('{"id": "t", "prompt": "p", "answer": "the secret answer"}\n')
+    try:
+        load_tasks(user)
+        code = (
+            "import importlib.util, sys\n"
+            f"for path in ({str(shipped)!r}, {str(user)!r}):\n"
+            "    try:\n"
+            "        print(path, repr(open(path).read(40)))\n"
+            "    except OSError as err:\n"
+            "        print(path, err.strerror)\n"
+            "print('dsv32 importable:', importlib.util.find_spec('dsv32') is not None)\n"
+        )
+        r = attack(code, tmp_path / "w", kind)
+    finally:
+        user.unlink()
+    assert r.returncode == 0, r.stderr
+    assert f"{shipped} No such file or directory" in r.stdout, r.stdout
+    assert f"{user} ''" in r.stdout or f"{user} Permission denied" in r.stdout, r.stdout
+    assert "secret" not in r.stdout, r.stdout
+    assert "dsv32 importable: False" in r.stdout, r.stdout
+    for project in sandbox.project_dirs():
+        assert project in sandbox.isolation(kind).hidden

@@ -143,3 +143,98 @@ def test_a_forged_report_with_long_or_deep_classnames_parses_quickly(tmp_path):
     outcomes, _ = parse_junit(xml, tmp_path)
     assert time.perf_counter() - start < 10
     assert len(outcomes) == 2002 and outcomes["pkg/sub/test_m.py::TestA::t"] == "passed"
+
+
+# -- downloading a snapshot from a package index (a local one: the tests stay offline) -----------
+
+BACKEND = """\
+import os
+open(os.environ["MARKER"], "w").write("the package's build backend ran")
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+def prepare_metadata_for_build_wheel(d, config_settings=None):
+    os.makedirs(f"{d}/hostile-1.0.dist-info")
+    with open(f"{d}/hostile-1.0.dist-info/METADATA", "w") as f:
+        f.write("Metadata-Version: 2.1\\nName: hostile\\nVersion: 1.0\\n")
+    return "hostile-1.0.dist-info"
+def build_wheel(*args, **kwargs):
+    raise RuntimeError
+def build_sdist(*args, **kwargs):
+    raise RuntimeError
+"""
+
+
+@pytest.fixture
+def index(tmp_path, monkeypatch):
+    """A PEP 503 index on 127.0.0.1 serving the sdist of ``hostile==1.0``, a package whose build
+    backend writes ``marker`` when it runs; ``serve(sha256)`` publishes the page with that digest."""
+    import hashlib
+    import http.server
+    import io
+    import tarfile
+    import threading
+
+    root, marker = tmp_path / "index", tmp_path / "marker"
+    (root / "simple" / "hostile").mkdir(parents=True)
+    (root / "files").mkdir()
+    files = {
+        "PKG-INFO": "Metadata-Version: 2.1\nName: hostile\nVersion: 1.0\n",
+        "pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
+        "backend.py": BACKEND,
+        "hostile/__init__.py": "VALUE = 1\n",
+    }
+    archive = root / "files" / "hostile-1.0.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for rel, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"hostile-1.0/{rel}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{server.server_port}/simple")
+    monkeypatch.setenv("MARKER", str(marker))
+    monkeypatch.setenv("DSV32_CACHE_DIR", str(tmp_path / "cache"))
+
+    def serve(sha256: str = digest) -> None:
+        link = f'<a href="../../files/hostile-1.0.tar.gz#sha256={sha256}">hostile-1.0.tar.gz</a>'
+        (root / "simple" / "hostile" / "index.html").write_text(f"<html><body>{link}</body></html>")
+
+    yield serve, marker, tmp_path / "cache"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_snapshot_is_downloaded_checked_and_unpacked_without_running_package_code(index):
+    from dsv32.envs.swe.snapshot import pristine
+
+    serve, marker, cache = index
+    serve()
+    root = pristine("hostile==1.0")
+    assert (root / "hostile" / "__init__.py").read_text() == "VALUE = 1\n"
+    assert root == cache / "swe" / "src" / "hostile-1.0"
+    assert (cache / "swe" / "sdists" / "hostile-1.0.tar.gz").is_file()
+    assert not marker.exists()  # the package's build backend never ran
+
+
+def test_a_download_whose_sha256_differs_is_refused_and_not_kept(index):
+    from dsv32.envs.swe.snapshot import pristine
+
+    serve, marker, cache = index
+    serve("0" * 64)
+    with pytest.raises(SnapshotError, match="sha256"):
+        pristine("hostile==1.0")
+    assert not (cache / "swe" / "src" / "hostile-1.0").exists()
+    assert [p.name for p in (cache / "swe" / "sdists").iterdir()] == []
+    with pytest.raises(SnapshotError, match=r"no source distribution of hostile==2\.0"):
+        pristine("hostile==2.0")
+    assert not marker.exists()

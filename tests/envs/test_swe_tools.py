@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -179,6 +180,33 @@ def test_bad_tasks_are_typed_errors():
         env.reset(Task("t", "p", None, "swe", info))
     with pytest.raises(EnvError, match="before reset"):
         env.reward(Episode([], None))
+
+
+@pytest.mark.parametrize("pythonpath", ["../../../root", "/root", "src/../..", "", 1])
+def test_a_pythonpath_outside_the_repository_is_a_typed_error(mini_task, pythonpath):
+    info = {**mini_task.info, "pythonpath": pythonpath}
+    env = SweEnv()
+    with pytest.raises(EnvError, match=r"info\.pythonpath"):
+        env.reset(Task("t", "p", None, "swe", info))
+    repo = snapshot.pristine("minipkg==0.1")
+    with pytest.raises(EnvError, match="pythonpath"):
+        testrun.test_env(repo, pythonpath, repo)
+
+
+def test_a_package_folder_made_a_symlink_out_of_the_repository_binds_nothing(mini_task, tmp_path):
+    """The package folder goes on the sandbox's import path and is bound in; a symlink the model
+    puts in its place must not bind the folder it points to."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key.txt").write_text("the hidden key\n")
+    env = SweEnv(bash_timeout_s=20)
+    env.reset(Task("t", "p", None, "swe", {**mini_task.info, "pythonpath": "lib"}))
+    assert env.call("bash", {"command": f"ln -s {secret} lib && echo linked"}).startswith("exit code 0")
+    for name, args in (("bash", {"command": "cat lib/key.txt; cat $PYTHONPATH/key.txt"}), ("run_tests", {})):
+        out = env.call(name, args)
+        assert out.startswith("error:") and "outside the repository" in out, (name, out)
+        assert "the hidden key" not in out
+    env.close()
 
 
 def test_build_swe_cli_mines_tasks_the_swe_env_plays(minipkg, tmp_path, capsys):
@@ -401,6 +429,41 @@ def test_nul_bytes_in_arguments_are_error_texts(mini_task):
     env.close()
 
 
+def test_lone_surrogates_in_arguments_are_error_texts_and_change_nothing(mini_task):
+    """JSON's \\u escapes carry lone surrogates, which UTF-8 cannot encode: every tool answers with
+    an error text (it never raises) and the file an edit named keeps its content."""
+    env = SweEnv(bash_timeout_s=20)
+    env.reset(mini_task)
+    core = env.repo / "minipkg" / "core.py"
+    before = core.read_bytes()
+    for name, raw in (
+        (
+            "edit_file",
+            '{"path": "minipkg/core.py", "old_str": "def total", "new_str": "def total  # \\ud83d"}',
+        ),
+        ("bash", '{"command": "echo \\ud800"}'),
+        ("read_file", '{"path": "minipkg/\\ud800.py"}'),
+        ("run_tests", '{"tests": ["tests/test_core.py::x\\ud800"]}'),
+    ):
+        out = env.call(name, json.loads(raw))
+        assert out.startswith("error:") and "surrogate" in out, (name, out)
+        out.encode("utf-8")
+    assert core.read_bytes() == before
+    env.close()
+
+
+def test_an_edit_that_cannot_be_written_leaves_the_file_whole(minipkg, tmp_path):
+    repo = materialize("minipkg==0.1", [], tmp_path / "repo")
+    core = repo / "minipkg" / "core.py"
+    core.chmod(0o640)
+    with pytest.raises(snapshot.SnapshotError, match="not valid UTF-8"):
+        snapshot.apply_edit(repo, snapshot.Edit("minipkg/core.py", "def total", "def total\ud83d"))
+    assert core.read_text() == CORE
+    snapshot.apply_edit(repo, snapshot.Edit("minipkg/core.py", "def total", "def total_"))
+    assert "def total_(xs)" in core.read_text() and (core.stat().st_mode & 0o777) == 0o640
+    assert sorted(p.name for p in core.parent.iterdir()) == ["__init__.py", "core.py"]
+
+
 def test_the_scored_copy_is_the_snapshot_with_the_models_library_code(mini_task, tmp_path, monkeypatch):
     repo = materialize("minipkg==0.1", [], tmp_path / "repo")
     planted = {
@@ -436,3 +499,23 @@ def test_the_scored_copy_is_the_snapshot_with_the_models_library_code(mini_task,
     reward = env.reward(Episode([], "done"))
     assert reward.value == 0.0 and reward.reason.startswith("not scored: the repository has more than 3")
     env.close()
+
+
+def test_the_bash_tool_cannot_read_the_task_answers(mini_task, tmp_path):
+    """The shipped SWE tasks hold each bug's exact fix; a task file the host read holds the one of
+    the episode: neither is readable from the repository's sandbox, nor is this project importable."""
+    from dsv32.envs.base import load_tasks, save_tasks
+
+    shipped = Path(snapshot.__file__).with_name("tasks.jsonl")
+    user = Path("/var/tmp") / f"dsv32-test-swe-{os.getpid()}.jsonl"
+    save_tasks([mini_task], user)
+    try:
+        (task,) = load_tasks(user)
+        env = SweEnv(bash_timeout_s=20)
+        env.reset(task)
+        out = env.call("bash", {"command": f"cat {shipped} {user}; python -c 'import dsv32'"})
+        env.close()
+    finally:
+        user.unlink()
+    assert "No such file or directory" in out and "No module named 'dsv32'" in out, out
+    assert "return hi" not in out and "FAIL_TO_PASS" not in out, out

@@ -2,9 +2,11 @@
 
 It runs inside the namespaces the sandbox made (``unshare`` or ``bwrap``) and, in this order:
 
-1. with ``"mounts": true`` (the ``unshare`` isolation, which has no bwrap to do it): mounts an empty
-   tmpfs over each ``"hide"`` directory (the host user's home) and binds each ``"expose"`` path in it
-   back, from a file descriptor opened before the tmpfs hid it; bind-mounts each writable directory
+1. with ``"mounts": true`` (the ``unshare`` isolation, which has no bwrap to do it): runs the
+   ``"steps"`` in order, outer paths first: an empty tmpfs over each hidden directory (the host
+   user's home, the project's source) and each exposed path in it bound back, from a file
+   descriptor opened before any tmpfs hid it; binds ``/dev/null`` over each ``"masks"`` file (the
+   task files the host read); bind-mounts each writable directory
    onto itself, then remounts every other mount point read-only (keeping the flags the kernel locks:
    nosuid, nodev, noexec, atime) — the whole filesystem but the work dir is read-only;
 2. drops every capability from the bounding set and sets the no-new-privileges bit and the
@@ -76,20 +78,27 @@ def _mount_points() -> list[str]:
     return list(dict.fromkeys(points))
 
 
-def hide(dirs: list[str], expose: list[str]) -> None:
-    """An empty tmpfs over each of ``dirs``, then each ``expose`` path (inside them) bound back in."""
-    held = [(path, os.open(path, os.O_PATH)) for path in expose]  # before the tmpfs hides them
-    for path in dirs:  # parents first: a hidden dir inside another is made in the empty one
-        os.makedirs(path, exist_ok=True)
-        _check(
-            _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0555"), f"hide {path}"
-        )
-    for path, fd in held:
+def hide(steps: list[list[str]]) -> None:
+    """``steps`` in order (outer paths first): ``["hide", dir]`` mounts an empty tmpfs over ``dir``,
+    ``["expose", path]`` binds the host's ``path`` back (a hidden directory may lie in an exposed
+    one, and an exposed path in that hidden directory)."""
+    # the host's paths, opened before any tmpfs hides them
+    held = {path: os.open(path, os.O_PATH) for step, path in steps if step == "expose"}
+    for step, path in steps:
+        if step == "hide":
+            os.makedirs(path, exist_ok=True)
+            _check(
+                _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0555"),
+                f"hide {path}",
+            )
+            continue
+        fd = held[path]
         if os.path.isdir(f"/proc/self/fd/{fd}"):
             os.makedirs(path, exist_ok=True)
         else:  # a file: its parent directories and an empty file to mount it on
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o444))
+            if not os.path.exists(path):
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o444))
         _mount(f"/proc/self/fd/{fd}", path, MS_BIND | MS_REC)
         os.close(fd)
 
@@ -147,8 +156,10 @@ def main(argv: list[str]) -> None:
     status_fd = spec.get("status_fd")
     try:
         if spec.get("mounts"):
-            hide(spec.get("hide", []), spec.get("expose", []))
+            hide(spec.get("steps", []))
             read_only_except(spec["writable"])
+            for path in spec.get("masks", []):  # a task file: read as empty
+                _mount("/dev/null", path, MS_BIND)
         if spec.get("drop_privileges"):
             drop_privileges()
     except (ConfineError, OSError, ValueError) as err:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -77,8 +78,15 @@ class Task:
         return asdict(self)
 
 
+# Every task file this process has read (real paths): the sandbox masks them, so a sandboxed program
+# cannot read the answers of the tasks it is given.
+TASK_FILES: set[str] = set()
+
+
 def load_tasks(path: str | Path) -> list[Task]:
-    """Tasks from a JSONL file (one object per line; blank lines skipped); errors name the line."""
+    """Tasks from a JSONL file (one object per line; blank lines skipped); errors name the line.
+    The file is added to :data:`TASK_FILES`."""
+    TASK_FILES.add(os.path.realpath(path))
     tasks, seen = [], set()
     for n, row in read_jsonl(path, EnvError):
         task = Task.from_dict(row, f"{path}:{n}")
@@ -169,6 +177,33 @@ def tool_call(name: str, arguments: dict, call_id: str) -> dict:
         "type": "function",
         "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
     }
+
+
+def lone_surrogate(arguments: Any, name: str = "the arguments") -> str | None:
+    """The ``error:`` text for tool-call ``arguments`` with a string UTF-8 cannot encode (a lone
+    surrogate such as ``"\\ud83d"``, which JSON's ``\\u`` escapes can carry), else None. Looks into
+    every string, list item, object key and value."""
+    if isinstance(arguments, str):
+        try:
+            arguments.encode("utf-8")
+        except UnicodeEncodeError as err:
+            char = arguments[err.start]
+            return (
+                f"error: {name} holds the lone surrogate {char!r} (at character {err.start}), which "
+                "UTF-8 cannot encode; write the character itself or a complete surrogate pair"
+            )
+        return None
+    if isinstance(arguments, dict):
+        for key, value in arguments.items():
+            where = f"argument {key!r}" if name == "the arguments" else name
+            problem = lone_surrogate(key, f"an argument name in {name}") or lone_surrogate(value, where)
+            if problem:
+                return problem
+    elif isinstance(arguments, list):
+        for value in arguments:
+            if problem := lone_surrogate(value, name):
+                return problem
+    return None
 
 
 class Environment(ABC):

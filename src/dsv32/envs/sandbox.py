@@ -5,7 +5,8 @@ working directory, under three layers, the strongest this machine allows (probed
 :func:`isolation`):
 
 - ``bwrap`` (bubblewrap installed): new user, PID, IPC, UTS (and, unless ``network=True``, network)
-  namespaces; the host filesystem bound read-only, fresh ``/dev`` and ``/proc``, the hidden
+  namespaces; the host filesystem bound read-only, fresh ``/dev`` (read-only but a private
+  ``/dev/shm``) and ``/proc``, the hidden
   directories (below) emptied; only the work dir (and ``writable``) bound read-write; every
   capability dropped.
 - ``unshare`` (util-linux, unprivileged user namespaces): the same namespaces through ``unshare``;
@@ -16,11 +17,14 @@ working directory, under three layers, the strongest this machine allows (probed
   filesystem and the other processes of the host user are reachable; a warning says so.
 
 Hidden directories (:func:`hidden_dirs`): the host user's home (``~/.ssh``, cloud and hub tokens,
-shell history), ``/tmp`` and the temporary directory (other episodes' work dirs and their sockets)
-and, without network, ``/run`` (host service sockets). Each is replaced by an empty, read-only
-directory into which only what the program needs is bound back, read-only: the Python installation
-and import path of this process (:func:`runtime_paths`) and ``readable`` paths; the work dir and
-``writable`` stay read-write wherever they are.
+shell history), ``/tmp`` and the temporary directory (other episodes' work dirs and their sockets),
+this project's source (:func:`project_dirs`: task sets and the code that makes them, so their
+answers) and, without network, ``/run`` (host service sockets). Each is replaced by an empty,
+read-only directory into which only what the program needs is bound back, read-only: the Python
+installation and import path of this process but the project's source (:func:`runtime_paths`), the
+confine stage's one file and ``readable`` paths; the work dir and ``writable`` stay read-write
+wherever they are. Every task file this process has read (``base.TASK_FILES``) has ``/dev/null``
+bound over it.
 
 In every case ``setrlimit`` bounds CPU seconds (``RLIMIT_CPU``), address space (``RLIMIT_AS`` =
 ``memory_mb``), processes (``RLIMIT_NPROC``, counted per user namespace, so a fork bomb exhausts
@@ -50,7 +54,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from dsv32.envs.base import EnvError
+from dsv32.envs.base import TASK_FILES, EnvError
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +85,10 @@ class Isolation:
 
 
 _NOTES = {
-    "bwrap": "bubblewrap: user/pid/ipc/uts/net namespaces, read-only host filesystem, home, /tmp and /run "
-    "hidden, work dir writable, no capabilities, rlimits",
-    "unshare": "unshare: user/pid/mount/ipc/uts/net namespaces, home, /tmp and /run hidden, every mount "
-    "remounted read-only but the work dir, no capabilities, rlimits",
+    "bwrap": "bubblewrap: user/pid/ipc/uts/net namespaces, read-only host filesystem, home, /tmp, /run and "
+    "the project source hidden, task files masked, work dir writable, no capabilities, rlimits",
+    "unshare": "unshare: user/pid/mount/ipc/uts/net namespaces, home, /tmp, /run and the project source "
+    "hidden, task files masked, every mount remounted read-only but the work dir, no capabilities, rlimits",
     "rlimits": "NO ISOLATION: neither bubblewrap nor unprivileged user namespaces work here; only rlimits "
     "and the process group apply — the program can use the network, write wherever this user can "
     "and signal this user's processes",
@@ -114,32 +118,78 @@ class SandboxResult:
 def hidden_dirs(network: bool = False) -> list[str]:
     """The directories a confined program finds empty but for what it needs from them (real paths,
     parents first): the host user's home (its keys and tokens), the host's temporary directories
-    (other episodes' work dirs and the sockets in them) and, without network, ``/run`` (the host's
-    service sockets: a read-only mount does not stop ``connect()`` on a Unix socket)."""
+    (other episodes' work dirs and the sockets in them), this project's source
+    (:func:`project_dirs`: the task sets and their answers) and, without network, ``/run`` (the
+    host's service sockets: a read-only mount does not stop ``connect()`` on a Unix socket)."""
     dirs = [os.path.expanduser("~"), "/tmp", tempfile.gettempdir(), *([] if network else ["/run"])]
-    real = dict.fromkeys(os.path.realpath(d) for d in dirs)
+    real = dict.fromkeys([*(os.path.realpath(d) for d in dirs), *project_dirs()])
     return sorted((d for d in real if d != "/" and os.path.isdir(d)), key=len)
 
 
 @cache
-def runtime_paths() -> tuple[str, ...]:
-    """What a program started with this process's Python needs to see: the interpreter's directory,
-    this package's confine stage and the import path that interpreter starts with (standard library,
-    site-packages, the directories ``.pth`` files add: editable installs), as real paths. Asked of the
-    interpreter once (~30 ms): this process's own ``sys.path`` also holds its script's directory,
-    which the program does not need."""
+def _interpreter_path() -> tuple[str, ...]:
+    """The import path this process's interpreter starts with (``sys.path[1:]`` of a fresh one: this
+    process's own also holds its script's directory). Asked once (~30 ms)."""
     probe = "import json, sys; print(json.dumps(sys.path[1:]))"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
     try:
         done = subprocess.run(
             [sys.executable, "-c", probe], cwd="/", env=env, capture_output=True, timeout=60
         )
-        path = json.loads(done.stdout)
+        return tuple(json.loads(done.stdout))
     except (OSError, subprocess.TimeoutExpired, ValueError) as err:
         log.warning("sandbox: could not read the interpreter's import path (%s); using this process's", err)
-        path = sys.path[1:]
-    paths = [os.path.dirname(os.path.realpath(sys.executable)), os.path.dirname(CONFINE), *path]
-    paths += [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]  # shared libraries
+        return tuple(sys.path[1:])
+
+
+@cache
+def project_dirs() -> tuple[str, ...]:
+    """Where this project's source is, as real paths: the ``dsv32`` package this process runs and
+    any other on the interpreter's import path (an editable install's), each as its source checkout
+    (the folder above ``src/dsv32`` holding ``pyproject.toml``, with its git history) when it is one,
+    else the package folder. They hold the task sets and their answers, so a sandboxed program does
+    not see them (:func:`hidden_dirs`)."""
+    packages = [os.path.dirname(os.path.dirname(os.path.realpath(__file__)))]
+    packages += [os.path.join(p, "dsv32") for p in _interpreter_path() if p]
+    found = []
+    for package in packages:
+        package = os.path.realpath(package)
+        if not os.path.isfile(os.path.join(package, "__init__.py")):
+            continue
+        source, checkout = os.path.dirname(package), os.path.dirname(os.path.dirname(package))
+        is_checkout = os.path.basename(source) == "src" and os.path.isfile(
+            os.path.join(checkout, "pyproject.toml")
+        )
+        found.append(checkout if is_checkout else package)
+    return tuple(_outermost(found))
+
+
+def _project_source(path: str) -> bool:
+    """Whether ``path`` is inside the project's source (:func:`project_dirs`) and not a Python
+    installation there (a virtual environment in the checkout is one)."""
+    if not _under(path, project_dirs()):
+        return False
+    return not any(_under(path, [p]) for p in _installations() if _under(p, project_dirs()))
+
+
+@cache
+def _installations() -> tuple[str, ...]:
+    return tuple(
+        os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)
+    )
+
+
+@cache
+def runtime_paths() -> tuple[str, ...]:
+    """What a program started with this process's Python needs to see: the interpreter's directory,
+    this package's confine stage (the one file) and the import path that interpreter starts with
+    (standard library, site-packages, the directories ``.pth`` files add) as real paths — but
+    nothing of the project's source (:func:`project_dirs`: a source directory an editable install
+    adds is left out)."""
+    path = [os.path.realpath(p) for p in _interpreter_path() if p]
+    path = [p for p in path if not _project_source(p)]
+    paths = [os.path.dirname(os.path.realpath(sys.executable)), os.path.realpath(CONFINE), *path]
+    paths += _installations()  # shared libraries
     real = [os.path.realpath(p) for p in paths if p]
     return tuple(p for p in dict.fromkeys(real) if os.path.exists(p))
 
@@ -158,6 +208,20 @@ def _outermost(paths: Sequence[str]) -> list[str]:
     return kept
 
 
+def _mount_order(hide: Sequence[str], expose: Sequence[str]) -> list[tuple[str, str]]:
+    """``("hide", path)`` and ``("expose", path)`` steps, outer paths first (a hidden directory can
+    lie in an exposed one: the project's package in a site-packages exposed from the home); an
+    exposed path inside another exposed one with no hidden directory between them is left out (the
+    outer one brings it)."""
+    kept: list[str] = []
+    for path in sorted(set(expose), key=len):
+        covering = [q for q in kept if _under(path, [q])]
+        if not any(not any(_under(h, [q]) and _under(path, [h]) for h in hide) for q in covering):
+            kept.append(path)
+    steps = [("hide", h) for h in hide] + [("expose", e) for e in kept]
+    return sorted(steps, key=lambda step: (step[1].count("/"), step[0] == "expose", step[1]))
+
+
 def _hidden_for(kind: str, network: bool, given: Sequence[str]) -> list[str]:
     """:func:`hidden_dirs` but those given to the program whole (``cwd``, ``writable``, ``readable``)."""
     if kind == "rlimits":
@@ -171,21 +235,25 @@ def _prefix_for(
     """``(argv prefix before the confine stage, what the confine stage does: its spec's "mounts",
     "hide", "expose" and "drop_privileges")``."""
     hide = _hidden_for(kind, network, [*writable, *readable])
-    needed = _outermost([p for p in [*runtime_paths(), *readable] if p not in hide])
+    needed = [p for p in [*runtime_paths(), *readable] if p not in hide]
+    exposed = [p for p in needed if _under(p, hide)]
+    # a task file where the program can see it reads as empty (/dev/null bound over it)
+    masks = sorted(f for f in TASK_FILES if os.path.isfile(f) and (not _under(f, hide) or _under(f, exposed)))
     if kind == "bwrap":
-        expose = [p for p in needed if _under(p, hide)]
+        steps = _mount_order(hide, exposed)
         argv = ["bwrap", "--unshare-user", "--unshare-pid", "--as-pid-1", "--unshare-ipc"]
         argv += ["--unshare-uts"]
         argv += [] if network else ["--unshare-net"]
-        argv += ["--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev"]
+        argv += ["--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev", "--perms", "1777"]
+        argv += ["--tmpfs", "/dev/shm"]
         argv += ["--proc", "/proc", "--cap-drop", "ALL"]
-        for path in hide:  # an empty directory in its place, then what the program needs from it
-            argv += ["--perms", "0555", "--tmpfs", path]
-        for path in expose:
-            argv += ["--ro-bind", path, path]
+        for step, path in steps:  # an empty directory in its place, then what the program needs from it
+            argv += ["--perms", "0555", "--tmpfs", path] if step == "hide" else ["--ro-bind", path, path]
         for path in writable:
             argv += ["--bind", path, path]
-        for path in hide:
+        for path in masks:
+            argv += ["--ro-bind", "/dev/null", path]
+        for path in [*hide, "/dev"]:  # /dev/shm, a mount of its own, stays writable
             argv += ["--remount-ro", path]
         return argv, {"mounts": False, "drop_privileges": False}
     if kind == "unshare":
@@ -193,8 +261,8 @@ def _prefix_for(
         argv = ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
         argv += ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child"]
         argv += ["--mount", "--mount-proc", "--ipc", "--uts"] + ([] if network else ["--net"])
-        expose = [p for p in needed + list(writable) if _under(p, hide)]
-        return argv, {"mounts": True, "drop_privileges": True, "hide": hide, "expose": _outermost(expose)}
+        steps = _mount_order(hide, [p for p in needed + list(writable) if _under(p, hide)])
+        return argv, {"mounts": True, "drop_privileges": True, "steps": steps, "masks": masks}
     return [], {"mounts": False, "drop_privileges": False}
 
 

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from dsv32.envs import sandbox
-from dsv32.envs.base import EnvError, Environment, Reward, Task, TrajectoryLike, tool_call
+from dsv32.envs.base import EnvError, Environment, Reward, Task, TrajectoryLike, lone_surrogate, tool_call
 from dsv32.envs.general.bundle import Bundle, load_bundle
 
 RUNNER = str(Path(__file__).with_name("runner.py"))
@@ -62,20 +62,30 @@ class GeneralToolEnv(Environment):
             raise EnvError("tools() before reset(): the tools come with the task's bundle")
         return self.bundle.tools
 
-    def _run(self, *args: str) -> dict:
+    def _run(self, *args: str, data: str = "") -> dict:
+        """:mod:`.runner` with ``args``, and ``data`` (JSON: a call's arguments, an answer) on its
+        standard input, which holds any size (a program argument holds at most 128 KiB)."""
         assert self.bundle is not None and self.workdir is not None
         result = sandbox.run(
             [sys.executable, "-I", "-S", RUNNER, *args],
             cwd=self.workdir,
+            stdin=data,
             timeout_s=self.call_timeout_s,
             memory_mb=self.memory_mb,
-            readable=[str(self.bundle.path), str(Path(RUNNER).parent)],
+            readable=[str(self.bundle.path), RUNNER],
             kind=self.isolation,
         )
         if result.timed_out or result.returncode != 0:
             why = result.killed_reason or f"exit code {result.returncode}"
             return {"ok": False, "error": f"the call failed in the sandbox ({why}): {result.stderr[-500:]}"}
-        return json.loads(result.stdout.strip().splitlines()[-1])
+        lines = result.stdout.strip().splitlines()
+        try:
+            out = json.loads(lines[-1])
+        except (IndexError, ValueError):
+            out = None
+        if not isinstance(out, dict) or not isinstance(out.get("ok"), bool):
+            return {"ok": False, "error": "the call failed in the sandbox (it printed no JSON result)"}
+        return out
 
     def check(self, task: Task) -> dict:
         """The bundle's self-check in one sandboxed process (see :mod:`.runner`): ``failed_calls``
@@ -96,7 +106,9 @@ class GeneralToolEnv(Environment):
             return f"error: unknown tool {name!r}; the tools are {', '.join(known)}"
         if not isinstance(arguments, dict):
             return "error: tool arguments must be a JSON object"
-        out = self._run("call", str(self.bundle.path), "db.sqlite", name, json.dumps(arguments))
+        if problem := lone_surrogate(arguments):
+            return problem
+        out = self._run("call", str(self.bundle.path), "db.sqlite", name, data=json.dumps(arguments))
         self.calls.append({"name": name, "ok": out["ok"]})
         return json.dumps(out["result"], ensure_ascii=False) if out["ok"] else f"error: {out['error']}"
 
@@ -104,7 +116,7 @@ class GeneralToolEnv(Environment):
         if self.bundle is None:
             raise EnvError("reward() before reset(): there is no task to verify")
         answer = json.dumps(trajectory.final or "")
-        out = self._run("verify", str(self.bundle.path), str(self.bundle.db), "db.sqlite", answer)
+        out = self._run("verify", str(self.bundle.path), str(self.bundle.db), "db.sqlite", data=answer)
         if not out["ok"]:
             return Reward(0.0, {"verified": 0.0}, f"the verifier failed: {out['error']}")
         return Reward(float(out["passed"]), {"verified": float(out["passed"])}, out["reason"])

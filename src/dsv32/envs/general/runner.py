@@ -1,8 +1,11 @@
 """Runs one function of a task bundle, inside the sandbox; prints one JSON line and exits.
 
-    python runner.py call BUNDLE DB NAME ARGS_JSON       # tools.NAME(db, **args) on the episode's DB
-    python runner.py verify BUNDLE INITIAL_DB FINAL_DB ANSWER_JSON
+    python runner.py call BUNDLE DB NAME < ARGS_JSON      # tools.NAME(db, **args) on the episode's DB
+    python runner.py verify BUNDLE INITIAL_DB FINAL_DB < ANSWER_JSON
     python runner.py check BUNDLE WORK_DB                 # the bundle's self-check, one process
+
+A call's arguments and the answer come on standard input (they are the model's, of any size) unless
+given as the last argument.
 
 ``call`` opens ``DB`` (the episode's copy of the database), runs the tool and commits; it prints
 ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": "..."}`` (a tool raising is the model's
@@ -95,7 +98,8 @@ def check(bundle: str, work_db: str) -> dict:
 def main(argv: list[str]) -> None:
     try:
         modes = {"call": call, "verify": verify, "check": check}
-        out = modes[argv[1]](*argv[2:6])
+        given = argv[2:6] if argv[1] == "check" or len(argv) > 5 else [*argv[2:5], sys.stdin.read()]
+        out = modes[argv[1]](*given)
         text = json.dumps(out, default=str)
     except Exception:
         text = json.dumps({"ok": False, "error": "the bundle failed:\n" + traceback.format_exc(limit=3)})

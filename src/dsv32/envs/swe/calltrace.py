@@ -1,7 +1,8 @@
 """A pytest plugin that records which functions of a repository the tests call (for the miner,
 which injects bugs only into called functions).
 
-Loaded with ``-p dsv32.envs.swe.calltrace``; ``DSV32_TRACE_ROOT`` names the repository and
+Standard library only: :func:`~dsv32.envs.swe.testrun.run_pytest` copies this file into the run's
+scratch directory and loads it with ``-p _dsv32_calltrace`` (the sandbox hides this project's source); ``DSV32_TRACE_ROOT`` names the repository and
 ``DSV32_TRACE_OUT`` the JSON file written at the end: ``[[relative path, first line], ...]`` of every
 Python function entered under the root (a code object's first line is its first decorator's, else
 its ``def``). A ``sys.setprofile`` hook sees each call once per code object, so the suite runs at

@@ -20,9 +20,18 @@ import tempfile
 from pathlib import Path
 
 from dsv32.envs import sandbox
-from dsv32.envs.base import EnvError, Environment, Reward, Task, TrajectoryLike, tool_call, tool_schema
+from dsv32.envs.base import (
+    EnvError,
+    Environment,
+    Reward,
+    Task,
+    TrajectoryLike,
+    lone_surrogate,
+    tool_call,
+    tool_schema,
+)
 from dsv32.envs.swe.snapshot import Edit, SnapshotError, apply_edit, materialize, read_text, scoring_tree
-from dsv32.envs.swe.testrun import TestReport, run_pytest, summarize, test_env
+from dsv32.envs.swe.testrun import TestReport, check_pythonpath, run_pytest, summarize, test_env
 
 OUTPUT_CHARS = 12000
 READ_LINES = 200
@@ -51,6 +60,10 @@ def _require(task: Task) -> None:
             raise EnvError(f"SWE task {task.id!r}: info.{key} must be a {kind.__name__}")
     if not info["FAIL_TO_PASS"]:
         raise EnvError(f"SWE task {task.id!r}: FAIL_TO_PASS is empty, so nothing shows the bug is fixed")
+    try:
+        check_pythonpath(info.get("pythonpath", "."))
+    except EnvError as err:
+        raise EnvError(f"SWE task {task.id!r}: info.{err}") from None
 
 
 class SweEnv(Environment):
@@ -113,10 +126,12 @@ class SweEnv(Environment):
             out = f"error: unknown tool {name!r}; the tools are {', '.join(handler)}"
         elif not isinstance(arguments, dict):
             out = f"error: the arguments of {name} must be a JSON object, got {type(arguments).__name__}"
+        elif problem := lone_surrogate(arguments):
+            out = problem
         else:
             try:
                 out = handler[name](arguments)
-            except (SnapshotError, OSError, UnicodeDecodeError) as err:
+            except (SnapshotError, OSError, UnicodeError) as err:
                 out = f"error: {err}"
         self.calls.append({"tool": name, "error": out.startswith("error:")})
         return out

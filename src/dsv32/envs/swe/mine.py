@@ -26,6 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from dsv32.envs.base import EnvError, Task, save_tasks
+from dsv32.envs.swe import calltrace
 from dsv32.envs.swe.issue import issue_text
 from dsv32.envs.swe.mutate import OPERATORS, Mutant, mutants
 from dsv32.envs.swe.snapshot import materialize, parse_spec, python_path, unified_diff
@@ -55,7 +56,7 @@ def baseline(repo: Path, pythonpath: str, scratch: Path) -> tuple[TestReport, di
     functions the tests called."""
     trace = scratch / "calls.json"
     report = run_pytest(
-        repo, pythonpath=pythonpath, extra=["-p", "dsv32.envs.swe.calltrace"], writable=[str(scratch)],
+        repo, pythonpath=pythonpath, plugins=[Path(calltrace.__file__)], writable=[str(scratch)],
         env={"DSV32_TRACE_ROOT": str(repo.resolve()), "DSV32_TRACE_OUT": str(trace)},
     )  # fmt: skip
     covered: dict[str, set[int]] = defaultdict(set)

@@ -2,9 +2,11 @@
 the cache, and per-episode copies with a task's edits applied.
 
 A task never stores third-party source: it names ``NAME==VERSION`` and a list of exact string edits
-``{"path", "old", "new"}``. :func:`pristine` downloads the sdist with the project's own pip
-(``pip download --no-deps --no-binary :all:``) into ``cache_dir("swe", "sdists")`` and unpacks it
-under ``cache_dir("swe", "src")``; :func:`materialize` copies that tree and applies the edits. An
+``{"path", "old", "new"}``. :func:`pristine` downloads the sdist file from the package index's
+simple API (PEP 503: ``$PIP_INDEX_URL``, else PyPI), checks it against the sha256 the index gives,
+keeps it in ``cache_dir("swe", "sdists")`` and unpacks it under ``cache_dir("swe", "src")`` (tar
+members through the ``data`` filter: no links or paths out, no device files); nothing of the package
+runs on the host; :func:`materialize` copies that tree and applies the edits. An
 edit applies only where ``old`` occurs exactly once in its file, so a stale edit fails loudly.
 
 A repository an episode worked on holds whatever the model's commands left there (FIFOs, symlinks,
@@ -15,19 +17,22 @@ model's library code taken from the repository.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import fcntl
+import hashlib
 import os
 import re
 import shutil
 import stat
-import subprocess
-import sys
 import tarfile
 import tempfile
+import urllib.parse
+import urllib.request
 import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
 
 from dsv32.envs.base import EnvError
@@ -37,6 +42,9 @@ MAX_FILE_BYTES = 16 << 20  # the largest file the host reads from a repository
 MAX_SCORED_ENTRIES = 100_000  # files and folders outside the tests the reward's copy looks at
 MAX_SCORED_BYTES = 256 << 20  # the model's library code the reward's copy takes, in all
 MAX_SCORED_DEPTH = 64  # folders deeper than this are not looked into
+DEFAULT_INDEX = "https://pypi.org/simple"
+PAGE_BYTES = 32 << 20  # the largest project page read from the index
+MAX_SDIST_BYTES = 256 << 20  # the largest source distribution downloaded
 TEST_DIRS = frozenset({"tests", "test", "testing"})
 
 _SPEC = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
@@ -75,30 +83,101 @@ def parse_spec(spec: str) -> tuple[str, str]:
     return m.group(1), m.group(2)
 
 
+class _Links(HTMLParser):
+    """The ``href`` of every ``<a>`` of a PEP 503 project page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self.hrefs += [v for k, v in attrs if k == "href" and v]
+
+
+def index_url() -> str:
+    """The package index's simple API (PEP 503): ``$PIP_INDEX_URL``, the variable pip reads, else
+    PyPI's."""
+    return (os.environ.get("PIP_INDEX_URL") or DEFAULT_INDEX).rstrip("/")
+
+
+def _fetch(url: str):
+    try:
+        return urllib.request.urlopen(
+            urllib.request.Request(url, headers={"Accept": "text/html"}), timeout=60
+        )
+    except (OSError, ValueError) as err:  # URLError and HTTPError are OSErrors
+        raise SnapshotError(f"could not fetch {url}: {err}") from None
+
+
+def _sdist_link(name: str, version: str) -> tuple[str, str, str]:
+    """``(url, file name, sha256)`` of the source distribution of ``name==version`` on the index's
+    project page; a :class:`SnapshotError` when the page lists none or gives no sha256."""
+    page = f"{index_url()}/{re.sub(r'[-_.]+', '-', name).lower()}/"
+    with _fetch(page) as response:
+        html = response.read(PAGE_BYTES + 1)
+        page = response.geturl()  # after redirects: relative links start from here
+    if len(html) > PAGE_BYTES:
+        raise SnapshotError(f"the index page {page} is larger than {PAGE_BYTES} bytes")
+    links = _Links()
+    links.feed(html.decode("utf-8", errors="replace"))
+    found = []
+    for href in links.hrefs:
+        url = urllib.parse.urljoin(page, href)
+        parts = urllib.parse.urlsplit(url)
+        filename = urllib.parse.unquote(parts.path.rsplit("/", 1)[-1])
+        if _is_sdist(filename, name, version):
+            digest = dict(urllib.parse.parse_qsl(parts.fragment)).get("sha256", "")
+            found.append((filename.endswith(".zip"), urllib.parse.urlunsplit(parts._replace(fragment="")),
+                          filename, digest))  # fmt: skip
+    if not found:
+        raise SnapshotError(f"the index ({page}) lists no source distribution of {name}=={version}")
+    _, url, filename, digest = min(found)  # a .tar.gz before a .zip
+    if not re.fullmatch(r"[0-9a-f]{64}", digest.lower()):
+        raise SnapshotError(f"the index gives no sha256 for {filename}, so it cannot be checked")
+    return url, filename, digest.lower()
+
+
 def _download(name: str, version: str) -> Path:
+    """Fetch the sdist file of ``name==version`` from the index into ``cache_dir("swe", "sdists")``
+    and check its sha256. Only the file is fetched: nothing of the package runs (``pip download``
+    would run its build backend to read its metadata)."""
+    url, filename, digest = _sdist_link(name, version)
     dest = cache_dir("swe", "sdists")
     dest.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-         "--dest", str(dest), f"{name}=={version}"],
-        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    found = _find_sdist(dest, name, version)
-    if found is None:
-        raise SnapshotError(
-            f"could not download the source distribution of {name}=={version} from the package index "
-            f"(pip exit {done.returncode}): {done.stderr.strip()[-1500:]}"
-        )
-    return found
+    fd, tmp = tempfile.mkstemp(prefix=".download-", dir=dest)
+    try:
+        sha, size = hashlib.sha256(), 0
+        with os.fdopen(fd, "wb") as out, _fetch(url) as response:
+            while chunk := response.read(1 << 20):
+                size += len(chunk)
+                if size > MAX_SDIST_BYTES:
+                    raise SnapshotError(f"{url} is larger than {MAX_SDIST_BYTES} bytes")
+                sha.update(chunk)
+                out.write(chunk)
+        if sha.hexdigest() != digest:
+            raise SnapshotError(f"{url} does not have the sha256 the index gives ({digest})")
+        os.replace(tmp, dest / filename)
+    except OSError as err:
+        raise SnapshotError(f"could not download {url}: {err}") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return dest / filename
+
+
+def _is_sdist(filename: str, name: str, version: str) -> bool:
+    """Whether ``filename`` is ``NAME-VERSION.tar.gz`` or ``.zip`` for ``name`` (in any spelling)."""
+    stem = filename.removesuffix(".tar.gz").removesuffix(".zip")
+    if stem == filename or not stem.endswith(f"-{version}"):
+        return False
+    norm = re.sub(r"[-_.]+", "_", name).lower()
+    return re.sub(r"[-_.]+", "_", stem[: -len(version) - 1]).lower() == norm
 
 
 def _find_sdist(folder: Path, name: str, version: str) -> Path | None:
-    norm = re.sub(r"[-_.]+", "_", name).lower()
     for f in sorted(folder.iterdir()):
-        stem = f.name.removesuffix(".tar.gz").removesuffix(".zip")
-        if stem == f.name or not stem.endswith(f"-{version}"):
-            continue
-        if re.sub(r"[-_.]+", "_", stem[: -len(version) - 1]).lower() == norm:
+        if _is_sdist(f.name, name, version):
             return f
     return None
 
@@ -187,13 +266,29 @@ def read_text(root: Path, rel: str) -> str:
 
 
 def apply_edit(root: Path, edit: Edit) -> None:
-    """Apply one exact-string edit in place; an error when ``old`` is not there exactly once."""
+    """Apply one exact-string edit; an error when ``old`` is not there exactly once or the result is
+    not UTF-8 text (a lone surrogate). The new content is written to a temporary file beside the
+    file, then renamed over it: a failure leaves the file as it was."""
     path = inside(root, edit.path)
     text = read_regular(path, edit.path).decode("utf-8")
     count = text.count(edit.old)
     if count != 1:
         raise SnapshotError(f"{edit.path}: the text to replace occurs {count} times (it must occur once)")
-    path.write_text(text.replace(edit.old, edit.new, 1), encoding="utf-8")
+    try:
+        data = text.replace(edit.old, edit.new, 1).encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise SnapshotError(f"{edit.path}: the new text is not valid UTF-8 text ({err.reason})") from None
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    fd, tmp = tempfile.mkstemp(prefix=".dsv32-edit-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def materialize(spec: str, edits: list[Edit], dest: Path) -> Path:

@@ -19,6 +19,7 @@ report only if it is a regular file (not a symlink, FIFO or directory) of at mos
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import sys
 import tempfile
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsv32.envs import sandbox
+from dsv32.envs.base import EnvError
 from dsv32.envs.swe.snapshot import SnapshotError, read_regular
 
 _RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
@@ -34,14 +36,14 @@ MESSAGE_CHARS = 400
 REPORT_BYTES = 32 << 20  # the largest JUnit report read
 _MODULE_DEPTH = 32  # the most dotted parts of a classname tried as a module path
 
-# pytest's launcher, run as ``python -P -s -c _BOOT PYTHONPATH ARGS...`` in the repository
+# pytest's launcher, run as ``python -P -s -c _BOOT PLUGINS PYTHONPATH ARGS...`` in the repository
 _BOOT = """\
 import importlib, os, sys
 import pytest
 from _pytest.config import default_plugins
 for name in default_plugins:
     importlib.import_module("_pytest." + name)
-sys.path[:0] = list(dict.fromkeys([os.getcwd(), sys.argv[1]]))
+sys.path[:0] = list(dict.fromkeys([p for p in [sys.argv.pop(1)] if p] + [os.getcwd(), sys.argv[1]]))
 os.environ["PYTHONPATH"] = sys.argv[1]
 code = pytest.main(sys.argv[2:])
 sys.stdout.flush()
@@ -131,14 +133,37 @@ def parse_junit(xml: str | bytes, root: Path | None = None) -> tuple[dict[str, s
     return outcomes, messages
 
 
+def check_pythonpath(pythonpath: object) -> str:
+    """``pythonpath`` if it names a folder inside the repository: a relative path without ``..``
+    parts or a NUL byte (``.``, ``src``, ``lib/python``); else an :class:`EnvError` (the folder is
+    bound into the sandbox, so one outside the repository would show the program what it hides)."""
+    if (
+        not isinstance(pythonpath, str)
+        or not pythonpath
+        or "\0" in pythonpath
+        or os.path.isabs(pythonpath)
+        or ".." in Path(pythonpath).parts
+    ):
+        raise EnvError(
+            f"pythonpath {pythonpath!r} must be a relative folder inside the repository ('.' or 'src'), "
+            "without '..'"
+        )
+    return pythonpath
+
+
 def test_env(repo: Path, pythonpath: str, scratch: Path) -> dict[str, str]:
     """The environment of a sandboxed command in ``repo``: this Python's ``bin`` first on ``PATH``
-    (``python`` and ``pytest`` are the project's), the package importable, temp files in ``scratch``,
-    no pytest plugins loaded by entry point."""
+    (``python`` and ``pytest`` are the project's), the package importable (``pythonpath``, checked
+    by :func:`check_pythonpath`), temp files in ``scratch``, no pytest plugins loaded by entry point.
+    A :class:`SnapshotError` when that folder resolves outside the repository (a symlink the
+    repository's commands made)."""
+    package = (repo / check_pythonpath(pythonpath)).resolve()
+    if not package.is_relative_to(repo.resolve()):
+        raise SnapshotError(f"the package folder {pythonpath!r} leads outside the repository (a symlink)")
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)])
     return {
         "PATH": path,
-        "PYTHONPATH": str((repo / pythonpath).resolve()),
+        "PYTHONPATH": str(package),
         "TMPDIR": str(scratch),
         "PYTHONHASHSEED": "0",
         # the repository's conftest.py still loads; the plugins installed in this venv (hypothesis,
@@ -157,19 +182,30 @@ def run_pytest(
     extra: list[str] | None = None,
     env: dict[str, str] | None = None,
     writable: list[str] | None = None,
+    plugins: list[Path] | None = None,
 ) -> TestReport:
     """Run pytest on ``args`` (node ids or paths; default: the suite) in ``repo``, sandboxed (no
     network, only ``repo``, a scratch dir and ``writable`` writable), and read its JUnit report;
     ``extra`` goes before ``args`` on pytest's command line, ``env`` into its environment (the
     package's folder ``pythonpath`` goes on ``sys.path`` once pytest is imported, and into
-    ``PYTHONPATH`` for the programs the tests start). A report that cannot be read gives no results,
-    with the reason at the end of ``output``."""
+    ``PYTHONPATH`` for the programs the tests start). ``plugins`` are pytest plugins as standalone
+    module files: each is copied (as ``_dsv32_NAME.py``) into the run's scratch directory, which goes
+    first on ``sys.path``
+    (nothing in the repository can stand in for it), and loaded with ``-p`` (so the sandbox needs
+    nothing of this project's source, which it hides). A report that cannot be read gives no
+    results, with the reason at the end of ``output``."""
     scratch = Path(tempfile.mkdtemp(prefix="dsv32-pytest-"))
     try:
         report = scratch / "report.xml"
         full_env = {**test_env(repo, pythonpath, scratch), **(env or {})}
         path = full_env.pop("PYTHONPATH")
-        argv = [sys.executable, "-P", "-s", "-c", _BOOT, path, "-q", "-p", "no:cacheprovider",
+        plugin_dir, loads = scratch / "plugins", []
+        for plugin in plugins or []:
+            plugin_dir.mkdir(exist_ok=True)
+            shutil.copyfile(plugin, plugin_dir / f"_dsv32_{plugin.name}")
+            loads += ["-p", f"_dsv32_{plugin.stem}"]
+        argv = [sys.executable, "-P", "-s", "-c", _BOOT, str(plugin_dir) if loads else "", path,
+                "-q", "-p", "no:cacheprovider", *loads,
                 "-o", "junit_family=xunit1", f"--junitxml={report}", f"--rootdir={repo.resolve()}",
                 *(extra or []), *(args or [])]  # fmt: skip
         done = sandbox.run(
