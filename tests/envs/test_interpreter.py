@@ -137,7 +137,7 @@ def test_a_cell_cannot_read_the_task_answers(kernel):
     import dsv32.envs.swe
 
     shipped = str(Path(dsv32.envs.swe.__file__).with_name("tasks.jsonl"))
-    r = kernel.execute("import dsv32")
+    r = kernel.execute("import dsv32.envs.swe")
     assert r.status == "error" and "ModuleNotFoundError" in r.text, r.text
     r = kernel.execute(f"open({shipped!r}).read()")
     assert r.status == "error" and "FileNotFoundError" in r.text, r.text

@@ -403,7 +403,7 @@ def test_the_project_source_and_the_task_files_read_are_hidden(kind, tmp_path):
             "        print(path, repr(open(path).read(40)))\n"
             "    except OSError as err:\n"
             "        print(path, err.strerror)\n"
-            "print('dsv32 importable:', importlib.util.find_spec('dsv32') is not None)\n"
+            "print('dsv32.envs.swe importable:', importlib.util.find_spec('dsv32.envs.swe') is not None)\n"
         )
         r = attack(code, tmp_path / "w", kind)
     finally:
@@ -412,6 +412,6 @@ def test_the_project_source_and_the_task_files_read_are_hidden(kind, tmp_path):
     assert f"{shipped} No such file or directory" in r.stdout, r.stdout
     assert f"{user} ''" in r.stdout or f"{user} Permission denied" in r.stdout, r.stdout
     assert "secret" not in r.stdout, r.stdout
-    assert "dsv32 importable: False" in r.stdout, r.stdout
+    assert "dsv32.envs.swe importable: False" in r.stdout, r.stdout  # (single files bound in may remain)
     for project in sandbox.project_dirs():
         assert project in sandbox.isolation(kind).hidden

@@ -513,9 +513,9 @@ def test_the_bash_tool_cannot_read_the_task_answers(mini_task, tmp_path):
         (task,) = load_tasks(user)
         env = SweEnv(bash_timeout_s=20)
         env.reset(task)
-        out = env.call("bash", {"command": f"cat {shipped} {user}; python -c 'import dsv32'"})
+        out = env.call("bash", {"command": f"cat {shipped} {user}; python -c 'import dsv32.envs.swe'"})
         env.close()
     finally:
         user.unlink()
-    assert "No such file or directory" in out and "No module named 'dsv32'" in out, out
+    assert "No such file or directory" in out and "No module named 'dsv32." in out, out
     assert "return hi" not in out and "FAIL_TO_PASS" not in out, out

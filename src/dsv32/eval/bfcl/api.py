@@ -85,6 +85,7 @@ class ApiWorker:
         self.proc = sandbox.popen(
             [sys.executable, "-I", WORKER],
             cwd=self.tmp.name,
+            readable=[WORKER],  # the one file of this project it runs (the rest of it is hidden)
             timeout_s=timeout_s,
             cpu_s=LIFETIME_CPU_S,
             memory_mb=MEMORY_MB,
