@@ -293,3 +293,21 @@ def test_a_verifier_that_accepts_any_answer_on_the_untouched_database_is_too_wea
         )
     finally:
         ws.close()
+
+
+def test_the_verifier_gets_an_answer_of_any_size(tmp_path):
+    from dsv32.synth.versions import Limits, run_verifier
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "verify.py").write_text(
+        "def verify(initial_db, final_db, answer):\n    return len(answer) == 300_000\n"
+    )
+    dbs = tmp_path / "dbs"
+    dbs.mkdir()
+    for name in ("initial.sqlite", "final.sqlite"):
+        sqlite3.connect(dbs / name).close()
+    out = run_verifier(
+        code, dbs / "initial.sqlite", dbs / "final.sqlite", "x" * 300_000, Limits(timeout_s=20)
+    )
+    assert out == {"ok": True, "passed": True, "reason": "the verifier accepted the result"}  # > 128 KiB argv

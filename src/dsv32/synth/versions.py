@@ -157,14 +157,21 @@ def _db_problem(path: Path, workspace_db: Path) -> str | None:
 
 
 def _harness(
-    mode: str, args: list[str], cwd: Path, readable: list[Path], limits: Limits, script: str = HARNESS
+    mode: str,
+    args: list[str],
+    cwd: Path,
+    readable: list[Path],
+    limits: Limits,
+    script: str = HARNESS,
+    stdin: str | None = None,
 ) -> dict:
     result = sandbox.run(
         [sys.executable, "-I", "-S", script, mode, *args],
         cwd=str(cwd),
+        stdin=stdin,
         timeout_s=limits.timeout_s,
         memory_mb=limits.memory_mb,
-        readable=[str(p) for p in readable] + [str(Path(script).parent)],
+        readable=[str(p) for p in readable] + [script],  # the one file of this project it runs
         kind=limits.isolation,
     )
     if result.timed_out or result.returncode != 0 or not result.stdout.strip():
@@ -183,9 +190,11 @@ def run_solution(code_dir: Path, db: Path, limits: Limits) -> tuple[dict, Path]:
 
 
 def run_verifier(code_dir: Path, initial: Path, final: Path, answer: str, limits: Limits) -> dict:
-    """``verify`` of ``code_dir`` through the ``general-tools`` runner (the same check its bundles get)."""
-    args = [str(code_dir), str(initial), str(final), json.dumps(answer)]
-    return _harness("verify", args, final.parent, [code_dir, initial.parent], limits, script=RUNNER)
+    """``verify`` of ``code_dir`` through the ``general-tools`` runner (the same check its bundles get;
+    the answer goes on its standard input, which holds any size)."""
+    args = [str(code_dir), str(initial), str(final)]
+    readable = [code_dir, initial.parent]
+    return _harness("verify", args, final.parent, readable, limits, script=RUNNER, stdin=json.dumps(answer))
 
 
 def _copy_regular(src: Path, dst: Path) -> None:

@@ -4,8 +4,8 @@
     python runner.py verify BUNDLE INITIAL_DB FINAL_DB < ANSWER_JSON
     python runner.py check BUNDLE WORK_DB                 # the bundle's self-check, one process
 
-A call's arguments and the answer come on standard input (they are the model's, of any size) unless
-given as the last argument.
+A call's arguments and the answer come on standard input (they are the model's, of any size: a
+program argument holds at most 128 KiB).
 
 ``call`` opens ``DB`` (the episode's copy of the database), runs the tool and commits; it prints
 ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": "..."}`` (a tool raising is the model's
@@ -98,7 +98,7 @@ def check(bundle: str, work_db: str) -> dict:
 def main(argv: list[str]) -> None:
     try:
         modes = {"call": call, "verify": verify, "check": check}
-        given = argv[2:6] if argv[1] == "check" or len(argv) > 5 else [*argv[2:5], sys.stdin.read()]
+        given = argv[2:4] if argv[1] == "check" else [*argv[2:5], sys.stdin.read()]
         out = modes[argv[1]](*given)
         text = json.dumps(out, default=str)
     except Exception:
