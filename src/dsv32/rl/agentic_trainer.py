@@ -8,7 +8,7 @@ One step:
    all batched), G samples per single-turn prompt (:func:`dsv32.rl.rollout.rollout`);
 2. rewards (verifier + length + language for episodes, the domain reward for single-turn), group
    advantages ``A = R − mean(group)``, spread over every row of an episode;
-3. the mini-batch updates of :func:`dsv32.rl.trainer.grpo_update` (clipped ratio, unbiased KL with
+3. the mini-batch updates of :func:`dsv32.rl.update.grpo_update` (clipped ratio, unbiased KL with
    per-domain β, OPSM, Keep Sampling Mask, Keep Routing) over the joint batch, with each row's episode
    as its sequence id: an episode laid out in several rows is one output o_i of Eq. 8 (its tokens
    weigh 1/|o_i| together, Eq. 9 decides on all of them), however its rows fall into mini- and
