@@ -51,7 +51,6 @@ from dsv32.rl.tasks import MixedTasks
 from dsv32.rl.trainer import (
     RLResult,
     _generator,
-    _mean,
     build_tasks,
     grpo_update,
     make_optimizer,
@@ -60,7 +59,9 @@ from dsv32.rl.trainer import (
     run_identity,
     run_steps,
     task_files,
+    update_means,
 )
+from dsv32.rl.update import UpdateGuard
 from dsv32.runlog import append_metrics
 
 logger = logging.getLogger(__name__)
@@ -142,7 +143,7 @@ def evaluate_agentic(
 
 
 def agentic_step(
-    policy, ref, optimizer, mix: MixedTasks, reward_fn, cfg: AgenticConfig, g, step: int
+    policy, ref, optimizer, mix: MixedTasks, reward_fn, cfg: AgenticConfig, g, step: int, guard=None
 ) -> dict:
     """One joint rollout batch and its updates; returns the step's metrics."""
     G, t0 = g.group_size, time.time()
@@ -205,7 +206,7 @@ def agentic_step(
     temperature = cfg.rl.sampling.temperature
     updates = grpo_update(
         policy, optimizer, batch, adv, g, temperature=temperature, ref=ref,
-        generator=_generator(cfg.rl.seed, step, 2), sequence_ids=torch.tensor(sequence_ids),
+        generator=_generator(cfg.rl.seed, step, 2), sequence_ids=torch.tensor(sequence_ids), guard=guard,
     )  # fmt: skip
     rewards_t = torch.tensor(rewards)
     record = {
@@ -225,7 +226,7 @@ def agentic_step(
         record |= {"tool_call_valid": summary["tool_call_valid"], "mean_steps": summary["mean_steps"]}
     record["reward_by_domain"] = mean_by_domain(domains, rewards)
     first = updates[0]
-    record |= _mean(updates)
+    record |= update_means(updates)
     record["first_update_abs_log_ratio"] = first["abs_log_ratio"]
     record["first_update_ratio_mean"] = first["ratio_mean"]
     return record
@@ -292,6 +293,7 @@ def train_agentic(
     out = Path(rl.out_dir)
     ref = reference_policy(policy, g)
     optimizer = make_optimizer(policy, g)
+    guard = UpdateGuard(g.max_skipped_updates)
 
     def evaluate(step: int, path: Path) -> dict:
         return _eval(policy, held, cfg, step, path)
@@ -300,7 +302,7 @@ def train_agentic(
         policy,
         optimizer,
         AgenticResult(out, 0, 0.0),
-        lambda step: agentic_step(policy, ref, optimizer, mix, reward_fn, cfg, g, step),
+        lambda step: agentic_step(policy, ref, optimizer, mix, reward_fn, cfg, g, step, guard),
         evaluate if held else None,
         rl,
         resume=resume,

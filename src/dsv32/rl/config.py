@@ -57,7 +57,9 @@ class GRPOConfig(Checked, error=RLConfigError):
       replay the rollout's MoE routing (native model);
     - ``old_logprobs``: π_old of the ratio — ``"sampling"`` (the engine's log-probs, as in Eq. 9; no
       extra forward) or ``"recompute"`` (a no-grad training-side forward before the updates);
-    - ``advantage_scale``: ``"none"`` (the paper: R − mean) or ``"std"`` (original GRPO).
+    - ``advantage_scale``: ``"none"`` (the paper: R − mean) or ``"std"`` (original GRPO);
+    - ``max_skipped_updates``: an optimizer step whose loss or gradient norm is NaN/inf is skipped;
+      this many skipped in a row stop the run (``NonFiniteUpdateError``).
     """
 
     RANGES: ClassVar[dict[str, Rule]] = {
@@ -79,6 +81,7 @@ class GRPOConfig(Checked, error=RLConfigError):
         "opsm_delta": NON_NEGATIVE,
         "old_logprobs": one_of("sampling", "recompute"),
         "advantage_scale": one_of("none", "std"),
+        "max_skipped_updates": at_least(1),
     }
 
     steps: int = 100
@@ -101,6 +104,7 @@ class GRPOConfig(Checked, error=RLConfigError):
     keep_routing: bool = True
     old_logprobs: str = "sampling"
     advantage_scale: str = "none"
+    max_skipped_updates: int = 3
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -35,7 +35,7 @@ from dsv32.rl.rewards import RewardFunction
 from dsv32.rl.rewards_setup import RewardSetup, build_reward_fn, reward_setup, score
 from dsv32.rl.rollout import SamplingConfig, TurnHook, rollout
 from dsv32.rl.tasks import ArithmeticWordProblems, JsonlTasks, MixedTasks, Task
-from dsv32.rl.update import grpo_update
+from dsv32.rl.update import UpdateGuard, check_finite_weights, grpo_update
 from dsv32.runlog import (
     RUN_OUTPUTS,
     StepCheckpoints,
@@ -187,6 +187,7 @@ def train_grpo(
         g = replace(g, keep_routing=False)  # dense models have no routing to keep
     ref = reference_policy(policy, g)
     optimizer = make_optimizer(policy, g)
+    guard = UpdateGuard(g.max_skipped_updates)
 
     def evaluate(step: int, path: Path) -> dict:
         return _eval(policy, held_out, reward_fn, cfg, step, path, progress)
@@ -195,7 +196,7 @@ def train_grpo(
         policy,
         optimizer,
         RLResult(out, 0, 0.0),
-        lambda step: grpo_step(policy, ref, optimizer, tasks, reward_fn, cfg, g, step, hook),
+        lambda step: grpo_step(policy, ref, optimizer, tasks, reward_fn, cfg, g, step, hook, guard=guard),
         evaluate if held_out else None,
         cfg,
         resume=resume,
@@ -213,7 +214,7 @@ def train_grpo(
 BOOKKEEPING = {
     "": ("out_dir", "save_every", "log_every"),
     "policy": ("device",),
-    "grpo": ("steps",),
+    "grpo": ("steps", "max_skipped_updates"),
     "eval": ("every", "batch_size"),
 }
 
@@ -326,6 +327,7 @@ def run_steps(
             if due and evaluate is not None:
                 evaluate(step, eval_path)
             if (save_every and step % save_every == 0) or step == last:
+                check_finite_weights(policy.model, step)  # keep=1: a NaN checkpoint would be the only one
                 ckpts.save(step, policy.model, optimizer)
     finally:
         bar.close()
@@ -345,7 +347,16 @@ def completion_budget(sampling: SamplingConfig) -> int:
 
 
 def grpo_step(
-    policy, ref, optimizer, tasks, reward_fn, cfg: RLConfig, g: GRPOConfig, step: int, hook
+    policy,
+    ref,
+    optimizer,
+    tasks,
+    reward_fn,
+    cfg: RLConfig,
+    g: GRPOConfig,
+    step: int,
+    hook,
+    guard: UpdateGuard | None = None,
 ) -> dict:
     """One rollout batch and its updates; returns the step's metrics."""
     t0 = time.time()
@@ -376,6 +387,7 @@ def grpo_step(
         temperature=cfg.sampling.temperature,
         ref=ref,
         generator=_generator(cfg.seed, step, 2),
+        guard=guard,
     )
     t_update = time.time() - t1
     correct = [r.correct for r in results if r.correct is not None]
@@ -403,7 +415,7 @@ def grpo_step(
     record["reward_components"] = {k: sum(v) / len(v) for k, v in components.items()}
     # The first update is on-policy: its ratio shows the training/inference mismatch alone.
     first, later = updates[0], updates[1:]
-    record |= _mean(updates)
+    record |= update_means(updates)
     record["first_update_ratio_mean"] = first["ratio_mean"]
     record["first_update_log_ratio_sampling"] = first["log_ratio_sampling"]
     if later:
@@ -419,6 +431,13 @@ def mean_by_domain(domains: list[str], rewards: list[float]) -> dict[str, float]
     for d, r in zip(domains, rewards):
         by_domain.setdefault(d, []).append(r)
     return {d: sum(v) / len(v) for d, v in by_domain.items()}
+
+
+def update_means(updates: list[dict]) -> dict:
+    """The step's means over the updates that were applied (over all when none was), and the number
+    of updates skipped for a non-finite loss or gradient."""
+    applied = [u for u in updates if not u.get("skipped_updates")]
+    return _mean(applied or updates) | {"skipped_updates": sum(u.get("skipped_updates", 0) for u in updates)}
 
 
 def _mean(records: list[dict]) -> dict:

@@ -1,16 +1,63 @@
 """The mini-batch updates of one GRPO rollout batch (paper §3.1): Eq. 8 over mini-batches of outputs,
-each split into micro-batches whose gradients sum to the mini-batch's, then one optimizer step."""
+each split into micro-batches whose gradients sum to the mini-batch's, then one optimizer step.
+
+A step whose loss or gradient norm is not finite is skipped (its gradients are dropped and the
+weights left as they were) and counted as ``skipped_updates``; :class:`UpdateGuard` stops the run
+with :class:`NonFiniteUpdateError` after ``grpo.max_skipped_updates`` such steps in a row."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
+from dsv32.errors import DSV32Error
 from dsv32.rl.config import GRPOConfig
 from dsv32.rl.loss import OutputTotals, grpo_loss, output_index, sequence_kl_coefs
 from dsv32.rl.policy import Policy
 from dsv32.rl.rollout import Rollouts
+
+
+class NonFiniteUpdateError(DSV32Error, RuntimeError):
+    """The policy's loss or gradients stayed NaN/inf for too many optimizer steps in a row, or its
+    weights are not finite: the run stops, and no checkpoint is written from such weights."""
+
+
+@dataclass
+class UpdateGuard:
+    """Counts optimizer steps skipped in a row for a non-finite loss or gradient norm; the
+    ``limit``-th raises :class:`NonFiniteUpdateError`. One guard per run: a streak spans steps."""
+
+    limit: int
+    streak: int = 0
+
+    def allows(self, finite: bool, grad_norm: float) -> bool:
+        """Whether the optimizer step may be taken; a non-finite one extends the streak."""
+        if finite:
+            self.streak = 0
+            return True
+        self.streak += 1
+        if self.streak >= self.limit:
+            raise NonFiniteUpdateError(
+                f"{self.streak} optimizer steps in a row had a non-finite loss or gradient norm (last "
+                f"gradient norm {grad_norm}); all were skipped and the weights are unchanged: lower grpo.lr, "
+                "set grpo.clip_grad, or check the rewards and the model's dtype"
+            )
+        return False
+
+
+def check_finite_weights(model: torch.nn.Module, step: int) -> None:
+    """Raise :class:`NonFiniteUpdateError` when a parameter of ``model`` holds NaN or inf."""
+    params = list(model.named_parameters())
+    if bool(torch.stack([torch.isfinite(p).all() for _, p in params]).all()):
+        return
+    bad = [name for name, p in params if not bool(torch.isfinite(p).all())]
+    raise NonFiniteUpdateError(
+        f"after step {step} the policy's weights hold NaN or inf ({', '.join(bad[:3])}"
+        f"{', …' if len(bad) > 3 else ''}); no checkpoint or model is written from them: resume from the "
+        "last checkpoint with a lower grpo.lr or a tighter grpo.clip_grad"
+    )
 
 
 def grpo_update(
@@ -24,9 +71,12 @@ def grpo_update(
     ref: Policy | None,
     generator: torch.Generator,
     sequence_ids: torch.Tensor | None = None,
+    guard: UpdateGuard | None = None,
 ) -> list[dict]:
     """The mini-batch updates of one rollout batch; returns one metrics dict per optimizer step. The KL
-    term (per-domain β of ``cfg``) is against the frozen ``ref`` policy; none without one.
+    term (per-domain β of ``cfg``) is against the frozen ``ref`` policy; none without one. A step with
+    a non-finite loss or gradient norm is skipped (``skipped_updates`` 1 in its dict); ``guard``
+    counts such steps in a row across calls (None: a fresh one with ``cfg.max_skipped_updates``).
 
     ``sequence_ids`` ``[B]``: rows with the same id are pieces of one output o_i (an agentic episode
     laid out in several rows); None: every row is an output of its own. Mini-batches are drawn over
@@ -54,6 +104,7 @@ def grpo_update(
     sampling = batch.sampling_logprobs
     old = _batch_logprobs(policy, batch, cfg, temperature) if cfg.old_logprobs == "recompute" else sampling
     size = max(1, n_outputs // cfg.mini_batches)
+    guard = guard if guard is not None else UpdateGuard(cfg.max_skipped_updates)
     records = []
     for _ in range(cfg.epochs):
         order = torch.randperm(n_outputs, generator=generator).to(device)
@@ -69,6 +120,7 @@ def grpo_update(
                 )
             sums: dict[str, float] = dict.fromkeys(_SHARE_METRICS + _TOKEN_METRICS, 0.0)
             sums |= {"ratio_max": -math.inf, "ratio_min": math.inf}
+            finite = torch.ones((), dtype=torch.bool, device=device)
             for part, rest in zip(parts, rests):
                 micro = mb[part]
                 logp = policy.action_logprobs(**_rows(batch, micro, kept, routing), temperature=temperature)
@@ -87,6 +139,7 @@ def grpo_update(
                     totals=totals.part(part, rest),
                 )
                 loss.backward()  # already this micro-batch's share of the mini-batch's loss
+                finite &= torch.isfinite(loss.detach())
                 m["abs_log_ratio"] = _abs_log_ratio(logp.detach(), old[micro], mask[micro])
                 for k in _SHARE_METRICS:
                     sums[k] += m[k]
@@ -95,9 +148,13 @@ def grpo_update(
                 sums["ratio_max"] = max(sums["ratio_max"], m["ratio_max"])
                 sums["ratio_min"] = min(sums["ratio_min"], m["ratio_min"])
             params = [p for g in optimizer.param_groups for p in g["params"]]
-            sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad or math.inf))
-            optimizer.step()
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad or math.inf)
+            sums["grad_norm"] = float(norm)
+            ok = guard.allows(bool(finite & torch.isfinite(norm).to(device)), sums["grad_norm"])
+            if ok:  # a NaN/inf step would poison the weights and AdamW's moments for good
+                optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            sums["skipped_updates"] = 0.0 if ok else 1.0
             records.append(sums)
     return records
 
@@ -178,4 +235,4 @@ def _batch_logprobs(policy: Policy, batch: Rollouts, cfg: GRPOConfig, temperatur
     )
 
 
-__all__ = ["grpo_update"]
+__all__ = ["NonFiniteUpdateError", "UpdateGuard", "check_finite_weights", "grpo_update"]
