@@ -193,7 +193,8 @@ def agentic_step(
         results = score(reward_fn, st)
         r = torch.tensor([x.total for x in results], dtype=torch.float32)
         batches.append(st)
-        advantages.append(group_advantages(r, G, scale=g.advantage_scale))
+        valid = [getattr(x, "scored", True) for x in results]  # a failed judge request: no reward
+        advantages.append(group_advantages(r, G, scale=g.advantage_scale, valid=valid))
         sequence_ids += range(len(episodes), len(episodes) + len(st))
         rewards += r.tolist()
         domains += [t.domain for t in st.tasks]

@@ -174,3 +174,10 @@ def score(reward_fn: RewardFunction, batch, max_workers: int = 1) -> list[Reward
         for task, text, n in zip(batch.tasks, batch.completions, batch.num_tokens)
     ]
     return reward_fn.score_many(samples, max_workers=max_workers)
+
+
+def judge_counts(reward_fn: Any) -> dict[str, int]:
+    """The judge's counters (``judge_requests``, ``judge_failures``, ``judge_parse_failures``; zeros
+    without a judge) so far: the difference of two is what happened in between."""
+    stats = getattr(getattr(reward_fn, "grm", None), "stats", None)
+    return {f"judge_{k}": getattr(stats, k, 0) for k in ("requests", "failures", "parse_failures")}

@@ -32,7 +32,7 @@ from dsv32.rl.config import GRPOConfig, RLConfig, RLConfigError
 from dsv32.rl.loss import group_advantages
 from dsv32.rl.policy import Policy, load_policy
 from dsv32.rl.rewards import RewardFunction
-from dsv32.rl.rewards_setup import RewardSetup, build_reward_fn, reward_setup, score
+from dsv32.rl.rewards_setup import RewardSetup, build_reward_fn, judge_counts, reward_setup, score
 from dsv32.rl.rollout import SamplingConfig, TurnHook, rollout
 from dsv32.rl.tasks import ArithmeticWordProblems, JsonlTasks, MixedTasks, Task
 from dsv32.rl.update import UpdateGuard, check_finite_weights, grpo_update
@@ -374,9 +374,13 @@ def grpo_step(
         )
     policy.model.train()
     t_rollout = time.time() - t0
+    judged = judge_counts(reward_fn)
     results = score(reward_fn, batch)
+    judged = {k: v - judged[k] for k, v in judge_counts(reward_fn).items()}
     rewards = torch.tensor([r.total for r in results], dtype=torch.float32)
-    advantages = group_advantages(rewards, g.group_size, scale=g.advantage_scale).to(batch.sequences.device)
+    valid = [getattr(r, "scored", True) for r in results]  # a failed judge request: no reward at all
+    advantages = group_advantages(rewards, g.group_size, scale=g.advantage_scale, valid=valid)
+    advantages = advantages.to(batch.sequences.device)
     t1 = time.time()
     updates = grpo_update(
         policy,
@@ -390,26 +394,30 @@ def grpo_step(
         guard=guard,
     )
     t_update = time.time() - t1
-    correct = [r.correct for r in results if r.correct is not None]
-    groups = rewards.view(-1, g.group_size)
+    correct = [r.correct for r, ok in zip(results, valid) if ok and r.correct is not None]
+    groups = advantages.view(-1, g.group_size)
+    real = rewards[torch.tensor(valid)]  # the means are over the samples that have a reward
     record = {
         "step": step + 1,
         "lr": optimizer.param_groups[0]["lr"],
-        "reward_mean": float(rewards.mean()),
-        "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+        "reward_mean": float(real.mean()) if len(real) else float("nan"),
+        "reward_std": float(real.std()) if len(real) > 1 else 0.0,
         "accuracy": sum(correct) / len(correct) if correct else float("nan"),
-        "zero_adv_groups": float((groups.max(-1).values == groups.min(-1).values).float().mean()),
+        "zero_adv_groups": float((groups == 0).all(-1).float().mean()),
+        "unscored": len(valid) - sum(valid),
+        **judged,
         "length_mean": sum(batch.num_tokens) / len(batch),
         "length_max": max(batch.num_tokens),
         "truncated_frac": sum(batch.truncated) / len(batch),
         "rollout_s": round(t_rollout, 2),
         "update_s": round(t_update, 2),
     }
-    by_domain = mean_by_domain([t.domain for t in batch.tasks], [r.total for r in results])
+    scored = [(t.domain, r.total) for t, r, ok in zip(batch.tasks, results, valid) if ok]
+    by_domain = mean_by_domain([d for d, _ in scored], [r for _, r in scored])
     if len(by_domain) > 1:
         record["reward_by_domain"] = by_domain
     components: dict[str, list[float]] = {}
-    for r in results:
+    for r in (r for r, ok in zip(results, valid) if ok):
         for k, v in r.components.items():
             components.setdefault(k, []).append(v)
     record["reward_components"] = {k: sum(v) / len(v) for k, v in components.items()}

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsv32.rl.rewards.judge import GenerativeRewardModel, RewardModelError
+from dsv32.rl.rewards.judge import GenerativeRewardModel, Judgement, RewardModelError
 from dsv32.rl.rewards.outcome import answer_part, exact_match_reward, format_reward, math_reward
 from dsv32.rl.rewards.shaping import language_consistency, length_penalty
 
@@ -122,11 +122,13 @@ class RewardSample:
 @dataclass(frozen=True)
 class RewardResult:
     """``total`` = Σ weight · component; ``components`` unweighted; ``correct`` whether the outcome
-    reward (math or exact) was 1 — None for domains without one."""
+    reward (math or exact) was 1 — None for domains without one; ``scored`` False when a component
+    could not be computed (the judge's request failed): the sample has no reward to learn from."""
 
     total: float
     components: dict[str, float] = field(default_factory=dict)
     correct: bool | None = None
+    scored: bool = True
 
 
 _MISSING = object()
@@ -166,11 +168,17 @@ class RewardFunction:
         spec = self.specs.get(domain)
         if spec is None:
             raise ValueError(f"no reward for domain {domain!r}; known domains: {self.domains}")
-        components = {name: self._component(name, spec, sample) for name in spec.weights}
+        components, scored = {}, True
+        for name in spec.weights:
+            if name == "grm":
+                judgement = self._judge(spec, sample)
+                components[name], scored = judgement.reward, scored and judgement.scored
+            else:
+                components[name] = self._component(name, spec, sample)
         total = sum(spec.weights[name] * value for name, value in components.items())
         outcome = next((name for name in OUTCOME_COMPONENTS if name in components), None)
         correct = None if outcome is None else components[outcome] == 1.0
-        return RewardResult(total=total, components=components, correct=correct)
+        return RewardResult(total=total, components=components, correct=correct, scored=scored)
 
     def score_many(self, samples: Sequence[Any], *, max_workers: int = 1) -> list[RewardResult]:
         """Rewards of ``samples`` in order; ``max_workers > 1`` overlaps judge requests (and math checks,
@@ -192,9 +200,6 @@ class RewardFunction:
         if name == "language":
             return language_consistency(_get(sample, "prompt"), completion)
         answer_text = answer_part(completion, thinking=spec.thinking)
-        if name == "grm":
-            rubric = _get(sample, spec.rubric_key, None)
-            return self.grm.evaluate(_get(sample, "prompt"), answer_text, rubric).reward
         reference = _get(sample, "answer", None)
         if reference is None:
             raise ValueError(f"the {name!r} reward needs the sample's reference 'answer', which is missing")
@@ -202,6 +207,11 @@ class RewardFunction:
             return math_reward(answer_text, reference, timeout_seconds=spec.math_timeout_seconds)
         accepted = reference if isinstance(reference, str | list | tuple) else str(reference)
         return exact_match_reward(answer_text, accepted)
+
+    def _judge(self, spec: RewardSpec, sample: Any) -> Judgement:
+        answer_text = answer_part(_get(sample, "completion"), thinking=spec.thinking)
+        rubric = _get(sample, spec.rubric_key, None)
+        return self.grm.evaluate(_get(sample, "prompt"), answer_text, rubric)
 
 
 def compose_rewards(

@@ -5,8 +5,14 @@
     grm.evaluate(question, response, rubric)  # Judgement(reward=0.7, score=7.0, text=..., error=None)
 
 The judge reasons briefly and ends with ``Score: X/10``; :func:`parse_score` reads the score and the
-reward is ``score / scale`` in [0, 1]. When the request fails (after retries) or the reply holds no
-score, the reward is ``fallback`` and :attr:`GenerativeRewardModel.stats` counts it.
+reward is ``score / scale`` in [0, 1]. Two failures are told apart, and :attr:`GenerativeRewardModel.stats`
+counts each:
+
+- the request fails (the endpoint after its retries, or a local judge raising :class:`JudgeError`):
+  the judgement is *unscored* (``scored`` False). The response was never judged, so the RL loop
+  gives it zero advantage and leaves it out of its group's mean;
+- the reply holds no score: the reward is ``fallback``, a real score. The response being judged
+  can steer the judge's reply, so an unreadable reply must not let it escape the fallback's penalty.
 """
 
 from __future__ import annotations
@@ -59,15 +65,16 @@ class RewardModelError(DSV32Error, ValueError):
 
 
 class JudgeError(RuntimeError):
-    """One judge request failed (server errors after all retries, unreadable reply). A local ``judge``
-    callable may raise it to report a failure: the reward is then the fallback. Other exceptions from
-    a local judge propagate."""
+    """One judge request failed (server errors after all retries, a reply that is no chat completion).
+    A local ``judge`` callable may raise it to report a failure: the judgement is then unscored. Other
+    exceptions from a local judge propagate."""
 
 
 @dataclass
 class JudgeStats:
-    """Counters since construction: ``requests`` (evaluations), ``failures`` (judge failed: fallback),
-    ``parse_failures`` (reply without a score: fallback), ``retries`` (HTTP attempts repeated)."""
+    """Counters since construction: ``requests`` (evaluations), ``failures`` (request failed:
+    unscored), ``parse_failures`` (reply without a score: fallback), ``retries`` (HTTP attempts
+    repeated)."""
 
     requests: int = 0
     failures: int = 0
@@ -78,13 +85,15 @@ class JudgeStats:
 @dataclass(frozen=True)
 class Judgement:
     """``reward`` in [0, 1] (``score / scale``, or the fallback); ``score`` None when the judge failed
-    or gave none; ``text`` the judge's reply (None when the request failed); ``error`` why the
-    fallback was used."""
+    or gave none; ``text`` the judge's reply (None when the request failed); ``error`` what went
+    wrong; ``scored`` False when the request failed (``reward`` is then the fallback, but no score:
+    leave the response out of its group)."""
 
     reward: float
     score: float | None
     text: str | None
     error: str | None = None
+    scored: bool = True
 
 
 # --- score parsing -----------------------------------------------------------------------------------
@@ -208,14 +217,15 @@ class GenerativeRewardModel:
         return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": user}]
 
     def evaluate(self, question: str, response: str, rubric: str | None = None) -> Judgement:
-        """Ask the judge; the reward is ``score / scale``, or ``fallback`` (counted in :attr:`stats`)."""
+        """Ask the judge; the reward is ``score / scale``; ``fallback`` for a reply without a score;
+        an unscored judgement when the request fails (both counted in :attr:`stats`)."""
         self._count("requests")
         try:
             text = self.complete(self.messages(question, response, rubric))
         except JudgeError as err:
             self._count("failures")
-            logger.warning("reward model request failed, reward = fallback %s: %s", self.fallback, err)
-            return Judgement(self.fallback, None, None, str(err))
+            logger.warning("reward model request failed, the response is left unscored: %s", err)
+            return Judgement(self.fallback, None, None, str(err), scored=False)
         score = parse_score(text, self.scale)
         if score is None:
             self._count("parse_failures")
