@@ -106,9 +106,13 @@ def reward_setup(tables: dict[str, Any], *, max_tokens: int, thinking: bool = Fa
         if not isinstance(table, dict):
             raise RLConfigError(f"[rewards.{domain}] must be a table")
         try:
-            specs[domain] = RewardSpec.from_dict({"max_tokens": max_tokens, "thinking": thinking} | table)
+            spec = {"max_tokens": max_tokens, "thinking": thinking} | table
+            specs[domain] = RewardSpec.from_dict(spec, where=f"rewards.{domain}")
         except (TypeError, ValueError) as err:
-            raise RLConfigError(f"[rewards.{domain}] {err}") from None
+            message = str(err)  # a recipe check names the table already
+            raise RLConfigError(
+                message if message.startswith("[") else f"[rewards.{domain}] {message}"
+            ) from None
     if judge_cfg is None:
         unjudged = tuple(sorted(d for d, s in specs.items() if "grm" in s.weights))
         return RewardSetup({d: s for d, s in specs.items() if d not in unjudged}, None, unjudged)

@@ -17,11 +17,12 @@ import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+from dsv32.recipe import NON_NEGATIVE, POSITIVE, Rule, at_least, check_fields, one_of
 from dsv32.rl.rewards.judge import GenerativeRewardModel, Judgement, RewardModelError
 from dsv32.rl.rewards.outcome import answer_part, exact_match_reward, format_reward, math_reward
-from dsv32.rl.rewards.shaping import language_consistency, length_penalty
+from dsv32.rl.rewards.shaping import LENGTH_SHAPES, language_consistency, length_penalty
 
 COMPONENTS: dict[str, str] = {
     "math": "1 if the last \\boxed{} of the answer equals the sample's answer (math-verify), else 0",
@@ -46,6 +47,14 @@ class RewardSpec:
     ``math_timeout_seconds``: bound on each math-verify check (None: unbounded).
     """
 
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "max_tokens": at_least(1),
+        "length_shape": one_of(*LENGTH_SHAPES),
+        "cache_tokens": NON_NEGATIVE,
+        "rubric_key": Rule(bool, "a non-empty field name"),
+        "math_timeout_seconds": POSITIVE,
+    }
+
     weights: Mapping[str, float]
     max_tokens: int | None = None
     length_shape: str = "overlong"
@@ -56,7 +65,9 @@ class RewardSpec:
     math_timeout_seconds: float | None = 5
 
     def __post_init__(self) -> None:
-        if not self.weights:
+        options = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "weights"}
+        check_fields(type(self), options, "RewardSpec")  # types and RANGES, as for a recipe section
+        if not isinstance(self.weights, Mapping) or not self.weights:
             raise ValueError(
                 f"a RewardSpec needs at least one weighted component; known: {sorted(COMPONENTS)}"
             )
@@ -75,8 +86,9 @@ class RewardSpec:
         object.__setattr__(self, "weights", dict(self.weights))
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RewardSpec:
-        """From a TOML table: ``[rewards.math] weights = {math = 1.0, format = 0.1}``, ``max_tokens = …``."""
+    def from_dict(cls, data: Mapping[str, Any], where: str = "RewardSpec") -> RewardSpec:
+        """From a TOML table: ``[rewards.math] weights = {math = 1.0, format = 0.1}``, ``max_tokens = …``;
+        a key, type or range problem raises :class:`~dsv32.recipe.RecipeError` naming ``where``."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -85,7 +97,8 @@ class RewardSpec:
             raise ValueError(
                 f"a reward spec needs weights = {{component = weight}}; components: {sorted(COMPONENTS)}"
             )
-        return cls(**data)
+        options = check_fields(cls, {k: v for k, v in data.items() if k != "weights"}, where)
+        return cls(weights=data["weights"], **options)
 
 
 def default_reward_specs(
