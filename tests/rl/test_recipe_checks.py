@@ -1,12 +1,12 @@
-"""Every value of an RL recipe's [rewards.<domain>] tables is checked for type and range
-when the recipe is read, before any model loads."""
+"""An RL recipe's sampling temperature and every value of its [rewards.<domain>] tables are checked
+for type and range when the recipe is read, before any model loads."""
 
 from __future__ import annotations
 
 import pytest
 
 from dsv32.recipe import RecipeError
-from dsv32.rl.config import RLConfigError
+from dsv32.rl.config import RLConfigError, load_rl_config
 from dsv32.rl.rewards import RewardSpec
 from dsv32.rl.rewards_setup import reward_setup
 
@@ -37,3 +37,9 @@ def test_a_reward_spec_built_in_python_is_checked_too():
     with pytest.raises(RecipeError, match='thinking = "no": must be true or false'):
         RewardSpec.from_dict({"weights": {"math": 1.0}, "thinking": "no"})
     assert RewardSpec({"math": 1.0}, math_timeout_seconds=None).math_timeout_seconds is None
+
+
+@pytest.mark.parametrize("value", ["0", "0.0"])
+def test_rl_sampling_needs_a_positive_temperature(tmp_path, value):
+    with pytest.raises(RLConfigError, match=r"\[sampling\] temperature = .*must be > 0 for RL"):
+        load_rl_config(None, [f"out_dir={tmp_path}", f"sampling.temperature={value}"])

@@ -214,6 +214,12 @@ def rl_config_from_dict(data: dict[str, Any]) -> RLConfig:
         if not isinstance(given, dict):
             raise RLConfigError(f"[{name}] must be a table")
         kwargs[name] = _build(cls, {**base[name], **given}, name)
+    if kwargs["sampling"].temperature <= 0:
+        raise RLConfigError(
+            f"[sampling] temperature = {kwargs['sampling'].temperature}: must be > 0 for RL (the policy's "
+            "log-probs are taken at this temperature, and GRPO needs varied samples); the held-out "
+            "evaluation is greedy on its own"
+        )
     sources = data.get("sources", base["sources"])
     if not isinstance(sources, list) or not sources:
         raise RLConfigError("sources must be a non-empty array of tables ([[sources]])")
