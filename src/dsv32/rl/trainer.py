@@ -33,7 +33,7 @@ from dsv32.rl.loss import group_advantages
 from dsv32.rl.policy import Policy, load_policy
 from dsv32.rl.rewards import RewardFunction
 from dsv32.rl.rewards_setup import RewardSetup, build_reward_fn, judge_counts, reward_setup, score
-from dsv32.rl.rollout import SamplingConfig, TurnHook, rollout
+from dsv32.rl.rollout import SamplingConfig, TurnHook, check_context, generation_budget, rollout
 from dsv32.rl.tasks import ArithmeticWordProblems, JsonlTasks, MixedTasks, Task
 from dsv32.rl.update import UpdateGuard, check_finite_weights, grpo_update
 from dsv32.runlog import (
@@ -182,6 +182,9 @@ def train_grpo(
     reward_fn = reward_fn or build_reward_fn(
         rewards, max_tokens=completion_budget(cfg.sampling), thinking=cfg.policy.thinking
     )
+    for src, _ in tasks.sources:  # every task file's prompt against the window, before step 1
+        check_context(policy, getattr(src, "tasks", ()), generation_budget(cfg.sampling))
+    check_context(policy, held_out, cfg.eval.max_new_tokens)
     g = cfg.grpo
     if g.keep_routing and policy.kind != "native":
         g = replace(g, keep_routing=False)  # dense models have no routing to keep
