@@ -204,3 +204,16 @@ def test_env_options_are_checked_against_the_environment_when_the_recipe_is_read
     assert cfg.envs[0].options == {"cell_timeout_s": 5}
     with pytest.raises(RLConfigError, match=r"\[envs\.0\] options = \{\"foo\": 1\}: environment"):
         agentic_config_from_dict({"envs": [{"name": "code-interpreter", "options": {"foo": 1}}]})
+
+
+@pytest.mark.parametrize("answer", ["", "   ", "\n"])
+def test_an_empty_reference_answer_is_a_missing_answer(tmp_path, answer):
+    from dsv32.rl.rewards_setup import reward_setup
+
+    setup = reward_setup({}, max_tokens=64)
+    path = tmp_path / "emptyans.jsonl"
+    rows = [{"prompt": "Capital of France?", "answer": "Paris"}, {"prompt": "Capital?", "answer": answer}]
+    path.write_text("".join(json.dumps(r | {"domain": "exact"}) + "\n" for r in rows))
+    with pytest.raises(TaskError, match=r"emptyans\.jsonl:2: domain 'exact' is scored against a reference"):
+        JsonlTasks(str(path), check=setup.task_problem)
+    assert "non-empty 'answer'" in setup.task_problem(Task("t", "math", "2+3?", answer=answer))

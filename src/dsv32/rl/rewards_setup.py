@@ -85,10 +85,10 @@ class RewardSetup:
                 )
             return f"domain {task.domain!r} has no reward; domains with one: {sorted(self.specs)}"
         needs = [name for name in OUTCOME_COMPONENTS if name in spec.weights]
-        if needs and task.answer is None:
+        if needs and (task.answer is None or not str(task.answer).strip()):
             return (
                 f"domain {task.domain!r} is scored against a reference answer ({needs[0]!r} reward): "
-                "the task needs 'answer'"
+                "the task needs a non-empty 'answer'"
             )
         return None
 

@@ -227,6 +227,8 @@ def _task(rec: object, where: str, default_id: str, default_domain: str) -> Task
     task_id = rec.get("id", default_id)
     if isinstance(task_id, bool) or not isinstance(task_id, str | int):
         raise TaskError(f"{where}: 'id' must be a string or an integer, got {json.dumps(task_id)}")
+    if isinstance(answer, str) and not answer.strip():
+        answer = None  # an empty reference would give an empty completion full exact-match credit
     if "prompt" not in rec and domain == "math":
         text = MATH_PROMPT.format(question=text)
     return Task(
