@@ -107,3 +107,12 @@ def test_no_checkpoint_is_written_from_non_finite_weights(tmp_path):
         )  # fmt: skip
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000001"]
     assert not (out / "model").exists()
+
+
+def test_log_every_thins_metrics_jsonl_but_keeps_a_step_with_a_skipped_update(tmp_path, monkeypatch):
+    _nan_on(monkeypatch, {3})  # the first update of step 2
+    cfg = _cfg(tmp_path, **{"grpo.steps": 5, "log_every": 3})
+    result = train_grpo(cfg, reward_fn=LengthReward(), progress=False)
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [2, 3, 5]
+    assert [m["step"] for m in result.metrics] == [1, 2, 3, 4, 5]

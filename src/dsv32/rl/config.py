@@ -162,6 +162,9 @@ class EvalConfig(Checked, error=RLConfigError):
 
 @dataclass
 class RLConfig:
+    """The recipe. ``save_every``: a checkpoint every N steps (0: only at the end); ``log_every``: a
+    ``metrics.jsonl`` row every N steps (and at the last, and for a step with a skipped update)."""
+
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=1.0, top_p=0.95))
     grpo: GRPOConfig = field(default_factory=GRPOConfig)

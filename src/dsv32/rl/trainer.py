@@ -279,7 +279,8 @@ def run_steps(
 ) -> RLResult:
     """The loop of a GRPO run under ``result.out_dir``: resume from its latest checkpoint, or start
     over (held-out ``evaluate(0, eval.jsonl)`` first); then ``step_fn(step)`` for ``cfg.grpo.steps``
-    steps, each at its warmup learning rate, its record appended to ``metrics.jsonl``; ``evaluate``
+    steps, each at its warmup learning rate, its record appended to ``metrics.jsonl`` every
+    ``cfg.log_every`` steps, at the last, and whenever an update was skipped; ``evaluate``
     every ``cfg.eval.every`` steps and after the last, checkpoints (every ``cfg.save_every`` steps),
     the final model and ``rl.png``. ``stop_after`` stops after that step with a checkpoint, as if
     the process had been killed; ``evaluate`` None: no held-out items. ``run``: the run's identity,
@@ -320,7 +321,8 @@ def run_steps(
             record = step_fn(step)
             step += 1
             record["seconds"] = round(time.time() - start, 2)
-            append_metrics(metrics_path, record)
+            if step % cfg.log_every == 0 or step == last or record.get("skipped_updates"):
+                append_metrics(metrics_path, record)
             result.metrics.append(record)
             if on_step is not None:
                 on_step(record)
