@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from dsv32.recipe import NON_NEGATIVE, POSITIVE, Rule, at_least, check_fields, one_of
+from dsv32.recipe import NON_NEGATIVE, POSITIVE, Checked, Rule, at_least, check_fields, one_of
 from dsv32.rl.rewards.judge import GenerativeRewardModel, Judgement, RewardModelError
 from dsv32.rl.rewards.outcome import answer_part, exact_match_reward, format_reward, math_reward
 from dsv32.rl.rewards.shaping import LENGTH_SHAPES, language_consistency, length_penalty
@@ -36,7 +36,7 @@ OUTCOME_COMPONENTS = ("math", "exact")  # the first present decides RewardResult
 
 
 @dataclass(frozen=True)
-class RewardSpec:
+class RewardSpec(Checked):
     """How one domain is scored. ``weights`` maps component names (:data:`COMPONENTS`) to weights.
 
     ``max_tokens`` is the generation budget L_max (required with ``"length"``), ``length_shape`` and
@@ -67,6 +67,7 @@ class RewardSpec:
     def __post_init__(self) -> None:
         options = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "weights"}
         check_fields(type(self), options, "RewardSpec")  # types and RANGES, as for a recipe section
+        super().__post_init__()
         if not isinstance(self.weights, Mapping) or not self.weights:
             raise ValueError(
                 f"a RewardSpec needs at least one weighted component; known: {sorted(COMPONENTS)}"
