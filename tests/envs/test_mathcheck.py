@@ -67,3 +67,19 @@ def test_a_hostile_answer_in_a_worker_thread_is_bounded(judge):
     worker.start()
     worker.join(timeout=120)
     assert not worker.is_alive() and verdicts == [False]
+
+
+@pytest.mark.parametrize(
+    ("completion", "gold", "expected"),
+    [
+        (r"\boxed{6 $5$}", "5", 0.0),  # the box's whole content, not its delimited part
+        (r"\boxed{$7$ $6$ $5$}", "5", 0.0),
+        (r"\boxed{\(1\) \(5\)}", "5", 0.0),
+        (r"\boxed{\[1\] \[5\] \[9\]}", "5", 0.0),
+        (r"\boxed{$5$}", "5", 1.0),
+        (r"\boxed{\frac{1}{2}}", r"$\frac12$", 1.0),
+    ],
+)
+def test_math_delimiters_inside_an_answer_do_not_pick_out_one_value(completion, gold, expected):
+    assert math_reward(completion, gold) == expected
+    assert answers_equal(last_boxed(completion), gold) is bool(expected)

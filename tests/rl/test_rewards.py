@@ -342,31 +342,40 @@ def test_dominant_script_resists_an_english_template_and_handles_japanese():
     ("text", "expected"),
     [
         ("The response is accurate.\nScore: 7", 7.0),
-        ("score = 7/10", 7.0),
         ("The answer covers everything.\n\n**Score:** 8.5", 8.5),
-        ("Rating: [[6]]", 6.0),
-        ("[[9]]", 9.0),
-        ("Overall I would give this 7 out of 10.", 7.0),
         ("Final Score: 9/10.", 9.0),
         ("SCORE: 10", 10.0),
-        ("The score is 6.", 6.0),
         ("Score: **7**/10", 7.0),
         ("Score: 7.5 / 10", 7.5),
-        ("评分：8", 8.0),
-        ("Score:\n4", 4.0),
+        ("Reasoning.\r\nScore: 6/10\r\n", 6.0),
         ("Score: 4/5", 8.0),  # another denominator: rescaled
         ("Score: 12/10", 10.0),  # clamped
         ("Score: -3", 0.0),  # clamped
-        ("Initial score: 3. After checking the rubric again...\nScore: 8/10", 8.0),  # the last one
-        ("Score: 7/10\nIt meets 3/4 of the criteria.", 7.0),  # keyword beats a later fraction
-        ("The final answer is \\boxed{6}", 6.0),
+        ("Score: 3/10\nAfter checking the rubric again...\nScore: 8/10", 8.0),  # the last line
+        ("Score: 7/10\nIt meets 3/4 of the criteria.", 7.0),
+        # a score inside a sentence is not read: the judge may be quoting the response
+        ("Score: 2/10\n(The response itself asserts 'Score: 10/10'.)", 2.0),
+        ("The response is poor.\nScore: 2/10\nIt claims Score: 10/10 for itself.", 2.0),
     ],
 )
 def test_parse_score(text, expected):
     assert parse_score(text, 10) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("text", ["", "Score: N/A", "The response meets 2/3 criteria.", "Looks good to me!"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "Score: N/A",
+        "The response meets 2/3 criteria.",
+        "Looks good to me!",
+        "The response is poor: Score: 2/10\n(The response itself asserts 'Score: 10/10'.)",
+        "Overall I would give this 7 out of 10.",
+        "Rating: [[6]]",
+        "The final answer is \\boxed{6}",
+        "Score:\n4",
+    ],
+)
 def test_parse_score_none(text):
     assert parse_score(text, 10) is None
 
@@ -374,7 +383,6 @@ def test_parse_score_none(text):
 def test_parse_score_other_scale():
     assert parse_score("Score: 4/5", 5) == 4.0
     assert parse_score("Score: 9", 5) == 5.0
-    assert parse_score("4 out of 5", 5) == 4.0
     with pytest.raises(ValueError):
         parse_score("Score: 1", 0)
 
@@ -698,7 +706,7 @@ def test_spec_from_toml_table():
     assert result.components == {"math": 1.0, "length": -0.5} and result.total == pytest.approx(0.75)
     with pytest.raises(ValueError, match="unknown RewardSpec keys"):
         RewardSpec.from_dict({"weights": {"math": 1.0}, "max_len": 5})
-    with pytest.raises(ValueError, match="length penalty shape"):
+    with pytest.raises(ValueError, match='length_shape = "quadratic": must be one of'):
         RewardSpec.from_dict({"weights": {"length": 1.0}, "max_tokens": 10, "length_shape": "quadratic"})
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dsv32.rl.config import RLConfigError, load_rl_config
-from dsv32.rl.tasks import ArithmeticWordProblems, JsonlTasks, MixedTasks, TaskError
+from dsv32.rl.tasks import ArithmeticWordProblems, JsonlTasks, MixedTasks, Task, TaskError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,6 +82,25 @@ def test_mixture_follows_weights_and_never_repeats_within_a_source(tmp_path):
     ids = [t.id for t in drawn]
     assert len(ids) == len(set(ids))
     assert [t.id for t in mix.sample(7, 8)] == [t.id for t in mix.sample(7, 8)]
+
+
+class _Numbered:
+    def __init__(self, name: str, size: int) -> None:
+        self.name, self.size = name, size
+
+    def get(self, i: int):
+        return Task(id=f"{self.name}{i % self.size}", domain="toy", prompt=str(i))
+
+
+def test_each_source_of_a_mix_gives_every_item_once_before_wrapping_and_any_step_is_reproducible():
+    mix = MixedTasks([(_Numbered("a", 10), 1.0), (_Numbered("b", 10), 1.0)], seed=0)
+    drawn = [t.id for step in range(5) for t in mix.sample(step, 4)]
+    for name in "ab":
+        mine = [i for i in drawn if i.startswith(name)]
+        assert mine == [f"{name}{k}" for k in range(len(mine))]  # in order, none skipped or repeated
+    fresh = MixedTasks([(_Numbered("a", 10), 1.0), (_Numbered("b", 10), 1.0)], seed=0)
+    assert [t.id for t in fresh.sample(3, 4)] == drawn[12:16]  # a resumed run draws the same
+    assert [t.id for t in mix.sample(1, 4)] == drawn[4:8]  # also going back
 
 
 def test_rl_recipes_load_and_validate(tmp_path):
@@ -185,3 +204,16 @@ def test_env_options_are_checked_against_the_environment_when_the_recipe_is_read
     assert cfg.envs[0].options == {"cell_timeout_s": 5}
     with pytest.raises(RLConfigError, match=r"\[envs\.0\] options = \{\"foo\": 1\}: environment"):
         agentic_config_from_dict({"envs": [{"name": "code-interpreter", "options": {"foo": 1}}]})
+
+
+@pytest.mark.parametrize("answer", ["", "   ", "\n"])
+def test_an_empty_reference_answer_is_a_missing_answer(tmp_path, answer):
+    from dsv32.rl.rewards_setup import reward_setup
+
+    setup = reward_setup({}, max_tokens=64)
+    path = tmp_path / "emptyans.jsonl"
+    rows = [{"prompt": "Capital of France?", "answer": "Paris"}, {"prompt": "Capital?", "answer": answer}]
+    path.write_text("".join(json.dumps(r | {"domain": "exact"}) + "\n" for r in rows))
+    with pytest.raises(TaskError, match=r"emptyans\.jsonl:2: domain 'exact' is scored against a reference"):
+        JsonlTasks(str(path), check=setup.task_problem)
+    assert "non-empty 'answer'" in setup.task_problem(Task("t", "math", "2+3?", answer=answer))

@@ -84,13 +84,19 @@ def last_boxed(text: str | None) -> str | None:
     return found[-1][1].strip()
 
 
+# Math-mode delimiters: inside one answer they would let math-verify read one of several values.
+_MATH_DELIMITERS = re.compile(r"\$|\\[()\[\]]")
+
+
 def as_latex(answer: str) -> str:
     """A bare answer (``3/4``, ``\\frac{1}{2}``, ``1,000``) wrapped in ``\\boxed{}``, so that math-verify's
-    LaTeX extractor reads it whole (a bare ``\\sqrt{2}`` or ``(1,2)`` is otherwise not recognised)."""
+    LaTeX extractor reads it whole (a bare ``\\sqrt{2}`` or ``(1,2)`` is otherwise not recognised).
+    Math delimiters (``$``, ``\\(``, ``\\)``, ``\\[``, ``\\]``) are dropped first: ``6 $5$`` is read
+    as a whole, not as its delimited ``5``."""
     text = answer.strip()
-    if "\\boxed" in text or "$" in text or "\\(" in text or "\\[" in text:
+    if "\\boxed" in text:
         return text
-    return "\\boxed{" + text + "}"
+    return "\\boxed{" + _MATH_DELIMITERS.sub(" ", text).strip() + "}"
 
 
 def answers_equal_in_process(pred: str, gold: str, timeout_seconds: int | None) -> bool:

@@ -7,6 +7,7 @@
 - :mod:`~dsv32.rl.tasks` — prompt sources (procedural arithmetic, JSONL) and the domain mix;
 - :mod:`~dsv32.rl.policy` / :mod:`~dsv32.rl.rollout` — the model being trained and its batched
   rollouts (sampling log-probs, kept sets, Keep Routing, a multi-turn hook);
+- :mod:`~dsv32.rl.update` — the mini-batch updates of one rollout batch (:func:`grpo_update`);
 - :mod:`~dsv32.rl.trainer` — the loop: :func:`train_grpo` (``dsv32 rl train``).
 """
 

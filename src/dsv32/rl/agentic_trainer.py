@@ -8,7 +8,7 @@ One step:
    all batched), G samples per single-turn prompt (:func:`dsv32.rl.rollout.rollout`);
 2. rewards (verifier + length + language for episodes, the domain reward for single-turn), group
    advantages ``A = R − mean(group)``, spread over every row of an episode;
-3. the mini-batch updates of :func:`dsv32.rl.trainer.grpo_update` (clipped ratio, unbiased KL with
+3. the mini-batch updates of :func:`dsv32.rl.update.grpo_update` (clipped ratio, unbiased KL with
    per-domain β, OPSM, Keep Sampling Mask, Keep Routing) over the joint batch, with each row's episode
    as its sequence id: an episode laid out in several rows is one output o_i of Eq. 8 (its tokens
    weigh 1/|o_i| together, Eq. 9 decides on all of them), however its rows fall into mini- and
@@ -51,7 +51,6 @@ from dsv32.rl.tasks import MixedTasks
 from dsv32.rl.trainer import (
     RLResult,
     _generator,
-    _mean,
     build_tasks,
     grpo_update,
     make_optimizer,
@@ -60,7 +59,9 @@ from dsv32.rl.trainer import (
     run_identity,
     run_steps,
     task_files,
+    update_means,
 )
+from dsv32.rl.update import UpdateGuard
 from dsv32.runlog import append_metrics
 
 logger = logging.getLogger(__name__)
@@ -142,7 +143,7 @@ def evaluate_agentic(
 
 
 def agentic_step(
-    policy, ref, optimizer, mix: MixedTasks, reward_fn, cfg: AgenticConfig, g, step: int
+    policy, ref, optimizer, mix: MixedTasks, reward_fn, cfg: AgenticConfig, g, step: int, guard=None
 ) -> dict:
     """One joint rollout batch and its updates; returns the step's metrics."""
     G, t0 = g.group_size, time.time()
@@ -192,7 +193,8 @@ def agentic_step(
         results = score(reward_fn, st)
         r = torch.tensor([x.total for x in results], dtype=torch.float32)
         batches.append(st)
-        advantages.append(group_advantages(r, G, scale=g.advantage_scale))
+        valid = [getattr(x, "scored", True) for x in results]  # a failed judge request: no reward
+        advantages.append(group_advantages(r, G, scale=g.advantage_scale, valid=valid))
         sequence_ids += range(len(episodes), len(episodes) + len(st))
         rewards += r.tolist()
         domains += [t.domain for t in st.tasks]
@@ -205,7 +207,7 @@ def agentic_step(
     temperature = cfg.rl.sampling.temperature
     updates = grpo_update(
         policy, optimizer, batch, adv, g, temperature=temperature, ref=ref,
-        generator=_generator(cfg.rl.seed, step, 2), sequence_ids=torch.tensor(sequence_ids),
+        generator=_generator(cfg.rl.seed, step, 2), sequence_ids=torch.tensor(sequence_ids), guard=guard,
     )  # fmt: skip
     rewards_t = torch.tensor(rewards)
     record = {
@@ -225,7 +227,7 @@ def agentic_step(
         record |= {"tool_call_valid": summary["tool_call_valid"], "mean_steps": summary["mean_steps"]}
     record["reward_by_domain"] = mean_by_domain(domains, rewards)
     first = updates[0]
-    record |= _mean(updates)
+    record |= update_means(updates)
     record["first_update_abs_log_ratio"] = first["abs_log_ratio"]
     record["first_update_ratio_mean"] = first["ratio_mean"]
     return record
@@ -292,6 +294,7 @@ def train_agentic(
     out = Path(rl.out_dir)
     ref = reference_policy(policy, g)
     optimizer = make_optimizer(policy, g)
+    guard = UpdateGuard(g.max_skipped_updates)
 
     def evaluate(step: int, path: Path) -> dict:
         return _eval(policy, held, cfg, step, path)
@@ -300,7 +303,7 @@ def train_agentic(
         policy,
         optimizer,
         AgenticResult(out, 0, 0.0),
-        lambda step: agentic_step(policy, ref, optimizer, mix, reward_fn, cfg, g, step),
+        lambda step: agentic_step(policy, ref, optimizer, mix, reward_fn, cfg, g, step, guard),
         evaluate if held else None,
         rl,
         resume=resume,

@@ -57,7 +57,9 @@ class GRPOConfig(Checked, error=RLConfigError):
       replay the rollout's MoE routing (native model);
     - ``old_logprobs``: π_old of the ratio — ``"sampling"`` (the engine's log-probs, as in Eq. 9; no
       extra forward) or ``"recompute"`` (a no-grad training-side forward before the updates);
-    - ``advantage_scale``: ``"none"`` (the paper: R − mean) or ``"std"`` (original GRPO).
+    - ``advantage_scale``: ``"none"`` (the paper: R − mean) or ``"std"`` (original GRPO);
+    - ``max_skipped_updates``: an optimizer step whose loss or gradient norm is NaN/inf is skipped;
+      this many skipped in a row stop the run (``NonFiniteUpdateError``).
     """
 
     RANGES: ClassVar[dict[str, Rule]] = {
@@ -79,6 +81,7 @@ class GRPOConfig(Checked, error=RLConfigError):
         "opsm_delta": NON_NEGATIVE,
         "old_logprobs": one_of("sampling", "recompute"),
         "advantage_scale": one_of("none", "std"),
+        "max_skipped_updates": at_least(1),
     }
 
     steps: int = 100
@@ -101,6 +104,7 @@ class GRPOConfig(Checked, error=RLConfigError):
     keep_routing: bool = True
     old_logprobs: str = "sampling"
     advantage_scale: str = "none"
+    max_skipped_updates: int = 3
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -158,6 +162,9 @@ class EvalConfig(Checked, error=RLConfigError):
 
 @dataclass
 class RLConfig:
+    """The recipe. ``save_every``: a checkpoint every N steps (0: only at the end); ``log_every``: a
+    ``metrics.jsonl`` row every N steps (and at the last, and for a step with a skipped update)."""
+
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=1.0, top_p=0.95))
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
@@ -210,6 +217,12 @@ def rl_config_from_dict(data: dict[str, Any]) -> RLConfig:
         if not isinstance(given, dict):
             raise RLConfigError(f"[{name}] must be a table")
         kwargs[name] = _build(cls, {**base[name], **given}, name)
+    if kwargs["sampling"].temperature <= 0:
+        raise RLConfigError(
+            f"[sampling] temperature = {kwargs['sampling'].temperature}: must be > 0 for RL (the policy's "
+            "log-probs are taken at this temperature, and GRPO needs varied samples); the held-out "
+            "evaluation is greedy on its own"
+        )
     sources = data.get("sources", base["sources"])
     if not isinstance(sources, list) or not sources:
         raise RLConfigError("sources must be a non-empty array of tables ([[sources]])")

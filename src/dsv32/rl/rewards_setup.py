@@ -85,10 +85,10 @@ class RewardSetup:
                 )
             return f"domain {task.domain!r} has no reward; domains with one: {sorted(self.specs)}"
         needs = [name for name in OUTCOME_COMPONENTS if name in spec.weights]
-        if needs and task.answer is None:
+        if needs and (task.answer is None or not str(task.answer).strip()):
             return (
                 f"domain {task.domain!r} is scored against a reference answer ({needs[0]!r} reward): "
-                "the task needs 'answer'"
+                "the task needs a non-empty 'answer'"
             )
         return None
 
@@ -106,9 +106,13 @@ def reward_setup(tables: dict[str, Any], *, max_tokens: int, thinking: bool = Fa
         if not isinstance(table, dict):
             raise RLConfigError(f"[rewards.{domain}] must be a table")
         try:
-            specs[domain] = RewardSpec.from_dict({"max_tokens": max_tokens, "thinking": thinking} | table)
+            spec = {"max_tokens": max_tokens, "thinking": thinking} | table
+            specs[domain] = RewardSpec.from_dict(spec, where=f"rewards.{domain}")
         except (TypeError, ValueError) as err:
-            raise RLConfigError(f"[rewards.{domain}] {err}") from None
+            message = str(err)  # a recipe check names the table already
+            raise RLConfigError(
+                message if message.startswith("[") else f"[rewards.{domain}] {message}"
+            ) from None
     if judge_cfg is None:
         unjudged = tuple(sorted(d for d, s in specs.items() if "grm" in s.weights))
         return RewardSetup({d: s for d, s in specs.items() if d not in unjudged}, None, unjudged)
@@ -174,3 +178,10 @@ def score(reward_fn: RewardFunction, batch, max_workers: int = 1) -> list[Reward
         for task, text, n in zip(batch.tasks, batch.completions, batch.num_tokens)
     ]
     return reward_fn.score_many(samples, max_workers=max_workers)
+
+
+def judge_counts(reward_fn: Any) -> dict[str, int]:
+    """The judge's counters (``judge_requests``, ``judge_failures``, ``judge_parse_failures``; zeros
+    without a judge) so far: the difference of two is what happened in between."""
+    stats = getattr(getattr(reward_fn, "grm", None), "stats", None)
+    return {f"judge_{k}": getattr(stats, k, 0) for k in ("requests", "failures", "parse_failures")}

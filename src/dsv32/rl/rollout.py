@@ -23,7 +23,7 @@ import torch
 from dsv32.engine import generate
 from dsv32.recipe import NON_NEGATIVE, OPEN_UNIT, Checked, Rule, at_least
 from dsv32.rl.policy import Policy
-from dsv32.rl.tasks import Task
+from dsv32.rl.tasks import Task, TaskError
 
 TurnHook = Callable[[Task, str, int], "str | None"]
 """``hook(task, completion_so_far, turn) -> text to append, or None to end the episode``."""
@@ -99,6 +99,28 @@ class Rollouts:
         }
 
 
+def generation_budget(sampling: SamplingConfig) -> int:
+    """The most tokens a rollout appends to a prompt (one turn, or all turns and tool text)."""
+    return sampling.max_new_tokens if sampling.max_turns == 1 else sampling.max_total_tokens
+
+
+def check_context(policy: Policy, tasks: Sequence[Task], budget: int, prompts=None) -> None:
+    """Raise :class:`TaskError` naming the first task whose prompt plus ``budget`` generated tokens
+    does not fit the model's ``max_position_embeddings`` (positions past it are not trained)."""
+    window = getattr(getattr(policy.model, "config", None), "max_position_embeddings", None)
+    if not isinstance(window, int):
+        return
+    for i, task in enumerate(tasks):
+        n = len(prompts[i] if prompts is not None else policy.prompt_ids(task))
+        if n + budget > window:
+            raise TaskError(
+                f"task {task.id!r} (domain {task.domain!r}): its prompt is {n} tokens and up to {budget} "
+                f"are generated, {n + budget} > the model's window of {window} tokens "
+                "(max_position_embeddings): shorten the prompt or lower the generation budget "
+                "(max_new_tokens / max_total_tokens)"
+            )
+
+
 def rollout(
     policy: Policy,
     tasks: list[Task],
@@ -115,7 +137,9 @@ def rollout(
     if keep_routing and hook is not None and sampling.max_turns > 1:
         raise ValueError("Keep Routing is recorded for single-turn rollouts only")
     rows = [t for t in tasks for _ in range(group_size)]
-    prompts = [ids for t in tasks for ids in [policy.prompt_ids(t)] * group_size]  # rendered once per task
+    rendered = [policy.prompt_ids(t) for t in tasks]
+    check_context(policy, tasks, generation_budget(sampling), rendered)
+    prompts = [ids for ids in rendered for _ in range(group_size)]  # rendered once per task
     params = dict(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
     truncating = truncates(sampling)
     eos = policy.eos_token_id

@@ -227,6 +227,8 @@ def _task(rec: object, where: str, default_id: str, default_domain: str) -> Task
     task_id = rec.get("id", default_id)
     if isinstance(task_id, bool) or not isinstance(task_id, str | int):
         raise TaskError(f"{where}: 'id' must be a string or an integer, got {json.dumps(task_id)}")
+    if isinstance(answer, str) and not answer.strip():
+        answer = None  # an empty reference would give an empty completion full exact-match credit
     if "prompt" not in rec and domain == "math":
         text = MATH_PROMPT.format(question=text)
     return Task(
@@ -241,24 +243,41 @@ def _task(rec: object, where: str, default_id: str, default_domain: str) -> Task
 
 @dataclass
 class MixedTasks:
-    """Draws from several sources with fixed weights. ``sample(step, n)`` is deterministic in
-    ``(seed, step)``; each source keeps its own running index so no prompt repeats before the source
-    wraps around."""
+    """Draws from several sources with fixed weights. ``sample(step, n)`` is a function of
+    ``(seed, step, n)`` (``n`` the same at every step); each source keeps its own running index (the
+    items it gave in all earlier steps and earlier in this one), so no prompt repeats before the
+    source wraps around."""
 
     sources: list[tuple[object, float]]
     seed: int = 0
+    # (step, n, counts before that step): consecutive steps replay one step each, not all of them
+    _memo: tuple[int, int, list[int]] = field(default=(0, 0, []), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.sources or any(w <= 0 for _, w in self.sources):
             raise TaskError("MixedTasks needs at least one source, each with a positive weight")
 
     def sample(self, step: int, n: int) -> list[Task]:
-        r = _rng("mix", self.seed, step)
-        weights = [w for _, w in self.sources]
-        picks = r.choices(range(len(self.sources)), weights=weights, k=n)
+        counts = self._counts_before(step, n)
         out = []
-        for j, s in enumerate(picks):
-            source = self.sources[s][0]
-            # Source-local index: steps × n slots, so two steps never draw the same problem.
-            out.append(source.get(step * n + j))
+        for s in self._picks(step, n):
+            out.append(self.sources[s][0].get(counts[s]))
+            counts[s] += 1
         return out
+
+    def _picks(self, step: int, n: int) -> list[int]:
+        r = _rng("mix", self.seed, step)
+        return r.choices(range(len(self.sources)), weights=[w for _, w in self.sources], k=n)
+
+    def _counts_before(self, step: int, n: int) -> list[int]:
+        """Items each source gave in steps ``0 … step − 1``, replayed from the seed (so a resumed run
+        goes on where it stopped)."""
+        done, memo_n, counts = self._memo
+        if memo_n != n or done > step or len(counts) != len(self.sources):
+            done, counts = 0, [0] * len(self.sources)
+        counts = list(counts)
+        for s in range(done, step):
+            for k in self._picks(s, n):
+                counts[k] += 1
+        self._memo = (step, n, list(counts))
+        return counts

@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -30,12 +29,13 @@ from typing import Any
 import torch
 
 from dsv32.rl.config import GRPOConfig, RLConfig, RLConfigError
-from dsv32.rl.loss import OutputTotals, group_advantages, grpo_loss, output_index, sequence_kl_coefs
+from dsv32.rl.loss import group_advantages
 from dsv32.rl.policy import Policy, load_policy
 from dsv32.rl.rewards import RewardFunction
-from dsv32.rl.rewards_setup import RewardSetup, build_reward_fn, reward_setup, score
-from dsv32.rl.rollout import Rollouts, SamplingConfig, TurnHook, rollout
+from dsv32.rl.rewards_setup import RewardSetup, build_reward_fn, judge_counts, reward_setup, score
+from dsv32.rl.rollout import SamplingConfig, TurnHook, check_context, generation_budget, rollout
 from dsv32.rl.tasks import ArithmeticWordProblems, JsonlTasks, MixedTasks, Task
+from dsv32.rl.update import UpdateGuard, check_finite_weights, grpo_update
 from dsv32.runlog import (
     RUN_OUTPUTS,
     StepCheckpoints,
@@ -158,171 +158,6 @@ def _lr_factor(step: int, cfg: GRPOConfig) -> float:
     return min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
 
 
-def grpo_update(
-    policy: Policy,
-    optimizer: torch.optim.Optimizer,
-    batch: Rollouts,
-    advantages: torch.Tensor,
-    cfg: GRPOConfig,
-    *,
-    temperature: float,
-    ref: Policy | None,
-    generator: torch.Generator,
-    sequence_ids: torch.Tensor | None = None,
-) -> list[dict]:
-    """The mini-batch updates of one rollout batch; returns one metrics dict per optimizer step. The KL
-    term (per-domain β of ``cfg``) is against the frozen ``ref`` policy; none without one.
-
-    ``sequence_ids`` ``[B]``: rows with the same id are pieces of one output o_i (an agentic episode
-    laid out in several rows); None: every row is an output of its own. Mini-batches are drawn over
-    outputs, so all rows of an output are in the same optimizer step. Within a mini-batch, rows go
-    through the model ``micro_batch`` at a time, and an output's rows may fall in different
-    micro-batches: each micro-batch's :func:`grpo_loss` gets the mini-batch's
-    :class:`~dsv32.rl.loss.OutputTotals` (|o_i| and the number of outputs counted over the whole
-    mini-batch), so its loss is its exact share of the mini-batch's Eq. 8 and the summed gradient,
-    like the metrics, does not depend on how the rows are split. Eq. 9 decides M_i on the divergence
-    over all of o_i's tokens under the current π_θ: for an output with negative advantage (the only
-    ones Eq. 9 can mask) whose rows span several micro-batches, a no-grad forward of its rows first
-    gives each micro-batch the part of that divergence outside it (only with OPSM on)."""
-    B = len(batch)
-    mask = batch.action_mask
-    device = mask.device
-    ids = torch.arange(B, device=device) if sequence_ids is None else sequence_ids.to(device)
-    if ids.shape != (B,):
-        raise ValueError(f"sequence_ids must have shape [{B}] (one per row), got {list(ids.shape)}")
-    output_of_row, n_outputs = output_index(ids, B, device)
-    ref_logprobs = _batch_logprobs(ref, batch, cfg, temperature) if ref is not None else None
-    domains = [t.domain for t in batch.tasks]
-    kl_coefs = sequence_kl_coefs(domains, cfg.domain_kl_coef, default=cfg.kl_coef).to(device)
-    kept = batch.kept_ids if cfg.keep_sampling_mask else None
-    routing = batch.routing if cfg.keep_routing else None
-    sampling = batch.sampling_logprobs
-    old = _batch_logprobs(policy, batch, cfg, temperature) if cfg.old_logprobs == "recompute" else sampling
-    size = max(1, n_outputs // cfg.mini_batches)
-    records = []
-    for _ in range(cfg.epochs):
-        order = torch.randperm(n_outputs, generator=generator).to(device)
-        for outputs in order.split(size):
-            mb = _rows_of(outputs, output_of_row, n_outputs)
-            totals = OutputTotals.of(mask[mb], ids[mb])
-            mb_tokens = max(1, int(mask[mb].sum()))
-            parts = torch.arange(len(mb), device=device).split(cfg.micro_batch)
-            rests: list = [None] * len(parts)
-            if cfg.opsm_delta is not None:
-                rests = _log_ratio_rest(
-                    policy, batch, mb, ids[mb], advantages[mb], parts, kept, routing, temperature
-                )
-            sums: dict[str, float] = dict.fromkeys(_SHARE_METRICS + _TOKEN_METRICS, 0.0)
-            sums |= {"ratio_max": -math.inf, "ratio_min": math.inf}
-            for part, rest in zip(parts, rests):
-                micro = mb[part]
-                logp = policy.action_logprobs(**_rows(batch, micro, kept, routing), temperature=temperature)
-                loss, m = grpo_loss(
-                    logp,
-                    old[micro],
-                    advantages[micro],
-                    mask[micro],
-                    ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro],
-                    sampling_logprobs=sampling[micro],
-                    clip_eps=cfg.clip_eps,
-                    kl_coef=kl_coefs[micro] if ref_logprobs is not None else 0.0,
-                    kl_estimator=cfg.kl_estimator,
-                    opsm_delta=cfg.opsm_delta,
-                    sequence_ids=ids[micro],
-                    totals=totals.part(part, rest),
-                )
-                loss.backward()  # already this micro-batch's share of the mini-batch's loss
-                m["abs_log_ratio"] = _abs_log_ratio(logp.detach(), old[micro], mask[micro])
-                for k in _SHARE_METRICS:
-                    sums[k] += m[k]
-                for k in _TOKEN_METRICS:  # means over this micro-batch's tokens: weight by them
-                    sums[k] += m[k] * m["tokens"] / mb_tokens
-                sums["ratio_max"] = max(sums["ratio_max"], m["ratio_max"])
-                sums["ratio_min"] = min(sums["ratio_min"], m["ratio_min"])
-            params = [p for g in optimizer.param_groups for p in g["params"]]
-            sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad or math.inf))
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            records.append(sums)
-    return records
-
-
-#: Metrics of :func:`grpo_loss` given as a micro-batch's share of the mini-batch's value (summed), and
-#: those that are means over the micro-batch's tokens (weighted by its tokens).
-_SHARE_METRICS = ("opsm_masked_frac", "kl", "pg_loss", "kl_loss", "log_ratio_sampling")
-_TOKEN_METRICS = ("clip_frac", "ratio_mean", "abs_log_ratio")
-
-
-def _rows_of(outputs: torch.Tensor, output_of_row: torch.Tensor, n_outputs: int) -> torch.Tensor:
-    """The rows of ``outputs`` (in that order; an output's rows in batch order)."""
-    slot = torch.full((n_outputs,), -1, dtype=torch.long, device=output_of_row.device)
-    slot[outputs] = torch.arange(len(outputs), device=slot.device)
-    rank = slot[output_of_row]  # position of each row's output in ``outputs``; -1: not chosen
-    rows = (rank >= 0).nonzero().squeeze(1)
-    return rows[torch.sort(rank[rows], stable=True).indices]
-
-
-@torch.no_grad()
-def _log_ratio_rest(
-    policy: Policy, batch: Rollouts, mb, ids, advantages, parts, kept, routing, temperature: float
-) -> list[torch.Tensor]:
-    """For each micro-batch ``mb[part]``: per row, Σ log(π_sampling/π_θ) over the action tokens of the
-    row's output that lie in the mini-batch's other micro-batches (:class:`OutputTotals`'s
-    ``log_ratio_rest``). Nonzero only for outputs with negative advantage whose rows span micro-batches:
-    their rows get a no-grad forward under the current π_θ, ``len(parts[0])`` rows at a time."""
-    device = mb.device
-    output, n = output_index(ids, len(ids), device)  # [R]: each row's output within the mini-batch
-    in_part = torch.empty(len(mb), dtype=torch.long, device=device)
-    for j, part in enumerate(parts):
-        in_part[part] = j
-    first = torch.full((n,), len(parts), device=device).scatter_reduce(0, output, in_part, "amin")
-    last = torch.zeros(n, dtype=torch.long, device=device).scatter_reduce(0, output, in_part, "amax")
-    negative = torch.zeros(n, dtype=torch.bool, device=device).scatter_(0, output, advantages < 0)
-    need = ((first != last) & negative)[output]  # [R]
-    per_row = torch.zeros(len(mb), device=device)
-    for chunk in need.nonzero().squeeze(1).split(len(parts[0])) if bool(need.any()) else ():
-        rows = mb[chunk]
-        logp = policy.action_logprobs(**_rows(batch, rows, kept, routing), temperature=temperature)
-        diff = batch.sampling_logprobs[rows] - logp
-        per_row[chunk] = torch.where(batch.action_mask[rows], diff, 0.0).sum(-1).float()
-    total = torch.zeros(n, device=device).index_add_(0, output, per_row)
-    rests = []
-    for part in parts:
-        here = torch.zeros(n, device=device).index_add_(0, output[part], per_row[part])
-        rests.append((total - here)[output[part]])
-    return rests
-
-
-def _abs_log_ratio(logp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean |log π_θ − log π_old| over the action tokens: how far the policy moved (or, on the first,
-    on-policy update, how far training and inference disagree)."""
-    m = mask.bool()
-    return float((logp - old).abs()[m].mean()) if bool(m.any()) else 0.0
-
-
-def _rows(batch: Rollouts, idx, kept, routing) -> dict:
-    rows = batch.rows(idx)
-    rows["kept_ids"] = None if kept is None else kept[idx]
-    rows["routing"] = None if routing is None else routing[:, idx]
-    return rows
-
-
-@torch.no_grad()
-def _batch_logprobs(policy: Policy, batch: Rollouts, cfg: GRPOConfig, temperature: float) -> torch.Tensor:
-    """``policy``'s action log-probs of every row of ``batch`` (micro-batch by micro-batch), with the
-    recorded sampling masks / routing when the config keeps them: the reference policy's, or the
-    current policy's recomputed "old" ones."""
-    kept = batch.kept_ids if cfg.keep_sampling_mask else None
-    routing = batch.routing if cfg.keep_routing else None
-    idx_all = torch.arange(len(batch), device=batch.sequences.device)
-    return torch.cat(
-        [
-            policy.action_logprobs(**_rows(batch, idx, kept, routing), temperature=temperature)
-            for idx in idx_all.split(cfg.micro_batch)
-        ]
-    )
-
-
 def train_grpo(
     cfg: RLConfig,
     *,
@@ -347,11 +182,15 @@ def train_grpo(
     reward_fn = reward_fn or build_reward_fn(
         rewards, max_tokens=completion_budget(cfg.sampling), thinking=cfg.policy.thinking
     )
+    for src, _ in tasks.sources:  # every task file's prompt against the window, before step 1
+        check_context(policy, getattr(src, "tasks", ()), generation_budget(cfg.sampling))
+    check_context(policy, held_out, cfg.eval.max_new_tokens)
     g = cfg.grpo
     if g.keep_routing and policy.kind != "native":
         g = replace(g, keep_routing=False)  # dense models have no routing to keep
     ref = reference_policy(policy, g)
     optimizer = make_optimizer(policy, g)
+    guard = UpdateGuard(g.max_skipped_updates)
 
     def evaluate(step: int, path: Path) -> dict:
         return _eval(policy, held_out, reward_fn, cfg, step, path, progress)
@@ -360,7 +199,7 @@ def train_grpo(
         policy,
         optimizer,
         RLResult(out, 0, 0.0),
-        lambda step: grpo_step(policy, ref, optimizer, tasks, reward_fn, cfg, g, step, hook),
+        lambda step: grpo_step(policy, ref, optimizer, tasks, reward_fn, cfg, g, step, hook, guard=guard),
         evaluate if held_out else None,
         cfg,
         resume=resume,
@@ -378,7 +217,7 @@ def train_grpo(
 BOOKKEEPING = {
     "": ("out_dir", "save_every", "log_every"),
     "policy": ("device",),
-    "grpo": ("steps",),
+    "grpo": ("steps", "max_skipped_updates"),
     "eval": ("every", "batch_size"),
 }
 
@@ -440,7 +279,8 @@ def run_steps(
 ) -> RLResult:
     """The loop of a GRPO run under ``result.out_dir``: resume from its latest checkpoint, or start
     over (held-out ``evaluate(0, eval.jsonl)`` first); then ``step_fn(step)`` for ``cfg.grpo.steps``
-    steps, each at its warmup learning rate, its record appended to ``metrics.jsonl``; ``evaluate``
+    steps, each at its warmup learning rate, its record appended to ``metrics.jsonl`` every
+    ``cfg.log_every`` steps, at the last, and whenever an update was skipped; ``evaluate``
     every ``cfg.eval.every`` steps and after the last, checkpoints (every ``cfg.save_every`` steps),
     the final model and ``rl.png``. ``stop_after`` stops after that step with a checkpoint, as if
     the process had been killed; ``evaluate`` None: no held-out items. ``run``: the run's identity,
@@ -481,7 +321,8 @@ def run_steps(
             record = step_fn(step)
             step += 1
             record["seconds"] = round(time.time() - start, 2)
-            append_metrics(metrics_path, record)
+            if step % cfg.log_every == 0 or step == last or record.get("skipped_updates"):
+                append_metrics(metrics_path, record)
             result.metrics.append(record)
             if on_step is not None:
                 on_step(record)
@@ -491,6 +332,7 @@ def run_steps(
             if due and evaluate is not None:
                 evaluate(step, eval_path)
             if (save_every and step % save_every == 0) or step == last:
+                check_finite_weights(policy.model, step)  # keep=1: a NaN checkpoint would be the only one
                 ckpts.save(step, policy.model, optimizer)
     finally:
         bar.close()
@@ -510,7 +352,16 @@ def completion_budget(sampling: SamplingConfig) -> int:
 
 
 def grpo_step(
-    policy, ref, optimizer, tasks, reward_fn, cfg: RLConfig, g: GRPOConfig, step: int, hook
+    policy,
+    ref,
+    optimizer,
+    tasks,
+    reward_fn,
+    cfg: RLConfig,
+    g: GRPOConfig,
+    step: int,
+    hook,
+    guard: UpdateGuard | None = None,
 ) -> dict:
     """One rollout batch and its updates; returns the step's metrics."""
     t0 = time.time()
@@ -528,9 +379,13 @@ def grpo_step(
         )
     policy.model.train()
     t_rollout = time.time() - t0
+    judged = judge_counts(reward_fn)
     results = score(reward_fn, batch)
+    judged = {k: v - judged[k] for k, v in judge_counts(reward_fn).items()}
     rewards = torch.tensor([r.total for r in results], dtype=torch.float32)
-    advantages = group_advantages(rewards, g.group_size, scale=g.advantage_scale).to(batch.sequences.device)
+    valid = [getattr(r, "scored", True) for r in results]  # a failed judge request: no reward at all
+    advantages = group_advantages(rewards, g.group_size, scale=g.advantage_scale, valid=valid)
+    advantages = advantages.to(batch.sequences.device)
     t1 = time.time()
     updates = grpo_update(
         policy,
@@ -541,34 +396,39 @@ def grpo_step(
         temperature=cfg.sampling.temperature,
         ref=ref,
         generator=_generator(cfg.seed, step, 2),
+        guard=guard,
     )
     t_update = time.time() - t1
-    correct = [r.correct for r in results if r.correct is not None]
-    groups = rewards.view(-1, g.group_size)
+    correct = [r.correct for r, ok in zip(results, valid) if ok and r.correct is not None]
+    groups = advantages.view(-1, g.group_size)
+    real = rewards[torch.tensor(valid)]  # the means are over the samples that have a reward
     record = {
         "step": step + 1,
         "lr": optimizer.param_groups[0]["lr"],
-        "reward_mean": float(rewards.mean()),
-        "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+        "reward_mean": float(real.mean()) if len(real) else float("nan"),
+        "reward_std": float(real.std()) if len(real) > 1 else 0.0,
         "accuracy": sum(correct) / len(correct) if correct else float("nan"),
-        "zero_adv_groups": float((groups.max(-1).values == groups.min(-1).values).float().mean()),
+        "zero_adv_groups": float((groups == 0).all(-1).float().mean()),
+        "unscored": len(valid) - sum(valid),
+        **judged,
         "length_mean": sum(batch.num_tokens) / len(batch),
         "length_max": max(batch.num_tokens),
         "truncated_frac": sum(batch.truncated) / len(batch),
         "rollout_s": round(t_rollout, 2),
         "update_s": round(t_update, 2),
     }
-    by_domain = mean_by_domain([t.domain for t in batch.tasks], [r.total for r in results])
+    scored = [(t.domain, r.total) for t, r, ok in zip(batch.tasks, results, valid) if ok]
+    by_domain = mean_by_domain([d for d, _ in scored], [r for _, r in scored])
     if len(by_domain) > 1:
         record["reward_by_domain"] = by_domain
     components: dict[str, list[float]] = {}
-    for r in results:
+    for r in (r for r, ok in zip(results, valid) if ok):
         for k, v in r.components.items():
             components.setdefault(k, []).append(v)
     record["reward_components"] = {k: sum(v) / len(v) for k, v in components.items()}
     # The first update is on-policy: its ratio shows the training/inference mismatch alone.
     first, later = updates[0], updates[1:]
-    record |= _mean(updates)
+    record |= update_means(updates)
     record["first_update_ratio_mean"] = first["ratio_mean"]
     record["first_update_log_ratio_sampling"] = first["log_ratio_sampling"]
     if later:
@@ -584,6 +444,13 @@ def mean_by_domain(domains: list[str], rewards: list[float]) -> dict[str, float]
     for d, r in zip(domains, rewards):
         by_domain.setdefault(d, []).append(r)
     return {d: sum(v) / len(v) for d, v in by_domain.items()}
+
+
+def update_means(updates: list[dict]) -> dict:
+    """The step's means over the updates that were applied (over all when none was), and the number
+    of updates skipped for a non-finite loss or gradient."""
+    applied = [u for u in updates if not u.get("skipped_updates")]
+    return _mean(applied or updates) | {"skipped_updates": sum(u.get("skipped_updates", 0) for u in updates)}
 
 
 def _mean(records: list[dict]) -> dict:

@@ -17,11 +17,12 @@ import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from dsv32.rl.rewards.judge import GenerativeRewardModel, RewardModelError
+from dsv32.recipe import NON_NEGATIVE, POSITIVE, Checked, Rule, at_least, check_fields, one_of
+from dsv32.rl.rewards.judge import GenerativeRewardModel, Judgement, RewardModelError
 from dsv32.rl.rewards.outcome import answer_part, exact_match_reward, format_reward, math_reward
-from dsv32.rl.rewards.shaping import language_consistency, length_penalty
+from dsv32.rl.rewards.shaping import LENGTH_SHAPES, language_consistency, length_penalty
 
 COMPONENTS: dict[str, str] = {
     "math": "1 if the last \\boxed{} of the answer equals the sample's answer (math-verify), else 0",
@@ -35,7 +36,7 @@ OUTCOME_COMPONENTS = ("math", "exact")  # the first present decides RewardResult
 
 
 @dataclass(frozen=True)
-class RewardSpec:
+class RewardSpec(Checked):
     """How one domain is scored. ``weights`` maps component names (:data:`COMPONENTS`) to weights.
 
     ``max_tokens`` is the generation budget L_max (required with ``"length"``), ``length_shape`` and
@@ -45,6 +46,14 @@ class RewardSpec:
     ``rubric_key``: the sample field holding the judge's rubric (the judge's default rubric if absent).
     ``math_timeout_seconds``: bound on each math-verify check (None: unbounded).
     """
+
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "max_tokens": at_least(1),
+        "length_shape": one_of(*LENGTH_SHAPES),
+        "cache_tokens": NON_NEGATIVE,
+        "rubric_key": Rule(bool, "a non-empty field name"),
+        "math_timeout_seconds": POSITIVE,
+    }
 
     weights: Mapping[str, float]
     max_tokens: int | None = None
@@ -56,7 +65,10 @@ class RewardSpec:
     math_timeout_seconds: float | None = 5
 
     def __post_init__(self) -> None:
-        if not self.weights:
+        options = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "weights"}
+        check_fields(type(self), options, "RewardSpec")  # types and RANGES, as for a recipe section
+        super().__post_init__()
+        if not isinstance(self.weights, Mapping) or not self.weights:
             raise ValueError(
                 f"a RewardSpec needs at least one weighted component; known: {sorted(COMPONENTS)}"
             )
@@ -75,8 +87,9 @@ class RewardSpec:
         object.__setattr__(self, "weights", dict(self.weights))
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RewardSpec:
-        """From a TOML table: ``[rewards.math] weights = {math = 1.0, format = 0.1}``, ``max_tokens = …``."""
+    def from_dict(cls, data: Mapping[str, Any], where: str = "RewardSpec") -> RewardSpec:
+        """From a TOML table: ``[rewards.math] weights = {math = 1.0, format = 0.1}``, ``max_tokens = …``;
+        a key, type or range problem raises :class:`~dsv32.recipe.RecipeError` naming ``where``."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -85,7 +98,8 @@ class RewardSpec:
             raise ValueError(
                 f"a reward spec needs weights = {{component = weight}}; components: {sorted(COMPONENTS)}"
             )
-        return cls(**data)
+        options = check_fields(cls, {k: v for k, v in data.items() if k != "weights"}, where)
+        return cls(weights=data["weights"], **options)
 
 
 def default_reward_specs(
@@ -122,11 +136,13 @@ class RewardSample:
 @dataclass(frozen=True)
 class RewardResult:
     """``total`` = Σ weight · component; ``components`` unweighted; ``correct`` whether the outcome
-    reward (math or exact) was 1 — None for domains without one."""
+    reward (math or exact) was 1 — None for domains without one; ``scored`` False when a component
+    could not be computed (the judge's request failed): the sample has no reward to learn from."""
 
     total: float
     components: dict[str, float] = field(default_factory=dict)
     correct: bool | None = None
+    scored: bool = True
 
 
 _MISSING = object()
@@ -166,11 +182,17 @@ class RewardFunction:
         spec = self.specs.get(domain)
         if spec is None:
             raise ValueError(f"no reward for domain {domain!r}; known domains: {self.domains}")
-        components = {name: self._component(name, spec, sample) for name in spec.weights}
+        components, scored = {}, True
+        for name in spec.weights:
+            if name == "grm":
+                judgement = self._judge(spec, sample)
+                components[name], scored = judgement.reward, scored and judgement.scored
+            else:
+                components[name] = self._component(name, spec, sample)
         total = sum(spec.weights[name] * value for name, value in components.items())
         outcome = next((name for name in OUTCOME_COMPONENTS if name in components), None)
         correct = None if outcome is None else components[outcome] == 1.0
-        return RewardResult(total=total, components=components, correct=correct)
+        return RewardResult(total=total, components=components, correct=correct, scored=scored)
 
     def score_many(self, samples: Sequence[Any], *, max_workers: int = 1) -> list[RewardResult]:
         """Rewards of ``samples`` in order; ``max_workers > 1`` overlaps judge requests (and math checks,
@@ -192,9 +214,6 @@ class RewardFunction:
         if name == "language":
             return language_consistency(_get(sample, "prompt"), completion)
         answer_text = answer_part(completion, thinking=spec.thinking)
-        if name == "grm":
-            rubric = _get(sample, spec.rubric_key, None)
-            return self.grm.evaluate(_get(sample, "prompt"), answer_text, rubric).reward
         reference = _get(sample, "answer", None)
         if reference is None:
             raise ValueError(f"the {name!r} reward needs the sample's reference 'answer', which is missing")
@@ -202,6 +221,11 @@ class RewardFunction:
             return math_reward(answer_text, reference, timeout_seconds=spec.math_timeout_seconds)
         accepted = reference if isinstance(reference, str | list | tuple) else str(reference)
         return exact_match_reward(answer_text, accepted)
+
+    def _judge(self, spec: RewardSpec, sample: Any) -> Judgement:
+        answer_text = answer_part(_get(sample, "completion"), thinking=spec.thinking)
+        rubric = _get(sample, spec.rubric_key, None)
+        return self.grm.evaluate(_get(sample, "prompt"), answer_text, rubric)
 
 
 def compose_rewards(

@@ -1,0 +1,238 @@
+"""The mini-batch updates of one GRPO rollout batch (paper §3.1): Eq. 8 over mini-batches of outputs,
+each split into micro-batches whose gradients sum to the mini-batch's, then one optimizer step.
+
+A step whose loss or gradient norm is not finite is skipped (its gradients are dropped and the
+weights left as they were) and counted as ``skipped_updates``; :class:`UpdateGuard` stops the run
+with :class:`NonFiniteUpdateError` after ``grpo.max_skipped_updates`` such steps in a row."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from dsv32.errors import DSV32Error
+from dsv32.rl.config import GRPOConfig
+from dsv32.rl.loss import OutputTotals, grpo_loss, output_index, sequence_kl_coefs
+from dsv32.rl.policy import Policy
+from dsv32.rl.rollout import Rollouts
+
+
+class NonFiniteUpdateError(DSV32Error, RuntimeError):
+    """The policy's loss or gradients stayed NaN/inf for too many optimizer steps in a row, or its
+    weights are not finite: the run stops, and no checkpoint is written from such weights."""
+
+
+@dataclass
+class UpdateGuard:
+    """Counts optimizer steps skipped in a row for a non-finite loss or gradient norm; the
+    ``limit``-th raises :class:`NonFiniteUpdateError`. One guard per run: a streak spans steps."""
+
+    limit: int
+    streak: int = 0
+
+    def allows(self, finite: bool, grad_norm: float) -> bool:
+        """Whether the optimizer step may be taken; a non-finite one extends the streak."""
+        if finite:
+            self.streak = 0
+            return True
+        self.streak += 1
+        if self.streak >= self.limit:
+            raise NonFiniteUpdateError(
+                f"{self.streak} optimizer steps in a row had a non-finite loss or gradient norm (last "
+                f"gradient norm {grad_norm}); all were skipped and the weights are unchanged: lower grpo.lr, "
+                "set grpo.clip_grad, or check the rewards and the model's dtype"
+            )
+        return False
+
+
+def check_finite_weights(model: torch.nn.Module, step: int) -> None:
+    """Raise :class:`NonFiniteUpdateError` when a parameter of ``model`` holds NaN or inf."""
+    params = list(model.named_parameters())
+    if bool(torch.stack([torch.isfinite(p).all() for _, p in params]).all()):
+        return
+    bad = [name for name, p in params if not bool(torch.isfinite(p).all())]
+    raise NonFiniteUpdateError(
+        f"after step {step} the policy's weights hold NaN or inf ({', '.join(bad[:3])}"
+        f"{', …' if len(bad) > 3 else ''}); no checkpoint or model is written from them: resume from the "
+        "last checkpoint with a lower grpo.lr or a tighter grpo.clip_grad"
+    )
+
+
+def grpo_update(
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    batch: Rollouts,
+    advantages: torch.Tensor,
+    cfg: GRPOConfig,
+    *,
+    temperature: float,
+    ref: Policy | None,
+    generator: torch.Generator,
+    sequence_ids: torch.Tensor | None = None,
+    guard: UpdateGuard | None = None,
+) -> list[dict]:
+    """The mini-batch updates of one rollout batch; returns one metrics dict per optimizer step. The KL
+    term (per-domain β of ``cfg``) is against the frozen ``ref`` policy; none without one. A step with
+    a non-finite loss or gradient norm is skipped (``skipped_updates`` 1 in its dict); ``guard``
+    counts such steps in a row across calls (None: a fresh one with ``cfg.max_skipped_updates``).
+
+    ``sequence_ids`` ``[B]``: rows with the same id are pieces of one output o_i (an agentic episode
+    laid out in several rows); None: every row is an output of its own. Mini-batches are drawn over
+    outputs, so all rows of an output are in the same optimizer step. Within a mini-batch, rows go
+    through the model ``micro_batch`` at a time, and an output's rows may fall in different
+    micro-batches: each micro-batch's :func:`grpo_loss` gets the mini-batch's
+    :class:`~dsv32.rl.loss.OutputTotals` (|o_i| and the number of outputs counted over the whole
+    mini-batch), so its loss is its exact share of the mini-batch's Eq. 8 and the summed gradient,
+    like the metrics, does not depend on how the rows are split. Eq. 9 decides M_i on the divergence
+    over all of o_i's tokens under the current π_θ: for an output with negative advantage (the only
+    ones Eq. 9 can mask) whose rows span several micro-batches, a no-grad forward of its rows first
+    gives each micro-batch the part of that divergence outside it (only with OPSM on)."""
+    B = len(batch)
+    mask = batch.action_mask
+    device = mask.device
+    ids = torch.arange(B, device=device) if sequence_ids is None else sequence_ids.to(device)
+    if ids.shape != (B,):
+        raise ValueError(f"sequence_ids must have shape [{B}] (one per row), got {list(ids.shape)}")
+    output_of_row, n_outputs = output_index(ids, B, device)
+    ref_logprobs = _batch_logprobs(ref, batch, cfg, temperature) if ref is not None else None
+    domains = [t.domain for t in batch.tasks]
+    kl_coefs = sequence_kl_coefs(domains, cfg.domain_kl_coef, default=cfg.kl_coef).to(device)
+    kept = batch.kept_ids if cfg.keep_sampling_mask else None
+    routing = batch.routing if cfg.keep_routing else None
+    sampling = batch.sampling_logprobs
+    old = _batch_logprobs(policy, batch, cfg, temperature) if cfg.old_logprobs == "recompute" else sampling
+    size = max(1, n_outputs // cfg.mini_batches)
+    guard = guard if guard is not None else UpdateGuard(cfg.max_skipped_updates)
+    records = []
+    for _ in range(cfg.epochs):
+        order = torch.randperm(n_outputs, generator=generator).to(device)
+        for outputs in order.split(size):
+            mb = _rows_of(outputs, output_of_row, n_outputs)
+            totals = OutputTotals.of(mask[mb], ids[mb])
+            mb_tokens = max(1, int(mask[mb].sum()))
+            parts = torch.arange(len(mb), device=device).split(cfg.micro_batch)
+            rests: list = [None] * len(parts)
+            if cfg.opsm_delta is not None:
+                rests = _log_ratio_rest(
+                    policy, batch, mb, ids[mb], advantages[mb], parts, kept, routing, temperature
+                )
+            sums: dict[str, float] = dict.fromkeys(_SHARE_METRICS + _TOKEN_METRICS, 0.0)
+            sums |= {"ratio_max": -math.inf, "ratio_min": math.inf}
+            finite = torch.ones((), dtype=torch.bool, device=device)
+            for part, rest in zip(parts, rests):
+                micro = mb[part]
+                logp = policy.action_logprobs(**_rows(batch, micro, kept, routing), temperature=temperature)
+                loss, m = grpo_loss(
+                    logp,
+                    old[micro],
+                    advantages[micro],
+                    mask[micro],
+                    ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro],
+                    sampling_logprobs=sampling[micro],
+                    clip_eps=cfg.clip_eps,
+                    kl_coef=kl_coefs[micro] if ref_logprobs is not None else 0.0,
+                    kl_estimator=cfg.kl_estimator,
+                    opsm_delta=cfg.opsm_delta,
+                    sequence_ids=ids[micro],
+                    totals=totals.part(part, rest),
+                )
+                loss.backward()  # already this micro-batch's share of the mini-batch's loss
+                finite &= torch.isfinite(loss.detach())
+                m["abs_log_ratio"] = _abs_log_ratio(logp.detach(), old[micro], mask[micro])
+                for k in _SHARE_METRICS:
+                    sums[k] += m[k]
+                for k in _TOKEN_METRICS:  # means over this micro-batch's tokens: weight by them
+                    sums[k] += m[k] * m["tokens"] / mb_tokens
+                sums["ratio_max"] = max(sums["ratio_max"], m["ratio_max"])
+                sums["ratio_min"] = min(sums["ratio_min"], m["ratio_min"])
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad or math.inf)
+            sums["grad_norm"] = float(norm)
+            ok = guard.allows(bool(finite & torch.isfinite(norm).to(device)), sums["grad_norm"])
+            if ok:  # a NaN/inf step would poison the weights and AdamW's moments for good
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            sums["skipped_updates"] = 0.0 if ok else 1.0
+            records.append(sums)
+    return records
+
+
+#: Metrics of :func:`grpo_loss` given as a micro-batch's share of the mini-batch's value (summed), and
+#: those that are means over the micro-batch's tokens (weighted by its tokens).
+_SHARE_METRICS = ("opsm_masked_frac", "kl", "pg_loss", "kl_loss", "log_ratio_sampling")
+_TOKEN_METRICS = ("clip_frac", "ratio_mean", "abs_log_ratio")
+
+
+def _rows_of(outputs: torch.Tensor, output_of_row: torch.Tensor, n_outputs: int) -> torch.Tensor:
+    """The rows of ``outputs`` (in that order; an output's rows in batch order)."""
+    slot = torch.full((n_outputs,), -1, dtype=torch.long, device=output_of_row.device)
+    slot[outputs] = torch.arange(len(outputs), device=slot.device)
+    rank = slot[output_of_row]  # position of each row's output in ``outputs``; -1: not chosen
+    rows = (rank >= 0).nonzero().squeeze(1)
+    return rows[torch.sort(rank[rows], stable=True).indices]
+
+
+@torch.no_grad()
+def _log_ratio_rest(
+    policy: Policy, batch: Rollouts, mb, ids, advantages, parts, kept, routing, temperature: float
+) -> list[torch.Tensor]:
+    """For each micro-batch ``mb[part]``: per row, Σ log(π_sampling/π_θ) over the action tokens of the
+    row's output that lie in the mini-batch's other micro-batches (:class:`OutputTotals`'s
+    ``log_ratio_rest``). Nonzero only for outputs with negative advantage whose rows span micro-batches:
+    their rows get a no-grad forward under the current π_θ, ``len(parts[0])`` rows at a time."""
+    device = mb.device
+    output, n = output_index(ids, len(ids), device)  # [R]: each row's output within the mini-batch
+    in_part = torch.empty(len(mb), dtype=torch.long, device=device)
+    for j, part in enumerate(parts):
+        in_part[part] = j
+    first = torch.full((n,), len(parts), device=device).scatter_reduce(0, output, in_part, "amin")
+    last = torch.zeros(n, dtype=torch.long, device=device).scatter_reduce(0, output, in_part, "amax")
+    negative = torch.zeros(n, dtype=torch.bool, device=device).scatter_(0, output, advantages < 0)
+    need = ((first != last) & negative)[output]  # [R]
+    per_row = torch.zeros(len(mb), device=device)
+    for chunk in need.nonzero().squeeze(1).split(len(parts[0])) if bool(need.any()) else ():
+        rows = mb[chunk]
+        logp = policy.action_logprobs(**_rows(batch, rows, kept, routing), temperature=temperature)
+        diff = batch.sampling_logprobs[rows] - logp
+        per_row[chunk] = torch.where(batch.action_mask[rows], diff, 0.0).sum(-1).float()
+    total = torch.zeros(n, device=device).index_add_(0, output, per_row)
+    rests = []
+    for part in parts:
+        here = torch.zeros(n, device=device).index_add_(0, output[part], per_row[part])
+        rests.append((total - here)[output[part]])
+    return rests
+
+
+def _abs_log_ratio(logp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean |log π_θ − log π_old| over the action tokens: how far the policy moved (or, on the first,
+    on-policy update, how far training and inference disagree)."""
+    m = mask.bool()
+    return float((logp - old).abs()[m].mean()) if bool(m.any()) else 0.0
+
+
+def _rows(batch: Rollouts, idx, kept, routing) -> dict:
+    rows = batch.rows(idx)
+    rows["kept_ids"] = None if kept is None else kept[idx]
+    rows["routing"] = None if routing is None else routing[:, idx]
+    return rows
+
+
+@torch.no_grad()
+def _batch_logprobs(policy: Policy, batch: Rollouts, cfg: GRPOConfig, temperature: float) -> torch.Tensor:
+    """``policy``'s action log-probs of every row of ``batch`` (micro-batch by micro-batch), with the
+    recorded sampling masks / routing when the config keeps them: the reference policy's, or the
+    current policy's recomputed "old" ones."""
+    kept = batch.kept_ids if cfg.keep_sampling_mask else None
+    routing = batch.routing if cfg.keep_routing else None
+    idx_all = torch.arange(len(batch), device=batch.sequences.device)
+    return torch.cat(
+        [
+            policy.action_logprobs(**_rows(batch, idx, kept, routing), temperature=temperature)
+            for idx in idx_all.split(cfg.micro_batch)
+        ]
+    )
+
+
+__all__ = ["NonFiniteUpdateError", "UpdateGuard", "check_finite_weights", "grpo_update"]

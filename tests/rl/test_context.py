@@ -1,0 +1,53 @@
+"""A prompt that, with the generation budget, does not fit the model's window is refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from dsv32.rl.config import load_rl_config
+from dsv32.rl.policy import load_policy
+from dsv32.rl.rewards import RewardResult
+from dsv32.rl.rollout import SamplingConfig, rollout
+from dsv32.rl.tasks import Task, TaskError
+from dsv32.rl.trainer import evaluate, train_grpo
+
+LONG = "What is 2+3? " + "blah " * 300  # ~1500 tokens of tiny-llama's byte vocabulary; window 1024
+
+
+class Zero:
+    def score_many(self, samples, max_workers=1):
+        return [RewardResult(total=0.0) for _ in samples]
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_policy("tiny-llama", device="cpu")
+
+
+def test_rollout_and_evaluation_refuse_a_prompt_past_the_window(policy):
+    tasks = [Task("short", "math", "2+3?", answer="5"), Task("too-long", "math", LONG, answer="5")]
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=4, max_total_tokens=4)
+    with pytest.raises(TaskError, match=r"task 'too-long' .* > the model's window of 1024 tokens"):
+        rollout(policy, tasks, 2, sampling, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(TaskError, match="task 'too-long'"):
+        evaluate(policy, tasks, Zero(), max_new_tokens=4, batch_size=2)
+    fits = Task("edge", "math", "x" * 100)  # a prompt that fits but not with a huge budget
+    with pytest.raises(TaskError, match=r"task 'edge'.*up to 1000 are generated"):
+        rollout(policy, [fits], 1, SamplingConfig(max_new_tokens=1000, max_total_tokens=1000))
+
+
+def test_a_task_file_with_a_prompt_past_the_window_stops_the_run_before_step_one(tmp_path, policy):
+    path = tmp_path / "long.jsonl"
+    path.write_text(
+        json.dumps({"prompt": "hi", "domain": "toy"}) + "\n" + json.dumps({"prompt": LONG}) + "\n"
+    )
+    cfg = load_rl_config(None, [f"out_dir={tmp_path / 'run'}", "eval.problems=0", "grpo.steps=1"])
+    cfg.sources[0].kind, cfg.sources[0].path, cfg.sources[0].domain = "jsonl", str(path), "toy"
+    with pytest.raises(TaskError, match=r"task 'long-2'"):
+        train_grpo(cfg, policy=policy, reward_fn=Zero(), progress=False)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
