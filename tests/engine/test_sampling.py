@@ -132,3 +132,17 @@ def test_sampling_with_a_seeded_generator_is_reproducible():
 def test_bad_sampling_params(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
+
+
+@pytest.mark.parametrize("temperature", [9e-6, 1e-38, 1e-40, 5e-324])
+def test_a_temperature_below_greedy_below_decodes_greedily(temperature):
+    """logits / 1e-40 overflows to inf in float32: such temperatures are greedy, with the model log-prob."""
+    logits = random_logits(B=4, V=100)
+    for top_p in (1.0, 0.9):
+        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=5)
+        assert params.greedy
+        tok, logp, kept = sample_next(logits, params, torch.Generator().manual_seed(0))
+        assert torch.equal(tok, logits.argmax(-1)) and torch.equal(kept, tok[:, None])
+        torch.testing.assert_close(logp, logits.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1))
+        assert torch.equal(kept_mask(logits, params).nonzero()[:, 1], tok)
+    assert not SamplingParams(temperature=1e-5).greedy

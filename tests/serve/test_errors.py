@@ -252,3 +252,45 @@ def test_a_request_that_cannot_join_fails_alone_and_the_batch_goes_on(v32_served
     finally:
         scheduler.stop()
     assert refused.empty()
+
+
+def test_a_temperature_below_1e_5_decodes_greedily(v32_server):
+    client = client_for(v32_server)
+    texts = [
+        client.completions.create(model=MODEL, prompt="hello", max_tokens=8, temperature=t).choices[0].text
+        for t in (0.0, 1e-40)
+    ]
+    assert texts[0] == texts[1]
+
+
+def test_a_row_that_cannot_be_sampled_fails_only_its_request(v32_served, monkeypatch):
+    import queue
+
+    from dsv32.engine import batch as B
+    from dsv32.engine.sampling import SamplingParams
+    from dsv32.serve import scheduler as S
+
+    real = B.sample_next
+
+    def picky(logits, params, generator=None):
+        if params.top_k == 3:
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+        return real(logits, params, generator)
+
+    monkeypatch.setattr(B, "sample_next", picky)
+    running, refused = queue.Queue(), queue.Queue()
+    scheduler = S.Scheduler(v32_served)
+    scheduler.start()
+    try:
+        scheduler.submit(S.Job([1, 2, 3], 40, SamplingParams(temperature=1.0), running.put, seed=1))
+        assert isinstance(running.get(timeout=30), S.Chunk)  # it is in the batch
+        scheduler.submit(S.Job([4, 5], 4, SamplingParams(temperature=1.0, top_k=3), refused.put, n=2))
+        failed = refused.get(timeout=30)
+        assert isinstance(failed, S.Failed) and "RuntimeError: probability tensor" in failed.message
+        events = [running.get(timeout=30)]
+        while not isinstance(events[-1], S.Finished | S.Failed):
+            events.append(running.get(timeout=30))
+        assert isinstance(events[-1], S.Finished)  # the running request was not failed with it
+    finally:
+        scheduler.stop()
+    assert refused.empty()  # one Failed for the job's two rows

@@ -183,17 +183,26 @@ def sample_rows(
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
     logprobs: bool = False,
+    errors: dict[int, Exception] | None = None,
 ) -> tuple[list[int], torch.Tensor | None]:
     """Sample row ``i`` of ``logits`` ``[B, V]`` with ``params[i]`` and ``generators[i]``.
 
     Returns ``(tokens, logprobs [B, V])``: the sampled ids and, when ``logprobs``, the model's
     untruncated ``log_softmax(logits)`` (what OpenAI-style ``logprobs`` report, independent of sampling
     settings; None otherwise). One batched argmax serves the greedy rows; the ids reach the host in one
-    copy.
+    copy. With ``errors`` given, a row whose sampling raises gets its exception there (and token -1)
+    instead of failing every row.
     """
     logits = logits.float()
     tokens = logits.argmax(dim=-1)  # the greedy rows' tokens; the others are sampled below
     for i, (p, g) in enumerate(zip(params, generators, strict=True)):
-        if not p.greedy:
+        if p.greedy:
+            continue
+        try:
             tokens[i] = sample_next(logits[i : i + 1], p, g)[0][0]
+        except Exception as err:  # one row's logits (NaN from the model) must not cost the others theirs
+            if errors is None:
+                raise
+            errors[i] = err
+            tokens[i] = -1
     return tokens.tolist(), logits.log_softmax(-1) if logprobs else None

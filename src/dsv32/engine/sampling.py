@@ -1,11 +1,13 @@
 """Next-token sampling that records what RL needs: the sampling log-probability of each token and the
 kept token set (Keep Sampling Mask, paper §3.1).
 
-``temperature == 0`` is greedy. Otherwise logits are divided by the temperature, truncated to the
-``top_k`` most likely tokens and to the smallest set whose probability reaches ``top_p`` (the most
-likely token is always kept), renormalized over the kept set, and sampled. The returned log-prob is
-that of the distribution actually sampled from — π_old over the kept set — and the kept ids are
-returned with it, so that the trainer renormalizes π_θ over exactly the same action subspace:
+A temperature below ``GREEDY_BELOW`` (1e-5, vLLM's threshold; 0 included) is greedy: sampling at it
+is the argmax up to rounding, and ``logits / temperature`` overflows for the smallest ones. Otherwise
+logits are divided by the temperature, truncated to the ``top_k`` most likely tokens and to the
+smallest set whose probability reaches ``top_p`` (the most likely token is always kept),
+renormalized over the kept set, and sampled. The returned log-prob is that of the distribution
+actually sampled from — π_old over the kept set — and the kept ids are returned with it, so that the
+trainer renormalizes π_θ over exactly the same action subspace:
 :func:`kept_logprobs` is that renormalization, the same computation the sampler makes.
 
 :func:`kept_mask` is the readable reference (a ``[B, V]`` mask from one full sort);
@@ -24,11 +26,13 @@ import torch.nn.functional as F
 from dsv32.recipe import NON_NEGATIVE, OPEN_UNIT, Checked, Rule
 
 FIRST_WINDOW = 256  # tokens the top-p search looks at first; widened 8x for rows that need more
+GREEDY_BELOW = 1e-5  # temperatures below this decode greedily (dividing by them can overflow)
 
 
 @dataclass
 class SamplingParams(Checked):
-    """``temperature`` 0 = greedy; ``top_p`` 1.0 and ``top_k`` 0 disable truncation."""
+    """``temperature`` 0 (or below ``GREEDY_BELOW``) = greedy; ``top_p`` 1.0 and ``top_k`` 0 disable
+    truncation."""
 
     RANGES: ClassVar[dict[str, Rule]] = {
         "temperature": NON_NEGATIVE,
@@ -42,7 +46,7 @@ class SamplingParams(Checked):
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 def _mass_before(probs: torch.Tensor) -> torch.Tensor:
@@ -58,8 +62,12 @@ def _top_p_count(sorted_logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
 def kept_mask(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Reference: boolean ``[B, V]``, the tokens that survive top-k and then top-p truncation of
     ``logits / temperature``. A token is kept if the probability mass strictly before it (in
-    descending order) is below ``top_p``, so the most likely token always is."""
+    descending order) is below ``top_p``, so the most likely token always is. Greedy: the argmax."""
     B, V = logits.shape
+    if params.greedy:
+        return torch.zeros(B, V, dtype=torch.bool, device=logits.device).scatter(
+            -1, logits.argmax(-1, keepdim=True), True
+        )
     keep = torch.ones(B, V, dtype=torch.bool, device=logits.device)
     if params.top_k and params.top_k < V:
         keep = torch.zeros_like(keep).scatter(-1, logits.topk(params.top_k, dim=-1).indices, True)
@@ -72,7 +80,7 @@ def kept_mask(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def truncate(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fast top-k/top-p truncation of ``logits`` ``[B, V]`` (``temperature > 0``).
+    """Fast top-k/top-p truncation of ``logits`` ``[B, V]`` (not greedy).
 
     Returns ``(kept_ids [B, K], kept_logits [B, K])``: the kept token ids, most likely first, padded
     with -1 to K = the largest kept set in the batch, and ``logits / temperature`` at those ids (-inf

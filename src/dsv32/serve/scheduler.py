@@ -14,8 +14,9 @@ Each loop iteration:
 Jobs arrive from the server's event loop (:meth:`Scheduler.submit`, which answers 503 when
 ``max_queue`` jobs are already waiting) and get their events through ``job.emit``, a callable that
 is safe to call from this thread. Setting ``job.cancelled`` (a client went away) frees the job's
-rows at the next iteration. A failure inside a step or an admission's prefill is reported to the
-jobs in the batch (the admitted one included), which is reset; the thread keeps serving.
+rows at the next iteration. A row that cannot be sampled fails its own job; a request that cannot join
+the batch (its prefill or the merge of its cache fails) fails alone; a failure inside a step is
+reported to every job in the batch, which is reset. The thread keeps serving.
 """
 
 from __future__ import annotations
@@ -191,12 +192,21 @@ class Scheduler:
         rows = self.rows
         params = [r.job.params for r in rows]
         want_logprobs = any(r.job.top_logprobs is not None for r in rows)
-        tokens, logprobs = sample_rows(self.batch.logits, params, [r.generator for r in rows], want_logprobs)
+        errors: dict[int, Exception] = {}
+        generators = [r.generator for r in rows]
+        tokens, logprobs = sample_rows(self.batch.logits, params, generators, want_logprobs, errors)
         self.metrics.observe("batch_size", len(rows))
+        failed: set[int] = set()  # a row that could not be sampled fails its own job only
+        for i, err in errors.items():
+            job = rows[i].job
+            if id(job) not in failed:
+                logger.error("sampling failed for one request", exc_info=err)
+                job.emit(Failed(f"generation failed: {type(err).__name__}: {err}"))
+                failed.add(id(job))
         keep: list[int] = []
         advanced = 0
         for i, row in enumerate(rows):
-            if row.job.cancelled:
+            if row.job.cancelled or id(row.job) in failed:
                 continue
             advanced += 1
             forced = bool(row.queue)
