@@ -210,7 +210,7 @@ def test_a_prompt_that_fails_to_prefill_fails_its_request_once(v32_served, monke
     def out_of_memory(self, *args, **kwargs):
         raise RuntimeError("out of memory")
 
-    monkeypatch.setattr(RunningBatch, "add", out_of_memory)
+    monkeypatch.setattr(RunningBatch, "prefill", out_of_memory)
     events: queue.Queue = queue.Queue()
     scheduler = Scheduler(v32_served)
     scheduler.start()
@@ -294,3 +294,28 @@ def test_a_row_that_cannot_be_sampled_fails_only_its_request(v32_served, monkeyp
     finally:
         scheduler.stop()
     assert refused.empty()  # one Failed for the job's two rows
+
+
+def test_a_prompt_that_fails_to_prefill_fails_alone_and_the_batch_goes_on(v32_served):
+    import queue
+
+    from dsv32.engine.sampling import SamplingParams
+    from dsv32.serve import scheduler as S
+
+    running, refused = queue.Queue(), queue.Queue()
+    scheduler = S.Scheduler(v32_served)
+    scheduler.start()
+    try:
+        scheduler.submit(S.Job([1, 2, 3], 40, SamplingParams(temperature=0.0), running.put))
+        assert isinstance(running.get(timeout=30), S.Chunk)  # it is in the batch
+        outside = v32_served.model.config.vocab_size + 5  # the embedding has no such row
+        scheduler.submit(S.Job([4, outside], 4, SamplingParams(temperature=0.0), refused.put, n=2))
+        failed = refused.get(timeout=30)
+        assert isinstance(failed, S.Failed) and "IndexError" in failed.message
+        events = [running.get(timeout=30)]
+        while not isinstance(events[-1], S.Finished | S.Failed):
+            events.append(running.get(timeout=30))
+        assert isinstance(events[-1], S.Finished)  # the running request was not failed with it
+    finally:
+        scheduler.stop()
+    assert refused.empty()

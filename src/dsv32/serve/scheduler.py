@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from dsv32.engine.batch import RunningBatch, sample_rows
+from dsv32.engine.batch import RunningBatch, check_batchable, sample_rows
 from dsv32.engine.sampling import SamplingParams
 from dsv32.serve.detok import IncrementalText
 from dsv32.serve.errors import queue_full
@@ -119,6 +119,8 @@ class Scheduler:
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.metrics = metrics or Metrics()
+        if max_batch > 1:  # a cache that cannot be merged is refused now, not at the second request
+            check_batchable(served.model)
         self.batch = RunningBatch(served.model)
         self.rows: list[_Row] = []
         self.waiting: deque[Job] = deque()
@@ -175,18 +177,19 @@ class Scheduler:
             if job.cancelled:
                 continue
             self.metrics.observe("queue_time_seconds", time.monotonic() - job.submitted)
-            try:  # what only this job needs (its forced text, its generators) fails only this job
+            try:  # what only this job needs (its rows, its prefill, the merge checks) fails only this job
                 forced_ids = self.served.encode(job.forced.text) if job.forced else []
                 rows = [
                     _Row(job, i, self.served.tokenizer, forced_ids, self.batch.device) for i in range(job.n)
                 ]
+                prefilled = self.batch.prefill(job.prompt_ids, job.n, job.max_tokens)
             except Exception as err:
                 logger.exception("a request could not join the batch")
                 _fail([job], f"generation failed: {type(err).__name__}: {err}")
                 continue
-            # the rows join before the prefill, so that a failing one fails this job with the batch
+            # the rows join before the merge, so that a failing merge fails this job with the batch
             self.rows += rows
-            self.batch.add(job.prompt_ids, job.n, job.max_tokens)
+            self.batch.join(prefilled)
 
     def _step(self) -> None:
         rows = self.rows
