@@ -319,3 +319,25 @@ def test_a_prompt_that_fails_to_prefill_fails_alone_and_the_batch_goes_on(v32_se
     finally:
         scheduler.stop()
     assert refused.empty()
+
+
+def test_prompt_ids_are_checked_against_the_models_vocabulary_not_the_tokenizers(one_thread):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dsv32.engine.models import ByteTokenizer, LoadedModel
+    from dsv32.serve import ServedModel, ServerThread, create_app
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=200, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128,
+    )  # fmt: skip
+    tokenizer = ByteTokenizer()  # 257 ids: more than the model embeds
+    served = ServedModel(LoadedModel(LlamaForCausalLM(config), tokenizer, "hf"), "small-vocab")
+    with ServerThread(create_app(served, max_batch=2)) as server:
+        client = client_for(server)
+        status, body = _error(lambda: client.completions.create(model="small-vocab", prompt=[5, 230]))
+        assert status == 400 and body["param"] == "prompt" and "[0, 200)" in body["message"]
+        ok = client.completions.create(model="small-vocab", prompt=[5, 199], max_tokens=3, temperature=0)
+        assert ok.usage.completion_tokens >= 1

@@ -213,7 +213,7 @@ def create_app(
             ids = list(served.tokenizer.encode(body.prompt))
         else:
             ids = list(body.prompt)
-            vocab = len(served.tokenizer)
+            vocab = served.vocab_size
             if any(not 0 <= t < vocab for t in ids):
                 raise invalid(f"token ids must be in [0, {vocab})", "prompt")
         if not ids:
