@@ -106,7 +106,8 @@ def generate(
     """Generate up to ``max_new_tokens`` per prompt (``temperature=0``: greedy) with ``model``, a
     :class:`~dsv32.model.DeepseekV32` or a transformers causal LM (``LlamaForCausalLM``, Qwen2/3, ...).
 
-    ``input_ids``: a ``[B, P]`` tensor (with ``attention_mask`` for left padding) or a list of token
+    ``input_ids``: a ``[B, P]`` tensor (with ``attention_mask`` for left padding; a row whose mask ends
+    in 0, right padding, is a ``ValueError``) or a list of token
     lists of any lengths (an id outside the vocabulary is a ``ValueError``; prompt + ``max_new_tokens``
     past the model's ``max_position_embeddings`` warns). Stops a row at any of ``eos_token_id`` (default: the model's generation
     config's, else its config's; ``[]`` never stops), and the whole batch once every row stopped.
@@ -132,6 +133,13 @@ def generate(
                 f"got {tuple(attention_mask.shape)}"
             )
         mask = attention_mask.to(device).long()
+        ends_padded = (mask[:, -1] == 0).nonzero().flatten()
+        if ends_padded.numel():  # the new tokens follow the last column: it must be the prompt's last token
+            raise ValueError(
+                f"attention_mask row {int(ends_padded[0])} ends with padding: generate continues every "
+                'row after its last column, so pad on the left (tokenizer.padding_side = "left") '
+                "or pass the prompts as lists of token ids"
+            )
     B, P = ids.shape
     _check_prompts(model, ids, mask, P + max_new_tokens)
 
