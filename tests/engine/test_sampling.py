@@ -146,3 +146,29 @@ def test_a_temperature_below_greedy_below_decodes_greedily(temperature):
         torch.testing.assert_close(logp, logits.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1))
         assert torch.equal(kept_mask(logits, params).nonzero()[:, 1], tok)
     assert not SamplingParams(temperature=1e-5).greedy
+
+
+def _exact_top_p(logits, params):
+    """float64 reference: in descending order, the top-k, then the smallest prefix whose mass reaches p."""
+    values, order = (logits.double() / params.temperature).sort(dim=-1, descending=True)
+    if params.top_k:
+        values, order = values[:, : params.top_k], order[:, : params.top_k]
+    before = torch.nn.functional.pad(values.softmax(-1).cumsum(-1)[:, :-1], (1, 0))
+    return torch.zeros(logits.shape, dtype=torch.bool).scatter(-1, order, before < params.top_p)
+
+
+def test_the_top_p_boundary_is_the_exact_smallest_prefix_that_reaches_top_p():
+    """Thousands of rows, some with their boundary within float32's rounding of the cumulative mass."""
+    torch.manual_seed(0)
+    logits = torch.randn(1200, 1000) * torch.linspace(0.5, 6.5, 1200)[:, None]
+    for temperature in (0.3, 1.0, 1.7):
+        for top_k in (0, 50):
+            for top_p in (0.999, 0.9, 0.5):
+                params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+                exact = _exact_top_p(logits, params)
+                ids, _ = truncate(logits, params)
+                ids = ids.masked_fill(ids < 0, logits.shape[1])  # padding goes to an extra column
+                fast = torch.zeros(len(ids), logits.shape[1] + 1, dtype=torch.bool).scatter(-1, ids, True)
+                fast = fast[:, :-1]
+                assert torch.equal(fast, exact), (params, int((fast != exact).any(-1).sum()))
+                assert torch.equal(kept_mask(logits, params), exact), params

@@ -55,7 +55,8 @@ def _mass_before(probs: torch.Tensor) -> torch.Tensor:
 
 
 def _top_p_count(sorted_logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """``[B]`` size of the kept prefix of ``[B, n]`` log-probs in descending order."""
+    """``[B]`` size of the kept prefix of ``[B, n]`` float64 log-probs in descending order (a float32
+    sum of 10^5 probabilities is off by ~1e-6, enough to move the boundary by a token)."""
     return (_mass_before(sorted_logprobs.exp()) < top_p).sum(-1)
 
 
@@ -72,7 +73,7 @@ def kept_mask(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     if params.top_k and params.top_k < V:
         keep = torch.zeros_like(keep).scatter(-1, logits.topk(params.top_k, dim=-1).indices, True)
     if params.top_p < 1.0:
-        scaled = (logits.float() / params.temperature).masked_fill(~keep, float("-inf"))
+        scaled = (logits.double() / params.temperature).masked_fill(~keep, float("-inf"))
         order = scaled.argsort(dim=-1, descending=True)  # by logit: equal probabilities stay ordered
         probs = scaled.softmax(dim=-1).gather(-1, order)
         keep &= torch.zeros_like(keep).scatter(-1, order, _mass_before(probs) < params.top_p)
@@ -84,7 +85,8 @@ def truncate(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor
 
     Returns ``(kept_ids [B, K], kept_logits [B, K])``: the kept token ids, most likely first, padded
     with -1 to K = the largest kept set in the batch, and ``logits / temperature`` at those ids (-inf
-    at padding). Without truncation the kept set is the whole vocabulary in id order (K = V).
+    at padding). Without truncation the kept set is the whole vocabulary in id order (K = V). Where
+    the kept mass reaches ``top_p`` is decided in float64, as in :func:`kept_mask`.
     """
     scaled = logits.float() / params.temperature
     B, V = scaled.shape
@@ -94,14 +96,16 @@ def truncate(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor
             return torch.arange(V, device=scaled.device).expand(B, V), scaled
         vals, ids = scaled.topk(limit, dim=-1)
         return ids, vals
+    exact = logits.double() / params.temperature
     if limit < V:  # top-p inside the top-k set: its probabilities are normalized over the set
         vals, ids = scaled.topk(limit, dim=-1)
-        count = _top_p_count(vals - vals.logsumexp(-1, keepdim=True), params.top_p)
+        top = exact.gather(-1, ids)
+        count = _top_p_count(top - top.logsumexp(-1, keepdim=True), params.top_p)
     else:  # a partial top-k, widened only for the rows whose kept prefix does not end inside it
-        log_norm = scaled.logsumexp(-1, keepdim=True)
+        log_norm = exact.logsumexp(-1, keepdim=True)
         window = min(V, FIRST_WINDOW)
         vals, ids = scaled.topk(window, dim=-1)
-        count = _top_p_count(vals - log_norm, params.top_p)
+        count = _top_p_count(exact.gather(-1, ids) - log_norm, params.top_p)
         short = count == window
         while window < V and bool(short.any()):
             window = min(V, 8 * window)
@@ -110,7 +114,7 @@ def truncate(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor
             vals = F.pad(vals, (0, window - vals.shape[1]), value=float("-inf"))
             ids = F.pad(ids, (0, window - ids.shape[1]), value=-1)
             vals[rows], ids[rows] = wide_vals, wide_ids
-            count[rows] = _top_p_count(wide_vals - log_norm[rows], params.top_p)
+            count[rows] = _top_p_count(exact[rows].gather(-1, wide_ids) - log_norm[rows], params.top_p)
             short = torch.zeros_like(short).index_fill(0, rows[count[rows] == window], True)
     K = int(count.max())
     pad = torch.arange(K, device=scaled.device) >= count[:, None]
