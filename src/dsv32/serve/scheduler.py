@@ -38,6 +38,7 @@ from dsv32.serve.detok import IncrementalText
 from dsv32.serve.errors import queue_full
 from dsv32.serve.metrics import Metrics
 from dsv32.serve.runtime import Forced, ServedModel
+from dsv32.serve.tokenbytes import TokenBytes
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +129,7 @@ class Scheduler:
         self.stopping = False
         self.thread: threading.Thread | None = None
         self.eos = set(served.eos_ids)
+        self.token_bytes = TokenBytes(served.tokenizer)
 
     # ------------------------------------------------------------------ event-loop side
     def submit(self, job: Job) -> None:
@@ -255,4 +257,4 @@ class Scheduler:
 
     def _token_logprob(self, token: int, logprob: float) -> dict[str, Any]:
         text = self.served.tokenizer.decode([token], skip_special_tokens=False)
-        return {"token": text, "logprob": max(logprob, -9999.0), "bytes": list(text.encode("utf-8"))}
+        return {"token": text, "logprob": max(logprob, -9999.0), "bytes": self.token_bytes(token)}
