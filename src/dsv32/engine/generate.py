@@ -34,7 +34,7 @@ class GenerationOutput:
       run through the model (the last token never is), if requested (native model only);
     - ``kept_token_ids`` ``[B, N, K]`` ``int32``, if requested (Keep Sampling Mask): the token ids
       that survived top-k/top-p at each step, most likely first, -1-padded to K = the largest kept set
-      in the batch (K <= ``top_k`` when it is set; 1 for greedy: the argmax; the whole vocabulary
+      in the batch (K <= ``top_k`` when it is set, plus the tokens tied with the k-th; 1 for greedy: the argmax; the whole vocabulary
       without truncation). All -1 after a row stopped. The sampled token is always among them, and
       ``kept_logprobs(logits, kept_token_ids, temperature)`` renormalizes π_θ over them.
     """

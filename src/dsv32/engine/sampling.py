@@ -3,8 +3,9 @@ kept token set (Keep Sampling Mask, paper §3.1).
 
 A temperature below ``GREEDY_BELOW`` (1e-5, vLLM's threshold; 0 included) is greedy: sampling at it
 is the argmax up to rounding, and ``logits / temperature`` overflows for the smallest ones. Otherwise
-logits are divided by the temperature, truncated to the ``top_k`` most likely tokens and to the
-smallest set whose probability reaches ``top_p`` (the most likely token is always kept),
+logits are divided by the temperature, truncated to the ``top_k`` most likely tokens (and those
+tied with the k-th, as transformers and vLLM keep them) and to the smallest set whose probability
+reaches ``top_p`` (the most likely token is always kept),
 renormalized over the kept set, and sampled. The returned log-prob is that of the distribution
 actually sampled from — π_old over the kept set — and the kept ids are returned with it, so that the
 trainer renormalizes π_θ over exactly the same action subspace:
@@ -60,10 +61,22 @@ def _top_p_count(sorted_logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
     return (_mass_before(sorted_logprobs.exp()) < top_p).sum(-1)
 
 
+def _top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids [B, W], count [B])``: each row's tokens whose logit is at least its k-th largest, most
+    likely first, -1-padded to the widest row (a tie with the k-th would otherwise be dropped at random)."""
+    vals, ids = logits.topk(k, dim=-1)
+    count = (logits >= vals[:, -1:]).sum(-1)
+    width = int(count.max())
+    if width > k:
+        ids = logits.topk(width, dim=-1).indices
+    return ids.masked_fill(torch.arange(width, device=ids.device) >= count[:, None], -1), count
+
+
 def kept_mask(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Reference: boolean ``[B, V]``, the tokens that survive top-k and then top-p truncation of
-    ``logits / temperature``. A token is kept if the probability mass strictly before it (in
-    descending order) is below ``top_p``, so the most likely token always is. Greedy: the argmax."""
+    """Reference: boolean ``[B, V]``, the tokens that survive top-k (ties with the k-th included) and
+    then top-p truncation of ``logits / temperature``. A token is kept if the probability mass strictly
+    before it (in descending order) is below ``top_p``, so the most likely token always is. Greedy:
+    the argmax."""
     B, V = logits.shape
     if params.greedy:
         return torch.zeros(B, V, dtype=torch.bool, device=logits.device).scatter(
@@ -71,7 +84,7 @@ def kept_mask(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         )
     keep = torch.ones(B, V, dtype=torch.bool, device=logits.device)
     if params.top_k and params.top_k < V:
-        keep = torch.zeros_like(keep).scatter(-1, logits.topk(params.top_k, dim=-1).indices, True)
+        keep = logits >= logits.topk(params.top_k, dim=-1).values[:, -1:]
     if params.top_p < 1.0:
         scaled = (logits.double() / params.temperature).masked_fill(~keep, float("-inf"))
         order = scaled.argsort(dim=-1, descending=True)  # by logit: equal probabilities stay ordered
@@ -91,16 +104,17 @@ def truncate(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor
     scaled = logits.float() / params.temperature
     B, V = scaled.shape
     limit = params.top_k if 0 < params.top_k < V else V
-    if params.top_p >= 1.0:
-        if limit == V:
-            return torch.arange(V, device=scaled.device).expand(B, V), scaled
-        vals, ids = scaled.topk(limit, dim=-1)
-        return ids, vals
+    if limit < V:
+        ids, ties = _top_k(logits.float(), limit)
+        vals = scaled.gather(-1, ids.clamp_min(0)).masked_fill(ids < 0, float("-inf"))
+        if params.top_p >= 1.0:
+            return ids, vals
+    elif params.top_p >= 1.0:
+        return torch.arange(V, device=scaled.device).expand(B, V), scaled
     exact = logits.double() / params.temperature
     if limit < V:  # top-p inside the top-k set: its probabilities are normalized over the set
-        vals, ids = scaled.topk(limit, dim=-1)
-        top = exact.gather(-1, ids)
-        count = _top_p_count(top - top.logsumexp(-1, keepdim=True), params.top_p)
+        top = exact.gather(-1, ids.clamp_min(0)).masked_fill(ids < 0, float("-inf"))
+        count = _top_p_count(top - top.logsumexp(-1, keepdim=True), params.top_p).minimum(ties)
     else:  # a partial top-k, widened only for the rows whose kept prefix does not end inside it
         log_norm = exact.logsumexp(-1, keepdim=True)
         window = min(V, FIRST_WINDOW)
