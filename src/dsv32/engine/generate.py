@@ -26,7 +26,7 @@ class GenerationOutput:
     - ``sequences`` ``[B, P + N]``: left-padded prompts followed by the new tokens;
     - ``attention_mask`` ``[B, P + N]``: 1 for prompt tokens and generated tokens up to EOS;
     - ``tokens`` ``[B, N]``: generated tokens (``pad_token_id`` after a row stopped);
-    - ``logprobs`` ``[B, N]``: sampling log-probs (0 after stop): with ``temperature > 0`` those of the
+    - ``logprobs`` ``[B, N]``: sampling log-probs (0 after stop): when sampling, those of the
       truncated, renormalized distribution that was sampled from (π_old over the kept set, see
       :mod:`dsv32.engine.sampling`); greedy: the model's untruncated ``log_softmax(logits)``;
     - ``lengths`` ``[B]``: generated tokens per row, EOS included;
@@ -103,7 +103,7 @@ def generate(
     return_routing: bool = False,
     return_kept: bool = False,
 ) -> GenerationOutput:
-    """Generate up to ``max_new_tokens`` per prompt (``temperature=0``: greedy) with ``model``, a
+    """Generate up to ``max_new_tokens`` per prompt (``temperature`` below 1e-5: greedy) with ``model``, a
     :class:`~dsv32.model.DeepseekV32` or a transformers causal LM (``LlamaForCausalLM``, Qwen2/3, ...).
 
     ``input_ids``: a ``[B, P]`` tensor (with ``attention_mask`` for left padding; a row whose mask ends

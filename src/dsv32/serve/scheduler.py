@@ -15,8 +15,9 @@ Jobs arrive from the server's event loop (:meth:`Scheduler.submit`, which answer
 ``max_queue`` jobs are already waiting) and get their events through ``job.emit``, a callable that
 is safe to call from this thread. Setting ``job.cancelled`` (a client went away) frees the job's
 rows at the next iteration. A row that cannot be sampled fails its own job; a request that cannot join
-the batch (its prefill or the merge of its cache fails) fails alone; a failure inside a step is
-reported to every job in the batch, which is reset. The thread keeps serving.
+the batch (its prefill, or the checks that its cache can be merged, fail) fails alone; a failure
+inside a step or a merge is reported to every job in the batch, which is reset. The thread keeps
+serving.
 """
 
 from __future__ import annotations
