@@ -111,3 +111,14 @@ def test_a_token_outside_the_vocabulary_is_a_value_error_and_a_long_run_warns(mo
     monkeypatch.setattr(model.config, "max_position_embeddings", 4)  # read by the check only
     with pytest.warns(UserWarning, match=r"= 5 positions, beyond the model's max_position_embeddings \(4\)"):
         generate(model, [[2, 3, 4]], max_new_tokens=2, temperature=0.0)
+
+
+def test_a_right_padded_attention_mask_is_a_value_error_naming_left_padding(model):
+    ids = torch.tensor([[10, 20, 30, 40], [50, 60, 0, 0]])
+    right = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    with pytest.raises(ValueError, match=r'row 1 ends with padding.*tokenizer.padding_side = "left"'):
+        generate(model, ids, attention_mask=right, max_new_tokens=2, temperature=0.0)
+    ids, left = torch.tensor([[10, 20, 30, 40], [0, 0, 50, 60]]), torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    out = generate(model, ids, attention_mask=left, max_new_tokens=3, temperature=0.0)
+    alone = generate(model, [[50, 60]], max_new_tokens=3, temperature=0.0)
+    assert torch.equal(out.tokens[1], alone.tokens[0])

@@ -132,3 +132,69 @@ def test_sampling_with_a_seeded_generator_is_reproducible():
 def test_bad_sampling_params(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
+
+
+@pytest.mark.parametrize("temperature", [9e-6, 1e-38, 1e-40, 5e-324])
+def test_a_temperature_below_greedy_below_decodes_greedily(temperature):
+    """logits / 1e-40 overflows to inf in float32: such temperatures are greedy, with the model log-prob."""
+    logits = random_logits(B=4, V=100)
+    for top_p in (1.0, 0.9):
+        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=5)
+        assert params.greedy
+        tok, logp, kept = sample_next(logits, params, torch.Generator().manual_seed(0))
+        assert torch.equal(tok, logits.argmax(-1)) and torch.equal(kept, tok[:, None])
+        torch.testing.assert_close(logp, logits.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1))
+        assert torch.equal(kept_mask(logits, params).nonzero()[:, 1], tok)
+    assert not SamplingParams(temperature=1e-5).greedy
+
+
+def _exact_top_p(logits, params):
+    """float64 reference: in descending order, the top-k, then the smallest prefix whose mass reaches p."""
+    values, order = (logits.double() / params.temperature).sort(dim=-1, descending=True)
+    if params.top_k:
+        values, order = values[:, : params.top_k], order[:, : params.top_k]
+    before = torch.nn.functional.pad(values.softmax(-1).cumsum(-1)[:, :-1], (1, 0))
+    return torch.zeros(logits.shape, dtype=torch.bool).scatter(-1, order, before < params.top_p)
+
+
+def test_the_top_p_boundary_is_the_exact_smallest_prefix_that_reaches_top_p():
+    """Thousands of rows, some with their boundary within float32's rounding of the cumulative mass."""
+    torch.manual_seed(0)
+    logits = torch.randn(500, 1000) * torch.linspace(0.5, 6.5, 500)[:, None]
+    for temperature in (0.3, 1.7):
+        for top_k in (0, 50):
+            for top_p in (0.999, 0.9, 0.5):
+                params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+                exact = _exact_top_p(logits, params)
+                ids, _ = truncate(logits, params)
+                ids = ids.masked_fill(ids < 0, logits.shape[1])  # padding goes to an extra column
+                fast = torch.zeros(len(ids), logits.shape[1] + 1, dtype=torch.bool).scatter(-1, ids, True)
+                fast = fast[:, :-1]
+                assert torch.equal(fast, exact), (params, int((fast != exact).any(-1).sum()))
+                assert torch.equal(kept_mask(logits, params), exact), params
+
+
+def test_top_k_keeps_the_tokens_tied_with_the_kth_as_transformers_does():
+    from transformers.generation.logits_process import TopKLogitsWarper
+
+    logits = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0, 0.0]])
+    params = SamplingParams(top_k=2)
+    assert truncate(logits, params)[0].sort().values.tolist() == [[0, 1, 2, 3]]
+    assert kept_mask(logits, params).tolist() == [[True, True, True, True, False, False]]
+    tok, logp, kept = sample_next(logits, params, torch.Generator().manual_seed(0))
+    assert kept.shape == (1, 4) and tok.item() in kept[0].tolist()
+    at = (kept == tok[:, None]).int().argmax(-1, keepdim=True)
+    assert torch.equal(kept_logprobs(logits, kept, 1.0).gather(-1, at).squeeze(-1), logp)
+    bf16 = random_logits(B=64, V=500, scale=2.0, seed=4).bfloat16().float()  # bf16 logits tie often
+    for k, top_p in ((10, 1.0), (40, 1.0), (40, 0.9)):
+        params = SamplingParams(temperature=0.8, top_p=top_p, top_k=k)
+        ids, _ = truncate(bf16, params)
+        ids = ids.masked_fill(ids < 0, 500)
+        fast = torch.zeros(64, 501, dtype=torch.bool).scatter(-1, ids, True)[:, :-1]
+        ref = kept_mask(bf16, params)
+        # which of several equally likely tokens a top-p boundary cuts is arbitrary: compare their logits
+        for row in range(64):
+            assert torch.equal(bf16[row][fast[row]].sort().values, bf16[row][ref[row]].sort().values)
+        if top_p == 1.0:
+            assert torch.equal(fast, torch.isfinite(TopKLogitsWarper(k)(None, bf16.clone())))
+            assert int(fast.sum(-1).max()) > k  # the case at hand: some row had a tie at the k-th

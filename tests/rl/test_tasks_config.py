@@ -189,6 +189,17 @@ def test_reward_setup_keeps_judged_domains_only_with_a_judge():
         reward_setup({"judge": {"local": "tiny-llama", "scale": 0}}, max_tokens=64)
 
 
+def test_a_rollout_temperature_the_engine_decodes_greedily_is_refused():
+    """The engine is greedy below 1e-5, where the loss's logits / T would not be what was sampled."""
+    from dsv32.recipe import RecipeError
+    from dsv32.rl.rollout import SamplingConfig
+
+    with pytest.raises(RecipeError, match=r"temperature = 1e-06: must be 0 \(greedy\) or >= 1e-05"):
+        SamplingConfig(temperature=1e-6)
+    assert SamplingConfig(temperature=0.0).temperature == 0.0
+    assert SamplingConfig(temperature=1e-5).temperature == 1e-5
+
+
 @pytest.mark.parametrize("betas", [[0.9], [0.9, 0.99, 0.999], [0.9, 1.0]])
 def test_grpo_betas_are_two_numbers_in_0_1(betas):
     from dsv32.rl.config import GRPOConfig

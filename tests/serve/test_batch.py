@@ -77,3 +77,34 @@ def test_sample_rows_uses_each_rows_generator():
     assert tokens[2] == int(logits[1].argmax())
     torch.testing.assert_close(logprobs.exp().sum(-1), torch.ones(3))
     assert sample_rows(logits, [GREEDY] * 3, [None] * 3) == (logits.argmax(-1).tolist(), None)
+
+
+def _sliding_window_model():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(
+        vocab_size=257, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=256, sliding_window=16,
+    )  # fmt: skip
+    return MistralForCausalLM(config).eval()
+
+
+def test_a_prompt_that_cannot_join_leaves_the_running_batch_as_it_was():
+    batch = RunningBatch(_sliding_window_model())
+    batch.add([1, 2, 3], copies=1, budget=8)
+    with pytest.raises(BatchError, match="--max-batch 1"):
+        batch.add([4, 5], copies=2, budget=8)
+    assert batch.size == 1 and batch.mask.shape == (1, 3) and batch.logits.shape[0] == 1
+    batch.step([7])  # the running row goes on
+    assert batch.mask.shape == (1, 4)
+
+
+def test_a_sliding_window_model_is_served_only_one_row_at_a_time():
+    from dsv32.engine.models import ByteTokenizer, LoadedModel
+    from dsv32.serve import ServedModel, create_app
+
+    served = ServedModel(LoadedModel(_sliding_window_model(), ByteTokenizer(), "hf"), "tiny-mistral")
+    with pytest.raises(BatchError, match="sliding-window layers: serve it with --max-batch 1"):
+        create_app(served, max_batch=2)
+    assert create_app(served, max_batch=1).state.scheduler.max_batch == 1

@@ -210,7 +210,7 @@ def test_a_prompt_that_fails_to_prefill_fails_its_request_once(v32_served, monke
     def out_of_memory(self, *args, **kwargs):
         raise RuntimeError("out of memory")
 
-    monkeypatch.setattr(RunningBatch, "add", out_of_memory)
+    monkeypatch.setattr(RunningBatch, "prefill", out_of_memory)
     events: queue.Queue = queue.Queue()
     scheduler = Scheduler(v32_served)
     scheduler.start()
@@ -252,3 +252,92 @@ def test_a_request_that_cannot_join_fails_alone_and_the_batch_goes_on(v32_served
     finally:
         scheduler.stop()
     assert refused.empty()
+
+
+def test_a_temperature_below_1e_5_decodes_greedily(v32_server):
+    client = client_for(v32_server)
+    texts = [
+        client.completions.create(model=MODEL, prompt="hello", max_tokens=8, temperature=t).choices[0].text
+        for t in (0.0, 1e-40)
+    ]
+    assert texts[0] == texts[1]
+
+
+def test_a_row_that_cannot_be_sampled_fails_only_its_request(v32_served, monkeypatch):
+    import queue
+
+    from dsv32.engine import batch as B
+    from dsv32.engine.sampling import SamplingParams
+    from dsv32.serve import scheduler as S
+
+    real = B.sample_next
+
+    def picky(logits, params, generator=None):
+        if params.top_k == 3:
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+        return real(logits, params, generator)
+
+    monkeypatch.setattr(B, "sample_next", picky)
+    running, refused = queue.Queue(), queue.Queue()
+    scheduler = S.Scheduler(v32_served)
+    scheduler.start()
+    try:
+        scheduler.submit(S.Job([1, 2, 3], 40, SamplingParams(temperature=1.0), running.put, seed=1))
+        assert isinstance(running.get(timeout=30), S.Chunk)  # it is in the batch
+        scheduler.submit(S.Job([4, 5], 4, SamplingParams(temperature=1.0, top_k=3), refused.put, n=2))
+        failed = refused.get(timeout=30)
+        assert isinstance(failed, S.Failed) and "RuntimeError: probability tensor" in failed.message
+        events = [running.get(timeout=30)]
+        while not isinstance(events[-1], S.Finished | S.Failed):
+            events.append(running.get(timeout=30))
+        assert isinstance(events[-1], S.Finished)  # the running request was not failed with it
+    finally:
+        scheduler.stop()
+    assert refused.empty()  # one Failed for the job's two rows
+
+
+def test_a_prompt_that_fails_to_prefill_fails_alone_and_the_batch_goes_on(v32_served):
+    import queue
+
+    from dsv32.engine.sampling import SamplingParams
+    from dsv32.serve import scheduler as S
+
+    running, refused = queue.Queue(), queue.Queue()
+    scheduler = S.Scheduler(v32_served)
+    scheduler.start()
+    try:
+        scheduler.submit(S.Job([1, 2, 3], 40, SamplingParams(temperature=0.0), running.put))
+        assert isinstance(running.get(timeout=30), S.Chunk)  # it is in the batch
+        outside = v32_served.model.config.vocab_size + 5  # the embedding has no such row
+        scheduler.submit(S.Job([4, outside], 4, SamplingParams(temperature=0.0), refused.put, n=2))
+        failed = refused.get(timeout=30)
+        assert isinstance(failed, S.Failed) and "IndexError" in failed.message
+        events = [running.get(timeout=30)]
+        while not isinstance(events[-1], S.Finished | S.Failed):
+            events.append(running.get(timeout=30))
+        assert isinstance(events[-1], S.Finished)  # the running request was not failed with it
+    finally:
+        scheduler.stop()
+    assert refused.empty()
+
+
+def test_prompt_ids_are_checked_against_the_models_vocabulary_not_the_tokenizers(one_thread):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dsv32.engine.models import ByteTokenizer, LoadedModel
+    from dsv32.serve import ServedModel, ServerThread, create_app
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=200, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128,
+    )  # fmt: skip
+    tokenizer = ByteTokenizer()  # 257 ids: more than the model embeds
+    served = ServedModel(LoadedModel(LlamaForCausalLM(config), tokenizer, "hf"), "small-vocab")
+    with ServerThread(create_app(served, max_batch=2)) as server:
+        client = client_for(server)
+        status, body = _error(lambda: client.completions.create(model="small-vocab", prompt=[5, 230]))
+        assert status == 400 and body["param"] == "prompt" and "[0, 200)" in body["message"]
+        ok = client.completions.create(model="small-vocab", prompt=[5, 199], max_tokens=3, temperature=0)
+        assert ok.usage.completion_tokens >= 1

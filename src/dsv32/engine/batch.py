@@ -9,19 +9,23 @@ batched matmuls).
 
 - :meth:`RunningBatch.add` prefills one prompt alone (``[1, P]``, one forward), repeats its cache for
   ``copies`` rows (``n`` samples of one prompt share the prefill) and merges it into the batch: the
-  shorter side is left-padded to ``S = max(S_batch, P)`` with masked zero entries.
+  shorter side is left-padded to ``S = max(S_batch, P)`` with masked zero entries. Its two halves,
+  :meth:`RunningBatch.prefill` (which leaves the batch untouched) and :meth:`RunningBatch.join`, let
+  a caller tell a prompt that cannot join from a batch that broke.
 - :meth:`RunningBatch.remove` drops rows and trims leading columns that no remaining row uses.
 - :meth:`RunningBatch.step` feeds each row its last sampled token and keeps the next-token logits.
 
 Both kinds of cache are handled: the native :class:`~dsv32.model.cache.KVCache` (preallocated; merging
 reallocates it to ``S`` plus the largest remaining token budget of any row) and transformers'
 ``DynamicCache`` (per-layer K/V ``[B, H, S, D]``, plus the indexer keys a DSA-attached model keeps on
-the cache object). :func:`sample_rows` samples every row with its own parameters and generator.
+the cache object); sliding-window caches cannot be merged (:func:`check_batchable`).
+:func:`sample_rows` samples every row with its own parameters and generator.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -65,18 +69,25 @@ def _hf_layers(cache) -> list:
     return layers
 
 
-def _hf_merge(a, b) -> None:
-    """Append the rows of cache ``b`` to cache ``a`` (in place), right-aligned at the longer length."""
-    Sa, Sb = a.get_seq_length(), b.get_seq_length()
-    S = max(Sa, Sb)
-    for la, lb in zip(_hf_layers(a), _hf_layers(b), strict=True):
-        la.keys = torch.cat((_pad_seq(la.keys, 2, S - Sa), _pad_seq(lb.keys, 2, S - Sb)), dim=0)
-        la.values = torch.cat((_pad_seq(la.values, 2, S - Sa), _pad_seq(lb.values, 2, S - Sb)), dim=0)
-    keys_a, keys_b = hf_index_keys(a), hf_index_keys(b)
-    if set(keys_a) != set(keys_b):
+def _hf_check_merge(a, b) -> None:
+    """Raise :class:`BatchError` unless caches ``a`` and ``b`` can be merged (before either changes)."""
+    if len(_hf_layers(a)) != len(_hf_layers(b)):
+        raise BatchError("the two caches have different numbers of layers; were they filled by one model?")
+    if set(hf_index_keys(a)) != set(hf_index_keys(b)):
         raise BatchError(
             "the two caches hold indexer keys of different layers; were they filled by one model?"
         )
+
+
+def _hf_merge(a, b) -> None:
+    """Append the rows of cache ``b`` to cache ``a`` (in place), right-aligned at the longer length."""
+    _hf_check_merge(a, b)
+    Sa, Sb = a.get_seq_length(), b.get_seq_length()
+    S = max(Sa, Sb)
+    for la, lb in zip(a.layers, b.layers, strict=True):
+        la.keys = torch.cat((_pad_seq(la.keys, 2, S - Sa), _pad_seq(lb.keys, 2, S - Sb)), dim=0)
+        la.values = torch.cat((_pad_seq(la.values, 2, S - Sa), _pad_seq(lb.values, 2, S - Sb)), dim=0)
+    keys_a, keys_b = hf_index_keys(a), hf_index_keys(b)
     for layer, ka in keys_a.items():
         keys_a[layer] = torch.cat((_pad_seq(ka, 1, S - Sa), _pad_seq(keys_b[layer], 1, S - Sb)), dim=0)
 
@@ -89,7 +100,25 @@ def _hf_trim(cache, drop: int) -> None:
         store[key] = value[:, drop:]
 
 
+def check_batchable(model) -> None:
+    """Raise :class:`BatchError` when ``model``'s KV caches cannot join a running batch (sliding window)."""
+    if isinstance(backend_for(model), HFBackend):
+        from dsv32.engine.hfcache import GrowingCache
+
+        _hf_layers(GrowingCache(model.config))
+
+
 # ---------------------------------------------------------------------------------- the batch
+@dataclass
+class Prefilled:
+    """A prompt's ``copies`` rows, prefilled alone, ready to join a batch (:meth:`RunningBatch.join`)."""
+
+    cache: object
+    mask: torch.Tensor  # [copies, P]
+    logits: torch.Tensor  # [copies, V]
+    budget: int
+
+
 class RunningBatch:
     """The rows decoding together over one cache. ``logits`` ``[B, V]``: each row's next-token logits.
 
@@ -114,9 +143,15 @@ class RunningBatch:
     def device(self) -> torch.device:
         return self.backend.device
 
-    @torch.no_grad()
     def add(self, prompt_ids: Sequence[int], copies: int, budget: int) -> None:
         """Prefill ``prompt_ids`` and append ``copies`` rows for it, each allowed ``budget`` new tokens."""
+        self.join(self.prefill(prompt_ids, copies, budget))
+
+    @torch.no_grad()
+    def prefill(self, prompt_ids: Sequence[int], copies: int, budget: int) -> Prefilled:
+        """``prompt_ids`` prefilled alone for ``copies`` rows and checked against the batch's cache; the
+        batch itself is unchanged, so a :class:`BatchError` or a failing forward here concerns only
+        this prompt."""
         if not prompt_ids:
             raise BatchError("a prompt needs at least one token")
         if copies < 1 or budget < 1:
@@ -129,22 +164,27 @@ class RunningBatch:
         repeat = torch.zeros(copies, dtype=torch.long, device=self.device)
         if copies > 1:
             fresh.drop_rows(repeat)
-        logits, mask = logits[repeat], mask[repeat]
+        if self.size and not self.native:
+            _hf_check_merge(self.backend.cache, fresh.cache)
+        return Prefilled(fresh.cache, mask[repeat], logits[repeat], budget)
+
+    def join(self, rows: Prefilled) -> None:
+        """Merge prefilled ``rows`` into the batch: the shorter side is left-padded to the longer."""
+        copies = rows.mask.shape[0]
         if self.size == 0:
-            self.backend.cache, self.mask, self.logits = fresh.cache, mask, logits
-            self.budgets = [budget] * copies
+            self.backend.cache, self.mask, self.logits = rows.cache, rows.mask, rows.logits
+            self.budgets = [rows.budget] * copies
             return
-        S_old = self.mask.shape[1]
+        S_old, P = self.mask.shape[1], rows.mask.shape[1]
         S = max(S_old, P)
-        self.budgets += [budget] * copies
+        budgets = self.budgets + [rows.budget] * copies
         if self.native:
-            self.backend.cache = _native_merge(
-                self.model, self.backend.cache, fresh.cache, S + max(self.budgets)
-            )
+            self.backend.cache = _native_merge(self.model, self.backend.cache, rows.cache, S + max(budgets))
         else:
-            _hf_merge(self.backend.cache, fresh.cache)
-        self.mask = torch.cat((_pad_seq(self.mask, 1, S - S_old), _pad_seq(mask, 1, S - P)), dim=0)
-        self.logits = torch.cat((self.logits, logits), dim=0)
+            _hf_merge(self.backend.cache, rows.cache)
+        self.budgets = budgets
+        self.mask = torch.cat((_pad_seq(self.mask, 1, S - S_old), _pad_seq(rows.mask, 1, S - P)), dim=0)
+        self.logits = torch.cat((self.logits, rows.logits), dim=0)
 
     def remove(self, keep: Sequence[int]) -> None:
         """Keep only rows ``keep`` (in that order); trim the columns no kept row uses."""
@@ -183,17 +223,26 @@ def sample_rows(
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
     logprobs: bool = False,
+    errors: dict[int, Exception] | None = None,
 ) -> tuple[list[int], torch.Tensor | None]:
     """Sample row ``i`` of ``logits`` ``[B, V]`` with ``params[i]`` and ``generators[i]``.
 
     Returns ``(tokens, logprobs [B, V])``: the sampled ids and, when ``logprobs``, the model's
     untruncated ``log_softmax(logits)`` (what OpenAI-style ``logprobs`` report, independent of sampling
     settings; None otherwise). One batched argmax serves the greedy rows; the ids reach the host in one
-    copy.
+    copy. With ``errors`` given, a row whose sampling raises gets its exception there (and token -1)
+    instead of failing every row.
     """
     logits = logits.float()
     tokens = logits.argmax(dim=-1)  # the greedy rows' tokens; the others are sampled below
     for i, (p, g) in enumerate(zip(params, generators, strict=True)):
-        if not p.greedy:
+        if p.greedy:
+            continue
+        try:
             tokens[i] = sample_next(logits[i : i + 1], p, g)[0][0]
+        except Exception as err:  # one row's logits (NaN from the model) must not cost the others theirs
+            if errors is None:
+                raise
+            errors[i] = err
+            tokens[i] = -1
     return tokens.tolist(), logits.log_softmax(-1) if logprobs else None

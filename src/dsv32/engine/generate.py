@@ -26,7 +26,7 @@ class GenerationOutput:
     - ``sequences`` ``[B, P + N]``: left-padded prompts followed by the new tokens;
     - ``attention_mask`` ``[B, P + N]``: 1 for prompt tokens and generated tokens up to EOS;
     - ``tokens`` ``[B, N]``: generated tokens (``pad_token_id`` after a row stopped);
-    - ``logprobs`` ``[B, N]``: sampling log-probs (0 after stop): with ``temperature > 0`` those of the
+    - ``logprobs`` ``[B, N]``: sampling log-probs (0 after stop): when sampling, those of the
       truncated, renormalized distribution that was sampled from (π_old over the kept set, see
       :mod:`dsv32.engine.sampling`); greedy: the model's untruncated ``log_softmax(logits)``;
     - ``lengths`` ``[B]``: generated tokens per row, EOS included;
@@ -34,7 +34,7 @@ class GenerationOutput:
       run through the model (the last token never is), if requested (native model only);
     - ``kept_token_ids`` ``[B, N, K]`` ``int32``, if requested (Keep Sampling Mask): the token ids
       that survived top-k/top-p at each step, most likely first, -1-padded to K = the largest kept set
-      in the batch (K <= ``top_k`` when it is set; 1 for greedy: the argmax; the whole vocabulary
+      in the batch (K <= ``top_k`` when it is set, plus the tokens tied with the k-th; 1 for greedy: the argmax; the whole vocabulary
       without truncation). All -1 after a row stopped. The sampled token is always among them, and
       ``kept_logprobs(logits, kept_token_ids, temperature)`` renormalizes π_θ over them.
     """
@@ -103,10 +103,11 @@ def generate(
     return_routing: bool = False,
     return_kept: bool = False,
 ) -> GenerationOutput:
-    """Generate up to ``max_new_tokens`` per prompt (``temperature=0``: greedy) with ``model``, a
+    """Generate up to ``max_new_tokens`` per prompt (``temperature`` below 1e-5: greedy) with ``model``, a
     :class:`~dsv32.model.DeepseekV32` or a transformers causal LM (``LlamaForCausalLM``, Qwen2/3, ...).
 
-    ``input_ids``: a ``[B, P]`` tensor (with ``attention_mask`` for left padding) or a list of token
+    ``input_ids``: a ``[B, P]`` tensor (with ``attention_mask`` for left padding; a row whose mask ends
+    in 0, right padding, is a ``ValueError``) or a list of token
     lists of any lengths (an id outside the vocabulary is a ``ValueError``; prompt + ``max_new_tokens``
     past the model's ``max_position_embeddings`` warns). Stops a row at any of ``eos_token_id`` (default: the model's generation
     config's, else its config's; ``[]`` never stops), and the whole batch once every row stopped.
@@ -132,6 +133,13 @@ def generate(
                 f"got {tuple(attention_mask.shape)}"
             )
         mask = attention_mask.to(device).long()
+        ends_padded = (mask[:, -1] == 0).nonzero().flatten()
+        if ends_padded.numel():  # the new tokens follow the last column: it must be the prompt's last token
+            raise ValueError(
+                f"attention_mask row {int(ends_padded[0])} ends with padding: generate continues every "
+                'row after its last column, so pad on the left (tokenizer.padding_side = "left") '
+                "or pass the prompts as lists of token ids"
+            )
     B, P = ids.shape
     _check_prompts(model, ids, mask, P + max_new_tokens)
 

@@ -1,11 +1,14 @@
 """Next-token sampling that records what RL needs: the sampling log-probability of each token and the
 kept token set (Keep Sampling Mask, paper §3.1).
 
-``temperature == 0`` is greedy. Otherwise logits are divided by the temperature, truncated to the
-``top_k`` most likely tokens and to the smallest set whose probability reaches ``top_p`` (the most
-likely token is always kept), renormalized over the kept set, and sampled. The returned log-prob is
-that of the distribution actually sampled from — π_old over the kept set — and the kept ids are
-returned with it, so that the trainer renormalizes π_θ over exactly the same action subspace:
+A temperature below ``GREEDY_BELOW`` (1e-5, vLLM's threshold; 0 included) is greedy: sampling at it
+is the argmax up to rounding, and ``logits / temperature`` overflows for the smallest ones. Otherwise
+logits are divided by the temperature, truncated to the ``top_k`` most likely tokens (and those
+tied with the k-th, as transformers and vLLM keep them) and to the smallest set whose probability
+reaches ``top_p`` (the most likely token is always kept),
+renormalized over the kept set, and sampled. The returned log-prob is that of the distribution
+actually sampled from — π_old over the kept set — and the kept ids are returned with it, so that the
+trainer renormalizes π_θ over exactly the same action subspace:
 :func:`kept_logprobs` is that renormalization, the same computation the sampler makes.
 
 :func:`kept_mask` is the readable reference (a ``[B, V]`` mask from one full sort);
@@ -24,11 +27,13 @@ import torch.nn.functional as F
 from dsv32.recipe import NON_NEGATIVE, OPEN_UNIT, Checked, Rule
 
 FIRST_WINDOW = 256  # tokens the top-p search looks at first; widened 8x for rows that need more
+GREEDY_BELOW = 1e-5  # temperatures below this decode greedily (dividing by them can overflow)
 
 
 @dataclass
 class SamplingParams(Checked):
-    """``temperature`` 0 = greedy; ``top_p`` 1.0 and ``top_k`` 0 disable truncation."""
+    """``temperature`` 0 (or below ``GREEDY_BELOW``) = greedy; ``top_p`` 1.0 and ``top_k`` 0 disable
+    truncation."""
 
     RANGES: ClassVar[dict[str, Rule]] = {
         "temperature": NON_NEGATIVE,
@@ -42,7 +47,7 @@ class SamplingParams(Checked):
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 def _mass_before(probs: torch.Tensor) -> torch.Tensor:
@@ -51,20 +56,37 @@ def _mass_before(probs: torch.Tensor) -> torch.Tensor:
 
 
 def _top_p_count(sorted_logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """``[B]`` size of the kept prefix of ``[B, n]`` log-probs in descending order."""
+    """``[B]`` size of the kept prefix of ``[B, n]`` float64 log-probs in descending order (a float32
+    sum of 10^5 probabilities is off by ~1e-6, enough to move the boundary by a token)."""
     return (_mass_before(sorted_logprobs.exp()) < top_p).sum(-1)
 
 
+def _top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids [B, W], count [B])``: each row's tokens whose logit is at least its k-th largest, most
+    likely first, -1-padded to the widest row (a tie with the k-th would otherwise be dropped at random)."""
+    vals, ids = logits.topk(k, dim=-1)
+    count = (logits >= vals[:, -1:]).sum(-1)
+    width = int(count.max())
+    if width > k:
+        ids = logits.topk(width, dim=-1).indices
+    return ids.masked_fill(torch.arange(width, device=ids.device) >= count[:, None], -1), count
+
+
 def kept_mask(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Reference: boolean ``[B, V]``, the tokens that survive top-k and then top-p truncation of
-    ``logits / temperature``. A token is kept if the probability mass strictly before it (in
-    descending order) is below ``top_p``, so the most likely token always is."""
+    """Reference: boolean ``[B, V]``, the tokens that survive top-k (ties with the k-th included) and
+    then top-p truncation of ``logits / temperature``. A token is kept if the probability mass strictly
+    before it (in descending order) is below ``top_p``, so the most likely token always is. Greedy:
+    the argmax."""
     B, V = logits.shape
+    if params.greedy:
+        return torch.zeros(B, V, dtype=torch.bool, device=logits.device).scatter(
+            -1, logits.argmax(-1, keepdim=True), True
+        )
     keep = torch.ones(B, V, dtype=torch.bool, device=logits.device)
     if params.top_k and params.top_k < V:
-        keep = torch.zeros_like(keep).scatter(-1, logits.topk(params.top_k, dim=-1).indices, True)
+        keep = logits >= logits.topk(params.top_k, dim=-1).values[:, -1:]
     if params.top_p < 1.0:
-        scaled = (logits.float() / params.temperature).masked_fill(~keep, float("-inf"))
+        scaled = (logits.double() / params.temperature).masked_fill(~keep, float("-inf"))
         order = scaled.argsort(dim=-1, descending=True)  # by logit: equal probabilities stay ordered
         probs = scaled.softmax(dim=-1).gather(-1, order)
         keep &= torch.zeros_like(keep).scatter(-1, order, _mass_before(probs) < params.top_p)
@@ -72,28 +94,32 @@ def kept_mask(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def truncate(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fast top-k/top-p truncation of ``logits`` ``[B, V]`` (``temperature > 0``).
+    """Fast top-k/top-p truncation of ``logits`` ``[B, V]`` (not greedy).
 
     Returns ``(kept_ids [B, K], kept_logits [B, K])``: the kept token ids, most likely first, padded
     with -1 to K = the largest kept set in the batch, and ``logits / temperature`` at those ids (-inf
-    at padding). Without truncation the kept set is the whole vocabulary in id order (K = V).
+    at padding). Without truncation the kept set is the whole vocabulary in id order (K = V). Where
+    the kept mass reaches ``top_p`` is decided in float64, as in :func:`kept_mask`.
     """
     scaled = logits.float() / params.temperature
     B, V = scaled.shape
     limit = params.top_k if 0 < params.top_k < V else V
-    if params.top_p >= 1.0:
-        if limit == V:
-            return torch.arange(V, device=scaled.device).expand(B, V), scaled
-        vals, ids = scaled.topk(limit, dim=-1)
-        return ids, vals
+    if limit < V:
+        ids, ties = _top_k(logits.float(), limit)
+        vals = scaled.gather(-1, ids.clamp_min(0)).masked_fill(ids < 0, float("-inf"))
+        if params.top_p >= 1.0:
+            return ids, vals
+    elif params.top_p >= 1.0:
+        return torch.arange(V, device=scaled.device).expand(B, V), scaled
+    exact = logits.double() / params.temperature
     if limit < V:  # top-p inside the top-k set: its probabilities are normalized over the set
-        vals, ids = scaled.topk(limit, dim=-1)
-        count = _top_p_count(vals - vals.logsumexp(-1, keepdim=True), params.top_p)
+        top = exact.gather(-1, ids.clamp_min(0)).masked_fill(ids < 0, float("-inf"))
+        count = _top_p_count(top - top.logsumexp(-1, keepdim=True), params.top_p).minimum(ties)
     else:  # a partial top-k, widened only for the rows whose kept prefix does not end inside it
-        log_norm = scaled.logsumexp(-1, keepdim=True)
+        log_norm = exact.logsumexp(-1, keepdim=True)
         window = min(V, FIRST_WINDOW)
         vals, ids = scaled.topk(window, dim=-1)
-        count = _top_p_count(vals - log_norm, params.top_p)
+        count = _top_p_count(exact.gather(-1, ids) - log_norm, params.top_p)
         short = count == window
         while window < V and bool(short.any()):
             window = min(V, 8 * window)
@@ -102,7 +128,7 @@ def truncate(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor
             vals = F.pad(vals, (0, window - vals.shape[1]), value=float("-inf"))
             ids = F.pad(ids, (0, window - ids.shape[1]), value=-1)
             vals[rows], ids[rows] = wide_vals, wide_ids
-            count[rows] = _top_p_count(wide_vals - log_norm[rows], params.top_p)
+            count[rows] = _top_p_count(exact[rows].gather(-1, wide_ids) - log_norm[rows], params.top_p)
             short = torch.zeros_like(short).index_fill(0, rows[count[rows] == window], True)
     K = int(count.max())
     pad = torch.arange(K, device=scaled.device) >= count[:, None]

@@ -21,6 +21,7 @@ from typing import ClassVar
 import torch
 
 from dsv32.engine import generate
+from dsv32.engine.sampling import GREEDY_BELOW
 from dsv32.recipe import NON_NEGATIVE, OPEN_UNIT, Checked, Rule, at_least
 from dsv32.rl.policy import Policy
 from dsv32.rl.tasks import Task, TaskError
@@ -37,7 +38,8 @@ class SamplingConfig(Checked):
     ``max_total_tokens`` the whole completion (turns + appended tool text)."""
 
     RANGES: ClassVar[dict[str, Rule]] = {
-        "temperature": NON_NEGATIVE,
+        # the engine decodes greedily below GREEDY_BELOW, where the loss's logits / T would not match
+        "temperature": Rule(lambda v: v == 0 or v >= GREEDY_BELOW, f"0 (greedy) or >= {GREEDY_BELOW:g}"),
         "top_p": OPEN_UNIT,
         "top_k": NON_NEGATIVE,
         "max_new_tokens": at_least(1),
@@ -56,7 +58,7 @@ class SamplingConfig(Checked):
 def truncates(sampling) -> bool:
     """Whether sampling with ``sampling``'s ``temperature``, ``top_p`` and ``top_k`` truncates the
     distribution: only then do kept sets matter (greedy keeps the argmax: nothing to renormalize)."""
-    return sampling.temperature > 0 and (sampling.top_p < 1.0 or sampling.top_k > 0)
+    return sampling.temperature >= GREEDY_BELOW and (sampling.top_p < 1.0 or sampling.top_k > 0)
 
 
 @dataclass

@@ -58,7 +58,9 @@ def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
 def create_app(
     served: ServedModel, *, max_batch: int = 8, max_queue: int = 64, api_key: str | None = None
 ) -> FastAPI:
-    """The application; its scheduler thread runs while the app's lifespan does."""
+    """The application; its scheduler thread runs while the app's lifespan does. A model whose KV
+    caches cannot be batched (sliding window) with ``max_batch > 1`` is a
+    :class:`~dsv32.engine.batch.BatchError` naming ``--max-batch 1``."""
     metrics = Metrics()
     scheduler = Scheduler(served, max_batch=max_batch, max_queue=max_queue, metrics=metrics)
 
@@ -211,7 +213,7 @@ def create_app(
             ids = list(served.tokenizer.encode(body.prompt))
         else:
             ids = list(body.prompt)
-            vocab = len(served.tokenizer)
+            vocab = served.vocab_size
             if any(not 0 <= t < vocab for t in ids):
                 raise invalid(f"token ids must be in [0, {vocab})", "prompt")
         if not ids:

@@ -74,6 +74,8 @@ class ServedModel:
                 f"--max-model-len {self.max_model_len} exceeds the model's {limit} positions"
             )
         self.eos_ids = self._eos_ids()
+        # the ids the model embeds: a tokenizer may hold more (added tokens) or fewer (padded embeddings)
+        self.vocab_size = int(getattr(self.model.config, "vocab_size", None) or len(self.tokenizer))
 
     def _eos_ids(self) -> list[int]:
         ids: set[int] = set()

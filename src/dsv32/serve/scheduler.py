@@ -14,8 +14,10 @@ Each loop iteration:
 Jobs arrive from the server's event loop (:meth:`Scheduler.submit`, which answers 503 when
 ``max_queue`` jobs are already waiting) and get their events through ``job.emit``, a callable that
 is safe to call from this thread. Setting ``job.cancelled`` (a client went away) frees the job's
-rows at the next iteration. A failure inside a step or an admission's prefill is reported to the
-jobs in the batch (the admitted one included), which is reset; the thread keeps serving.
+rows at the next iteration. A row that cannot be sampled fails its own job; a request that cannot join
+the batch (its prefill, or the checks that its cache can be merged, fail) fails alone; a failure
+inside a step or a merge is reported to every job in the batch, which is reset. The thread keeps
+serving.
 """
 
 from __future__ import annotations
@@ -31,12 +33,13 @@ from typing import Any
 
 import torch
 
-from dsv32.engine.batch import RunningBatch, sample_rows
+from dsv32.engine.batch import RunningBatch, check_batchable, sample_rows
 from dsv32.engine.sampling import SamplingParams
 from dsv32.serve.detok import IncrementalText
 from dsv32.serve.errors import queue_full
 from dsv32.serve.metrics import Metrics
 from dsv32.serve.runtime import Forced, ServedModel
+from dsv32.serve.tokenbytes import TokenBytes
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +121,8 @@ class Scheduler:
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.metrics = metrics or Metrics()
+        if max_batch > 1:  # a cache that cannot be merged is refused now, not at the second request
+            check_batchable(served.model)
         self.batch = RunningBatch(served.model)
         self.rows: list[_Row] = []
         self.waiting: deque[Job] = deque()
@@ -125,6 +130,7 @@ class Scheduler:
         self.stopping = False
         self.thread: threading.Thread | None = None
         self.eos = set(served.eos_ids)
+        self.token_bytes = TokenBytes(served.tokenizer)
 
     # ------------------------------------------------------------------ event-loop side
     def submit(self, job: Job) -> None:
@@ -174,29 +180,39 @@ class Scheduler:
             if job.cancelled:
                 continue
             self.metrics.observe("queue_time_seconds", time.monotonic() - job.submitted)
-            try:  # what only this job needs (its forced text, its generators) fails only this job
+            try:  # what only this job needs (its rows, its prefill, the merge checks) fails only this job
                 forced_ids = self.served.encode(job.forced.text) if job.forced else []
                 rows = [
                     _Row(job, i, self.served.tokenizer, forced_ids, self.batch.device) for i in range(job.n)
                 ]
+                prefilled = self.batch.prefill(job.prompt_ids, job.n, job.max_tokens)
             except Exception as err:
                 logger.exception("a request could not join the batch")
                 _fail([job], f"generation failed: {type(err).__name__}: {err}")
                 continue
-            # the rows join before the prefill, so that a failing one fails this job with the batch
+            # the rows join before the merge, so that a failing merge fails this job with the batch
             self.rows += rows
-            self.batch.add(job.prompt_ids, job.n, job.max_tokens)
+            self.batch.join(prefilled)
 
     def _step(self) -> None:
         rows = self.rows
         params = [r.job.params for r in rows]
         want_logprobs = any(r.job.top_logprobs is not None for r in rows)
-        tokens, logprobs = sample_rows(self.batch.logits, params, [r.generator for r in rows], want_logprobs)
+        errors: dict[int, Exception] = {}
+        generators = [r.generator for r in rows]
+        tokens, logprobs = sample_rows(self.batch.logits, params, generators, want_logprobs, errors)
         self.metrics.observe("batch_size", len(rows))
+        failed: set[int] = set()  # a row that could not be sampled fails its own job only
+        for i, err in errors.items():
+            job = rows[i].job
+            if id(job) not in failed:
+                logger.error("sampling failed for one request", exc_info=err)
+                job.emit(Failed(f"generation failed: {type(err).__name__}: {err}"))
+                failed.add(id(job))
         keep: list[int] = []
         advanced = 0
         for i, row in enumerate(rows):
-            if row.job.cancelled:
+            if row.job.cancelled or id(row.job) in failed:
                 continue
             advanced += 1
             forced = bool(row.queue)
@@ -242,4 +258,4 @@ class Scheduler:
 
     def _token_logprob(self, token: int, logprob: float) -> dict[str, Any]:
         text = self.served.tokenizer.decode([token], skip_special_tokens=False)
-        return {"token": text, "logprob": max(logprob, -9999.0), "bytes": list(text.encode("utf-8"))}
+        return {"token": text, "logprob": max(logprob, -9999.0), "bytes": self.token_bytes(token)}
