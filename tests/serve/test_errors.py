@@ -200,6 +200,16 @@ def test_full_queue_is_503_and_a_disconnect_frees_the_slot(guarded):
     assert _metric(guarded, "generation_tokens_total") < 1000
 
 
+def _last_event(events) -> object:
+    """The event that ends a request (its Finished or Failed), read from its queue."""
+    from dsv32.serve import scheduler as S
+
+    event = events.get(timeout=30)
+    while not isinstance(event, S.Finished | S.Failed):
+        event = events.get(timeout=30)
+    return event
+
+
 def test_a_prompt_that_fails_to_prefill_fails_its_request_once(v32_served, monkeypatch):
     import queue
 
@@ -245,10 +255,7 @@ def test_a_request_that_cannot_join_fails_alone_and_the_batch_goes_on(v32_served
         assert refused.get(timeout=30) == S.Failed(
             "generation failed: ValueError: no generator for this seed"
         )
-        events = [running.get(timeout=30)]
-        while not isinstance(events[-1], S.Finished | S.Failed):
-            events.append(running.get(timeout=30))
-        assert isinstance(events[-1], S.Finished)  # the running request was not failed with it
+        assert isinstance(_last_event(running), S.Finished)  # the running request was not failed with it
     finally:
         scheduler.stop()
     assert refused.empty()
@@ -287,10 +294,7 @@ def test_a_row_that_cannot_be_sampled_fails_only_its_request(v32_served, monkeyp
         scheduler.submit(S.Job([4, 5], 4, SamplingParams(temperature=1.0, top_k=3), refused.put, n=2))
         failed = refused.get(timeout=30)
         assert isinstance(failed, S.Failed) and "RuntimeError: probability tensor" in failed.message
-        events = [running.get(timeout=30)]
-        while not isinstance(events[-1], S.Finished | S.Failed):
-            events.append(running.get(timeout=30))
-        assert isinstance(events[-1], S.Finished)  # the running request was not failed with it
+        assert isinstance(_last_event(running), S.Finished)  # the running request was not failed with it
     finally:
         scheduler.stop()
     assert refused.empty()  # one Failed for the job's two rows
@@ -312,10 +316,7 @@ def test_a_prompt_that_fails_to_prefill_fails_alone_and_the_batch_goes_on(v32_se
         scheduler.submit(S.Job([4, outside], 4, SamplingParams(temperature=0.0), refused.put, n=2))
         failed = refused.get(timeout=30)
         assert isinstance(failed, S.Failed) and "IndexError" in failed.message
-        events = [running.get(timeout=30)]
-        while not isinstance(events[-1], S.Finished | S.Failed):
-            events.append(running.get(timeout=30))
-        assert isinstance(events[-1], S.Finished)  # the running request was not failed with it
+        assert isinstance(_last_event(running), S.Finished)  # the running request was not failed with it
     finally:
         scheduler.stop()
     assert refused.empty()
