@@ -200,14 +200,30 @@ def test_full_queue_is_503_and_a_disconnect_frees_the_slot(guarded):
     assert _metric(guarded, "generation_tokens_total") < 1000
 
 
-def _last_event(events) -> object:
-    """The event that ends a request (its Finished or Failed), read from its queue."""
+def _fails_beside_a_running_request(served, make_job) -> object:
+    """Submit ``make_job(put)`` while another request decodes; return its one event (it must be a
+    Failed) after checking that the running request still finished."""
+    import queue
+
+    from dsv32.engine.sampling import SamplingParams
     from dsv32.serve import scheduler as S
 
-    event = events.get(timeout=30)
-    while not isinstance(event, S.Finished | S.Failed):
-        event = events.get(timeout=30)
-    return event
+    running, refused = queue.Queue(), queue.Queue()
+    scheduler = S.Scheduler(served)
+    scheduler.start()
+    try:
+        scheduler.submit(S.Job([1, 2, 3], 40, SamplingParams(temperature=1.0), running.put, seed=1))
+        assert isinstance(running.get(timeout=30), S.Chunk)  # it is in the batch
+        scheduler.submit(make_job(refused.put))
+        failed = refused.get(timeout=30)
+        event = running.get(timeout=30)
+        while not isinstance(event, S.Finished | S.Failed):
+            event = running.get(timeout=30)
+        assert isinstance(event, S.Finished)  # the running request was not failed with it
+    finally:
+        scheduler.stop()
+    assert isinstance(failed, S.Failed) and refused.empty()  # one Failed, also for a job of n rows
+    return failed
 
 
 def test_a_prompt_that_fails_to_prefill_fails_its_request_once(v32_served, monkeypatch):
@@ -233,8 +249,6 @@ def test_a_prompt_that_fails_to_prefill_fails_its_request_once(v32_served, monke
 
 
 def test_a_request_that_cannot_join_fails_alone_and_the_batch_goes_on(v32_served, monkeypatch):
-    import queue
-
     from dsv32.engine.sampling import SamplingParams
     from dsv32.serve import scheduler as S
 
@@ -245,20 +259,10 @@ def test_a_request_that_cannot_join_fails_alone_and_the_batch_goes_on(v32_served
             super().__init__(job, *args)
 
     monkeypatch.setattr(S, "_Row", PickyRow)
-    running, refused = queue.Queue(), queue.Queue()
-    scheduler = S.Scheduler(v32_served)
-    scheduler.start()
-    try:
-        scheduler.submit(S.Job([1, 2, 3], 40, SamplingParams(temperature=1.0), running.put, seed=1))
-        assert isinstance(running.get(timeout=30), S.Chunk)  # it is in the batch
-        scheduler.submit(S.Job([4, 5], 4, SamplingParams(temperature=1.0), refused.put, seed=13))
-        assert refused.get(timeout=30) == S.Failed(
-            "generation failed: ValueError: no generator for this seed"
-        )
-        assert isinstance(_last_event(running), S.Finished)  # the running request was not failed with it
-    finally:
-        scheduler.stop()
-    assert refused.empty()
+    failed = _fails_beside_a_running_request(
+        v32_served, lambda put: S.Job([4, 5], 4, SamplingParams(temperature=1.0), put, seed=13)
+    )
+    assert failed == S.Failed("generation failed: ValueError: no generator for this seed")
 
 
 def test_a_temperature_below_1e_5_decodes_greedily(v32_server):
@@ -271,7 +275,6 @@ def test_a_temperature_below_1e_5_decodes_greedily(v32_server):
 
 
 def test_a_row_that_cannot_be_sampled_fails_only_its_request(v32_served, monkeypatch):
-    import queue
 
     from dsv32.engine import batch as B
     from dsv32.engine.sampling import SamplingParams
@@ -285,41 +288,21 @@ def test_a_row_that_cannot_be_sampled_fails_only_its_request(v32_served, monkeyp
         return real(logits, params, generator)
 
     monkeypatch.setattr(B, "sample_next", picky)
-    running, refused = queue.Queue(), queue.Queue()
-    scheduler = S.Scheduler(v32_served)
-    scheduler.start()
-    try:
-        scheduler.submit(S.Job([1, 2, 3], 40, SamplingParams(temperature=1.0), running.put, seed=1))
-        assert isinstance(running.get(timeout=30), S.Chunk)  # it is in the batch
-        scheduler.submit(S.Job([4, 5], 4, SamplingParams(temperature=1.0, top_k=3), refused.put, n=2))
-        failed = refused.get(timeout=30)
-        assert isinstance(failed, S.Failed) and "RuntimeError: probability tensor" in failed.message
-        assert isinstance(_last_event(running), S.Finished)  # the running request was not failed with it
-    finally:
-        scheduler.stop()
-    assert refused.empty()  # one Failed for the job's two rows
+    failed = _fails_beside_a_running_request(
+        v32_served, lambda put: S.Job([4, 5], 4, SamplingParams(temperature=1.0, top_k=3), put, n=2)
+    )
+    assert "RuntimeError: probability tensor" in failed.message
 
 
 def test_a_prompt_that_fails_to_prefill_fails_alone_and_the_batch_goes_on(v32_served):
-    import queue
-
     from dsv32.engine.sampling import SamplingParams
     from dsv32.serve import scheduler as S
 
-    running, refused = queue.Queue(), queue.Queue()
-    scheduler = S.Scheduler(v32_served)
-    scheduler.start()
-    try:
-        scheduler.submit(S.Job([1, 2, 3], 40, SamplingParams(temperature=0.0), running.put))
-        assert isinstance(running.get(timeout=30), S.Chunk)  # it is in the batch
-        outside = v32_served.model.config.vocab_size + 5  # the embedding has no such row
-        scheduler.submit(S.Job([4, outside], 4, SamplingParams(temperature=0.0), refused.put, n=2))
-        failed = refused.get(timeout=30)
-        assert isinstance(failed, S.Failed) and "IndexError" in failed.message
-        assert isinstance(_last_event(running), S.Finished)  # the running request was not failed with it
-    finally:
-        scheduler.stop()
-    assert refused.empty()
+    outside = v32_served.model.config.vocab_size + 5  # the embedding has no such row
+    failed = _fails_beside_a_running_request(
+        v32_served, lambda put: S.Job([4, outside], 4, SamplingParams(temperature=0.0), put, n=2)
+    )
+    assert "IndexError" in failed.message
 
 
 def test_prompt_ids_are_checked_against_the_models_vocabulary_not_the_tokenizers(one_thread):
