@@ -275,7 +275,6 @@ def test_a_temperature_below_1e_5_decodes_greedily(v32_server):
 
 
 def test_a_row_that_cannot_be_sampled_fails_only_its_request(v32_served, monkeypatch):
-
     from dsv32.engine import batch as B
     from dsv32.engine.sampling import SamplingParams
     from dsv32.serve import scheduler as S
