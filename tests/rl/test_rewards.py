@@ -416,8 +416,11 @@ def test_local_judge_failure_and_unparseable_reply_give_the_fallback():
         raise JudgeError("model OOM")
 
     grm = GenerativeRewardModel(judge=failing, fallback=0.25)
-    assert grm("q", "r") == 0.25
-    assert grm.stats.failures == 1 and grm.stats.parse_failures == 0
+    judgement = grm.evaluate("q", "r")
+    assert judgement.reward == 0.25 and not judgement.scored and judgement.error == "model OOM"
+    with pytest.raises(JudgeError, match="model OOM"):  # the bare reward has none to give
+        grm("q", "r")
+    assert grm.stats.failures == 2 and grm.stats.parse_failures == 0
 
     grm = GenerativeRewardModel(judge=lambda m: "A decent answer overall.", fallback=0.5, scale=5)
     judgement = grm.evaluate("q", "r")
@@ -556,8 +559,9 @@ def test_http_judge_gives_up_after_retries_and_on_bad_replies(judge_server):
     assert len(judge_server.received) == 3 and grm.stats.failures == 1
 
     judge_server.script = [(400, {"error": "context too long"}, {}), (200, "<html>not json</html>", {})]
-    assert grm("q", "r") == 0.0  # a 400 is not retried
-    assert grm("q", "r") == 0.0  # a reply that is not a chat completion
+    assert not grm.evaluate("q", "r").scored  # a 400 is not retried
+    with pytest.raises(JudgeError, match="chat completion"):  # a reply that is not a chat completion
+        grm("q", "r")
     assert len(judge_server.received) == 5 and grm.stats.failures == 3 and grm.stats.retries == 2
 
 

@@ -239,7 +239,12 @@ class GenerativeRewardModel:
         return Judgement(score / self.scale, score, text)
 
     def __call__(self, question: str, response: str, rubric: str | None = None) -> float:
-        return self.evaluate(question, response, rubric).reward
+        """The reward alone. A failed request has no reward to give: it raises :class:`JudgeError`
+        (:meth:`evaluate` returns it as an unscored :class:`Judgement` instead)."""
+        judgement = self.evaluate(question, response, rubric)
+        if not judgement.scored:
+            raise JudgeError(judgement.error or "the judge request failed")
+        return judgement.reward
 
     def complete(self, messages: list[dict[str, str]]) -> str:
         """The judge's reply text. Raises :class:`JudgeError` when the request fails."""
