@@ -7,7 +7,7 @@ import pytest
 
 from dsv32.recipe import RecipeError
 from dsv32.rl.config import RLConfigError, load_rl_config
-from dsv32.rl.rewards import RewardSpec
+from dsv32.rl.rewards import GenerativeRewardModel, RewardSample, RewardSpec, compose_rewards
 from dsv32.rl.rewards_setup import reward_setup
 
 
@@ -29,6 +29,21 @@ def test_a_reward_table_value_of_the_wrong_type_or_range_is_refused_when_read(op
     table = {"weights": {"math": 1.0, "format": 0.1}} | option
     with pytest.raises(RLConfigError, match=r"^\[rewards\.math\] " + message.replace("(", r"\(")):
         reward_setup({"math": table}, max_tokens=64)
+
+
+def test_a_recipe_rubric_key_other_than_the_task_field_is_refused():
+    with pytest.raises(RLConfigError, match=r"^\[rewards\.general\] rubric_key = 'criteria': a task's rubric"):
+        reward_setup({"general": {"weights": {"grm": 1.0}, "rubric_key": "criteria"}}, max_tokens=64)
+
+
+def test_a_rubric_key_an_object_sample_lacks_is_an_error_not_the_default_rubric():
+    seen = []
+    grm = GenerativeRewardModel(judge=lambda messages: seen.append(messages) or "Score: 6/10")
+    reward = compose_rewards({"general": RewardSpec({"grm": 1.0}, rubric_key="criteria")}, grm)
+    sample = {"domain": "general", "prompt": "q", "completion": "a", "criteria": "Be exact."}
+    assert reward(sample).total == pytest.approx(0.6) and "Be exact." in seen[-1][1]["content"]
+    with pytest.raises(ValueError, match="rubric_key = 'criteria': the reward sample \\(RewardSample\\)"):
+        reward(RewardSample(domain="general", prompt="q", completion="a", rubric="Be exact."))
 
 
 def test_a_reward_spec_built_in_python_is_checked_too():

@@ -113,6 +113,12 @@ def reward_setup(tables: dict[str, Any], *, max_tokens: int, thinking: bool = Fa
             raise RLConfigError(
                 message if message.startswith("[") else f"[rewards.{domain}] {message}"
             ) from None
+        if specs[domain].rubric_key != "rubric":
+            raise RLConfigError(
+                f"[rewards.{domain}] rubric_key = {specs[domain].rubric_key!r}: a task's rubric is read "
+                "from its 'rubric' field (rubric_key names the field of samples scored through the "
+                "library's RewardFunction)"
+            )
     if judge_cfg is None:
         unjudged = tuple(sorted(d for d, s in specs.items() if "grm" in s.weights))
         return RewardSetup({d: s for d, s in specs.items() if d not in unjudged}, None, unjudged)

@@ -43,7 +43,8 @@ class RewardSpec(Checked):
     ``cache_tokens`` as in :func:`~dsv32.rl.rewards.shaping.length_penalty`. ``thinking``: completions
     read ``reasoning</think>answer``; the outcome and the judge see the answer only, and ``format``
     requires the closed reasoning. ``require_boxed``: ``format`` requires one ``\\boxed{}``.
-    ``rubric_key``: the sample field holding the judge's rubric (the judge's default rubric if absent).
+    ``rubric_key``: the sample field holding the judge's rubric (the judge's default rubric if a mapping
+    sample leaves it out); an RL task's rubric is always its ``rubric`` field.
     ``math_timeout_seconds``: bound on each math-verify check (None: unbounded).
     """
 
@@ -224,6 +225,11 @@ class RewardFunction:
 
     def _judge(self, spec: RewardSpec, sample: Any) -> Judgement:
         answer_text = answer_part(_get(sample, "completion"), thinking=spec.thinking)
+        if not isinstance(sample, Mapping) and not hasattr(sample, spec.rubric_key):
+            raise ValueError(  # a mapping may leave its rubric out; an object's fields are fixed
+                f"rubric_key = {spec.rubric_key!r}: the reward sample ({type(sample).__name__}) has no "
+                "such field"
+            )
         rubric = _get(sample, spec.rubric_key, None)
         return self.grm.evaluate(_get(sample, "prompt"), answer_text, rubric)
 
