@@ -116,3 +116,14 @@ def test_log_every_thins_metrics_jsonl_but_keeps_a_step_with_a_skipped_update(tm
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [2, 3, 5]
     assert [m["step"] for m in result.metrics] == [1, 2, 3, 4, 5]
+
+
+def test_a_streak_of_skipped_updates_survives_a_resume(tmp_path, monkeypatch):
+    _nan_on(monkeypatch, None)  # every update: two skipped per step (grpo.mini_batches=2)
+    cfg = _cfg(tmp_path, **{"grpo.steps": 5, "grpo.max_skipped_updates": 4, "save_every": 1})
+    train_grpo(cfg, reward_fn=LengthReward(), progress=False, stop_after=1)  # killed after step 1
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000001"
+    assert json.loads((ckpt / "state.json").read_text())["skipped_streak"] == 2
+    with pytest.raises(NonFiniteUpdateError, match="4 optimizer steps in a row"):
+        train_grpo(cfg, reward_fn=LengthReward(), progress=False)  # the streak goes on: 3, 4 in step 2
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_000001"]

@@ -314,4 +314,5 @@ def train_agentic(
         desc="agentic grpo",
         run=run_identity(cfg.to_dict(), files),
         meta={"config.json": cfg.to_dict()},
+        guard=guard,
     )

@@ -209,6 +209,7 @@ def train_grpo(
         on_step=on_step,
         run=run_identity(cfg.to_dict(), task_files(cfg)),
         meta={"config.json": cfg.to_dict()},
+        guard=guard,
     )
 
 
@@ -276,6 +277,7 @@ def run_steps(
     desc: str = "grpo",
     run: dict | None = None,
     meta: dict[str, Any] | None = None,
+    guard: UpdateGuard | None = None,
 ) -> RLResult:
     """The loop of a GRPO run under ``result.out_dir``: resume from its latest checkpoint, or start
     over (held-out ``evaluate(0, eval.jsonl)`` first); then ``step_fn(step)`` for ``cfg.grpo.steps``
@@ -285,7 +287,9 @@ def run_steps(
     the final model and ``rl.png``. ``stop_after`` stops after that step with a checkpoint, as if
     the process had been killed; ``evaluate`` None: no held-out items. ``run``: the run's identity,
     compared with the checkpoint's before resuming (:mod:`dsv32.runlog`); ``meta``: JSON files
-    (name → content) written once every check has passed. A resumed run cuts ``eval.jsonl`` back to
+    (name → content) written once every check has passed; ``guard``: the run's
+    :class:`~dsv32.rl.update.UpdateGuard`, whose streak of skipped updates is saved with each
+    checkpoint and restored on resume. A resumed run cuts ``eval.jsonl`` back to
     the checkpoint's step like ``metrics.jsonl``, and reuses a held-out result logged for a step
     instead of evaluating that step again."""
     from tqdm.auto import tqdm
@@ -301,6 +305,9 @@ def run_steps(
         truncate_metrics(metrics_path, step)
         truncate_metrics(eval_path, step)
         logged = {r["step"]: r for r in read_metrics(eval_path)}
+        if guard is not None:
+            streak = ckpts.state(ckpts.resumed_from).get("skipped_streak", 0)
+            guard.streak = streak if isinstance(streak, int) and streak >= 0 else 0
         result.eval_before = logged.get(0)
         logger.info("rl: resumed from %s (step %d)", ckpts.resumed_from, step)
     else:
@@ -333,7 +340,7 @@ def run_steps(
                 evaluate(step, eval_path)
             if (save_every and step % save_every == 0) or step == last:
                 check_finite_weights(policy.model, step)  # keep=1: a NaN checkpoint would be the only one
-                ckpts.save(step, policy.model, optimizer)
+                ckpts.save(step, policy.model, optimizer, skipped_streak=guard.streak if guard else 0)
     finally:
         bar.close()
         policy.model.eval()

@@ -27,7 +27,8 @@ class NonFiniteUpdateError(DSV32Error, RuntimeError):
 @dataclass
 class UpdateGuard:
     """Counts optimizer steps skipped in a row for a non-finite loss or gradient norm; the
-    ``limit``-th raises :class:`NonFiniteUpdateError`. One guard per run: a streak spans steps."""
+    ``limit``-th raises :class:`NonFiniteUpdateError`. One guard per run: a streak spans steps, and a
+    resume (the training loop saves it with each checkpoint)."""
 
     limit: int
     streak: int = 0
