@@ -32,7 +32,9 @@ def test_a_reward_table_value_of_the_wrong_type_or_range_is_refused_when_read(op
 
 
 def test_a_recipe_rubric_key_other_than_the_task_field_is_refused():
-    with pytest.raises(RLConfigError, match=r"^\[rewards\.general\] rubric_key = 'criteria': a task's rubric"):
+    with pytest.raises(
+        RLConfigError, match=r"^\[rewards\.general\] rubric_key = 'criteria': a task's rubric"
+    ):
         reward_setup({"general": {"weights": {"grm": 1.0}, "rubric_key": "criteria"}}, max_tokens=64)
 
 
