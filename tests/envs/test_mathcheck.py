@@ -23,6 +23,9 @@ HOSTILE = "9^{9^{9^{9}}}"  # SymPy's integer power holds the interpreter lock fo
         ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
         ("\\boxed{1} ... \\boxed{\\frac{3}{4}", None),
         ("\\boxed{ \\fbox{2} and", "2"),
+        ("\\boxed{6 \\boxed{5}}", "6 {5}"),  # a box in a closed box is part of its answer
+        ("\\boxed{ \\boxed{\\fbox{5}} }", "5"),
+        ("\\boxed{\\boxed{1} + \\boxed{2}} and so on", "{1} + {2}"),
         ("no box", None),
         (None, None),
     ],
@@ -77,6 +80,8 @@ def test_a_hostile_answer_in_a_worker_thread_is_bounded(judge):
         (r"\boxed{\(1\) \(5\)}", "5", 0.0),
         (r"\boxed{\[1\] \[5\] \[9\]}", "5", 0.0),
         (r"\boxed{$5$}", "5", 1.0),
+        (r"\boxed{6 \boxed{5}}", "5", 0.0),  # the outer box's whole content, not the inner box
+        (r"\boxed{\boxed{5}}", "5", 1.0),
         (r"\boxed{\frac{1}{2}}", r"$\frac12$", 1.0),
     ],
 )

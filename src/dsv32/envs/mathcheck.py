@@ -55,33 +55,51 @@ def boxes(text: str | None) -> list[tuple[int, str | None]]:
     unterminated. One pass over the braces (escaped ones, ``\\{``, do not count), so a text of many
     unclosed boxes costs no more than its length."""
     text = text or ""
-    found: list[tuple[int, str | None]] = []
+    return [(start, None if end is None else text[begin:end]) for start, begin, end, _ in _scan(text)]
+
+
+def _scan(text: str) -> list[tuple[int, int, int | None, int | None]]:
+    """Per box in order: its start, its content's start and end (None: unterminated), and the number
+    of the box it opened inside (None: at top level)."""
+    found: list[list] = []
     box_at: dict[int, int] = {}  # index of a box's "{" -> the box's number in found
     for match in _BOX_OPEN.finditer(text):
         box_at[match.end() - 1] = len(found)
-        found.append((match.start(), None))
-    open_boxes: list[tuple[int, int, int]] = []  # (box number, depth inside its "{", content start)
+        found.append([match.start(), match.end(), None, None])
+    open_boxes: list[tuple[int, int]] = []  # (box number, depth inside its "{")
     depth = 0
     for token in _BRACE.finditer(text, min(box_at, default=len(text))):
         if token[0] == "{":
             depth += 1
             if token.start() in box_at:
-                open_boxes.append((box_at[token.start()], depth, token.end()))
+                box = box_at[token.start()]
+                found[box][3] = open_boxes[-1][0] if open_boxes else None
+                open_boxes.append((box, depth))
         elif token[0] == "}":
             if open_boxes and open_boxes[-1][1] == depth:
-                box, _, start = open_boxes.pop()
-                found[box] = (found[box][0], text[start : token.start()])
+                found[open_boxes.pop()[0]][2] = token.start()
             depth -= 1
-    return found
+    return [tuple(box) for box in found]
 
 
 def last_boxed(text: str | None) -> str | None:
     """Content of the last box, stripped (``"so \\boxed{\\frac{3}{4}}."`` → ``"\\frac{3}{4}"``); None
-    when there is no box or the last one is cut off."""
-    found = boxes(text)
-    if not found or found[-1][1] is None:
+    when there is no box or the last one is cut off. A box inside a closed box is part of that box's
+    answer: ``\\boxed{\\boxed{5}}`` reads ``5``, ``\\boxed{6 \\boxed{5}}`` reads ``6 {5}`` (the
+    inner box's braces kept, so no reader picks ``5`` out of it)."""
+    text = text or ""
+    found = _scan(text)
+    outer = [i for i, (*_, parent) in enumerate(found) if parent is None or found[parent][2] is None]
+    if not outer or found[outer[-1]][2] is None:
         return None
-    return found[-1][1].strip()
+    box = outer[-1]
+    _, begin, end, _ = found[box]
+    while box + 1 < len(found) and found[box + 1][3] == box:  # \boxed{ \boxed{x} }: x
+        inner_start, inner_begin, inner_end, _ = found[box + 1]  # the first box inside this one
+        if inner_end is None or text[begin:inner_start].strip() or text[inner_end + 1 : end].strip():
+            break
+        box, begin, end = box + 1, inner_begin, inner_end
+    return _BOX_OPEN.sub("{", text[begin:end].strip())
 
 
 # Math-mode delimiters: inside one answer they would let math-verify read one of several values.
