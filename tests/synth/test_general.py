@@ -311,3 +311,36 @@ def test_the_verifier_gets_an_answer_of_any_size(tmp_path):
         code, dbs / "initial.sqlite", dbs / "final.sqlite", "x" * 300_000, Limits(timeout_s=20)
     )
     assert out == {"ok": True, "passed": True, "reason": "the verifier accepted the result"}  # > 128 KiB argv
+
+
+def test_a_version_that_renames_a_tool_is_not_harder():
+    from dsv32.synth.versions import Limits, tool_changes
+    from dsv32.synth.workspace import Workspace
+
+    ws = Workspace.create(limits=Limits(timeout_s=20))
+    try:
+        ws.write_file("make_db.py", MAKE_DB)
+        ws.bash("python3 make_db.py")
+        ws.write_file("tools.py", TOOLS_V1)
+        ws.write_file("solution.py", SOLUTION_V1)
+        ws.write_file("verify.py", _verify(0.0))
+        assert ws.submit_version("Book the cheapest hotel in Paris.").startswith("version 1 accepted")
+        # the same task under new tool names: the old solution fails only for calling what is gone
+        ws.write_file("tools.py", TOOLS_V1.replace("hotels_in", "list_hotels").replace("hotel_id", "hid"))
+        ws.write_file("solution.py", SOLUTION_V1.replace("hotels_in", "list_hotels"))
+        text = ws.submit_version("Book the cheapest Paris hotel and tell me which.")
+        assert text.startswith(
+            "version 2 rejected: not harder: it changes the previous version's tools (book lost "
+            "parameter hotel_id; book gained required parameter hid; tool hotels_in was removed)"
+        )
+        # added tools and optional parameters break nothing
+        tools = ws.versions[0].tools
+        extra = {"type": "function", "function": {"name": "more", "parameters": {
+            "type": "object", "properties": {}, "required": []}}}  # fmt: skip
+        widened = json.loads(json.dumps(tools))
+        widened[0]["function"]["parameters"]["properties"]["limit"] = {"type": "integer"}
+        assert tool_changes(tools, [*widened, extra]) == []
+        widened[0]["function"]["parameters"]["properties"]["hotel_id"] = {"type": "integer"}
+        assert tool_changes(tools, widened) == ["book.hotel_id changed type"]
+    finally:
+        ws.close()

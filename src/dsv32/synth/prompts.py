@@ -32,8 +32,9 @@ Then call `submit_version(prompt)` with the task text the solver will read. The 
 solution and verifier in a sandbox and tells you whether the version is accepted; if not, fix the \
 solution or the verifier and submit again. Start with a simple task. After each accepted version, \
 make the task harder (more constraints, more steps, conditional rules), updating solution.py and \
-verify.py, adding tools to tools.py when the current ones are not enough, and submit again: a \
-harder version is accepted only if the previous solution no longer passes the new verifier. Tasks \
+verify.py, adding tools to tools.py when the current ones are not enough (keep the existing tools' \
+names and parameters), and submit again: a harder version is accepted only if the previous \
+solution no longer passes the new verifier. Tasks \
 should be hard to solve but easy to verify. Stop (answer without a tool call) after {versions} \
 accepted versions or when you cannot make the task harder."""
 

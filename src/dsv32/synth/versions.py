@@ -19,9 +19,11 @@ on a frozen copy of those files, in the sandbox:
    ``verify(initial, final, answer)`` accepts its result (else the agent repairs and resubmits);
 4. ``verify`` rejects an episode that did nothing: no calls, the database untouched, and each answer
    of :data:`IDLE_ANSWERS` (nothing, and a non-empty non-answer);
-5. for version ``n > 1`` (escalation): the prompt differs from version ``n − 1`` and the previous
-   version's ``solve`` does not pass the new verifier on the new database and tools — a harder
-   version is one the easier solution no longer solves.
+5. for version ``n > 1`` (escalation): the prompt differs from version ``n − 1``, the tools keep
+   version ``n − 1``'s names and parameters (:func:`tool_changes`: tools and optional parameters
+   may be added), and the previous version's ``solve`` does not pass the new verifier on the new
+   database and tools — a harder version is one the easier solution no longer solves, not one it
+   can no longer call.
 
 The recorded tool calls of ``solve`` and its answer become the bundle's reference solution.
 """
@@ -285,17 +287,51 @@ def _check_frozen(code: Path, prompt: str, index: int, previous: Version | None,
             return Verdict(False, f"the verifier is too weak: {why}")
     harder = ""
     if previous is not None:
-        is_harder, harder = _harder(code, prompt, previous, limits)
+        is_harder, harder = _harder(code, prompt, schema["tools"], previous, limits)
         if not is_harder:
             return Verdict(False, harder)
     version = Version(index, prompt, code, schema["tools"], solved["calls"], solved["answer"], harder)
     return Verdict(True, "accepted", version)
 
 
-def _harder(code: Path, prompt: str, previous: Version, limits: Limits) -> tuple[bool, str]:
-    """Whether version ``code`` is harder than ``previous``, and why (or why not)."""
+def tool_changes(previous: list[dict], current: list[dict]) -> list[str]:
+    """How ``current`` tool schemas break a solution written for ``previous``: a tool removed, a
+    parameter removed or retyped, a required parameter added. Added tools and optional parameters
+    break nothing."""
+    now = {t["function"]["name"]: t["function"]["parameters"] for t in current}
+    changes = []
+    for tool in previous:
+        name, before = tool["function"]["name"], tool["function"]["parameters"]
+        after = now.get(name)
+        if after is None:
+            changes.append(f"tool {name} was removed")
+            continue
+        for param, spec in before["properties"].items():
+            if param not in after["properties"]:
+                changes.append(f"{name} lost parameter {param}")
+            elif after["properties"][param] != spec:
+                changes.append(f"{name}.{param} changed type")
+        changes += [
+            f"{name} gained required parameter {p}"
+            for p in after["required"]
+            if p not in before["properties"]
+        ]
+    return changes
+
+
+def _harder(
+    code: Path, prompt: str, tools: list[dict], previous: Version, limits: Limits
+) -> tuple[bool, str]:
+    """Whether version ``code`` (with ``tools``) is harder than ``previous``, and why (or why not)."""
     if normalize(prompt) == normalize(previous.prompt):
         return False, "not harder: the prompt is the same as the previous version's; change the task"
+    changes = tool_changes(previous.tools, tools)
+    if changes:  # the easier solution would fail for its calls, not for the task being harder
+        return False, (
+            f"not harder: it changes the previous version's tools ({'; '.join(changes[:3])}); keep every "
+            "tool's name and parameters (add tools or optional parameters) so that the previous solution "
+            "still runs, and make it fail the new verifier"
+        )
     mixed = Path(tempfile.mkdtemp(prefix="dsv32-synth-prev-"))
     try:
         for name in ("tools.py", "verify.py"):
