@@ -394,3 +394,14 @@ def test_the_report_counts_how_replies_ended(tmp_path):
     episodes = run(RunSettings("agent-code-interpreter", limit=2), tmp_path / "e", progress=False)
     assert episodes["endings"] == {"answer": 2}
     assert "- episodes ended: answer: 2" in (tmp_path / "e" / "report.md").read_text()
+
+
+@pytest.mark.parametrize(("backend", "temperature"), [("openai", 0.0), ("local", 0.0), ("local", 1e-6)])
+def test_several_samples_at_a_greedy_temperature_are_refused(backend, temperature):
+    with pytest.raises(EvalError, match=r"gives the same completion 4 times"):
+        RunSettings("humaneval", backend=backend, temperature=temperature, n=4)
+
+
+def test_a_tiny_temperature_is_sampling_for_an_endpoint_and_at_the_local_threshold():
+    assert RunSettings("humaneval", backend="openai", temperature=1e-6, n=4).n == 4  # the server decides
+    assert RunSettings("humaneval", backend="local", temperature=1e-5, n=4).n == 4

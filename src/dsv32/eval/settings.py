@@ -97,11 +97,25 @@ class RunSettings(Checked, error=EvalError):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.temperature == 0 and self.n > 1 and self.backend != "reference":
+        if self.n > 1 and self.backend != "reference" and self._greedy():
             raise EvalError(
-                f"greedy decoding (temperature 0) gives the same completion {self.n} times; use --n 1 or a "
-                "temperature > 0"
+                f"greedy decoding (temperature {self.temperature:g}) gives the same completion {self.n} "
+                "times; use --n 1 or a temperature > 0"
+                + (
+                    f" (the local engine decodes greedily below {self._greedy_below():g})"
+                    if self.temperature
+                    else ""
+                )
             )
+
+    def _greedy(self) -> bool:
+        return self.temperature == 0 or (self.backend == "local" and self.temperature < self._greedy_below())
+
+    @staticmethod
+    def _greedy_below() -> float:
+        from dsv32.engine.sampling import GREEDY_BELOW  # the local engine's threshold
+
+        return GREEDY_BELOW
 
     def sampling(self) -> dict:
         """The per-call sampling settings backends take."""
