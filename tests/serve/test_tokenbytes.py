@@ -68,3 +68,6 @@ def test_the_schedulers_log_prob_entries_carry_the_token_bytes(v32_served):
     ids = v32_served.encode(WAVE)
     entries = [scheduler._token_logprob(i, -1.0) for i in ids]
     assert len(ids) == 4 and bytes(b for e in entries for b in e["bytes"]) == WAVE.encode("utf-8")
+    # a part of a character is its escaped bytes, as OpenAI writes it; whole text is itself
+    assert [e["token"] for e in entries] == ["\\xf0", "\\x9f", "\\x8c", "\\x8a"]
+    assert scheduler._token_logprob(v32_served.encode("a")[0], -1.0)["token"] == "a"

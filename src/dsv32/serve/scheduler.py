@@ -257,5 +257,10 @@ class Scheduler:
         return entry
 
     def _token_logprob(self, token: int, logprob: float) -> dict[str, Any]:
+        """``token`` is its text; a token holding part of a character (its bytes no whole UTF-8) is
+        written as OpenAI writes it, the bytes escaped (``"\\xf0\\x9f"``), not as U+FFFD."""
         text = self.served.tokenizer.decode([token], skip_special_tokens=False)
-        return {"token": text, "logprob": max(logprob, -9999.0), "bytes": self.token_bytes(token)}
+        raw = self.token_bytes(token)
+        if raw is not None and "\ufffd" in text:
+            text = bytes(raw).decode("utf-8", errors="backslashreplace")
+        return {"token": text, "logprob": max(logprob, -9999.0), "bytes": raw}
