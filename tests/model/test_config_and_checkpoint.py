@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from model_helpers import tiny_config
 from safetensors.torch import load_file, save_file
 
 from dsv32.model import (
@@ -143,17 +144,9 @@ def test_missing_required_field_is_named():
         ModelConfig.from_dict(raw)
 
 
-def _tiny_config(**kw):
-    base = dict(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=2,
-                first_k_dense_replace=1, num_attention_heads=2, n_routed_experts=4, n_group=2, topk_group=1,
-                num_experts_per_tok=2, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
-                v_head_dim=8, index_n_heads=2, index_head_dim=16, index_topk=4, rope_scaling=None)  # fmt: skip
-    return ModelConfig(**{**base, **kw})
-
-
 def test_save_load_round_trip_is_exact_and_sharded(tmp_path):
     torch.manual_seed(0)
-    model = DeepseekV32(_tiny_config())
+    model = DeepseekV32(tiny_config())
     model.save_pretrained(tmp_path / "one")
     model.save_pretrained(tmp_path / "many", max_shard_size=20_000)
     assert (tmp_path / "many" / "model.safetensors.index.json").exists()
@@ -170,7 +163,7 @@ def test_checkpoint_loads_into_transformers(tmp_path):
     from transformers import DeepseekV32ForCausalLM
 
     torch.manual_seed(0)
-    model = DeepseekV32(_tiny_config(rope_scaling=None)).eval()
+    model = DeepseekV32(tiny_config(rope_scaling=None)).eval()
     model.save_pretrained(tmp_path)
     hf = DeepseekV32ForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     ids = torch.randint(0, 64, (1, 9))
@@ -195,7 +188,7 @@ def test_fp8_block_dequantization_round_trip():
 
 def test_fp8_checkpoint_and_mtp_layers(tmp_path, caplog):
     torch.manual_seed(0)
-    model = DeepseekV32(_tiny_config())
+    model = DeepseekV32(tiny_config())
     model.save_pretrained(tmp_path)
     state = load_file(tmp_path / "model.safetensors")
     fp8 = {}
@@ -218,7 +211,7 @@ def test_fp8_checkpoint_and_mtp_layers(tmp_path, caplog):
 
 
 def test_bf16_load_keeps_router_bias_and_indexer_gates_fp32(tmp_path):
-    DeepseekV32(_tiny_config()).save_pretrained(tmp_path)
+    DeepseekV32(tiny_config()).save_pretrained(tmp_path)
     m = DeepseekV32.from_pretrained(tmp_path, dtype=torch.bfloat16)
     assert m.model.layers[1].mlp.gate.e_score_correction_bias.dtype == torch.float32
     assert m.model.layers[0].self_attn.indexer.weights_proj.weight.dtype == torch.float32
@@ -228,7 +221,7 @@ def test_bf16_load_keeps_router_bias_and_indexer_gates_fp32(tmp_path):
 
 def test_plain_q_projection_without_q_lora(tmp_path):
     torch.manual_seed(0)
-    model = DeepseekV32(_tiny_config(q_lora_rank=None)).eval()
+    model = DeepseekV32(tiny_config(q_lora_rank=None)).eval()
     assert hasattr(model.model.layers[0].self_attn, "q_proj")
     ids = torch.randint(0, 64, (2, 14))
     with torch.no_grad():
