@@ -4,6 +4,8 @@ transformers' ``DeepseekV32ForCausalLM.save_pretrained`` writes (= the hub check
 - Sharded checkpoints (``model.safetensors.index.json``) load shard by shard.
 - FP8 (e4m3) weights with 128×128 ``weight_scale_inv`` blocks (the hub's format) are dequantized:
   ``w[i, j] = q[i, j] · scale_inv[i // 128, j // 128]``.
+- With ``tie_word_embeddings`` the LM head is the embedding matrix: it is not saved, and a stored
+  ``lm_head.weight`` is ignored on load (transformers ties the same way).
 - Multi-token-prediction layers (index ≥ ``num_hidden_layers``) are skipped with a log line.
 - ``e_score_correction_bias`` and the indexer's ``weights_proj`` stay fp32 whatever ``dtype`` is,
   as in the released model.
@@ -132,7 +134,8 @@ def load_pretrained(cls, path: str | Path, dtype: torch.dtype, device: str | tor
             f"checkpoint {path} does not match its config: missing {missing[:8]}"
             f"{'…' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
         )
-    model.load_state_dict(state, assign=True, strict=True)
+    # Every expected tensor is in ``state`` (checked above) but a tied head, which shares the embedding.
+    model.load_state_dict(state, assign=True, strict=False)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval()
