@@ -89,7 +89,8 @@ class ModelConfig:
     index_head_dim: int = 128
     index_topk: int = 2048
     # RoPE: rope_scaling is None or a YaRN dict (factor, original_max_position_embeddings, beta_fast,
-    # beta_slow, mscale, mscale_all_dim).
+    # beta_slow, mscale, mscale_all_dim). The default is the released model's YaRN; an HF config.json
+    # without RoPE keys means plain RoPE, as in transformers (see _hf_rope).
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] | None = field(
         default_factory=lambda: {
@@ -182,13 +183,8 @@ class ModelConfig:
                 f"the {self.topk_group} selected groups hold fewer experts than num_experts_per_tok="
                 f"{self.num_experts_per_tok}",
             )
-        if self.rope_scaling is not None:
-            rs = self.rope_scaling
-            kind = rs.get("rope_type", rs.get("type"))
-            need(kind == "yarn", "rope_scaling", "only YaRN scaling (rope_type 'yarn') or null is supported")
-            for key in ("factor", "original_max_position_embeddings"):
-                if key not in rs:
-                    raise ConfigError(f"rope_scaling.{key} is missing (required for YaRN)")
+        need(_is_number(self.rope_theta) and self.rope_theta > 0, "rope_theta", "must be a positive number")
+        _check_yarn(self.rope_scaling, "rope_scaling")
 
     # ------------------------------------------------------------------ I/O
     @classmethod
@@ -257,29 +253,88 @@ def _from_hf(raw: dict[str, Any]) -> dict[str, Any]:
         )
     if data.get("mlp_layer_types") and "first_k_dense_replace" not in data:
         data["first_k_dense_replace"] = list(data["mlp_layer_types"]).count("dense")
-    rope = data.pop("rope_parameters", None)
-    if isinstance(rope, dict) and "rope_theta" in rope:  # transformers v5
-        data["rope_theta"] = rope["rope_theta"]
-        kind = rope.get("rope_type", "default")
-        data["rope_scaling"] = (
-            None if kind == "default" else {k: v for k, v in rope.items() if k != "rope_theta"}
-        )
-    elif "rope_scaling" in data and data["rope_scaling"] is not None:  # transformers v4
-        rs = dict(data["rope_scaling"])
-        rs["rope_type"] = rs.pop("type", rs.get("rope_type"))
-        data["rope_scaling"] = rs
-    elif "rope_scaling" not in data and "rope_theta" in data:
-        data["rope_scaling"] = None
-    if isinstance(data.get("rope_scaling"), dict):
-        rs = data["rope_scaling"]
-        rs.setdefault("rope_type", rs.pop("type", "yarn"))
-        if rs.get("factor") is None and "original_max_position_embeddings" in rs:
-            rs["factor"] = (
-                data.get("max_position_embeddings", 163840) / rs["original_max_position_embeddings"]
-            )
+    data["rope_theta"], data["rope_scaling"] = _hf_rope(data)
     if data.get("q_lora_rank") == 0:
         data["q_lora_rank"] = None
     return data
+
+
+def _hf_rope(data: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:
+    """``(rope_theta, rope_scaling)`` from an HF config, read as transformers' ``DeepseekV32Config``
+    reads it: the v4 ``rope_scaling`` wins when it is a non-empty object, else v5 ``rope_parameters``,
+    else plain RoPE; ``rope_theta`` inside that object wins over a top-level one (10000 without either);
+    ``rope_type`` wins over the older ``type`` (``"default"`` without either); YaRN's
+    ``original_max_position_embeddings`` is the top-level one when there is one, else the object's,
+    else ``max_position_embeddings``; a ``null`` YaRN ``factor`` is
+    ``max_position_embeddings / original_max_position_embeddings``."""
+    scaling, params = data.pop("rope_scaling", None), data.pop("rope_parameters", None)
+    for name, value in (("rope_scaling", scaling), ("rope_parameters", params)):
+        if value is not None and not isinstance(value, dict):
+            raise ConfigError(f"{name}={value!r}: must be an object of RoPE parameters or null")
+    name = "rope_scaling" if scaling else "rope_parameters"
+    rope = dict(scaling or params or {})
+    nested = [k for k, v in rope.items() if isinstance(v, dict)]
+    if nested:
+        raise ConfigError(f"{name}: per-layer-type RoPE parameters ({', '.join(nested)}) are not supported")
+    theta = rope.pop("rope_theta") if "rope_theta" in rope else data.pop("rope_theta", 10000.0)
+    data.pop("rope_theta", None)
+    kind = rope.pop("rope_type", None) or rope.get("type") or "default"
+    rope.pop("type", None)
+    if kind == "default":
+        return theta, None
+    rope = {"rope_type": kind, **rope}
+    if kind == "yarn":
+        max_len = data.get("max_position_embeddings", ModelConfig.max_position_embeddings)
+        if "original_max_position_embeddings" in data:
+            rope["original_max_position_embeddings"] = data.pop("original_max_position_embeddings")
+        original = rope.setdefault("original_max_position_embeddings", max_len)
+        if rope.get("factor", 0) is None and _is_number(max_len) and _is_number(original) and original > 0:
+            rope["factor"] = max_len / original
+    _check_yarn(rope, name)
+    return theta, rope
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# YaRN's optional parameters and the values they take (None = transformers' default).
+_YARN_OPTIONAL = {
+    "beta_fast": "a number",
+    "beta_slow": "a number",
+    "mscale": "a number",
+    "mscale_all_dim": "a number",
+    "attention_factor": "a number",
+    "truncate": "true or false",
+}
+
+
+def _check_yarn(rope: dict[str, Any] | None, name: str) -> None:
+    """``rope`` is None (plain RoPE) or YaRN parameters with values of the right type (ConfigError
+    naming ``name.key`` otherwise)."""
+    if rope is None:
+        return
+    if not isinstance(rope, dict):
+        raise ConfigError(f"{name}={rope!r}: must be an object of RoPE parameters or null")
+    kind = rope.get("rope_type", rope.get("type"))
+    if kind != "yarn":
+        raise ConfigError(
+            f"{name}: rope_type {kind!r} is not supported; only 'yarn' scaling or plain RoPE "
+            "(rope_type 'default', or no RoPE scaling) is"
+        )
+    for key in ("factor", "original_max_position_embeddings"):
+        if key not in rope:
+            raise ConfigError(f"{name}.{key} is missing (required for YaRN)")
+    factor, original = rope["factor"], rope["original_max_position_embeddings"]
+    if not (_is_number(factor) and factor > 0):
+        raise ConfigError(f"{name}.factor={factor!r}: must be a positive number")
+    if not (isinstance(original, int) and not isinstance(original, bool) and original > 0):
+        raise ConfigError(f"{name}.original_max_position_embeddings={original!r}: must be a positive int")
+    for key, kind in _YARN_OPTIONAL.items():
+        value = rope.get(key)
+        ok = isinstance(value, bool) if kind == "true or false" else _is_number(value)
+        if value is not None and not ok:
+            raise ConfigError(f"{name}.{key}={value!r}: must be {kind} or null")
 
 
 def _from_reference(raw: dict[str, Any]) -> dict[str, Any]:
