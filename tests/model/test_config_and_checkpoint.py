@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -129,13 +130,58 @@ def test_full_model_parameter_counts_on_meta():
         ({"num_key_value_heads": 8}, "num_key_value_heads"),
         ({"scoring_func": "relu"}, "scoring_func"),
         ({"index_head_dim": 32}, "index_head_dim"),
+        # values of the wrong type
+        ({"n_routed_experts": "256"}, "n_routed_experts='256'"),
+        ({"q_lora_rank": "1536"}, "q_lora_rank='1536'"),
+        ({"n_group": None}, "n_group=None"),
+        ({"first_k_dense_replace": None}, "first_k_dense_replace=None"),
+        ({"num_hidden_layers": True}, "num_hidden_layers=True"),
+        ({"rms_norm_eps": "1e-6"}, "rms_norm_eps='1e-6'"),
+        ({"routed_scaling_factor": [2.5]}, "routed_scaling_factor"),
+        ({"norm_topk_prob": "yes"}, "norm_topk_prob='yes'"),
+        ({"eos_token_id": "x"}, "eos_token_id='x'"),
+        ({"eos_token_id": [1, "x"]}, "eos_token_id"),
+        ({"rope_scaling": "yarn"}, "rope_scaling='yarn'"),
+        ({"topk_method": "bogus"}, "topk_method='bogus'"),
+        ({"topk_method": "greedy"}, "topk_method='greedy'"),  # group-limited config
     ],
 )
 def test_config_errors_name_the_field(change, field):
     raw = {**HF_671B, **change}
-    raw = {k: v for k, v in raw.items() if v is not None}
-    with pytest.raises(ConfigError, match=field):
+    if change.get("hidden_size", 0) is None:
+        del raw["hidden_size"]
+    with pytest.raises(ConfigError, match=re.escape(field)):
         ModelConfig.from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"n_routed_experts": "256"}, "n_routed_experts='256'"),
+        ({"rope_factor": "40"}, "rope_factor='40'"),
+        ({"max_seq_len": None}, "max_seq_len=None"),
+        ({"original_seq_len": 4096.5}, "original_seq_len=4096.5"),
+    ],
+)
+def test_reference_config_errors_name_the_field(change, field):
+    with pytest.raises(ConfigError, match=re.escape(field)):
+        ModelConfig.from_dict({**REFERENCE_671B, **change})
+
+
+def test_reference_config_defaults_are_the_reference_model_args():
+    """What a reference config leaves out takes DeepSeek's ModelArgs default, not the HF 671B value."""
+    kept = ("vocab_size", "dim", "inter_dim", "n_layers", "n_heads", "kv_lora_rank", "qk_nope_head_dim",
+            "qk_rope_head_dim", "v_head_dim", "index_n_heads", "index_head_dim", "index_topk")  # fmt: skip
+    cfg = ModelConfig.from_dict({k: REFERENCE_671B[k] for k in kept})
+    assert (cfg.n_routed_experts, cfg.n_shared_experts, cfg.num_experts_per_tok) == (64, 2, 6)
+    assert (cfg.moe_intermediate_size, cfg.first_k_dense_replace, cfg.q_lora_rank) == (1408, 1, None)
+    assert (cfg.n_group, cfg.topk_group, cfg.routed_scaling_factor) == (1, 1, 1.0)
+    assert (cfg.scoring_func, cfg.topk_method, cfg.norm_topk_prob) == (
+        "softmax",
+        "group_limited_greedy",
+        False,
+    )
+    assert cfg.max_position_embeddings == 16384 and cfg.rope_scaling["factor"] == 40
 
 
 def test_missing_required_field_is_named():

@@ -57,6 +57,82 @@ _REFERENCE_NAMES = {
 }
 
 
+# Every field's type, checked before any range (nullable fields may also be None): "count" is an int
+# >= 0, "positive" an int > 0, "number" a finite int or float > 0; rope_* are checked on their own.
+_FIELD_TYPES: dict[str, tuple[str, bool]] = {
+    **{name: ("positive", False) for name in _REQUIRED},
+    "q_lora_rank": ("positive", True),
+    "first_k_dense_replace": ("count", False),
+    "moe_intermediate_size": ("count", False),
+    "n_routed_experts": ("count", False),
+    "n_shared_experts": ("count", False),
+    "num_experts_per_tok": ("count", False),
+    "n_group": ("count", False),
+    "topk_group": ("count", False),
+    "routed_scaling_factor": ("number", False),
+    "scoring_func": ("str", False),
+    "topk_method": ("str", False),
+    "norm_topk_prob": ("bool", False),
+    "max_position_embeddings": ("positive", False),
+    "rms_norm_eps": ("number", False),
+    "hidden_act": ("str", False),
+    "attention_bias": ("bool", False),
+    "tie_word_embeddings": ("bool", False),
+    "bos_token_id": ("count", True),
+    "pad_token_id": ("count", True),
+    "num_nextn_predict_layers": ("count", False),
+}
+_KIND_TEXT = {
+    "count": "an int >= 0",
+    "positive": "a positive int",
+    "number": "a positive number",
+    "str": "a string",
+    "bool": "true or false",
+}
+# How experts are selected: "noaux_tc" adds e_score_correction_bias for the selection (V3/V3.2),
+# "group_limited_greedy" and "greedy" use the scores alone (V2).
+_TOPK_METHODS = ("noaux_tc", "group_limited_greedy", "greedy")
+
+
+def _has_type(value: Any, kind: str) -> bool:
+    if kind in ("count", "positive"):
+        return isinstance(value, int) and not isinstance(value, bool) and value >= (kind == "positive")
+    if kind == "number":
+        return _is_number(value) and value > 0
+    return isinstance(value, str if kind == "str" else bool)
+
+
+# The reference ModelArgs defaults of the fields ModelConfig does not require (HF names), and of its
+# YaRN fields (reference names, with the type each must have).
+_REFERENCE_DEFAULTS: dict[str, Any] = {
+    "max_position_embeddings": 4096 * 4,
+    "moe_intermediate_size": 1408,
+    "first_k_dense_replace": 1,
+    "n_routed_experts": 64,
+    "n_shared_experts": 2,
+    "num_experts_per_tok": 6,
+    "n_group": 1,
+    "topk_group": 1,
+    "scoring_func": "softmax",
+    "routed_scaling_factor": 1.0,
+    "q_lora_rank": 0,
+    "original_seq_len": 4096,
+    "rope_theta": 10000.0,
+    "rope_factor": 40.0,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+}
+_REFERENCE_YARN = {
+    "max_position_embeddings": "positive",
+    "original_seq_len": "positive",
+    "rope_factor": "number",
+    "beta_fast": "number",
+    "beta_slow": "number",
+    "mscale": "number",
+}
+
+
 @dataclass
 class ModelConfig:
     """DeepSeek-V3.2 architecture hyper-parameters (HF names; defaults = the released 671B model)."""
@@ -144,13 +220,17 @@ class ModelConfig:
             if not cond:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: {why}")
 
-        for name in _REQUIRED:
-            need(
-                isinstance(getattr(self, name), int) and getattr(self, name) > 0,
-                name,
-                "must be a positive int",
-            )
-        need(self.q_lora_rank is None or self.q_lora_rank > 0, "q_lora_rank", "must be null or positive")
+        for name, (kind, nullable) in _FIELD_TYPES.items():
+            value = getattr(self, name)
+            if not ((nullable and value is None) or _has_type(value, kind)):
+                need(False, name, f"must be {_KIND_TEXT[kind]}{' or null' if nullable else ''}")
+        eos = self.eos_token_id
+        eos_ids = eos if isinstance(eos, list) else [eos]
+        need(
+            eos is None or all(_has_type(e, "count") for e in eos_ids),
+            "eos_token_id",
+            "must be a token id, a list of token ids or null",
+        )
         need(self.qk_rope_head_dim % 2 == 0, "qk_rope_head_dim", "must be even (RoPE rotates pairs)")
         need(
             self.index_head_dim >= self.qk_rope_head_dim,
@@ -164,6 +244,7 @@ class ModelConfig:
         )
         need(self.hidden_act == "silu", "hidden_act", "only 'silu' is used by DeepSeek models")
         need(self.scoring_func in ("sigmoid", "softmax"), "scoring_func", "must be 'sigmoid' or 'softmax'")
+        need(self.topk_method in _TOPK_METHODS, "topk_method", f"must be one of {', '.join(_TOPK_METHODS)}")
         if self.n_routed_experts:
             need(self.moe_intermediate_size > 0, "moe_intermediate_size", "must be positive with experts")
             need(
@@ -182,6 +263,12 @@ class ModelConfig:
                 "topk_group",
                 f"the {self.topk_group} selected groups hold fewer experts than num_experts_per_tok="
                 f"{self.num_experts_per_tok}",
+            )
+            need(
+                self.topk_method != "greedy" or self.topk_group == self.n_group,
+                "topk_method",
+                f"'greedy' ignores expert groups: it needs topk_group == n_group={self.n_group} "
+                "(or topk_method 'group_limited_greedy')",
             )
         need(_is_number(self.rope_theta) and self.rope_theta > 0, "rope_theta", "must be a positive number")
         _check_yarn(self.rope_scaling, "rope_scaling")
@@ -338,13 +425,16 @@ def _check_yarn(rope: dict[str, Any] | None, name: str) -> None:
 
 
 def _from_reference(raw: dict[str, Any]) -> dict[str, Any]:
-    data = {_REFERENCE_NAMES.get(k, k): v for k, v in raw.items()}
-    # Reference ModelArgs defaults for what its JSON files leave out.
-    max_len = data.setdefault("max_position_embeddings", 4096 * 4)
-    original = data.pop("original_seq_len", 4096)
-    factor = data.pop("rope_factor", 40.0)
-    mscale = data.pop("mscale", 1.0)
-    beta_fast, beta_slow = data.pop("beta_fast", 32.0), data.pop("beta_slow", 1.0)
+    # DeepSeek's reference ModelArgs defaults (inference/model.py of DeepSeek-V3.2-Exp) for what its
+    # JSON files leave out; the architecture's required fields (_REQUIRED) stay required.
+    data = {**_REFERENCE_DEFAULTS, **{_REFERENCE_NAMES.get(k, k): v for k, v in raw.items()}}
+    for name, kind in _REFERENCE_YARN.items():
+        if not _has_type(data[name], kind):
+            shown = "max_seq_len" if name == "max_position_embeddings" else name
+            raise ConfigError(f"{shown}={data[name]!r}: must be {_KIND_TEXT[kind]}")
+    max_len = data["max_position_embeddings"]
+    original, factor, mscale = data.pop("original_seq_len"), data.pop("rope_factor"), data.pop("mscale")
+    beta_fast, beta_slow = data.pop("beta_fast"), data.pop("beta_slow")
     # The reference applies YaRN (frequencies and softmax mscale) only beyond the original length.
     data["rope_scaling"] = (
         {
@@ -359,18 +449,12 @@ def _from_reference(raw: dict[str, Any]) -> dict[str, Any]:
         if max_len > original
         else None
     )
-    data.setdefault("rope_theta", 10000.0)
-    if data.get("q_lora_rank") == 0:
+    if data["q_lora_rank"] == 0:
         data["q_lora_rank"] = None
-    score = data.get("scoring_func", "softmax")
-    data["scoring_func"] = score
     # The reference normalizes the selected weights and uses the selection bias only with sigmoid scores.
+    score = data["scoring_func"]
     data["norm_topk_prob"] = score == "sigmoid"
     data["topk_method"] = "noaux_tc" if score == "sigmoid" else "group_limited_greedy"
-    data.setdefault("n_group", 1)
-    data.setdefault("topk_group", 1)
-    data.setdefault("first_k_dense_replace", 1)
-    data.setdefault("routed_scaling_factor", 1.0)
     for drop in ("dtype", "scale_fmt", "max_batch_size"):
         data.pop(drop, None)
     return data
