@@ -3,11 +3,16 @@ ownership of the loaded weights, safe saving, FP8 scale grids."""
 
 from __future__ import annotations
 
+import json
+import re
+
+import pytest
 import torch
 from hf_reference import make_hf_model
 from model_helpers import tiny_config
+from safetensors.torch import load_file, save_file
 
-from dsv32.model import DeepseekV32
+from dsv32.model import CheckpointError, DeepseekV32
 
 
 def _same_state(a: DeepseekV32, b: DeepseekV32) -> bool:
@@ -35,3 +40,58 @@ def test_transformers_tied_checkpoint_loads_tied(tmp_path):
     ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (ours(ids).logits - hf(ids).logits).abs().max() < 1e-4
+
+
+def _saved(path, **config) -> dict[str, torch.Tensor]:
+    """Save a tiny random model (one file) to ``path``; return its tensors by checkpoint name."""
+    torch.manual_seed(0)
+    DeepseekV32(tiny_config(**config)).save_pretrained(path)
+    return load_file(path / "model.safetensors")
+
+
+def _load_error(path) -> str:
+    with pytest.raises(CheckpointError) as err:
+        DeepseekV32.from_pretrained(path, dtype=torch.float32)
+    return str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda s: s.update({"model.norm.weight": torch.ones(31)}), r"model\.norm\.weight .*\[31\].*\[32\]"),
+        (lambda s: s.pop("model.norm.weight"), r"missing \['model\.norm\.weight'\]"),
+        (lambda s: s.update({"model.foo.weight": torch.ones(3)}), r"unexpected \['model\.foo\.weight'\]"),
+        (lambda s: s.update({"model.norm.weight": torch.ones(32, dtype=torch.int8)}), "norm.weight is int8"),
+    ],
+)
+def test_tensors_that_do_not_fit_the_config_are_a_checkpoint_error(tmp_path, change, expected):
+    state = _saved(tmp_path)
+    change(state)
+    save_file(state, tmp_path / "model.safetensors")
+    assert re.search(expected, _load_error(tmp_path))
+
+
+def test_malformed_files_are_a_checkpoint_error(tmp_path):
+    _saved(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"\xff" * 64)
+    assert "not a safetensors file" in _load_error(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    assert "no *.safetensors" in _load_error(tmp_path)
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}}))
+    assert "has no weight_map" in _load_error(tmp_path)
+    index.write_text("not json")
+    assert "not a JSON index file" in _load_error(tmp_path)
+    index.write_text(json.dumps({"weight_map": {"model.norm.weight": "model-00001-of-00002.safetensors"}}))
+    assert "model-00001-of-00002.safetensors" in _load_error(tmp_path)
+
+
+def test_cli_prints_a_checkpoint_error_as_one_line(tmp_path, capsys):
+    from dsv32.cli import main
+
+    state = _saved(tmp_path)
+    state["model.norm.weight"] = torch.ones(31)
+    save_file(state, tmp_path / "model.safetensors")
+    assert main(["generate", str(tmp_path), "--prompt-ids", "1,2", "--dtype", "float32"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dsv32 generate: model.norm.weight has shape [31]") and err.count("\n") == 1

@@ -19,16 +19,16 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
 from dsv32.model.config import ModelConfig
+from dsv32.model.shards import INDEX_FILE, CheckpointError, shard_files
 
 log = logging.getLogger(__name__)
 
 FP8_BLOCK = 128
-INDEX_FILE = "model.safetensors.index.json"
 _FP32_KEYS = ("e_score_correction_bias", "indexer.weights_proj.weight")
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 # Checkpoints store experts one by one; the model stacks them (see RoutedExperts).
@@ -59,24 +59,17 @@ def quantize_fp8_blocks(weight: torch.Tensor, block: int = FP8_BLOCK) -> tuple[t
     return q.to(torch.float8_e4m3fn), scale_inv
 
 
-def _shard_files(path: Path) -> list[Path]:
-    index = path / INDEX_FILE
-    if index.is_file():
-        with open(index, encoding="utf-8") as f:
-            return [path / name for name in sorted(set(json.load(f)["weight_map"].values()))]
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors (nor {INDEX_FILE}) in {path}")
-    return files
-
-
 def iter_checkpoint_tensors(path: str | Path, config: ModelConfig, dtype: torch.dtype):
     """Yield ``(name, tensor)`` for the model's weights: FP8 dequantized, MTP layers skipped,
     cast to ``dtype`` (fp32 for the keys the released model keeps in fp32)."""
     path = Path(path)
     skipped_mtp = 0
-    for file in _shard_files(path):
-        with safe_open(str(file), framework="pt") as f:
+    for file in shard_files(path):
+        try:
+            shard = safe_open(str(file), framework="pt")
+        except SafetensorError as err:
+            raise CheckpointError(f"{file} is not a safetensors file: {err}") from None
+        with shard as f:
             names = set(f.keys())
             for name in sorted(names):
                 if name.endswith("_scale_inv"):
@@ -89,10 +82,15 @@ def iter_checkpoint_tensors(path: str | Path, config: ModelConfig, dtype: torch.
                 if tensor.dtype == torch.float8_e4m3fn:
                     scale_name = f"{name}_scale_inv"
                     if scale_name not in names:
-                        raise ValueError(
+                        raise CheckpointError(
                             f"{file.name}: FP8 tensor {name} has no {scale_name} in the same shard"
                         )
                     tensor = dequantize_fp8_blocks(tensor, f.get_tensor(scale_name))
+                elif not tensor.is_floating_point() or tensor.element_size() == 1:
+                    raise CheckpointError(
+                        f"{file.name}: {name} is {str(tensor.dtype).removeprefix('torch.')}; weights are "
+                        "read as floats, or as float8_e4m3fn with block scales (weight_scale_inv)"
+                    )
                 keep_fp32 = name.endswith(_FP32_KEYS)
                 yield name, tensor.to(torch.float32 if keep_fp32 else dtype)
     if skipped_mtp:
@@ -117,6 +115,11 @@ def load_pretrained(cls, path: str | Path, dtype: torch.dtype, device: str | tor
             state[key][e] = tensor
             experts_seen.setdefault(key, set()).add(e)
         else:
+            if name in shapes and tensor.shape != shapes[name]:
+                raise CheckpointError(
+                    f"{name} has shape {list(tensor.shape)} in the checkpoint {path}; "
+                    f"its config needs {list(shapes[name])}"
+                )
             state[name] = tensor.to(device)
     expected = set(shapes)
     if config.tie_word_embeddings:
@@ -130,7 +133,7 @@ def load_pretrained(cls, path: str | Path, dtype: torch.dtype, device: str | tor
     ]
     unexpected = sorted(state.keys() - expected)
     if missing or unexpected:
-        raise ValueError(
+        raise CheckpointError(
             f"checkpoint {path} does not match its config: missing {missing[:8]}"
             f"{'…' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
         )

@@ -1,0 +1,47 @@
+"""The safetensors files of a checkpoint directory.
+
+A checkpoint is ``model.safetensors``, or shards listed by ``model.safetensors.index.json`` (its
+``weight_map``: tensor name → shard file name), or, without an index, every ``*.safetensors`` file.
+A checkpoint that cannot be read as one raises :class:`CheckpointError`, which names the file and
+what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dsv32.errors import DSV32Error
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class CheckpointError(DSV32Error, ValueError):
+    """A checkpoint's files do not hold the tensors its config describes, or are malformed."""
+
+
+def read_index(path: Path) -> dict[str, str]:
+    """The ``weight_map`` of the index file ``path``."""
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path} is not a JSON index file: {err}") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{path} has no weight_map (an object of tensor name → shard file name)")
+    return weight_map
+
+
+def shard_files(path: Path) -> list[Path]:
+    """The checkpoint directory's shards, each once, in name order."""
+    index = path / INDEX_FILE
+    if index.is_file():
+        files = [path / name for name in sorted(set(read_index(index).values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{index} lists shards that are not in {path}: {', '.join(missing[:4])}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no *.safetensors (nor {INDEX_FILE}) in {path}")
+    return files
