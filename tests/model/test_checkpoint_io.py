@@ -42,6 +42,9 @@ def test_transformers_tied_checkpoint_loads_tied(tmp_path):
         assert (ours(ids).logits - hf(ids).logits).abs().max() < 1e-4
 
 
+EXPERT = "model.layers.1.mlp.experts.0.gate_proj.weight"
+
+
 def _saved(path, **config) -> dict[str, torch.Tensor]:
     """Save a tiny random model (one file) to ``path``; return its tensors by checkpoint name."""
     torch.manual_seed(0)
@@ -62,6 +65,17 @@ def _load_error(path) -> str:
         (lambda s: s.pop("model.norm.weight"), r"missing \['model\.norm\.weight'\]"),
         (lambda s: s.update({"model.foo.weight": torch.ones(3)}), r"unexpected \['model\.foo\.weight'\]"),
         (lambda s: s.update({"model.norm.weight": torch.ones(32, dtype=torch.int8)}), "norm.weight is int8"),
+        # a routed expert's tensor is checked before it goes into the stacked expert weight
+        (
+            lambda s: s.update({EXPERT: torch.full((1, 32), 7.0)}),
+            rf"{EXPERT} has shape \[1, 32\].*\[16, 32\]",
+        ),
+        (lambda s: s.update({EXPERT: torch.arange(32.0)}), rf"{EXPERT} has shape \[32\].*\[16, 32\]"),
+        (lambda s: s.update({EXPERT: torch.tensor(5.0)}), rf"{EXPERT} has shape \[\].*\[16, 32\]"),
+        (
+            lambda s: s.update({EXPERT.replace(".0.", ".9."): torch.zeros(16, 32)}),
+            "expert 9 .*n_routed_experts=4",
+        ),
     ],
 )
 def test_tensors_that_do_not_fit_the_config_are_a_checkpoint_error(tmp_path, change, expected):

@@ -110,6 +110,17 @@ def load_pretrained(cls, path: str | Path, dtype: torch.dtype, device: str | tor
         m = _EXPERT_RE.match(name)
         if m and f"{m[1]}.{m[3]}" in shapes:
             key, e = f"{m[1]}.{m[3]}", int(m[2])
+            num_experts, *expert_shape = shapes[key]
+            if e >= num_experts:
+                raise CheckpointError(
+                    f"{name}: expert {e} in the checkpoint {path}; its config has n_routed_experts="
+                    f"{num_experts} (experts 0..{num_experts - 1})"
+                )
+            if list(tensor.shape) != expert_shape:
+                raise CheckpointError(
+                    f"{name} has shape {list(tensor.shape)} in the checkpoint {path}; "
+                    f"its config needs {expert_shape}"
+                )
             if key not in state:
                 state[key] = torch.empty(shapes[key], dtype=dtype, device=device)
             state[key][e] = tensor
