@@ -109,3 +109,22 @@ def test_cli_prints_a_checkpoint_error_as_one_line(tmp_path, capsys):
     assert main(["generate", str(tmp_path), "--prompt-ids", "1,2", "--dtype", "float32"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dsv32 generate: model.norm.weight has shape [31]") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "where", ["../outside/x.safetensors", "{tmp}/outside/x.safetensors", "sub/x.safetensors", ".."]
+)
+def test_index_naming_a_file_outside_the_checkpoint_is_refused(tmp_path, where):
+    where = where.format(tmp=tmp_path)  # an absolute path to a real file
+    torch.manual_seed(0)
+    DeepseekV32(tiny_config()).save_pretrained(tmp_path / "ckpt", max_shard_size=20_000)
+    (tmp_path / "outside").mkdir()
+    index_file = tmp_path / "ckpt" / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    first = sorted(set(index["weight_map"].values()))[0]
+    (tmp_path / "ckpt" / first).rename(tmp_path / "outside" / "x.safetensors")
+    index["weight_map"] = {k: where if v == first else v for k, v in index["weight_map"].items()}
+    index_file.write_text(json.dumps(index))
+    assert f"{where!r}, which is not a file name inside the checkpoint directory" in _load_error(
+        tmp_path / "ckpt"
+    )

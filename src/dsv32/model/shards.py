@@ -1,7 +1,8 @@
 """The safetensors files of a checkpoint directory.
 
 A checkpoint is ``model.safetensors``, or shards listed by ``model.safetensors.index.json`` (its
-``weight_map``: tensor name → shard file name), or, without an index, every ``*.safetensors`` file.
+``weight_map``: tensor name → the name of a shard file in the same directory — a path elsewhere is
+refused), or, without an index, every ``*.safetensors`` file.
 A checkpoint that cannot be read as one raises :class:`CheckpointError`, which names the file and
 what is wrong with it.
 """
@@ -29,7 +30,23 @@ def read_index(path: Path) -> dict[str, str]:
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"{path} has no weight_map (an object of tensor name → shard file name)")
+    for name, shard in weight_map.items():
+        if not is_file_name(shard):
+            raise CheckpointError(
+                f"{path}: {name} is in {shard!r}, which is not a file name inside the checkpoint directory"
+            )
     return weight_map
+
+
+def is_file_name(name: object) -> bool:
+    """Whether ``name`` names a file in a directory itself: no folder part, not ``.`` or ``..``."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and "\\" not in name
+        and "\0" not in name
+    )
 
 
 def shard_files(path: Path) -> list[Path]:
