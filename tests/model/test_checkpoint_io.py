@@ -12,7 +12,7 @@ from hf_reference import make_hf_model
 from model_helpers import tiny_config
 from safetensors.torch import load_file, save_file
 
-from dsv32.model import CheckpointError, DeepseekV32
+from dsv32.model import CheckpointError, DeepseekV32, dequantize_fp8_blocks, quantize_fp8_blocks
 
 
 def _same_state(a: DeepseekV32, b: DeepseekV32) -> bool:
@@ -128,3 +128,25 @@ def test_index_naming_a_file_outside_the_checkpoint_is_refused(tmp_path, where):
     assert f"{where!r}, which is not a file name inside the checkpoint directory" in _load_error(
         tmp_path / "ckpt"
     )
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(128, 128), (129, 257), (300, 100), (1, 1), (127, 385), (256, 384)])
+def test_fp8_dequantization_equals_the_blockwise_product(shape, scale_dtype):
+    """Bit for bit ``q[i, j] · scale_inv[i // 128, j // 128]``, edge blocks included."""
+    torch.manual_seed(0)
+    q, scale_inv = quantize_fp8_blocks(torch.randn(shape) * torch.rand(shape[0], 1) * 5)
+    scale_inv = scale_inv.to(scale_dtype)
+    expected = torch.empty(shape)
+    for bi in range(scale_inv.shape[0]):
+        for bj in range(scale_inv.shape[1]):
+            rows, cols = slice(bi * 128, (bi + 1) * 128), slice(bj * 128, (bj + 1) * 128)
+            expected[rows, cols] = q[rows, cols].float() * scale_inv[bi, bj].float()
+    assert torch.equal(dequantize_fp8_blocks(q, scale_inv), expected)
+
+
+@pytest.mark.parametrize("grid", [(5, 5), (1, 2), (2, 1)])
+def test_fp8_scale_grid_of_the_wrong_size_is_refused(grid):
+    q = torch.zeros(32, 16).to(torch.float8_e4m3fn)  # one 128x128 block: scale_inv must be [1, 1]
+    with pytest.raises(ValueError, match=r"must be \[1, 1\]"):
+        dequantize_fp8_blocks(q, torch.ones(grid))

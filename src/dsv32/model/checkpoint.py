@@ -39,10 +39,33 @@ _STACKED_RE = re.compile(r"^(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
 def dequantize_fp8_blocks(
     weight: torch.Tensor, scale_inv: torch.Tensor, block: int = FP8_BLOCK
 ) -> torch.Tensor:
-    """``weight`` ``[N, M]`` (float8_e4m3fn) and ``scale_inv`` ``[ceil(N/b), ceil(M/b)]`` → fp32."""
+    """``weight`` ``[N, M]`` (float8_e4m3fn) and ``scale_inv`` ``[ceil(N/b), ceil(M/b)]`` → fp32.
+
+    Each block is scaled in place through a broadcast view ``[nb, b, mb, b] · [nb, 1, mb, 1]``, so no
+    full-size scale matrix is built; the blocks cut short at the right and bottom edges are scaled
+    as their own views."""
     N, M = weight.shape
-    scale = scale_inv.float().repeat_interleave(block, 0)[:N].repeat_interleave(block, 1)[:, :M]
-    return weight.float() * scale
+    nb, mb = -(-N // block), -(-M // block)
+    if tuple(scale_inv.shape) != (nb, mb):
+        raise ValueError(
+            f"scale_inv of a [{N}, {M}] weight in {block}x{block} blocks must be [{nb}, {mb}], "
+            f"got {list(scale_inv.shape)}"
+        )
+    out = weight.to(torch.float32, copy=True)
+    scale = scale_inv.float()
+    full_n, full_m = N // block * block, M // block * block
+    for rows, block_rows in (
+        (slice(0, full_n), slice(0, N // block)),
+        (slice(full_n, N), slice(N // block, nb)),
+    ):
+        for cols, block_cols in (
+            (slice(0, full_m), slice(0, M // block)),
+            (slice(full_m, M), slice(M // block, mb)),
+        ):
+            part, s = out[rows, cols], scale[block_rows, block_cols]
+            if part.numel():
+                part.unflatten(1, (s.shape[1], -1)).unflatten(0, (s.shape[0], -1)).mul_(s[:, None, :, None])
+    return out
 
 
 def quantize_fp8_blocks(weight: torch.Tensor, block: int = FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
