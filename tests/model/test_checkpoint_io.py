@@ -12,7 +12,13 @@ from hf_reference import make_hf_model
 from model_helpers import tiny_config
 from safetensors.torch import load_file, save_file
 
-from dsv32.model import CheckpointError, DeepseekV32, dequantize_fp8_blocks, quantize_fp8_blocks
+from dsv32.model import (
+    CheckpointError,
+    ConfigError,
+    DeepseekV32,
+    dequantize_fp8_blocks,
+    quantize_fp8_blocks,
+)
 
 
 def _same_state(a: DeepseekV32, b: DeepseekV32) -> bool:
@@ -150,3 +156,45 @@ def test_fp8_scale_grid_of_the_wrong_size_is_refused(grid):
     q = torch.zeros(32, 16).to(torch.float8_e4m3fn)  # one 128x128 block: scale_inv must be [1, 1]
     with pytest.raises(ValueError, match=r"must be \[1, 1\]"):
         dequantize_fp8_blocks(q, torch.ones(grid))
+
+
+def _fp8_checkpoint(path, block=(128, 128)) -> dict[str, torch.Tensor]:
+    """A tiny checkpoint whose matrices are FP8 in ``block``-shaped blocks (config.json saying so)."""
+    state, fp8 = _saved(path), {}
+    for name, t in state.items():
+        if t.dim() == 2 and "embed" not in name:
+            fp8[name], fp8[name + "_scale_inv"] = quantize_fp8_blocks(t, block)
+        else:
+            fp8[name] = t
+    save_file(fp8, path / "model.safetensors")
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": list(block)}
+    (path / "config.json").write_text(json.dumps(config))
+    return fp8
+
+
+def test_fp8_block_size_comes_from_the_quantization_config(tmp_path):
+    fp8 = _fp8_checkpoint(tmp_path, block=(16, 8))
+    name = "model.layers.0.self_attn.q_a_proj.weight"  # [24, 32]: a 2 x 4 grid of 16x8 blocks
+    assert fp8[name + "_scale_inv"].shape == (2, 4)
+    loaded = DeepseekV32.from_pretrained(tmp_path, dtype=torch.float32)
+    expected = dequantize_fp8_blocks(fp8[name], fp8[name + "_scale_inv"], (16, 8))
+    assert torch.equal(loaded.model.layers[0].self_attn.q_a_proj.weight, expected)
+
+
+@pytest.mark.parametrize("grid", [(5, 5), (2, 1)])
+def test_fp8_checkpoint_with_a_scale_grid_of_the_wrong_size_is_refused(tmp_path, grid):
+    fp8 = _fp8_checkpoint(tmp_path)
+    name = "model.layers.0.self_attn.q_a_proj.weight_scale_inv"
+    fp8[name] = torch.ones(grid)
+    save_file(fp8, tmp_path / "model.safetensors")
+    assert re.search(rf"{name}: .*must be \[1, 1\], got \[{grid[0]}, {grid[1]}\]", _load_error(tmp_path))
+
+
+def test_malformed_weight_block_size_is_a_config_error(tmp_path):
+    _fp8_checkpoint(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"]["weight_block_size"] = [128]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="weight_block_size"):
+        DeepseekV32.from_pretrained(tmp_path, dtype=torch.float32)

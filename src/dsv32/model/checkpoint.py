@@ -2,8 +2,10 @@
 transformers' ``DeepseekV32ForCausalLM.save_pretrained`` writes (= the hub checkpoint's names).
 
 - Sharded checkpoints (``model.safetensors.index.json``) load shard by shard.
-- FP8 (e4m3) weights with 128×128 ``weight_scale_inv`` blocks (the hub's format) are dequantized:
-  ``w[i, j] = q[i, j] · scale_inv[i // 128, j // 128]``.
+- FP8 (e4m3) weights with ``weight_scale_inv`` blocks (the hub's format) are dequantized:
+  ``w[i, j] = q[i, j] · scale_inv[i // bn, j // bm]``, the block ``[bn, bm]`` being the config's
+  ``quantization_config.weight_block_size`` (128×128 without one); a scale grid of another size is
+  refused.
 - With ``tie_word_embeddings`` the LM head is the embedding matrix: it is not saved, and a stored
   ``lm_head.weight`` is ignored on load (transformers ties the same way).
 - Multi-token-prediction layers (index ≥ ``num_hidden_layers``) are skipped with a log line.
@@ -23,7 +25,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from dsv32.model.config import ModelConfig
+from dsv32.model.config import ConfigError, ModelConfig
 from dsv32.model.shards import INDEX_FILE, CheckpointError, shard_files
 
 log = logging.getLogger(__name__)
@@ -37,30 +39,29 @@ _STACKED_RE = re.compile(r"^(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
 
 
 def dequantize_fp8_blocks(
-    weight: torch.Tensor, scale_inv: torch.Tensor, block: int = FP8_BLOCK
+    weight: torch.Tensor, scale_inv: torch.Tensor, block: int | tuple[int, int] = FP8_BLOCK
 ) -> torch.Tensor:
-    """``weight`` ``[N, M]`` (float8_e4m3fn) and ``scale_inv`` ``[ceil(N/b), ceil(M/b)]`` → fp32.
+    """``weight`` ``[N, M]`` (float8_e4m3fn) and ``scale_inv`` ``[ceil(N/bn), ceil(M/bm)]`` → fp32,
+    for blocks of ``block = (bn, bm)`` (an int: square blocks).
 
-    Each block is scaled in place through a broadcast view ``[nb, b, mb, b] · [nb, 1, mb, 1]``, so no
-    full-size scale matrix is built; the blocks cut short at the right and bottom edges are scaled
-    as their own views."""
+    Each block is scaled in place through a broadcast view ``[nb, bn, mb, bm] · [nb, 1, mb, 1]``, so
+    no full-size scale matrix is built; the blocks cut short at the right and bottom edges are scaled
+    as their own views. A ``scale_inv`` of another shape is a ValueError."""
+    bn, bm = (block, block) if isinstance(block, int) else block
     N, M = weight.shape
-    nb, mb = -(-N // block), -(-M // block)
+    nb, mb = -(-N // bn), -(-M // bm)
     if tuple(scale_inv.shape) != (nb, mb):
         raise ValueError(
-            f"scale_inv of a [{N}, {M}] weight in {block}x{block} blocks must be [{nb}, {mb}], "
+            f"scale_inv of a [{N}, {M}] weight in {bn}x{bm} blocks must be [{nb}, {mb}], "
             f"got {list(scale_inv.shape)}"
         )
     out = weight.to(torch.float32, copy=True)
     scale = scale_inv.float()
-    full_n, full_m = N // block * block, M // block * block
-    for rows, block_rows in (
-        (slice(0, full_n), slice(0, N // block)),
-        (slice(full_n, N), slice(N // block, nb)),
-    ):
+    full_n, full_m = N // bn * bn, M // bm * bm
+    for rows, block_rows in ((slice(0, full_n), slice(0, N // bn)), (slice(full_n, N), slice(N // bn, nb))):
         for cols, block_cols in (
-            (slice(0, full_m), slice(0, M // block)),
-            (slice(full_m, M), slice(M // block, mb)),
+            (slice(0, full_m), slice(0, M // bm)),
+            (slice(full_m, M), slice(M // bm, mb)),
         ):
             part, s = out[rows, cols], scale[block_rows, block_cols]
             if part.numel():
@@ -68,24 +69,51 @@ def dequantize_fp8_blocks(
     return out
 
 
-def quantize_fp8_blocks(weight: torch.Tensor, block: int = FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse of :func:`dequantize_fp8_blocks`: per 128×128 block, scale so that the block's max
-    magnitude maps to e4m3's max (448). Returns ``(weight_fp8, scale_inv)``."""
+def quantize_fp8_blocks(
+    weight: torch.Tensor, block: int | tuple[int, int] = FP8_BLOCK
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`dequantize_fp8_blocks`: per block (128×128 by default), scale so that the
+    block's max magnitude maps to e4m3's max (448). Returns ``(weight_fp8, scale_inv)``."""
+    bn, bm = (block, block) if isinstance(block, int) else block
     N, M = weight.shape
-    nb, mb = -(-N // block), -(-M // block)
-    padded = weight.float().new_zeros(nb * block, mb * block)
+    nb, mb = -(-N // bn), -(-M // bm)
+    padded = weight.float().new_zeros(nb * bn, mb * bm)
     padded[:N, :M] = weight.float()
-    blocks = padded.view(nb, block, mb, block)
+    blocks = padded.view(nb, bn, mb, bm)
     amax = blocks.abs().amax(dim=(1, 3)).clamp_min(1e-12)
     scale_inv = amax / torch.finfo(torch.float8_e4m3fn).max
-    q = (blocks / scale_inv[:, None, :, None]).view(nb * block, mb * block)[:N, :M]
+    q = (blocks / scale_inv[:, None, :, None]).view(nb * bn, mb * bm)[:N, :M]
     return q.to(torch.float8_e4m3fn), scale_inv
 
 
-def iter_checkpoint_tensors(path: str | Path, config: ModelConfig, dtype: torch.dtype):
-    """Yield ``(name, tensor)`` for the model's weights: FP8 dequantized, MTP layers skipped,
-    cast to ``dtype`` (fp32 for the keys the released model keeps in fp32)."""
+def fp8_block_shape(path: Path) -> tuple[int, int]:
+    """The FP8 block shape of the checkpoint at ``path``: its config.json's
+    ``quantization_config.weight_block_size``, else 128×128."""
+    raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    quant = raw.get("quantization_config")
+    size = quant.get("weight_block_size") if isinstance(quant, dict) else None
+    if size is None:
+        return FP8_BLOCK, FP8_BLOCK
+    if not (
+        isinstance(size, list)
+        and len(size) == 2
+        and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in size)
+    ):
+        raise ConfigError(
+            f"quantization_config.weight_block_size={size!r} in {path / 'config.json'}: must be two "
+            "positive ints, e.g. [128, 128]"
+        )
+    return size[0], size[1]
+
+
+def iter_checkpoint_tensors(
+    path: str | Path, config: ModelConfig, dtype: torch.dtype, block: tuple[int, int] | None = None
+):
+    """Yield ``(name, tensor)`` for the model's weights: FP8 dequantized (in ``block``-shaped
+    blocks; default: :func:`fp8_block_shape`), MTP layers skipped, cast to ``dtype`` (fp32 for the
+    keys the released model keeps in fp32)."""
     path = Path(path)
+    block = block or fp8_block_shape(path)
     skipped_mtp = 0
     for file in shard_files(path):
         try:
@@ -108,7 +136,12 @@ def iter_checkpoint_tensors(path: str | Path, config: ModelConfig, dtype: torch.
                         raise CheckpointError(
                             f"{file.name}: FP8 tensor {name} has no {scale_name} in the same shard"
                         )
-                    tensor = dequantize_fp8_blocks(tensor, f.get_tensor(scale_name))
+                    if tensor.dim() != 2:
+                        raise CheckpointError(f"{file.name}: FP8 tensor {name} is not a matrix")
+                    try:
+                        tensor = dequantize_fp8_blocks(tensor, f.get_tensor(scale_name), block)
+                    except ValueError as err:
+                        raise CheckpointError(f"{file.name}: {scale_name}: {err}") from None
                 elif not tensor.is_floating_point() or tensor.element_size() == 1:
                     raise CheckpointError(
                         f"{file.name}: {name} is {str(tensor.dtype).removeprefix('torch.')}; weights are "
