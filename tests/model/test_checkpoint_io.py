@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -198,3 +199,29 @@ def test_malformed_weight_block_size_is_a_config_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="weight_block_size"):
         DeepseekV32.from_pretrained(tmp_path, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_loaded_weights_own_their_memory(tmp_path, dtype):
+    """No loaded tensor is a view of the checkpoint file: rewriting the file in place (as a save over
+    it may) leaves the model's weights as they were, and no mapping of the file stays open."""
+    torch.manual_seed(0)
+    DeepseekV32(tiny_config()).save_pretrained(tmp_path)
+    model = DeepseekV32.from_pretrained(tmp_path, dtype=dtype)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    file = tmp_path / "model.safetensors"
+    header = 8 + int.from_bytes(file.read_bytes()[:8], "little")
+    with open(file, "r+b") as f:
+        f.seek(header)
+        f.write(bytes(file.stat().st_size - header))
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    maps = Path("/proc/self/maps")
+    if maps.exists():
+        assert str(file) not in maps.read_text()
+
+
+def test_truncated_file_is_a_checkpoint_error(tmp_path):
+    _saved(tmp_path)
+    file = tmp_path / "model.safetensors"
+    file.write_bytes(file.read_bytes()[:-100])
+    assert "a truncated or corrupt file" in _load_error(tmp_path)

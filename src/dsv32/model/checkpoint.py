@@ -21,12 +21,11 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
 from dsv32.model.config import ConfigError, ModelConfig
-from dsv32.model.shards import INDEX_FILE, CheckpointError, shard_files
+from dsv32.model.shards import INDEX_FILE, CheckpointError, SafetensorsFile, shard_files
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +115,7 @@ def iter_checkpoint_tensors(
     block = block or fp8_block_shape(path)
     skipped_mtp = 0
     for file in shard_files(path):
-        try:
-            shard = safe_open(str(file), framework="pt")
-        except SafetensorError as err:
-            raise CheckpointError(f"{file} is not a safetensors file: {err}") from None
-        with shard as f:
+        with SafetensorsFile(file) as f:
             names = set(f.keys())
             for name in sorted(names):
                 if name.endswith("_scale_inv"):
@@ -129,7 +124,7 @@ def iter_checkpoint_tensors(
                 if m and int(m.group(1)) >= config.num_hidden_layers:
                     skipped_mtp += 1
                     continue
-                tensor = f.get_tensor(name)
+                tensor = f.read(name)
                 if tensor.dtype == torch.float8_e4m3fn:
                     scale_name = f"{name}_scale_inv"
                     if scale_name not in names:
@@ -139,7 +134,7 @@ def iter_checkpoint_tensors(
                     if tensor.dim() != 2:
                         raise CheckpointError(f"{file.name}: FP8 tensor {name} is not a matrix")
                     try:
-                        tensor = dequantize_fp8_blocks(tensor, f.get_tensor(scale_name), block)
+                        tensor = dequantize_fp8_blocks(tensor, f.read(scale_name), block)
                     except ValueError as err:
                         raise CheckpointError(f"{file.name}: {scale_name}: {err}") from None
                 elif not tensor.is_floating_point() or tensor.element_size() == 1:
@@ -160,9 +155,14 @@ def load_pretrained(cls, path: str | Path, dtype: torch.dtype, device: str | tor
     with torch.device("meta"):
         model = cls(config)
     shapes = {name: t.shape for name, t in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        del shapes["lm_head.weight"]  # the embedding; a stored head is ignored
     state: dict[str, torch.Tensor] = {}
     experts_seen: dict[str, set[int]] = {}
+    unexpected: list[str] = []
     for name, tensor in iter_checkpoint_tensors(path, config, dtype):
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
         m = _EXPERT_RE.match(name)
         if m and f"{m[1]}.{m[3]}" in shapes:
             key, e = f"{m[1]}.{m[3]}", int(m[2])
@@ -177,32 +177,33 @@ def load_pretrained(cls, path: str | Path, dtype: torch.dtype, device: str | tor
                     f"{name} has shape {list(tensor.shape)} in the checkpoint {path}; "
                     f"its config needs {expert_shape}"
                 )
+            if e in experts_seen.setdefault(key, set()):
+                raise CheckpointError(f"{name} is stored twice in the checkpoint {path}")
             if key not in state:
                 state[key] = torch.empty(shapes[key], dtype=dtype, device=device)
             state[key][e] = tensor
-            experts_seen.setdefault(key, set()).add(e)
-        else:
-            if name in shapes and tensor.shape != shapes[name]:
-                raise CheckpointError(
-                    f"{name} has shape {list(tensor.shape)} in the checkpoint {path}; "
-                    f"its config needs {list(shapes[name])}"
-                )
+            experts_seen[key].add(e)
+        elif name not in shapes:
+            unexpected.append(name)  # reported with the missing ones, below
+        elif name in state:
+            raise CheckpointError(f"{name} is stored twice in the checkpoint {path}")
+        elif tensor.shape != shapes[name]:
+            raise CheckpointError(
+                f"{name} has shape {list(tensor.shape)} in the checkpoint {path}; "
+                f"its config needs {list(shapes[name])}"
+            )
+        else:  # a tensor read from the file is the model's own memory: no view of a mapped file
             state[name] = tensor.to(device)
-    expected = set(shapes)
-    if config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-        expected.discard("lm_head.weight")
-    missing = sorted(expected - state.keys())
+    missing = sorted(shapes.keys() - state.keys())
     missing += [
         f"{key} (experts {sorted(set(range(shapes[key][0])) - seen)[:4]}…)"
         for key, seen in experts_seen.items()
         if len(seen) != shapes[key][0]
     ]
-    unexpected = sorted(state.keys() - expected)
     if missing or unexpected:
         raise CheckpointError(
             f"checkpoint {path} does not match its config: missing {missing[:8]}"
-            f"{'…' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
+            f"{'…' if len(missing) > 8 else ''}, unexpected {sorted(unexpected)[:8]}"
         )
     # Every expected tensor is in ``state`` (checked above) but a tied head, which shares the embedding.
     model.load_state_dict(state, assign=True, strict=False)
