@@ -225,3 +225,49 @@ def test_truncated_file_is_a_checkpoint_error(tmp_path):
     file = tmp_path / "model.safetensors"
     file.write_bytes(file.read_bytes()[:-100])
     assert "a truncated or corrupt file" in _load_error(tmp_path)
+
+
+def test_failed_save_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
+    import dsv32.model.checkpoint as checkpoint
+
+    torch.manual_seed(0)
+    old = DeepseekV32(tiny_config())
+    old.save_pretrained(tmp_path, max_shard_size=20_000)
+    (tmp_path / "model_ema.safetensors").write_bytes(b"not ours")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    calls, real = [], checkpoint.save_file
+
+    def disk_full_at_second_shard(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "save_file", disk_full_at_second_shard)
+    with pytest.raises(OSError, match="No space left"):
+        DeepseekV32(tiny_config()).save_pretrained(tmp_path, max_shard_size=20_000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no temporary file left either
+    assert _same_state(old, DeepseekV32.from_pretrained(tmp_path, dtype=torch.float32))
+
+
+def test_save_replaces_only_the_previous_checkpoints_shards(tmp_path):
+    torch.manual_seed(0)
+    DeepseekV32(tiny_config()).save_pretrained(tmp_path, max_shard_size=20_000)
+    for other in ("model_ema.safetensors", "tokenizer.json"):
+        (tmp_path / other).write_text("not ours")
+    shards = sorted(p.name for p in tmp_path.glob("model-*.safetensors"))
+    # The previous index may name its shards differently (the hub's model-00001-of-000163...).
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    renamed = {name: f"part-{i}.safetensors" for i, name in enumerate(shards)}
+    for name, new in renamed.items():
+        (tmp_path / name).rename(tmp_path / new)
+    index["weight_map"] = {k: renamed[v] for k, v in index["weight_map"].items()}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    loaded = DeepseekV32.from_pretrained(tmp_path, dtype=torch.float32)
+    loaded.save_pretrained(tmp_path)  # one file, into the directory it was loaded from
+    names = {"config.json", "model.safetensors", "model_ema.safetensors", "tokenizer.json"}
+    assert {p.name for p in tmp_path.iterdir()} == names
+    assert _same_state(loaded, DeepseekV32.from_pretrained(tmp_path, dtype=torch.float32))
+    loaded.save_pretrained(tmp_path, max_shard_size=20_000)  # and back to shards
+    assert not (tmp_path / "model.safetensors").exists() and (tmp_path / "model_ema.safetensors").exists()
+    assert _same_state(loaded, DeepseekV32.from_pretrained(tmp_path, dtype=torch.float32))

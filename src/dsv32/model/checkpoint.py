@@ -25,7 +25,14 @@ from safetensors.torch import save_file
 from torch import nn
 
 from dsv32.model.config import ConfigError, ModelConfig
-from dsv32.model.shards import INDEX_FILE, CheckpointError, SafetensorsFile, shard_files
+from dsv32.model.shards import (
+    INDEX_FILE,
+    CheckpointError,
+    SafetensorsFile,
+    previous_shards,
+    shard_files,
+    temporary_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -228,10 +235,12 @@ def checkpoint_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_pretrained(model: nn.Module, path: str | Path, max_shard_size: int = 4 << 30) -> None:
+    """Write ``config.json`` and the weights (one file, or shards and an index above
+    ``max_shard_size`` bytes) into ``path``. Every file is written under a temporary name and renamed
+    into place once all are written, so a failed save leaves the previous checkpoint whole; then the
+    previous checkpoint's shards the new one does not use are removed (other files stay)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    with open(path / "config.json", "w", encoding="utf-8") as f:
-        json.dump(model.config.to_hf_dict(), f, indent=2)
     state = checkpoint_state_dict(model)
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
@@ -242,17 +251,36 @@ def save_pretrained(model: nn.Module, path: str | Path, max_shard_size: int = 4 
             size = 0
         shards[-1][name] = state[name]
         size += nbytes
-    for stale in path.glob("model*.safetensors"):
-        stale.unlink()
-    (path / INDEX_FILE).unlink(missing_ok=True)
     if len(shards) == 1:
-        save_file(shards[0], str(path / "model.safetensors"), metadata={"format": "pt"})
-        return
-    weight_map = {}
-    for i, shard in enumerate(shards, 1):
-        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(path / name), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(shard, name))
-    total = sum(t.numel() * t.element_size() for t in state.values())
-    with open(path / INDEX_FILE, "w", encoding="utf-8") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+        files = {"model.safetensors": shards[0]}
+    else:
+        files = {f"model-{i:05d}-of-{len(shards):05d}.safetensors": s for i, s in enumerate(shards, 1)}
+    stale = previous_shards(path) - files.keys()
+    staged: dict[str, Path] = {}  # final name -> temporary file
+    try:
+        for name, shard in files.items():
+            staged[name] = temporary_path(path, name)
+            save_file(shard, str(staged[name]), metadata={"format": "pt"})
+        if len(files) > 1:
+            weight_map = {tensor: name for name, shard in files.items() for tensor in shard}
+            total = sum(t.numel() * t.element_size() for t in state.values())
+            staged[INDEX_FILE] = temporary_path(path, INDEX_FILE)
+            _write_json(staged[INDEX_FILE], {"metadata": {"total_size": total}, "weight_map": weight_map})
+        staged["config.json"] = temporary_path(path, "config.json")
+        _write_json(staged["config.json"], model.config.to_hf_dict())
+    except BaseException:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+        raise
+    # Shards first, then the index that names them (or, for one file, the old index goes), then the config.
+    for name, tmp in staged.items():
+        tmp.replace(path / name)
+        if name == "model.safetensors":
+            (path / INDEX_FILE).unlink(missing_ok=True)
+    for name in stale:
+        (path / name).unlink(missing_ok=True)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)

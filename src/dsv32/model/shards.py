@@ -1,8 +1,8 @@
 """The safetensors files of a checkpoint directory.
 
-A checkpoint is ``model.safetensors``, or shards listed by ``model.safetensors.index.json`` (its
-``weight_map``: tensor name → the name of a shard file in the same directory — a path elsewhere is
-refused), or, without an index, every ``*.safetensors`` file.
+A checkpoint is shards listed by ``model.safetensors.index.json`` (its ``weight_map``: tensor name →
+the name of a shard file in the same directory — a path elsewhere is refused), else
+``model.safetensors``, else every ``*.safetensors`` file.
 A checkpoint that cannot be read as one raises :class:`CheckpointError`, which names the file and
 what is wrong with it.
 
@@ -14,7 +14,11 @@ memory is the loaded weights plus the tensor being converted, not plus the whole
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
+import secrets
 from pathlib import Path
 
 import torch
@@ -38,6 +42,7 @@ DTYPES = {
     "BOOL": torch.bool,
 }
 _MAX_HEADER = 100 << 20  # the safetensors format's limit on its JSON header
+_SAVED_NAME = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors")
 
 
 class CheckpointError(DSV32Error, ValueError):
@@ -72,6 +77,24 @@ def is_file_name(name: object) -> bool:
     )
 
 
+def previous_shards(path: Path) -> set[str]:
+    """The shard files of the checkpoint now in ``path`` that a new save there replaces: those its
+    index names, and ``model.safetensors`` / ``model-NNNNN-of-NNNNN.safetensors`` (the names a save
+    writes). Any other file (``model_ema.safetensors``, a tokenizer) is not a shard of it."""
+    names = {p.name for p in path.glob("model*.safetensors") if _SAVED_NAME.fullmatch(p.name)}
+    index = path / INDEX_FILE
+    if index.is_file():
+        with contextlib.suppress(CheckpointError):  # unreadable: only the files named like a save's go
+            names |= set(read_index(index).values())
+    return {name for name in names if (path / name).is_file()}
+
+
+def temporary_path(path: Path, name: str) -> Path:
+    """A fresh hidden file name in ``path`` to write ``name`` under before renaming it into place
+    (it does not end in ``.safetensors``, so a load does not take it for a shard)."""
+    return path / f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+
+
 def shard_files(path: Path) -> list[Path]:
     """The checkpoint directory's shards, each once, in name order."""
     index = path / INDEX_FILE
@@ -81,6 +104,8 @@ def shard_files(path: Path) -> list[Path]:
         if missing:
             raise CheckpointError(f"{index} lists shards that are not in {path}: {', '.join(missing[:4])}")
         return files
+    if (path / "model.safetensors").is_file():  # as transformers: other files beside it are not shards
+        return [path / "model.safetensors"]
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"no *.safetensors (nor {INDEX_FILE}) in {path}")
