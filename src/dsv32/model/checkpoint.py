@@ -15,12 +15,14 @@ transformers' ``DeepseekV32ForCausalLM.save_pretrained`` writes (= the hub check
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
@@ -28,7 +30,6 @@ from dsv32.model.config import ConfigError, ModelConfig
 from dsv32.model.shards import (
     INDEX_FILE,
     CheckpointError,
-    SafetensorsFile,
     previous_shards,
     shard_files,
     temporary_path,
@@ -112,6 +113,18 @@ def fp8_block_shape(path: Path) -> tuple[int, int]:
     return size[0], size[1]
 
 
+@contextlib.contextmanager
+def _open_shard(file: Path):
+    """``safe_open`` of one shard; a file that is not safetensors is a :class:`CheckpointError`. The
+    mapping is closed on exit, so no tensor the model keeps may be a view of it (they are copied)."""
+    try:
+        handle = safe_open(str(file), framework="pt")
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{file} is not a safetensors file ({err})") from None
+    with handle as f:
+        yield f
+
+
 def iter_checkpoint_tensors(
     path: str | Path, config: ModelConfig, dtype: torch.dtype, block: tuple[int, int] | None = None
 ):
@@ -122,7 +135,7 @@ def iter_checkpoint_tensors(
     block = block or fp8_block_shape(path)
     skipped_mtp = 0
     for file in shard_files(path):
-        with SafetensorsFile(file) as f:
+        with _open_shard(file) as f:
             names = set(f.keys())
             for name in sorted(names):
                 if name.endswith("_scale_inv"):
@@ -131,7 +144,7 @@ def iter_checkpoint_tensors(
                 if m and int(m.group(1)) >= config.num_hidden_layers:
                     skipped_mtp += 1
                     continue
-                tensor = f.read(name)
+                tensor = f.get_tensor(name)  # a view of the file's mapping (safetensors)
                 if tensor.dtype == torch.float8_e4m3fn:
                     scale_name = f"{name}_scale_inv"
                     if scale_name not in names:
@@ -141,7 +154,7 @@ def iter_checkpoint_tensors(
                     if tensor.dim() != 2:
                         raise CheckpointError(f"{file.name}: FP8 tensor {name} is not a matrix")
                     try:
-                        tensor = dequantize_fp8_blocks(tensor, f.read(scale_name), block)
+                        tensor = dequantize_fp8_blocks(tensor, f.get_tensor(scale_name), block)
                     except ValueError as err:
                         raise CheckpointError(f"{file.name}: {scale_name}: {err}") from None
                 elif not tensor.is_floating_point() or tensor.element_size() == 1:
@@ -149,8 +162,11 @@ def iter_checkpoint_tensors(
                         f"{file.name}: {name} is {str(tensor.dtype).removeprefix('torch.')}; weights are "
                         "read as floats, or as float8_e4m3fn with block scales (weight_scale_inv)"
                     )
-                keep_fp32 = name.endswith(_FP32_KEYS)
-                yield name, tensor.to(torch.float32 if keep_fp32 else dtype)
+                target = torch.float32 if name.endswith(_FP32_KEYS) else dtype
+                converted = tensor.to(target)
+                if converted.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
+                    converted = converted.clone()  # memory of its own, not a view of the mapped file
+                yield name, converted
     if skipped_mtp:
         log.info(
             "skipped %d multi-token-prediction tensors (layers >= %d)", skipped_mtp, config.num_hidden_layers
