@@ -81,3 +81,13 @@ def test_cache_holds_latents_not_per_head_kv(ours):
     cache = ours.new_cache(2, 10)
     per_token_layer = cache.nbytes() / (2 * 10 * cfg.num_hidden_layers * 4)
     assert per_token_layer == cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim
+
+
+@pytest.mark.parametrize(("cache_batch", "input_batch"), [(3, 1), (1, 3), (2, 3)])
+def test_cache_of_another_batch_is_refused_before_anything_is_written(ours, cache_batch, input_batch):
+    cache = ours.new_cache(cache_batch, 16)
+    with pytest.raises(
+        ValueError, match=f"holds {cache_batch} sequences but input_ids has batch {input_batch}"
+    ):
+        ours(token_ids(8, B=input_batch), cache=cache)
+    assert cache.length == 0 and all(not t.any() for t in cache.tensors().values())

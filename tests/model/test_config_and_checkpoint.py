@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
+from model_helpers import tiny_config
 from safetensors.torch import load_file, save_file
 
 from dsv32.model import (
@@ -128,13 +130,58 @@ def test_full_model_parameter_counts_on_meta():
         ({"num_key_value_heads": 8}, "num_key_value_heads"),
         ({"scoring_func": "relu"}, "scoring_func"),
         ({"index_head_dim": 32}, "index_head_dim"),
+        # values of the wrong type
+        ({"n_routed_experts": "256"}, "n_routed_experts='256'"),
+        ({"q_lora_rank": "1536"}, "q_lora_rank='1536'"),
+        ({"n_group": None}, "n_group=None"),
+        ({"first_k_dense_replace": None}, "first_k_dense_replace=None"),
+        ({"num_hidden_layers": True}, "num_hidden_layers=True"),
+        ({"rms_norm_eps": "1e-6"}, "rms_norm_eps='1e-6'"),
+        ({"routed_scaling_factor": [2.5]}, "routed_scaling_factor"),
+        ({"norm_topk_prob": "yes"}, "norm_topk_prob='yes'"),
+        ({"eos_token_id": "x"}, "eos_token_id='x'"),
+        ({"eos_token_id": [1, "x"]}, "eos_token_id"),
+        ({"rope_scaling": "yarn"}, "rope_scaling='yarn'"),
+        ({"topk_method": "bogus"}, "topk_method='bogus'"),
+        ({"topk_method": "greedy"}, "topk_method='greedy'"),  # group-limited config
     ],
 )
 def test_config_errors_name_the_field(change, field):
     raw = {**HF_671B, **change}
-    raw = {k: v for k, v in raw.items() if v is not None}
-    with pytest.raises(ConfigError, match=field):
+    if change.get("hidden_size", 0) is None:
+        del raw["hidden_size"]
+    with pytest.raises(ConfigError, match=re.escape(field)):
         ModelConfig.from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"n_routed_experts": "256"}, "n_routed_experts='256'"),
+        ({"rope_factor": "40"}, "rope_factor='40'"),
+        ({"max_seq_len": None}, "max_seq_len=None"),
+        ({"original_seq_len": 4096.5}, "original_seq_len=4096.5"),
+    ],
+)
+def test_reference_config_errors_name_the_field(change, field):
+    with pytest.raises(ConfigError, match=re.escape(field)):
+        ModelConfig.from_dict({**REFERENCE_671B, **change})
+
+
+def test_reference_config_defaults_are_the_reference_model_args():
+    """What a reference config leaves out takes DeepSeek's ModelArgs default, not the HF 671B value."""
+    kept = ("vocab_size", "dim", "inter_dim", "n_layers", "n_heads", "kv_lora_rank", "qk_nope_head_dim",
+            "qk_rope_head_dim", "v_head_dim", "index_n_heads", "index_head_dim", "index_topk")  # fmt: skip
+    cfg = ModelConfig.from_dict({k: REFERENCE_671B[k] for k in kept})
+    assert (cfg.n_routed_experts, cfg.n_shared_experts, cfg.num_experts_per_tok) == (64, 2, 6)
+    assert (cfg.moe_intermediate_size, cfg.first_k_dense_replace, cfg.q_lora_rank) == (1408, 1, None)
+    assert (cfg.n_group, cfg.topk_group, cfg.routed_scaling_factor) == (1, 1, 1.0)
+    assert (cfg.scoring_func, cfg.topk_method, cfg.norm_topk_prob) == (
+        "softmax",
+        "group_limited_greedy",
+        False,
+    )
+    assert cfg.max_position_embeddings == 16384 and cfg.rope_scaling["factor"] == 40
 
 
 def test_missing_required_field_is_named():
@@ -143,17 +190,9 @@ def test_missing_required_field_is_named():
         ModelConfig.from_dict(raw)
 
 
-def _tiny_config(**kw):
-    base = dict(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=2,
-                first_k_dense_replace=1, num_attention_heads=2, n_routed_experts=4, n_group=2, topk_group=1,
-                num_experts_per_tok=2, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
-                v_head_dim=8, index_n_heads=2, index_head_dim=16, index_topk=4, rope_scaling=None)  # fmt: skip
-    return ModelConfig(**{**base, **kw})
-
-
 def test_save_load_round_trip_is_exact_and_sharded(tmp_path):
     torch.manual_seed(0)
-    model = DeepseekV32(_tiny_config())
+    model = DeepseekV32(tiny_config())
     model.save_pretrained(tmp_path / "one")
     model.save_pretrained(tmp_path / "many", max_shard_size=20_000)
     assert (tmp_path / "many" / "model.safetensors.index.json").exists()
@@ -170,7 +209,7 @@ def test_checkpoint_loads_into_transformers(tmp_path):
     from transformers import DeepseekV32ForCausalLM
 
     torch.manual_seed(0)
-    model = DeepseekV32(_tiny_config(rope_scaling=None)).eval()
+    model = DeepseekV32(tiny_config(rope_scaling=None)).eval()
     model.save_pretrained(tmp_path)
     hf = DeepseekV32ForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     ids = torch.randint(0, 64, (1, 9))
@@ -195,7 +234,7 @@ def test_fp8_block_dequantization_round_trip():
 
 def test_fp8_checkpoint_and_mtp_layers(tmp_path, caplog):
     torch.manual_seed(0)
-    model = DeepseekV32(_tiny_config())
+    model = DeepseekV32(tiny_config())
     model.save_pretrained(tmp_path)
     state = load_file(tmp_path / "model.safetensors")
     fp8 = {}
@@ -218,7 +257,7 @@ def test_fp8_checkpoint_and_mtp_layers(tmp_path, caplog):
 
 
 def test_bf16_load_keeps_router_bias_and_indexer_gates_fp32(tmp_path):
-    DeepseekV32(_tiny_config()).save_pretrained(tmp_path)
+    DeepseekV32(tiny_config()).save_pretrained(tmp_path)
     m = DeepseekV32.from_pretrained(tmp_path, dtype=torch.bfloat16)
     assert m.model.layers[1].mlp.gate.e_score_correction_bias.dtype == torch.float32
     assert m.model.layers[0].self_attn.indexer.weights_proj.weight.dtype == torch.float32
@@ -228,7 +267,7 @@ def test_bf16_load_keeps_router_bias_and_indexer_gates_fp32(tmp_path):
 
 def test_plain_q_projection_without_q_lora(tmp_path):
     torch.manual_seed(0)
-    model = DeepseekV32(_tiny_config(q_lora_rank=None)).eval()
+    model = DeepseekV32(tiny_config(q_lora_rank=None)).eval()
     assert hasattr(model.model.layers[0].self_attn, "q_proj")
     ids = torch.randint(0, 64, (2, 14))
     with torch.no_grad():

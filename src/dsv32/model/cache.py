@@ -50,7 +50,9 @@ class KVCache:
         self, layer: int, kv_latent: torch.Tensor, k_rope: torch.Tensor, index_keys: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Store ``[B, T, *]`` new entries of ``layer``; return its entries ``[B, length + T, *]``."""
-        T = kv_latent.shape[1]
+        B, T = kv_latent.shape[:2]
+        if self.batch_size != B:
+            raise ValueError(f"KV cache of batch {self.batch_size} written with a batch of {B} sequences")
         end = self.length + T
         if end > self.max_len:
             raise ValueError(

@@ -5,8 +5,9 @@
 - the reference inference config of DeepSeek's ``inference/`` folder (``dim``, ``n_layers``,
   ``n_dense_layers``, ``n_heads``, ``n_activated_experts``, ``route_scale``, ``score_func``, ...).
 
-Field names and defaults follow the HF config (the released model's values). A missing required field
-or an inconsistent combination raises :class:`ConfigError` naming the field.
+Field names and defaults follow the HF config (the released model's values); the two formats are read
+by :mod:`dsv32.model.config_formats`. A missing required field, a value of the wrong type or an
+inconsistent combination raises :class:`ConfigError` naming the field.
 """
 
 from __future__ import annotations
@@ -17,12 +18,16 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from dsv32.errors import DSV32Error
-
-
-class ConfigError(DSV32Error, ValueError):
-    """A model config is missing a field or its fields contradict each other."""
-
+from dsv32.model.config_formats import (
+    KIND_TEXT,
+    MAX_POSITION_EMBEDDINGS,
+    ConfigError,
+    check_yarn,
+    has_type,
+    is_number,
+    read_hf,
+    read_reference,
+)
 
 # Fields without which the architecture is undefined; everything else has the released model's default.
 _REQUIRED = (
@@ -40,21 +45,35 @@ _REQUIRED = (
     "index_topk",
 )
 
-# Reference inference config name -> HF name.
-_REFERENCE_NAMES = {
-    "dim": "hidden_size",
-    "inter_dim": "intermediate_size",
-    "moe_inter_dim": "moe_intermediate_size",
-    "n_layers": "num_hidden_layers",
-    "n_dense_layers": "first_k_dense_replace",
-    "n_heads": "num_attention_heads",
-    "n_activated_experts": "num_experts_per_tok",
-    "n_expert_groups": "n_group",
-    "n_limited_groups": "topk_group",
-    "route_scale": "routed_scaling_factor",
-    "score_func": "scoring_func",
-    "max_seq_len": "max_position_embeddings",
+
+# Every field's type, checked before any range (nullable fields may also be None): "count" is an int
+# >= 0, "positive" an int > 0, "number" a finite int or float > 0; rope_* are checked on their own.
+_FIELD_TYPES: dict[str, tuple[str, bool]] = {
+    **{name: ("positive", False) for name in _REQUIRED},
+    "q_lora_rank": ("positive", True),
+    "first_k_dense_replace": ("count", False),
+    "moe_intermediate_size": ("count", False),
+    "n_routed_experts": ("count", False),
+    "n_shared_experts": ("count", False),
+    "num_experts_per_tok": ("count", False),
+    "n_group": ("count", False),
+    "topk_group": ("count", False),
+    "routed_scaling_factor": ("number", False),
+    "scoring_func": ("str", False),
+    "topk_method": ("str", False),
+    "norm_topk_prob": ("bool", False),
+    "max_position_embeddings": ("positive", False),
+    "rms_norm_eps": ("number", False),
+    "hidden_act": ("str", False),
+    "attention_bias": ("bool", False),
+    "tie_word_embeddings": ("bool", False),
+    "bos_token_id": ("count", True),
+    "pad_token_id": ("count", True),
+    "num_nextn_predict_layers": ("count", False),
 }
+# How experts are selected: "noaux_tc" adds e_score_correction_bias for the selection (V3/V3.2),
+# "group_limited_greedy" and "greedy" use the scores alone (V2).
+_TOPK_METHODS = ("noaux_tc", "group_limited_greedy", "greedy")
 
 
 @dataclass
@@ -89,7 +108,8 @@ class ModelConfig:
     index_head_dim: int = 128
     index_topk: int = 2048
     # RoPE: rope_scaling is None or a YaRN dict (factor, original_max_position_embeddings, beta_fast,
-    # beta_slow, mscale, mscale_all_dim).
+    # beta_slow, mscale, mscale_all_dim). The default is the released model's YaRN; an HF config.json
+    # without RoPE keys means plain RoPE, as in transformers (see hf_rope).
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] | None = field(
         default_factory=lambda: {
@@ -102,7 +122,7 @@ class ModelConfig:
             "mscale_all_dim": 1.0,
         }
     )
-    max_position_embeddings: int = 163840
+    max_position_embeddings: int = MAX_POSITION_EMBEDDINGS
     rms_norm_eps: float = 1e-6
     hidden_act: str = "silu"
     attention_bias: bool = False
@@ -143,13 +163,17 @@ class ModelConfig:
             if not cond:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: {why}")
 
-        for name in _REQUIRED:
-            need(
-                isinstance(getattr(self, name), int) and getattr(self, name) > 0,
-                name,
-                "must be a positive int",
-            )
-        need(self.q_lora_rank is None or self.q_lora_rank > 0, "q_lora_rank", "must be null or positive")
+        for name, (kind, nullable) in _FIELD_TYPES.items():
+            value = getattr(self, name)
+            if not ((nullable and value is None) or has_type(value, kind)):
+                need(False, name, f"must be {KIND_TEXT[kind]}{' or null' if nullable else ''}")
+        eos = self.eos_token_id
+        eos_ids = eos if isinstance(eos, list) else [eos]
+        need(
+            eos is None or all(has_type(e, "count") for e in eos_ids),
+            "eos_token_id",
+            "must be a token id, a list of token ids or null",
+        )
         need(self.qk_rope_head_dim % 2 == 0, "qk_rope_head_dim", "must be even (RoPE rotates pairs)")
         need(
             self.index_head_dim >= self.qk_rope_head_dim,
@@ -163,6 +187,7 @@ class ModelConfig:
         )
         need(self.hidden_act == "silu", "hidden_act", "only 'silu' is used by DeepSeek models")
         need(self.scoring_func in ("sigmoid", "softmax"), "scoring_func", "must be 'sigmoid' or 'softmax'")
+        need(self.topk_method in _TOPK_METHODS, "topk_method", f"must be one of {', '.join(_TOPK_METHODS)}")
         if self.n_routed_experts:
             need(self.moe_intermediate_size > 0, "moe_intermediate_size", "must be positive with experts")
             need(
@@ -182,19 +207,20 @@ class ModelConfig:
                 f"the {self.topk_group} selected groups hold fewer experts than num_experts_per_tok="
                 f"{self.num_experts_per_tok}",
             )
-        if self.rope_scaling is not None:
-            rs = self.rope_scaling
-            kind = rs.get("rope_type", rs.get("type"))
-            need(kind == "yarn", "rope_scaling", "only YaRN scaling (rope_type 'yarn') or null is supported")
-            for key in ("factor", "original_max_position_embeddings"):
-                if key not in rs:
-                    raise ConfigError(f"rope_scaling.{key} is missing (required for YaRN)")
+            need(
+                self.topk_method != "greedy" or self.topk_group == self.n_group,
+                "topk_method",
+                f"'greedy' ignores expert groups: it needs topk_group == n_group={self.n_group} "
+                "(or topk_method 'group_limited_greedy')",
+            )
+        need(is_number(self.rope_theta) and self.rope_theta > 0, "rope_theta", "must be a positive number")
+        check_yarn(self.rope_scaling, "rope_scaling")
 
     # ------------------------------------------------------------------ I/O
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
         """Build from a parsed HF ``config.json`` or a reference inference config."""
-        data = _from_reference(raw) if "dim" in raw and "n_layers" in raw else _from_hf(raw)
+        data = read_reference(raw) if "dim" in raw and "n_layers" in raw else read_hf(raw)
         missing = [n for n in _REQUIRED if n not in data]
         if missing:
             raise ConfigError(f"config is missing required field(s): {', '.join(missing)}")
@@ -240,82 +266,3 @@ class ModelConfig:
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     """YaRN's attention temperature correction ``0.1·mscale·ln(scale) + 1`` (1 when not scaled)."""
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
-def _from_hf(raw: dict[str, Any]) -> dict[str, Any]:
-    data = dict(raw)
-    kind = data.get("model_type")
-    if kind is not None and kind not in ("deepseek_v32", "deepseek_v3"):
-        raise ConfigError(
-            f"a {kind!r} config, not DeepSeek-V3/V3.2: this class loads the V3.2 architecture; "
-            "other Hugging Face models run through dsv32.engine.load_model (dsv32 serve, --backend local)"
-        )
-    kvh = data.get("num_key_value_heads")
-    if kvh is not None and "num_attention_heads" in data and kvh != data["num_attention_heads"]:
-        raise ConfigError(
-            f"num_key_value_heads={kvh} must equal num_attention_heads={data['num_attention_heads']} (MLA)"
-        )
-    if data.get("mlp_layer_types") and "first_k_dense_replace" not in data:
-        data["first_k_dense_replace"] = list(data["mlp_layer_types"]).count("dense")
-    rope = data.pop("rope_parameters", None)
-    if isinstance(rope, dict) and "rope_theta" in rope:  # transformers v5
-        data["rope_theta"] = rope["rope_theta"]
-        kind = rope.get("rope_type", "default")
-        data["rope_scaling"] = (
-            None if kind == "default" else {k: v for k, v in rope.items() if k != "rope_theta"}
-        )
-    elif "rope_scaling" in data and data["rope_scaling"] is not None:  # transformers v4
-        rs = dict(data["rope_scaling"])
-        rs["rope_type"] = rs.pop("type", rs.get("rope_type"))
-        data["rope_scaling"] = rs
-    elif "rope_scaling" not in data and "rope_theta" in data:
-        data["rope_scaling"] = None
-    if isinstance(data.get("rope_scaling"), dict):
-        rs = data["rope_scaling"]
-        rs.setdefault("rope_type", rs.pop("type", "yarn"))
-        if rs.get("factor") is None and "original_max_position_embeddings" in rs:
-            rs["factor"] = (
-                data.get("max_position_embeddings", 163840) / rs["original_max_position_embeddings"]
-            )
-    if data.get("q_lora_rank") == 0:
-        data["q_lora_rank"] = None
-    return data
-
-
-def _from_reference(raw: dict[str, Any]) -> dict[str, Any]:
-    data = {_REFERENCE_NAMES.get(k, k): v for k, v in raw.items()}
-    # Reference ModelArgs defaults for what its JSON files leave out.
-    max_len = data.setdefault("max_position_embeddings", 4096 * 4)
-    original = data.pop("original_seq_len", 4096)
-    factor = data.pop("rope_factor", 40.0)
-    mscale = data.pop("mscale", 1.0)
-    beta_fast, beta_slow = data.pop("beta_fast", 32.0), data.pop("beta_slow", 1.0)
-    # The reference applies YaRN (frequencies and softmax mscale) only beyond the original length.
-    data["rope_scaling"] = (
-        {
-            "rope_type": "yarn",
-            "factor": factor,
-            "original_max_position_embeddings": original,
-            "beta_fast": beta_fast,
-            "beta_slow": beta_slow,
-            "mscale": mscale,
-            "mscale_all_dim": mscale,
-        }
-        if max_len > original
-        else None
-    )
-    data.setdefault("rope_theta", 10000.0)
-    if data.get("q_lora_rank") == 0:
-        data["q_lora_rank"] = None
-    score = data.get("scoring_func", "softmax")
-    data["scoring_func"] = score
-    # The reference normalizes the selected weights and uses the selection bias only with sigmoid scores.
-    data["norm_topk_prob"] = score == "sigmoid"
-    data["topk_method"] = "noaux_tc" if score == "sigmoid" else "group_limited_greedy"
-    data.setdefault("n_group", 1)
-    data.setdefault("topk_group", 1)
-    data.setdefault("first_k_dense_replace", 1)
-    data.setdefault("routed_scaling_factor", 1.0)
-    for drop in ("dtype", "scale_fmt", "max_batch_size"):
-        data.pop(drop, None)
-    return data

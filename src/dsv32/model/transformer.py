@@ -102,13 +102,18 @@ class DeepseekV32(nn.Module):
             attention_mask: ``[B, S]`` with 1 for real tokens and 0 for (left) padding over *all* keys
                 (cached + new, ``S = cache.length + T``); ``None`` = no padding.
             position_ids: ``[B, T]``; default: counted from the mask (or from ``cache.length``).
-            cache: a :class:`KVCache` to read and extend (advanced by T on return).
+            cache: a :class:`KVCache` of batch ``B`` to read and extend (advanced by T on return).
             routing: ``[num_moe_layers, B, T, k]`` expert indices to force (Keep Routing); the gate
                 weights are still computed by the live router.
             return_routing: also return the expert indices chosen in this forward.
             logits_to_keep: if > 0, compute logits only for the last that many positions.
         """
         B, T = input_ids.shape
+        if cache is not None and cache.batch_size != B:
+            raise ValueError(
+                f"the KV cache holds {cache.batch_size} sequences but input_ids has batch {B}; "
+                "use a cache made for this batch (new_cache(batch_size, max_len))"
+            )
         start = cache.length if cache is not None else 0
         key_padding_mask = None
         if attention_mask is not None:
