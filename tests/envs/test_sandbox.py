@@ -5,6 +5,7 @@ Each attack runs under every confining isolation that works here (bubblewrap and
 plain-rlimits fallback is tested for what it promises (limits, timeouts, the process group).
 """
 
+import json
 import os
 import shutil
 import signal
@@ -366,8 +367,9 @@ def test_a_sandboxed_program_dies_with_the_process_that_started_it(tmp_path, kin
 
 
 def test_dev_is_read_only_but_a_private_dev_shm(kind, tmp_path):
-    """/dev holds no file the program made (its RAM would be the host's); under bubblewrap a private
-    /dev/shm stays writable (multiprocessing's locks need it), under unshare the host's is read-only."""
+    """/dev holds no file the program made (its RAM would be the host's); /dev/shm is a private
+    writable tmpfs (multiprocessing's locks need it) — or, with a bubblewrap too old to size one,
+    read-only — and never the host's."""
     code = (
         "import os\n"
         "for path in ('/dev/planted', '/dev/shm/planted'):\n"
@@ -380,7 +382,7 @@ def test_dev_is_read_only_but_a_private_dev_shm(kind, tmp_path):
     r = attack(code, tmp_path / "w", kind)
     assert r.returncode == 0, r.stderr
     assert "/dev/planted Read-only file system" in r.stdout, r.stdout
-    shm = "written" if kind == "bwrap" else "Read-only file system"
+    shm = "written" if kind == "unshare" or sandbox._bwrap_sizes_tmpfs() else "Read-only file system"
     assert f"/dev/shm/planted {shm}" in r.stdout, r.stdout
     assert not os.path.exists("/dev/shm/planted")
 
@@ -415,3 +417,47 @@ def test_the_project_source_and_the_task_files_read_are_hidden(kind, tmp_path):
     assert "dsv32.envs.swe importable: False" in r.stdout, r.stdout  # (single files bound in may remain)
     for project in sandbox.project_dirs():
         assert project in sandbox.isolation(kind).hidden
+
+
+def test_multiprocessing_works_and_dev_shm_is_bounded(kind, tmp_path):
+    """A Lock and a Pool of 2 work (their semaphores live in /dev/shm); /dev/shm holds at most
+    min(64 MB, memory_mb): the third 24 MB file does not fit."""
+    if kind == "bwrap" and not sandbox._bwrap_sizes_tmpfs():
+        pytest.skip("this bubblewrap cannot size a tmpfs: its sandbox's /dev/shm is read-only")
+    code = (
+        "import errno, multiprocessing as mp\n"
+        "with mp.Lock():\n    pass\n"
+        "with mp.Pool(2) as pool:\n    print(pool.map(abs, [-1, -2]))\n"
+        "try:\n"
+        "    for i in range(8):\n"
+        "        with open(f'/dev/shm/f{i}', 'wb') as f:\n"
+        "            f.write(b'x' * (24 << 20))\n"
+        "except OSError as err:\n    print(errno.errorcode[err.errno], i)\n"
+    )
+    r = attack(code, tmp_path / "w", kind, timeout_s=30, memory_mb=512)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["[1, 2]", "ENOSPC 2"]
+
+
+@pytest.mark.parametrize("sizes", [True, False])
+def test_the_bwrap_dev_shm_is_sized_or_read_only(tmp_path, monkeypatch, sizes):
+    """bubblewrap 0.10+ gets --size before the /dev/shm tmpfs; an older one no tmpfs there at all,
+    so /dev/shm is the fresh /dev's empty directory, remounted read-only with /dev. The unshare
+    confine stage gets the same size."""
+    monkeypatch.setattr(sandbox, "_bwrap_sizes_tmpfs", lambda: sizes)
+    argv = sandbox.command_prefix(cwd=tmp_path, memory_mb=32, timeout_s=5, kind="bwrap")
+    shm = ["--perms", "1777", "--size", str(32 << 20), "--tmpfs", "/dev/shm"]
+    at = [i for i in range(len(argv)) if argv[i : i + len(shm)] == shm]
+    dev, read_only = (
+        argv.index("--dev"),
+        [i for i in range(len(argv)) if argv[i : i + 2] == ["--remount-ro", "/dev"]],
+    )
+    assert argv[dev + 1] == "/dev" and len(read_only) == 1
+    if sizes:
+        assert len(at) == 1 and dev < at[0] < read_only[0]
+    else:
+        assert at == [] and "/dev/shm" not in argv
+    big = sandbox.command_prefix(cwd=tmp_path, memory_mb=4096, timeout_s=5, kind="bwrap")
+    assert (str(64 << 20) in big) == sizes  # min(64 MB, memory_mb)
+    spec = json.loads(sandbox.command_prefix(cwd=tmp_path, memory_mb=32, timeout_s=5, kind="unshare")[-1])
+    assert spec["shm_bytes"] == 32 << 20

@@ -6,13 +6,13 @@ working directory, under three layers, the strongest this machine allows (probed
 
 - ``bwrap`` (bubblewrap installed): new user, PID, IPC, UTS (and, unless ``network=True``, network)
   namespaces; the host filesystem bound read-only, fresh ``/dev`` (read-only but a private
-  ``/dev/shm``) and ``/proc``, the hidden
+  ``/dev/shm``, see below) and ``/proc``, the hidden
   directories (below) emptied; only the work dir (and ``writable``) bound read-write; every
   capability dropped.
 - ``unshare`` (util-linux, unprivileged user namespaces): the same namespaces through ``unshare``;
   ``_confine.py`` then empties the hidden directories, bind-mounts the work dir onto itself,
-  remounts every other mount point read-only and drops every capability (so the program cannot
-  remount anything back).
+  remounts every other mount point read-only, mounts a private ``/dev/shm`` and drops every
+  capability (so the program cannot remount anything back).
 - ``rlimits`` (neither works): resource limits and the process group only — the network, the host
   filesystem and the other processes of the host user are reachable; a warning says so.
 
@@ -33,6 +33,10 @@ fresh minimal one (nothing of the host's, API keys included, leaks in); stdout a
 capped at ``output_bytes`` each (the program is killed when it goes past); and a wall-time timeout
 kills the whole process group — and with a PID namespace, everything the program started, even
 processes that left the group, since they die with the namespace's first process.
+
+``/dev/shm`` is a private tmpfs of ``min(64 MB, memory_mb)`` under ``unshare`` and under ``bwrap``
+0.10 or later (an older bubblewrap cannot size a tmpfs: there it is an empty read-only directory),
+so ``multiprocessing`` works and what it holds is bounded.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ BASE_ENV = {
     "PYTHONUNBUFFERED": "1",
     "MALLOC_ARENA_MAX": "2",
 }
+SHM_MB = 64  # the most a private /dev/shm holds (no more than memory_mb)
 
 
 class SandboxError(EnvError):
@@ -230,10 +235,11 @@ def _hidden_for(kind: str, network: bool, given: Sequence[str]) -> list[str]:
 
 
 def _prefix_for(
-    kind: str, network: bool, writable: Sequence[str], readable: Sequence[str]
+    kind: str, network: bool, writable: Sequence[str], readable: Sequence[str], shm_bytes: int
 ) -> tuple[list[str], dict]:
     """``(argv prefix before the confine stage, what the confine stage does: its spec's "mounts",
-    "hide", "expose" and "drop_privileges")``."""
+    "hide", "expose", "shm_bytes" and "drop_privileges")``; ``shm_bytes`` is the size of the
+    private ``/dev/shm``."""
     hide = _hidden_for(kind, network, [*writable, *readable])
     needed = [p for p in [*runtime_paths(), *readable] if p not in hide]
     exposed = [p for p in needed if _under(p, hide)]
@@ -244,8 +250,9 @@ def _prefix_for(
         argv = ["bwrap", "--unshare-user", "--unshare-pid", "--as-pid-1", "--unshare-ipc"]
         argv += ["--unshare-uts"]
         argv += [] if network else ["--unshare-net"]
-        argv += ["--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev", "--perms", "1777"]
-        argv += ["--tmpfs", "/dev/shm"]
+        argv += ["--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev"]
+        if _bwrap_sizes_tmpfs():  # else /dev/shm is the fresh /dev's empty directory, read-only with it
+            argv += ["--perms", "1777", "--size", str(shm_bytes), "--tmpfs", "/dev/shm"]
         argv += ["--proc", "/proc", "--cap-drop", "ALL"]
         for step, path in steps:  # an empty directory in its place, then what the program needs from it
             argv += ["--perms", "0555", "--tmpfs", path] if step == "hide" else ["--ro-bind", path, path]
@@ -262,8 +269,19 @@ def _prefix_for(
         argv += ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child"]
         argv += ["--mount", "--mount-proc", "--ipc", "--uts"] + ([] if network else ["--net"])
         steps = _mount_order(hide, [p for p in needed + list(writable) if _under(p, hide)])
-        return argv, {"mounts": True, "drop_privileges": True, "steps": steps, "masks": masks}
+        spec = {"mounts": True, "drop_privileges": True, "steps": steps, "masks": masks}
+        return argv, spec | {"shm_bytes": shm_bytes}
     return [], {"mounts": False, "drop_privileges": False}
+
+
+@cache
+def _bwrap_sizes_tmpfs() -> bool:
+    """Whether this machine's bubblewrap takes ``--size`` before ``--tmpfs`` (0.10 and later)."""
+    try:
+        done = subprocess.run(["bwrap", "--help"], capture_output=True, timeout=10, env={"PATH": os.defpath})
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return b"--size" in done.stdout + done.stderr
 
 
 @cache
@@ -367,7 +385,7 @@ def command_prefix(
         p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p) and os.path.exists(p)
     ]
     ro = [os.path.realpath(r) for r in [*readable, *imports]]
-    prefix, spec = _prefix_for(kind, network, rw, ro)
+    prefix, spec = _prefix_for(kind, network, rw, ro, min(SHM_MB, memory_mb) << 20)
     spec |= {"writable": rw, "limits": limits, "cwd": cwd, "env": full_env, "status_fd": status_fd}
     return [*prefix, sys.executable, "-I", "-S", CONFINE, json.dumps(spec)]
 
