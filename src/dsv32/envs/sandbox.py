@@ -37,7 +37,8 @@ processes that left the group, since they die with the namespace's first process
 Disk: :func:`run` keeps what the program holds in the work dir and ``writable`` within
 ``disk_mb`` (default 1024): :class:`DiskWatch`, a thread of this process, measures it with
 :func:`disk_usage` while the program runs and kills it past the quota; a work dir already past it
-is not run; either is ``killed_reason="disk limit"``. ``/dev/shm`` is a private tmpfs of
+is not run; either is ``killed_reason="disk limit"``. The Jupyter kernel
+(``envs/interpreter/kernel.py``) runs the same watch. ``/dev/shm`` is a private tmpfs of
 ``min(64 MB, memory_mb)`` under ``unshare`` and under ``bwrap`` 0.10 or later (an older bubblewrap
 cannot size a tmpfs: there it is an empty read-only directory), so ``multiprocessing`` works and
 what it holds is bounded. Under ``rlimits`` only the work dir is watched, and the program can write
