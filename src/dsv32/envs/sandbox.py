@@ -652,14 +652,9 @@ def _held_files(pid: int, devices: set[int], seen: set[tuple[int, int]]) -> int:
             total += st.st_blocks * 512
     try:
         with open(f"/proc/{pid}/maps") as f:
-            maps = f.read()
+            mapped = [line.split() for line in f if line.endswith(" (deleted)\n")]
     except OSError:
-        maps = ""
-    mapped = (
-        [line.split() for line in maps.splitlines() if line.endswith(" (deleted)")]
-        if " (deleted)\n" in maps
-        else []
-    )
+        mapped = []
     for span, _perms, _offset, dev, inode, *_path in mapped:
         try:
             major, minor = (int(x, 16) for x in dev.split(":"))
