@@ -533,7 +533,7 @@ def test_deleted_files_the_program_holds_count(tmp_path, kind, how):
     )
     r = attack(code, tmp_path / "w", kind, timeout_s=30, file_size_mb=1, disk_mb=16)
     assert r.killed_reason == "disk limit" and not r.timed_out, r.stdout + r.stderr
-    assert allocated(tmp_path / "w") < 1 << 20  # nothing of it stays once its processes are gone
+    assert allocated(tmp_path / "w") <= 1 << 20  # held files went with it; at most the one it was writing
 
 
 def test_a_flood_of_empty_files_counts(tmp_path, kind):
