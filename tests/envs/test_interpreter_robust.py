@@ -18,6 +18,7 @@ from dsv32.agent.episode import run_episode
 from dsv32.envs.base import Task
 from dsv32.envs.interpreter import InterpreterEnv, SandboxedKernel
 from dsv32.envs.interpreter.kernel import _Output
+from dsv32.envs.sandbox import SandboxError
 
 TASK = Task("t", "What is 41 + 1?", "42")
 
@@ -272,3 +273,66 @@ def test_a_process_that_exits_without_closing_leaves_no_kernel_or_directory(tmp_
     assert not os.path.exists(workdir) and not os.path.exists(run_dir)
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert run_dir not in ps  # its kernel died with the process
+
+
+def allocated(root: str) -> int:
+    """The bytes allocated under ``root`` (what ``du`` counts), read here, apart from the sandbox."""
+    return sum(
+        os.lstat(os.path.join(top, name)).st_blocks * 512
+        for top, dirs, files in os.walk(root)
+        for name in dirs + files
+    )
+
+
+FILL = (
+    "import time\nfor i in range(512):\n    open(f'f{i}', 'wb').write(b'x' * ((1 << 20) - 1))\ntime.sleep(60)"
+)
+LATER = (  # a thread that fills the work dir once the host says so (the file 'go'), after its cell ended
+    "import os, threading, time\n"
+    "def fill():\n"
+    "    while not os.path.exists('go'):\n        time.sleep(0.05)\n"
+    "    for i in range(512):\n        open(f'g{i}', 'wb').write(b'x' * ((1 << 20) - 1))\n"
+    "threading.Thread(target=fill, daemon=True).start()\n'waiting'"
+)
+
+
+def test_a_cell_writing_past_the_disk_quota_gets_a_fresh_kernel_and_work_dir():
+    """A cell, then a thread between cells, fill the work dir past its quota: the kernel is killed,
+    its work dir emptied, the kernel restarted, and the model reads why; close removes the work dir."""
+    env = InterpreterEnv(memory_mb=1024, disk_mb=16)
+    try:
+        env.reset(TASK)
+        assert env.call("python", {"code": "x = 41\nopen('notes.txt', 'w').write('mine')"}) == "4"
+        workdir = env.kernel.workdir
+        text = env.call("python", {"code": FILL})
+        assert text == (
+            "[the files in the work dir went past its disk quota of 16 MB: the Python kernel was stopped "
+            "and the work dir emptied; it was restarted: variables and files are lost]"
+        )
+        assert os.listdir(workdir) == [] and env.state()["calls"][-1]["status"] == "died"
+        assert "NameError" in env.call("python", {"code": "x"})
+        assert env.call("python", {"code": LATER}) == "'waiting'"
+        kernel = env.kernel
+        open(os.path.join(workdir, "go"), "w").close()
+        for _ in range(1200):  # the watch kills it (within a minute, on the slowest machine)
+            if not kernel.alive():
+                break
+            time.sleep(0.05)
+        text = env.call("python", {"code": "6 * 7"})
+        assert text.startswith(
+            "[before this cell, the files in the work dir went past its disk quota of 16 MB"
+        )
+        assert text.endswith("variables and files are lost]\n42")
+        assert env.state()["kernel_restarts"] == 2 and allocated(workdir) < 16 << 20
+    finally:
+        env.close()
+    assert not os.path.exists(workdir)
+
+
+def test_a_kernel_does_not_start_in_a_given_work_dir_past_its_quota(tmp_path):
+    (tmp_path / "big").write_bytes(b"x" * (3 << 20))
+    with pytest.raises(
+        SandboxError, match="not started: the files in the work dir are past its disk quota of 2 MB"
+    ):
+        SandboxedKernel(workdir=str(tmp_path), memory_mb=1024, disk_mb=2)
+    assert (tmp_path / "big").stat().st_size == 3 << 20  # the caller's files are left as they were

@@ -5,6 +5,7 @@ Each attack runs under every confining isolation that works here (bubblewrap and
 plain-rlimits fallback is tested for what it promises (limits, timeouts, the process group).
 """
 
+import json
 import os
 import shutil
 import signal
@@ -366,8 +367,9 @@ def test_a_sandboxed_program_dies_with_the_process_that_started_it(tmp_path, kin
 
 
 def test_dev_is_read_only_but_a_private_dev_shm(kind, tmp_path):
-    """/dev holds no file the program made (its RAM would be the host's); under bubblewrap a private
-    /dev/shm stays writable (multiprocessing's locks need it), under unshare the host's is read-only."""
+    """/dev holds no file the program made (its RAM would be the host's); /dev/shm is a private
+    writable tmpfs (multiprocessing's locks need it) — or, with a bubblewrap too old to size one,
+    read-only — and never the host's."""
     code = (
         "import os\n"
         "for path in ('/dev/planted', '/dev/shm/planted'):\n"
@@ -380,7 +382,7 @@ def test_dev_is_read_only_but_a_private_dev_shm(kind, tmp_path):
     r = attack(code, tmp_path / "w", kind)
     assert r.returncode == 0, r.stderr
     assert "/dev/planted Read-only file system" in r.stdout, r.stdout
-    shm = "written" if kind == "bwrap" else "Read-only file system"
+    shm = "written" if kind == "unshare" or sandbox._bwrap_sizes_tmpfs() else "Read-only file system"
     assert f"/dev/shm/planted {shm}" in r.stdout, r.stdout
     assert not os.path.exists("/dev/shm/planted")
 
@@ -415,3 +417,155 @@ def test_the_project_source_and_the_task_files_read_are_hidden(kind, tmp_path):
     assert "dsv32.envs.swe importable: False" in r.stdout, r.stdout  # (single files bound in may remain)
     for project in sandbox.project_dirs():
         assert project in sandbox.isolation(kind).hidden
+
+
+def test_multiprocessing_works_and_dev_shm_is_bounded(kind, tmp_path):
+    """A Lock and a Pool of 2 work (their semaphores live in /dev/shm); /dev/shm holds at most
+    min(64 MB, memory_mb): the third 24 MB file does not fit."""
+    if kind == "bwrap" and not sandbox._bwrap_sizes_tmpfs():
+        pytest.skip("this bubblewrap cannot size a tmpfs: its sandbox's /dev/shm is read-only")
+    code = (
+        "import errno, multiprocessing as mp\n"
+        "with mp.Lock():\n    pass\n"
+        "with mp.Pool(2) as pool:\n    print(pool.map(abs, [-1, -2]))\n"
+        "try:\n"
+        "    for i in range(8):\n"
+        "        with open(f'/dev/shm/f{i}', 'wb') as f:\n"
+        "            f.write(b'x' * (24 << 20))\n"
+        "except OSError as err:\n    print(errno.errorcode[err.errno], i)\n"
+    )
+    r = attack(code, tmp_path / "w", kind, timeout_s=30, memory_mb=512)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["[1, 2]", "ENOSPC 2"]
+
+
+@pytest.mark.parametrize("sizes", [True, False])
+def test_the_bwrap_dev_shm_is_sized_or_read_only(tmp_path, monkeypatch, sizes):
+    """bubblewrap 0.10+ gets --size before the /dev/shm tmpfs; an older one no tmpfs there at all,
+    so /dev/shm is the fresh /dev's empty directory, remounted read-only with /dev. The unshare
+    confine stage gets the same size."""
+    monkeypatch.setattr(sandbox, "_bwrap_sizes_tmpfs", lambda: sizes)
+    argv = sandbox.command_prefix(cwd=tmp_path, memory_mb=32, timeout_s=5, kind="bwrap")
+    shm = ["--perms", "1777", "--size", str(32 << 20), "--tmpfs", "/dev/shm"]
+    at = [i for i in range(len(argv)) if argv[i : i + len(shm)] == shm]
+    dev, read_only = (
+        argv.index("--dev"),
+        [i for i in range(len(argv)) if argv[i : i + 2] == ["--remount-ro", "/dev"]],
+    )
+    assert argv[dev + 1] == "/dev" and len(read_only) == 1
+    if sizes:
+        assert len(at) == 1 and dev < at[0] < read_only[0]
+    else:
+        assert at == [] and "/dev/shm" not in argv
+    big = sandbox.command_prefix(cwd=tmp_path, memory_mb=4096, timeout_s=5, kind="bwrap")
+    assert (str(64 << 20) in big) == sizes  # min(64 MB, memory_mb)
+    spec = json.loads(sandbox.command_prefix(cwd=tmp_path, memory_mb=32, timeout_s=5, kind="unshare")[-1])
+    assert spec["shm_bytes"] == 32 << 20
+
+
+def allocated(root: Path) -> int:
+    """The bytes allocated under ``root`` (what ``du`` counts), read here, apart from the sandbox."""
+    return sum(
+        os.lstat(os.path.join(top, name)).st_blocks * 512
+        for top, dirs, files in os.walk(root)
+        for name in dirs + files
+    )
+
+
+FILL = (
+    "import time\nfor i in range(512):\n    open(f'f{i}', 'wb').write(b'x' * ((1 << 20) - 1))\ntime.sleep(60)"
+)
+
+
+def test_writing_past_the_disk_quota(tmp_path, kind, neighbour):
+    """Files each just under the file-size cap, 512 MB in all, past a 16 MB quota: the program is
+    killed and what stays is the quota and what it wrote between two checks — a 20 ms poll of the
+    free space and a walk of a few files, some tens of MB at page-cache speed (about 2 GB/s on one
+    core). 128 MB leaves room for a loaded machine and is a quarter of what it would write."""
+    work = tmp_path / "w"
+    r = attack(FILL, work, kind, timeout_s=60, file_size_mb=1, disk_mb=16)
+    assert r.killed_reason == "disk limit" and not r.timed_out and r.returncode < 0
+    assert allocated(work) <= (16 + 128) << 20
+
+
+def test_a_program_within_its_disk_quota_is_untouched(tmp_path, kind):
+    """4 MB written and a sparse file 60 MB long (one block on disk), watched for a second, in a
+    16 MB quota: the allocated size counts, not the length."""
+    code = (
+        "import os, time\nopen('data', 'wb').write(b'x' * (4 << 20))\n"
+        "with open('sparse', 'wb') as f:\n    f.truncate(60 << 20)\n    f.write(b'x')\n"
+        "time.sleep(1)\nprint(os.path.getsize('sparse') >> 20)"
+    )
+    r = attack(code, tmp_path / "w", kind, timeout_s=30, disk_mb=16)
+    assert r.ok and r.killed_reason is None and r.stdout == "60\n", r.stderr
+    assert (tmp_path / "w" / "data").stat().st_size == 4 << 20
+
+
+def test_a_work_dir_left_past_its_quota_is_reported_and_not_run_again(tmp_path, kind):
+    work = tmp_path / "w"
+    r = attack("open('big', 'wb').write(b'x' * (3 << 20))", work, kind, disk_mb=2)  # and exits at once
+    assert r.killed_reason == "disk limit"  # killed on the way, or found past it after its exit
+    r = attack("open('ran', 'w').close()", work, kind, disk_mb=2)
+    assert r.returncode == 126 and r.killed_reason == "disk limit" and "was not run" in r.stderr
+    assert not (work / "ran").exists()
+    with pytest.raises(SandboxError, match="positive"):
+        sandbox.run(["true"], timeout_s=1, memory_mb=128, disk_mb=0)
+
+
+HOLD = {
+    "open": "f = tempfile.TemporaryFile()\n    f.write(BLOCK)\n    f.flush()\n    held.append(f)",
+    "mapped": (  # mapped, its descriptor closed and its name removed: only the mapping holds it
+        "fd = os.open(f'm{i}', os.O_RDWR | os.O_CREAT)\n    os.write(fd, BLOCK)\n"
+        "    held.append(libc.mmap(None, len(BLOCK), 1, 1, fd, 0))\n    os.close(fd)\n    os.unlink(f'm{i}')"
+    ),
+}
+
+
+@pytest.mark.parametrize("how", sorted(HOLD))
+def test_deleted_files_the_program_holds_count(tmp_path, kind, how):
+    code = (
+        "import ctypes, os, tempfile, time\n"
+        "libc = ctypes.CDLL(None)\nlibc.mmap.restype = ctypes.c_void_p\n"
+        "libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n"
+        "BLOCK, held = b'x' * ((1 << 20) - 1), []\n"
+        f"for i in range(64):\n    {HOLD[how]}\n"
+        "print('held', len(os.listdir('.')), flush=True)\ntime.sleep(60)"
+    )
+    r = attack(code, tmp_path / "w", kind, timeout_s=30, file_size_mb=1, disk_mb=16)
+    assert r.killed_reason == "disk limit" and not r.timed_out, r.stdout + r.stderr
+    assert allocated(tmp_path / "w") <= 1 << 20  # held files went with it; at most the one it was writing
+
+
+def test_a_flood_of_empty_files_counts(tmp_path, kind):
+    """Each name counts at least 16 KiB (an inode's share of a disk): 16 MB is about a thousand."""
+    code = "import time\nfor i in range(100_000):\n    open(f'e{i}', 'w').close()\ntime.sleep(60)"
+    r = attack(code, tmp_path / "w", kind, timeout_s=60, disk_mb=16)
+    assert r.killed_reason == "disk limit" and not r.timed_out
+    assert len(os.listdir(tmp_path / "w")) < 100_000
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to be another user")
+def test_a_directory_its_owner_made_unreadable_is_counted_and_left_as_it_was():
+    """A host user (not root, who reads anything) counts what a program hid in a directory without
+    read permission (0o300) or without any (0o000, inside it), and leaves their modes as they were."""
+    base = Path("/var/tmp") / f"dsv32-test-unreadable-{uuid.uuid4().hex}"
+    try:
+        (base / "hidden" / "locked").mkdir(parents=True)
+        (base / "hidden" / "a").write_bytes(b"x" * (2 << 20))
+        (base / "hidden" / "locked" / "b").write_bytes(b"x" * (3 << 20))
+        for path in [base, *base.rglob("*")]:
+            os.chown(path, 65534, 65534)
+        os.chmod(base / "hidden" / "locked", 0o000)
+        os.chmod(base / "hidden", 0o300)
+        source = str(Path(sandbox.__file__).parents[2])
+        measure = f"import sys; sys.path.insert(0, {source!r}); from dsv32.envs import sandbox; print(sandbox.disk_usage([{str(base)!r}]))"
+        done = subprocess.run(
+            ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", PY, "-c", measure],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert int(done.stdout) >= 5 << 20
+        assert (base / "hidden").stat().st_mode & 0o777 == 0o300
+        assert (base / "hidden" / "locked").stat().st_mode & 0o777 == 0o000
+    finally:
+        sandbox.remove_tree(base)

@@ -8,7 +8,10 @@ It runs inside the namespaces the sandbox made (``unshare`` or ``bwrap``) and, i
    descriptor opened before any tmpfs hid it; binds ``/dev/null`` over each ``"masks"`` file (the
    task files the host read); bind-mounts each writable directory
    onto itself, then remounts every other mount point read-only (keeping the flags the kernel locks:
-   nosuid, nodev, noexec, atime) — the whole filesystem but the work dir is read-only;
+   nosuid, nodev, noexec, atime) — the whole filesystem but the work dir is read-only; then, with
+   ``"shm_bytes"``, mounts a fresh tmpfs of that size on ``/dev/shm`` (POSIX shared memory and
+   semaphores, which ``multiprocessing`` needs; its size bounds the memory it holds), in place of
+   the host's (where that mount fails, the host's stays, read-only);
 2. drops every capability from the bounding set and sets the no-new-privileges bit and the
    ``NOROOT`` secure bits, so the program (uid 0 inside its user namespace) cannot remount, mount or
    regain a capability through ``execve``;
@@ -121,6 +124,15 @@ def read_only_except(writable: list[str]) -> None:
         _mount(None, point, MS_BIND | MS_REMOUNT | MS_RDONLY | locked)
 
 
+def private_shm(size: int) -> None:
+    """A fresh tmpfs of ``size`` bytes (and one inode per 16 KiB of it) on ``/dev/shm``, if there is
+    one; a mount that fails leaves the host's, read-only."""
+    if not os.path.isdir("/dev/shm"):
+        return
+    options = f"mode=1777,size={size},nr_inodes={max(size >> 14, 64)}".encode()
+    _libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, options)
+
+
 def drop_privileges() -> None:
     with open("/proc/sys/kernel/cap_last_cap") as f:
         last = int(f.read())
@@ -160,6 +172,8 @@ def main(argv: list[str]) -> None:
             read_only_except(spec["writable"])
             for path in spec.get("masks", []):  # a task file: read as empty
                 _mount("/dev/null", path, MS_BIND)
+            if spec.get("shm_bytes"):
+                private_shm(spec["shm_bytes"])
         if spec.get("drop_privileges"):
             drop_privileges()
     except (ConfineError, OSError, ValueError) as err:

@@ -6,13 +6,13 @@ working directory, under three layers, the strongest this machine allows (probed
 
 - ``bwrap`` (bubblewrap installed): new user, PID, IPC, UTS (and, unless ``network=True``, network)
   namespaces; the host filesystem bound read-only, fresh ``/dev`` (read-only but a private
-  ``/dev/shm``) and ``/proc``, the hidden
+  ``/dev/shm``, see below) and ``/proc``, the hidden
   directories (below) emptied; only the work dir (and ``writable``) bound read-write; every
   capability dropped.
 - ``unshare`` (util-linux, unprivileged user namespaces): the same namespaces through ``unshare``;
   ``_confine.py`` then empties the hidden directories, bind-mounts the work dir onto itself,
-  remounts every other mount point read-only and drops every capability (so the program cannot
-  remount anything back).
+  remounts every other mount point read-only, mounts a private ``/dev/shm`` and drops every
+  capability (so the program cannot remount anything back).
 - ``rlimits`` (neither works): resource limits and the process group only — the network, the host
   filesystem and the other processes of the host user are reachable; a warning says so.
 
@@ -33,6 +33,16 @@ fresh minimal one (nothing of the host's, API keys included, leaks in); stdout a
 capped at ``output_bytes`` each (the program is killed when it goes past); and a wall-time timeout
 kills the whole process group — and with a PID namespace, everything the program started, even
 processes that left the group, since they die with the namespace's first process.
+
+Disk: :func:`run` keeps what the program holds in the work dir and ``writable`` within
+``disk_mb`` (default 1024): :class:`DiskWatch`, a thread of this process, measures it with
+:func:`disk_usage` while the program runs and kills it past the quota; a work dir already past it
+is not run; either is ``killed_reason="disk limit"``. The Jupyter kernel
+(``envs/interpreter/kernel.py``) runs the same watch. ``/dev/shm`` is a private tmpfs of
+``min(64 MB, memory_mb)`` under ``unshare`` and under ``bwrap`` 0.10 or later (an older bubblewrap
+cannot size a tmpfs: there it is an empty read-only directory), so ``multiprocessing`` works and
+what it holds is bounded. Under ``rlimits`` only the work dir is watched, and the program can write
+wherever the host user can.
 """
 
 from __future__ import annotations
@@ -44,12 +54,13 @@ import math
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -66,6 +77,15 @@ BASE_ENV = {
     "PYTHONUNBUFFERED": "1",
     "MALLOC_ARENA_MAX": "2",
 }
+DISK_MB = 1024  # the default disk quota of a run's work dir and writable paths
+SHM_MB = 64  # the most a private /dev/shm holds (no more than memory_mb)
+# Every name under a watched directory counts at least this much: the disk a filesystem sets aside
+# for one inode (mke2fs's default ratio), so a flood of empty files or links counts, and a tree
+# within the quota has at most quota / ENTRY_BYTES names (which bounds the time of one walk).
+ENTRY_BYTES = 16 << 10
+DISK_POLL_S = 0.02  # how often the watch reads the free space of the watched filesystems
+DISK_PERIOD_S = (0.5, 2.0)  # the shortest and longest time between two regular walks of the tree
+DISK_WALK_SHARE = 0.01  # the share of a core regular walks may take (a larger tree: a longer period)
 
 
 class SandboxError(EnvError):
@@ -98,8 +118,10 @@ _NOTES = {
 @dataclass
 class SandboxResult:
     """What a sandboxed run did. ``returncode`` is negative for a signal; ``killed_reason`` says why
-    the sandbox killed it (``"wall-time limit"``, ``"output limit"``) or which limit the kernel
-    enforced (``"cpu-time limit"``, ``"file-size limit"``), else None."""
+    the sandbox killed it (``"wall-time limit"``, ``"output limit"``, ``"disk limit"``: its files
+    passed ``disk_mb``, or it left them past it, or they were past it before it ran, and it was not
+    run: return code 126) or which limit the kernel enforced (``"cpu-time limit"``,
+    ``"file-size limit"``), else None."""
 
     returncode: int
     stdout: str
@@ -230,10 +252,11 @@ def _hidden_for(kind: str, network: bool, given: Sequence[str]) -> list[str]:
 
 
 def _prefix_for(
-    kind: str, network: bool, writable: Sequence[str], readable: Sequence[str]
+    kind: str, network: bool, writable: Sequence[str], readable: Sequence[str], shm_bytes: int
 ) -> tuple[list[str], dict]:
     """``(argv prefix before the confine stage, what the confine stage does: its spec's "mounts",
-    "hide", "expose" and "drop_privileges")``."""
+    "hide", "expose", "shm_bytes" and "drop_privileges")``; ``shm_bytes`` is the size of the
+    private ``/dev/shm``."""
     hide = _hidden_for(kind, network, [*writable, *readable])
     needed = [p for p in [*runtime_paths(), *readable] if p not in hide]
     exposed = [p for p in needed if _under(p, hide)]
@@ -244,8 +267,9 @@ def _prefix_for(
         argv = ["bwrap", "--unshare-user", "--unshare-pid", "--as-pid-1", "--unshare-ipc"]
         argv += ["--unshare-uts"]
         argv += [] if network else ["--unshare-net"]
-        argv += ["--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev", "--perms", "1777"]
-        argv += ["--tmpfs", "/dev/shm"]
+        argv += ["--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev"]
+        if _bwrap_sizes_tmpfs():  # else /dev/shm is the fresh /dev's empty directory, read-only with it
+            argv += ["--perms", "1777", "--size", str(shm_bytes), "--tmpfs", "/dev/shm"]
         argv += ["--proc", "/proc", "--cap-drop", "ALL"]
         for step, path in steps:  # an empty directory in its place, then what the program needs from it
             argv += ["--perms", "0555", "--tmpfs", path] if step == "hide" else ["--ro-bind", path, path]
@@ -262,8 +286,19 @@ def _prefix_for(
         argv += ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child"]
         argv += ["--mount", "--mount-proc", "--ipc", "--uts"] + ([] if network else ["--net"])
         steps = _mount_order(hide, [p for p in needed + list(writable) if _under(p, hide)])
-        return argv, {"mounts": True, "drop_privileges": True, "steps": steps, "masks": masks}
+        spec = {"mounts": True, "drop_privileges": True, "steps": steps, "masks": masks}
+        return argv, spec | {"shm_bytes": shm_bytes}
     return [], {"mounts": False, "drop_privileges": False}
+
+
+@cache
+def _bwrap_sizes_tmpfs() -> bool:
+    """Whether this machine's bubblewrap takes ``--size`` before ``--tmpfs`` (0.10 and later)."""
+    try:
+        done = subprocess.run(["bwrap", "--help"], capture_output=True, timeout=10, env={"PATH": os.defpath})
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return b"--size" in done.stdout + done.stderr
 
 
 @cache
@@ -367,7 +402,7 @@ def command_prefix(
         p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p) and os.path.exists(p)
     ]
     ro = [os.path.realpath(r) for r in [*readable, *imports]]
-    prefix, spec = _prefix_for(kind, network, rw, ro)
+    prefix, spec = _prefix_for(kind, network, rw, ro, min(SHM_MB, memory_mb) << 20)
     spec |= {"writable": rw, "limits": limits, "cwd": cwd, "env": full_env, "status_fd": status_fd}
     return [*prefix, sys.executable, "-I", "-S", CONFINE, json.dumps(spec)]
 
@@ -417,6 +452,290 @@ class _Reader(threading.Thread):
         return out + (f"\n[output truncated: {self.size} bytes, kept {self.cap}]" if self.overflowed else "")
 
 
+def disk_usage(
+    paths: Sequence[str | os.PathLike], *, pids: Sequence[int] = (), limit: int | None = None
+) -> int:
+    """The bytes a sandboxed program holds on disk: everything under ``paths`` — each file's
+    allocated size (``st_blocks * 512``, so a sparse file counts what it holds), each name at least
+    :data:`ENTRY_BYTES`, a hard-linked file's blocks once, symlinks not followed — and the deleted
+    files that the processes ``pids`` and their descendants hold open, or mapped from the watched
+    filesystems (a deleted file keeps its blocks while it is held). Files that vanish meanwhile are
+    skipped; a tree of any depth is read at the same cost per name (:func:`_tree_bytes`); a
+    directory of this user that its owner made unreadable (``chmod 000``) is read after giving the
+    owner read and search permission back for the time of the walk. With ``limit``, the walk stops
+    once the total passes it (the total is then a part, already over the limit)."""
+    seen: set[tuple[int, int]] = set()  # (device, inode) of the files counted
+    budget = math.inf if limit is None else limit
+    total, devices = 0, set()
+    for root in _outermost([os.path.realpath(p) for p in paths]):
+        with contextlib.suppress(OSError):
+            devices.add(os.stat(root).st_dev)
+        total += _tree_bytes(root, seen, budget - total)
+        if total > budget:
+            return total
+    for pid in _process_tree(pids):
+        total += _held_files(pid, devices, seen)
+    return total
+
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def _tree_bytes(root: str, seen: set[tuple[int, int]], budget: float) -> int:
+    """What :func:`disk_usage` counts under directory ``root``, stopping past ``budget``. Depth
+    first, through directory descriptors (each name is looked up in its own directory, so a deep
+    tree costs no more per name, and names past ``PATH_MAX`` are read too), with at most three open:
+    the root's, the current directory's and its parent's, which is reached again through ``..``
+    (or, where the program moved a directory meanwhile, from the root by name)."""
+    opened = _open_dir(root, None, None)
+    if opened is None:
+        return 0
+    root_fd, restore = opened
+    fd = os.dup(root_fd)
+    try:
+        total, subdirs, ident = _list(fd, seen, budget)
+        path = [[root, ident, subdirs, restore]]  # the current directory and its ancestors
+        while path:
+            if total > budget:  # past it: leave the rest unread (and set back the modes on the way up)
+                for frame in path:
+                    frame[2].clear()
+            _name, _ident, subdirs, restore = path[-1]
+            if subdirs:
+                child = subdirs.pop()
+                opened = _open_dir(child[0], fd, child[1])
+                if opened is None:  # gone since it was listed
+                    continue
+                size, grandchildren, ident = _list(opened[0], seen, budget - total)
+                total += size
+                os.close(fd)
+                fd = opened[0]
+                path.append([child[0], ident, grandchildren, opened[1]])
+                continue
+            path.pop()
+            parent = _back_up(fd, root_fd, path) if path else None
+            _set_back(fd, restore)
+            os.close(fd)
+            fd = parent
+            if path and fd is None:  # the way back is gone: carry on from the root
+                del path[1:]
+                fd = os.dup(root_fd)
+        return total
+    finally:
+        if fd is not None:
+            os.close(fd)
+        os.close(root_fd)
+
+
+def _list(fd: int, seen: set[tuple[int, int]], budget: float) -> tuple[int, list, tuple[int, int]]:
+    """The bytes of the names in directory ``fd`` (not what its subdirectories hold), its
+    subdirectories as ``(name, st_mode, st_uid)`` and its ``(device, inode)``."""
+    info = os.fstat(fd)
+    total, subdirs = 0, []
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:  # gone since it was listed
+                    continue
+                key = (st.st_dev, st.st_ino)
+                if stat.S_ISDIR(st.st_mode):
+                    subdirs.append((entry.name, st))
+                total += ENTRY_BYTES if key in seen else max(st.st_blocks * 512, ENTRY_BYTES)
+                seen.add(key)
+                if total > budget:
+                    break
+    except OSError:
+        pass
+    return total, subdirs, (info.st_dev, info.st_ino)
+
+
+def _open_dir(name: str, dir_fd: int | None, st: os.stat_result | None) -> tuple[int, int | None] | None:
+    """A descriptor to read directory ``name`` (in ``dir_fd``; ``st``: its lstat, when known) and
+    the mode to set back when the walk leaves it: one of this user (not root, who reads any)
+    without its owner's read or search permission gets them meanwhile. None when it is gone or no
+    longer a directory (a symlink is not followed)."""
+    me = os.geteuid()
+    if me == 0 or (st is not None and (st.st_uid != me or st.st_mode & 0o500 == 0o500)):
+        try:
+            return os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=dir_fd), None
+        except PermissionError:  # its mode changed since it was listed
+            pass
+        except OSError:
+            return None
+    try:  # through a path-only descriptor, which needs no permission on the directory itself
+        at = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(at)
+        mode = stat.S_IMODE(info.st_mode)
+        if info.st_uid != me or mode & 0o500 == 0o500:
+            return os.open(f"/proc/self/fd/{at}", _DIR), None
+        os.chmod(f"/proc/self/fd/{at}", mode | 0o500)
+        try:
+            return os.open(f"/proc/self/fd/{at}", _DIR), mode
+        except OSError:
+            os.chmod(f"/proc/self/fd/{at}", mode)
+            raise
+    except OSError:
+        return None
+    finally:
+        os.close(at)
+
+
+def _back_up(fd: int, root_fd: int, path: list) -> int | None:
+    """A descriptor of the directory of ``path[-1]``, the parent of directory ``fd``: through
+    ``..`` when that is still it, else from the root by the names on ``path``; None when it is gone."""
+    with contextlib.suppress(OSError):
+        up = os.open("..", _DIR, dir_fd=fd)
+        info = os.fstat(up)
+        if (info.st_dev, info.st_ino) == path[-1][1]:
+            return up
+        os.close(up)
+    current = os.dup(root_fd)
+    for frame in path[1:]:
+        try:
+            step = os.open(frame[0], _DIR | os.O_NOFOLLOW, dir_fd=current)
+        except OSError:
+            os.close(current)
+            return None
+        os.close(current)
+        current = step
+    return current
+
+
+def _set_back(fd: int, mode: int | None) -> None:
+    """Give directory ``fd`` its ``mode`` back (None: it kept its own) unless it changed meanwhile."""
+    if mode is not None:
+        with contextlib.suppress(OSError):
+            if stat.S_IMODE(os.fstat(fd).st_mode) == mode | 0o500:
+                os.fchmod(fd, mode)
+
+
+def _process_tree(pids: Sequence[int]) -> list[int]:
+    """``pids`` and their descendants alive now (from ``/proc/PID/task/TID/children``)."""
+    found, stack = [], list(pids)
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    stack += [int(child) for child in f.read().split()]
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def _held_files(pid: int, devices: set[int], seen: set[tuple[int, int]]) -> int:
+    """The bytes of the deleted files process ``pid`` holds and ``seen`` does not list (added to it):
+    open ones (``tempfile.TemporaryFile``, memfd), and mapped ones on ``devices`` (other mappings are
+    memory, within the address-space limit). A mapped file's size is read through ``map_files``
+    where this process may (root), else taken as the mapping's length."""
+    total = 0
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        fds = []
+    for fd in fds:
+        try:
+            st = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 0 and (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            mapped = [line.split() for line in f if line.endswith(" (deleted)\n")]
+    except OSError:
+        mapped = []
+    for span, _perms, _offset, dev, inode, *_path in mapped:
+        try:
+            major, minor = (int(x, 16) for x in dev.split(":"))
+            key = (os.makedev(major, minor), int(inode))
+            start, end = (int(x, 16) for x in span.split("-"))
+        except ValueError:
+            continue
+        if key[0] not in devices or key in seen:
+            continue
+        seen.add(key)
+        try:
+            total += os.stat(f"/proc/{pid}/map_files/{span}").st_blocks * 512
+        except OSError:
+            total += end - start
+    return total
+
+
+class DiskWatch(threading.Thread):
+    """Keeps a running sandbox within its disk quota: measures :func:`disk_usage` of ``paths`` and
+    of the processes under ``pid`` and, once the total passes ``quota`` bytes, sets :attr:`over`,
+    calls ``on_over`` (which kills the program) and ends; :meth:`stop` ends it too.
+
+    Every ``DISK_POLL_S`` (20 ms) it reads the free space of the watched filesystems (one
+    ``statvfs`` each) and walks the tree at once when that fell by more than what is left of the
+    quota since the last walk (such walks take at most a fifth of a core); and it walks it anyway
+    every ``DISK_PERIOD_S[0]`` (0.5 s), less often when a walk takes more than ``DISK_WALK_SHARE``
+    (1 %) of a core at that pace, at least every ``DISK_PERIOD_S[1]`` (2 s). A program thus passes
+    the quota by about what it writes in one poll and one walk; by what it writes in one period
+    where other programs free as much space on the same filesystem meanwhile, where the
+    filesystem's free space lags (a network filesystem), or where it fills memory-backed files
+    (memfd) instead."""
+
+    def __init__(self, paths: Sequence[str | os.PathLike], quota: int, pid: int, on_over: Callable[[], None]):
+        super().__init__(daemon=True, name="dsv32-disk-watch")
+        self.paths = [os.path.realpath(p) for p in paths]
+        self.quota, self.pid, self.on_over = quota, pid, on_over
+        self.used = 0  # at the last walk
+        self.over = False
+        self._stopped = threading.Event()
+        self._filesystems = {}  # one watched path on each filesystem
+        for path in self.paths:
+            with contextlib.suppress(OSError):
+                self._filesystems.setdefault(os.stat(path).st_dev, path)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _free(self) -> int:
+        """The free bytes of the watched filesystems."""
+        free = 0
+        for path in self._filesystems.values():
+            with contextlib.suppress(OSError):
+                fs = os.statvfs(path)
+                free += fs.f_bfree * fs.f_frsize
+        return free
+
+    def run(self) -> None:
+        walked, period, gap, free_then = -math.inf, 0.0, 0.0, 0
+        while not self._stopped.wait(DISK_POLL_S):
+            free, since = self._free(), time.monotonic() - walked
+            fell = free_then - free > self.quota - self.used
+            if since < period and not (fell and since >= gap):
+                continue
+            cpu = time.thread_time()
+            self.used = disk_usage(self.paths, pids=[self.pid], limit=self.quota)
+            cost = time.thread_time() - cpu
+            walked, free_then = time.monotonic(), free
+            if self.used > self.quota:
+                self.over = True
+                if not self._stopped.is_set():  # (stopped: the program has ended)
+                    self.on_over()
+                return
+            period = min(max(DISK_PERIOD_S[0], cost / DISK_WALK_SHARE), DISK_PERIOD_S[1])
+            gap = 4 * cost
+
+
+def over_quota(disk_mb: int) -> str:
+    """The words for files past a disk quota."""
+    return f"the files in the work dir are past its disk quota of {disk_mb} MB"
+
+
 _SIGNALS = {signal.SIGXCPU: "cpu-time limit", signal.SIGXFSZ: "file-size limit"}
 
 
@@ -430,16 +749,28 @@ def run(
     network: bool = False,
     env: dict[str, str] | None = None,
     output_bytes: int = 1 << 20,
+    disk_mb: int = DISK_MB,
     **limits,
 ) -> SandboxResult:
     """Run ``argv`` confined and wait for it: ``cwd`` is its work dir (a fresh temporary one,
-    removed afterwards, when None); ``stdin`` its input; other keywords as :func:`command_prefix`.
+    removed afterwards, when None); ``stdin`` its input; ``disk_mb`` the most its files in the work
+    dir and ``writable`` may hold (:class:`DiskWatch`); other keywords as :func:`command_prefix`.
     Never raises for what the program does — a crash, a limit or a timeout is in the result."""
     if not argv:
         raise SandboxError("sandbox.run needs a program to run (argv is empty)")
+    if disk_mb <= 0:
+        raise SandboxError("sandbox limits must be positive (disk_mb)")
     tmp = tempfile.mkdtemp(prefix="dsv32-sandbox-") if cwd is None else None
     workdir = tmp or str(cwd)
     kind = isolation(limits.pop("kind", None)).kind
+    watched, quota = [workdir, *limits.get("writable", ())], disk_mb << 20
+    if disk_usage(watched, limit=quota) > quota:
+        if tmp is not None:
+            remove_tree(tmp)
+        return SandboxResult(
+            126, "", f"sandbox: {over_quota(disk_mb)}; the program was not run\n", False, "disk limit",
+            kind, 0.0,
+        )  # fmt: skip
     status_r, status_w = os.pipe()
     try:
         start = time.perf_counter()
@@ -457,9 +788,14 @@ def run(
             reason.append("output limit")
             kill(proc)
 
+        def past_quota() -> None:
+            reason.append("disk limit")
+            kill(proc)
+
         readers = [_Reader(proc.stdout, output_bytes, overflow), _Reader(proc.stderr, output_bytes, overflow)]
-        for r in readers:
-            r.start()
+        watch = DiskWatch(watched, quota, proc.pid, past_quota)
+        for thread in [*readers, watch]:
+            thread.start()
         _feed(proc, stdin)
         timed_out = False
         try:
@@ -470,12 +806,15 @@ def run(
             kill(proc)
             proc.wait()
         kill(proc)  # whatever the program left running in its group
-        for r in readers:
-            r.join(timeout=5)
+        watch.stop()
+        for thread in [*readers, watch]:
+            thread.join(timeout=5)
         wall = time.perf_counter() - start
         code = _program_status(status_r, proc.returncode)
         if not reason and code is not None and -code in _SIGNALS:
             reason.append(_SIGNALS[signal.Signals(-code)])
+        if not reason and disk_usage(watched, limit=quota) > quota:  # past it in its last moments
+            reason.append("disk limit")
         return SandboxResult(
             code, readers[0].text(), readers[1].text(), timed_out, reason[0] if reason else None, kind, wall,
             any(r.overflowed for r in readers),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 
+from dsv32.envs import sandbox
 from dsv32.envs.base import EnvError, Environment, Reward, Task, TrajectoryLike, tool_call, tool_schema
 from dsv32.envs.interpreter.kernel import SandboxedKernel
 from dsv32.envs.interpreter.verify import last_boxed, math_equal
@@ -42,8 +43,10 @@ class InterpreterEnv(Environment):
         max_output_chars: int = 8000,
         isolation: str | None = None,
         busy_wait_s: float = 10,
+        disk_mb: int = sandbox.DISK_MB,
     ) -> None:
         self.cell_timeout_s, self.memory_mb, self.cpu_s = cell_timeout_s, memory_mb, cpu_s
+        self.disk_mb = disk_mb
         self.max_output_chars, self.isolation, self.busy_wait_s = max_output_chars, isolation, busy_wait_s
         self.task: Task | None = None
         self.kernel: SandboxedKernel | None = None
@@ -72,7 +75,8 @@ class InterpreterEnv(Environment):
             return "error: the python tool takes one argument, 'code' (a string of Python source)"
         with self._lock:
             if self.kernel is None:  # its kernel starts with the first cell, on the kernel's own thread
-                options = {"memory_mb": self.memory_mb, "cpu_s": self.cpu_s, "kind": self.isolation}
+                options = {"memory_mb": self.memory_mb, "cpu_s": self.cpu_s, "disk_mb": self.disk_mb}
+                options["kind"] = self.isolation
                 self.kernel = SandboxedKernel(**options, start=False)
             kernel, calls = self.kernel, self.calls  # this episode's, even if a reset comes first
         result = kernel.execute(

@@ -22,7 +22,13 @@ wrote. One cell at a time:
   so the kernel raises ``KeyboardInterrupt`` and keeps its variables); if it does not stop within a
   grace period, or the kernel died (killed by a limit, ``os._exit``), the kernel is restarted and the
   text says so — the model's variables are gone. A start that fails is the cell's text too, and the
-  next cell starts the kernel again.
+  next cell starts the kernel again;
+- the files in the work dir (and the kernel's run directory) are kept within ``disk_mb`` by a
+  :class:`~dsv32.envs.sandbox.DiskWatch` running beside the kernel: past it the kernel is killed,
+  its work dir emptied (when it is the kernel's own) and the kernel restarted, and the text says
+  so — variables and files are gone. That happens between cells too (a thread a cell started); the
+  next cell then says so and runs in the fresh kernel. A work dir already past the quota (one the
+  caller gave) does not start a kernel.
 
 Every interaction with the kernel — starting it, each cell, interrupts, restarts, stopping it — runs
 on one long-lived thread the kernel owns (``dsv32-kernel``); callers wait for it. Two reasons: ZeroMQ
@@ -330,7 +336,12 @@ class SandboxedKernel:
         startup_timeout_s: float = 60,
         kind: str | None = None,
         start: bool = True,
+        disk_mb: int = sandbox.DISK_MB,
     ) -> None:
+        if disk_mb <= 0:
+            raise sandbox.SandboxError("sandbox limits must be positive (disk_mb)")
+        self.disk_mb = disk_mb
+        self._disk: sandbox.DiskWatch | None = None  # the running kernel's
         self._own_dir = workdir is None
         self.workdir = os.path.realpath(workdir or tempfile.mkdtemp(prefix="dsv32-kernel-"))
         if self._own_dir:
@@ -431,7 +442,13 @@ class SandboxedKernel:
 
     def _start(self) -> None:
         """Start a kernel; :class:`~dsv32.envs.sandbox.SandboxError` when it does not answer within
-        ``startup_timeout_s`` (or exits, or cannot be launched), with nothing left running."""
+        ``startup_timeout_s`` (or exits, or cannot be launched, or its work dir is past its disk
+        quota), with nothing left running."""
+        quota = self.disk_mb << 20
+        if sandbox.disk_usage([self.workdir], limit=quota) > quota:
+            raise sandbox.SandboxError(
+                f"the sandboxed Jupyter kernel was not started: {sandbox.over_quota(self.disk_mb)}"
+            )
         self._run_dir = run_dir = tempfile.mkdtemp(prefix="dsv32-kernel-run-")
         _UNREMOVED.add(run_dir)
         profile = os.path.join(run_dir, "ipython", "profile_default")
@@ -457,6 +474,11 @@ class SandboxedKernel:
             raise sandbox.SandboxError(
                 f"the sandboxed Jupyter kernel did not start: {type(err).__name__}: {err}"
             ) from err
+        process = km.provisioner.process
+        self._disk = sandbox.DiskWatch(
+            [self.workdir, run_dir], quota, process.pid, lambda: sandbox.kill(process)
+        )
+        self._disk.start()
         self._connect()
 
     def _connect(self) -> None:
@@ -495,8 +517,11 @@ class SandboxedKernel:
             raise sandbox.SandboxError(f"the sandboxed Jupyter kernel did not start: {problem}")
 
     def _stop(self) -> None:
-        km, kc, run_dir, context = self.km, self.kc, self._run_dir, self._context
-        self.km = self.kc = self._run_dir = self._context = None
+        km, kc, run_dir, context, disk = self.km, self.kc, self._run_dir, self._context, self._disk
+        self.km = self.kc = self._run_dir = self._context = self._disk = None
+        if disk is not None:
+            disk.stop()
+            disk.join(timeout=STOP_S)
         if kc is not None:  # each step whatever the one before did
             _attempt(kc.stop_channels)
         if context is not None:
@@ -513,6 +538,17 @@ class SandboxedKernel:
         self._stop()
         self.restarts += 1
         self._start()
+
+    def _past_quota(self) -> tuple[str, str]:
+        """Stop the kernel the disk watch killed and empty its work dir when it is its own: what
+        happened and what is lost, in words for the model."""
+        self._stop()
+        what = f"the files in the work dir went past its disk quota of {self.disk_mb} MB: the Python kernel was stopped"
+        if not self._own_dir:
+            return what, "variables are lost"
+        sandbox.remove_tree(self.workdir)
+        os.makedirs(self.workdir, mode=0o700, exist_ok=True)
+        return what + " and the work dir emptied", "variables and files are lost"
 
     def _run_cell(self, code: str, timeout_s: float, max_chars: int) -> CellResult:
         """:meth:`_cell`; a failure of this side (ZeroMQ, ``jupyter_client``) is the cell's text and
@@ -534,13 +570,18 @@ class SandboxedKernel:
         start = time.perf_counter()
         if self._closed.is_set():
             return CellResult("[the kernel was closed; this cell was not run]", "closed", 0.0)
+        before = []
+        if self._disk is not None and self._disk.over:  # between cells: a thread a cell started wrote
+            what, gone = self._past_quota()
+            before.append(f"[before this cell, {what}; a fresh kernel runs this cell: {gone}]")
+            self.restarts += 1
         starting = self.startup_timeout_s if self.kc is None else 0
         self._busy_until = time.monotonic() + starting + timeout_s + INTERRUPT_GRACE_S
         if self.kc is None:  # not started yet (start=False), or a restart failed
             try:
                 self._start()
             except sandbox.SandboxError as err:
-                text = f"[{err}; this cell was not run; the next cell tries again]"
+                text = "\n".join([*before, f"[{err}; this cell was not run; the next cell tries again]"])
                 return CellResult(text, "died", time.perf_counter() - start)
         msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)
         output, notes = _Output(max_chars), []
@@ -573,17 +614,17 @@ class SandboxedKernel:
             except sandbox.SandboxError:
                 status = "died"
         if status == "died":
+            what, gone = "the Python kernel died (a limit or an exit)", "variables are lost"
+            if self._disk is not None and self._disk.over:
+                what, gone = self._past_quota()
             try:
                 self._restart()
-                notes.append(
-                    "[the Python kernel died (a limit or an exit); it was restarted: variables are lost]"
-                )
+                notes.append(f"[{what}; it was restarted: {gone}]")
             except sandbox.SandboxError as err:
                 notes.append(
-                    f"[the Python kernel died (a limit or an exit) and could not be restarted ({err}); "
-                    "variables are lost; the next cell starts it again]"
+                    f"[{what} and could not be restarted ({err}); {gone}; the next cell starts it again]"
                 )
-        text = "\n".join(t for t in [output.text().rstrip("\n"), *notes] if t) or "[no output]"
+        text = "\n".join(t for t in [*before, output.text().rstrip("\n"), *notes] if t) or "[no output]"
         if _unencodable(text) is not None:  # what the kernel sent may hold lone surrogates too
             text = text.encode("utf-8", "backslashreplace").decode("utf-8")
         final = ("error" if failed else "ok") if status in ("idle", "lost") else status
