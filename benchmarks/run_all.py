@@ -3,13 +3,15 @@
     python benchmarks/run_all.py                 # all scripts, their full default settings
     python benchmarks/run_all.py --quick         # pass --quick to every script (a few minutes)
     python benchmarks/run_all.py --only attention model_speed
+    python benchmarks/run_all.py --max-wait 0    # scripts that wait for a quiet CPU never do
     python benchmarks/run_all.py --report-only   # no runs: the tables of the JSON already in runs/bench
 
-A script is any ``benchmarks/*.py`` but this one and names starting with ``_``; new ones are picked up
-without editing this file (``--quick`` is passed only to scripts whose source mentions it). Each
-script takes ``--out`` (a directory) and writes its JSON (and PNG) there: run_all's ``--out``,
-``runs/bench/`` by default. One failing script does not stop the others; the exit status is non-zero
-if any failed. A summary goes to ``<out>/run_all.json``.
+A script is any ``benchmarks/*.py`` but this one and names starting with ``_`` (``_timing.py``: the
+timing the scripts share); new ones are picked up without editing this file (``--quick`` and
+``--max-wait`` are passed only to scripts whose source mentions them). Each script takes ``--out`` (a
+directory) and writes its JSON (and PNG) there: run_all's ``--out``, ``runs/bench/`` by default. One
+failing script does not stop the others; the exit status is non-zero if any failed. A summary goes to
+``<out>/run_all.json``.
 
 Afterwards a dated section is appended to ``docs/results.md`` (``--results``; ``--no-results`` skips
 it): the machine (CPU model from ``/proc/cpuinfo``, cores, the GPU if any), the torch version, the
@@ -43,12 +45,16 @@ def scripts() -> list[Path]:
     )
 
 
-def script_command(script: Path, quick: bool, out: str | None = None) -> list[str]:
-    """The script's arguments, relative to the repository: ``--quick`` where asked and it takes one,
-    ``--out`` (every script's output directory) where given."""
+def script_command(
+    script: Path, quick: bool, out: str | None = None, max_wait: float | None = None
+) -> list[str]:
+    """The script's arguments, relative to the repository: ``--quick`` and ``--max-wait`` where asked
+    and it takes them, ``--out`` (every script's output directory) where given."""
+    source = script.read_text()
     return [
         str(script.relative_to(ROOT)),
-        *(["--quick"] if quick and "--quick" in script.read_text() else []),
+        *(["--quick"] if quick and "--quick" in source else []),
+        *(["--max-wait", f"{max_wait:g}"] if max_wait is not None and "--max-wait" in source else []),
         *(["--out", out] if out is not None else []),
     ]
 
@@ -83,6 +89,14 @@ def _mb(v: float | None) -> str:
     return "—" if v is None else f"{v:.0f} MB"
 
 
+def _others(result: dict) -> str:
+    """Others' share of the CPU while a row was measured (``benchmarks/_timing.py``'s ``contention``:
+    the median of its repetition blocks, else over all of them)."""
+    c = result.get("contention") or {}
+    v = c.get("median_block") if c.get("median_block") is not None else c.get("overall")
+    return "—" if v is None else f"{100 * v:.0f}%"
+
+
 def attention_table(rows: list[dict] | dict) -> tuple[str, str]:
     """``attention.json`` (or one ``attention_L*_k*.json`` point): prefill and decode of ours against
     the dense baselines, per (L, k)."""
@@ -90,14 +104,14 @@ def attention_table(rows: list[dict] | dict) -> tuple[str, str]:
     dtypes = sorted({r.get("dtype", "float32") for r in rows})
     table = _table(
         ["L", "k", "prefill ours", "(a) flash SDPA", "ours vs (a)", "vs (a-math)", "vs (b) masked",
-         "decode ours", "vs SDPA", "vs dense MLA", "peak prefill (ours)"],
+         "decode ours", "vs SDPA", "vs dense MLA", "peak prefill (ours)", "others' CPU"],
         [
             [
                 str(r["seq_len"]), str(r["topk"]), _s(r["prefill_s"]["ours"]), _s(r["prefill_s"]["sdpa"]),
                 _x(r["prefill_speedup_vs_sdpa"]), _x(r.get("prefill_speedup_vs_sdpa_math")),
                 _x(r.get("prefill_speedup_vs_masked_dense")), _ms(r["decode_s_per_token"]["ours"]),
                 _x(r["decode_speedup_vs_sdpa"]), _x(r["decode_speedup_vs_dense_mla"]),
-                _mb(r["peak_mem_mb"].get("prefill.ours")),
+                _mb(r["peak_mem_mb"].get("prefill.ours")), _others(r),
             ]
             for r in rows
         ],
@@ -163,18 +177,20 @@ def keep_routing_table(result: dict) -> tuple[str, str]:
 def attention_gqa_table(result: dict) -> tuple[str, str]:
     """``attention_gqa.json``: the GQA layout's sparse attention, C kernel against torch and dense."""
     prefill = _table(
-        ["prefill L (L/k)", "masked dense", "C kernel", "torch gather", "kernel vs torch", "kernel vs masked"],
+        ["prefill L (L/k)", "masked dense", "C kernel", "torch gather", "kernel vs torch", "kernel vs masked",
+         "others' CPU"],
         [
             [f"{r['seq_len']} ({r['ratio']:g})", _ms(r["masked_dense_s"]), _ms(r["sparse_s"]), _ms(r["torch_s"]),
-             _x(r["kernel_vs_torch"]), _x(r["kernel_vs_masked_dense"])]
+             _x(r["kernel_vs_torch"]), _x(r["kernel_vs_masked_dense"]), _others(r)]
             for r in result["prefill"]["rows"]
         ],
     )  # fmt: skip
     decode = _table(
-        ["decode context", "dense SDPA", "C kernel", "torch gather", "kernel vs torch", "kernel vs SDPA"],
+        ["decode context", "dense SDPA", "C kernel", "torch gather", "kernel vs torch", "kernel vs SDPA",
+         "others' CPU"],
         [
             [str(r["context"]), _ms(r["sdpa_us"], 1e-3), _ms(r["kernel_us"], 1e-3), _ms(r["torch_us"], 1e-3),
-             _x(r["kernel_vs_torch"]), _x(r["kernel_vs_sdpa"])]
+             _x(r["kernel_vs_torch"]), _x(r["kernel_vs_sdpa"]), _others(r)]
             for r in result["decode"]
         ],
     )  # fmt: skip
@@ -315,6 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="pass --quick to the scripts that support it")
     ap.add_argument("--only", nargs="*", default=None, help="script names (without .py) to run")
+    ap.add_argument(
+        "--max-wait",
+        type=float,
+        default=None,
+        help="seconds each script that takes --max-wait may wait in all for a quiet CPU (0: never)",
+    )
     ap.add_argument("--out", default="runs/bench", help="where the scripts' JSON and the summary are")
     ap.add_argument("--results", default="docs/results.md", help="the Markdown file the tables go to")
     ap.add_argument("--no-results", action="store_true", help="do not append to --results")
@@ -335,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     since = 0.0 if args.report_only else time.time()
     summary = []
     for script in todo:
-        cmd = script_command(script, args.quick, args.out)
+        cmd = script_command(script, args.quick, args.out, args.max_wait)
         if args.report_only:
             summary.append({"script": script.name, "command": cmd, "returncode": 0, "seconds": None})
             continue
