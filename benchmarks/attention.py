@@ -16,10 +16,12 @@ all paths of one point see the same tensors):
   ``[B, 16, L, 192|128]`` precomputed like a standard model's cache — what a dense model runs — with
   V zero-padded to 192 so PyTorch's flash kernel runs (the fastest dense baseline on this CPU);
   ``sdpa_math`` is the same call with V left at 128, which falls back to the math backend (O(L²)
-  memory, ~4× slower at 8K; skipped above ``--math-max-len``);
+  memory, ~4× slower at 8K; skipped above ``--math-max-len`` and wherever its scores would not fit
+  in the available memory, ~3 · B·H·L² fp32 values: 12 GB at 8K, 48 GB at 16K);
 - prefill (b) ``masked_dense``: the transformers way — MLA's MHA mode (per-head K/V expanded from the
   latents with ``kv_b_proj``, timed), our indexer's top-k, a boolean ``[B, L, L]`` selection mask, and
-  SDPA with that mask (O(L²)); this is also the model's masked path that ``--crossover`` compares;
+  SDPA with that mask (O(L²) time and memory; skipped above ``--masked-max-len`` or where it would not
+  fit, like (a-math)); this is also the model's masked path that ``--crossover`` compares;
 - prefill (c) ``ours``: the whole DSA attention in MLA's MQA mode — indexer scoring + top-k (chunked,
   streaming), then ``dsv32.dsa.sparse_mla_attention_absorbed``: ``W_UK`` absorbed into the queries,
   sparse attention over the selected latents, ``W_UV`` on the output (a chunk of queries at a time
@@ -45,8 +47,8 @@ all paths of one point see the same tensors):
   waited out (``benchmarks/_timing.py``).
 
 Repetitions are interleaved (a, b, c, a, b, c, ...) and every ratio is a ratio of medians from the
-same run. Writes ``runs/bench/attention.json`` and ``attention.png`` (grid), or
-``attention_crossover.json``.
+same run. Writes ``runs/bench/attention.json`` (after each length, so a run stopped part-way keeps
+the lengths it finished) and ``attention.png`` (grid), or ``attention_crossover.json``.
 """
 
 from __future__ import annotations
@@ -257,10 +259,27 @@ class Plan:
     decode_steps: int
     masked_max_len: int
     mha_max_len: int
-    math_max_len: int
+    math_max_len: int | None
     dtype: torch.dtype
     shape: Shape
     torch_max_len: int = 0  # (c-torch) up to this L, when the C kernels are built
+
+
+def available_bytes() -> int:
+    """Memory available to a new allocation now (``MemAvailable``; physical memory without /proc)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def quadratic_bytes(s: Shape, L: int) -> int:
+    """Estimated peak of the O(L²) paths, (a-math) and (b): 3 fp32 ``[B, H, L, L]`` score tensors
+    (measured with ``peak_mb``: 2.4 at L 2048, 2.2–2.4 at 8192, in fp32 and bf16 alike)."""
+    return 3 * s.batch * s.heads * L * L * 4
 
 
 def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None]) -> list[dict]:
@@ -269,13 +288,25 @@ def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None])
     with torch.no_grad():  # what the model's prefill would dispatch to (its crossover depends on it)
         kernel = dsa.mla_kernel_would_run(x.kv)
     with_torch = plan.torch_max_len >= L and cpu_kernels.available()
+    need, free = quadratic_bytes(plan.shape, L), available_bytes()
+    fits = need <= free
+    skipped: dict[str, str] = {}
+    for name, limit in (
+        ("prefill.sdpa_math", plan.math_max_len),
+        ("prefill.masked_dense", plan.masked_max_len),
+    ):
+        if limit is not None and limit < L:
+            skipped[name] = f"L above {limit}"
+        elif not fits:
+            skipped[name] = f"needs ~{need / 2**30:.1f} GB of L² scores, {free / 2**30:.1f} GB available"
+            log(f"  L={L:>6} skipping {name}: {skipped[name]}")
     jobs: list[tuple[str, int | None, Callable[[], object], int]] = [
         ("prefill.sdpa", None, lambda: prefill_sdpa(x, 0), 1)
     ]
-    if plan.math_max_len >= L:
+    if "prefill.sdpa_math" not in skipped:
         jobs.append(("prefill.sdpa_math", None, lambda: prefill_sdpa_math(x, 0), 1))
     for k in plan.topks:
-        if plan.masked_max_len >= L:
+        if "prefill.masked_dense" not in skipped:
             jobs.append(("prefill.masked_dense", k, lambda k=k: prefill_masked_dense(x, k), 1))
         jobs.append(("prefill.ours", k, lambda k=k: prefill_ours(x, k), 1))
         if plan.mha_max_len >= L:
@@ -333,6 +364,7 @@ def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None])
             "load_average_1min": load_1min,
             "contention": runs.contention(),
             "measurement": meter.facts(),
+            "skipped": skipped,
             "dtype": str(plan.dtype).removeprefix("torch."),
             "reps": plan.reps,
             "prefill_s": pre,
@@ -586,8 +618,9 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
     ap.add_argument(
         "--math-max-len",
         type=int,
-        default=16384,
-        help="skip (a-math) above this L (its L² scores: 68 GB at 32K)",
+        default=None,
+        help="skip (a-math) above this L (default: every L whose L² scores fit in the available memory; "
+        "(a-math) and (b) are skipped wherever they would not)",
     )
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: all cores)")
     ap.add_argument("--batch", type=int, default=1)
@@ -658,6 +691,7 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
         return special(result, "crossover", summary)
 
     results: list[dict] = []
+    grid = len(lengths) * len(topks) > 1
     for L in lengths:
         for r in measure_length(plan, L, meter, log):
             r["shape"] = asdict(shape)
@@ -666,11 +700,14 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
                 print(json.dumps(r), flush=True)
             else:
                 log(summarize(r))
-    if len(results) == 1:
+        if grid:  # after every length, so that the lengths done survive a later one that fails
+            partial = out_dir / "attention.json.part"
+            partial.write_text(json.dumps(results, indent=2))
+            partial.replace(out_dir / "attention.json")
+    if not grid:
         r = results[0]
         (out_dir / f"attention_L{r['seq_len']}_k{r['topk']}.json").write_text(json.dumps(r, indent=2))
-    elif results:
-        (out_dir / "attention.json").write_text(json.dumps(results, indent=2))
+    else:
         plot(results, out_dir / "attention.png")
         log(f"wrote {out_dir / 'attention.json'} and {out_dir / 'attention.png'}")
         for r in results:

@@ -10,8 +10,8 @@ A script is any ``benchmarks/*.py`` but this one and names starting with ``_`` (
 timing the scripts share); new ones are picked up without editing this file (``--quick`` and
 ``--max-wait`` are passed only to scripts whose source mentions them). Each script takes ``--out`` (a
 directory) and writes its JSON (and PNG) there: run_all's ``--out``, ``runs/bench/`` by default. One
-failing script does not stop the others; the exit status is non-zero if any failed. A summary goes to
-``<out>/run_all.json``.
+failing script does not stop the others; the exit status is non-zero if any failed, and what a
+failed script wrote before it failed still gets its table. A summary goes to ``<out>/run_all.json``.
 
 Afterwards a dated section is appended to ``docs/results.md`` (``--results``; ``--no-results`` skips
 it): the machine (CPU model from ``/proc/cpuinfo``, cores, the GPU if any), the torch version, the
@@ -308,10 +308,14 @@ def results_section(command: str, summary: list[dict], out: Path, since: float) 
         lines += ["", f"### {s['script']}"]
         if s["seconds"] is not None:
             lines += ["", f"`{shlex.join(['python', *s['command']])}` · {s['seconds']:.0f} s"]
-        if s["returncode"] != 0:
-            lines += ["", f"Failed (exit {s['returncode']}); no table."]
-            continue
         body = benchmark_section(stem, out, since)
+        if s["returncode"] != 0:
+            failed = f"Failed (exit {s['returncode']})"
+            lines += [
+                "",
+                f"{failed}; what it wrote before it failed:\n\n{body}" if body else f"{failed}; no table.",
+            ]
+            continue
         missing = (
             "Wrote no JSON in this run (e.g. no GPU on this machine)." if since else f"No JSON in `{shown}`."
         )
