@@ -89,6 +89,11 @@ def _mb(v: float | None) -> str:
     return "—" if v is None else f"{v:.0f} MB"
 
 
+def _range(spread: dict | None) -> str:
+    """A ``benchmarks/_timing.py`` spread of ratios as ``min–max×``."""
+    return "—" if not spread or spread.get("min") is None else f"{spread['min']:.2f}–{spread['max']:.2f}×"
+
+
 def _others(result: dict) -> str:
     """Others' share of the CPU while a row was measured (``benchmarks/_timing.py``'s ``contention``:
     the median of its repetition blocks, else over all of them)."""
@@ -150,6 +155,10 @@ def model_speed_table(result: dict) -> tuple[str, str]:
         ],
     )  # fmt: skip
     what = f"{result['layers']} layers, {result['seq_len']} tokens, index_topk {result['topk']}"
+    if "reps" in result:
+        what += (
+            f"; medians of {result['reps']} interleaved repetitions, others used {_others(result)} of the CPU"
+        )
     return f"float32; {what}", table
 
 
@@ -206,17 +215,20 @@ def hf_decode_table(result: dict) -> tuple[str, str]:
     """``hf_decode.json``: SmolLM2 decode per token, transformers' DynamicCache against GrowingCache."""
     table = _table(
         ["model", "context", "prefill", "decode: DynamicCache", "decode: GrowingCache", "speed-up",
-         "K/V MB (Dynamic / Growing)", "same tokens"],
+         "speed-up of adjacent steps (min–max)", "K/V MB (Dynamic / Growing)", "same tokens", "others' CPU"],
         [
             [r["model"], str(r["context"]), _s(r["GrowingCache"]["prefill_s"]),
              _ms(r["DynamicCache"]["decode_ms_per_token"], 1), _ms(r["GrowingCache"]["decode_ms_per_token"], 1),
-             _x(r["decode_speedup"]),
+             _x(r["decode_speedup"]), _range(r.get("decode_speedup_per_step")),
              f"{r['DynamicCache']['cache_mb']:.0f} / {r['GrowingCache']['cache_mb']:.0f}",
-             "yes" if r["same_tokens"] else "NO"]
+             "yes" if r["same_tokens"] else "NO", _others(r)]
             for r in result["rows"]
         ],
     )  # fmt: skip
-    return f"{result['dtype']}; {result['model']}, {result['threads']} threads, median decode step", table
+    interleaved = all("decode_speedup_per_step" in r for r in result["rows"])
+    steps = f"median of {result['new_tokens']} {'interleaved ' if interleaved else ''}decode steps"
+    what = f"{result['model']}, {result['threads']} threads, {steps}"
+    return f"{result['dtype']}; {what}", table
 
 
 def scalar_table(result: object) -> tuple[str, str]:
