@@ -231,6 +231,109 @@ def hf_decode_table(result: dict) -> tuple[str, str]:
     return f"{result['dtype']}; {what}", table
 
 
+def agent_loop_table(result: dict) -> tuple[str, str]:
+    """``agent_loop.json``: the agent loop's overhead per step over a minimal loop, by episode length."""
+    rows, names = result["rows"], list(result["overhead_ratio_200_vs_10"])
+    table = _table(
+        ["variant", *(f"overhead per step, {r['steps']} steps" for r in rows), "ratio 200 vs 10 steps"],
+        [
+            ["minimal loop (the baseline): time per step",
+             *(f"{1e6 * r['baseline_s'] / r['steps']:.3g} µs" for r in rows), ""],
+            *([name, *(f"{r[name]['overhead_per_step_us']:.3g} µs" for r in rows),
+               _x(result["overhead_ratio_200_vs_10"][name])] for name in names),
+        ],
+    )  # fmt: skip
+    return f"CPU time, medians of {result['repeats']} episodes", table
+
+
+def _median_ms(d: dict) -> str:
+    return f"{d['median_ms']:.3g} ms"
+
+
+def envs_table(result: dict) -> tuple[str, str]:
+    """``envs.json``: what confinement costs per call against the unconfined baseline, and episodes
+    per minute."""
+    box, kernel, general = result["sandbox"], result["kernel"], result["general"]
+    rows = []
+    for name, what in (("true", "start `true`"), ("python", "start `python -c pass`")):
+        base = box[f"baseline_{name}"]
+        for kind in ("bwrap", "unshare", "rlimits"):
+            if f"{kind}_{name}" in box:
+                mine = box[f"{kind}_{name}"]
+                rows.append([f"{what}, {kind}", _median_ms(mine), f"{_median_ms(base)} (subprocess)",
+                             _x(mine["median_ms"] / base["median_ms"])])  # fmt: skip
+    rows += [
+        ["Jupyter kernel start", f"{kernel['sandboxed_start_ms']:.3g} ms", f"{kernel['baseline_start_ms']:.3g} ms",
+         _x(kernel["sandboxed_start_ms"] / kernel["baseline_start_ms"])],
+        ["kernel cell round trip", _median_ms(kernel["sandboxed_round_trip"]), _median_ms(kernel["baseline_round_trip"]),
+         _x(kernel["sandboxed_round_trip"]["median_ms"] / kernel["baseline_round_trip"]["median_ms"])],
+        ["general-tools call", _median_ms(general["sandboxed_call"]),
+         f"{_median_ms(general['baseline_in_process'])} (in-process)",
+         _x(general["sandboxed_call"]["median_ms"] / general["baseline_in_process"]["median_ms"])],
+    ]  # fmt: skip
+    overhead = _table(["what", "sandboxed (median)", "baseline (median)", "ratio"], rows)
+    envs = sorted({k.split("/")[0] for k in result["episodes"]})
+    rates = _table(
+        ["episodes per minute", *(f"{p} in parallel" for p in (1, 2, 4))],
+        [[env, *(f"{result['episodes'][f'{env}/parallel={p}']['episodes_per_minute']:.3g}" for p in (1, 2, 4))]
+         for env in envs],
+    )  # fmt: skip
+    load = result.get("load_average_before")
+    what = f"isolation {result['isolation']}" + (f"; load average {load[0]:.1f} at the start" if load else "")
+    return what, f"{overhead}\n\n{rates}"
+
+
+def envs_search_swe_table(result: dict) -> tuple[str, str]:
+    """``envs_search_swe.json``: BM25 against a scan, SWE suites with and without the sandbox, and
+    episodes per minute."""
+    search, swe = result["search"], result["swe"]
+    same = search.get("search_bm25_scan_queries", search["search_bm25"])
+    rows = [[f"search (BM25 vs a scan), {same['n']} queries", _median_ms(same),
+             _median_ms(search["search_scan_baseline"]), _x(search["bm25_speedup_vs_scan"])]]  # fmt: skip
+    for spec, r in swe["suite_run"].items():
+        rows.append([f"`{spec}` suite ({r['tests']} tests), sandboxed vs plain pytest", _s(r["sandboxed_s"]),
+                     _s(r["plain_s"]), _x(r["sandboxed_s"] / r["plain_s"])])  # fmt: skip
+    costs = _table(["what", "ours (median)", "baseline (median)", "ratio"], rows)
+    rates = _table(
+        ["episodes per minute", *(f"{r['parallel']} in parallel" for r in swe["episodes"])],
+        [[name, *(f"{r['episodes_per_min']:.3g}" for r in part["episodes"])]
+         for name, part in (("search", search), ("swe", swe))],
+    )  # fmt: skip
+    return f"sandbox {result['machine'].get('sandbox')}", f"{costs}\n\n{rates}"
+
+
+def serve_load_table(result: dict) -> tuple[str, str]:
+    """``serve_load.json``: output tokens/s of each server by concurrency, against its own at 1 client."""
+    rows = []
+    for label, settings in result["settings"].items():
+        base = next((r for r in settings if r["clients"] == 1 and "skipped" not in r), None)
+        for r in settings:
+            if "skipped" in r:
+                rows.append([str(r["clients"]), label, f"skipped ({r['skipped']})", "", "", "", ""])
+                continue
+            ratio = r["output_tokens_per_s"] / base["output_tokens_per_s"] if base else None
+            rows.append([str(r["clients"]), label, str(r["errors"]), f"{r['output_tokens_per_s']:.3g}", _x(ratio),
+                         f"{r['latency_p50_s']:.2g} / {r['latency_p95_s']:.2g}",
+                         f"{r['mean_batch_size']:.1f}"])  # fmt: skip
+    table = _table(
+        [
+            "clients",
+            "server",
+            "errors",
+            "output tok/s",
+            "vs 1 client",
+            "latency p50 / p95 (s)",
+            "mean decode batch",
+        ],
+        sorted(rows, key=lambda r: int(r[0])),
+    )
+    what = (
+        f"{result['model']}; per client {result['requests_per_client']} × {result['max_tokens']}-token requests; "
+        f"continuous / one at a time at 16 clients: {_x(result['ratio_at_16'])}"
+    )
+    return what, table
+
+
 def scalar_table(result: object) -> tuple[str, str]:
     """Any other JSON object: its top-level numbers."""
     items = result.items() if isinstance(result, dict) else []
@@ -247,6 +350,10 @@ FORMATS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "hf_decode": (("hf_decode.json",), hf_decode_table),
     "attention_gqa": (("attention_gqa.json",), attention_gqa_table),
     "rl_keep_routing": (("rl_keep_routing.json",), keep_routing_table),
+    "agent_loop": (("agent_loop.json",), agent_loop_table),
+    "envs": (("envs.json",), envs_table),
+    "envs_search_swe": (("envs_search_swe.json",), envs_search_swe_table),
+    "serve_load": (("serve_load.json",), serve_load_table),
 }
 
 

@@ -8,7 +8,8 @@ different prompts) through the official ``openai`` client. Two servers are measu
 run on the same loaded model: continuous batching (``--max-batch 16``) and one-at-a-time serving
 (``--max-batch 1``, the baseline), each on ``--threads`` torch threads. Per setting: errors, latency p50/p95, time to first token
 p50/p95, output tokens/s (completion tokens of all requests / wall time) and the decode batch sizes
-the server saw. ``ratio_at_16`` is continuous / one-at-a-time output tokens/s at 16 clients.
+the server saw. ``ratio_at_16`` is continuous / one-at-a-time output tokens/s at 16 clients;
+``throughput_vs_1_client``: each server's output tokens/s at 4 and 16 clients over its own at 1.
 Writes ``runs/bench/serve_load.json`` and ``serve_load.png``. The server listens on 127.0.0.1 only;
 ``--time-limit`` bounds the run (settings not started in time are recorded as skipped).
 """
@@ -188,6 +189,11 @@ def main() -> None:
     }
     fast, slow = at16.values()
     ratio = fast["output_tokens_per_s"] / slow["output_tokens_per_s"] if fast and slow else float("nan")
+    vs_one = {}
+    for label, rows in settings.items():
+        measured = {r["clients"]: r["output_tokens_per_s"] for r in rows if "skipped" not in r}
+        if 1 in measured and measured[1] > 0:
+            vs_one[label] = {str(c): v / measured[1] for c, v in measured.items() if c != 1}
     results = {
         "benchmark": "serve_load",
         "model": "SmolLM2-135M-Instruct (fp32)",
@@ -202,6 +208,7 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "settings": settings,
         "ratio_at_16": ratio,
+        "throughput_vs_1_client": vs_one,
     }
     (out / "serve_load.json").write_text(json.dumps(results, indent=2))
     plot(results, out / "serve_load.png")
