@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="pass --quick to the scripts that support it")
-    ap.add_argument("--only", nargs="*", default=None, help="script names (without .py) to run")
+    ap.add_argument("--only", nargs="+", default=None, help="script names (without .py) to run")
     ap.add_argument(
         "--max-wait",
         type=float,
