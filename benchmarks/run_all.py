@@ -6,6 +6,8 @@
     python benchmarks/run_all.py --max-wait 0    # scripts that wait for a quiet CPU never do
     python benchmarks/run_all.py --report-only   # no runs: the tables of the JSON already in runs/bench
 
+    make bench BENCH_ARGS="--quick --out /tmp/bench --no-results"   # the same options through make
+
 A script is any ``benchmarks/*.py`` but this one and names starting with ``_`` (``_timing.py``: the
 timing the scripts share); new ones are picked up without editing this file (``--quick`` and
 ``--max-wait`` are passed only to scripts whose source mentions them). Each script takes ``--out`` (a
