@@ -29,8 +29,13 @@ test: install
 test-slow: install
 	$(PY) -m pytest -q -m slow
 
+# `make bench` runs benchmarks/run_all.py: every benchmark → runs/bench/, headline tables appended to
+# docs/results.md. BENCH_ARGS passes its options, e.g. make bench BENCH_ARGS="--quick --no-results",
+# BENCH_ARGS="--only attention --out /tmp/bench --results /tmp/results.md", BENCH_ARGS="--max-wait 0".
+BENCH_ARGS ?=
+
 bench: install
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/run_all.py $(BENCH_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

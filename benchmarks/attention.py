@@ -16,10 +16,12 @@ all paths of one point see the same tensors):
   ``[B, 16, L, 192|128]`` precomputed like a standard model's cache — what a dense model runs — with
   V zero-padded to 192 so PyTorch's flash kernel runs (the fastest dense baseline on this CPU);
   ``sdpa_math`` is the same call with V left at 128, which falls back to the math backend (O(L²)
-  memory, ~4× slower at 8K; skipped above ``--math-max-len``);
+  memory, ~4× slower at 8K; skipped above ``--math-max-len`` and wherever its scores would not fit
+  in the available memory, ~3 · B·H·L² fp32 values: 12 GB at 8K, 48 GB at 16K);
 - prefill (b) ``masked_dense``: the transformers way — MLA's MHA mode (per-head K/V expanded from the
   latents with ``kv_b_proj``, timed), our indexer's top-k, a boolean ``[B, L, L]`` selection mask, and
-  SDPA with that mask (O(L²)); this is also the model's masked path that ``--crossover`` compares;
+  SDPA with that mask (O(L²) time and memory; skipped above ``--masked-max-len`` or where it would not
+  fit, like (a-math)); this is also the model's masked path that ``--crossover`` compares;
 - prefill (c) ``ours``: the whole DSA attention in MLA's MQA mode — indexer scoring + top-k (chunked,
   streaming), then ``dsv32.dsa.sparse_mla_attention_absorbed``: ``W_UK`` absorbed into the queries,
   sparse attention over the selected latents, ``W_UV`` on the output (a chunk of queries at a time
@@ -34,13 +36,19 @@ all paths of one point see the same tensors):
   C kernels. On the CPU (fp32/bf16) (c) runs the C kernels of ``dsv32.dsa.kernels.cpu``.
 - ``peak_mem_mb``: peak MB of tensors alive at once during one call (allocator events recorded by
   the torch profiler), not counting the inputs — the same instrument as tests/dsa/test_memory.py.
+  That profiled call is also each path's warm-up; it is not timed.
 - ``others_cpu_share``: share of the machine's CPU time other processes used during each timed
-  repetition. The benchmark waits for a quiet machine before each measurement and repeats contended
-  ones (``--max-wait``, ``--retries``): with torch on every core, a busy core stalls each parallel op.
+  repetition (None for a measurement shorter than 0.1 s, which /proc/stat's 10 ms ticks cannot
+  resolve); ``contention``: the same over each repetition block (one call of every path) and over
+  all of them; ``measurement``: the load average, and how long the run waited for a quiet machine.
+  Before the first block the benchmark waits for a quiet machine, and again after a contended one,
+  but the whole run waits at most ``--max-wait`` seconds: with torch on every core a busy core stalls
+  each parallel op, and on a machine that is never quiet the contention is recorded rather than
+  waited out (``benchmarks/_timing.py``).
 
 Repetitions are interleaved (a, b, c, a, b, c, ...) and every ratio is a ratio of medians from the
-same run. Writes ``runs/bench/attention.json`` and ``attention.png`` (grid), or
-``attention_crossover.json``.
+same run. Writes ``runs/bench/attention.json`` (after each length, so a run stopped part-way keeps
+the lengths it finished) and ``attention.png`` (grid), or ``attention_crossover.json``.
 """
 
 from __future__ import annotations
@@ -51,13 +59,13 @@ import math
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _timing import Meter, interleaved  # benchmarks/_timing.py, beside this script
 from torch.profiler import ProfilerActivity, profile
 
 from dsv32 import dsa
@@ -243,70 +251,6 @@ def peak_mb(fn: Callable[[], object]) -> float:
     return round(peak / 2**20, 1)
 
 
-class Meter:
-    """Wall-clock timing that knows when other processes competed for the CPU.
-
-    With torch using every core, one busy core stalls each parallel op, so a measurement taken while
-    another job runs can be many times too slow. Before each measurement the meter waits (up to
-    ``max_wait`` s) for a quiet machine; after it, it computes ``others`` — the share of the machine's
-    CPU time used by other processes during the call (``/proc/stat`` minus our own CPU time) — and
-    repeats a contended measurement up to ``retries`` times. ``others`` is reported with each timing.
-    """
-
-    def __init__(self, threshold: float = 0.1, max_wait: float = 120.0, retries: int = 2) -> None:
-        self.threshold, self.max_wait, self.retries = threshold, max_wait, retries
-        self.cpus = os.cpu_count() or 1
-        self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        self.available = self._busy() is not None
-
-    def _busy(self) -> float | None:
-        """CPU-seconds the whole machine has been busy (None where /proc/stat is missing)."""
-        try:
-            fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-        except OSError:
-            return None
-        ticks = [int(f) for f in fields]
-        return (sum(ticks) - ticks[3] - ticks[4]) / self.hz  # all but idle and iowait
-
-    @staticmethod
-    def _own() -> float:
-        t = os.times()
-        return t.user + t.system
-
-    def others(self, wall: float, busy0: float, own0: float) -> float:
-        if not self.available or wall <= 0:
-            return 0.0
-        foreign = (self._busy() - busy0) - (self._own() - own0)
-        return max(0.0, foreign / (wall * self.cpus))
-
-    def wait_quiet(self) -> None:
-        if not self.available:
-            return
-        deadline = time.monotonic() + self.max_wait
-        while True:
-            busy0, own0, t0 = self._busy(), self._own(), time.perf_counter()
-            time.sleep(0.3)
-            if self.others(time.perf_counter() - t0, busy0, own0) < self.threshold / 2:
-                return
-            if time.monotonic() > deadline:
-                return
-            time.sleep(1.0)
-
-    def run(self, fn: Callable[[], object], calls: int) -> tuple[float, float]:
-        """Seconds per call (mean of ``calls``) and the others' share of the machine meanwhile."""
-        for attempt in range(self.retries + 1):
-            self.wait_quiet()
-            busy0, own0 = (self._busy(), self._own()) if self.available else (0.0, 0.0)
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            wall = time.perf_counter() - start
-            others = self.others(wall, busy0, own0)
-            if others < self.threshold or attempt == self.retries:
-                return wall / calls, round(others, 3)
-        raise AssertionError("unreachable")
-
-
 @dataclass
 class Plan:
     lengths: tuple[int, ...]
@@ -315,10 +259,27 @@ class Plan:
     decode_steps: int
     masked_max_len: int
     mha_max_len: int
-    math_max_len: int
+    math_max_len: int | None
     dtype: torch.dtype
     shape: Shape
     torch_max_len: int = 0  # (c-torch) up to this L, when the C kernels are built
+
+
+def available_bytes() -> int:
+    """Memory available to a new allocation now (``MemAvailable``; physical memory without /proc)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def quadratic_bytes(s: Shape, L: int) -> int:
+    """Estimated peak of the O(L²) paths, (a-math) and (b): 3 fp32 ``[B, H, L, L]`` score tensors
+    (measured with ``peak_mb``: 2.4 at L 2048, 2.2–2.4 at 8192, in fp32 and bf16 alike)."""
+    return 3 * s.batch * s.heads * L * L * 4
 
 
 def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None]) -> list[dict]:
@@ -327,13 +288,25 @@ def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None])
     with torch.no_grad():  # what the model's prefill would dispatch to (its crossover depends on it)
         kernel = dsa.mla_kernel_would_run(x.kv)
     with_torch = plan.torch_max_len >= L and cpu_kernels.available()
+    need, free = quadratic_bytes(plan.shape, L), available_bytes()
+    fits = need <= free
+    skipped: dict[str, str] = {}
+    for name, limit in (
+        ("prefill.sdpa_math", plan.math_max_len),
+        ("prefill.masked_dense", plan.masked_max_len),
+    ):
+        if limit is not None and limit < L:
+            skipped[name] = f"L above {limit}"
+        elif not fits:
+            skipped[name] = f"needs ~{need / 2**30:.1f} GB of L² scores, {free / 2**30:.1f} GB available"
+            log(f"  L={L:>6} skipping {name}: {skipped[name]}")
     jobs: list[tuple[str, int | None, Callable[[], object], int]] = [
         ("prefill.sdpa", None, lambda: prefill_sdpa(x, 0), 1)
     ]
-    if plan.math_max_len >= L:
+    if "prefill.sdpa_math" not in skipped:
         jobs.append(("prefill.sdpa_math", None, lambda: prefill_sdpa_math(x, 0), 1))
     for k in plan.topks:
-        if plan.masked_max_len >= L:
+        if "prefill.masked_dense" not in skipped:
             jobs.append(("prefill.masked_dense", k, lambda k=k: prefill_masked_dense(x, k), 1))
         jobs.append(("prefill.ours", k, lambda k=k: prefill_ours(x, k), 1))
         if plan.mha_max_len >= L:
@@ -347,31 +320,25 @@ def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None])
         jobs.append(("decode.ours", k, lambda k=k: decode_ours(x, k), steps))
         if with_torch:
             jobs.append(("decode.ours_torch", k, lambda k=k: decode_ours_torch(x, k), steps))
-    # Peak memory, one profiled call per path (also the warm-up); the long dense prefill is profiled
-    # inside its first timed repetition instead (one op: the profiler adds nothing measurable).
-    mems: dict[tuple[str, int | None], float | None] = {}
-    times: dict[tuple[str, int | None], list[float]] = {}
-    contention: dict[tuple[str, int | None], list[float]] = {}
+
+    def logged(rep: int, job: tuple[str, int | None], t: float, others: float | None) -> None:
+        flag = (
+            f"  (others used {others:.0%} of the CPU)"
+            if others is not None and others >= meter.threshold
+            else ""
+        )
+        log(
+            f"  L={L:>6} rep {rep + 1}/{plan.reps} {job[0]:<24} k={job[1] or '-':<5} {t * 1e3:10.1f} ms{flag}"
+        )
+
     with torch.no_grad():
-        for name, k, fn, _ in jobs:
-            if name not in ("prefill.sdpa", "prefill.sdpa_math"):
-                mems[(name, k)] = peak_mb(fn)
-        for rep in range(plan.reps):
-            for name, k, fn, calls in jobs:
-                if (name, k) not in mems:
-                    holder = {}
-                    t, others = meter.run(
-                        lambda fn=fn, holder=holder: holder.setdefault("mb", peak_mb(fn)), calls
-                    )
-                    mems[(name, k)] = holder["mb"]
-                else:
-                    t, others = meter.run(fn, calls)
-                times.setdefault((name, k), []).append(t)
-                contention.setdefault((name, k), []).append(others)
-                flag = f"  (others used {others:.0%} of the CPU)" if others >= meter.threshold else ""
-                log(
-                    f"  L={L:>6} rep {rep + 1}/{plan.reps} {name:<24} k={k or '-':<5} {t * 1e3:10.1f} ms{flag}"
-                )
+        # Peak memory: one profiled call per path, which is also its warm-up (not timed).
+        mems = {(name, k): peak_mb(fn) for name, k, fn, _ in jobs}
+        runs = interleaved(
+            {(name, k): fn for name, k, fn, _ in jobs}, plan.reps, meter, warmup=False,
+            calls={(name, k): calls for name, k, _, calls in jobs}, log=logged,
+        )  # fmt: skip
+    times, contention = runs.seconds, runs.others
     load_1min = round(os.getloadavg()[0], 2)  # after the runs: other jobs make ratios noisy
     results = []
     for k in plan.topks:
@@ -395,6 +362,9 @@ def measure_length(plan: Plan, L: int, meter: Meter, log: Callable[[str], None])
             "batch": plan.shape.batch,
             "threads": torch.get_num_threads(),
             "load_average_1min": load_1min,
+            "contention": runs.contention(),
+            "measurement": meter.facts(),
+            "skipped": skipped,
             "dtype": str(plan.dtype).removeprefix("torch."),
             "reps": plan.reps,
             "prefill_s": pre,
@@ -498,6 +468,7 @@ def crossover(plan: Plan, ratios: tuple[float, ...], meter: Meter, log: Callable
                 prefill_masked_dense(x, k)  # warm-up
                 prefill_ours(x, k)
                 for _ in range(plan.reps):
+                    meter.wait_quiet()
                     tb.append(meter.run(lambda x=x, k=k: prefill_masked_dense(x, k), 1)[0])
                     tc.append(meter.run(lambda x=x, k=k: prefill_ours(x, k), 1)[0])
             b, c = statistics.median(tb), statistics.median(tc)
@@ -647,21 +618,30 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
     ap.add_argument(
         "--math-max-len",
         type=int,
-        default=16384,
-        help="skip (a-math) above this L (its L² scores: 68 GB at 32K)",
+        default=None,
+        help="skip (a-math) above this L (default: every L whose L² scores fit in the available memory; "
+        "(a-math) and (b) are skipped wherever they would not)",
     )
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: all cores)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument(
-        "--max-wait", type=float, default=120.0, help="seconds to wait for a quiet CPU per measurement"
+        "--max-wait",
+        type=float,
+        default=None,
+        help="seconds this whole run may wait for a quiet CPU before repetition blocks (default 60, "
+        "--quick 10; 0: never wait)",
     )
     ap.add_argument(
-        "--retries", type=int, default=2, help="re-runs of a measurement other processes disturbed"
+        "--retries",
+        type=int,
+        default=0,
+        help="re-runs of a measurement other processes disturbed, while the --max-wait budget lasts",
     )
     ap.add_argument("--out", default="runs/bench", help="output directory")
     args = ap.parse_args(argv)
-    meter = Meter(max_wait=args.max_wait, retries=args.retries)
+    max_wait = args.max_wait if args.max_wait is not None else (10.0 if args.quick else 60.0)
+    meter = Meter(max_wait=max_wait, retries=args.retries)
 
     torch.set_num_threads(args.threads)
     shape = Shape(batch=args.batch)
@@ -693,6 +673,7 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
     def special(result: dict, name: str, summary: str) -> dict:
         """A sweep's result: run facts added, written to ``attention_<name>.json``, summarized."""
         result.update(shape=asdict(shape), threads=torch.get_num_threads(), dtype=args.dtype)
+        result["measurement"] = meter.facts()
         (out_dir / f"attention_{name}.json").write_text(json.dumps(result, indent=2))
         log(summary.format(**result))
         if args.json:
@@ -710,6 +691,7 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
         return special(result, "crossover", summary)
 
     results: list[dict] = []
+    grid = len(lengths) * len(topks) > 1
     for L in lengths:
         for r in measure_length(plan, L, meter, log):
             r["shape"] = asdict(shape)
@@ -718,11 +700,14 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
                 print(json.dumps(r), flush=True)
             else:
                 log(summarize(r))
-    if len(results) == 1:
+        if grid:  # after every length, so that the lengths done survive a later one that fails
+            partial = out_dir / "attention.json.part"
+            partial.write_text(json.dumps(results, indent=2))
+            partial.replace(out_dir / "attention.json")
+    if not grid:
         r = results[0]
         (out_dir / f"attention_L{r['seq_len']}_k{r['topk']}.json").write_text(json.dumps(r, indent=2))
-    elif results:
-        (out_dir / "attention.json").write_text(json.dumps(results, indent=2))
+    else:
         plot(results, out_dir / "attention.png")
         log(f"wrote {out_dir / 'attention.json'} and {out_dir / 'attention.png'}")
         for r in results:

@@ -12,7 +12,9 @@ the C kernel against the torch gather path and dense attention, on the CPU.
   cache hands the layer): ``sdpa`` over all L keys (a dense model's step), ``kernel`` and ``torch`` over
   the top-k.
 
-Repetitions are interleaved and each number is a median of the same run. Writes
+Repetitions are interleaved (after one warm-up call of each path) and each number is a median of the
+same run; others' share of the machine during each row's repetitions is recorded with it
+(``contention``, see ``benchmarks/_timing.py``; ``--max-wait``). Writes
 runs/bench/attention_gqa.json and attention_gqa.png.
 """
 
@@ -21,30 +23,16 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _timing import Meter, interleaved  # benchmarks/_timing.py, beside this script
 from attention import crossover_point  # benchmarks/attention.py, beside this script
 
 from dsv32.dsa import DENSE_CROSSOVER_RATIO, GQA_KERNEL_CROSSOVER_RATIO, indexer_topk, sparse_attention
 from dsv32.dsa.attention import dense_attention, nonempty_rows, selection_mask
 from dsv32.dsa.kernels import cpu as cpu_kernels
-
-
-def median_time(fns: dict, reps: int) -> dict[str, float]:
-    """Median seconds per call of each function, repetitions interleaved (after one warm-up each)."""
-    times = {name: [] for name in fns}
-    for fn in fns.values():
-        fn()
-    for _ in range(reps):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def masked_dense(q, k, v, idx, scale):
@@ -66,8 +54,12 @@ def sdpa(q, k, v, idx, scale):
     return F.scaled_dot_product_attention(qh, kh, vh, scale=scale, enable_gqa=True)
 
 
-def timed(paths, q, k, v, idx, scale, reps: int) -> dict[str, float]:
-    return median_time({name: functools.partial(fn, q, k, v, idx, scale) for name, fn in paths.items()}, reps)
+def timed(paths, q, k, v, idx, scale, reps: int, meter: Meter) -> tuple[dict[str, float], dict]:
+    """Median seconds per call of each path, repetitions interleaved after one warm-up call each, and
+    others' share of the machine meanwhile."""
+    fns = {name: functools.partial(fn, q, k, v, idx, scale) for name, fn in paths.items()}
+    runs = interleaved(fns, reps, meter)
+    return {name: runs.median(name) for name in fns}, runs.contention()
 
 
 def inputs(L: int, T: int, args, g: torch.Generator):
@@ -85,17 +77,17 @@ def inputs(L: int, T: int, args, g: torch.Generator):
 
 
 @torch.no_grad()
-def prefill(args, g) -> dict:
+def prefill(args, g, meter: Meter) -> dict:
     rows = []
     scale = args.head_dim**-0.5
     for ratio in args.ratios:
         L = int(ratio * args.topk)
         paths = {"masked_dense": masked_dense, "kernel": kernel, "torch": torch_gather}
-        times = timed(paths, *inputs(L, L, args, g), scale, args.reps)
+        times, contention = timed(paths, *inputs(L, L, args, g), scale, args.reps, meter)
         row = {
             "seq_len": L, "ratio": ratio, "masked_dense_s": times["masked_dense"], "sparse_s": times["kernel"],
             "torch_s": times["torch"], "kernel_vs_torch": times["torch"] / times["kernel"],
-            "kernel_vs_masked_dense": times["masked_dense"] / times["kernel"],
+            "kernel_vs_masked_dense": times["masked_dense"] / times["kernel"], "contention": contention,
         }  # fmt: skip
         rows.append(row)
         print(json.dumps({"prefill": row}))
@@ -103,15 +95,16 @@ def prefill(args, g) -> dict:
 
 
 @torch.no_grad()
-def decode(args, g) -> list[dict]:
+def decode(args, g, meter: Meter) -> list[dict]:
     rows = []
     scale = args.head_dim**-0.5
     for L in args.contexts:
         paths = {"sdpa": sdpa, "kernel": kernel, "torch": torch_gather}
-        times = timed(paths, *inputs(L, 1, args, g), scale, args.reps * 20)
+        times, contention = timed(paths, *inputs(L, 1, args, g), scale, args.reps * 20, meter)
         row = {
             "context": L, **{f"{name}_us": 1e6 * t for name, t in times.items()},
             "kernel_vs_torch": times["torch"] / times["kernel"], "kernel_vs_sdpa": times["sdpa"] / times["kernel"],
+            "contention": contention,
         }  # fmt: skip
         rows.append(row)
         print(json.dumps({"decode": row}))
@@ -128,11 +121,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ratios", type=float, nargs="+", default=[1.5, 2, 2.5, 3, 4, 6, 8, 16])
     ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--quick", action="store_true", help="ratios 2, 4, 8; contexts 1K, 8K; 2 repetitions")
+    ap.add_argument("--quick", action="store_true", help="ratios 2, 4, 8; contexts 1K, 8K; 3 repetitions")
+    ap.add_argument(
+        "--max-wait",
+        type=float,
+        default=None,
+        help="seconds this run may wait for a quiet CPU (default 60, --quick 10)",
+    )
     ap.add_argument("--out", default="runs/bench")
     args = ap.parse_args(argv)
     if args.quick:
-        args.ratios, args.contexts, args.reps = [2, 4, 8], [1024, 8192], 2
+        args.ratios, args.contexts, args.reps = [2, 4, 8], [1024, 8192], 3
+    meter = Meter(max_wait=args.max_wait if args.max_wait is not None else (10.0 if args.quick else 60.0))
     if not cpu_kernels.available():
         print(
             "the CPU C kernels are not available (no C compiler, or DSV32_CPU_KERNELS=0): nothing to compare"
@@ -143,8 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         "shape": {"heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "topk": args.topk},
         "dtype": args.dtype,
         "threads": torch.get_num_threads(),
-        "prefill": prefill(args, g),
-        "decode": decode(args, g),
+        "prefill": prefill(args, g, meter),
+        "decode": decode(args, g, meter),
+        "measurement": meter.facts(),
         "defaults": {"DENSE_CROSSOVER_RATIO": DENSE_CROSSOVER_RATIO, "GQA_KERNEL_CROSSOVER_RATIO": GQA_KERNEL_CROSSOVER_RATIO},
     }  # fmt: skip
     out = Path(args.out)

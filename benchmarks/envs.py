@@ -14,6 +14,9 @@ Each sandboxed number has its unconfined baseline measured in the same run:
 - ``episodes_per_minute``: the ``reference`` backend through ``dsv32.agent.run_episode`` on the
   code-interpreter and general-tools task sets with 1, 2 and 4 episodes in parallel.
 
+``ratios``: each sandboxed median over its baseline's (``sandbox_true/<kind>``, ``sandbox_python/<kind>``,
+``kernel_start``, ``kernel_round_trip``, ``general_call``).
+
 BM25 search queries and SWE test runs are measured by ``benchmarks/envs_search_swe.py``.
 Means and medians in milliseconds; the machine's load average is recorded with them.
 """
@@ -135,6 +138,26 @@ def episode_rates(n_tasks: int) -> dict:
     return out
 
 
+def overhead_ratios(result: dict) -> dict:
+    """Each sandboxed median over its unconfined baseline's, from the same run."""
+    box, kernel, general = result["sandbox"], result["kernel"], result["general"]
+    ratios = {}
+    for name in ("true", "python"):
+        for kind in sandbox.KINDS:
+            if f"{kind}_{name}" in box:
+                ratios[f"sandbox_{name}/{kind}"] = (
+                    box[f"{kind}_{name}"]["median_ms"] / box[f"baseline_{name}"]["median_ms"]
+                )
+    ratios["kernel_start"] = kernel["sandboxed_start_ms"] / kernel["baseline_start_ms"]
+    ratios["kernel_round_trip"] = (
+        kernel["sandboxed_round_trip"]["median_ms"] / kernel["baseline_round_trip"]["median_ms"]
+    )
+    ratios["general_call"] = (
+        general["sandboxed_call"]["median_ms"] / general["baseline_in_process"]["median_ms"]
+    )
+    return ratios
+
+
 def plot(rates: dict, path: Path) -> None:
     import matplotlib
 
@@ -175,6 +198,7 @@ def main() -> None:
         "kernel": kernel_costs(n),
         "general": general_costs(n),
     }
+    result["ratios"] = overhead_ratios(result)
     result["episodes"] = episode_rates(n_tasks)
     result["load_average_after"] = os.getloadavg()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,13 @@ A V3.2-shaped model at small width (V3.2 attention dims: 16 heads, qk 128+64, v 
 indexer 4×64) with a few layers, random weights. Both paths compute identical outputs; the
 masked-dense one is what transformers runs (dense scores masked to the top-k: O(L²)).
 
-    python benchmarks/model_speed.py [--seq-len 8192] [--topk 512] [--new-tokens 16] [--quick]
+A repetition is one prefill of ``--seq-len`` tokens into a fresh cache and ``--new-tokens`` decode
+steps (``dsv32.engine.speed.measure_throughput``). After a short warm-up of each path, ``--reps``
+repetitions run interleaved (gather, masked, gather, masked, ...); the tokens/s reported are medians
+with their spread, the speed-ups ratios of the medians, and others' share of the machine meanwhile
+is recorded (``contention``, see ``benchmarks/_timing.py``).
+
+    python benchmarks/model_speed.py [--seq-len 8192] [--topk 512] [--new-tokens 16] [--reps 3] [--quick]
 
 Writes runs/bench/model_speed.json and prints the ratios (same run, same machine).
 """
@@ -13,12 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 import torch
+from _timing import Meter, interleaved, spread  # benchmarks/_timing.py, beside this script
 
 from dsv32.engine.speed import measure_throughput
 from dsv32.model import DeepseekV32, ModelConfig
+
+IMPLS = ("gather", "masked")
 
 
 def bench_config(topk: int, layers: int) -> ModelConfig:
@@ -37,11 +47,19 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--topk", type=int, default=512)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions; medians are reported")
     ap.add_argument("--quick", action="store_true", help="2048 tokens, 4 decode steps")
+    ap.add_argument(
+        "--max-wait",
+        type=float,
+        default=None,
+        help="seconds this run may wait for a quiet CPU (default 60, --quick 10; 0: never)",
+    )
     ap.add_argument("--out", default="runs/bench", help="output directory")
     args = ap.parse_args(argv)
     if args.quick:
         args.seq_len, args.new_tokens = 2048, 4
+    meter = Meter(max_wait=args.max_wait if args.max_wait is not None else (10.0 if args.quick else 60.0))
     torch.manual_seed(0)
     model = DeepseekV32(bench_config(args.topk, args.layers)).eval()
     results = {
@@ -49,19 +67,40 @@ def main(argv: list[str] | None = None) -> dict:
         "topk": args.topk,
         "layers": args.layers,
         "threads": torch.get_num_threads(),
+        "reps": args.reps,
     }
-    for impl in ("gather", "masked"):
+
+    def run(impl: str):
+        def one() -> dict:
+            model.set_dsa_mode("sparse", impl)
+            return vars(measure_throughput(model, args.seq_len, args.new_tokens))
+
+        return one
+
+    for impl in IMPLS:  # warm-up
         model.set_dsa_mode("sparse", impl)
-        measure_throughput(model, 256, 2)  # warm-up
-        results[impl] = vars(measure_throughput(model, args.seq_len, args.new_tokens))
+        measure_throughput(model, 256, 2)
+    runs = interleaved({impl: run(impl) for impl in IMPLS}, args.reps, meter, warmup=False)
+    for impl in IMPLS:
+        values = runs.values[impl]
+        results[impl] = {
+            "prefill_tokens_per_s": statistics.median(v["prefill_tokens_per_s"] for v in values),
+            "decode_tokens_per_s": statistics.median(v["decode_tokens_per_s"] for v in values),
+            "prefill_tokens_per_s_spread": spread([v["prefill_tokens_per_s"] for v in values]),
+            "decode_tokens_per_s_spread": spread([v["decode_tokens_per_s"] for v in values]),
+            "repetitions": values,
+        }
     g, m = results["gather"], results["masked"]
     results["prefill_speedup"] = g["prefill_tokens_per_s"] / m["prefill_tokens_per_s"]
     results["decode_speedup"] = g["decode_tokens_per_s"] / m["decode_tokens_per_s"]
+    results["contention"] = runs.contention()
+    results["measurement"] = meter.facts()
     print(
         f"{args.layers}-layer V3.2-shaped model, {args.seq_len} tokens, index_topk {args.topk}:\n"
         f"  sparse (gather):  prefill {g['prefill_tokens_per_s']:8.0f} tok/s  decode {g['decode_tokens_per_s']:7.2f} tok/s\n"
         f"  masked reference: prefill {m['prefill_tokens_per_s']:8.0f} tok/s  decode {m['decode_tokens_per_s']:7.2f} tok/s\n"
-        f"  speedup: prefill {results['prefill_speedup']:.2f}x  decode {results['decode_speedup']:.2f}x"
+        f"  speedup: prefill {results['prefill_speedup']:.2f}x  decode {results['decode_speedup']:.2f}x "
+        f"(medians of {args.reps} interleaved repetitions)"
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -3,13 +3,17 @@
     python benchmarks/run_all.py                 # all scripts, their full default settings
     python benchmarks/run_all.py --quick         # pass --quick to every script (a few minutes)
     python benchmarks/run_all.py --only attention model_speed
+    python benchmarks/run_all.py --max-wait 0    # scripts that wait for a quiet CPU never do
     python benchmarks/run_all.py --report-only   # no runs: the tables of the JSON already in runs/bench
 
-A script is any ``benchmarks/*.py`` but this one and names starting with ``_``; new ones are picked up
-without editing this file (``--quick`` is passed only to scripts whose source mentions it). Each
-script takes ``--out`` (a directory) and writes its JSON (and PNG) there: run_all's ``--out``,
-``runs/bench/`` by default. One failing script does not stop the others; the exit status is non-zero
-if any failed. A summary goes to ``<out>/run_all.json``.
+    make bench BENCH_ARGS="--quick --out /tmp/bench --no-results"   # the same options through make
+
+A script is any ``benchmarks/*.py`` but this one and names starting with ``_`` (``_timing.py``: the
+timing the scripts share); new ones are picked up without editing this file (``--quick`` and
+``--max-wait`` are passed only to scripts whose source mentions them). Each script takes ``--out`` (a
+directory) and writes its JSON (and PNG) there: run_all's ``--out``, ``runs/bench/`` by default. One
+failing script does not stop the others; the exit status is non-zero if any failed, and what a
+failed script wrote before it failed still gets its table. A summary goes to ``<out>/run_all.json``.
 
 Afterwards a dated section is appended to ``docs/results.md`` (``--results``; ``--no-results`` skips
 it): the machine (CPU model from ``/proc/cpuinfo``, cores, the GPU if any), the torch version, the
@@ -43,12 +47,16 @@ def scripts() -> list[Path]:
     )
 
 
-def script_command(script: Path, quick: bool, out: str | None = None) -> list[str]:
-    """The script's arguments, relative to the repository: ``--quick`` where asked and it takes one,
-    ``--out`` (every script's output directory) where given."""
+def script_command(
+    script: Path, quick: bool, out: str | None = None, max_wait: float | None = None
+) -> list[str]:
+    """The script's arguments, relative to the repository: ``--quick`` and ``--max-wait`` where asked
+    and it takes them, ``--out`` (every script's output directory) where given."""
+    source = script.read_text()
     return [
         str(script.relative_to(ROOT)),
-        *(["--quick"] if quick and "--quick" in script.read_text() else []),
+        *(["--quick"] if quick and "--quick" in source else []),
+        *(["--max-wait", f"{max_wait:g}"] if max_wait is not None and "--max-wait" in source else []),
         *(["--out", out] if out is not None else []),
     ]
 
@@ -83,6 +91,19 @@ def _mb(v: float | None) -> str:
     return "—" if v is None else f"{v:.0f} MB"
 
 
+def _range(spread: dict | None) -> str:
+    """A ``benchmarks/_timing.py`` spread of ratios as ``min–max×``."""
+    return "—" if not spread or spread.get("min") is None else f"{spread['min']:.2f}–{spread['max']:.2f}×"
+
+
+def _others(result: dict) -> str:
+    """Others' share of the CPU while a row was measured (``benchmarks/_timing.py``'s ``contention``:
+    the median of its repetition blocks, else over all of them)."""
+    c = result.get("contention") or {}
+    v = c.get("median_block") if c.get("median_block") is not None else c.get("overall")
+    return "—" if v is None else f"{100 * v:.0f}%"
+
+
 def attention_table(rows: list[dict] | dict) -> tuple[str, str]:
     """``attention.json`` (or one ``attention_L*_k*.json`` point): prefill and decode of ours against
     the dense baselines, per (L, k)."""
@@ -90,14 +111,14 @@ def attention_table(rows: list[dict] | dict) -> tuple[str, str]:
     dtypes = sorted({r.get("dtype", "float32") for r in rows})
     table = _table(
         ["L", "k", "prefill ours", "(a) flash SDPA", "ours vs (a)", "vs (a-math)", "vs (b) masked",
-         "decode ours", "vs SDPA", "vs dense MLA", "peak prefill (ours)"],
+         "decode ours", "vs SDPA", "vs dense MLA", "peak prefill (ours)", "others' CPU"],
         [
             [
                 str(r["seq_len"]), str(r["topk"]), _s(r["prefill_s"]["ours"]), _s(r["prefill_s"]["sdpa"]),
                 _x(r["prefill_speedup_vs_sdpa"]), _x(r.get("prefill_speedup_vs_sdpa_math")),
                 _x(r.get("prefill_speedup_vs_masked_dense")), _ms(r["decode_s_per_token"]["ours"]),
                 _x(r["decode_speedup_vs_sdpa"]), _x(r["decode_speedup_vs_dense_mla"]),
-                _mb(r["peak_mem_mb"].get("prefill.ours")),
+                _mb(r["peak_mem_mb"].get("prefill.ours")), _others(r),
             ]
             for r in rows
         ],
@@ -136,6 +157,10 @@ def model_speed_table(result: dict) -> tuple[str, str]:
         ],
     )  # fmt: skip
     what = f"{result['layers']} layers, {result['seq_len']} tokens, index_topk {result['topk']}"
+    if "reps" in result:
+        what += (
+            f"; medians of {result['reps']} interleaved repetitions, others used {_others(result)} of the CPU"
+        )
     return f"float32; {what}", table
 
 
@@ -163,18 +188,20 @@ def keep_routing_table(result: dict) -> tuple[str, str]:
 def attention_gqa_table(result: dict) -> tuple[str, str]:
     """``attention_gqa.json``: the GQA layout's sparse attention, C kernel against torch and dense."""
     prefill = _table(
-        ["prefill L (L/k)", "masked dense", "C kernel", "torch gather", "kernel vs torch", "kernel vs masked"],
+        ["prefill L (L/k)", "masked dense", "C kernel", "torch gather", "kernel vs torch", "kernel vs masked",
+         "others' CPU"],
         [
             [f"{r['seq_len']} ({r['ratio']:g})", _ms(r["masked_dense_s"]), _ms(r["sparse_s"]), _ms(r["torch_s"]),
-             _x(r["kernel_vs_torch"]), _x(r["kernel_vs_masked_dense"])]
+             _x(r["kernel_vs_torch"]), _x(r["kernel_vs_masked_dense"]), _others(r)]
             for r in result["prefill"]["rows"]
         ],
     )  # fmt: skip
     decode = _table(
-        ["decode context", "dense SDPA", "C kernel", "torch gather", "kernel vs torch", "kernel vs SDPA"],
+        ["decode context", "dense SDPA", "C kernel", "torch gather", "kernel vs torch", "kernel vs SDPA",
+         "others' CPU"],
         [
             [str(r["context"]), _ms(r["sdpa_us"], 1e-3), _ms(r["kernel_us"], 1e-3), _ms(r["torch_us"], 1e-3),
-             _x(r["kernel_vs_torch"]), _x(r["kernel_vs_sdpa"])]
+             _x(r["kernel_vs_torch"]), _x(r["kernel_vs_sdpa"]), _others(r)]
             for r in result["decode"]
         ],
     )  # fmt: skip
@@ -190,17 +217,123 @@ def hf_decode_table(result: dict) -> tuple[str, str]:
     """``hf_decode.json``: SmolLM2 decode per token, transformers' DynamicCache against GrowingCache."""
     table = _table(
         ["model", "context", "prefill", "decode: DynamicCache", "decode: GrowingCache", "speed-up",
-         "K/V MB (Dynamic / Growing)", "same tokens"],
+         "speed-up of adjacent steps (min–max)", "K/V MB (Dynamic / Growing)", "same tokens", "others' CPU"],
         [
             [r["model"], str(r["context"]), _s(r["GrowingCache"]["prefill_s"]),
              _ms(r["DynamicCache"]["decode_ms_per_token"], 1), _ms(r["GrowingCache"]["decode_ms_per_token"], 1),
-             _x(r["decode_speedup"]),
+             _x(r["decode_speedup"]), _range(r.get("decode_speedup_per_step")),
              f"{r['DynamicCache']['cache_mb']:.0f} / {r['GrowingCache']['cache_mb']:.0f}",
-             "yes" if r["same_tokens"] else "NO"]
+             "yes" if r["same_tokens"] else "NO", _others(r)]
             for r in result["rows"]
         ],
     )  # fmt: skip
-    return f"{result['dtype']}; {result['model']}, {result['threads']} threads, median decode step", table
+    interleaved = all("decode_speedup_per_step" in r for r in result["rows"])
+    steps = f"median of {result['new_tokens']} {'interleaved ' if interleaved else ''}decode steps"
+    what = f"{result['model']}, {result['threads']} threads, {steps}"
+    return f"{result['dtype']}; {what}", table
+
+
+def agent_loop_table(result: dict) -> tuple[str, str]:
+    """``agent_loop.json``: the agent loop's overhead per step over a minimal loop, by episode length."""
+    rows, names = result["rows"], list(result["overhead_ratio_200_vs_10"])
+    table = _table(
+        ["variant", *(f"overhead per step, {r['steps']} steps" for r in rows), "ratio 200 vs 10 steps"],
+        [
+            ["minimal loop (the baseline): time per step",
+             *(f"{1e6 * r['baseline_s'] / r['steps']:.3g} µs" for r in rows), ""],
+            *([name, *(f"{r[name]['overhead_per_step_us']:.3g} µs" for r in rows),
+               _x(result["overhead_ratio_200_vs_10"][name])] for name in names),
+        ],
+    )  # fmt: skip
+    return f"CPU time, medians of {result['repeats']} episodes", table
+
+
+def _median_ms(d: dict) -> str:
+    return f"{d['median_ms']:.3g} ms"
+
+
+def envs_table(result: dict) -> tuple[str, str]:
+    """``envs.json``: what confinement costs per call against the unconfined baseline, and episodes
+    per minute."""
+    box, kernel, general = result["sandbox"], result["kernel"], result["general"]
+    rows = []
+    for name, what in (("true", "start `true`"), ("python", "start `python -c pass`")):
+        base = box[f"baseline_{name}"]
+        for kind in ("bwrap", "unshare", "rlimits"):
+            if f"{kind}_{name}" in box:
+                mine = box[f"{kind}_{name}"]
+                rows.append([f"{what}, {kind}", _median_ms(mine), f"{_median_ms(base)} (subprocess)",
+                             _x(mine["median_ms"] / base["median_ms"])])  # fmt: skip
+    rows += [
+        ["Jupyter kernel start", f"{kernel['sandboxed_start_ms']:.3g} ms", f"{kernel['baseline_start_ms']:.3g} ms",
+         _x(kernel["sandboxed_start_ms"] / kernel["baseline_start_ms"])],
+        ["kernel cell round trip", _median_ms(kernel["sandboxed_round_trip"]), _median_ms(kernel["baseline_round_trip"]),
+         _x(kernel["sandboxed_round_trip"]["median_ms"] / kernel["baseline_round_trip"]["median_ms"])],
+        ["general-tools call", _median_ms(general["sandboxed_call"]),
+         f"{_median_ms(general['baseline_in_process'])} (in-process)",
+         _x(general["sandboxed_call"]["median_ms"] / general["baseline_in_process"]["median_ms"])],
+    ]  # fmt: skip
+    overhead = _table(["what", "sandboxed (median)", "baseline (median)", "ratio"], rows)
+    envs = sorted({k.split("/")[0] for k in result["episodes"]})
+    rates = _table(
+        ["episodes per minute", *(f"{p} in parallel" for p in (1, 2, 4))],
+        [[env, *(f"{result['episodes'][f'{env}/parallel={p}']['episodes_per_minute']:.3g}" for p in (1, 2, 4))]
+         for env in envs],
+    )  # fmt: skip
+    load = result.get("load_average_before")
+    what = f"isolation {result['isolation']}" + (f"; load average {load[0]:.1f} at the start" if load else "")
+    return what, f"{overhead}\n\n{rates}"
+
+
+def envs_search_swe_table(result: dict) -> tuple[str, str]:
+    """``envs_search_swe.json``: BM25 against a scan, SWE suites with and without the sandbox, and
+    episodes per minute."""
+    search, swe = result["search"], result["swe"]
+    same = search.get("search_bm25_scan_queries", search["search_bm25"])
+    rows = [[f"search (BM25 vs a scan), {same['n']} queries", _median_ms(same),
+             _median_ms(search["search_scan_baseline"]), _x(search["bm25_speedup_vs_scan"])]]  # fmt: skip
+    for spec, r in swe["suite_run"].items():
+        rows.append([f"`{spec}` suite ({r['tests']} tests), sandboxed vs plain pytest", _s(r["sandboxed_s"]),
+                     _s(r["plain_s"]), _x(r["sandboxed_s"] / r["plain_s"])])  # fmt: skip
+    costs = _table(["what", "ours (median)", "baseline (median)", "ratio"], rows)
+    rates = _table(
+        ["episodes per minute", *(f"{r['parallel']} in parallel" for r in swe["episodes"])],
+        [[name, *(f"{r['episodes_per_min']:.3g}" for r in part["episodes"])]
+         for name, part in (("search", search), ("swe", swe))],
+    )  # fmt: skip
+    return f"sandbox {result['machine'].get('sandbox')}", f"{costs}\n\n{rates}"
+
+
+def serve_load_table(result: dict) -> tuple[str, str]:
+    """``serve_load.json``: output tokens/s of each server by concurrency, against its own at 1 client."""
+    rows = []
+    for label, settings in result["settings"].items():
+        base = next((r for r in settings if r["clients"] == 1 and "skipped" not in r), None)
+        for r in settings:
+            if "skipped" in r:
+                rows.append([str(r["clients"]), label, f"skipped ({r['skipped']})", "", "", "", ""])
+                continue
+            ratio = r["output_tokens_per_s"] / base["output_tokens_per_s"] if base else None
+            rows.append([str(r["clients"]), label, str(r["errors"]), f"{r['output_tokens_per_s']:.3g}", _x(ratio),
+                         f"{r['latency_p50_s']:.2g} / {r['latency_p95_s']:.2g}",
+                         f"{r['mean_batch_size']:.1f}"])  # fmt: skip
+    table = _table(
+        [
+            "clients",
+            "server",
+            "errors",
+            "output tok/s",
+            "vs 1 client",
+            "latency p50 / p95 (s)",
+            "mean decode batch",
+        ],
+        sorted(rows, key=lambda r: int(r[0])),
+    )
+    what = (
+        f"{result['model']}; per client {result['requests_per_client']} × {result['max_tokens']}-token requests; "
+        f"continuous / one at a time at 16 clients: {_x(result['ratio_at_16'])}"
+    )
+    return what, table
 
 
 def scalar_table(result: object) -> tuple[str, str]:
@@ -219,6 +352,10 @@ FORMATS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "hf_decode": (("hf_decode.json",), hf_decode_table),
     "attention_gqa": (("attention_gqa.json",), attention_gqa_table),
     "rl_keep_routing": (("rl_keep_routing.json",), keep_routing_table),
+    "agent_loop": (("agent_loop.json",), agent_loop_table),
+    "envs": (("envs.json",), envs_table),
+    "envs_search_swe": (("envs_search_swe.json",), envs_search_swe_table),
+    "serve_load": (("serve_load.json",), serve_load_table),
 }
 
 
@@ -292,10 +429,14 @@ def results_section(command: str, summary: list[dict], out: Path, since: float) 
         lines += ["", f"### {s['script']}"]
         if s["seconds"] is not None:
             lines += ["", f"`{shlex.join(['python', *s['command']])}` · {s['seconds']:.0f} s"]
-        if s["returncode"] != 0:
-            lines += ["", f"Failed (exit {s['returncode']}); no table."]
-            continue
         body = benchmark_section(stem, out, since)
+        if s["returncode"] != 0:
+            failed = f"Failed (exit {s['returncode']})"
+            lines += [
+                "",
+                f"{failed}; what it wrote before it failed:\n\n{body}" if body else f"{failed}; no table.",
+            ]
+            continue
         missing = (
             "Wrote no JSON in this run (e.g. no GPU on this machine)." if since else f"No JSON in `{shown}`."
         )
@@ -314,7 +455,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="pass --quick to the scripts that support it")
-    ap.add_argument("--only", nargs="*", default=None, help="script names (without .py) to run")
+    ap.add_argument("--only", nargs="+", default=None, help="script names (without .py) to run")
+    ap.add_argument(
+        "--max-wait",
+        type=float,
+        default=None,
+        help="seconds each script that takes --max-wait may wait in all for a quiet CPU (0: never)",
+    )
     ap.add_argument("--out", default="runs/bench", help="where the scripts' JSON and the summary are")
     ap.add_argument("--results", default="docs/results.md", help="the Markdown file the tables go to")
     ap.add_argument("--no-results", action="store_true", help="do not append to --results")
@@ -335,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     since = 0.0 if args.report_only else time.time()
     summary = []
     for script in todo:
-        cmd = script_command(script, args.quick, args.out)
+        cmd = script_command(script, args.quick, args.out, args.max_wait)
         if args.report_only:
             summary.append({"script": script.name, "command": cmd, "returncode": 0, "seconds": None})
             continue

@@ -1,16 +1,24 @@
 """Load on ``dsv32 serve``: SmolLM2-135M-Instruct on loopback, 1, 4 and 16 concurrent clients.
 
     python benchmarks/serve_load.py                 # ~5-10 minutes on 2 busy cores
-    python benchmarks/serve_load.py --requests 1    # quicker
+    python benchmarks/serve_load.py --quick         # 1 request of 8 tokens per client, ≤ ~5 minutes
 
 Each client sends ``--requests`` streamed chat completions in a row (``max_tokens`` fixed, greedy,
 different prompts) through the official ``openai`` client. Two servers are measured in the same
 run on the same loaded model: continuous batching (``--max-batch 16``) and one-at-a-time serving
 (``--max-batch 1``, the baseline), each on ``--threads`` torch threads. Per setting: errors, latency p50/p95, time to first token
 p50/p95, output tokens/s (completion tokens of all requests / wall time) and the decode batch sizes
-the server saw. ``ratio_at_16`` is continuous / one-at-a-time output tokens/s at 16 clients.
-Writes ``runs/bench/serve_load.json`` and ``serve_load.png``. The server listens on 127.0.0.1 only;
-``--time-limit`` bounds the run (settings not started in time are recorded as skipped).
+the server saw. ``ratio_at_16`` is continuous / one-at-a-time output tokens/s at 16 clients;
+``throughput_vs_1_client``: each server's output tokens/s at 4 and 16 clients over its own at 1.
+Writes ``runs/bench/serve_load.json`` and ``serve_load.png``. The server listens on 127.0.0.1 only.
+
+``--time-limit`` bounds the run: the 16-client settings run first, and a later setting of a server
+starts only if it can finish before the deadline by an estimate from that server's setting before it
+(its measured time per round of requests, ``ceil(clients / max-batch)`` rounds per request of each
+client, plus the setup and warm-up it took); a setting with no earlier one of its server (the two
+16-client settings) starts if the deadline has not passed. So the run ends past ``--time-limit`` by
+at most one 16-client setting, or by how far an estimate fell short. Settings not started are
+recorded as skipped, with the reason.
 """
 
 from __future__ import annotations
@@ -148,11 +156,29 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
+def estimate_s(previous: dict | None, clients: int, max_batch: int, requests: int) -> float | None:
+    """Seconds a setting of a server should take, from its ``previous`` setting (``elapsed_s``: the
+    whole setting, ``wall_s``: its requests): the same time per round of requests, ``ceil(clients /
+    max_batch)`` rounds for each request of a client, plus the same setup. None without one."""
+    if previous is None or not previous.get("requests"):
+        return None
+    rounds = -(-previous["clients"] // max_batch) * (previous["requests"] // previous["clients"])
+    per_round = previous["wall_s"] / max(rounds, 1)
+    setup = previous["elapsed_s"] - previous["wall_s"]
+    return setup + per_round * -(-clients // max_batch) * requests
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=2, help="requests per client")
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--time-limit", type=float, default=900.0, help="seconds; later settings are skipped")
+    ap.add_argument(
+        "--time-limit",
+        type=float,
+        default=900.0,
+        help="seconds; a setting that cannot finish in time is skipped (see the module's text)",
+    )
+    ap.add_argument("--quick", action="store_true", help="1 request of 8 tokens per client, time limit 300 s")
     ap.add_argument(
         "--threads",
         type=int,
@@ -161,7 +187,9 @@ def main() -> None:
         "threads decode several times slower than one)",
     )
     ap.add_argument("--out", default="runs/bench")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.requests, args.max_tokens, args.time_limit = 1, 8, min(args.time_limit, 300.0)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -170,14 +198,27 @@ def main() -> None:
     settings: dict[str, list[dict]] = {label: [] for label, _ in SETTINGS}
     for clients in sorted(CONCURRENCY, reverse=True):  # the 16-client comparison first
         for label, max_batch in SETTINGS:
-            if time.monotonic() > deadline:
-                settings[label].append({"clients": clients, "skipped": "time limit"})
+            done = [r for r in settings[label] if "skipped" not in r]
+            expected = estimate_s(done[-1] if done else None, clients, max_batch, args.requests)
+            left = deadline - time.monotonic()
+            if left <= 0 or (expected is not None and expected > left):
+                why = (
+                    "time limit"
+                    if left <= 0
+                    else f"time limit: estimated {expected:.0f} s, {left:.0f} s left"
+                )
+                settings[label].append({"clients": clients, "skipped": why})
+                print(label, f"{clients} clients skipped ({why})", flush=True)
                 continue
+            start = time.monotonic()
             app = create_app(served, max_batch=max_batch, max_queue=256)
             with ServerThread(app) as server:
                 run_load(server.base_url, 1, 1, 4)  # warm-up, not recorded
                 warm = tuple(app.state.scheduler.metrics.histograms["batch_size"][1:])
                 row = run_load(server.base_url, clients, args.requests, args.max_tokens)
+            row["elapsed_s"] = time.monotonic() - start
+            if expected is not None:
+                row["estimated_s"] = expected
             settings[label].append(row | _batch_sizes(app, warm))
             print(label, json.dumps({k: v for k, v in row.items() if k != "error_messages"}), flush=True)
     for rows in settings.values():
@@ -188,6 +229,11 @@ def main() -> None:
     }
     fast, slow = at16.values()
     ratio = fast["output_tokens_per_s"] / slow["output_tokens_per_s"] if fast and slow else float("nan")
+    vs_one = {}
+    for label, rows in settings.items():
+        measured = {r["clients"]: r["output_tokens_per_s"] for r in rows if "skipped" not in r}
+        if 1 in measured and measured[1] > 0:
+            vs_one[label] = {str(c): v / measured[1] for c, v in measured.items() if c != 1}
     results = {
         "benchmark": "serve_load",
         "model": "SmolLM2-135M-Instruct (fp32)",
@@ -202,6 +248,8 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "settings": settings,
         "ratio_at_16": ratio,
+        "throughput_vs_1_client": vs_one,
+        "time_limit_s": args.time_limit,
     }
     (out / "serve_load.json").write_text(json.dumps(results, indent=2))
     plot(results, out / "serve_load.png")

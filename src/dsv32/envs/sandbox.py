@@ -327,7 +327,7 @@ def isolation(kind: str | None = None) -> Isolation:
     if kind is not None and not _works(kind):
         raise SandboxError(f"sandbox isolation {kind!r} does not work on this machine; {_hint(kind)}")
     chosen = kind or next(k for k in KINDS if _works(k))
-    if chosen == "rlimits":
+    if chosen == "rlimits" and kind is None:  # the fallback, not a caller's or $DSV32_SANDBOX's choice
         _warn_once()
     confined = chosen != "rlimits"
     return Isolation(
