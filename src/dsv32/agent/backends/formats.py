@@ -1,12 +1,14 @@
 """Prompt formats of the local backend: the V3.2 encoding, or a model's own chat template.
 
 :class:`V32Format` (a tokenizer with the V3.2 special tokens): the prompt is exactly
-:func:`dsv32.chat.encode_messages` of the conversation with its tools attached, grown incrementally —
-when the new conversation only appends assistant turns and tool results to the previous one, only
-the new messages are rendered (``context=``) and tokenized, and their ids are appended (the text
-before them ends with ``<think>``/``</think>``, special tokens, so the ids equal tokenizing the whole
-prompt). A new user message re-renders the whole prompt (§3.2.1 changes the prefix). Completions are
-parsed with :func:`dsv32.chat.parse_completion` in lenient mode; its problems are returned.
+:func:`dsv32.chat.encode_messages` of the conversation with its tools attached, grown incrementally by
+a :class:`dsv32.chat.IncrementalEncoder`: a step renders only the messages it adds (a new user message
+re-renders from the previous one, §3.2.1 changes their layout; a rewritten history from its first
+change). The ids are kept in pieces that end where a special token ends a message's text or starts
+the next one's (a tokenizer splits at special tokens first, so each piece tokenizes on its own as it
+does inside the whole prompt); a step tokenizes the pieces from the first changed message on.
+Completions are parsed with :func:`dsv32.chat.parse_completion` in lenient mode; its problems are
+returned.
 
 :class:`TemplateFormat` (any other chat model): the tokenizer's ``apply_chat_template``. Tool calls
 use the widespread ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` convention (Qwen,
@@ -23,6 +25,7 @@ its own. The messages themselves are not changed.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import re
@@ -34,16 +37,28 @@ from dsv32.agent.backends.base import assistant_message, visible_messages
 from dsv32.agent.errors import AgentError
 from dsv32.chat import (
     EOS,
+    SPECIAL_TOKENS,
     THINK_END,
+    IncrementalEncoder,
+    Segment,
     attach_tools,
-    encode_messages,
-    last_user_index,
     missing_special_tokens,
     parse_completion,
     strip_tool_results,
     tokenizer_special_tokens,
 )
 from dsv32.chat.protocol import CALLS_START
+
+
+def _strip_tool_result(message: dict) -> dict:
+    return strip_tool_results([message])[0]
+
+
+def _cut_between(before: str, after: str) -> bool:
+    """Whether text ending with ``before`` and text starting with ``after`` tokenize on their own as
+    they do together: a special token stands between them (a tokenizer splits the text at its
+    special tokens before anything else)."""
+    return before.endswith(SPECIAL_TOKENS) or after.startswith(SPECIAL_TOKENS)
 
 
 @dataclass
@@ -73,32 +88,60 @@ class V32Format:
         self.tokenizer = tokenizer
         self.stop_ids = [tokenizer.convert_tokens_to_ids(EOS)]
         self.last: Prompt | None = None
+        self._encoder: IncrementalEncoder | None = None
+        self._segments: list[Segment] = []
+        # where the prompt can be cut for tokenizing the rest on its own (a special token on one
+        # side): (segments, characters, ids) before each such place, in order
+        self._cuts: list[tuple[int, int, int]] = [(0, 0, 0)]
 
     def _ids(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def prompt(self, messages: Sequence[dict], tools: Sequence[dict], thinking: bool) -> Prompt:
         mode = "thinking" if thinking else "chat"
-        last, tools = self.last, list(tools)
-        if (
-            last is not None
-            and last.thinking == thinking
-            and last.tools == tools
-            and _extends(last.messages, messages)
-        ):
-            new = list(messages[len(last.messages) :])
-            if not new:
-                return last
-            if last_user_index(new) < 0:
-                new = strip_tool_results(new)
-                tail = encode_messages(new, mode, context=attach_tools(last.messages, tools))
-                self.last = Prompt(
-                    list(messages), tools, thinking, last.text + tail, last.ids + self._ids(tail)
-                )
-                return self.last
-        text = encode_messages(attach_tools(strip_tool_results(messages), tools), mode)
-        self.last = Prompt(list(messages), tools, thinking, text, self._ids(text))
+        tools, messages = list(tools), list(messages)
+        if self._encoder is None or self._encoder.thinking_mode != mode:
+            self._encoder = IncrementalEncoder(mode, prepare=_strip_tool_result)
+            self._segments, self._cuts, self.last = [], [(0, 0, 0)], None
+        segments = self._encoder.segments(attach_tools(messages[:1], tools) + messages[1:])
+        reused = self._encoder.reused
+        last = self.last
+        if last is not None and reused == len(segments) == len(self._segments):
+            if last.tools != tools or last.messages != messages:
+                last = self.last = Prompt(messages, tools, thinking, last.text, last.ids)
+            return last
+        try:
+            self.last = self._tokenize(segments, reused, messages, tools, thinking)
+        except BaseException:
+            self._encoder = None  # its state is ahead of the ids kept here: start over next time
+            raise
         return self.last
+
+    def _tokenize(
+        self, segments: list[Segment], reused: int, messages: list[dict], tools: list[dict], thinking: bool
+    ) -> Prompt:
+        """The prompt of ``segments``, of which the first ``reused`` are those of the last prompt:
+        restart at the last cut within them and tokenize from there, piece by piece."""
+        last = self.last
+        keep = bisect.bisect_right(self._cuts, reused, key=lambda cut: cut[0]) - 1
+        cuts = self._cuts[: keep + 1]
+        first, chars, count = cuts[-1]
+        pieces, ids = [], last.ids[:count] if last is not None else []
+        chunk: list[str] = []
+        for index in range(first, len(segments)):
+            chunk.append(segments[index].text)
+            end = index + 1 == len(segments)
+            if end or _cut_between(segments[index].text, segments[index + 1].text):
+                piece = "".join(chunk)
+                chunk = []
+                pieces.append(piece)
+                chars += len(piece)
+                ids += self._ids(piece)
+                if not end or piece.endswith(SPECIAL_TOKENS):
+                    cuts.append((index + 1, chars, len(ids)))
+        text = (last.text[: cuts[keep][1]] if last is not None else "") + "".join(pieces)
+        self._segments, self._cuts = segments, cuts
+        return Prompt(messages, tools, thinking, text, ids)
 
     def decode(self, tokens: Sequence[int]) -> str:
         return self.tokenizer.decode(list(tokens), skip_special_tokens=False)
