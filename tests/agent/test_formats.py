@@ -1,18 +1,23 @@
-"""The local backend's prompt formats on their own: the V3.2 format renders and tokenizes only what a
+"""The local backend's prompt formats on their own. The V3.2 format renders and tokenizes only what a
 step adds, and its prompt is still the full rendering of the conversation, byte for byte and token for
 token, whatever happens to the history (new user turns, discarded rounds, messages changed in place,
-another mode or tool list)."""
+another mode or tool list). The template format renders the whole conversation but tokenizes only
+what changed, in pieces cut at special tokens; the ids equal tokenizing the whole prompt, with
+SmolLM2's byte-level BPE and with SentencePiece-style tokenizers (built here: BPE with a ``▁``
+prefix normalizer as Llama 2's, Metaspace with ``prepend_scheme="first"``, Unigram)."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dsv32.agent import Agent
+from dsv32.agent.backends import formats
 from dsv32.agent.backends.base import Completion, Usage
-from dsv32.agent.backends.formats import V32Format
+from dsv32.agent.backends.formats import PieceTokenizer, TemplateFormat, V32Format, split_markers
 from dsv32.chat import EOS, USER, attach_tools, encode, encode_messages, strip_tool_results
 
 TOOLS = [
@@ -169,3 +174,143 @@ def test_v32_renders_and_tokenizes_each_message_once_per_episode(v32_tokenizer, 
     # the tools comes first); the last one is in no prompt
     assert rendered == [i + 1 for i, m in enumerate(traj.messages[:-1]) if m["role"] == "assistant"]
     assert "".join(tokenized) == fmt.last.text
+
+
+# --- the template format ----------------------------------------------------------------------------
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "[INST] What is 2 + 3? [/INST] The answer is 5.",
+    '<tool_call> {"name": "add", "arguments": {"a": 2, "b": 3}} </tool_call>',
+    "<tool_response> page word1 word2 word3 </tool_response> <think> reasoning step </think>",
+    "  spaces   and\nnewlines\n\n 多云 天气",
+]
+#: Llama 2's layout for every role (an instruction turn for all but the assistant's).
+LLAMA_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'assistant' %}"
+    "{{ ' ' + message['content'] + ' ' + eos_token }}"
+    "{% else %}{{ bos_token + '[INST] ' + message['role'] + ': ' + message['content'] + ' [/INST]' }}"
+    "{% endif %}{% endfor %}"
+)
+
+
+def sentencepiece_tokenizer(kind: str):
+    """A small SentencePiece-style fast tokenizer trained on CORPUS, with a chat template in Llama 2's
+    layout."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>"]
+    if kind == "unigram":
+        tokenizer = Tokenizer(models.Unigram())
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="always")
+        trainer = trainers.UnigramTrainer(vocab_size=200, special_tokens=specials, unk_token="<unk>")
+    else:
+        tokenizer = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+        if kind == "llama2":  # a "▁" before each section, spaces as "▁", no pre-tokenizer
+            tokenizer.normalizer = normalizers.Sequence(
+                [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
+            )
+        else:
+            tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=False)
+        trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials)
+    tokenizer.decoder = decoders.Metaspace()
+    tokenizer.train_from_iterator(CORPUS * 10, trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    wrapped.chat_template = LLAMA_TEMPLATE
+    return wrapped
+
+
+@pytest.fixture(scope="module", params=["smollm2", "llama2", "metaspace-first", "unigram"])
+def any_tokenizer(request, smollm2_tokenizer):
+    return smollm2_tokenizer if request.param == "smollm2" else sentencepiece_tokenizer(request.param)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_pieces_tokenize_like_the_whole_text(any_tokenizer, data):
+    markers = split_markers(any_tokenizer)
+    assert markers  # <|im_start|>, <|im_end|>, ... or <s>, </s>
+    words = st.sampled_from(
+        [*markers, " ", "  ", "\n", "a", "word", "x y", "42", "[INST] ", " [/INST]", "多云", "</", "s>"]
+    )
+    fragment = st.lists(words, min_size=1, max_size=6).map("".join)
+    pieces, text = PieceTokenizer(any_tokenizer, markers), ""
+    for _ in range(data.draw(st.integers(1, 15), label="steps")):
+        at = (
+            data.draw(st.integers(0, len(text)), label="at")
+            if data.draw(st.booleans(), label="edit")
+            else len(text)
+        )
+        cut = data.draw(st.integers(0, min(8, len(text) - at)), label="cut")
+        text = text[:at] + data.draw(fragment, label="new") + text[at + cut :]
+        assert pieces(text) == any_tokenizer.encode(text, add_special_tokens=False)
+        assert pieces.tokenized <= len(text)
+
+
+class Counting:
+    """A tokenizer that counts the characters it is given to tokenize."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.chars = tokenizer, 0
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+    def encode(self, text, **kw):
+        self.chars += len(text)
+        return self.tokenizer.encode(text, **kw)
+
+    def __call__(self, texts, **kw):
+        self.chars += sum(map(len, texts))
+        return self.tokenizer(texts, **kw)
+
+
+@pytest.mark.parametrize("name", ["smollm2", "llama2"])
+def test_a_template_prompt_tokenizes_only_what_changed(name, smollm2_tokenizer):
+    tokenizer = Counting(smollm2_tokenizer if name == "smollm2" else sentencepiece_tokenizer("llama2"))
+    fmt = TemplateFormat(tokenizer, [tokenizer.eos_token_id])
+    tokenizer.chars = 0
+    backend = FormatBackend(fmt, 30)
+    prompts = []
+    original = backend.fmt.prompt
+
+    def recording(messages, tools, thinking):
+        prompt = original(messages, tools, thinking)
+        prompts.append(prompt)
+        return prompt
+
+    backend.fmt.prompt = recording
+    traj = Agent(backend, [fetch], thinking=False).run("Read the pages.")
+    assert traj.stop_reason == "answer" and len(traj.steps) == 30
+    for prompt in prompts:
+        assert prompt.ids == tokenizer.tokenizer.encode(prompt.text, add_special_tokens=False)
+    # every step tokenizes what it adds and the last piece of the prompt before it (the generation
+    # prompt, or the last tool result when there is none), not the whole prompt
+    assert tokenizer.chars < 3 * len(prompts[-1].text)
+
+
+def test_the_same_template_conversation_is_rendered_once(smollm2_tokenizer, monkeypatch):
+    fmt = TemplateFormat(smollm2_tokenizer, [smollm2_tokenizer.eos_token_id])
+    renders = []
+    render = fmt._render
+    monkeypatch.setattr(fmt, "_render", lambda *a, **kw: renders.append(1) or render(*a, **kw))
+    messages = [{"role": "user", "content": "task"}, *tool_round_fixed(0)]
+    first = fmt.prompt(messages, TOOLS, False)
+    assert fmt.prompt(messages, TOOLS, False) is first and len(renders) == 1  # count_tokens, then complete
+    messages[2]["content"] = "page 0, changed in place"
+    again = fmt.prompt(messages, TOOLS, False)
+    assert len(renders) == 2 and "changed in place" in again.text
+    assert again.ids == smollm2_tokenizer.encode(again.text, add_special_tokens=False)
+
+
+def test_a_tokenizer_that_does_not_split_at_the_markers_is_given_whole_prompts(monkeypatch):
+    tokenizer = sentencepiece_tokenizer("llama2")
+    monkeypatch.setattr(formats, "split_markers", lambda tokenizer: [": ", "</s>"])  # ": " is no token
+    fmt = TemplateFormat(tokenizer, [tokenizer.eos_token_id])
+    assert fmt.markers == [] and fmt.pieces.pattern is None
+    messages = [{"role": "user", "content": "task"}, *tool_round_fixed(0)]
+    prompt = fmt.prompt(messages, TOOLS, False)
+    assert prompt.ids == tokenizer.encode(prompt.text, add_special_tokens=False)

@@ -54,7 +54,12 @@ from dsv32.chat.tokenize import (
     missing_special_tokens,
     tokenize_conversation,
 )
-from dsv32.chat.untrusted import strip_special_tokens, strip_tool_results, tokenizer_special_tokens
+from dsv32.chat.untrusted import (
+    ToolResultStripper,
+    strip_special_tokens,
+    strip_tool_results,
+    tokenizer_special_tokens,
+)
 
 __all__ = [
     "ASSISTANT",
@@ -70,6 +75,7 @@ __all__ = [
     "ParseError",
     "Segment",
     "TokenizerError",
+    "ToolResultStripper",
     "add_v32_special_tokens",
     "agent_system_prompt",
     "apply_thinking_context",

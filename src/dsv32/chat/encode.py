@@ -30,7 +30,6 @@ content, missing tool results before the next turn and non-finite numbers raise
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +37,7 @@ from typing import Any
 from dsv32.chat import protocol as P
 from dsv32.chat.context import USER_ROLES, apply_thinking_context, last_user_index
 from dsv32.chat.errors import ConversationError
+from dsv32.chat.snapshot import freeze, identical
 from dsv32.chat.validate import (
     START,
     check_conversation,
@@ -185,44 +185,9 @@ def next_state(index: int, message: Mapping[str, Any], state: tuple[int, int, in
 
 # ------------------------------------------------------------------------------ incremental encoding
 _UNCACHED = object()  # stands for a message that is never taken as unchanged (not a plain dict)
-_PLAIN = (str, int, float, bool, type(None))
 
 
-def _freeze(value: Any) -> Any:
-    """A copy of ``value`` that later changes to it cannot reach: containers copied, leaves shared."""
-    kind = type(value)
-    if kind is dict:
-        return {key: _freeze(item) for key, item in value.items()}
-    if kind is list:
-        return [_freeze(item) for item in value]
-    if kind is tuple:
-        return tuple(_freeze(item) for item in value)
-    if kind in _PLAIN:
-        return value
-    return copy.deepcopy(value)
-
-
-def _identical(a: Any, b: Any) -> bool:
-    """``a == b`` with the same types throughout, dict keys in the same order and floats written the
-    same (``1``, ``1.0`` and ``True`` are equal but are written differently, and so is ``-0.0``)."""
-    if a is b:
-        return True
-    kind = type(a)
-    if kind is not type(b):
-        return False
-    if kind is dict:
-        return len(a) == len(b) and all(
-            ka == kb and type(ka) is type(kb) and _identical(va, vb)
-            for (ka, va), (kb, vb) in zip(a.items(), b.items(), strict=True)
-        )
-    if kind is list or kind is tuple:
-        return len(a) == len(b) and all(_identical(x, y) for x, y in zip(a, b, strict=True))
-    if kind is float:
-        return a == b and repr(a) == repr(b)
-    return bool(a == b)
-
-
-def _needs_identical(message: dict) -> bool:
+def _needs_strict(message: dict) -> bool:
     """Whether ``==`` can miss a change to how ``message`` is rendered: it has a tools list, a
     response format or tool-call arguments as an object (their key order and number types are written
     out), or text fields that are not plain strings."""
@@ -250,7 +215,7 @@ class _Entry:
     """What the encoder keeps about one rendered message."""
 
     snapshot: Any  # a frozen copy of the message as given (_UNCACHED: never reused)
-    identical: bool  # compare with _identical rather than ==
+    strict: bool  # compare with identical() rather than ==
     prepared: Mapping[str, Any]  # what was rendered: prepare(message)
     segment: Segment
     state: tuple[int, int, int]  # the tool-call state after this message
@@ -295,7 +260,7 @@ class IncrementalEncoder:
         self._entries: list[_Entry] = []
         self._snapshots: list[Any] = []
         self._segments: list[Segment] = []
-        self._strict: list[int] = []  # the messages compared with _identical
+        self._strict: list[int] = []  # the messages compared with identical()
         self._rendered = False  # whether a call has returned segments
         self._bos = [Segment(None, "bos", P.BOS)] if add_bos else []
         self.reused = 0
@@ -310,15 +275,15 @@ class IncrementalEncoder:
             same = False
         if same:
             for index in self._strict:
-                if index < limit and not _identical(messages[index], entries[index].snapshot):
+                if index < limit and not identical(messages[index], entries[index].snapshot):
                     return index
             return limit
         for index in range(limit):
             entry = entries[index]
             try:
                 equal = (
-                    _identical(messages[index], entry.snapshot)
-                    if entry.identical
+                    identical(messages[index], entry.snapshot)
+                    if entry.strict
                     else messages[index] == entry.snapshot
                 )
             except Exception:
@@ -362,19 +327,19 @@ class IncrementalEncoder:
             if message["role"] in USER_ROLES:
                 seen = index
             if index < first:
-                snapshot, identical = entries[index].snapshot, entries[index].identical
+                snapshot, strict = entries[index].snapshot, entries[index].strict
             elif type(message) is dict:
-                snapshot, identical = _freeze(message), _needs_identical(message)
+                snapshot, strict = freeze(message), _needs_strict(message)
             else:
-                snapshot, identical = _UNCACHED, False
-            fresh.append(_Entry(snapshot, identical, prepared, segment, state, seen))
+                snapshot, strict = _UNCACHED, False
+            fresh.append(_Entry(snapshot, strict, prepared, segment, state, seen))
 
         old_segments = self._segments
         self._entries = entries[:start] + fresh
         self._snapshots = self._snapshots[:start] + [entry.snapshot for entry in fresh]
         self._segments = old_segments[:start] + [entry.segment for entry in fresh]
         self._strict = [i for i in self._strict if i < start]
-        self._strict += [start + k for k, entry in enumerate(fresh) if entry.identical]
+        self._strict += [start + k for k, entry in enumerate(fresh) if entry.strict]
         reused = start
         limit = min(len(self._segments), len(old_segments))
         while reused < limit and self._segments[reused] is old_segments[reused]:

@@ -15,7 +15,10 @@ use the widespread ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` 
 Hermes, SmolLM3). For a template that ignores ``tools`` (SmolLM2's does) the tool schemas are added to
 the system message with instructions in that convention; for one that ignores assistant
 ``tool_calls`` the calls are written into the assistant's content in the same form, so the model
-sees what it did. Reasoning inside ``<think>…</think>`` becomes ``reasoning_content``.
+sees what it did. Reasoning inside ``<think>…</think>`` becomes ``reasoning_content``. The template is
+rendered whole at each step (it may depend on the whole conversation; a call with the same
+conversation as the previous one returns the previous prompt), and tokenized in pieces by a
+:class:`PieceTokenizer`, which tokenizes only what changed.
 
 Tool results are untrusted text: both formats remove special-token strings from them before the
 prompt is tokenized (:func:`dsv32.chat.strip_tool_results`) — the V3.2 special tokens, or the
@@ -41,6 +44,7 @@ from dsv32.chat import (
     THINK_END,
     IncrementalEncoder,
     Segment,
+    ToolResultStripper,
     attach_tools,
     missing_special_tokens,
     parse_completion,
@@ -48,6 +52,7 @@ from dsv32.chat import (
     tokenizer_special_tokens,
 )
 from dsv32.chat.protocol import CALLS_START
+from dsv32.chat.snapshot import freeze, identical
 
 
 def _strip_tool_result(message: dict) -> dict:
@@ -68,10 +73,6 @@ class Prompt:
     thinking: bool
     text: str
     ids: list[int]
-
-
-def _extends(old: Sequence[dict], new: Sequence[dict]) -> bool:
-    return len(new) >= len(old) and all(a is b or a == b for a, b in zip(old, new))
 
 
 class V32Format:
@@ -209,6 +210,90 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict], list[dict]]:
     return _TOOL_CALL.sub("", text), calls, problems
 
 
+def split_markers(tokenizer: Any) -> list[str]:
+    """The special tokens of ``tokenizer`` that its text is split at before anything else, as they
+    are written: added tokens marked special that match as they are (not normalized, no whitespace
+    taken on their left, not only as whole words)."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return sorted(
+        token.content
+        for token in added.values()
+        if getattr(token, "special", False)
+        and token.content
+        and not getattr(token, "lstrip", False)
+        and not getattr(token, "single_word", False)
+        and not getattr(token, "normalized", False)
+    )
+
+
+class PieceTokenizer:
+    """Token ids of a text that changes little from one call to the next (a re-rendered prompt).
+
+    The ids are kept in pieces: the text is cut where one of ``markers`` begins (special tokens a
+    tokenizer splits the text at before anything else, see :func:`split_markers`), so a piece ends
+    where the tokenizer's own split falls and tokenizes on its own as it does inside the whole text;
+    the text before a marker never merges with it, and the text after it starts a new section either
+    way. A call reuses the pieces of the previous text that the new text still holds whole, each
+    followed by the same marker, and tokenizes only the rest, piece by piece. Without markers every
+    call tokenizes the whole text.
+    """
+
+    def __init__(self, tokenizer: Any, markers: Sequence[str] = ()) -> None:
+        self.tokenizer = tokenizer
+        markers = sorted(set(markers), key=len, reverse=True)
+        self.pattern = re.compile("|".join(map(re.escape, markers))) if markers else None
+        self.text = ""
+        # per piece: where it starts in the text, the length of the marker it starts with (0 for a
+        # first piece without one), and how many ids come before it
+        self.starts: list[int] = []
+        self.heads: list[int] = []
+        self.counts: list[int] = []
+        self.ids: list[int] = []
+        self.tokenized = 0  # characters tokenized by the latest call
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        if len(texts) == 1:
+            return [list(self.tokenizer.encode(texts[0], add_special_tokens=False))]
+        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    def _kept(self, text: str) -> int:
+        """How many leading pieces of the previous text ``text`` holds whole, each still followed by
+        the marker that followed it."""
+        old, starts, heads = self.text, self.starts, self.heads
+        if len(starts) < 2:
+            return 0
+        if text.startswith(old):
+            return len(starts) - 1  # all but the last, which nothing followed
+        kept = 0
+        for j in range(1, len(starts)):
+            end = starts[j] + heads[j]
+            if not text.startswith(old[starts[j - 1] : end], starts[j - 1]):
+                break
+            kept = j
+        return kept
+
+    def __call__(self, text: str) -> list[int]:
+        """The ids of ``text`` (a new list; equal to tokenizing it whole)."""
+        if self.pattern is None:
+            self.tokenized = len(text)
+            return self._encode([text])[0]
+        kept = self._kept(text)
+        start = self.starts[kept] if kept else 0
+        cuts = [start] + [m.start() for m in self.pattern.finditer(text, start) if m.start() > start]
+        pieces = [text[a:b] for a, b in zip(cuts, [*cuts[1:], len(text)], strict=True)]
+        ids = self.ids[: self.counts[kept]] if kept else []
+        starts, heads, counts = self.starts[:kept], self.heads[:kept], self.counts[:kept]
+        for at, piece, piece_ids in zip(cuts, pieces, self._encode(pieces), strict=True):
+            head = self.pattern.match(piece)
+            starts.append(at)
+            heads.append(head.end() if head else 0)
+            counts.append(len(ids))
+            ids += piece_ids
+        self.text, self.starts, self.heads, self.counts, self.ids = text, starts, heads, counts, ids
+        self.tokenized = len(text) - start
+        return list(ids)
+
+
 class TemplateFormat:
     name = "template"
 
@@ -233,6 +318,12 @@ class TemplateFormat:
         ]
         self.renders_calls = _PROBE in self._render(turn, [], probe=True)
         self.last: Prompt | None = None
+        self._seen: Any = None  # a frozen copy of the latest call's (thinking, tools, messages)
+        self._strip = ToolResultStripper(self.special_tokens)
+        #: where prompts are cut for tokenizing them in pieces (see PieceTokenizer)
+        self.markers = split_markers(tokenizer)
+        self.pieces = PieceTokenizer(tokenizer, self.markers)
+        self._check_pieces(turn)
 
     def _render(self, messages: list[dict], tools: list[dict], probe: bool = False, **kwargs: Any) -> str:
         import jinja2
@@ -250,11 +341,25 @@ class TemplateFormat:
                 return ""
             raise AgentError(f"the model's chat template cannot render this conversation: {err}") from err
 
+    def _check_pieces(self, turn: list[dict]) -> None:
+        """Tokenize rendered conversations in pieces as prompts are (growing, then with an earlier
+        message changed); if the ids differ from tokenizing the whole text, tokenize whole texts."""
+        user = {"role": "user", "content": " next 2"}
+        grown = [*turn, {"role": "assistant", "content": "x y"}, user]
+        changed = [turn[0], {"role": "assistant", "content": "z"}, user]
+        probe = PieceTokenizer(self.tokenizer, self.markers)
+        for messages in (turn[:1], turn, grown, changed):
+            text = self._render(messages, [], probe=True)
+            if text and probe(text) != list(self.tokenizer.encode(text, add_special_tokens=False)):
+                self.markers = []
+                self.pieces = PieceTokenizer(self.tokenizer)
+                return
+
     def template_messages(
         self, messages: Sequence[dict], tools: Sequence[dict], thinking: bool
     ) -> list[dict]:
         """The conversation as this template gets it (see the module docstring)."""
-        out = strip_tool_results(visible_messages(messages, thinking), self.special_tokens)
+        out = self._strip(visible_messages(messages, thinking))
         for message in out:
             if message.get("role") == "assistant" and message.get("tool_calls") and not self.renders_calls:
                 blocks = [render_call(c) for c in message.pop("tool_calls")]
@@ -270,14 +375,23 @@ class TemplateFormat:
         return out
 
     def prompt(self, messages: Sequence[dict], tools: Sequence[dict], thinking: bool) -> Prompt:
-        last, tools = self.last, list(tools)
-        same = last is not None and last.thinking == thinking and last.tools == tools
-        if same and len(last.messages) == len(messages) and _extends(last.messages, messages):
-            return last
+        tools, messages = list(tools), list(messages)
+        last, seen = self.last, (thinking, tools, messages)
+        if last is not None and last.messages == messages and identical(seen, self._seen):
+            return last  # the same conversation again (count_tokens, then complete)
         shown = self.template_messages(messages, tools, thinking)
         text = self._render(shown, tools if self.renders_tools else [], enable_thinking=thinking)
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        self.last = Prompt(list(messages), tools, thinking, text, ids)
+        last = self.last
+        if last is not None and last.text == text:
+            ids = last.ids
+        else:
+            try:
+                ids = self.pieces(text)
+            except BaseException:
+                self.pieces = PieceTokenizer(self.tokenizer, self.markers)  # start over next time
+                raise
+        self._seen = freeze(seen)
+        self.last = Prompt(messages, tools, thinking, text, ids)
         return self.last
 
     def decode(self, tokens: Sequence[int]) -> str:
