@@ -8,6 +8,7 @@ prefix normalizer as Llama 2's, Metaspace with ``prepend_scheme="first"``, Unigr
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -314,3 +315,55 @@ def test_a_tokenizer_that_does_not_split_at_the_markers_is_given_whole_prompts(m
     messages = [{"role": "user", "content": "task"}, *tool_round_fixed(0)]
     prompt = fmt.prompt(messages, TOOLS, False)
     assert prompt.ids == tokenizer.encode(prompt.text, add_special_tokens=False)
+
+
+# --- reasoning in the template format (§3.2.1) ---------------------------------------------------------
+
+PLAN = "SECRET-PLAN: look up X, then Y"
+
+
+def round_with_reasoning() -> list[dict]:
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "X"}'}}
+    return [
+        {"role": "user", "content": "task"},
+        {"role": "assistant", "content": "Looking.", "reasoning_content": PLAN, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "result X"},
+    ]
+
+
+def test_a_template_that_ignores_reasoning_gets_the_kept_reasoning_in_the_content(smollm2_tokenizer):
+    fmt = TemplateFormat(smollm2_tokenizer, [smollm2_tokenizer.eos_token_id])
+    assert fmt.reasoning_field is None  # SmolLM2's template renders content only
+    messages = round_with_reasoning()
+    turn = (
+        f"<|im_start|>assistant\n<think>\n{PLAN}\n</think>\n\nLooking.\n"
+        '<tool_call>\n{"name": "lookup", "arguments": {"q": "X"}}\n</tool_call><|im_end|>\n'
+    )
+    assert turn in fmt.prompt(messages, [], True).text  # thinking: kept across the tool result
+    assert PLAN not in fmt.prompt(messages, [], False).text  # chat mode: no reasoning
+    later = [
+        *messages,
+        {"role": "assistant", "content": "X.", "reasoning_content": "r"},
+        {"role": "user", "content": "next"},
+    ]
+    assert PLAN not in fmt.prompt(later, [], True).text  # a new user message: dropped
+    # what is fed back reads back as the message the model produced
+    content = turn.removeprefix("<|im_start|>assistant\n").removesuffix("<|im_end|>\n")
+    message, problems = fmt.parse(content, True)
+    assert problems == [] and message["reasoning_content"] == PLAN and message["content"] == "Looking."
+    assert message["tool_calls"] == [
+        {"type": "function", "function": messages[1]["tool_calls"][0]["function"]}
+    ]
+
+
+def test_a_template_that_renders_reasoning_gets_it_in_its_own_field(smollm2_tokenizer):
+    tokenizer = copy.deepcopy(smollm2_tokenizer)
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{% if m['reasoning_content'] %}<reasoning>{{ m['reasoning_content'] }}</reasoning>{% endif %}"
+        "{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    fmt = TemplateFormat(tokenizer, [tokenizer.eos_token_id])
+    assert fmt.reasoning_field == "reasoning_content"
+    text = fmt.prompt(round_with_reasoning(), [], True).text
+    assert f"<reasoning>{PLAN}</reasoning>Looking.\n<tool_call>" in text and text.count(PLAN) == 1

@@ -15,7 +15,11 @@ use the widespread ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` 
 Hermes, SmolLM3). For a template that ignores ``tools`` (SmolLM2's does) the tool schemas are added to
 the system message with instructions in that convention; for one that ignores assistant
 ``tool_calls`` the calls are written into the assistant's content in the same form, so the model
-sees what it did. Reasoning inside ``<think>…</think>`` becomes ``reasoning_content``. The template is
+sees what it did. Reasoning inside ``<think>…</think>`` becomes ``reasoning_content``; the reasoning
+§3.2.1 keeps (thinking mode, the turns after the last user message) is given to the template in the
+field it renders (:data:`REASONING_FIELDS`, probed once) or, when it renders none, written before the
+content as ``<think>\nreasoning\n</think>\n\n``, which :meth:`TemplateFormat.parse` reads back as the
+same message. The template is
 rendered whole at each step (it may depend on the whole conversation; a call with the same
 conversation as the previous one returns the previous prompt), and tokenized in pieces by a
 :class:`PieceTokenizer`, which tokenizes only what changed.
@@ -158,6 +162,9 @@ class V32Format:
 
 # ------------------------------------------------------------------------------------------ templates
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+#: assistant fields that chat templates render reasoning from, in the order they are tried
+REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 _THINK = re.compile(r"^\s*(?:<think>)?(.*?)</think>", re.S)
 _PROBE = "dsv32_probe_function"
@@ -317,6 +324,9 @@ class TemplateFormat:
             {"role": "tool", "content": "1"},
         ]
         self.renders_calls = _PROBE in self._render(turn, [], probe=True)
+        #: the assistant field this template renders reasoning from, or None: reasoning is written
+        #: into the content as ``<think>\n…\n</think>\n\n`` (what :meth:`parse` reads back)
+        self.reasoning_field = self._probe_reasoning_field(user)
         self.last: Prompt | None = None
         self._seen: Any = None  # a frozen copy of the latest call's (thinking, tools, messages)
         self._strip = ToolResultStripper(self.special_tokens)
@@ -324,6 +334,13 @@ class TemplateFormat:
         self.markers = split_markers(tokenizer)
         self.pieces = PieceTokenizer(tokenizer, self.markers)
         self._check_pieces(turn)
+
+    def _probe_reasoning_field(self, user: dict) -> str | None:
+        for field in REASONING_FIELDS:
+            reply = {"role": "assistant", "content": "ok", field: _PROBE}
+            if _PROBE in self._render([user, reply], [], probe=True, enable_thinking=True):
+                return field
+        return None
 
     def _render(self, messages: list[dict], tools: list[dict], probe: bool = False, **kwargs: Any) -> str:
         import jinja2
@@ -361,11 +378,22 @@ class TemplateFormat:
         """The conversation as this template gets it (see the module docstring)."""
         out = self._strip(visible_messages(messages, thinking))
         for message in out:
-            if message.get("role") == "assistant" and message.get("tool_calls") and not self.renders_calls:
+            if message.get("role") != "assistant":
+                continue
+            if message.get("tool_calls") and not self.renders_calls:
                 blocks = [render_call(c) for c in message.pop("tool_calls")]
                 message["content"] = "\n".join(
                     [message["content"], *blocks] if message.get("content") else blocks
                 )
+            reasoning = message.get("reasoning_content")
+            if reasoning and self.reasoning_field != "reasoning_content":
+                del message["reasoning_content"]
+                if self.reasoning_field is not None:
+                    message[self.reasoning_field] = reasoning
+                else:
+                    message["content"] = f"{THINK_OPEN}\n{reasoning}\n{THINK_CLOSE}\n\n" + (
+                        message.get("content") or ""
+                    )
         if tools and not self.renders_tools:
             block = tools_instructions(tools)
             if out and out[0].get("role") == "system":
@@ -409,4 +437,4 @@ class TemplateFormat:
         return assistant_message(content.strip(), reasoning, calls), problems
 
     #: streaming: a reply that opens with think_start reasons until think_end; content until calls_start
-    think_start, think_end, calls_start = "<think>", "</think>", TOOL_CALL_OPEN
+    think_start, think_end, calls_start = THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN
