@@ -195,6 +195,22 @@ LLAMA_TEMPLATE = (
 )
 
 
+#: Llama 2's chat template: the system prompt folded into the first user turn, roles must alternate.
+LLAMA2_TEMPLATE = (
+    "{% if messages[0]['role'] == 'system' %}{% set system = messages[0]['content'] %}"
+    "{% set messages = messages[1:] %}{% else %}{% set system = false %}{% endif %}"
+    "{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if loop.index0 == 0 and system %}"
+    "{% set content = '<<SYS>>\\n' + system + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+    "{% else %}{% set content = message['content'] %}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ ' ' + content.strip() + ' ' + eos_token }}{% endif %}"
+    "{% endfor %}"
+)
+
+
 def sentencepiece_tokenizer(kind: str):
     """A small SentencePiece-style fast tokenizer trained on CORPUS, with a chat template in Llama 2's
     layout."""
@@ -367,3 +383,69 @@ def test_a_template_that_renders_reasoning_gets_it_in_its_own_field(smollm2_toke
     assert fmt.reasoning_field == "reasoning_content"
     text = fmt.prompt(round_with_reasoning(), [], True).text
     assert f"<reasoning>{PLAN}</reasoning>Looking.\n<tool_call>" in text and text.count(PLAN) == 1
+
+
+# --- templates that refuse tool turns ------------------------------------------------------------------
+
+#: A ChatML template that refuses any role but system, user and assistant.
+NO_TOOL_ROLE = (
+    "{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def two_calls(step: int) -> list[dict]:
+    calls = [
+        {
+            "id": f"c{step}_{k}",
+            "type": "function",
+            "function": {"name": "fetch", "arguments": f'{{"i": {k}}}'},
+        }
+        for k in range(2)
+    ]
+    return [
+        {"role": "assistant", "content": "", "tool_calls": calls},
+        *({"role": "tool", "tool_call_id": c["id"], "content": f"page {c['id']}"} for c in calls),
+    ]
+
+
+def test_results_as_user_turns():
+    messages = [{"role": "user", "content": "task"}, *two_calls(0), {"role": "user", "content": "more"}]
+    assert formats.results_as_user(messages) == [
+        messages[0],
+        messages[1],
+        {
+            "role": "user",
+            "content": "<tool_response>\npage c0_0\n</tool_response>\n<tool_response>\npage c0_1\n</tool_response>\nmore",
+        },
+    ]
+
+
+def test_a_template_that_refuses_tool_turns_gets_the_results_as_user_turns(smollm2_tokenizer):
+    tokenizer = copy.deepcopy(smollm2_tokenizer)
+    tokenizer.chat_template = NO_TOOL_ROLE
+    fmt = TemplateFormat(tokenizer, [tokenizer.eos_token_id])
+    assert not fmt.tool_role and not fmt.renders_calls
+    messages = [{"role": "user", "content": "task"}, *two_calls(0), *two_calls(1)]
+    prompt = fmt.prompt(messages, TOOLS, False)
+    results = "<tool_response>\npage c1_0\n</tool_response>\n<tool_response>\npage c1_1\n</tool_response>"
+    assert prompt.text.endswith(f"<|im_start|>user\n{results}<|im_end|>\n<|im_start|>assistant\n")
+    assert prompt.text.count("<|im_start|>user") == 3 and "<|im_start|>tool" not in prompt.text
+    assert prompt.ids == tokenizer.encode(prompt.text, add_special_tokens=False)
+
+
+def test_an_episode_runs_on_a_template_whose_roles_must_alternate():
+    tokenizer = sentencepiece_tokenizer("llama2")
+    tokenizer.chat_template = LLAMA2_TEMPLATE
+    fmt = TemplateFormat(tokenizer, [tokenizer.eos_token_id])
+    assert not fmt.tool_role
+    traj = Agent(FormatBackend(fmt, 4), [fetch], system="Read carefully.").run("Read the pages.")
+    assert traj.stop_reason == "answer" and len(traj.steps) == 4
+    text = fmt.last.text
+    assert (
+        text.startswith("<s>[INST] <<SYS>>\nRead carefully.\n\n# Tools")
+        and text.count("<tool_response>") == 3
+    )
+    assert fmt.last.ids == tokenizer.encode(text, add_special_tokens=False)

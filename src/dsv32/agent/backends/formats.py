@@ -18,11 +18,12 @@ the system message with instructions in that convention; for one that ignores as
 sees what it did. Reasoning inside ``<think>…</think>`` becomes ``reasoning_content``; the reasoning
 §3.2.1 keeps (thinking mode, the turns after the last user message) is given to the template in the
 field it renders (:data:`REASONING_FIELDS`, probed once) or, when it renders none, written before the
-content as ``<think>\nreasoning\n</think>\n\n``, which :meth:`TemplateFormat.parse` reads back as the
-same message. The template is
-rendered whole at each step (it may depend on the whole conversation; a call with the same
-conversation as the previous one returns the previous prompt), and tokenized in pieces by a
-:class:`PieceTokenizer`, which tokenizes only what changed.
+content as ``<think>\\nreasoning\\n</think>\\n\\n``, which :meth:`TemplateFormat.parse` reads back as
+the same message. A template that refuses ``tool`` turns (or leaves them out) gets tool results as
+user turns (:func:`results_as_user`), probed once. The template is rendered whole at each step (it
+may depend on the whole conversation; a call with the same conversation as the previous one returns
+the previous prompt), and tokenized in pieces by a :class:`PieceTokenizer`, which tokenizes only what
+changed.
 
 Tool results are untrusted text: both formats remove special-token strings from them before the
 prompt is tokenized (:func:`dsv32.chat.strip_tool_results`) — the V3.2 special tokens, or the
@@ -167,7 +168,9 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 _THINK = re.compile(r"^\s*(?:<think>)?(.*?)</think>", re.S)
+TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 _PROBE = "dsv32_probe_function"
+_PROBE_RESULT = "dsv32_probe_result"
 
 
 def tools_instructions(tools: Sequence[dict]) -> str:
@@ -192,6 +195,31 @@ def render_call(call: dict) -> str:
             arguments = json.loads(arguments)
     body = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
     return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
+
+
+def results_as_user(messages: Sequence[dict]) -> list[dict]:
+    """``messages`` with tool results as user turns, for a template that refuses ``tool`` turns: each
+    result is written ``<tool_response>\n…\n</tool_response>``, and the results of one step, with a
+    user message right after them, make one user turn (joined by a newline; a template that checks
+    that roles alternate accepts it)."""
+    out: list[dict] = []
+    merged = False  # whether out[-1] is a user turn made of tool results
+    for message in messages:
+        role = message.get("role")
+        if role == "tool":
+            text = f"{TOOL_RESPONSE_OPEN}\n{message.get('content') or ''}\n{TOOL_RESPONSE_CLOSE}"
+        elif role == "user" and merged:
+            text = message.get("content") or ""
+        else:
+            out.append(message)
+            merged = False
+            continue
+        if merged:
+            out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + text}
+        else:
+            out.append({"role": "user", "content": text})
+        merged = True
+    return out
 
 
 def parse_tool_calls(text: str) -> tuple[str, list[dict], list[dict]]:
@@ -318,11 +346,15 @@ class TemplateFormat:
         user = {"role": "user", "content": "hi"}
         call = {"type": "function", "function": {"name": _PROBE, "arguments": {}}}
         self.renders_tools = _PROBE in self._render([user], [probe_tool], probe=True)
-        turn = [
-            user,
-            {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "content": "1"},
-        ]
+        calling = {"role": "assistant", "content": "", "tool_calls": [{**call, "id": "call_0"}]}
+        result = {"role": "tool", "tool_call_id": "call_0", "content": _PROBE_RESULT}
+        #: whether the template renders ``tool`` turns; when it refuses them (an alternation check)
+        #: or leaves them out, tool results are given to it as user turns (see results_as_user)
+        self.tool_role = any(
+            _PROBE_RESULT in self._render(probe, [], probe=True)
+            for probe in ([user, calling, result], [user, {"role": "assistant", "content": "ok"}, result])
+        )
+        turn = [user, calling, result] if self.tool_role else [user, calling, *results_as_user([result])]
         self.renders_calls = _PROBE in self._render(turn, [], probe=True)
         #: the assistant field this template renders reasoning from, or None: reasoning is written
         #: into the content as ``<think>\n…\n</think>\n\n`` (what :meth:`parse` reads back)
@@ -394,6 +426,8 @@ class TemplateFormat:
                     message["content"] = f"{THINK_OPEN}\n{reasoning}\n{THINK_CLOSE}\n\n" + (
                         message.get("content") or ""
                     )
+        if not self.tool_role:
+            out = results_as_user(out)
         if tools and not self.renders_tools:
             block = tools_instructions(tools)
             if out and out[0].get("role") == "system":
