@@ -9,9 +9,8 @@ import pytest
 from agent_helpers import answer, calls
 
 from dsv32.agent import Agent, OpenAIBackend, ScriptedBackend
-from dsv32.agent.backends import formats
 from dsv32.agent.backends.formats import TemplateFormat, V32Format
-from dsv32.chat import EOS, USER, attach_tools, encode_messages, strip_tool_results
+from dsv32.chat import EOS, USER, attach_tools, encode, encode_messages, strip_tool_results
 
 #: Untrusted web text that closes the results and the reasoning, ends the turn and opens a new one.
 PAGE = (
@@ -56,23 +55,28 @@ def test_a_tool_result_cannot_open_a_turn_in_the_v32_prompt(v32_tokenizer):
 
 def test_incremental_prompts_equal_a_fresh_render_of_the_stripped_conversation(v32_tokenizer, monkeypatch):
     agent, backend = run_agent("x", "split", "x")
-    rendered_in_context = []
+    rendered: list[int] = []  # the index of every message rendered
 
-    def spy(messages, mode, context=None):
-        rendered_in_context.append(context is not None)
-        return encode_messages(messages, mode, context=context)
+    def spy(index, *args):
+        rendered.append(index)
+        return render_message(index, *args)
 
-    monkeypatch.setattr(formats, "encode_messages", spy)
-    growing, schemas = V32Format(v32_tokenizer), agent.toolbox.schemas
+    render_message = encode._render_message
+    growing, schemas, previous = V32Format(v32_tokenizer), agent.toolbox.schemas, 0
     for call in backend.calls:
+        rendered.clear()
+        monkeypatch.setattr(encode, "_render_message", spy)
         prompt = growing.prompt(call.messages, schemas, True)
+        new = list(rendered)
+        monkeypatch.setattr(encode, "_render_message", render_message)
         fresh = V32Format(v32_tokenizer).prompt(call.messages, schemas, True)
         text = encode_messages(attach_tools(strip_tool_results(call.messages), schemas), "thinking")
         assert prompt.text == fresh.text == text
         assert prompt.ids == fresh.ids == v32_tokenizer.encode(text, add_special_tokens=False)
         assert count(prompt.ids, v32_tokenizer, USER) == 1
-    # the growing prompt rendered only the new messages after the first step; the fresh ones all
-    assert rendered_in_context == [False, False, *[True, False] * 3]
+        # the growing prompt rendered only the messages added since the previous step
+        assert new == list(range(previous, len(call.messages)))
+        previous = len(call.messages)
 
 
 def test_the_template_format_strips_the_tokenizers_own_special_tokens(smollm2_tokenizer):

@@ -9,6 +9,7 @@ import pytest
 
 from dsv32.chat import (
     ConversationError,
+    IncrementalEncoder,
     attach_tools,
     conversation_from_json,
     encode_messages,
@@ -188,6 +189,80 @@ def test_segments_cover_the_prompt(fixture_messages, fixture_output):
     assert "".join(s.text for s in segments) == fixture_output
     assert [s.index for s in segments] == [None, *range(len(fixture_messages))]
     assert [s.generated for s in segments].count(True) == 5
+
+
+def test_an_incremental_encoder_grows_the_fixture_one_message_at_a_time(fixture_messages, fixture_output):
+    encoder, rendered = IncrementalEncoder(), []
+    for k in range(len(fixture_messages) + 1):
+        segments = encoder.segments(fixture_messages[:k])
+        assert "".join(s.text for s in segments) == encode_messages(fixture_messages[:k])
+        rendered.append(len(segments) - encoder.reused)
+    assert encoder.encode(fixture_messages) == fixture_output
+    # each step renders its new message; the second user message (8) re-renders the round before it
+    # (from the first user message: its <think> closes, its turns lose their reasoning)
+    assert rendered == [1, 1, 1, 1, 1, 1, 1, 1, 1, 8, 1, 1, 1, 1]
+
+
+def test_an_incremental_encoder_drops_the_reasoning_when_a_user_turn_arrives():
+    encoder = IncrementalEncoder()
+    turn = [USER, assistant_calling("f"), {"role": "tool", "content": "R", "tool_call_id": "id_f"}]
+    assert "r</think>" in encoder.encode(turn)
+    grown = [*turn, {"role": "assistant", "content": "A", "reasoning_content": "r2"}, USER]
+    assert encoder.encode(grown) == encode_messages(grown) and "r</think>" not in encoder.encode(grown)
+    assert encoder.encode(turn) == encode_messages(turn)  # the user turn taken back: reasoning again
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [({"a": 1}, {"a": True}), ({"a": 1}, {"a": 1.0}), ({"a": 0.0}, {"a": -0.0}), ({"a": 1, "b": 2}, {"b": 2, "a": 1})],
+)  # fmt: skip
+def test_an_incremental_encoder_sees_changes_that_compare_equal(before, after):
+    """Tool-call arguments given as a dict are written out with their types and key order: a change
+    in place that == cannot see still re-renders the message."""
+    message = {"role": "assistant", "reasoning_content": "r", "tool_calls": [call("f", {})]}
+    message["tool_calls"][0]["function"]["arguments"] = dict(before)
+    conversation = [USER, message]
+    encoder = IncrementalEncoder()
+    assert encoder.encode(conversation) == encode_messages(conversation)
+    arguments = message["tool_calls"][0]["function"]["arguments"]
+    arguments.clear()
+    arguments.update(after)
+    assert (
+        encoder.encode(conversation)
+        == encode_messages(conversation)
+        != encode_messages([USER, {**message, "tool_calls": [call("f", before)]}])
+    )
+
+
+def test_an_incremental_encoder_sees_the_tools_change_in_place(fixture_input):
+    tools = copy.deepcopy(fixture_input["tools"])
+    conversation = attach_tools([USER], tools)
+    encoder = IncrementalEncoder()
+    assert encoder.encode(conversation) == encode_messages(conversation)
+    parameters = tools[0]["function"]["parameters"]
+    reordered = dict(reversed(parameters.items()))  # equal, but written in another order
+    parameters.clear()
+    parameters.update(reordered)
+    assert encoder.encode(conversation) == encode_messages(conversation)
+    assert encoder.reused == 1  # the BOS only
+
+
+def test_an_incremental_encoder_keeps_its_state_after_bad_input():
+    encoder = IncrementalEncoder()
+    good = [USER, assistant_calling("f")]
+    encoder.encode(good)
+    with pytest.raises(ConversationError, match="message 3: more tool results"):
+        encoder.encode([*good, {"role": "tool", "content": "a"}, {"role": "tool", "content": "b"}])
+    grown = [*good, {"role": "tool", "content": "a"}]
+    assert encoder.encode(grown) == encode_messages(grown)
+
+
+def test_an_incremental_encoder_prepares_what_it_renders():
+    encoder = IncrementalEncoder(
+        "chat", prepare=lambda m: {**m, "content": m["content"].upper()} if m["role"] == "tool" else m
+    )
+    turn = [USER, assistant_calling("f"), {"role": "tool", "content": "result"}]
+    assert "<result>RESULT</result>" in encoder.encode(turn) and turn[2]["content"] == "result"
 
 
 def test_input_is_not_modified(fixture_messages):

@@ -1,5 +1,6 @@
-"""Property-based tests over generated conversations: encode -> parse, incremental encoding, the
-Jinja template, and fuzzing the parser with truncated and mutated completions."""
+"""Property-based tests over generated conversations: encode -> parse, incremental encoding (``context=``
+and :class:`IncrementalEncoder` over a changing conversation), the Jinja template, and fuzzing the
+parser with truncated and mutated completions."""
 
 from __future__ import annotations
 
@@ -9,7 +10,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsv32.chat import ParseError, chat_template, encode_messages, messages_for_template, parse_completion
+from dsv32.chat import (
+    ConversationError,
+    IncrementalEncoder,
+    ParseError,
+    chat_template,
+    encode_messages,
+    messages_for_template,
+    parse_completion,
+    render_segments,
+)
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -207,3 +217,81 @@ def test_mutated_completions_raise_only_parse_error(case, data):
         lenient = check_lenient(text, mode)
         assert lenient.pop("problems") == [] and lenient == strict
     check_lenient(text, mode)
+
+
+# --- incremental encoding of a changing conversation ----------------------------------------------
+
+
+def outcome(encode) -> tuple[str, object]:
+    try:
+        return "ok", encode()
+    except ConversationError as err:
+        return "error", str(err)
+
+
+def segment_rows(segments) -> list[tuple]:
+    return [(s.index, s.role, s.text) for s in segments]
+
+
+def edited(message: dict, data) -> dict:
+    """A copy of ``message`` with one of its texts changed (or its reasoning dropped)."""
+    copy = dict(message)
+    key = data.draw(st.sampled_from(["content", "reasoning_content"]), label="key")
+    if key == "reasoning_content" and message["role"] != "assistant":
+        key = "content"
+    if key == "reasoning_content" and data.draw(st.booleans(), label="drop"):
+        copy.pop(key, None)
+    else:
+        copy[key] = (copy.get(key) or "") + data.draw(RICH_TEXT, label="more")
+    return copy
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversations(), MODES, st.data())
+def test_an_incremental_encoder_renders_every_state_like_encode_messages(messages, mode, data):
+    """A rollout's states, one after another: the conversation grows (new user turns included), is cut
+    back, has an earlier message replaced or changed in place, loses or gains a message; every state
+    encodes as encode_messages encodes it from scratch (or fails with the same error), and the leading
+    segments reported as reused are the previous state's."""
+    encoder = IncrementalEncoder(mode)
+    state: list = []
+    previous: list[tuple] = []
+    cursor = 0  # the next message of `messages` to append
+    for _ in range(data.draw(st.integers(1, 12), label="steps")):
+        op = data.draw(
+            st.sampled_from(["grow", "grow", "grow", "cut", "replace", "mutate", "remove", "user"])
+        )
+        if op == "grow" or not state:
+            to = data.draw(st.integers(cursor, len(messages)), label="to")
+            state, cursor = state + messages[cursor:to], to
+        elif op == "cut":
+            state = state[: data.draw(st.integers(0, len(state)), label="to")]
+            cursor = min(cursor, len(state))
+        elif op == "replace":
+            at = data.draw(st.integers(0, len(state) - 1), label="at")
+            state = [*state[:at], edited(state[at], data), *state[at + 1 :]]
+        elif op == "mutate":  # in place: the encoder must not trust the object it saw before
+            at = data.draw(st.integers(0, len(state) - 1), label="at")
+            target = state[at]
+            target.update(edited(target, data))
+            if "reasoning_content" in target and data.draw(st.booleans(), label="pop"):
+                del target["reasoning_content"]
+        elif op == "remove":
+            at = data.draw(st.integers(0, len(state) - 1), label="at")
+            state = state[:at] + state[at + 1 :]
+        else:
+            at = data.draw(st.integers(0, len(state)), label="at")
+            state = [
+                *state[:at],
+                {"role": "user", "content": data.draw(RICH_TEXT, label="text")},
+                *state[at:],
+            ]
+        expected = outcome(lambda: segment_rows(render_segments(state, mode)))  # noqa: B023
+        got = outcome(lambda: segment_rows(encoder.segments(state)))  # noqa: B023
+        assert got == expected
+        if expected[0] == "ok":
+            rows, reused = expected[1], encoder.reused
+            assert rows[:reused] == previous[:reused]
+            assert encoder.encode(state) == encode_messages(state, mode)
+            assert encoder.reused == len(rows)  # nothing changed since the call before
+            previous = rows

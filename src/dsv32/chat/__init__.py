@@ -2,7 +2,8 @@
 
 - :func:`encode_messages` -- OpenAI-style messages (system, user, developer, assistant, tool;
   ``tools``, ``response_format``, ``tool_calls``, ``reasoning_content``) to the exact prompt text the
-  released model was trained on; ``context=`` encodes only new messages (incremental rollouts).
+  released model was trained on; ``context=`` encodes only new messages (incremental rollouts);
+  :class:`IncrementalEncoder` renders a growing conversation, re-rendering only what changed.
 - :func:`parse_completion` -- a completion back to an assistant message; strict (raises
   :class:`ParseError`) or lenient (recovers and lists ``problems``).
 - :func:`apply_thinking_context` -- the thinking context rule of §3.2.1.
@@ -21,7 +22,13 @@ from dsv32.chat.context import (
     conversation_from_json,
     last_user_index,
 )
-from dsv32.chat.encode import Segment, encode_messages, render_segments, render_tools
+from dsv32.chat.encode import (
+    IncrementalEncoder,
+    Segment,
+    encode_messages,
+    render_segments,
+    render_tools,
+)
 from dsv32.chat.errors import ConversationError, ParseError
 from dsv32.chat.jinja import chat_template, messages_for_template
 from dsv32.chat.parse import parse_completion
@@ -47,7 +54,12 @@ from dsv32.chat.tokenize import (
     missing_special_tokens,
     tokenize_conversation,
 )
-from dsv32.chat.untrusted import strip_special_tokens, strip_tool_results, tokenizer_special_tokens
+from dsv32.chat.untrusted import (
+    ToolResultStripper,
+    strip_special_tokens,
+    strip_tool_results,
+    tokenizer_special_tokens,
+)
 
 __all__ = [
     "ASSISTANT",
@@ -59,9 +71,11 @@ __all__ = [
     "THINK_START",
     "USER",
     "ConversationError",
+    "IncrementalEncoder",
     "ParseError",
     "Segment",
     "TokenizerError",
+    "ToolResultStripper",
     "add_v32_special_tokens",
     "agent_system_prompt",
     "apply_thinking_context",

@@ -18,6 +18,9 @@ Rules (``L`` = index of the last user or developer message, thinking mode unless
 The layout itself enforces the thinking context rule of §3.2.1
 (:func:`~dsv32.chat.context.apply_thinking_context`): a turn before L has no place for reasoning.
 
+:class:`IncrementalEncoder` encodes a conversation that changes from call to call (an agent's
+growing context) to the same text, rendering only the messages that changed or whose layout did.
+
 Deviations from DeepSeek's ``encoding_dsv32.py``, all on input it cannot encode correctly: a
 developer message before the last user message is rendered as the user turn it is (there it is
 dropped, which misaligns message indices and fails); ``tools`` on a user message, non-string
@@ -27,14 +30,23 @@ content, missing tool results before the next turn and non-finite numbers raise
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dsv32.chat import protocol as P
-from dsv32.chat.context import apply_thinking_context, last_user_index
+from dsv32.chat.context import USER_ROLES, apply_thinking_context, last_user_index
 from dsv32.chat.errors import ConversationError
-from dsv32.chat.validate import check_conversation, to_json, tool_call_arguments
+from dsv32.chat.snapshot import freeze, identical
+from dsv32.chat.validate import (
+    START,
+    check_conversation,
+    check_message,
+    check_roles,
+    check_thinking_mode,
+    to_json,
+    tool_call_arguments,
+)
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,36 @@ def _render_assistant(index: int, message: Mapping[str, Any], with_reasoning: bo
     return thinking + content + _render_tool_calls(index, message.get("tool_calls") or []) + P.EOS
 
 
+def _render_message(
+    index: int, message: Mapping[str, Any], thinking: bool, last_user: int, calls: int, answered: int
+) -> str:
+    """The text of ``messages[index]``; ``calls``/``answered``: the tool calls of the assistant turn
+    a tool result answers and the results so far, this one included."""
+    role = message["role"]
+    opens_thinking = thinking and index == last_user
+    if role == "system":
+        return (message.get("content") or "") + _system_blocks(message)
+    if role == "user":
+        return P.USER + message["content"] + P.ASSISTANT + (P.THINK_START if opens_thinking else P.THINK_END)
+    if role == "developer":
+        body = _system_blocks(message) + P.DEVELOPER_MESSAGE_PREFIX + message["content"]
+        return P.USER + body + P.ASSISTANT + (P.THINK_START if opens_thinking else P.THINK_END)
+    if role == "assistant":
+        return _render_assistant(index, message, thinking and index > last_user)
+    # tool (check_message guarantees a pending call)
+    text = P.RESULTS_OPEN if answered == 1 else ""
+    text += P.RESULT_OPEN + message["content"] + P.RESULT_CLOSE
+    if answered == calls:
+        reopen = thinking and index >= last_user
+        text += P.RESULTS_CLOSE + "\n\n" + (P.THINK_START if reopen else P.THINK_END)
+    return text
+
+
+def _check_list(name: str, value: Any) -> None:
+    if not isinstance(value, Sequence) or isinstance(value, str | bytes):
+        raise ConversationError(None, f"{name} must be a list of dicts, got {type(value).__name__}")
+
+
 def render_segments(
     messages: Sequence[Mapping[str, Any]],
     thinking_mode: str = "thinking",
@@ -109,8 +151,7 @@ def render_segments(
 ) -> list[Segment]:
     """The prompt of :func:`encode_messages`, as one :class:`Segment` per rendered message."""
     for name, value in (("messages", messages), ("context", context or [])):
-        if not isinstance(value, Sequence) or isinstance(value, str | bytes):
-            raise ConversationError(None, f"{name} must be a list of dicts, got {type(value).__name__}")
+        _check_list(name, value)
     context = list(context or [])
     full = context + list(messages)
     check_conversation(full, thinking_mode)
@@ -122,31 +163,194 @@ def render_segments(
     segments: list[Segment] = []
     if add_bos and not context:
         segments.append(Segment(None, "bos", P.BOS))
-    calls = answered = 0
+    state = START
     for index, message in enumerate(full):
-        role = message["role"]
-        opens_thinking = thinking and index == last_user
-        if role == "system":
-            text = (message.get("content") or "") + _system_blocks(message)
-        elif role == "user":
-            text = P.USER + message["content"] + P.ASSISTANT
-            text += P.THINK_START if opens_thinking else P.THINK_END
-        elif role == "developer":
-            body = _system_blocks(message) + P.DEVELOPER_MESSAGE_PREFIX + message["content"]
-            text = P.USER + body + P.ASSISTANT + (P.THINK_START if opens_thinking else P.THINK_END)
-        elif role == "assistant":
-            calls, answered = len(message.get("tool_calls") or []), 0
-            text = _render_assistant(index, message, thinking and index > last_user)
-        else:  # tool (check_conversation guarantees a pending call)
-            answered += 1
-            text = P.RESULTS_OPEN if answered == 1 else ""
-            text += P.RESULT_OPEN + message["content"] + P.RESULT_CLOSE
-            if answered == calls:
-                reopen = thinking and index >= last_user
-                text += P.RESULTS_CLOSE + "\n\n" + (P.THINK_START if reopen else P.THINK_END)
+        state = next_state(index, message, state)
         if index >= len(context):
-            segments.append(Segment(index, role, text))
+            text = _render_message(index, message, thinking, last_user, state[1], state[2])
+            segments.append(Segment(index, message["role"], text))
     return segments
+
+
+def next_state(index: int, message: Mapping[str, Any], state: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The tool-call state after ``message`` in a checked conversation (see
+    :func:`~dsv32.chat.validate.check_message`)."""
+    role = message["role"]
+    if role == "assistant":
+        return index, len(message.get("tool_calls") or []), 0
+    if role == "tool":
+        return state[0], state[1], state[2] + 1
+    return START
+
+
+# ------------------------------------------------------------------------------ incremental encoding
+_UNCACHED = object()  # stands for a message that is never taken as unchanged (not a plain dict)
+
+
+def _needs_strict(message: dict) -> bool:
+    """Whether ``==`` can miss a change to how ``message`` is rendered: it has a tools list, a
+    response format or tool-call arguments as an object (their key order and number types are written
+    out), or text fields that are not plain strings."""
+    if message.get("tools") or message.get("response_format"):
+        return True
+    for key in ("role", "content", "reasoning_content"):
+        if type(message.get(key)) not in (str, type(None)):
+            return True
+    calls = message.get("tool_calls")
+    if calls is None:
+        return False
+    if type(calls) is not list:
+        return True
+    for call in calls:
+        function = call.get("function") if type(call) is dict else None
+        if type(function) is not dict or type(function.get("arguments")) is not str:
+            return True
+        if type(function.get("name")) is not str:
+            return True
+    return False
+
+
+@dataclass
+class _Entry:
+    """What the encoder keeps about one rendered message."""
+
+    snapshot: Any  # a frozen copy of the message as given (_UNCACHED: never reused)
+    strict: bool  # compare with identical() rather than ==
+    prepared: Mapping[str, Any]  # what was rendered: prepare(message)
+    segment: Segment
+    state: tuple[int, int, int]  # the tool-call state after this message
+    last_user: int  # the last user or developer message up to this one (-1: none)
+
+
+class IncrementalEncoder:
+    """:func:`encode_messages` for a conversation that grows call after call, rendering only what is
+    new.
+
+    Each call gets the whole conversation and returns the same text as :func:`encode_messages`, byte
+    for byte. The encoder keeps a frozen copy of every message it rendered, with its checked state
+    and its segment; a call re-renders from the first message that differs from its copy (changed in
+    place or replaced, removed, inserted). When the last user or developer message moves (a new user
+    turn: §3.2.1 drops the reasoning of the turns before it and closes their thinking; or history
+    rewritten before it) the messages from the earlier of the two positions on are re-rendered too,
+    since their layout depends on it. Everything before is reused without being checked again.
+
+    Messages are compared with ``==`` against their copies; a message with a ``tools`` list, a
+    ``response_format``, tool-call arguments given as a dict or text that is not a plain ``str`` is
+    compared strictly (same types, same key order), since those are written out as they are. A
+    message that is not a plain ``dict`` is rendered every time.
+
+    ``prepare(message) -> message``, when given, is applied to each message after it is checked and
+    before it is rendered (e.g. :func:`~dsv32.chat.untrusted.strip_tool_results` of it); it must
+    depend on the message only. :attr:`reused` is how many leading segments of the latest result are
+    the segment objects of the previous result (their text unchanged), e.g. to tokenize only the
+    rest.
+    """
+
+    def __init__(
+        self,
+        thinking_mode: str = "thinking",
+        add_bos: bool = True,
+        prepare: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
+    ) -> None:
+        check_thinking_mode(thinking_mode)
+        self.thinking_mode = thinking_mode
+        self.add_bos = add_bos
+        self.prepare = prepare
+        # per rendered message, in parallel: what is kept, its frozen copy, its segment
+        self._entries: list[_Entry] = []
+        self._snapshots: list[Any] = []
+        self._segments: list[Segment] = []
+        self._strict: list[int] = []  # the messages compared with identical()
+        self._rendered = False  # whether a call has returned segments
+        self._bos = [Segment(None, "bos", P.BOS)] if add_bos else []
+        self.reused = 0
+
+    def _unchanged(self, messages: list[Any]) -> int:
+        """How many leading messages equal their frozen copies."""
+        entries, snapshots = self._entries, self._snapshots
+        limit = min(len(messages), len(entries))
+        try:
+            same = messages[:limit] == snapshots[:limit]
+        except Exception:  # an object whose comparison fails: find the first difference one by one
+            same = False
+        if same:
+            for index in self._strict:
+                if index < limit and not identical(messages[index], entries[index].snapshot):
+                    return index
+            return limit
+        for index in range(limit):
+            entry = entries[index]
+            try:
+                equal = (
+                    identical(messages[index], entry.snapshot)
+                    if entry.strict
+                    else messages[index] == entry.snapshot
+                )
+            except Exception:
+                equal = False
+            if not equal:
+                return index
+        return limit
+
+    def segments(self, messages: Sequence[Mapping[str, Any]]) -> list[Segment]:
+        """The segments of :func:`render_segments` ``(messages, thinking_mode, add_bos=add_bos)``."""
+        _check_list("messages", messages)
+        messages = list(messages)
+        entries = self._entries
+        first = self._unchanged(messages)
+        check_roles(messages, first)
+        last_user = entries[first - 1].last_user if first else -1
+        for index in range(len(messages) - 1, first - 1, -1):
+            if messages[index]["role"] in USER_ROLES:
+                last_user = index
+                break
+        old_last_user = entries[-1].last_user if entries else -1
+        start = first if last_user == old_last_user else max(0, min(first, last_user, old_last_user))
+
+        thinking = self.thinking_mode == "thinking"
+        state = entries[start - 1].state if start else START
+        seen = entries[start - 1].last_user if start else -1
+        fresh: list[_Entry] = []
+        for index in range(start, len(messages)):
+            message = messages[index]
+            state = check_message(index, messages, last_user, self.thinking_mode, state)
+            if index < first:
+                prepared = entries[index].prepared
+            else:
+                prepared = self.prepare(message) if self.prepare is not None else message
+            text = _render_message(index, prepared, thinking, last_user, state[1], state[2])
+            old = entries[index].segment if index < len(entries) else None
+            if old is not None and old.role == message["role"] and old.text == text:
+                segment = old
+            else:
+                segment = Segment(index, message["role"], text)
+            if message["role"] in USER_ROLES:
+                seen = index
+            if index < first:
+                snapshot, strict = entries[index].snapshot, entries[index].strict
+            elif type(message) is dict:
+                snapshot, strict = freeze(message), _needs_strict(message)
+            else:
+                snapshot, strict = _UNCACHED, False
+            fresh.append(_Entry(snapshot, strict, prepared, segment, state, seen))
+
+        old_segments = self._segments
+        self._entries = entries[:start] + fresh
+        self._snapshots = self._snapshots[:start] + [entry.snapshot for entry in fresh]
+        self._segments = old_segments[:start] + [entry.segment for entry in fresh]
+        self._strict = [i for i in self._strict if i < start]
+        self._strict += [start + k for k, entry in enumerate(fresh) if entry.strict]
+        reused = start
+        limit = min(len(self._segments), len(old_segments))
+        while reused < limit and self._segments[reused] is old_segments[reused]:
+            reused += 1
+        self.reused = len(self._bos) + reused if self._rendered else 0
+        self._rendered = True
+        return self._bos + self._segments
+
+    def encode(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """:func:`encode_messages` ``(messages, thinking_mode, add_bos=add_bos)``."""
+        return "".join(segment.text for segment in self.segments(messages))
 
 
 def encode_messages(
@@ -171,8 +375,9 @@ def encode_messages(
             holds in chat mode and whenever ``new`` adds no user or developer message (a rollout
             appending assistant turns and tool results). A new user
             turn ends the round: by §3.2.1 earlier reasoning is dropped, which changes the prefix, so
-            re-encode the whole conversation then. In every case ``encode(new, context=context)`` is
-            the exact tail of ``encode(context + new)``.
+            re-encode the whole conversation then (:class:`IncrementalEncoder` does this
+            bookkeeping). In every case ``encode(new, context=context)`` is the exact tail of
+            ``encode(context + new)``.
         drop_thinking: strip ``reasoning_content`` from assistant turns before the last user
             message before rendering (thinking mode). Kept for parity with DeepSeek's encoder: the
             released layout has no place for that reasoning, so the text is the same either way.

@@ -11,7 +11,7 @@ No import of transformers here: :func:`tokenizer_special_tokens` reads the token
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dsv32.chat import protocol as P
@@ -58,6 +58,32 @@ def strip_tool_results(messages: Sequence[dict], tokens: Iterable[str] = UNTRUST
                 message = {**message, "content": stripped}
         out.append(message)
     return out
+
+
+class ToolResultStripper:
+    """:func:`strip_tool_results` for a conversation that grows call after call: each tool result's
+    text is scanned once, not at every call (a result whose content is the same string object as in
+    the previous call is taken from there; strings cannot change)."""
+
+    def __init__(self, tokens: Iterable[str] = UNTRUSTED_TOKENS) -> None:
+        self.tokens = tuple(tokens)
+        self._seen: dict[int, tuple[str, str]] = {}  # id(content) -> (content, stripped)
+
+    def __call__(self, messages: Sequence[dict]) -> list[dict]:
+        seen: dict[int, tuple[str, str]] = {}
+        out = []
+        for message in messages:
+            content = message.get("content") if isinstance(message, Mapping) else None
+            if isinstance(content, str) and message.get("role") == "tool":
+                known = self._seen.get(id(content))
+                if known is None or known[0] is not content:
+                    known = (content, strip_special_tokens(content, self.tokens))
+                seen[id(content)] = known
+                if known[1] is not content:
+                    message = {**message, "content": known[1]}
+            out.append(message)
+        self._seen = seen
+        return out
 
 
 def tokenizer_special_tokens(tokenizer: Any) -> list[str]:

@@ -143,71 +143,93 @@ def _check_tools(index: int, tools: Any) -> None:
             raise ConversationError(index, f"tool {position} is not JSON-serializable ({err})") from err
 
 
-def check_conversation(messages: Sequence[Any], thinking_mode: str) -> None:
-    """Raise :class:`ConversationError` (a ``ValueError``) for the first problem found."""
-    check_thinking_mode(thinking_mode)
-    if not isinstance(messages, Sequence) or isinstance(messages, str):
-        raise ConversationError(None, f"messages must be a list of dicts, got {type(messages).__name__}")
-    for index, message in enumerate(messages):
+#: The state of :func:`check_message` before the first message: no tool calls are awaiting results.
+#: ``(owner, calls, answered)``: the assistant message whose tool calls are being answered (-1 for
+#: none), how many calls it made and how many results have come.
+START = (-1, 0, 0)
+
+
+def check_roles(messages: Sequence[Any], start: int = 0) -> None:
+    """Every message from ``start`` on is a dict with a known role."""
+    for index in range(start, len(messages)):
+        message = messages[index]
         if not isinstance(message, Mapping):
             raise ConversationError(index, f"a message must be a dict, got {type(message).__name__}")
         role = message.get("role")
         if role not in ROLES:
             raise ConversationError(index, f"unknown role {role!r} (expected one of {', '.join(ROLES)})")
-    last_user = last_user_index(messages)
-    owner = -1  # the assistant message whose tool calls are being answered
-    calls = answered = 0
-    for index, message in enumerate(messages):
-        role = message["role"]
-        if role != "tool" and answered < calls:
+
+
+def check_message(
+    index: int,
+    messages: Sequence[Mapping[str, Any]],
+    last_user: int,
+    thinking_mode: str,
+    state: tuple[int, int, int],
+) -> tuple[int, int, int]:
+    """Check ``messages[index]`` (its role already checked) given the :data:`START`-like ``state``
+    after the messages before it; return the state after it."""
+    owner, calls, answered = state
+    message = messages[index]
+    role = message["role"]
+    if role != "tool" and answered < calls:
+        raise ConversationError(
+            index,
+            f"a {role} message follows assistant message {owner}, which made {calls} tool calls "
+            f"but got only {answered} results",
+        )
+    for key in ("tools", "response_format"):
+        if message.get(key) and role not in ("system", "developer"):
+            raise ConversationError(index, f"`{key}` belongs on a system or developer message, not {role}")
+    for key in ("tool_calls", "reasoning_content"):
+        if message.get(key) and role != "assistant":
+            raise ConversationError(index, f"`{key}` belongs on an assistant message, not {role}")
+    if message.get("tools"):
+        _check_tools(index, message["tools"])
+    if message.get("response_format") and not isinstance(message["response_format"], Mapping):
+        raise ConversationError(index, "`response_format` must be a JSON object (a dict)")
+    _check_text(index, message, "content", required=role in ("user", "developer", "tool"))
+    if role == "developer" and not message["content"]:
+        raise ConversationError(index, "a developer message needs non-empty content")
+    if role == "assistant":
+        _check_text(index, message, "reasoning_content", required=False)
+        tool_calls = message.get("tool_calls") or []
+        if not isinstance(tool_calls, Sequence) or isinstance(tool_calls, str):
+            raise ConversationError(index, "`tool_calls` must be a list")
+        for position, tool_call in enumerate(tool_calls):
+            tool_call_arguments(index, position, tool_call)
+        needs_reasoning = thinking_mode == "thinking" and index > last_user
+        if needs_reasoning and not message.get("reasoning_content") and not tool_calls:
             raise ConversationError(
                 index,
-                f"a {role} message follows assistant message {owner}, which made {calls} tool calls "
-                f"but got only {answered} results",
+                "in thinking mode an assistant turn after the last user message needs "
+                "`reasoning_content` or `tool_calls` (it is rendered as `reasoning</think>...`)",
             )
-        for key in ("tools", "response_format"):
-            if message.get(key) and role not in ("system", "developer"):
-                raise ConversationError(
-                    index, f"`{key}` belongs on a system or developer message, not {role}"
-                )
-        for key in ("tool_calls", "reasoning_content"):
-            if message.get(key) and role != "assistant":
-                raise ConversationError(index, f"`{key}` belongs on an assistant message, not {role}")
-        if message.get("tools"):
-            _check_tools(index, message["tools"])
-        if message.get("response_format") and not isinstance(message["response_format"], Mapping):
-            raise ConversationError(index, "`response_format` must be a JSON object (a dict)")
-        _check_text(index, message, "content", required=role in ("user", "developer", "tool"))
-        if role == "developer" and not message["content"]:
-            raise ConversationError(index, "a developer message needs non-empty content")
-        if role == "assistant":
-            _check_text(index, message, "reasoning_content", required=False)
-            tool_calls = message.get("tool_calls") or []
-            if not isinstance(tool_calls, Sequence) or isinstance(tool_calls, str):
-                raise ConversationError(index, "`tool_calls` must be a list")
-            for position, tool_call in enumerate(tool_calls):
-                tool_call_arguments(index, position, tool_call)
-            needs_reasoning = thinking_mode == "thinking" and index > last_user
-            if needs_reasoning and not message.get("reasoning_content") and not tool_calls:
-                raise ConversationError(
-                    index,
-                    "in thinking mode an assistant turn after the last user message needs "
-                    "`reasoning_content` or `tool_calls` (it is rendered as `reasoning</think>...`)",
-                )
-            owner, calls, answered = index, len(tool_calls), 0
-        elif role == "tool":
-            if owner < 0 or calls == 0:
-                raise ConversationError(index, "tool result with no preceding assistant tool call")
-            if answered >= calls:
-                raise ConversationError(
-                    index, f"more tool results than the {calls} tool calls of assistant message {owner}"
-                )
-            call_id = message.get("tool_call_id")
-            ids = [tc.get("id") for tc in messages[owner]["tool_calls"]]
-            if call_id is not None and any(ids) and call_id not in ids:
-                raise ConversationError(
-                    index, f"tool_call_id {call_id!r} matches no tool call of assistant message {owner}"
-                )
-            answered += 1
-        else:
-            owner, calls, answered = -1, 0, 0
+        return index, len(tool_calls), 0
+    if role == "tool":
+        if owner < 0 or calls == 0:
+            raise ConversationError(index, "tool result with no preceding assistant tool call")
+        if answered >= calls:
+            raise ConversationError(
+                index, f"more tool results than the {calls} tool calls of assistant message {owner}"
+            )
+        call_id = message.get("tool_call_id")
+        ids = [tc.get("id") for tc in messages[owner]["tool_calls"]]
+        if call_id is not None and any(ids) and call_id not in ids:
+            raise ConversationError(
+                index, f"tool_call_id {call_id!r} matches no tool call of assistant message {owner}"
+            )
+        return owner, calls, answered + 1
+    return START
+
+
+def check_conversation(messages: Sequence[Any], thinking_mode: str) -> None:
+    """Raise :class:`ConversationError` (a ``ValueError``) for the first problem found."""
+    check_thinking_mode(thinking_mode)
+    if not isinstance(messages, Sequence) or isinstance(messages, str):
+        raise ConversationError(None, f"messages must be a list of dicts, got {type(messages).__name__}")
+    check_roles(messages)
+    last_user = last_user_index(messages)
+    state = START
+    for index in range(len(messages)):
+        state = check_message(index, messages, last_user, thinking_mode, state)

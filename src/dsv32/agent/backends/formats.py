@@ -1,19 +1,29 @@
 """Prompt formats of the local backend: the V3.2 encoding, or a model's own chat template.
 
 :class:`V32Format` (a tokenizer with the V3.2 special tokens): the prompt is exactly
-:func:`dsv32.chat.encode_messages` of the conversation with its tools attached, grown incrementally —
-when the new conversation only appends assistant turns and tool results to the previous one, only
-the new messages are rendered (``context=``) and tokenized, and their ids are appended (the text
-before them ends with ``<think>``/``</think>``, special tokens, so the ids equal tokenizing the whole
-prompt). A new user message re-renders the whole prompt (§3.2.1 changes the prefix). Completions are
-parsed with :func:`dsv32.chat.parse_completion` in lenient mode; its problems are returned.
+:func:`dsv32.chat.encode_messages` of the conversation with its tools attached, grown incrementally by
+a :class:`dsv32.chat.IncrementalEncoder`: a step renders only the messages it adds (a new user message
+re-renders from the previous one, §3.2.1 changes their layout; a rewritten history from its first
+change). The ids are kept in pieces that end where a special token ends a message's text or starts
+the next one's (a tokenizer splits at special tokens first, so each piece tokenizes on its own as it
+does inside the whole prompt); a step tokenizes the pieces from the first changed message on.
+Completions are parsed with :func:`dsv32.chat.parse_completion` in lenient mode; its problems are
+returned.
 
 :class:`TemplateFormat` (any other chat model): the tokenizer's ``apply_chat_template``. Tool calls
 use the widespread ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` convention (Qwen,
 Hermes, SmolLM3). For a template that ignores ``tools`` (SmolLM2's does) the tool schemas are added to
 the system message with instructions in that convention; for one that ignores assistant
 ``tool_calls`` the calls are written into the assistant's content in the same form, so the model
-sees what it did. Reasoning inside ``<think>…</think>`` becomes ``reasoning_content``.
+sees what it did. Reasoning inside ``<think>…</think>`` becomes ``reasoning_content``; the reasoning
+§3.2.1 keeps (thinking mode, the turns after the last user message) is given to the template in the
+field it renders (:data:`REASONING_FIELDS`, probed once) or, when it renders none, written before the
+content as ``<think>\\nreasoning\\n</think>\\n\\n``, which :meth:`TemplateFormat.parse` reads back as
+the same message. A template that refuses ``tool`` turns (or leaves them out) gets tool results as
+user turns (:func:`results_as_user`), probed once. The template is rendered whole at each step (it
+may depend on the whole conversation; a call with the same conversation as the previous one returns
+the previous prompt), and tokenized in pieces by a :class:`PieceTokenizer`, which tokenizes only what
+changed.
 
 Tool results are untrusted text: both formats remove special-token strings from them before the
 prompt is tokenized (:func:`dsv32.chat.strip_tool_results`) — the V3.2 special tokens, or the
@@ -23,6 +33,7 @@ its own. The messages themselves are not changed.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import re
@@ -34,16 +45,30 @@ from dsv32.agent.backends.base import assistant_message, visible_messages
 from dsv32.agent.errors import AgentError
 from dsv32.chat import (
     EOS,
+    SPECIAL_TOKENS,
     THINK_END,
+    IncrementalEncoder,
+    Segment,
+    ToolResultStripper,
     attach_tools,
-    encode_messages,
-    last_user_index,
     missing_special_tokens,
     parse_completion,
     strip_tool_results,
     tokenizer_special_tokens,
 )
 from dsv32.chat.protocol import CALLS_START
+from dsv32.chat.snapshot import freeze, identical
+
+
+def _strip_tool_result(message: dict) -> dict:
+    return strip_tool_results([message])[0]
+
+
+def _cut_between(before: str, after: str) -> bool:
+    """Whether text ending with ``before`` and text starting with ``after`` tokenize on their own as
+    they do together: a special token stands between them (a tokenizer splits the text at its
+    special tokens before anything else)."""
+    return before.endswith(SPECIAL_TOKENS) or after.startswith(SPECIAL_TOKENS)
 
 
 @dataclass
@@ -53,10 +78,6 @@ class Prompt:
     thinking: bool
     text: str
     ids: list[int]
-
-
-def _extends(old: Sequence[dict], new: Sequence[dict]) -> bool:
-    return len(new) >= len(old) and all(a is b or a == b for a, b in zip(old, new))
 
 
 class V32Format:
@@ -73,32 +94,60 @@ class V32Format:
         self.tokenizer = tokenizer
         self.stop_ids = [tokenizer.convert_tokens_to_ids(EOS)]
         self.last: Prompt | None = None
+        self._encoder: IncrementalEncoder | None = None
+        self._segments: list[Segment] = []
+        # where the prompt can be cut for tokenizing the rest on its own (a special token on one
+        # side): (segments, characters, ids) before each such place, in order
+        self._cuts: list[tuple[int, int, int]] = [(0, 0, 0)]
 
     def _ids(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def prompt(self, messages: Sequence[dict], tools: Sequence[dict], thinking: bool) -> Prompt:
         mode = "thinking" if thinking else "chat"
-        last, tools = self.last, list(tools)
-        if (
-            last is not None
-            and last.thinking == thinking
-            and last.tools == tools
-            and _extends(last.messages, messages)
-        ):
-            new = list(messages[len(last.messages) :])
-            if not new:
-                return last
-            if last_user_index(new) < 0:
-                new = strip_tool_results(new)
-                tail = encode_messages(new, mode, context=attach_tools(last.messages, tools))
-                self.last = Prompt(
-                    list(messages), tools, thinking, last.text + tail, last.ids + self._ids(tail)
-                )
-                return self.last
-        text = encode_messages(attach_tools(strip_tool_results(messages), tools), mode)
-        self.last = Prompt(list(messages), tools, thinking, text, self._ids(text))
+        tools, messages = list(tools), list(messages)
+        if self._encoder is None or self._encoder.thinking_mode != mode:
+            self._encoder = IncrementalEncoder(mode, prepare=_strip_tool_result)
+            self._segments, self._cuts, self.last = [], [(0, 0, 0)], None
+        segments = self._encoder.segments(attach_tools(messages[:1], tools) + messages[1:])
+        reused = self._encoder.reused
+        last = self.last
+        if last is not None and reused == len(segments) == len(self._segments):
+            if last.tools != tools or last.messages != messages:
+                last = self.last = Prompt(messages, tools, thinking, last.text, last.ids)
+            return last
+        try:
+            self.last = self._tokenize(segments, reused, messages, tools, thinking)
+        except BaseException:
+            self._encoder = None  # its state is ahead of the ids kept here: start over next time
+            raise
         return self.last
+
+    def _tokenize(
+        self, segments: list[Segment], reused: int, messages: list[dict], tools: list[dict], thinking: bool
+    ) -> Prompt:
+        """The prompt of ``segments``, of which the first ``reused`` are those of the last prompt:
+        restart at the last cut within them and tokenize from there, piece by piece."""
+        last = self.last
+        keep = bisect.bisect_right(self._cuts, reused, key=lambda cut: cut[0]) - 1
+        cuts = self._cuts[: keep + 1]
+        first, chars, count = cuts[-1]
+        pieces, ids = [], last.ids[:count] if last is not None else []
+        chunk: list[str] = []
+        for index in range(first, len(segments)):
+            chunk.append(segments[index].text)
+            end = index + 1 == len(segments)
+            if end or _cut_between(segments[index].text, segments[index + 1].text):
+                piece = "".join(chunk)
+                chunk = []
+                pieces.append(piece)
+                chars += len(piece)
+                ids += self._ids(piece)
+                if not end or piece.endswith(SPECIAL_TOKENS):
+                    cuts.append((index + 1, chars, len(ids)))
+        text = (last.text[: cuts[keep][1]] if last is not None else "") + "".join(pieces)
+        self._segments, self._cuts = segments, cuts
+        return Prompt(messages, tools, thinking, text, ids)
 
     def decode(self, tokens: Sequence[int]) -> str:
         return self.tokenizer.decode(list(tokens), skip_special_tokens=False)
@@ -114,9 +163,14 @@ class V32Format:
 
 # ------------------------------------------------------------------------------------------ templates
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+#: assistant fields that chat templates render reasoning from, in the order they are tried
+REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 _THINK = re.compile(r"^\s*(?:<think>)?(.*?)</think>", re.S)
+TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 _PROBE = "dsv32_probe_function"
+_PROBE_RESULT = "dsv32_probe_result"
 
 
 def tools_instructions(tools: Sequence[dict]) -> str:
@@ -143,6 +197,31 @@ def render_call(call: dict) -> str:
     return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
 
 
+def results_as_user(messages: Sequence[dict]) -> list[dict]:
+    """``messages`` with tool results as user turns, for a template that refuses ``tool`` turns: each
+    result is written ``<tool_response>\n…\n</tool_response>``, and the results of one step, with a
+    user message right after them, make one user turn (joined by a newline; a template that checks
+    that roles alternate accepts it)."""
+    out: list[dict] = []
+    merged = False  # whether out[-1] is a user turn made of tool results
+    for message in messages:
+        role = message.get("role")
+        if role == "tool":
+            text = f"{TOOL_RESPONSE_OPEN}\n{message.get('content') or ''}\n{TOOL_RESPONSE_CLOSE}"
+        elif role == "user" and merged:
+            text = message.get("content") or ""
+        else:
+            out.append(message)
+            merged = False
+            continue
+        if merged:
+            out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + text}
+        else:
+            out.append({"role": "user", "content": text})
+        merged = True
+    return out
+
+
 def parse_tool_calls(text: str) -> tuple[str, list[dict], list[dict]]:
     """``(text without the call blocks, tool calls, problems)`` of ``<tool_call>`` blocks."""
     calls, problems = [], []
@@ -166,6 +245,90 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict], list[dict]]:
     return _TOOL_CALL.sub("", text), calls, problems
 
 
+def split_markers(tokenizer: Any) -> list[str]:
+    """The special tokens of ``tokenizer`` that its text is split at before anything else, as they
+    are written: added tokens marked special that match as they are (not normalized, no whitespace
+    taken on their left, not only as whole words)."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return sorted(
+        token.content
+        for token in added.values()
+        if getattr(token, "special", False)
+        and token.content
+        and not getattr(token, "lstrip", False)
+        and not getattr(token, "single_word", False)
+        and not getattr(token, "normalized", False)
+    )
+
+
+class PieceTokenizer:
+    """Token ids of a text that changes little from one call to the next (a re-rendered prompt).
+
+    The ids are kept in pieces: the text is cut where one of ``markers`` begins (special tokens a
+    tokenizer splits the text at before anything else, see :func:`split_markers`), so a piece ends
+    where the tokenizer's own split falls and tokenizes on its own as it does inside the whole text;
+    the text before a marker never merges with it, and the text after it starts a new section either
+    way. A call reuses the pieces of the previous text that the new text still holds whole, each
+    followed by the same marker, and tokenizes only the rest, piece by piece. Without markers every
+    call tokenizes the whole text.
+    """
+
+    def __init__(self, tokenizer: Any, markers: Sequence[str] = ()) -> None:
+        self.tokenizer = tokenizer
+        markers = sorted(set(markers), key=len, reverse=True)
+        self.pattern = re.compile("|".join(map(re.escape, markers))) if markers else None
+        self.text = ""
+        # per piece: where it starts in the text, the length of the marker it starts with (0 for a
+        # first piece without one), and how many ids come before it
+        self.starts: list[int] = []
+        self.heads: list[int] = []
+        self.counts: list[int] = []
+        self.ids: list[int] = []
+        self.tokenized = 0  # characters tokenized by the latest call
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        if len(texts) == 1:
+            return [list(self.tokenizer.encode(texts[0], add_special_tokens=False))]
+        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    def _kept(self, text: str) -> int:
+        """How many leading pieces of the previous text ``text`` holds whole, each still followed by
+        the marker that followed it."""
+        old, starts, heads = self.text, self.starts, self.heads
+        if len(starts) < 2:
+            return 0
+        if text.startswith(old):
+            return len(starts) - 1  # all but the last, which nothing followed
+        kept = 0
+        for j in range(1, len(starts)):
+            end = starts[j] + heads[j]
+            if not text.startswith(old[starts[j - 1] : end], starts[j - 1]):
+                break
+            kept = j
+        return kept
+
+    def __call__(self, text: str) -> list[int]:
+        """The ids of ``text`` (a new list; equal to tokenizing it whole)."""
+        if self.pattern is None:
+            self.tokenized = len(text)
+            return self._encode([text])[0]
+        kept = self._kept(text)
+        start = self.starts[kept] if kept else 0
+        cuts = [start] + [m.start() for m in self.pattern.finditer(text, start) if m.start() > start]
+        pieces = [text[a:b] for a, b in zip(cuts, [*cuts[1:], len(text)], strict=True)]
+        ids = self.ids[: self.counts[kept]] if kept else []
+        starts, heads, counts = self.starts[:kept], self.heads[:kept], self.counts[:kept]
+        for at, piece, piece_ids in zip(cuts, pieces, self._encode(pieces), strict=True):
+            head = self.pattern.match(piece)
+            starts.append(at)
+            heads.append(head.end() if head else 0)
+            counts.append(len(ids))
+            ids += piece_ids
+        self.text, self.starts, self.heads, self.counts, self.ids = text, starts, heads, counts, ids
+        self.tokenized = len(text) - start
+        return list(ids)
+
+
 class TemplateFormat:
     name = "template"
 
@@ -183,13 +346,33 @@ class TemplateFormat:
         user = {"role": "user", "content": "hi"}
         call = {"type": "function", "function": {"name": _PROBE, "arguments": {}}}
         self.renders_tools = _PROBE in self._render([user], [probe_tool], probe=True)
-        turn = [
-            user,
-            {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "content": "1"},
-        ]
+        calling = {"role": "assistant", "content": "", "tool_calls": [{**call, "id": "call_0"}]}
+        result = {"role": "tool", "tool_call_id": "call_0", "content": _PROBE_RESULT}
+        #: whether the template renders ``tool`` turns; when it refuses them (an alternation check)
+        #: or leaves them out, tool results are given to it as user turns (see results_as_user)
+        self.tool_role = any(
+            _PROBE_RESULT in self._render(probe, [], probe=True)
+            for probe in ([user, calling, result], [user, {"role": "assistant", "content": "ok"}, result])
+        )
+        turn = [user, calling, result] if self.tool_role else [user, calling, *results_as_user([result])]
         self.renders_calls = _PROBE in self._render(turn, [], probe=True)
+        #: the assistant field this template renders reasoning from, or None: reasoning is written
+        #: into the content as ``<think>\n…\n</think>\n\n`` (what :meth:`parse` reads back)
+        self.reasoning_field = self._probe_reasoning_field(user)
         self.last: Prompt | None = None
+        self._seen: Any = None  # a frozen copy of the latest call's (thinking, tools, messages)
+        self._strip = ToolResultStripper(self.special_tokens)
+        #: where prompts are cut for tokenizing them in pieces (see PieceTokenizer)
+        self.markers = split_markers(tokenizer)
+        self.pieces = PieceTokenizer(tokenizer, self.markers)
+        self._check_pieces(turn)
+
+    def _probe_reasoning_field(self, user: dict) -> str | None:
+        for field in REASONING_FIELDS:
+            reply = {"role": "assistant", "content": "ok", field: _PROBE}
+            if _PROBE in self._render([user, reply], [], probe=True, enable_thinking=True):
+                return field
+        return None
 
     def _render(self, messages: list[dict], tools: list[dict], probe: bool = False, **kwargs: Any) -> str:
         import jinja2
@@ -207,17 +390,44 @@ class TemplateFormat:
                 return ""
             raise AgentError(f"the model's chat template cannot render this conversation: {err}") from err
 
+    def _check_pieces(self, turn: list[dict]) -> None:
+        """Tokenize rendered conversations in pieces as prompts are (growing, then with an earlier
+        message changed); if the ids differ from tokenizing the whole text, tokenize whole texts."""
+        user = {"role": "user", "content": " next 2"}
+        grown = [*turn, {"role": "assistant", "content": "x y"}, user]
+        changed = [turn[0], {"role": "assistant", "content": "z"}, user]
+        probe = PieceTokenizer(self.tokenizer, self.markers)
+        for messages in (turn[:1], turn, grown, changed):
+            text = self._render(messages, [], probe=True)
+            if text and probe(text) != list(self.tokenizer.encode(text, add_special_tokens=False)):
+                self.markers = []
+                self.pieces = PieceTokenizer(self.tokenizer)
+                return
+
     def template_messages(
         self, messages: Sequence[dict], tools: Sequence[dict], thinking: bool
     ) -> list[dict]:
         """The conversation as this template gets it (see the module docstring)."""
-        out = strip_tool_results(visible_messages(messages, thinking), self.special_tokens)
+        out = self._strip(visible_messages(messages, thinking))
         for message in out:
-            if message.get("role") == "assistant" and message.get("tool_calls") and not self.renders_calls:
+            if message.get("role") != "assistant":
+                continue
+            if message.get("tool_calls") and not self.renders_calls:
                 blocks = [render_call(c) for c in message.pop("tool_calls")]
                 message["content"] = "\n".join(
                     [message["content"], *blocks] if message.get("content") else blocks
                 )
+            reasoning = message.get("reasoning_content")
+            if reasoning and self.reasoning_field != "reasoning_content":
+                del message["reasoning_content"]
+                if self.reasoning_field is not None:
+                    message[self.reasoning_field] = reasoning
+                else:
+                    message["content"] = f"{THINK_OPEN}\n{reasoning}\n{THINK_CLOSE}\n\n" + (
+                        message.get("content") or ""
+                    )
+        if not self.tool_role:
+            out = results_as_user(out)
         if tools and not self.renders_tools:
             block = tools_instructions(tools)
             if out and out[0].get("role") == "system":
@@ -227,14 +437,23 @@ class TemplateFormat:
         return out
 
     def prompt(self, messages: Sequence[dict], tools: Sequence[dict], thinking: bool) -> Prompt:
-        last, tools = self.last, list(tools)
-        same = last is not None and last.thinking == thinking and last.tools == tools
-        if same and len(last.messages) == len(messages) and _extends(last.messages, messages):
-            return last
+        tools, messages = list(tools), list(messages)
+        last, seen = self.last, (thinking, tools, messages)
+        if last is not None and last.messages == messages and identical(seen, self._seen):
+            return last  # the same conversation again (count_tokens, then complete)
         shown = self.template_messages(messages, tools, thinking)
         text = self._render(shown, tools if self.renders_tools else [], enable_thinking=thinking)
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        self.last = Prompt(list(messages), tools, thinking, text, ids)
+        last = self.last
+        if last is not None and last.text == text:
+            ids = last.ids
+        else:
+            try:
+                ids = self.pieces(text)
+            except BaseException:
+                self.pieces = PieceTokenizer(self.tokenizer, self.markers)  # start over next time
+                raise
+        self._seen = freeze(seen)
+        self.last = Prompt(messages, tools, thinking, text, ids)
         return self.last
 
     def decode(self, tokens: Sequence[int]) -> str:
@@ -252,4 +471,4 @@ class TemplateFormat:
         return assistant_message(content.strip(), reasoning, calls), problems
 
     #: streaming: a reply that opens with think_start reasons until think_end; content until calls_start
-    think_start, think_end, calls_start = "<think>", "</think>", TOOL_CALL_OPEN
+    think_start, think_end, calls_start = THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN
