@@ -20,9 +20,32 @@ verifier scores (it satisfies :class:`dsv32.envs.base.TrajectoryLike`: ``message
 from __future__ import annotations
 
 import json
+import os
+import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+
+def write_text_atomically(path: str | Path, lines: Iterable[str]) -> Path:
+    """Write ``lines`` to ``path`` through a temporary file in the same directory, renamed over it at
+    the end: a failure leaves the previous file (or none), never a partial one.
+
+    Text is UTF-8; a lone surrogate (bytes decoded with ``surrogateescape``, as ``os.listdir`` or a
+    subprocess give them) cannot be encoded and is written as its ``\\udcXX`` escape, which inside a
+    JSON string reads back as the same character."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8", errors="backslashreplace") as f:
+            f.writelines(lines)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
 
 
 @dataclass
@@ -158,11 +181,9 @@ class Trajectory:
         )
 
     def save(self, path: str | Path) -> Path:
-        """The whole trajectory as one JSON document."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
-        return path
+        """The whole trajectory as one JSON document (written atomically, see
+        :func:`write_text_atomically`; :meth:`load` gives back an equal trajectory)."""
+        return write_text_atomically(path, [json.dumps(self.to_dict(), ensure_ascii=False, indent=1)])
 
     @classmethod
     def load(cls, path: str | Path) -> Trajectory:
@@ -170,24 +191,19 @@ class Trajectory:
 
     def write_jsonl(self, path: str | Path) -> Path:
         """One line per step (see :meth:`Step.log_line`), then a last line ``{"episode": ...}`` with
-        the stop reason, the answer and the totals."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", encoding="utf-8") as f:
-            for step in self.steps:
-                f.write(json.dumps(step.log_line(), ensure_ascii=False) + "\n")
-            summary = {
-                "episode": {
-                    "stop_reason": self.stop_reason,
-                    "final": self.final,
-                    "strategy": self.strategy,
-                    "error": self.error,
-                    "steps": self.num_steps,
-                    "total_steps": self.total_steps,
-                    "total_tokens": self.total_tokens,
-                    "resets": len(self.context_events),
-                    "threads": [asdict(t) for t in self.threads],
-                }
+        the stop reason, the answer and the totals (written atomically)."""
+        summary = {
+            "episode": {
+                "stop_reason": self.stop_reason,
+                "final": self.final,
+                "strategy": self.strategy,
+                "error": self.error,
+                "steps": self.num_steps,
+                "total_steps": self.total_steps,
+                "total_tokens": self.total_tokens,
+                "resets": len(self.context_events),
+                "threads": [asdict(t) for t in self.threads],
             }
-            f.write(json.dumps(summary, ensure_ascii=False) + "\n")
-        return path
+        }
+        records = [*(step.log_line() for step in self.steps), summary]
+        return write_text_atomically(path, (json.dumps(r, ensure_ascii=False) + "\n" for r in records))
