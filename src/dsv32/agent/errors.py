@@ -13,4 +13,5 @@ class AgentError(DSV32Error, ValueError):
 class BackendError(DSV32Error, RuntimeError):
     """The model could not answer: an endpoint that kept failing after its retries or sent a malformed
     reply (the message names the field), an exhausted script. The loop turns it into
-    ``stop_reason="error"``; it never escapes :meth:`Agent.run`."""
+    ``stop_reason="error"``; it never escapes :meth:`Agent.run`. So does an :class:`AgentError` a
+    backend raises mid-episode (a chat template that refuses the conversation)."""

@@ -10,7 +10,8 @@ One step::
     for each call in reply.tool_calls, in order:  context += [tool result]   (errors are results too)
 
 and the episode stops with ``"max_steps"`` after ``max_steps`` model calls or ``"error"`` when the
-backend fails (:class:`~dsv32.agent.errors.BackendError`, after its own retries).
+backend fails (:class:`~dsv32.agent.errors.BackendError`, after its own retries) or cannot render
+the conversation (an ``AgentError`` or ``ConversationError`` it raises mid-episode).
 
 Thinking context (§3.2.1): the reasoning of the assistant turns of the current task stays in the
 context across all its tool calls; reasoning before the last user message is dropped when the
@@ -38,7 +39,7 @@ from dsv32.agent.context import (
 from dsv32.agent.errors import AgentError, BackendError
 from dsv32.agent.tools import DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_TIMEOUT_S, Tool, Toolbox
 from dsv32.agent.trajectory import ContextEvent, Step, ThreadSummary, ToolRecord, Trajectory
-from dsv32.chat import apply_thinking_context, last_user_index
+from dsv32.chat import ConversationError, apply_thinking_context, last_user_index
 
 #: ``on_event(kind, payload)``: "thread" {thread}, "delta" {kind, text}, "tool_call" {id, name,
 #: arguments}, "tool_result" {id, name, ok, error, content}, "context" {ContextEvent fields},
@@ -148,6 +149,9 @@ class Agent:
         if self.on_event is not None:
             self.on_event(kind, payload)
 
+    # A backend that cannot render the conversation mid-episode (a chat template that refuses a tool
+    # turn, a sampling setting it does not know) fails like one that cannot answer: the episode stops
+    # with "error" and keeps what it did.
     def _call(self, messages: list[dict]) -> Completion:
         on_delta = None
         if self.on_event is not None:
@@ -155,12 +159,19 @@ class Agent:
             def on_delta(kind: str, text: str) -> None:
                 self._emit("delta", {"kind": kind, "text": text})
 
-        return self.backend.complete(
-            messages, self.toolbox.schemas, thinking=self.thinking, sampling=self.sampling, on_delta=on_delta
-        )
+        try:
+            tools, sampling = self.toolbox.schemas, self.sampling
+            return self.backend.complete(
+                messages, tools, thinking=self.thinking, sampling=sampling, on_delta=on_delta
+            )
+        except (AgentError, ConversationError) as err:
+            raise BackendError(str(err)) from err
 
     def _count(self, messages: list[dict]) -> int:
-        return self.backend.count_tokens(messages, self.toolbox.schemas, thinking=self.thinking)
+        try:
+            return self.backend.count_tokens(messages, self.toolbox.schemas, thinking=self.thinking)
+        except (AgentError, ConversationError) as err:
+            raise BackendError(str(err)) from err
 
     def _episode(self, initial: list[dict], strategy: str, thread: int) -> Trajectory:
         self._emit("thread", {"thread": thread})
