@@ -204,3 +204,9 @@ def test_budget_is_the_sum_over_steps(strategy):
     traj = agent(CountingBackend([*rounds_script(6)[:-1], answer("s"), *rounds_script(6)]), strategy).run("t")
     assert traj.total_steps == traj.num_steps
     assert traj.total_tokens == sum(s.prompt_tokens + s.completion_tokens for s in traj.steps) > 0
+
+
+def test_each_thread_of_parallel_fewest_step_gets_its_own_seed():
+    backend = CountingBackend([answer("a")] * 3)
+    Agent(backend, [add], context="parallel_fewest_step", parallel=3, sampling={"seed": 7}).run("task")
+    assert [c.sampling["seed"] for c in backend.calls] == [7, 8, 9]  # seed + thread, as vLLM's choices

@@ -241,3 +241,27 @@ def test_replies_are_capped_to_the_room_left_in_the_models_window(tiny_v32, v32_
         full.complete(messages, [], thinking=False)
     traj = Agent(full, [], thinking=False).run(messages[0]["content"])
     assert traj.stop_reason == "error" and "window" in traj.error
+
+
+def test_threads_of_parallel_fewest_step_sample_differently_and_a_run_repeats(tiny_v32, v32_tokenizer):
+    def run(**seeds) -> list[str]:
+        replies = []
+
+        class Recording(LocalBackend):
+            def complete(self, *args, **kwargs):
+                out = super().complete(*args, **kwargs)
+                replies.append(out.message.get("content", ""))
+                return out
+
+        backend = Recording(
+            tiny_v32, v32_tokenizer, temperature=1.0, max_new_tokens=6, seed=seeds.get("backend")
+        )
+        sampling = {"seed": seeds["call"]} if "call" in seeds else None
+        options = dict(context="parallel_fewest_step", parallel=3, max_steps=1, sampling=sampling)
+        Agent(backend, [], thinking=False, **options).run("Say something.")
+        return replies
+
+    for seeds in ({"backend": 0}, {"call": 5}):  # the backend's seed, or one in the agent's sampling
+        first = run(**seeds)
+        assert len(first) == 3 and len(set(first)) == 3, first  # three threads, three different replies
+        assert run(**seeds) == first  # the same seed, the same run

@@ -63,7 +63,8 @@ class Agent:
         context_trigger: the fraction of the window that triggers the strategy (paper: 0.8).
         parallel: trajectories of ``parallel_fewest_step``.
         discard_fraction: the share of rounds ``discard_75`` removes.
-        sampling: settings passed to every backend call (``temperature``, ``top_p``, ``max_tokens`` ...).
+        sampling: settings passed to every backend call (``temperature``, ``top_p``, ``max_tokens`` ...);
+            a ``seed`` is ``seed + i`` in thread ``i`` of ``parallel_fewest_step``.
         tool_timeout_s / max_tool_output_chars: see :class:`~dsv32.agent.tools.Toolbox`.
         on_event: called as things happen (streaming to a terminal, logging).
     """
@@ -152,7 +153,7 @@ class Agent:
     # A backend that cannot render the conversation mid-episode (a chat template that refuses a tool
     # turn, a sampling setting it does not know) fails like one that cannot answer: the episode stops
     # with "error" and keeps what it did.
-    def _call(self, messages: list[dict]) -> Completion:
+    def _call(self, messages: list[dict], sampling: dict) -> Completion:
         on_delta = None
         if self.on_event is not None:
 
@@ -160,7 +161,7 @@ class Agent:
                 self._emit("delta", {"kind": kind, "text": text})
 
         try:
-            tools, sampling = self.toolbox.schemas, self.sampling
+            tools = self.toolbox.schemas
             return self.backend.complete(
                 messages, tools, thinking=self.thinking, sampling=sampling, on_delta=on_delta
             )
@@ -179,13 +180,16 @@ class Agent:
         context, anchor, task_messages = list(initial), len(initial), initial
         pending: list[ContextEvent] = []
         limit = self._limit(strategy)
+        sampling = dict(self.sampling)
+        if sampling.get("seed") is not None:  # threads differ as vLLM's choices do: seed + i
+            sampling["seed"] = int(sampling["seed"]) + thread
         try:
             while len(traj.steps) < self.max_steps:
                 if limit is not None:
                     tokens = self._count(context)
                     if tokens > limit:
                         reset = self._reset(
-                            traj, context, anchor, task_messages, strategy, tokens, limit, thread
+                            traj, context, anchor, task_messages, strategy, tokens, limit, thread, sampling
                         )
                         if reset is None:
                             traj.stop_reason = "context"
@@ -194,7 +198,7 @@ class Agent:
                         pending.append(event)
                         if len(traj.steps) >= self.max_steps:
                             break
-                completion = self._call(context)
+                completion = self._call(context, sampling)
                 step = self._record(traj, completion, "act", thread, pending)
                 pending = []
                 message = completion.message
@@ -276,6 +280,7 @@ class Agent:
         tokens: int,
         limit: float,
         thread: int,
+        sampling: dict,
     ) -> tuple[list[dict], int, ContextEvent] | None:
         """Apply ``strategy``: ``(new context, new anchor, event)``, or None when the episode must stop
         (strategy ``none``, nothing left to remove, or still over the limit)."""
@@ -284,7 +289,7 @@ class Agent:
         if strategy in UNMANAGED:
             return None
         if strategy == "summary":
-            completion = self._call(summary_request(context))
+            completion = self._call(summary_request(context), sampling)
             self._record(traj, completion, "summary", thread, [])
             message = completion.message
             summary = (message.get("content") or message.get("reasoning_content") or "").strip()

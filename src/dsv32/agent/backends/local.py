@@ -11,7 +11,10 @@ counts what was prefilled over all calls, and each call's usage reports the reus
 (``max_position_embeddings``, as ``window``); a prompt that fills it raises :class:`BackendError`.
 
 Sampling defaults (temperature 0.6, top-p 0.95) can be changed per backend or per call:
-``temperature``, ``top_p``, ``top_k``, ``max_tokens`` (= ``max_new_tokens``), ``seed``.
+``temperature``, ``top_p``, ``top_k``, ``max_tokens`` (= ``max_new_tokens``), ``seed``. The
+backend's ``seed`` starts one random stream that every call continues (a run repeats, two calls on
+the same prompt differ); a call's ``seed`` gives that call a stream of its own, as an endpoint's
+per-request seed does.
 """
 
 from __future__ import annotations
@@ -123,6 +126,7 @@ class LocalBackend:
             "max_tokens": max_new_tokens,
         }
         self.seed = seed
+        self.generator: Any = None
         self.last_prompt = ""
         self.last_prompt_ids: list[int] = []
 
@@ -134,6 +138,16 @@ class LocalBackend:
 
         loaded = load_model(name, device=device)
         return cls(loaded.model, tokenizer if tokenizer is not None else loaded.tokenizer, **options)
+
+    def _generator(self) -> Any:
+        """The backend's own random stream (``seed``), made at its first call and advanced by every
+        call after it, so that calls on the same prompt (the threads of ``parallel_fewest_step``)
+        sample differently while a run from the same seed repeats; None without a seed."""
+        import torch
+
+        if self.seed is not None and self.generator is None:
+            self.generator = torch.Generator(device=self.session.device).manual_seed(int(self.seed))
+        return self.generator
 
     def count_tokens(self, messages: Sequence[dict], tools: Sequence[dict], *, thinking: bool = True) -> int:
         return len(self.format.prompt(messages, tools, thinking).ids)
@@ -159,10 +173,10 @@ class LocalBackend:
         prompt = self.format.prompt(messages, tools, thinking)
         self.last_prompt, self.last_prompt_ids = prompt.text, prompt.ids
         params = SamplingParams(settings["temperature"], settings["top_p"], settings["top_k"])
-        seed = settings.get("seed", self.seed)
-        generator = None
-        if seed is not None:
-            generator = torch.Generator(device=self.session.device).manual_seed(int(seed))
+        if settings.get("seed") is not None:  # a call's own seed, like an endpoint request's
+            generator = torch.Generator(device=self.session.device).manual_seed(int(settings["seed"]))
+        else:
+            generator = self._generator()
         max_new = int(settings.get("max_new_tokens") or settings["max_tokens"])
         if self.window is not None:
             room = self.window - len(prompt.ids)
