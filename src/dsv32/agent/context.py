@@ -3,8 +3,8 @@
 The loop calls these when a step's prompt would exceed ``trigger · context_window`` tokens (the paper
 uses 80 %); the :data:`UNMANAGED` baselines use the whole window. ``anchor`` is the index of the first
 message after the task: everything before it (the system prompt, the task, any earlier conversation)
-always stays. A *tool-call round* is an assistant
-message with ``tool_calls`` and the tool results answering it.
+always stays. A *tool-call round* is an assistant message with ``tool_calls`` and the tool results
+answering it, or a reply whose call could not be read and the loop's error message after it.
 
 - ``summary``: the model summarizes the overflowed trajectory (:func:`summary_request`); the rollout
   re-initiates from the task plus that summary (:func:`reinitiate`);
@@ -50,19 +50,24 @@ def check_strategy(strategy: str) -> str:
 
 
 def tool_rounds(messages: Sequence[dict], anchor: int) -> list[tuple[int, int]]:
-    """``[start, end)`` spans of the tool-call rounds at or after ``anchor``, oldest first."""
+    """``[start, end)`` spans of the tool-call rounds at or after ``anchor``, oldest first: an
+    assistant message with its tool results, and the user message after them when one follows (the
+    loop's error about a call that could not be read, which makes a round of a reply without calls
+    too)."""
     rounds: list[tuple[int, int]] = []
-    i = anchor
-    while i < len(messages):
-        message = messages[i]
-        if message.get("role") == "assistant" and message.get("tool_calls"):
-            j = i + 1
-            while j < len(messages) and messages[j].get("role") == "tool":
-                j += 1
-            rounds.append((i, j))
-            i = j
-        else:
+    i, n = anchor, len(messages)
+    while i < n:
+        if messages[i].get("role") != "assistant":
             i += 1
+            continue
+        j = i + 1
+        while j < n and messages[j].get("role") == "tool":
+            j += 1
+        if j < n and messages[j].get("role") == "user":
+            j += 1
+        if j > i + 1 or messages[i].get("tool_calls"):
+            rounds.append((i, j))
+        i = j
     return rounds
 
 

@@ -6,8 +6,10 @@ One step::
     if tokens > trigger · context_window:  reset the context by the strategy
     (none, parallel_fewest_step: if tokens ≥ context_window: stop: "context")
     reply = backend.complete(context, tools, thinking)
-    context += [reply];  no tool calls → stop: "answer" (final = reply.content)
+    context += [reply];  cut at max tokens (finish_reason "length") → stop: "length"
+    no tool calls, none attempted → stop: "answer" (final = reply.content)
     for each call in reply.tool_calls, in order:  context += [tool result]   (errors are results too)
+    a call that could not be read → context += [user message: what was wrong]   (see replies.py)
 
 and the episode stops with ``"max_steps"`` after ``max_steps`` model calls or ``"error"`` when the
 backend fails (:class:`~dsv32.agent.errors.BackendError`, after its own retries) or cannot render
@@ -37,13 +39,14 @@ from dsv32.agent.context import (
     summary_request,
 )
 from dsv32.agent.errors import AgentError, BackendError
+from dsv32.agent.replies import call_error
 from dsv32.agent.tools import DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_TIMEOUT_S, Tool, Toolbox
 from dsv32.agent.trajectory import ContextEvent, Step, ThreadSummary, ToolRecord, Trajectory
 from dsv32.chat import ConversationError, apply_thinking_context, last_user_index
 
 #: ``on_event(kind, payload)``: "thread" {thread}, "delta" {kind, text}, "tool_call" {id, name,
 #: arguments}, "tool_result" {id, name, ok, error, content}, "context" {ContextEvent fields},
-#: "step" {step: Step}, "stop" {stop_reason, final}.
+#: "call_error" {content}, "step" {step: Step}, "stop" {stop_reason, final}.
 EventHandler = Callable[[str, dict], None]
 
 
@@ -207,7 +210,12 @@ class Agent:
                     call.setdefault("id", f"call_{thread}_{step.index}_{k}")
                 context.append(message)
                 traj.messages.append(message)
-                if not calls:
+                if completion.finish_reason == "length":  # cut at max tokens: no answer, no calls run
+                    traj.stop_reason = "length"
+                    self._emit("step", {"step": step})
+                    break
+                step.call_error = call_error(completion)
+                if not calls and step.call_error is None:
                     traj.final, traj.stop_reason = message.get("content") or "", "answer"
                     self._emit("step", {"step": step})
                     break
@@ -217,6 +225,11 @@ class Agent:
                     step.tool_latency_s += record.latency_s
                     context.append(result)
                     traj.messages.append(result)
+                if step.call_error is not None:
+                    note = {"role": "user", "content": step.call_error}
+                    self._emit("call_error", {"content": step.call_error})
+                    context.append(note)
+                    traj.messages.append(note)
                 self._emit("step", {"step": step})
         except BackendError as err:
             traj.stop_reason, traj.error = "error", str(err)

@@ -4,12 +4,14 @@ A :class:`Trajectory` is what :meth:`dsv32.agent.Agent.run` returns and what an 
 verifier scores (it satisfies :class:`dsv32.envs.base.TrajectoryLike`: ``messages`` and ``final``).
 
 - ``messages``: the whole episode, OpenAI-style and append-only: the initial messages (system, task),
-  every assistant turn (``content``, ``reasoning_content``, ``tool_calls`` with ids) and every tool
-  result (``{"role": "tool", "tool_call_id", "content"}``). A ``summary`` reset appends the user
-  message that re-initiates the rollout, so the list stays a valid conversation; discarded rounds
-  stay here (they leave only the model's context, see ``context_events``).
+  every assistant turn (``content``, ``reasoning_content``, ``tool_calls`` with ids), every tool
+  result (``{"role": "tool", "tool_call_id", "content"}``) and, after a reply that attempted a tool
+  call that could not be read, the user message telling the model so. A ``summary`` reset appends
+  the user message that re-initiates the rollout, so the list stays a valid conversation; discarded
+  rounds stay here (they leave only the model's context, see ``context_events``).
 - ``steps``: one :class:`Step` per model call (``kind="summary"`` for the summarization calls of the
-  ``summary`` strategy), with token usage, latency, finish reason, parse problems and the tool calls.
+  ``summary`` strategy), with token usage, latency, finish reason, parse problems, the tool calls and
+  the error sent about a call that could not be read.
 - ``context_events``: every context reset (step, strategy, prompt tokens before and after).
 - ``total_steps`` / ``total_tokens``: what the episode spent, every thread of
   ``parallel_fewest_step`` included, so strategies compare at equal budget.
@@ -92,6 +94,9 @@ class Step:
     context_events: list[ContextEvent] = field(default_factory=list)
     problems: list[dict] = field(default_factory=list)
     thread: int = 0
+    #: The error message the model was sent when its reply attempted a tool call that could not be
+    #: read (see :mod:`dsv32.agent.replies`); None otherwise.
+    call_error: str | None = None
 
     @property
     def tokens(self) -> int:
@@ -115,6 +120,7 @@ class Step:
             ],
             "context_events": [asdict(e) for e in self.context_events],
             "problems": self.problems,
+            "call_error": self.call_error,
         }
 
 

@@ -61,6 +61,8 @@ class Printer:
             if len(text) > self.max_result_chars:
                 text = text[: self.max_result_chars] + f" … ({len(payload['content'])} characters)"
             self._line(("← " if payload["ok"] else "← [error] ") + text.replace("\n", "\n  "))
+        elif kind == "call_error":
+            self._line("← [error] " + payload["content"].replace("\n", "\n  "))
         elif kind == "context":
             self._line(
                 f"⟲ context reset ({payload['strategy']}) before step {payload['step']}: "

@@ -161,6 +161,7 @@ class RecordingBackend:
         record = self.batcher.sample(self.episode, list(prompt.ids))
         self.records.append(record)
         message, problems = self.format.parse(self.format.decode(record.tokens), thinking)
-        finish = "tool_calls" if message.get("tool_calls") else ("stop" if record.ended else "length")
+        # a reply cut at max tokens says so even when it holds complete calls (the episode stops)
+        finish = "length" if not record.ended else ("tool_calls" if message.get("tool_calls") else "stop")
         usage = Usage(len(prompt.ids), len(record.tokens), 0)
         return Completion(message, usage, finish, time.perf_counter() - start, problems)
