@@ -241,7 +241,7 @@ def test_replies_are_capped_to_the_room_left_in_the_models_window(tiny_v32, v32_
     with pytest.raises(BackendError, match=rf"fills the model's {n}-token window"):
         full.complete(messages, [], thinking=False)
     traj = Agent(full, [], thinking=False).run(messages[0]["content"])
-    assert traj.stop_reason == "error" and "window" in traj.error
+    assert traj.stop_reason == "context" and "window" in traj.error  # a full window, not a failure
 
 
 def test_threads_of_parallel_fewest_step_sample_differently_and_a_run_repeats(tiny_v32, v32_tokenizer):

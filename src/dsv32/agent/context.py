@@ -1,7 +1,8 @@
 """Test-time context management (paper §4.4): what to do when the prompt outgrows the window.
 
-The loop calls these when a step's prompt would exceed ``trigger · context_window`` tokens (the paper
-uses 80 %); the :data:`UNMANAGED` baselines use the whole window. ``anchor`` is the index of the first
+The loop calls these when a step's prompt would exceed ``min(trigger · W, W − max_tokens)`` tokens
+(the paper triggers at 80 % of the window ``W``; the reply's ``max_tokens`` stays free); the
+:data:`UNMANAGED` baselines stop at ``W − max_tokens``. ``anchor`` is the index of the first
 message after the task: everything before it (the system prompt, the task, any earlier conversation)
 always stays. A *tool-call round* is an assistant message with ``tool_calls`` and the tool results
 answering it, or a reply whose call could not be read and the loop's error message after it.

@@ -2,10 +2,11 @@
 
 One step::
 
-    tokens = backend.count_tokens(context)            # only with a context_window
-    if tokens > trigger · context_window:  reset the context by the strategy
-    (none, parallel_fewest_step: if tokens ≥ context_window: stop: "context")
-    reply = backend.complete(context, tools, thinking)
+    tokens = backend.count_tokens(context)            # only with a context_window W
+    if tokens > min(trigger · W, W − max_tokens):  reset the context by the strategy
+    (none, parallel_fewest_step: if tokens > W − max_tokens: stop: "context")
+    reply = backend.complete(context, tools, thinking)  # an endpoint's refusal for the context
+                                                      # length: as if tokens were over the limit
     context += [reply];  cut at max tokens (finish_reason "length") → stop: "length"
     no tool calls, none attempted → stop: "answer" (final = reply.content)
     for each call in reply.tool_calls, in order:  context += [tool result]   (errors are results too)
@@ -38,7 +39,7 @@ from dsv32.agent.context import (
     reinitiate,
     summary_request,
 )
-from dsv32.agent.errors import AgentError, BackendError
+from dsv32.agent.errors import AgentError, BackendError, ContextLengthError
 from dsv32.agent.replies import call_error
 from dsv32.agent.tools import DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_TIMEOUT_S, Tool, Toolbox
 from dsv32.agent.trajectory import ContextEvent, Step, ThreadSummary, ToolRecord, Trajectory
@@ -182,26 +183,32 @@ class Agent:
         traj = Trajectory(messages=list(initial), strategy=strategy)
         context, anchor, task_messages = list(initial), len(initial), initial
         pending: list[ContextEvent] = []
-        limit = self._limit(strategy)
         sampling = dict(self.sampling)
         if sampling.get("seed") is not None:  # threads differ as vLLM's choices do: seed + i
             sampling["seed"] = int(sampling["seed"]) + thread
+        limit = self._limit(strategy, sampling)
         try:
             while len(traj.steps) < self.max_steps:
-                if limit is not None:
-                    tokens = self._count(context)
-                    if tokens > limit:
+                tokens = self._count(context) if limit is not None else 0
+                refused: ContextLengthError | None = None
+                if limit is None or tokens <= limit:
+                    try:
+                        completion = self._call(context, sampling)
+                    except ContextLengthError as err:  # the endpoint counted more than we did
+                        refused = err
+                if refused is not None or (limit is not None and tokens > limit):
+                    reset = None
+                    if limit is not None and strategy not in UNMANAGED:
+                        tokens = max(tokens, refused.prompt_tokens or 0) if refused else tokens
                         reset = self._reset(
                             traj, context, anchor, task_messages, strategy, tokens, limit, thread, sampling
                         )
-                        if reset is None:
-                            traj.stop_reason = "context"
-                            break
-                        context, anchor, event = reset
-                        pending.append(event)
-                        if len(traj.steps) >= self.max_steps:
-                            break
-                completion = self._call(context, sampling)
+                    if reset is None:
+                        traj.stop_reason, traj.error = "context", str(refused) if refused else None
+                        break
+                    context, anchor, event = reset
+                    pending.append(event)
+                    continue
                 step = self._record(traj, completion, "act", thread, pending)
                 pending = []
                 message = completion.message
@@ -238,16 +245,32 @@ class Agent:
         self._emit("stop", {"stop_reason": traj.stop_reason, "final": traj.final, "thread": thread})
         return traj
 
-    def _limit(self, strategy: str) -> float | None:
-        """The most tokens a step's prompt may hold: ``trigger · context_window`` for the strategies
-        that manage the context (beyond it they act); the whole window less one token for the reply
-        under ``none`` and in the threads of ``parallel_fewest_step``, which run unmanaged (§4.4's
-        baselines) and stop only when the prompt fills the window."""
-        if self.context_window is None:
+    def _reply_budget(self, sampling: dict) -> int | None:
+        """The ``max_tokens`` of a call with ``sampling`` (the backend's ``reply_budget`` when it has
+        one, else the setting itself); None when unknown."""
+        budget = getattr(self.backend, "reply_budget", None)
+        if callable(budget):
+            return budget(sampling)
+        for key in ("max_tokens", "max_completion_tokens", "max_new_tokens"):
+            if sampling.get(key) is not None:
+                return int(sampling[key])
+        return None
+
+    def _limit(self, strategy: str, sampling: dict) -> float | None:
+        """The most tokens a step's prompt may hold: the window less the reply's ``max_tokens``, and
+        for the strategies that manage the context at most ``trigger · context_window`` (beyond the
+        limit they act). Under ``none`` and in the threads of ``parallel_fewest_step`` (§4.4's
+        unmanaged baselines) the episode stops there. A ``max_tokens`` that is unknown, or as large as
+        the window (a reply that may take whatever the prompt leaves, as the paper's 128K generation
+        length in a 128K window), keeps one token."""
+        window = self.context_window
+        if window is None:
             return None
+        budget = self._reply_budget(sampling)
+        room = window - (budget if budget is not None and budget < window else 1)
         if strategy in UNMANAGED:
-            return self.context_window - 1
-        return self.context_trigger * self.context_window
+            return room
+        return min(self.context_trigger * window, room)
 
     def _record(
         self, traj: Trajectory, completion: Completion, kind: str, thread: int, events: list[ContextEvent]

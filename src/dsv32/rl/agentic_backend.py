@@ -155,6 +155,10 @@ class RecordingBackend:
     def count_tokens(self, messages: Sequence[dict], tools: Sequence[dict], *, thinking: bool = True) -> int:
         return len(self.format.prompt(messages, self._tools(tools), thinking).ids)
 
+    def reply_budget(self, sampling: dict | None = None) -> int:
+        """Every call samples up to the batcher's ``max_new_tokens``."""
+        return self.batcher.sampling.max_new_tokens
+
     def complete(self, messages, tools, *, thinking=True, sampling=None, on_delta=None) -> Completion:
         start = time.perf_counter()
         prompt = self.format.prompt(messages, self._tools(tools), thinking)

@@ -8,7 +8,9 @@ what each step adds (the new tool results and the re-rendered last reply), not t
 ``last_prompt`` / ``last_prompt_ids`` hold the prompt of the latest call; ``session.prefilled_tokens``
 counts what was prefilled over all calls, and each call's usage reports the reused tokens as
 ``cached_tokens``. A reply is capped to the room the prompt leaves in the model's window
-(``max_position_embeddings``, as ``window``); a prompt that fills it raises :class:`BackendError`.
+(``max_position_embeddings``, as ``window``); a prompt that fills it raises
+:class:`~dsv32.agent.errors.ContextLengthError` (the loop manages the context or stops with
+``"context"``).
 
 Sampling defaults (temperature 0.6, top-p 0.95) can be changed per backend or per call:
 ``temperature``, ``top_p``, ``top_k``, ``max_tokens`` (= ``max_new_tokens``), ``seed``. The
@@ -25,7 +27,7 @@ from typing import Any
 
 from dsv32.agent.backends.base import Completion, Delta, Usage
 from dsv32.agent.backends.formats import TemplateFormat, V32Format
-from dsv32.agent.errors import AgentError, BackendError
+from dsv32.agent.errors import AgentError, ContextLengthError
 
 
 class _Streamer:
@@ -149,6 +151,11 @@ class LocalBackend:
             self.generator = torch.Generator(device=self.session.device).manual_seed(int(self.seed))
         return self.generator
 
+    def reply_budget(self, sampling: dict | None = None) -> int:
+        """The most tokens a reply with these settings may have (``max_tokens``)."""
+        settings = {**self.defaults, **(sampling or {})}
+        return int(settings.get("max_new_tokens") or settings["max_tokens"])
+
     def count_tokens(self, messages: Sequence[dict], tools: Sequence[dict], *, thinking: bool = True) -> int:
         return len(self.format.prompt(messages, tools, thinking).ids)
 
@@ -177,11 +184,13 @@ class LocalBackend:
             generator = torch.Generator(device=self.session.device).manual_seed(int(settings["seed"]))
         else:
             generator = self._generator()
-        max_new = int(settings.get("max_new_tokens") or settings["max_tokens"])
+        max_new = self.reply_budget(sampling)
         if self.window is not None:
             room = self.window - len(prompt.ids)
             if room < 1:
-                raise BackendError(f"the conversation fills the model's {self.window}-token window")
+                raise ContextLengthError(
+                    f"the conversation fills the model's {self.window}-token window", len(prompt.ids)
+                )
             max_new = min(max_new, room)
         streamer = _Streamer(self.format, thinking, on_delta) if on_delta is not None else None
         out = self.session.generate(
