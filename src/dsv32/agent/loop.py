@@ -25,6 +25,7 @@ rule to whatever they are sent.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from typing import Any
@@ -36,8 +37,8 @@ from dsv32.agent.context import (
     check_strategy,
     discard_rounds,
     fewest_steps,
+    fit_summary_request,
     reinitiate,
-    summary_request,
 )
 from dsv32.agent.errors import AgentError, BackendError, ContextLengthError
 from dsv32.agent.replies import call_error
@@ -256,6 +257,15 @@ class Agent:
                 return int(sampling[key])
         return None
 
+    def _summary_budget(self, sampling: dict) -> int:
+        """The tokens the summary may take: the reply's ``max_tokens``, or when it is unknown (or the
+        whole window) what the trigger leaves, ``(1 − trigger) · W`` (at least a tenth of ``W``)."""
+        window = self.context_window
+        budget = self._reply_budget(sampling)
+        if budget is not None and budget < window:
+            return budget
+        return max(1, round(max(1.0 - self.context_trigger, 0.1) * window))
+
     def _limit(self, strategy: str, sampling: dict) -> float | None:
         """The most tokens a step's prompt may hold: the window less the reply's ``max_tokens``, and
         for the strategies that manage the context at most ``trigger · context_window`` (beyond the
@@ -324,29 +334,47 @@ class Agent:
         summary = None
         if strategy in UNMANAGED:
             return None
+        details: dict[str, Any] = {}
+        completion = None
         if strategy == "summary":
-            completion = self._call(summary_request(context), sampling)
+            budget = self._summary_budget(sampling)
+            room = self.context_window - budget
+            fitted = fit_summary_request(context, anchor, self.thinking, lambda m: self._count(m) <= room)
+            if fitted is not None:
+                request, _, details["left_out"] = fitted
+                with contextlib.suppress(ContextLengthError):  # refused: reset as discard_all does
+                    completion = self._call(request, with_max_tokens(sampling, budget))
+            if completion is None:  # the request cannot fit: this reset is discard_all's
+                details["fallback"] = "discard_all"
+        if completion is not None:
             self._record(traj, completion, "summary", thread, [])
             message = completion.message
             summary = (message.get("content") or message.get("reasoning_content") or "").strip()
+            details["summary_truncated"] = completion.finish_reason == "length"
             if not summary:
                 return None
             fresh = reinitiate(task_messages, summary)
             traj.messages.append(fresh[last_user_index(fresh)])
             new, new_anchor, removed = fresh, len(fresh), len(context) - anchor
         else:
-            fraction = 1.0 if strategy == "discard_all" else self.discard_fraction
+            fraction = self.discard_fraction if strategy == "discard_75" else 1.0
             new, removed = discard_rounds(context, anchor, fraction)
             new_anchor = anchor
             if removed == 0:
                 return None
         after = self._count(new)
-        event = ContextEvent(step, strategy, tokens, after, removed, summary)
+        event = ContextEvent(step, strategy, tokens, after, removed, summary, **details)
         traj.context_events.append(event)
         self._emit("context", asdict(event))
         if after > limit:
             return None
         return new, new_anchor, event
+
+
+def with_max_tokens(sampling: dict, tokens: int) -> dict:
+    """``sampling`` with its reply budget set to ``tokens``, under the key it already uses."""
+    key = next((k for k in ("max_completion_tokens", "max_new_tokens") if k in sampling), "max_tokens")
+    return {**sampling, key: tokens}
 
 
 def combine_threads(runs: Sequence[Trajectory]) -> Trajectory:

@@ -66,8 +66,14 @@ class ToolRecord:
 
 @dataclass
 class ContextEvent:
-    """A context reset before model call ``step``: ``tokens_before`` > the trigger,
-    ``tokens_after`` the prompt that replaced it; ``removed`` messages left the context."""
+    """A context reset before model call ``step``: ``tokens_before`` > the limit,
+    ``tokens_after`` the prompt that replaced it; ``removed`` messages left the context.
+
+    ``summary`` strategy: ``summary`` is the text the rollout re-initiated with;
+    ``summary_truncated`` when it was cut at its token budget (the cut text is used);
+    ``left_out`` how many of the oldest tool results and reasonings the summarizer's prompt left
+    out to leave the summary its budget; ``fallback="discard_all"`` when even without them it could
+    not fit (or the endpoint refused it), and the reset was discard_all's."""
 
     step: int
     strategy: str
@@ -75,6 +81,9 @@ class ContextEvent:
     tokens_after: int
     removed: int = 0
     summary: str | None = None
+    summary_truncated: bool = False
+    left_out: int = 0
+    fallback: str | None = None
 
 
 @dataclass
