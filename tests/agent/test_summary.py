@@ -129,3 +129,29 @@ def test_a_summary_that_does_not_fit_under_the_limit_stops_with_context():
 def test_summary_calls_count_toward_max_steps():
     _, traj = run([*echoes(4), answer("summary"), *echoes(3)], max_steps=5)
     assert traj.stop_reason == "max_steps" and traj.num_steps == 5 and traj.steps[-1].kind == "summary"
+
+
+def test_every_step_records_the_conversation_it_was_sent():
+    """The transcript only grows; each step's ``visible`` spans (and the tool results it saw left
+    out) rebuild exactly what the backend was sent, across summary and discard resets."""
+    unreadable = {"reasoning_content": "r", "content": "<｜DSML｜invoke"}  # answered with an error
+    for strategy in ("summary", "discard_75", "discard_all"):
+        summarized = [answer("Echoed.")] if strategy == "summary" else []
+        script = [*echoes(2), unreadable, *echoes(2), *summarized, *echoes(2), answer("done")]
+        backend = ToolChars(script)
+        agent = Agent(backend, [echo], system="sys", context_window=500, context=strategy, max_steps=20)
+        traj = agent.run("task")
+        assert traj.context_events and traj.stop_reason == "answer", (strategy, traj.stop_reason)
+        for i, call in enumerate(backend.calls):
+            assert traj.step_messages(i) == call.messages, (strategy, i)
+    # the summary's request and reply are in the transcript, before the re-initiating task
+    backend = ToolChars([*echoes(4), answer("Echoed four times."), answer("done")])
+    traj = Agent(backend, [echo], system="sys", context_window=500, context="summary").run("task")
+    summary_at = next(i for i, m in enumerate(traj.messages) if m.get("content") == "Echoed four times.")
+    asked, reply, task = traj.messages[summary_at - 1 : summary_at + 2]
+    assert asked["role"] == "user" and asked["content"].startswith(SUMMARY_REQUEST)
+    assert reply["role"] == "assistant" and task["content"].endswith(SUMMARY_HEADER + "Echoed four times.")
+    assert traj.steps[4].omitted == [3, 5] and traj.steps[5].visible == [
+        [0, 1],
+        [summary_at + 1, summary_at + 2],
+    ]

@@ -85,12 +85,19 @@ def discarded_count(n_rounds: int, fraction: float) -> int:
     return min(n_rounds, max(1, int(fraction * n_rounds)))
 
 
-def discard_rounds(messages: Sequence[dict], anchor: int, fraction: float) -> tuple[list[dict], int]:
-    """``(context without the oldest rounds, number of messages removed)``; ``fraction=1`` removes all."""
+def kept_positions(messages: Sequence[dict], anchor: int, fraction: float) -> list[int]:
+    """Positions of the messages that stay when the oldest rounds are discarded (``fraction=1``:
+    every round)."""
     rounds = tool_rounds(messages, anchor)
     drop = rounds[: discarded_count(len(rounds), fraction)]
     gone = {i for start, end in drop for i in range(start, end)}
-    return [m for i, m in enumerate(messages) if i not in gone], len(gone)
+    return [i for i in range(len(messages)) if i not in gone]
+
+
+def discard_rounds(messages: Sequence[dict], anchor: int, fraction: float) -> tuple[list[dict], int]:
+    """``(context without the oldest rounds, number of messages removed)``; ``fraction=1`` removes all."""
+    kept = kept_positions(messages, anchor, fraction)
+    return [messages[i] for i in kept], len(messages) - len(kept)
 
 
 def summary_parts(

@@ -35,13 +35,14 @@ from dsv32.agent.context import (
     DEFAULT_TRIGGER,
     UNMANAGED,
     check_strategy,
-    discard_rounds,
     fewest_steps,
     fit_summary_request,
+    kept_positions,
     reinitiate,
 )
 from dsv32.agent.errors import AgentError, BackendError, ContextLengthError
 from dsv32.agent.replies import call_error
+from dsv32.agent.rollout import Rollout, spans_of
 from dsv32.agent.tools import DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_TIMEOUT_S, Tool, Toolbox
 from dsv32.agent.trajectory import ContextEvent, Step, ThreadSummary, ToolRecord, Trajectory
 from dsv32.chat import ConversationError, apply_thinking_context, last_user_index
@@ -181,8 +182,8 @@ class Agent:
 
     def _episode(self, initial: list[dict], strategy: str, thread: int) -> Trajectory:
         self._emit("thread", {"thread": thread})
-        traj = Trajectory(messages=list(initial), strategy=strategy)
-        context, anchor, task_messages = list(initial), len(initial), initial
+        run = Rollout(initial, strategy)
+        traj = run.traj
         pending: list[ContextEvent] = []
         sampling = dict(self.sampling)
         if sampling.get("seed") is not None:  # threads differ as vLLM's choices do: seed + i
@@ -190,34 +191,30 @@ class Agent:
         limit = self._limit(strategy, sampling)
         try:
             while len(traj.steps) < self.max_steps:
-                tokens = self._count(context) if limit is not None else 0
+                tokens = self._count(run.context) if limit is not None else 0
                 refused: ContextLengthError | None = None
                 if limit is None or tokens <= limit:
                     try:
-                        completion = self._call(context, sampling)
+                        completion = self._call(run.context, sampling)
                     except ContextLengthError as err:  # the endpoint counted more than we did
                         refused = err
                 if refused is not None or (limit is not None and tokens > limit):
-                    reset = None
+                    event = None
                     if limit is not None and strategy not in UNMANAGED:
                         tokens = max(tokens, refused.prompt_tokens or 0) if refused else tokens
-                        reset = self._reset(
-                            traj, context, anchor, task_messages, strategy, tokens, limit, thread, sampling
-                        )
-                    if reset is None:
+                        event = self._reset(run, strategy, tokens, limit, thread, sampling)
+                    if event is None:
                         traj.stop_reason, traj.error = "context", str(refused) if refused else None
                         break
-                    context, anchor, event = reset
                     pending.append(event)
                     continue
-                step = self._record(traj, completion, "act", thread, pending)
+                step = self._record(traj, completion, "act", thread, pending, run.visible())
                 pending = []
                 message = completion.message
                 calls = message.get("tool_calls") or []
                 for k, call in enumerate(calls):
                     call.setdefault("id", f"call_{thread}_{step.index}_{k}")
-                context.append(message)
-                traj.messages.append(message)
+                run.add(message)
                 if completion.finish_reason == "length":  # cut at max tokens: no answer, no calls run
                     traj.stop_reason = "length"
                     self._emit("step", {"step": step})
@@ -231,13 +228,10 @@ class Agent:
                     record, result = self._run_tool(call)
                     step.tool_calls.append(record)
                     step.tool_latency_s += record.latency_s
-                    context.append(result)
-                    traj.messages.append(result)
+                    run.add(result)
                 if step.call_error is not None:
-                    note = {"role": "user", "content": step.call_error}
                     self._emit("call_error", {"content": step.call_error})
-                    context.append(note)
-                    traj.messages.append(note)
+                    run.add({"role": "user", "content": step.call_error})
                 self._emit("step", {"step": step})
         except BackendError as err:
             traj.stop_reason, traj.error = "error", str(err)
@@ -283,7 +277,14 @@ class Agent:
         return min(self.context_trigger * window, room)
 
     def _record(
-        self, traj: Trajectory, completion: Completion, kind: str, thread: int, events: list[ContextEvent]
+        self,
+        traj: Trajectory,
+        completion: Completion,
+        kind: str,
+        thread: int,
+        events: list[ContextEvent],
+        visible: list[list[int]],
+        omitted: list[int] | None = None,
     ) -> Step:
         usage = completion.usage
         step = Step(
@@ -297,6 +298,8 @@ class Agent:
             context_events=list(events),
             problems=list(completion.problems),
             thread=thread,
+            visible=visible,
+            omitted=omitted or [],
         )
         traj.steps.append(step)
         return step
@@ -317,23 +320,13 @@ class Agent:
 
     # ------------------------------------------------------------------------------------ resets
     def _reset(
-        self,
-        traj: Trajectory,
-        context: list[dict],
-        anchor: int,
-        task_messages: list[dict],
-        strategy: str,
-        tokens: int,
-        limit: float,
-        thread: int,
-        sampling: dict,
-    ) -> tuple[list[dict], int, ContextEvent] | None:
-        """Apply ``strategy``: ``(new context, new anchor, event)``, or None when the episode must stop
-        (strategy ``none``, nothing left to remove, or still over the limit)."""
+        self, run: Rollout, strategy: str, tokens: int, limit: float, thread: int, sampling: dict
+    ) -> ContextEvent | None:
+        """Apply ``strategy`` to ``run``'s context: the event, or None when the episode must stop
+        (nothing left to remove, an empty summary, or still over the limit)."""
+        traj, context, anchor = run.traj, run.context, run.anchor
         step = len(traj.steps)
         summary = None
-        if strategy in UNMANAGED:
-            return None
         details: dict[str, Any] = {}
         completion = None
         if strategy == "summary":
@@ -341,34 +334,39 @@ class Agent:
             room = self.context_window - budget
             fitted = fit_summary_request(context, anchor, self.thinking, lambda m: self._count(m) <= room)
             if fitted is not None:
-                request, _, details["left_out"] = fitted
+                request, omitted, details["left_out"] = fitted
                 with contextlib.suppress(ContextLengthError):  # refused: reset as discard_all does
                     completion = self._call(request, with_max_tokens(sampling, budget))
             if completion is None:  # the request cannot fit: this reset is discard_all's
                 details["fallback"] = "discard_all"
         if completion is not None:
-            self._record(traj, completion, "summary", thread, [])
-            message = completion.message
+            # the transcript keeps the request and the reply (not its calls: they are not run)
+            asked = run.note(request[-1])
+            message = {k: v for k, v in completion.message.items() if k != "tool_calls"}
+            run.note(message)
+            seen = [run.where[p] for p in omitted]
+            self._record(traj, completion, "summary", thread, [], spans_of([*run.where, asked]), seen)
             summary = (message.get("content") or message.get("reasoning_content") or "").strip()
             details["summary_truncated"] = completion.finish_reason == "length"
             if not summary:
                 return None
-            fresh = reinitiate(task_messages, summary)
-            traj.messages.append(fresh[last_user_index(fresh)])
-            new, new_anchor, removed = fresh, len(fresh), len(context) - anchor
+            removed = len(context) - anchor
+            fresh = reinitiate(run.initial, summary)
+            run.restart(fresh, last_user_index(fresh))
         else:
             fraction = self.discard_fraction if strategy == "discard_75" else 1.0
-            new, removed = discard_rounds(context, anchor, fraction)
-            new_anchor = anchor
+            kept = kept_positions(context, anchor, fraction)
+            removed = len(context) - len(kept)
             if removed == 0:
                 return None
-        after = self._count(new)
+            run.keep(kept)
+        after = self._count(run.context)
         event = ContextEvent(step, strategy, tokens, after, removed, summary, **details)
         traj.context_events.append(event)
         self._emit("context", asdict(event))
         if after > limit:
             return None
-        return new, new_anchor, event
+        return event
 
 
 def with_max_tokens(sampling: dict, tokens: int) -> dict:

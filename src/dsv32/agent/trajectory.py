@@ -7,8 +7,10 @@ verifier scores (it satisfies :class:`dsv32.envs.base.TrajectoryLike`: ``message
   every assistant turn (``content``, ``reasoning_content``, ``tool_calls`` with ids), every tool
   result (``{"role": "tool", "tool_call_id", "content"}``) and, after a reply that attempted a tool
   call that could not be read, the user message telling the model so. A ``summary`` reset appends
-  the user message that re-initiates the rollout, so the list stays a valid conversation; discarded
-  rounds stay here (they leave only the model's context, see ``context_events``).
+  the summary request, the summary (without tool calls: they are not run) and the user message
+  that re-initiates the rollout, so the list stays a valid conversation; discarded rounds stay here
+  (they leave only the model's context, see ``context_events``). Each step's ``visible`` spans say
+  which of these messages its prompt held (:meth:`Trajectory.step_messages`).
 - ``steps``: one :class:`Step` per model call (``kind="summary"`` for the summarization calls of the
   ``summary`` strategy), with token usage, latency, finish reason, parse problems, the tool calls and
   the error sent about a call that could not be read.
@@ -106,6 +108,11 @@ class Step:
     #: The error message the model was sent when its reply attempted a tool call that could not be
     #: read (see :mod:`dsv32.agent.replies`); None otherwise.
     call_error: str | None = None
+    #: What the model was sent: ``[start, end)`` spans of the trajectory's ``messages``, in order
+    #: (see :meth:`Trajectory.step_messages`).
+    visible: list[list[int]] = field(default_factory=list)
+    #: Indices of tool results the model saw as :data:`~dsv32.agent.context.OMITTED` (summary calls).
+    omitted: list[int] = field(default_factory=list)
 
     @property
     def tokens(self) -> int:
@@ -165,6 +172,20 @@ class Trajectory:
     @property
     def completion_tokens(self) -> int:
         return sum(s.completion_tokens for s in self.steps)
+
+    def step_messages(self, index: int) -> list[dict]:
+        """The conversation model call ``index`` was sent, rebuilt from ``messages``: its ``visible``
+        spans, with the tool results it saw left out as such (the backend then applies §3.2.1's
+        thinking context, as for any conversation)."""
+        from dsv32.agent.context import OMITTED
+
+        step = self.steps[index]
+        gone = set(step.omitted)
+        return [
+            {**self.messages[i], "content": OMITTED} if i in gone else self.messages[i]
+            for start, end in step.visible
+            for i in range(start, end)
+        ]
 
     @property
     def num_steps(self) -> int:
