@@ -156,9 +156,9 @@ class Agent:
         if self.on_event is not None:
             self.on_event(kind, payload)
 
-    # A backend that cannot render the conversation mid-episode (a chat template that refuses a tool
-    # turn, a sampling setting it does not know) fails like one that cannot answer: the episode stops
-    # with "error" and keeps what it did.
+    # A backend that cannot render the conversation mid-episode (a chat template that raises on it, a
+    # sampling setting it does not know) fails like one that cannot answer: the episode stops with
+    # "error" and keeps what it did.
     def _call(self, messages: list[dict], sampling: dict) -> Completion:
         on_delta = None
         if self.on_event is not None:
