@@ -92,3 +92,26 @@ def test_a_tool_module_in_the_current_directory_is_found(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "my_local_tools", raising=False)
     (triple,) = _load_tools(["my_local_tools:triple"])
     assert triple(4) == 12
+
+
+def test_an_output_directory_that_cannot_be_made_fails_before_the_episode(stub, tmp_path, capsys):
+    (tmp_path / "file").write_text("a file, not a directory")
+    stub.reply([chunk({"content": "hi"}, "stop")])
+    argv = ["agent", "run", "--base-url", stub.url, "--model", "m", "--task", "hello", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "file" / "run")]) == 2
+    assert "cannot write the output directory" in capsys.readouterr().err
+    assert stub.requests == []  # no model call was spent
+
+
+def test_runs_started_in_the_same_second_get_their_own_directories(stub, tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(time, "strftime", lambda *args: "20260101-120000")
+    argv = ["agent", "run", "--base-url", stub.url, "--model", "m", "--quiet", "--no-stream"]
+    for answer in ("one", "two"):
+        stub.reply({"choices": [{"index": 0, "message": {"content": answer}, "finish_reason": "stop"}]})
+        assert main([*argv, "--task", "hello"]) == 0
+    runs = sorted((tmp_path / "runs" / "agent").iterdir())
+    assert [r.name for r in runs] == ["20260101-120000", "20260101-120000-2"]
+    assert [json.loads((r / "trajectory.json").read_text())["final"] for r in runs] == ["one", "two"]

@@ -8,8 +8,6 @@ from agent_helpers import CountingBackend, add, answer, calls
 
 from dsv32.agent import Agent, tool
 from dsv32.agent.context import (
-    SUMMARY_HEADER,
-    SUMMARY_REQUEST,
     discard_rounds,
     discarded_count,
     fewest_steps,
@@ -113,32 +111,6 @@ def test_discard_all_keeps_only_the_system_prompt_and_the_task():
     assert traj.stop_reason == "answer" and traj.num_steps == 7
 
 
-def test_summary_reinitiates_from_the_task_plus_the_summary():
-    script = [
-        *rounds_script(4)[:4],
-        answer("I added 0..3 plus one."),
-        calls(("add", {"a": 9, "b": 1})),
-        answer("10"),
-    ]
-    backend = CountingBackend(script)
-    traj = agent(backend, "summary").run("task")
-    prompts = [c.messages for c in backend.calls]
-    assert [len(p) for p in prompts] == [2, 4, 6, 8, 11, 2, 4]
-    request = prompts[4]
-    assert request[:10] == traj.messages[:10] and request[-1] == {"role": "user", "content": SUMMARY_REQUEST}
-    fresh = prompts[5]
-    assert fresh == [SYSTEM, {"role": "user", "content": "task" + SUMMARY_HEADER + "I added 0..3 plus one."}]
-    assert [s.kind for s in traj.steps] == ["act"] * 4 + ["summary", "act", "act"]
-    (event,) = traj.context_events
-    assert event.summary == "I added 0..3 plus one." and event.step == 4
-    assert (event.tokens_before, event.tokens_after, event.removed) == (100, 20, 8)
-    assert traj.steps[5].context_events == [event]
-    assert traj.stop_reason == "answer" and traj.final == "10"
-    # the transcript stays one conversation: the re-initiating user message follows the old rounds
-    assert traj.messages[10] == fresh[1] and traj.messages[11]["tool_calls"]
-    assert traj.total_steps == 7 and traj.total_tokens == sum(s.tokens for s in traj.steps)
-
-
 class ContentCounting(CountingBackend):
     """A prompt costs 10 tokens per message plus one per character of content."""
 
@@ -159,26 +131,10 @@ def test_a_reset_that_does_not_fit_stops_with_context():
         104,
         4,
     )  # 14 + 21 + 21 + 90 → 14 + 90
-    # a summary longer than the window
-    backend = ContentCounting([*rounds_script(4)[:4], {"content": "s" * 200}])
-    traj = agent(backend, "summary").run("task")
-    assert traj.stop_reason == "context" and traj.context_events[0].tokens_after > 80
     # nothing to discard at all: the first prompt is already too big
     backend = CountingBackend(rounds_script(1), per_message=50)
     traj = agent(backend, "discard_75").run("task")
     assert traj.stop_reason == "context" and traj.num_steps == 0 and not backend.calls
-
-
-def test_an_empty_summary_stops_with_context():
-    backend = CountingBackend([*rounds_script(4)[:4], {"content": "  "}])
-    traj = agent(backend, "summary").run("task")
-    assert traj.stop_reason == "context" and [s.kind for s in traj.steps][-1] == "summary"
-
-
-def test_summary_calls_count_toward_max_steps():
-    script = [*rounds_script(4)[:4], answer("summary"), *rounds_script(3)]
-    traj = agent(CountingBackend(script), "summary", max_steps=5).run("task")
-    assert traj.stop_reason == "max_steps" and traj.num_steps == 5 and traj.steps[-1].kind == "summary"
 
 
 def test_parallel_fewest_step_picks_the_shortest_finished_thread():
@@ -204,3 +160,9 @@ def test_budget_is_the_sum_over_steps(strategy):
     traj = agent(CountingBackend([*rounds_script(6)[:-1], answer("s"), *rounds_script(6)]), strategy).run("t")
     assert traj.total_steps == traj.num_steps
     assert traj.total_tokens == sum(s.prompt_tokens + s.completion_tokens for s in traj.steps) > 0
+
+
+def test_each_thread_of_parallel_fewest_step_gets_its_own_seed():
+    backend = CountingBackend([answer("a")] * 3)
+    Agent(backend, [add], context="parallel_fewest_step", parallel=3, sampling={"seed": 7}).run("task")
+    assert [c.sampling["seed"] for c in backend.calls] == [7, 8, 9]  # seed + thread, as vLLM's choices

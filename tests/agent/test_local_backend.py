@@ -206,9 +206,10 @@ def test_smollm2_uses_its_own_template_with_tools_in_the_system_prompt(smollm2):
 def test_smollm2_generates_freely(smollm2):
     backend = LocalBackend(smollm2.model, smollm2.tokenizer, temperature=0.0, max_new_tokens=12)
     traj = Agent(backend, [], thinking=False).run("Say hello.")
-    assert traj.stop_reason == "answer" and traj.final
     assert traj.steps[0].prompt_tokens == len(backend.last_prompt_ids) > 0
-    assert traj.steps[0].finish_reason in ("stop", "length")
+    # 12 tokens cut its greeting: the text is kept, but it is not an answer
+    assert traj.steps[0].finish_reason == "length" and traj.steps[0].completion_tokens == 12
+    assert traj.stop_reason == "length" and traj.final is None and traj.messages[-1]["content"]
 
 
 def test_a_tokenizer_without_v32_tokens_or_template_is_rejected(tiny_v32):
@@ -240,4 +241,45 @@ def test_replies_are_capped_to_the_room_left_in_the_models_window(tiny_v32, v32_
     with pytest.raises(BackendError, match=rf"fills the model's {n}-token window"):
         full.complete(messages, [], thinking=False)
     traj = Agent(full, [], thinking=False).run(messages[0]["content"])
-    assert traj.stop_reason == "error" and "window" in traj.error
+    assert traj.stop_reason == "context" and "window" in traj.error  # a full window, not a failure
+
+
+def test_threads_of_parallel_fewest_step_sample_differently_and_a_run_repeats(tiny_v32, v32_tokenizer):
+    def run(**seeds) -> list[str]:
+        replies = []
+
+        class Recording(LocalBackend):
+            def complete(self, *args, **kwargs):
+                out = super().complete(*args, **kwargs)
+                replies.append(out.message.get("content", ""))
+                return out
+
+        backend = Recording(
+            tiny_v32, v32_tokenizer, temperature=1.0, max_new_tokens=6, seed=seeds.get("backend")
+        )
+        sampling = {"seed": seeds["call"]} if "call" in seeds else None
+        options = dict(context="parallel_fewest_step", parallel=3, max_steps=1, sampling=sampling)
+        Agent(backend, [], thinking=False, **options).run("Say something.")
+        return replies
+
+    for seeds in ({"backend": 0}, {"call": 5}):  # the backend's seed, or one in the agent's sampling
+        first = run(**seeds)
+        assert len(first) == 3 and len(set(first)) == 3, first  # three threads, three different replies
+        assert run(**seeds) == first  # the same seed, the same run
+
+
+def test_smollm2_is_told_when_its_tool_call_cannot_be_read(smollm2):
+    """The template format's parser reads only ``<tool_call>`` blocks: its problems are calls the
+    model meant to make, so the loop answers them with an error instead of taking the text as final."""
+    model, tokenizer = smollm2.model, smollm2.tokenizer
+    backend = LocalBackend(model, tokenizer, temperature=0.0, max_new_tokens=40)
+    puppet = Puppet(model, tokenizer)
+    puppet.say('<tool_call>\n{"name": "add", "arguments": {"a": 2,}}\n</tool_call><|im_end|>')
+    puppet.say("It is 5.<|im_end|>")
+    traj = Agent(backend, [add], thinking=False).run("What is 2 + 3?")
+    puppet.remove()
+    assert traj.steps[0].problems[0]["part"] == "tool_calls" and traj.steps[0].tool_calls == []
+    assert traj.messages[2] == {"role": "user", "content": traj.steps[0].call_error}
+    assert "a JSON object in <tool_call>" in traj.steps[0].call_error
+    assert traj.steps[0].call_error in backend.last_prompt  # rendered by SmolLM2's own template
+    assert (traj.stop_reason, traj.final) == ("answer", "It is 5.")

@@ -203,3 +203,28 @@ def test_trajectory_logs_and_round_trip(tmp_path):
     assert lines[2]["episode"]["stop_reason"] == "answer" and lines[2]["episode"]["total_tokens"] == 240
     again = Trajectory.load(traj.save(tmp_path / "t.json"))
     assert again == traj
+
+
+def test_a_backend_that_cannot_render_the_conversation_ends_the_episode_with_its_trajectory():
+    """A chat template refusing a ``tool`` turn (the alternation checks of Llama-2/Mistral/Gemma-style
+    templates) raises AgentError while the prompt is rendered, after a tool has already run."""
+
+    def refuse(messages, tools):
+        raise AgentError("the model's chat template cannot render this conversation: roles must alternate")
+
+    for options in ({}, {"context_window": 1000, "context": "discard_all"}):
+        backend = ScriptedBackend([calls(("add", {"a": 1, "b": 2})), refuse])
+        if options:  # counting the prompt is where a local backend renders it first
+            counted = []
+
+            def count(messages, tools, *, thinking=True, counted=counted):
+                counted.append(len(messages))
+                if len(counted) > 1:
+                    refuse(messages, tools)
+                return 10
+
+            backend.count_tokens = count
+        traj = Agent(backend, [add], **options).run("1 + 2?")
+        assert traj.stop_reason == "error" and "roles must alternate" in traj.error
+        assert traj.messages[-1] == {"role": "tool", "tool_call_id": "call_0_0_0", "content": "3"}
+        assert traj.num_steps == 1 and traj.final is None

@@ -17,4 +17,6 @@ CASES = [
     (["agent", "run", "--max-steps", "x"], "argument --max-steps: invalid int value: 'x'"),
     (["agent", "run", "--top-p", "2"], "argument --top-p: '2' is not a number in (0, 1]"),
     (["agent", "run", "--max-tokens", "0"], "argument --max-tokens: '0' is not an integer >= 1"),
+    (["agent", "run", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--task", "q", "--out", "{tmp}/kv.json/out"],
+     "cannot write the output directory"),
 ]  # fmt: skip

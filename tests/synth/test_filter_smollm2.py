@@ -21,7 +21,8 @@ def test_smollm2_pass_at_k_smoke(tmp_path):
     policy = parse_spec("local:smollm2,max_tokens=8,temperature=1.0")
     summary = run_filter("search", "stdlib", policy, tmp_path / "f", limit=1, k=1, max_steps=1, seed=0)
     (row,) = _rows(tmp_path / "f" / "results.jsonl")
-    assert row["stats"]["n"] == 1 and row["stats"]["stop_reasons"] in ({"answer": 1}, {"max_steps": 1})
+    stops = ({"answer": 1}, {"max_steps": 1}, {"length": 1})  # 8 tokens may cut the reply
+    assert row["stats"]["n"] == 1 and row["stats"]["stop_reasons"] in stops
     assert row["usage"]["roles"]["policy"]["prompt_tokens"] > 100 and row["usage"]["cost_usd"] == 0.0
     assert summary["distribution"]["tasks"] == 1
     assert summary["provenance"]["generators"] == {"policy": "local:smollm2"}

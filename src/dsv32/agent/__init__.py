@@ -14,7 +14,7 @@ context management.
 from dsv32.agent.backends import Backend, Completion, LocalBackend, OpenAIBackend, ScriptedBackend, Usage
 from dsv32.agent.context import STRATEGIES
 from dsv32.agent.episode import env_tools, run_episode
-from dsv32.agent.errors import AgentError, BackendError
+from dsv32.agent.errors import AgentError, BackendError, ContextLengthError
 from dsv32.agent.loop import Agent
 from dsv32.agent.tools import Tool, Toolbox, ToolOutput, tool
 from dsv32.agent.trajectory import ContextEvent, Step, ThreadSummary, ToolRecord, Trajectory
@@ -27,6 +27,7 @@ __all__ = [
     "BackendError",
     "Completion",
     "ContextEvent",
+    "ContextLengthError",
     "LocalBackend",
     "OpenAIBackend",
     "ScriptedBackend",

@@ -2,15 +2,19 @@
 
 One step::
 
-    tokens = backend.count_tokens(context)            # only with a context_window
-    if tokens > trigger · context_window:  reset the context by the strategy
-    (none, parallel_fewest_step: if tokens ≥ context_window: stop: "context")
-    reply = backend.complete(context, tools, thinking)
-    context += [reply];  no tool calls → stop: "answer" (final = reply.content)
+    tokens = backend.count_tokens(context)            # only with a context_window W
+    if tokens > min(trigger · W, W − max_tokens):  reset the context by the strategy
+    (none, parallel_fewest_step: if tokens > W − max_tokens: stop: "context")
+    reply = backend.complete(context, tools, thinking)  # an endpoint's refusal for the context
+                                                      # length: as if tokens were over the limit
+    context += [reply];  cut at max tokens (finish_reason "length") → stop: "length"
+    no tool calls, none attempted → stop: "answer" (final = reply.content)
     for each call in reply.tool_calls, in order:  context += [tool result]   (errors are results too)
+    a call that could not be read → context += [user message: what was wrong]   (see replies.py)
 
 and the episode stops with ``"max_steps"`` after ``max_steps`` model calls or ``"error"`` when the
-backend fails (:class:`~dsv32.agent.errors.BackendError`, after its own retries).
+backend fails (:class:`~dsv32.agent.errors.BackendError`, after its own retries) or cannot render
+the conversation (an ``AgentError`` or ``ConversationError`` it raises mid-episode).
 
 Thinking context (§3.2.1): the reasoning of the assistant turns of the current task stays in the
 context across all its tool calls; reasoning before the last user message is dropped when the
@@ -21,6 +25,7 @@ rule to whatever they are sent.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from typing import Any
@@ -30,19 +35,21 @@ from dsv32.agent.context import (
     DEFAULT_TRIGGER,
     UNMANAGED,
     check_strategy,
-    discard_rounds,
     fewest_steps,
+    fit_summary_request,
+    kept_positions,
     reinitiate,
-    summary_request,
 )
-from dsv32.agent.errors import AgentError, BackendError
+from dsv32.agent.errors import AgentError, BackendError, ContextLengthError
+from dsv32.agent.replies import call_error
+from dsv32.agent.rollout import Rollout, spans_of
 from dsv32.agent.tools import DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_TIMEOUT_S, Tool, Toolbox
 from dsv32.agent.trajectory import ContextEvent, Step, ThreadSummary, ToolRecord, Trajectory
-from dsv32.chat import apply_thinking_context, last_user_index
+from dsv32.chat import ConversationError, apply_thinking_context, last_user_index
 
 #: ``on_event(kind, payload)``: "thread" {thread}, "delta" {kind, text}, "tool_call" {id, name,
 #: arguments}, "tool_result" {id, name, ok, error, content}, "context" {ContextEvent fields},
-#: "step" {step: Step}, "stop" {stop_reason, final}.
+#: "call_error" {content}, "step" {step: Step}, "stop" {stop_reason, final}.
 EventHandler = Callable[[str, dict], None]
 
 
@@ -62,7 +69,8 @@ class Agent:
         context_trigger: the fraction of the window that triggers the strategy (paper: 0.8).
         parallel: trajectories of ``parallel_fewest_step``.
         discard_fraction: the share of rounds ``discard_75`` removes.
-        sampling: settings passed to every backend call (``temperature``, ``top_p``, ``max_tokens`` ...).
+        sampling: settings passed to every backend call (``temperature``, ``top_p``, ``max_tokens`` ...);
+            a ``seed`` is ``seed + i`` in thread ``i`` of ``parallel_fewest_step``.
         tool_timeout_s / max_tool_output_chars: see :class:`~dsv32.agent.tools.Toolbox`.
         on_event: called as things happen (streaming to a terminal, logging).
     """
@@ -148,51 +156,71 @@ class Agent:
         if self.on_event is not None:
             self.on_event(kind, payload)
 
-    def _call(self, messages: list[dict]) -> Completion:
+    # A backend that cannot render the conversation mid-episode (a chat template that raises on it, a
+    # sampling setting it does not know) fails like one that cannot answer: the episode stops with
+    # "error" and keeps what it did.
+    def _call(self, messages: list[dict], sampling: dict) -> Completion:
         on_delta = None
         if self.on_event is not None:
 
             def on_delta(kind: str, text: str) -> None:
                 self._emit("delta", {"kind": kind, "text": text})
 
-        return self.backend.complete(
-            messages, self.toolbox.schemas, thinking=self.thinking, sampling=self.sampling, on_delta=on_delta
-        )
+        try:
+            tools = self.toolbox.schemas
+            return self.backend.complete(
+                messages, tools, thinking=self.thinking, sampling=sampling, on_delta=on_delta
+            )
+        except (AgentError, ConversationError) as err:
+            raise BackendError(str(err)) from err
 
     def _count(self, messages: list[dict]) -> int:
-        return self.backend.count_tokens(messages, self.toolbox.schemas, thinking=self.thinking)
+        try:
+            return self.backend.count_tokens(messages, self.toolbox.schemas, thinking=self.thinking)
+        except (AgentError, ConversationError) as err:
+            raise BackendError(str(err)) from err
 
     def _episode(self, initial: list[dict], strategy: str, thread: int) -> Trajectory:
         self._emit("thread", {"thread": thread})
-        traj = Trajectory(messages=list(initial), strategy=strategy)
-        context, anchor, task_messages = list(initial), len(initial), initial
+        run = Rollout(initial, strategy)
+        traj = run.traj
         pending: list[ContextEvent] = []
-        limit = self._limit(strategy)
+        sampling = dict(self.sampling)
+        if sampling.get("seed") is not None:  # threads differ as vLLM's choices do: seed + i
+            sampling["seed"] = int(sampling["seed"]) + thread
+        limit = self._limit(strategy, sampling)
         try:
             while len(traj.steps) < self.max_steps:
-                if limit is not None:
-                    tokens = self._count(context)
-                    if tokens > limit:
-                        reset = self._reset(
-                            traj, context, anchor, task_messages, strategy, tokens, limit, thread
-                        )
-                        if reset is None:
-                            traj.stop_reason = "context"
-                            break
-                        context, anchor, event = reset
-                        pending.append(event)
-                        if len(traj.steps) >= self.max_steps:
-                            break
-                completion = self._call(context)
-                step = self._record(traj, completion, "act", thread, pending)
+                tokens = self._count(run.context) if limit is not None else 0
+                refused: ContextLengthError | None = None
+                if limit is None or tokens <= limit:
+                    try:
+                        completion = self._call(run.context, sampling)
+                    except ContextLengthError as err:  # the endpoint counted more than we did
+                        refused = err
+                if refused is not None or (limit is not None and tokens > limit):
+                    event = None
+                    if limit is not None and strategy not in UNMANAGED:
+                        tokens = max(tokens, refused.prompt_tokens or 0) if refused else tokens
+                        event = self._reset(run, strategy, tokens, limit, thread, sampling)
+                    if event is None:
+                        traj.stop_reason, traj.error = "context", str(refused) if refused else None
+                        break
+                    pending.append(event)
+                    continue
+                step = self._record(traj, completion, "act", thread, pending, run.visible())
                 pending = []
                 message = completion.message
                 calls = message.get("tool_calls") or []
                 for k, call in enumerate(calls):
                     call.setdefault("id", f"call_{thread}_{step.index}_{k}")
-                context.append(message)
-                traj.messages.append(message)
-                if not calls:
+                run.add(message)
+                if completion.finish_reason == "length":  # cut at max tokens: no answer, no calls run
+                    traj.stop_reason = "length"
+                    self._emit("step", {"step": step})
+                    break
+                step.call_error = call_error(completion)
+                if not calls and step.call_error is None:
                     traj.final, traj.stop_reason = message.get("content") or "", "answer"
                     self._emit("step", {"step": step})
                     break
@@ -200,8 +228,10 @@ class Agent:
                     record, result = self._run_tool(call)
                     step.tool_calls.append(record)
                     step.tool_latency_s += record.latency_s
-                    context.append(result)
-                    traj.messages.append(result)
+                    run.add(result)
+                if step.call_error is not None:
+                    self._emit("call_error", {"content": step.call_error})
+                    run.add({"role": "user", "content": step.call_error})
                 self._emit("step", {"step": step})
         except BackendError as err:
             traj.stop_reason, traj.error = "error", str(err)
@@ -210,19 +240,51 @@ class Agent:
         self._emit("stop", {"stop_reason": traj.stop_reason, "final": traj.final, "thread": thread})
         return traj
 
-    def _limit(self, strategy: str) -> float | None:
-        """The most tokens a step's prompt may hold: ``trigger · context_window`` for the strategies
-        that manage the context (beyond it they act); the whole window less one token for the reply
-        under ``none`` and in the threads of ``parallel_fewest_step``, which run unmanaged (§4.4's
-        baselines) and stop only when the prompt fills the window."""
-        if self.context_window is None:
+    def _reply_budget(self, sampling: dict) -> int | None:
+        """The ``max_tokens`` of a call with ``sampling`` (the backend's ``reply_budget`` when it has
+        one, else the setting itself); None when unknown."""
+        budget = getattr(self.backend, "reply_budget", None)
+        if callable(budget):
+            return budget(sampling)
+        for key in ("max_tokens", "max_completion_tokens", "max_new_tokens"):
+            if sampling.get(key) is not None:
+                return int(sampling[key])
+        return None
+
+    def _summary_budget(self, sampling: dict) -> int:
+        """The tokens the summary may take: the reply's ``max_tokens``, or when it is unknown (or the
+        whole window) what the trigger leaves, ``(1 − trigger) · W`` (at least a tenth of ``W``)."""
+        window = self.context_window
+        budget = self._reply_budget(sampling)
+        if budget is not None and budget < window:
+            return budget
+        return max(1, round(max(1.0 - self.context_trigger, 0.1) * window))
+
+    def _limit(self, strategy: str, sampling: dict) -> float | None:
+        """The most tokens a step's prompt may hold: the window less the reply's ``max_tokens``, and
+        for the strategies that manage the context at most ``trigger · context_window`` (beyond the
+        limit they act). Under ``none`` and in the threads of ``parallel_fewest_step`` (§4.4's
+        unmanaged baselines) the episode stops there. A ``max_tokens`` that is unknown, or as large as
+        the window (a reply that may take whatever the prompt leaves, as the paper's 128K generation
+        length in a 128K window), keeps one token."""
+        window = self.context_window
+        if window is None:
             return None
+        budget = self._reply_budget(sampling)
+        room = window - (budget if budget is not None and budget < window else 1)
         if strategy in UNMANAGED:
-            return self.context_window - 1
-        return self.context_trigger * self.context_window
+            return room
+        return min(self.context_trigger * window, room)
 
     def _record(
-        self, traj: Trajectory, completion: Completion, kind: str, thread: int, events: list[ContextEvent]
+        self,
+        traj: Trajectory,
+        completion: Completion,
+        kind: str,
+        thread: int,
+        events: list[ContextEvent],
+        visible: list[list[int]],
+        omitted: list[int] | None = None,
     ) -> Step:
         usage = completion.usage
         step = Step(
@@ -236,6 +298,8 @@ class Agent:
             context_events=list(events),
             problems=list(completion.problems),
             thread=thread,
+            visible=visible,
+            omitted=omitted or [],
         )
         traj.steps.append(step)
         return step
@@ -256,45 +320,59 @@ class Agent:
 
     # ------------------------------------------------------------------------------------ resets
     def _reset(
-        self,
-        traj: Trajectory,
-        context: list[dict],
-        anchor: int,
-        task_messages: list[dict],
-        strategy: str,
-        tokens: int,
-        limit: float,
-        thread: int,
-    ) -> tuple[list[dict], int, ContextEvent] | None:
-        """Apply ``strategy``: ``(new context, new anchor, event)``, or None when the episode must stop
-        (strategy ``none``, nothing left to remove, or still over the limit)."""
+        self, run: Rollout, strategy: str, tokens: int, limit: float, thread: int, sampling: dict
+    ) -> ContextEvent | None:
+        """Apply ``strategy`` to ``run``'s context: the event, or None when the episode must stop
+        (nothing left to remove, an empty summary, or still over the limit)."""
+        traj, context, anchor = run.traj, run.context, run.anchor
         step = len(traj.steps)
         summary = None
-        if strategy in UNMANAGED:
-            return None
+        details: dict[str, Any] = {}
+        completion = None
         if strategy == "summary":
-            completion = self._call(summary_request(context))
-            self._record(traj, completion, "summary", thread, [])
-            message = completion.message
+            budget = self._summary_budget(sampling)
+            room = self.context_window - budget
+            fitted = fit_summary_request(context, anchor, self.thinking, lambda m: self._count(m) <= room)
+            if fitted is not None:
+                request, omitted, details["left_out"] = fitted
+                with contextlib.suppress(ContextLengthError):  # refused: reset as discard_all does
+                    completion = self._call(request, with_max_tokens(sampling, budget))
+            if completion is None:  # the request cannot fit: this reset is discard_all's
+                details["fallback"] = "discard_all"
+        if completion is not None:
+            # the transcript keeps the request and the reply (not its calls: they are not run)
+            asked = run.note(request[-1])
+            message = {k: v for k, v in completion.message.items() if k != "tool_calls"}
+            run.note(message)
+            seen = [run.where[p] for p in omitted]
+            self._record(traj, completion, "summary", thread, [], spans_of([*run.where, asked]), seen)
             summary = (message.get("content") or message.get("reasoning_content") or "").strip()
+            details["summary_truncated"] = completion.finish_reason == "length"
             if not summary:
                 return None
-            fresh = reinitiate(task_messages, summary)
-            traj.messages.append(fresh[last_user_index(fresh)])
-            new, new_anchor, removed = fresh, len(fresh), len(context) - anchor
+            removed = len(context) - anchor
+            fresh = reinitiate(run.initial, summary)
+            run.restart(fresh, last_user_index(fresh))
         else:
-            fraction = 1.0 if strategy == "discard_all" else self.discard_fraction
-            new, removed = discard_rounds(context, anchor, fraction)
-            new_anchor = anchor
+            fraction = self.discard_fraction if strategy == "discard_75" else 1.0
+            kept = kept_positions(context, anchor, fraction)
+            removed = len(context) - len(kept)
             if removed == 0:
                 return None
-        after = self._count(new)
-        event = ContextEvent(step, strategy, tokens, after, removed, summary)
+            run.keep(kept)
+        after = self._count(run.context)
+        event = ContextEvent(step, strategy, tokens, after, removed, summary, **details)
         traj.context_events.append(event)
         self._emit("context", asdict(event))
         if after > limit:
             return None
-        return new, new_anchor, event
+        return event
+
+
+def with_max_tokens(sampling: dict, tokens: int) -> dict:
+    """``sampling`` with its reply budget set to ``tokens``, under the key it already uses."""
+    key = next((k for k in ("max_completion_tokens", "max_new_tokens") if k in sampling), "max_tokens")
+    return {**sampling, key: tokens}
 
 
 def combine_threads(runs: Sequence[Trajectory]) -> Trajectory:

@@ -24,16 +24,26 @@ class ParseError(DSV32Error, ValueError):
 
     ``position`` is the character offset in the completion text where parsing failed and
     ``expected`` says what the parser was looking for there; ``found`` is a short excerpt of the text
-    at that position (empty at the end of the text).
+    at that position (empty at the end of the text). ``part`` is the part of the turn being read:
+    ``"reasoning"``, ``"content"``, ``"tool_calls"`` (the DSML block), ``"arguments"`` (a value of a
+    call that is still read) or ``"end"`` (the end token).
     """
 
-    def __init__(self, position: int, expected: str, found: str = "") -> None:
+    def __init__(self, position: int, expected: str, found: str = "", part: str | None = None) -> None:
         self.position = position
         self.expected = expected
         self.found = found
+        self.part = part
         at = f"found {found!r}" if found else "found the end of the text"
         super().__init__(f"at position {position}: expected {expected}, {at}")
 
     def as_dict(self) -> dict[str, object]:
         """A JSON-friendly record (what lenient parsing lists under ``problems``)."""
-        return {"position": self.position, "expected": self.expected, "message": str(self)}
+        record: dict[str, object] = {
+            "position": self.position,
+            "expected": self.expected,
+            "message": str(self),
+        }
+        if self.part is not None:
+            record["part"] = self.part
+        return record

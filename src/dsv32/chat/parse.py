@@ -43,13 +43,14 @@ class _Parser:
         self.text = text
         self.strict = strict
         self.pos = 0
+        self.part = "reasoning"  # the part being read, recorded with each problem
         self.problems: list[ParseError] = []
 
     # --- failure handling ---
     def fail(self, position: int, expected: str) -> None:
         """Strict: raise. Lenient: record and let the caller recover."""
         found = self.text[position : position + 24]
-        error = ParseError(position, expected, found)
+        error = ParseError(position, expected, found, self.part)
         if self.strict:
             raise error
         self.problems.append(error)
@@ -96,6 +97,7 @@ class _Parser:
 
     def content(self) -> tuple[str, bool]:
         """The answer text; True when a tool-call block follows."""
+        self.part = "content"
         text, start = self.text, self.pos
         calls = text.find(P.CALLS_START, start)
         eos = text.find(P.EOS, start)
@@ -136,7 +138,9 @@ class _Parser:
             to_json(value)  # rejects what JSON cannot hold, e.g. 1e400 (inf)
             arguments[key] = value
         except (ValueError, RecursionError):
+            self.part = "arguments"  # the call is still read, with this value as a string
             self.fail(value_at, f'a JSON value for parameter {key!r} (string="false")')
+            self.part = "tool_calls"
             arguments[key] = raw  # lenient: keep the text as a string
 
     def invoke(self) -> dict[str, Any]:
@@ -161,6 +165,7 @@ class _Parser:
         return {"type": "function", "function": {"name": name, "arguments": encoded}}
 
     def tool_calls(self) -> list[dict[str, Any]]:
+        self.part = "tool_calls"
         calls: list[dict[str, Any]] = []
         try:
             self.expect(P.CALLS_OPEN + "\n")
@@ -178,6 +183,7 @@ class _Parser:
         return calls
 
     def end(self) -> None:
+        self.part = "end"
         text = self.text
         if text.startswith(P.EOS, self.pos):
             self.pos += len(P.EOS)
@@ -204,7 +210,11 @@ def parse_completion(text: str, thinking_mode: str = "thinking", *, strict: bool
 
     Strict (default): any deviation raises :class:`ParseError` (a ``ValueError``) with ``position``
     and ``expected``. Lenient (``strict=False``): never raises for malformed text; the result also has
-    ``problems``, a list of ``{"position", "expected", "message"}`` (empty for a clean completion).
+    ``problems``, a list of ``{"position", "expected", "message", "part"}`` (empty for a clean
+    completion); ``part`` says where: ``"reasoning"``, ``"content"``, ``"tool_calls"`` (the tool-call
+    block could not be read from there on: the calls from there are lost), ``"arguments"`` (a
+    ``string="false"`` value that is not JSON, kept as a string in a call that is read) or ``"end"``
+    (the end token).
     Raises ``ValueError`` for an unknown ``thinking_mode``.
     """
     check_thinking_mode(thinking_mode)

@@ -5,12 +5,15 @@ Backends: ``openai`` (``--base-url URL --model NAME``, any OpenAI-compatible end
 environment's reference solution; needs ``--env``). The task is ``--task TEXT`` or a task of an
 environment (``--env NAME [--tasks SET|FILE] [--task-id ID]``), whose tools and verifier are used.
 ``--tool module:function`` adds Python functions as tools. Writes ``trajectory.json`` and
-``steps.jsonl`` (one line per step) under ``--out`` (default ``runs/agent/<time>``).
+``steps.jsonl`` (one line per step) under ``--out`` (default: a new ``runs/agent/<time>``), a
+directory created, and so checked, before the episode runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 import time
 from pathlib import Path
@@ -58,6 +61,8 @@ class Printer:
             if len(text) > self.max_result_chars:
                 text = text[: self.max_result_chars] + f" … ({len(payload['content'])} characters)"
             self._line(("← " if payload["ok"] else "← [error] ") + text.replace("\n", "\n  "))
+        elif kind == "call_error":
+            self._line("← [error] " + payload["content"].replace("\n", "\n  "))
         elif kind == "context":
             self._line(
                 f"⟲ context reset ({payload['strategy']}) before step {payload['step']}: "
@@ -106,6 +111,39 @@ def _backend(args: argparse.Namespace, reference: list | None):
     if reference is None:
         raise AgentError("--backend reference replays an environment's reference solution: give --env NAME")
     return ScriptedBackend(reference)
+
+
+def _out_dir(given: str | None) -> Path:
+    """The output directory, created before the episode runs so that one which cannot be written
+    fails before any work; by default a new ``runs/agent/<time>`` (``-2``, ``-3``, ... when a run
+    started in the same second has it)."""
+    from dsv32.agent import AgentError
+
+    try:
+        if given is None:
+            return _new_dir(Path("runs", "agent"), time.strftime("%Y%m%d-%H%M%S"))
+        out = Path(given)
+        out.mkdir(parents=True, exist_ok=True)
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "permission denied")
+        return out
+    except OSError as err:
+        where = given or "runs/agent"
+        raise AgentError(f"cannot write the output directory {where}: {err.strerror or err}") from err
+
+
+def _new_dir(parent: Path, name: str) -> Path:
+    """``parent/name``, or ``name-2``, ``name-3``, ...: the first that did not exist, created (mkdir
+    fails when another run made it first, so the directory is this run's alone)."""
+    parent.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while True:
+        out = parent / (name if n == 1 else f"{name}-{n}")
+        try:
+            out.mkdir()
+            return out
+        except FileExistsError:
+            n += 1
 
 
 def _env_task(args: argparse.Namespace):
@@ -162,7 +200,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--max-tokens", type=positive_int, help="per reply")
     q.add_argument("--tool-timeout", type=float, default=60.0, help="seconds per tool call")
     q.add_argument("--device", default="auto", help="--backend local: auto, cpu, cuda")
-    q.add_argument("--out", help="output directory (default: runs/agent/<time>)")
+    q.add_argument("--out", help="output directory (default: a new runs/agent/<time>)")
     q.add_argument("--quiet", action="store_true", help="no streaming: summary and paths only")
 
     def run(args: argparse.Namespace) -> int:
@@ -186,18 +224,21 @@ def add(sub: argparse._SubParsersAction) -> None:
         if args.env and tools:
             raise AgentError("--tool goes with --task; an environment brings its own tools")
         Agent(ScriptedBackend([]), tools, system=args.system, **options)  # bad options fail before any work
-        out = Path(args.out or Path("runs", "agent", time.strftime("%Y%m%d-%H%M%S")))
         reward = None
         if args.env:
             spec, task = _env_task(args)
             env = spec.factory()
             try:
                 reference = env.reference(task) if args.backend == "reference" else None
-                trajectory, reward = run_episode(_backend(args, reference), env, task, **options)
+                backend = _backend(args, reference)
+                out = _out_dir(args.out)
+                trajectory, reward = run_episode(backend, env, task, **options)
             finally:
                 env.close()
         else:
-            trajectory = Agent(_backend(args, None), tools, system=args.system, **options).run(args.task)
+            backend = _backend(args, None)
+            out = _out_dir(args.out)
+            trajectory = Agent(backend, tools, system=args.system, **options).run(args.task)
         trajectory.save(out / "trajectory.json")
         trajectory.write_jsonl(out / "steps.jsonl")
         line = (

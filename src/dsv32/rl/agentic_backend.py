@@ -155,12 +155,17 @@ class RecordingBackend:
     def count_tokens(self, messages: Sequence[dict], tools: Sequence[dict], *, thinking: bool = True) -> int:
         return len(self.format.prompt(messages, self._tools(tools), thinking).ids)
 
+    def reply_budget(self, sampling: dict | None = None) -> int:
+        """Every call samples up to the batcher's ``max_new_tokens``."""
+        return self.batcher.sampling.max_new_tokens
+
     def complete(self, messages, tools, *, thinking=True, sampling=None, on_delta=None) -> Completion:
         start = time.perf_counter()
         prompt = self.format.prompt(messages, self._tools(tools), thinking)
         record = self.batcher.sample(self.episode, list(prompt.ids))
         self.records.append(record)
         message, problems = self.format.parse(self.format.decode(record.tokens), thinking)
-        finish = "tool_calls" if message.get("tool_calls") else ("stop" if record.ended else "length")
+        # a reply cut at max tokens says so even when it holds complete calls (the episode stops)
+        finish = "length" if not record.ended else ("tool_calls" if message.get("tool_calls") else "stop")
         usage = Usage(len(prompt.ids), len(record.tokens), 0)
         return Completion(message, usage, finish, time.perf_counter() - start, problems)

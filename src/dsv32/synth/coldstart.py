@@ -1,6 +1,8 @@
 """Cold-start conversations (paper §3.2.2, Appendix B): verified thinking-with-tools transcripts for SFT.
 
-Two sources, one rule — a transcript is kept only when the environment's verifier gives it reward 1:
+Two sources, one rule — a transcript is kept only when the environment's verifier gives it reward 1
+(a teacher's episode must also have ended with an answer, not cut at max tokens or stopped otherwise,
+and hold no reply whose tool call could not be read):
 
 - ``reference``: the environment's reference solution (``env.reference(task)``) played through its
   real tools (:func:`dsv32.envs.base.replay`), so every tool result in the transcript is what the
@@ -196,6 +198,9 @@ def teacher_outcome(
         why = f"reward {reward.value:g}" if answered else f"stopped with {trajectory.stop_reason}"
         error = (trajectory.error or "the backend failed") if trajectory.stop_reason == "error" else ""
         return Outcome(task.id, None, reward.value, why, error)
+    if any(step.call_error for step in trajectory.steps):
+        # the conversation holds a reply whose call could not be read: no turn to learn from
+        return Outcome(task.id, None, reward.value, "a tool call that could not be read")
     row = conversation_row(task, env.name, trajectory.messages, tools, prompt, spec.label, reward.value)
     return Outcome(task.id, row, reward.value)
 

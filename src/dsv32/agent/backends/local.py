@@ -8,10 +8,15 @@ what each step adds (the new tool results and the re-rendered last reply), not t
 ``last_prompt`` / ``last_prompt_ids`` hold the prompt of the latest call; ``session.prefilled_tokens``
 counts what was prefilled over all calls, and each call's usage reports the reused tokens as
 ``cached_tokens``. A reply is capped to the room the prompt leaves in the model's window
-(``max_position_embeddings``, as ``window``); a prompt that fills it raises :class:`BackendError`.
+(``max_position_embeddings``, as ``window``); a prompt that fills it raises
+:class:`~dsv32.agent.errors.ContextLengthError` (the loop manages the context or stops with
+``"context"``).
 
 Sampling defaults (temperature 0.6, top-p 0.95) can be changed per backend or per call:
-``temperature``, ``top_p``, ``top_k``, ``max_tokens`` (= ``max_new_tokens``), ``seed``.
+``temperature``, ``top_p``, ``top_k``, ``max_tokens`` (= ``max_new_tokens``), ``seed``. The
+backend's ``seed`` starts one random stream that every call continues (a run repeats, two calls on
+the same prompt differ); a call's ``seed`` gives that call a stream of its own, as an endpoint's
+per-request seed does.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 
 from dsv32.agent.backends.base import Completion, Delta, Usage
 from dsv32.agent.backends.formats import TemplateFormat, V32Format
-from dsv32.agent.errors import AgentError, BackendError
+from dsv32.agent.errors import AgentError, ContextLengthError
 
 
 class _Streamer:
@@ -123,6 +128,7 @@ class LocalBackend:
             "max_tokens": max_new_tokens,
         }
         self.seed = seed
+        self.generator: Any = None
         self.last_prompt = ""
         self.last_prompt_ids: list[int] = []
 
@@ -134,6 +140,21 @@ class LocalBackend:
 
         loaded = load_model(name, device=device)
         return cls(loaded.model, tokenizer if tokenizer is not None else loaded.tokenizer, **options)
+
+    def _generator(self) -> Any:
+        """The backend's own random stream (``seed``), made at its first call and advanced by every
+        call after it, so that calls on the same prompt (the threads of ``parallel_fewest_step``)
+        sample differently while a run from the same seed repeats; None without a seed."""
+        import torch
+
+        if self.seed is not None and self.generator is None:
+            self.generator = torch.Generator(device=self.session.device).manual_seed(int(self.seed))
+        return self.generator
+
+    def reply_budget(self, sampling: dict | None = None) -> int:
+        """The most tokens a reply with these settings may have (``max_tokens``)."""
+        settings = {**self.defaults, **(sampling or {})}
+        return int(settings.get("max_new_tokens") or settings["max_tokens"])
 
     def count_tokens(self, messages: Sequence[dict], tools: Sequence[dict], *, thinking: bool = True) -> int:
         return len(self.format.prompt(messages, tools, thinking).ids)
@@ -159,15 +180,17 @@ class LocalBackend:
         prompt = self.format.prompt(messages, tools, thinking)
         self.last_prompt, self.last_prompt_ids = prompt.text, prompt.ids
         params = SamplingParams(settings["temperature"], settings["top_p"], settings["top_k"])
-        seed = settings.get("seed", self.seed)
-        generator = None
-        if seed is not None:
-            generator = torch.Generator(device=self.session.device).manual_seed(int(seed))
-        max_new = int(settings.get("max_new_tokens") or settings["max_tokens"])
+        if settings.get("seed") is not None:  # a call's own seed, like an endpoint request's
+            generator = torch.Generator(device=self.session.device).manual_seed(int(settings["seed"]))
+        else:
+            generator = self._generator()
+        max_new = self.reply_budget(sampling)
         if self.window is not None:
             room = self.window - len(prompt.ids)
             if room < 1:
-                raise BackendError(f"the conversation fills the model's {self.window}-token window")
+                raise ContextLengthError(
+                    f"the conversation fills the model's {self.window}-token window", len(prompt.ids)
+                )
             max_new = min(max_new, room)
         streamer = _Streamer(self.format, thinking, on_delta) if on_delta is not None else None
         out = self.session.generate(
@@ -181,7 +204,11 @@ class LocalBackend:
         if streamer is not None:
             streamer.flush()
         message, problems = self.format.parse(self.format.decode(out.tokens), thinking)
-        finish = "tool_calls" if message.get("tool_calls") else out.finish_reason
+        if self.format.name == "template":  # its parser reads only <tool_call> blocks
+            problems = [{"part": "tool_calls", **p} for p in problems]
+        # a reply cut at max tokens says so even when it holds complete calls
+        cut = out.finish_reason == "length"
+        finish = "tool_calls" if message.get("tool_calls") and not cut else out.finish_reason
         usage = Usage(len(prompt.ids), len(out.tokens), out.reused)
         return Completion(message, usage, finish, time.perf_counter() - start, problems)
 

@@ -14,7 +14,9 @@ What comes back: ``reasoning_content`` or ``reasoning`` (vLLM's newer name), con
 usage (``prompt_tokens_details.cached_tokens`` as cached tokens) and the finish reason, streamed or
 not. Retries with exponential backoff on 408/409/429/5xx, connection errors and timeouts are the
 client's own (``max_retries``; it honours ``Retry-After``); what still fails becomes a
-:class:`~dsv32.agent.errors.BackendError`.
+:class:`~dsv32.agent.errors.BackendError` — a refusal for the context length (HTTP 400 with OpenAI's
+``context_length_exceeded`` code or vLLM's "maximum context length" words) a
+:class:`~dsv32.agent.errors.ContextLengthError`, after which the loop manages the context.
 
 Replies are read as plain JSON (the client does not validate them) and checked field by field
 (:func:`~dsv32.agent.backends.base.reply_message`): a body that is not a chat completion, no
@@ -35,6 +37,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -56,7 +59,7 @@ from dsv32.agent.backends.base import (
     visible_messages,
     wrong,
 )
-from dsv32.agent.errors import BackendError
+from dsv32.agent.errors import BackendError, ContextLengthError
 from dsv32.chat import strip_tool_results
 
 #: Keyword arguments of ``client.chat.completions.create``; other sampling keys go in ``extra_body``.
@@ -102,6 +105,31 @@ def request_messages(messages: Sequence[dict], thinking: bool) -> list[dict]:
             sent.pop("reasoning_content", None)
         out.append(sent)
     return out
+
+
+#: How endpoints say that prompt + max_tokens do not fit: OpenAI's error code, and the words of
+#: OpenAI, vLLM ("This model's maximum context length is ...", "... longer than the maximum model
+#: length"), SGLang and ``dsv32 serve``.
+_CONTEXT_CODE = "context_length_exceeded"
+_CONTEXT_WORDS = re.compile(
+    r"maximum context length|context length|context window|maximum model length|prompt is too long", re.I
+)
+#: Where those messages give the prompt's size.
+_PROMPT_SIZE = re.compile(
+    r"(\d+) (?:tokens )?in the (?:messages|prompt)|request has (\d+) input tokens|"
+    r"messages resulted in (\d+) tokens|prompt \(length (\d+)\)"
+)
+
+
+def context_length_refusal(err: Any) -> bool:
+    """Whether an HTTP error of the client says the request does not fit the model's window."""
+    return getattr(err, "code", None) == _CONTEXT_CODE or bool(_CONTEXT_WORDS.search(str(err.message)))
+
+
+def refused_prompt_tokens(message: str) -> int | None:
+    """The prompt's token count in a context-length refusal, when it gives one."""
+    match = _PROMPT_SIZE.search(message or "")
+    return int(next(g for g in match.groups() if g)) if match else None
 
 
 #: Where endpoints put the reasoning: DeepSeek's API and older vLLM, vLLM's newer name.
@@ -221,6 +249,13 @@ class OpenAIBackend:
     def count_tokens(self, messages: Sequence[dict], tools: Sequence[dict], *, thinking: bool = True) -> int:
         return self.estimate(messages, tools)
 
+    def reply_budget(self, sampling: dict | None = None) -> int | None:
+        """The ``max_tokens`` (or ``max_completion_tokens``) a call with these settings sends; None
+        when it sends none (the endpoint's default)."""
+        settings = {**self.sampling, **(sampling or {})}
+        budget = settings.get("max_tokens", settings.get("max_completion_tokens"))
+        return None if budget is None else int(budget)
+
     def _request(
         self, messages: Sequence[dict], tools: Sequence[dict], thinking: bool, sampling: dict
     ) -> dict:
@@ -259,6 +294,15 @@ class OpenAIBackend:
             else:
                 message, usage, finish = self._whole(kwargs, on_delta)
         except openai.APIStatusError as err:
+            if err.status_code in (400, 413) and context_length_refusal(err):
+                prompt_tokens = refused_prompt_tokens(err.message)
+                if prompt_tokens:
+                    self.estimate.calibrate(messages, tools, prompt_tokens)
+                raise ContextLengthError(
+                    f"{self.base_url} refused the request for its context length (HTTP {err.status_code}): "
+                    f"{err.message}",
+                    prompt_tokens,
+                ) from err
             retried = err.status_code in (408, 409, 429) or err.status_code >= 500  # what the client retries
             raise BackendError(
                 f"{self.base_url} answered HTTP {err.status_code}"
