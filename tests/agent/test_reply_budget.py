@@ -114,3 +114,20 @@ def test_the_estimate_of_a_growing_prompt_is_the_reported_count_plus_what_was_ad
     assert estimate(grown) == 1000 + alone  # the new part is estimated on its own, not scaled
     # a list that does not extend the reported prompt (a reset) is scaled by reported / estimated
     assert estimate([{"role": "user", "content": "q" * 100}]) == 1000
+
+
+def test_a_window_sized_reply_budget_is_sent_as_what_the_prompt_leaves(stub):
+    # An endpoint refuses prompt + max_tokens past its window: the paper's 128K generation length in a
+    # 128K window is sent as the window less the prompt's tokens, each call.
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+    stub.reply(completion({"content": "", "tool_calls": [call]}))
+    stub.reply(completion({"content": "5"}))
+    backend = OpenAIBackend(stub.url, "m", max_retries=0, max_tokens=2048)
+    traj = Agent(backend, [add], context_window=2048).run("2 + 3?")
+    assert traj.stop_reason == "answer"
+    sent = [r["max_tokens"] for r in stub.requests]
+    assert len(sent) == 2 and all(1900 < n < 2048 for n in sent)  # prompts of a few dozen tokens
+    # a budget below the window is the caller's: sent as it is
+    stub.reply(completion({"content": "5"}))
+    Agent(OpenAIBackend(stub.url, "m", max_retries=0, max_tokens=500), [add], context_window=2048).run("q")
+    assert stub.requests[-1]["max_tokens"] == 500

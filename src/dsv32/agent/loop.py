@@ -195,7 +195,7 @@ class Agent:
                 refused: ContextLengthError | None = None
                 if limit is None or tokens <= limit:
                     try:
-                        completion = self._call(run.context, sampling)
+                        completion = self._call(run.context, self._fit_reply(sampling, tokens))
                     except ContextLengthError as err:  # the endpoint counted more than we did
                         refused = err
                 if refused is not None or (limit is not None and tokens > limit):
@@ -250,6 +250,15 @@ class Agent:
             if sampling.get(key) is not None:
                 return int(sampling[key])
         return None
+
+    def _fit_reply(self, sampling: dict, tokens: int) -> dict:
+        """``sampling`` for a call whose prompt holds ``tokens``: a ``max_tokens`` as large as the window
+        (the paper's 128K generation length in a 128K window) becomes what the prompt leaves of it, as
+        an endpoint requires prompt + max_tokens to fit; any other budget is sent as it is."""
+        window, budget = self.context_window, self._reply_budget(sampling)
+        if window is None or budget is None or budget < window:
+            return sampling
+        return with_max_tokens(sampling, max(1, window - tokens))
 
     def _summary_budget(self, sampling: dict) -> int:
         """The tokens the summary may take: the reply's ``max_tokens``, or when it is unknown (or the
