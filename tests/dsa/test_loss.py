@@ -242,3 +242,19 @@ def test_attention_recall_refuses_a_selection_past_the_keys_or_of_another_shape(
         attention_recall(q, k, {"indexer": torch.full((2, 6, 4), 99)}, scale=0.3)
     with pytest.raises(ValueError, match="must be topk_indices"):
         attention_recall(q, k, torch.zeros(1, 6, 4, dtype=torch.long), scale=0.3)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_chunked_loss_runs_in_fp32_inside_a_bf16_autocast_region(sparse):
+    """Inside a model's bf16 autocast region the loss (and its backward) is the fp32 one, bit for bit."""
+    q, k, iq, iw, ik = make(seed=5, dtype=torch.float32)
+    topk = select_topk(index_scores(iq, iw, ik).detach(), 5) if sparse else None
+    kw = dict(scale=0.4, topk_indices=topk, chunk_size=4)
+    want = indexer_kl_loss_chunked(q, k, iq, iw, ik, **kw)
+    g_want = torch.autograd.grad(want, (iq, iw, ik))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = indexer_kl_loss_chunked(q, k, iq, iw, ik, **kw)
+        g_got = torch.autograd.grad(got, (iq, iw, ik))
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    for a, b in zip(g_got, g_want):
+        assert a.dtype == torch.float32 and torch.equal(a, b)

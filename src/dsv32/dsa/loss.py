@@ -38,6 +38,12 @@ from dsv32.dsa.indexer import visible_mask
 LOSS_CHUNK_ELEMS = 1 << 21
 
 
+def _fp32(device: torch.device):
+    """Autocast off: the loss's matmuls run in fp32 even inside a model's bf16 autocast region (the
+    indexer's scores are fp32 by contract, and a bf16 ``d_ik`` could not be added into fp32 sums)."""
+    return torch.autocast(device.type, enabled=False)
+
+
 def _key_set(
     T: int, S: int, device, key_padding_mask: torch.Tensor | None, topk_indices: torch.Tensor | None
 ) -> torch.Tensor:
@@ -92,8 +98,9 @@ def indexer_kl_loss(
     T, S = index_scores.shape[1:]
     keys = _key_set(T, S, index_scores.device, key_padding_mask, topk_indices)
     keys = keys.expand(index_scores.shape)
-    total, count = _kl_rows(attn_probs.detach().float().sum(1), index_scores, keys)
-    return total / count.clamp_min(1)
+    with _fp32(index_scores.device):
+        total, count = _kl_rows(attn_probs.detach().float().sum(1), index_scores, keys)
+        return total / count.clamp_min(1)
 
 
 def _attention_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -102,7 +109,8 @@ def _attention_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     B, n, H, D = q.shape
     Hkv = k.shape[2]
     qg = q.float().view(B, n, Hkv, H // Hkv, D).permute(0, 2, 1, 3, 4).reshape(B, Hkv, n * (H // Hkv), D)
-    logits = torch.matmul(qg, k.float().permute(0, 2, 3, 1))  # [B, Hkv, n·G, S]
+    with _fp32(q.device):
+        logits = torch.matmul(qg, k.float().permute(0, 2, 3, 1))  # [B, Hkv, n·G, S]
     return logits.view(B, Hkv, n, H // Hkv, -1).permute(0, 2, 1, 3, 4).reshape(B, n, H, -1)
 
 
@@ -197,14 +205,15 @@ class _ChunkedIndexerKL(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, iq, iw, ik, q, k, scale, topk_indices, key_padding_mask, query_rows, chunk, grads):
-        run = _Chunked(q, k, scale, iq, iw, ik, topk_indices, key_padding_mask, grads)
-        total = torch.zeros((), dtype=torch.float32, device=q.device)
-        count = torch.zeros((), dtype=torch.long, device=q.device)
-        for a in range(0, query_rows.numel(), chunk):
-            s, c = run(query_rows[a : a + chunk])
-            total += s
-            count += c
-        n = count.clamp_min(1).to(torch.float32)
+        with _fp32(q.device):
+            run = _Chunked(q, k, scale, iq, iw, ik, topk_indices, key_padding_mask, grads)
+            total = torch.zeros((), dtype=torch.float32, device=q.device)
+            count = torch.zeros((), dtype=torch.long, device=q.device)
+            for a in range(0, query_rows.numel(), chunk):
+                s, c = run(query_rows[a : a + chunk])
+                total += s
+                count += c
+            n = count.clamp_min(1).to(torch.float32)
         if grads:
             ctx.save_for_backward(run.g_iq / n, run.g_iw / n, run.g_ik / n)
             ctx.dtypes = (iq.dtype, iw.dtype, ik.dtype)
@@ -214,12 +223,14 @@ class _ChunkedIndexerKL(torch.autograd.Function):
     def backward(ctx, grad_out):
         g_iq, g_iw, g_ik = ctx.saved_tensors
         d_iq, d_iw, d_ik = ctx.dtypes
-        return (
-            (g_iq * grad_out).to(d_iq),
-            (g_iw * grad_out).to(d_iw),
-            (g_ik * grad_out).to(d_ik),
-            *([None] * 8),
-        )
+        with _fp32(g_iq.device):
+            grad_out = grad_out.float()
+            return (
+                (g_iq * grad_out).to(d_iq),
+                (g_iw * grad_out).to(d_iw),
+                (g_ik * grad_out).to(d_ik),
+                *([None] * 8),
+            )
 
 
 def indexer_kl_loss_chunked(
