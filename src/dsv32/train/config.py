@@ -108,6 +108,11 @@ class StageConfig(Checked, error=TrainConfigError):
     frozen model's activations of each pool of ``replay_pool`` sequences are computed once and the
     indexer trains on them for ``replay`` passes (1: every step runs the model; exact for the frozen
     model, it only reuses data).
+
+    ``max_skipped_updates``: an optimizer step whose loss or gradient norm is NaN/inf is skipped (the
+    weights and AdamW's moments stay as they were; ``skipped_updates`` in the metrics); this many in
+    a row stop the stage with ``NonFiniteUpdateError``. The weights are checked before every
+    checkpoint: none is written from non-finite weights.
     """
 
     RANGES: ClassVar[dict[str, Rule]] = {
@@ -129,6 +134,7 @@ class StageConfig(Checked, error=TrainConfigError):
         "save_every": NON_NEGATIVE,
         "keep_checkpoints": at_least(1),
         "log_every": at_least(1),
+        "max_skipped_updates": at_least(1),
     }
 
     stage: str = "warmup"
@@ -149,6 +155,7 @@ class StageConfig(Checked, error=TrainConfigError):
     save_every: int = 0  # checkpoint every N steps (0: only at the end)
     keep_checkpoints: int = 2
     log_every: int = 1
+    max_skipped_updates: int = 3
     seed: int = 0
 
     def __post_init__(self) -> None:
