@@ -24,7 +24,6 @@ from dsv32.recipe import (
     at_least,
     build_section,
     each,
-    in_range,
     one_of,
     read_recipe,
 )
@@ -67,9 +66,11 @@ class DataConfig(Checked, error=TrainConfigError):
     download), a text file, a ``.jsonl`` file (field ``text_field``), or a directory (its files with
     ``extensions``, recursively); several sources separated by ``,``. A document (file or JSONL record)
     goes to the held-out split when a hash of its name falls under ``eval_percent`` — deterministic
-    and independent of the other documents. Documents are joined with the tokenizer's end-of-text
-    token and cut into sequences; at most ``max_train_tokens`` / ``max_eval_tokens`` are tokenized
-    (None: as needed by the run).
+    and independent of the other documents. When that leaves a split without one sequence (a single
+    file, a few documents), every document is split by position instead: the last ``eval_percent`` %
+    of each block of 20,000 characters is held out (:func:`dsv32.train.data.position_split`).
+    Documents are joined with the tokenizer's end-of-text token and cut into sequences; at most
+    ``max_train_tokens`` / ``max_eval_tokens`` are tokenized (None: as needed by the run).
     """
 
     RANGES: ClassVar[dict[str, Rule]] = {
@@ -77,7 +78,7 @@ class DataConfig(Checked, error=TrainConfigError):
             _sources_exist, "'stdlib' or existing files/directories, separated by ','", on_disk=True
         ),
         "seq_len": at_least(2),
-        "eval_percent": in_range(0, 100),
+        "eval_percent": Rule(lambda v: 0 < v < 100, "in (0, 100): both splits are needed"),
         "max_train_tokens": at_least(1),
         "max_eval_tokens": at_least(1),
     }
