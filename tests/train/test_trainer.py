@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -176,15 +177,44 @@ def test_a_stage_resumes_only_its_own_run_and_checks_everything_before_writing(t
     with pytest.raises(
         CheckpointError, match=r"weights.safetensors does not fit the model \(.* in the checkpoint"
     ):
-        train_stage(wide, data, StageConfig(stage="warmup", steps=4, batch_size=2, lr=1e-2), out,
+        train_stage(wide, data, StageConfig(stage="warmup", steps=2, batch_size=2, lr=1e-2), out,
                     progress=False, run=run)  # fmt: skip
     with pytest.raises(TrainConfigError, match="replay_pool=3 must be a multiple of batch_size=2"):
         train_stage(load(), data, StageConfig(stage="warmup", steps=500, batch_size=2, lr=0.9, replay=2,
                     replay_pool=3), out, progress=False, resume=False)  # fmt: skip
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
-    longer = train_stage(load(), data, StageConfig(stage="warmup", steps=3, batch_size=2, lr=1e-2), out,
-                         progress=False, run=run)  # fmt: skip
-    assert longer.steps == 3 and [m["step"] for m in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
+    again = train_stage(load(), data, cfg, out, progress=False, run=run)  # finished: nothing to do
+    assert again.steps == 2 and [m["step"] for m in read_metrics(out / "metrics.jsonl")] == [1, 2]
+
+
+@pytest.mark.parametrize("stage", ["warmup", "sparse"])
+def test_resuming_with_another_number_of_steps_is_refused(tmp_path, stage):
+    """``steps`` sets the cosine schedule (and how many sequences a run packs): extending a finished
+    run would jump the learning rate back up and re-read data, so it is refused with a clear message."""
+    from dsv32.runlog import CheckpointError
+
+    data, out = token_data(), tmp_path / stage
+    cfg = StageConfig(
+        stage=stage, steps=4, batch_size=2, lr=1e-2, index_topk=8 if stage == "sparse" else None
+    )
+    train_stage(load(), data, cfg, out, progress=False, stop_after=2)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    for steps in (8, 3):
+        with pytest.raises(
+            CheckpointError,
+            match=rf"step_000002 belongs to a 4-step {stage} stage, not {steps}: the number of steps sets the "
+            r"learning-rate schedule.*\(--steps 4\)",
+        ):
+            train_stage(load(), data, replace(cfg, steps=steps), out, progress=False)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    with pytest.raises(
+        CheckpointError, match=rf"another run \({stage}.lr 0.01 → 0.02, {stage}.steps 4 → 8\)"
+    ):
+        train_stage(load(), data, replace(cfg, steps=8, lr=2e-2), out, progress=False)
+    done = train_stage(load(), data, cfg, out, progress=False)  # the same steps resume
+    assert [m["step"] for m in done.metrics] == [3, 4]
+    fresh = train_stage(load(), data, replace(cfg, steps=8), out, progress=False, resume=False)
+    assert fresh.steps == 8
 
 
 def test_dsa_stages_take_no_resume():

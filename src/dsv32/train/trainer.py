@@ -32,7 +32,16 @@ from pathlib import Path
 import torch
 
 from dsv32.dsa.hf import LayerView, get_dsa
-from dsv32.runlog import RUN_OUTPUTS, StepCheckpoints, append_metrics, truncate_metrics, write_json
+from dsv32.runlog import (
+    RUN_OUTPUTS,
+    CheckpointError,
+    StepCheckpoints,
+    UnreadableCheckpoint,
+    append_metrics,
+    run_differences,
+    truncate_metrics,
+    write_json,
+)
 from dsv32.train.config import StageConfig, TrainConfigError
 from dsv32.train.data import TokenData, sequence_order
 from dsv32.train.models import DSAModel
@@ -155,8 +164,10 @@ def _query_rows(cfg: StageConfig, step: int, micro: int, T: int, device) -> torc
     return torch.randperm(T, generator=g)[: cfg.loss_queries].sort().values.to(device)
 
 
-#: Stage fields that do not change what is trained: they may differ when a run is resumed.
-BOOKKEEPING = ("steps", "save_every", "keep_checkpoints", "log_every", "max_skipped_updates")
+#: Stage fields that do not change what is trained: they may differ when a run is resumed. ``steps`` is
+#: not one of them: the cosine schedule decays over it and the data packs ``steps × sequences`` per
+#: step, so a run continues only with the steps it started with.
+BOOKKEEPING = ("save_every", "keep_checkpoints", "log_every", "max_skipped_updates")
 
 
 def stage_identity(cfg: StageConfig) -> dict:
@@ -204,6 +215,8 @@ def train_stage(
     )
     identity |= {"stage": cfg.stage, cfg.stage: stage_identity(cfg)}
     ckpts = StepCheckpoints(out, cfg.keep_checkpoints, trainable_only=True, run=identity)
+    if resume:
+        _check_steps(ckpts, cfg)
     metrics_path = out / "metrics.jsonl"
     step = ckpts.begin(dm.model, optimizer, resume=resume, steps=cfg.steps)
     guard = UpdateGuard(cfg.max_skipped_updates, advice=_advice(cfg))
@@ -289,6 +302,28 @@ def train_stage(
         weights = cfg.stage == "sparse" or dm.kind == "native"
         result.model_dir = dm.save(out / "model", weights=weights)
     return result
+
+
+def _check_steps(ckpts: StepCheckpoints, cfg: StageConfig) -> None:
+    """Refuse, with its own message, to resume a run that differs from this one only in ``steps`` (any
+    other difference is reported by :meth:`StepCheckpoints.begin`)."""
+    for _, path in reversed(ckpts.complete()):
+        try:
+            saved = ckpts.state(path).get("run")
+        except UnreadableCheckpoint:
+            continue  # begin() skips it with a warning
+        if not isinstance(saved, dict) or not isinstance(saved.get(cfg.stage), dict):
+            return
+        before = saved[cfg.stage].get("steps")
+        diff = run_differences(saved, ckpts.run or {})
+        if isinstance(before, int) and diff == [f"{cfg.stage}.steps {before} → {cfg.steps}"]:
+            raise CheckpointError(
+                f"{path} belongs to a {before}-step {cfg.stage} stage, not {cfg.steps}: the number of steps "
+                "sets the learning-rate schedule and the sequences the stage reads, so a run continues only "
+                f"with the steps it started with (--steps {before}); to train for {cfg.steps}, start over "
+                "with --no-resume (this discards that run) or choose another --out"
+            )
+        return
 
 
 def _advice(cfg: StageConfig, weights: bool = False) -> str:
