@@ -222,3 +222,34 @@ def test_dsa_stages_take_no_resume():
 
     assert build_parser().parse_args(["dsa", "warmup", "--no-resume"]).no_resume
     assert not build_parser().parse_args(["dsa", "sparse"]).no_resume
+
+
+def test_the_logged_learning_rates_are_the_ones_the_optimizer_used(tmp_path, monkeypatch):
+    from dsv32.train import TrainConfigError
+    from dsv32.train.config import load_run_config
+
+    with pytest.raises(
+        TrainConfigError, match=r"\[warmup\] indexer_lr = 0.5: the warm-up trains only the indexer"
+    ):
+        load_run_config(None, ["warmup.indexer_lr=0.5"])
+    with pytest.raises(TrainConfigError, match="indexer_lr is the sparse stage's"):
+        StageConfig(stage="warmup", indexer_lr=0.5)
+    used, step = [], torch.optim.AdamW.step
+
+    def spy(self, *args, **kwargs):
+        used.append({g["side"]: g["lr"] for g in self.param_groups})
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", spy)
+    cfg = StageConfig(
+        stage="sparse", steps=3, batch_size=2, lr=1e-3, indexer_lr=0.5, warmup_steps=1, index_topk=8
+    )
+    result = train_stage(load(), token_data(), cfg, tmp_path / "s", progress=False)
+    assert [(m["lr"], m["lr_indexer"]) for m in result.metrics] == [(u["model"], u["indexer"]) for u in used]
+    assert result.metrics[0]["lr_indexer"] == 0.5 and result.metrics[0]["lr"] == 1e-3
+    used.clear()
+    warm = train_stage(load(), token_data(), StageConfig(stage="warmup", steps=2, batch_size=2, lr=3e-3), tmp_path / "w",
+                       progress=False)  # fmt: skip
+    assert [m["lr"] for m in warm.metrics] == [
+        u["indexer"] for u in used
+    ] and "lr_indexer" not in warm.metrics[0]

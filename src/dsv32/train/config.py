@@ -143,7 +143,7 @@ class StageConfig(Checked, error=TrainConfigError):
     batch_size: int = 16
     grad_accum: int = 1
     lr: float | None = None  # None: the paper's (warmup 1e-3, sparse 7.3e-6)
-    indexer_lr: float | None = None  # sparse stage; None: same as lr
+    indexer_lr: float | None = None  # sparse stage only; None: same as lr
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     warmup_steps: int = 0
@@ -166,6 +166,11 @@ class StageConfig(Checked, error=TrainConfigError):
         if self.replay > 1 and self.stage != "warmup":
             raise TrainConfigError(
                 "replay > 1 needs a frozen model: only the warm-up stage can reuse activations"
+            )
+        if self.indexer_lr is not None and self.stage == "warmup":
+            raise TrainConfigError(
+                f"indexer_lr = {self.indexer_lr}: the warm-up trains only the indexer, at lr; "
+                "indexer_lr is the sparse stage's (its model and indexer train at different rates)"
             )
 
     @property

@@ -269,9 +269,10 @@ def train_stage(
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
+            lrs = {g["side"]: g["lr"] for g in optimizer.param_groups}
             record = {
                 "step": step,
-                "lr": cfg.lr * factor,
+                "lr": lrs.get("model", lrs["indexer"]),  # the model's in the sparse stage
                 "loss_indexer": sum(layer_sums.values()) / max(1, len(layer_sums)),
                 "grad_norm_indexer": norms.get("indexer"),
                 "tokens": step * cfg.sequences_per_step * T,
@@ -279,6 +280,7 @@ def train_stage(
                 "seconds": round(time.time() - start, 2),
             }
             if cfg.stage == "sparse":
+                record["lr_indexer"] = lrs["indexer"]
                 record["loss_lm"] = lm_sum
                 record["grad_norm_model"] = norms.get("model")
             if step % cfg.log_every == 0 or step == last or not applied:
