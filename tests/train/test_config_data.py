@@ -266,3 +266,17 @@ def test_a_multi_document_source_keeps_its_split_by_name(tmp_path):
     assert sorted(text.split("document ")[1:]) == sorted(
         f"{n.removeprefix('doc').removesuffix('.txt')} " for n in held for _ in range(30)
     )
+
+
+def test_stage_seeds_are_range_checked_when_the_recipe_is_read():
+    from dsv32.train.config import MAX_SEED
+    from dsv32.train.trainer import _query_rows
+
+    for bad in (2**62, -1):
+        with pytest.raises(TrainConfigError, match=rf"\[warmup\] seed = {bad}: must be in \[0, {MAX_SEED}\]"):
+            config_from_cli("warmup", {"set": [f"warmup.seed={bad}"]})
+    with pytest.raises(TrainConfigError, match=r"StageConfig\.seed = -5"):
+        StageConfig(stage="sparse", seed=-5)
+    cfg = load_run_config(None, [f"sparse.seed={MAX_SEED}", "sparse.loss_queries=4"]).sparse
+    assert len(sequence_order(20, cfg.seed, 10**6, 2)) == 2  # the largest seed makes valid generators
+    assert _query_rows(cfg, 10**7, 3, 16, "cpu").numel() == 4

@@ -24,11 +24,15 @@ from dsv32.recipe import (
     at_least,
     build_section,
     each,
+    in_range,
     one_of,
     read_recipe,
 )
 
 STAGES = ("warmup", "sparse")
+#: Largest stage seed: the trainer derives torch generator seeds from it (``seed · 1000033 + …``),
+#: which must stay within the generator's 64-bit range.
+MAX_SEED = 2**32 - 1
 
 
 class TrainConfigError(RecipeError):
@@ -110,6 +114,8 @@ class StageConfig(Checked, error=TrainConfigError):
     indexer trains on them for ``replay`` passes (1: every step runs the model; exact for the frozen
     model, it only reuses data).
 
+    ``seed`` (0 … 2³² − 1) sets the order of the sequences and the query subsamples.
+
     ``max_skipped_updates``: an optimizer step whose loss or gradient norm is NaN/inf is skipped (the
     weights and AdamW's moments stay as they were; ``skipped_updates`` in the metrics); this many in
     a row stop the stage with ``NonFiniteUpdateError``. The weights are checked before every
@@ -136,6 +142,7 @@ class StageConfig(Checked, error=TrainConfigError):
         "keep_checkpoints": at_least(1),
         "log_every": at_least(1),
         "max_skipped_updates": at_least(1),
+        "seed": in_range(0, MAX_SEED),
     }
 
     stage: str = "warmup"
