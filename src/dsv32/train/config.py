@@ -1,7 +1,13 @@
 """Configs of DSA continued pre-training (paper §2.1.1) as plain dataclasses, read from TOML.
 
-Every field has the paper's value where the paper gives one; a TOML recipe (``configs/*.toml``)
-overrides any subset, and the CLI overrides single fields with ``--set section.field=value``.
+Defaults. The paper's values: the learning rates (warm-up 1e-3, sparse 7.3e-6) and the warm-up's
+1000 steps of 16 sequences. Scaled for a small model on one machine: 2048-token sequences (paper:
+128K), a sparse stage of 1000 steps of 16 sequences (paper: 15000 of 480), and the sparse top-k,
+taken from the model's DSA config (:class:`~dsv32.dsa.hf.DSAConfig`: 256; paper: 2048). AdamW's
+betas (0.9, 0.95), the sparse stage's weight decay 0.1 and clipping at 1.0 are DeepSeek-V3's
+pre-training settings; the cosine decay to 0.1 · lr is this implementation's choice (the paper gives
+no schedule). A TOML recipe (``configs/*.toml``) overrides any subset, and the CLI overrides single
+fields with ``--set section.field=value``.
 """
 
 from __future__ import annotations
