@@ -253,3 +253,36 @@ def test_the_logged_learning_rates_are_the_ones_the_optimizer_used(tmp_path, mon
     assert [m["lr"] for m in warm.metrics] == [
         u["indexer"] for u in used
     ] and "lr_indexer" not in warm.metrics[0]
+
+
+def test_the_demo_and_dsa_sparse_train_at_the_same_top_k(tmp_path, monkeypatch):
+    """The sparse stage's top-k is ``sparse.index_topk``, else the model's DSA config — in ``dsv32 demo``
+    as in ``dsv32 dsa sparse`` — never the evaluation's first top-k."""
+    import dsv32.train.pipeline as pipeline
+    from dsv32.train.config import load_run_config
+
+    (tmp_path / "doc.txt").write_text("text")
+    cfg = load_run_config(
+        None,
+        [
+            "model.name=tiny-llama", "dsa.index_n_heads=2", "dsa.index_head_dim=16", "dsa.index_topk=8",
+            f"data.source={json.dumps(str(tmp_path / 'doc.txt'))}", "data.seq_len=32", "eval.seq_lens=[32]",
+            "eval.topks=[4]", "eval.sequences=1", "warmup.steps=1", "warmup.batch_size=2", "sparse.steps=1",
+            "sparse.batch_size=2", f"out_dir={json.dumps(str(tmp_path / 'run'))}",
+        ],
+    )  # fmt: skip
+    monkeypatch.setattr(pipeline, "prepare_data", lambda *a, **k: token_data())
+    trained_at, real = {}, pipeline.train_stage
+
+    def train_stage(dm, data, stage_cfg, *args, **kwargs):
+        result = real(dm, data, stage_cfg, *args, **kwargs)
+        trained_at[stage_cfg.stage] = dm.topk
+        return result
+
+    monkeypatch.setattr(pipeline, "train_stage", train_stage)
+    pipeline.run_demo(cfg, progress=False)
+    assert trained_at["sparse"] == 8  # the model's DSA config, not eval.topks[0] = 4
+    pipeline.run_stage(cfg, "sparse", tmp_path / "stage", progress=False)
+    assert trained_at["sparse"] == 8
+    pipeline.run_demo(replace(cfg, sparse=replace(cfg.sparse, index_topk=6)), progress=False)
+    assert trained_at["sparse"] == 6

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -189,9 +189,8 @@ def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
     timings["eval_after_warmup"] = time.time() - t
 
     t = time.time()
-    sparse_cfg = cfg.sparse if cfg.sparse.index_topk else replace(cfg.sparse, index_topk=cfg.eval.topks[0])
     sparse = train_stage(
-        dm, data, sparse_cfg, out / "sparse", resume=False, progress=progress, run=run_identity(cfg)
+        dm, data, cfg.sparse, out / "sparse", resume=False, progress=progress, run=run_identity(cfg)
     )
     timings["sparse"] = time.time() - t
     t = time.time()
