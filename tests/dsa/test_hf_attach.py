@@ -192,3 +192,44 @@ def test_bad_inputs_raise_typed_errors():
         attach_dsa(model, 2, 8, 8)
     with pytest.raises(DSAError, match="families"):
         attach_dsa(torch.nn.Linear(2, 2), 2, 8, 8)
+
+
+def test_sparse_training_takes_the_training_crossover_and_gives_the_gather_paths_gradients(monkeypatch):
+    """With autograd a prefill of 40 tokens at top-8 (T/k = 5, above the inference crossover) runs
+    masked-dense; the gradients are those of the gather path."""
+    import dsv32.dsa.hf.forward as forward
+
+    calls = []
+    for name in ("dense_attention", "sparse_attention"):
+        real = getattr(forward, name)
+        monkeypatch.setattr(
+            forward, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or _real(*a, **kw)
+        )
+    model = tiny("llama")
+    handle = attach_dsa(model, 3, 8, 16)
+    handle.set_mode("sparse")
+    handle.set_topk(8)
+    x = ids()
+    with torch.no_grad():
+        model(x)
+    assert calls == ["sparse_attention"] * 2  # inference: gathers
+    grads = {}
+    for impl in ("auto", "gather"):
+        calls.clear()
+        handle.config.sparse_impl = impl
+        model.zero_grad(set_to_none=True)
+        loss = model(x, labels=x).loss
+        loss.backward()
+        grads[impl] = (
+            loss.detach(),
+            {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+        )
+        assert calls == ["dense_attention" if impl == "auto" else "sparse_attention"] * 2
+    torch.testing.assert_close(grads["auto"][0], grads["gather"][0], atol=2e-5, rtol=1e-5)
+    for name, g in grads["gather"][1].items():
+        torch.testing.assert_close(grads["auto"][1][name], g, atol=2e-5, rtol=1e-4)
+    monkeypatch.setattr("dsv32.dsa.attention.MASKED_TRAIN_MAX_PAIRS", 2 * 40 * 40 - 1)  # over the bound
+    calls.clear()
+    handle.config.sparse_impl = "auto"
+    model(x, labels=x).loss.backward()
+    assert calls == ["sparse_attention"] * 2

@@ -186,15 +186,19 @@ def _dense_output(self, handle: DSAHandle, p: _Projected, attention_mask, **kwar
 
 def _sparse_output(self, handle: DSAHandle, p: _Projected, topk_indices: torch.Tensor) -> torch.Tensor:
     """Attention over the selection (Eq. 2): gathered, or the masked-dense reference where that is
-    faster (short sequences) or asked for."""
+    faster (short sequences; in training, with autograd, up to a larger length, see
+    :func:`~dsv32.dsa.prefer_dense`) or asked for."""
     cfg = handle.config
     B, _, T, _ = p.q.shape
     S = p.k.shape[2]
     qt, kt, vt = p.q.transpose(1, 2), p.k.transpose(1, 2), p.v.transpose(1, 2)  # [B, T|S, heads, D]
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (qt, kt, vt))
     masked = cfg.sparse_impl == "masked" or (
         cfg.sparse_impl == "auto"
         and p.fresh
-        and prefer_dense(T, S, cfg.index_topk, gqa_kernel=gqa_kernel_would_run(qt, kt, vt))
+        and prefer_dense(
+            T, S, cfg.index_topk, gqa_kernel=gqa_kernel_would_run(qt, kt, vt), training=training, batch=B
+        )
     )
     if masked:  # the readable O(T·S) reference: dense scores masked to the selection
         out = dense_attention(qt, kt, vt, self.scaling, nonempty_rows(selection_mask(topk_indices, S)))
