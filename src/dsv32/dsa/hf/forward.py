@@ -25,7 +25,7 @@ from dsv32.dsa.attention import (
 from dsv32.dsa.hf.config import DSAError
 from dsv32.dsa.hf.growing import GrowingTensor
 from dsv32.dsa.hf.handle import DSAHandle
-from dsv32.dsa.hf.layer import HFIndexer, LayerView
+from dsv32.dsa.hf.layer import HFIndexer, LayerView, query_rows_projection
 from dsv32.dsa.indexer import indexer_topk
 from dsv32.dsa.loss import indexer_kl_loss_chunked, oracle_topk
 
@@ -117,7 +117,10 @@ def _index(
     if not (sparse or observe):
         return None  # decoding in sparse mode below top-k: only the keys are kept
     padding = _key_padding(attention_mask, S)
-    queries = indexer.project_queries(x, x, icos, isin)
+    # Dense (warm-up): only the loss reads the queries, and only at its query rows.
+    loss = observe and handle.collect_loss
+    rows = None if sparse else handle.loss_query_rows
+    queries = query_rows_projection(indexer, x, icos, isin, rows) if sparse or loss else None
     qt, kt = p.q.transpose(1, 2).detach(), p.k.transpose(1, 2).detach()
     topk_indices = None
     if sparse and handle.oracle:
@@ -126,7 +129,7 @@ def _index(
         topk_indices = indexer_topk(
             queries.q, queries.weights, keys, cfg.index_topk, key_padding_mask=padding
         )
-    if observe and handle.collect_loss:
+    if loss:
         handle.losses[self.layer_idx] = indexer_kl_loss_chunked(
             qt,
             kt,
