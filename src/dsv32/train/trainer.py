@@ -333,7 +333,8 @@ def _advice(cfg: StageConfig, weights: bool = False) -> str:
     s = cfg.stage
     if weights:
         return f"resume from the last checkpoint with a lower {s}.lr or a tighter {s}.clip_grad"
-    return f"lower {s}.lr (and {s}.indexer_lr), set {s}.clip_grad, or check model.dtype and the data"
+    lrs = f"{s}.lr" + (f" (and {s}.indexer_lr)" if s == "sparse" else "")
+    return f"lower {lrs}, set {s}.clip_grad, or check model.dtype and the data"
 
 
 def _restore(dm: DSAModel) -> None:
