@@ -403,3 +403,18 @@ def test_union_block_gradients_equal_reference(monkeypatch):
     for a, b in zip(ref_in, fast_in):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-5)
     assert len(calls) >= 2 * B * (T // UNION_BLOCK - 1)  # forward and backward, (nearly) every block
+
+
+def test_prefer_dense_has_its_own_crossover_for_training_bounded_by_memory():
+    k = 256
+    train = dsa.TRAIN_DENSE_CROSSOVER_RATIO
+    assert train > dsa.DENSE_CROSSOVER_RATIO
+    assert not dsa.prefer_dense(2048, 2048, k)  # inference at the demo's shape gathers
+    assert dsa.prefer_dense(2048, 2048, k, training=True)  # training there is cheaper masked
+    assert not dsa.prefer_dense(100, int(train * k) + 1, k, training=True)
+    assert dsa.prefer_dense(100, int(train * k) - 1, k, training=True)
+    assert not dsa.prefer_dense(1, 10, k, training=True)  # one query always gathers
+    # the masked path keeps ~4 bytes per (query, key) pair of the layer's batch: bounded
+    assert dsa.prefer_dense(8192, 8192, 2048, training=True, batch=4)  # the GPU recipe: 2^28 pairs
+    assert not dsa.prefer_dense(8192, 8192, 2048, training=True, batch=5)
+    assert not dsa.prefer_dense(100, 1000, k, crossover_ratio=0, training=True)

@@ -192,3 +192,81 @@ def test_bad_inputs_raise_typed_errors():
         attach_dsa(model, 2, 8, 8)
     with pytest.raises(DSAError, match="families"):
         attach_dsa(torch.nn.Linear(2, 2), 2, 8, 8)
+
+
+def test_sparse_training_takes_the_training_crossover_and_gives_the_gather_paths_gradients(monkeypatch):
+    """With autograd a prefill of 40 tokens at top-8 (T/k = 5, above the inference crossover) runs
+    masked-dense; the gradients are those of the gather path."""
+    import dsv32.dsa.hf.forward as forward
+
+    calls = []
+    for name in ("dense_attention", "sparse_attention"):
+        real = getattr(forward, name)
+        monkeypatch.setattr(
+            forward, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or _real(*a, **kw)
+        )
+    model = tiny("llama")
+    handle = attach_dsa(model, 3, 8, 16)
+    handle.set_mode("sparse")
+    handle.set_topk(8)
+    x = ids()
+    with torch.no_grad():
+        model(x)
+    assert calls == ["sparse_attention"] * 2  # inference: gathers
+    grads = {}
+    for impl in ("auto", "gather"):
+        calls.clear()
+        handle.config.sparse_impl = impl
+        model.zero_grad(set_to_none=True)
+        loss = model(x, labels=x).loss
+        loss.backward()
+        grads[impl] = (
+            loss.detach(),
+            {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+        )
+        assert calls == ["dense_attention" if impl == "auto" else "sparse_attention"] * 2
+    torch.testing.assert_close(grads["auto"][0], grads["gather"][0], atol=2e-5, rtol=1e-5)
+    for name, g in grads["gather"][1].items():
+        torch.testing.assert_close(grads["auto"][1][name], g, atol=2e-5, rtol=1e-4)
+    monkeypatch.setattr("dsv32.dsa.attention.MASKED_TRAIN_MAX_PAIRS", 2 * 40 * 40 - 1)  # over the bound
+    calls.clear()
+    handle.config.sparse_impl = "auto"
+    model(x, labels=x).loss.backward()
+    assert calls == ["sparse_attention"] * 2
+
+
+def test_the_warmup_loss_projects_indexer_queries_only_at_its_query_rows():
+    """Dense warm-up: the KL loss reads the indexer's queries only at its query rows, so only those are
+    projected — online and from a captured view — with the loss and gradients of the full projection."""
+    from dsv32.dsa import indexer_kl_loss_chunked
+
+    model = tiny("llama")
+    handle = attach_dsa(model, 3, 8, 16)
+    handle.set_mode("dense")
+    x, rows = ids(), torch.tensor([3, 9, 17, 30, 39])
+    seen = []
+    for layer in model.model.layers:
+        layer.self_attn.indexer.wq_b.register_forward_hook(lambda m, inp, out: seen.append(inp[0].shape[1]))
+    views = []
+    handle.collect_loss, handle.loss_query_rows = True, rows
+    with handle.observing(views.append):
+        model(x)
+    online = handle.pop_losses()
+    assert seen == [len(rows)] * 2  # not all 40 rows
+    handle.collect_loss, handle.loss_query_rows = False, None
+    for view in views:
+        indexer = view.indexer
+        params = list(indexer.parameters())
+        seen.clear()
+        loss = view.indexer_loss(query_rows=rows)
+        assert seen == [len(rows)]
+        got = torch.autograd.grad(loss, params)
+        iq, ik = view.index_inputs()  # every row projected: the reference
+        want_loss = indexer_kl_loss_chunked(
+            view.q, view.k, iq.q, iq.weights, ik, scale=view.scale, query_rows=rows
+        )
+        want = torch.autograd.grad(want_loss, params)
+        torch.testing.assert_close(loss, want_loss, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(online[view.layer_idx].detach(), want_loss, rtol=1e-6, atol=1e-7)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)

@@ -242,3 +242,61 @@ def test_attention_recall_refuses_a_selection_past_the_keys_or_of_another_shape(
         attention_recall(q, k, {"indexer": torch.full((2, 6, 4), 99)}, scale=0.3)
     with pytest.raises(ValueError, match="must be topk_indices"):
         attention_recall(q, k, torch.zeros(1, 6, 4, dtype=torch.long), scale=0.3)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_chunked_loss_runs_in_fp32_inside_a_bf16_autocast_region(sparse):
+    """Inside a model's bf16 autocast region the loss (and its backward) is the fp32 one, bit for bit."""
+    q, k, iq, iw, ik = make(seed=5, dtype=torch.float32)
+    topk = select_topk(index_scores(iq, iw, ik).detach(), 5) if sparse else None
+    kw = dict(scale=0.4, topk_indices=topk, chunk_size=4)
+    want = indexer_kl_loss_chunked(q, k, iq, iw, ik, **kw)
+    g_want = torch.autograd.grad(want, (iq, iw, ik))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = indexer_kl_loss_chunked(q, k, iq, iw, ik, **kw)
+        g_got = torch.autograd.grad(got, (iq, iw, ik))
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    for a, b in zip(g_got, g_want):
+        assert a.dtype == torch.float32 and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_chunk_sizes_do_not_change_the_chunked_loss_or_its_gradients(sparse):
+    q, k, iq, iw, ik = make(B=2, T=12, S=15, seed=6)
+    pad = torch.ones(2, 15, dtype=torch.bool)
+    pad[1, :4] = False
+    topk = select_topk(index_scores(iq, iw, ik).detach(), 5, key_padding_mask=pad) if sparse else None
+    runs = []
+    for rows in (None, torch.tensor([0, 2, 3, 7, 8, 11])):
+        for chunk in (1, 2, 5, 12, None):
+            loss = indexer_kl_loss_chunked(
+                q, k, iq, iw, ik, scale=0.4, topk_indices=topk, key_padding_mask=pad, query_rows=rows,
+                chunk_size=chunk,
+            )  # fmt: skip
+            runs.append((rows is None, loss, torch.autograd.grad(loss, (iq, iw, ik))))
+    for whole, loss, grads in runs:
+        ref = next(r for r in runs if r[0] == whole)
+        torch.testing.assert_close(loss, ref[1], rtol=1e-5, atol=1e-7)  # fp32 inside: sums in another order
+        for a, b in zip(grads, ref[2]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)  # fp32 inside: sums in another order
+
+
+@pytest.mark.parametrize("rows", [None, [1, 4, 5, 9, 30, 31]])
+def test_the_chunked_loss_reads_nothing_back_from_the_device_per_chunk(rows):
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, iq, iw, ik = make(B=1, T=32, S=32, seed=7, dtype=torch.float32)
+    rows = None if rows is None else torch.tensor(rows)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        loss = indexer_kl_loss_chunked(q, k, iq, iw, ik, scale=0.3, query_rows=rows, chunk_size=2)
+    syncs = [e for e in prof.events() if e.name in ("aten::item", "aten::_local_scalar_dense")]
+    assert not syncs and torch.isfinite(loss)
+
+
+def test_the_chunk_budget_is_larger_on_cuda_and_bounded():
+    from dsv32.dsa.loss import LOSS_CHUNK_ELEMS, LOSS_CHUNK_ELEMS_CUDA, _default_chunk
+
+    heads, width = 9 + 16, 8192  # SmolLM2's 9 heads + 16 indexer heads at 8K tokens (smollm2-gpu.toml)
+    cpu, cuda = _default_chunk(heads, width, "cpu"), _default_chunk(heads, width, torch.device("cuda"))
+    assert cpu * heads * width <= LOSS_CHUNK_ELEMS and cuda * heads * width <= LOSS_CHUNK_ELEMS_CUDA
+    assert cuda >= 16 * cpu and -(-8192 // cuda) <= 64  # at most 64 chunks per layer at 8K tokens

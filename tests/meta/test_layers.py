@@ -10,7 +10,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src" / "dsv32"
 
 # Each package with the packages it may import (transitively downward). The leaf modules
-# `errors`, `jsonl`, `paths`, `recipe` and `runlog` may be imported by anything.
+# `errors`, `jsonl`, `paths`, `recipe`, `runlog` and `training_guard` may be imported by anything.
 LAYERS = {
     "cli": {"train", "rl", "synth", "serve", "eval", "agent", "engine", "envs", "model", "dsa", "chat"},
     "train": {"agent", "engine", "envs", "model", "dsa", "chat"},
@@ -25,7 +25,7 @@ LAYERS = {
     "dsa": set(),
     "chat": set(),
 }
-LEAVES = {"errors", "jsonl", "paths", "recipe", "runlog"}
+LEAVES = {"errors", "jsonl", "paths", "recipe", "runlog", "training_guard"}
 
 
 def _module_name(path: Path) -> str:

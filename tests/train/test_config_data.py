@@ -222,3 +222,61 @@ def test_stage_betas_and_unwritable_out_dirs_are_recipe_errors(tmp_path):
 def test_tiny_models_without_a_tokenizer_are_refused_by_the_commands(tmp_path):
     with pytest.raises(TrainConfigError, match="'tiny-llama': a random test model without a tokenizer"):
         config_from_cli("warmup", {"model": "tiny-llama", "out": str(tmp_path / "out")})
+
+
+def test_a_single_text_file_is_split_by_position_and_trains(tmp_path):
+    """One file cannot be split by its name: each 20,000-character block holds out its last
+    eval_percent % instead, deterministically."""
+    from dsv32.train.data import SPLIT_BLOCK_CHARS, position_split
+
+    text = "".join(f"line {i}: some text of the corpus\n" for i in range(3000))  # ~100K characters
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text)
+    cfg = load_run_config(None, [f"data.source={json.dumps(str(corpus))}", "data.seq_len=256"]).data
+    data = load_token_data(cfg, CharTokenizer(), 50_000, 2_000)
+    assert data.train_sequences().shape[0] > 0 and data.eval_sequences().shape[0] > 0
+    pieces = position_split(text, 5.0)
+    assert "".join(p for _, p in pieces) == text  # every character in exactly one split, in order
+    held = "".join(p for h, p in pieces if h)
+    assert len(held) == round(len(text) * 0.05)
+    assert held[:1000] == text[SPLIT_BLOCK_CHARS - 1000 : SPLIT_BLOCK_CHARS]  # the first block's tail
+    first = bytes(data.eval_stream[:1000].tolist()).decode()
+    assert first == held[:1000]  # the held-out stream is that text
+    assert bytes(data.train_stream[:100].tolist()).decode() == text[:100]
+    again = load_token_data(cfg, CharTokenizer(), 50_000, 2_000)  # a resume reads the same splits
+    assert torch.equal(again.train_stream, data.train_stream)
+    assert torch.equal(again.eval_stream, data.eval_stream)
+    more = load_run_config(None, [f"data.source={json.dumps(str(corpus))}", "data.eval_percent=20"]).data
+    assert load_token_data(more, CharTokenizer(), 10**6, 10**6).eval_stream.numel() > 3 * len(held)
+    with pytest.raises(TrainConfigError, match="eval_percent = 0: must be in"):
+        load_run_config(None, ["data.eval_percent=0"])
+
+
+def test_a_multi_document_source_keeps_its_split_by_name(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(40):
+        (corpus / f"doc{i}.txt").write_text(f"document {i} " * 30)
+    source = f"data.source={json.dumps(str(corpus))}"
+    cfg = load_run_config(None, [source, "data.seq_len=64", "data.eval_percent=20"]).data
+    data = load_token_data(cfg, CharTokenizer(), 10**6, 10**6)
+    held = {d.name for d in list_documents(cfg) if is_held_out(d.name, 20.0)}
+    assert 2 <= len(held) <= 20  # the name split gives each side text: whole documents are held out
+    text = bytes(t for t in data.eval_stream.tolist() if t != 256).decode()
+    assert sorted(text.split("document ")[1:]) == sorted(
+        f"{n.removeprefix('doc').removesuffix('.txt')} " for n in held for _ in range(30)
+    )
+
+
+def test_stage_seeds_are_range_checked_when_the_recipe_is_read():
+    from dsv32.train.config import MAX_SEED
+    from dsv32.train.trainer import _query_rows
+
+    for bad in (2**62, -1):
+        with pytest.raises(TrainConfigError, match=rf"\[warmup\] seed = {bad}: must be in \[0, {MAX_SEED}\]"):
+            config_from_cli("warmup", {"set": [f"warmup.seed={bad}"]})
+    with pytest.raises(TrainConfigError, match=r"StageConfig\.seed = -5"):
+        StageConfig(stage="sparse", seed=-5)
+    cfg = load_run_config(None, [f"sparse.seed={MAX_SEED}", "sparse.loss_queries=4"]).sparse
+    assert len(sequence_order(20, cfg.seed, 10**6, 2)) == 2  # the largest seed makes valid generators
+    assert _query_rows(cfg, 10**7, 3, 16, "cpu").numel() == 4

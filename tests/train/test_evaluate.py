@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 
 from dsv32.dsa import DSAConfig, get_dsa, oracle_topk
 from dsv32.train import ModelSpec, load_dsa_model
-from dsv32.train.evaluate import evaluate_dsa
+from dsv32.train.evaluate import EvalPoint, evaluate_dsa
 from dsv32.train.report import report_dict, write_report
 
 
@@ -64,3 +64,31 @@ def test_native_model_eval_reports_perplexities_only():
     (point,) = evaluate_dsa(dm, seqs, [8], progress=False)
     assert point.attention_recall is None and point.ppl_dsa_untrained is None and point.ppl_dsa_oracle is None
     assert point.ppl_dense > 1 and point.ppl_dsa > 1
+
+
+def test_without_the_untrained_baseline_no_untrained_recall_is_reported():
+    dm = load_dsa_model(
+        ModelSpec(name="tiny-llama"), DSAConfig(index_n_heads=2, index_head_dim=16, index_topk=8)
+    )
+    seqs = {24: torch.randint(0, 257, (1, 24), generator=torch.Generator().manual_seed(2))}
+    short, full = evaluate_dsa(dm, seqs, [8, 64], untrained=False, progress=False)
+    assert short.attention_recall_untrained is None and full.attention_recall_untrained is None
+    assert full.attention_recall == full.attention_recall_oracle == 1.0  # k >= L: complete selections
+    (with_baseline,) = evaluate_dsa(dm, seqs, [64], progress=False)
+    assert with_baseline.attention_recall_untrained == 1.0
+
+
+def test_the_report_names_the_indexer_it_evaluated(tmp_path):
+    from dsv32.train.pipeline import STAGE_LABELS, indexer_label
+    from dsv32.train.report import INDEXER, markdown_report
+
+    for stage in ("warmup", "sparse"):
+        (tmp_path / stage / "model").mkdir(parents=True)
+        (tmp_path / stage / "stage.json").write_text(json.dumps({"model": "smollm2", "stage": stage}))
+    assert indexer_label(str(tmp_path / "sparse" / "model")) == STAGE_LABELS["sparse"]
+    assert indexer_label(str(tmp_path / "warmup" / "model")) == "indexer after the warm-up"
+    assert indexer_label("smollm2") == INDEXER == "the model's indexer"
+    point = EvalPoint(seq_len=16, topk=4, sequences=1, tokens=15, ppl_dense=2.0, ppl_dsa=2.5)
+    text = markdown_report(report_dict([point], indexer=indexer_label(str(tmp_path / "sparse" / "model"))))
+    assert "| DSA, model and indexer after the sparse stage | 2.5000 | +25.00% |" in text
+    assert "warmed-up" not in markdown_report(report_dict([point]))

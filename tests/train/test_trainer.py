@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -176,15 +177,44 @@ def test_a_stage_resumes_only_its_own_run_and_checks_everything_before_writing(t
     with pytest.raises(
         CheckpointError, match=r"weights.safetensors does not fit the model \(.* in the checkpoint"
     ):
-        train_stage(wide, data, StageConfig(stage="warmup", steps=4, batch_size=2, lr=1e-2), out,
+        train_stage(wide, data, StageConfig(stage="warmup", steps=2, batch_size=2, lr=1e-2), out,
                     progress=False, run=run)  # fmt: skip
     with pytest.raises(TrainConfigError, match="replay_pool=3 must be a multiple of batch_size=2"):
         train_stage(load(), data, StageConfig(stage="warmup", steps=500, batch_size=2, lr=0.9, replay=2,
                     replay_pool=3), out, progress=False, resume=False)  # fmt: skip
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
-    longer = train_stage(load(), data, StageConfig(stage="warmup", steps=3, batch_size=2, lr=1e-2), out,
-                         progress=False, run=run)  # fmt: skip
-    assert longer.steps == 3 and [m["step"] for m in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
+    again = train_stage(load(), data, cfg, out, progress=False, run=run)  # finished: nothing to do
+    assert again.steps == 2 and [m["step"] for m in read_metrics(out / "metrics.jsonl")] == [1, 2]
+
+
+@pytest.mark.parametrize("stage", ["warmup", "sparse"])
+def test_resuming_with_another_number_of_steps_is_refused(tmp_path, stage):
+    """``steps`` sets the cosine schedule (and how many sequences a run packs): extending a finished
+    run would jump the learning rate back up and re-read data, so it is refused with a clear message."""
+    from dsv32.runlog import CheckpointError
+
+    data, out = token_data(), tmp_path / stage
+    cfg = StageConfig(
+        stage=stage, steps=4, batch_size=2, lr=1e-2, index_topk=8 if stage == "sparse" else None
+    )
+    train_stage(load(), data, cfg, out, progress=False, stop_after=2)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    for steps in (8, 3):
+        with pytest.raises(
+            CheckpointError,
+            match=rf"step_000002 belongs to a 4-step {stage} stage, not {steps}: the number of steps sets the "
+            r"learning-rate schedule.*\(--steps 4\)",
+        ):
+            train_stage(load(), data, replace(cfg, steps=steps), out, progress=False)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    with pytest.raises(
+        CheckpointError, match=rf"another run \({stage}.lr 0.01 → 0.02, {stage}.steps 4 → 8\)"
+    ):
+        train_stage(load(), data, replace(cfg, steps=8, lr=2e-2), out, progress=False)
+    done = train_stage(load(), data, cfg, out, progress=False)  # the same steps resume
+    assert [m["step"] for m in done.metrics] == [3, 4]
+    fresh = train_stage(load(), data, replace(cfg, steps=8), out, progress=False, resume=False)
+    assert fresh.steps == 8
 
 
 def test_dsa_stages_take_no_resume():
@@ -192,3 +222,67 @@ def test_dsa_stages_take_no_resume():
 
     assert build_parser().parse_args(["dsa", "warmup", "--no-resume"]).no_resume
     assert not build_parser().parse_args(["dsa", "sparse"]).no_resume
+
+
+def test_the_logged_learning_rates_are_the_ones_the_optimizer_used(tmp_path, monkeypatch):
+    from dsv32.train import TrainConfigError
+    from dsv32.train.config import load_run_config
+
+    with pytest.raises(
+        TrainConfigError, match=r"\[warmup\] indexer_lr = 0.5: the warm-up trains only the indexer"
+    ):
+        load_run_config(None, ["warmup.indexer_lr=0.5"])
+    with pytest.raises(TrainConfigError, match="indexer_lr is the sparse stage's"):
+        StageConfig(stage="warmup", indexer_lr=0.5)
+    used, step = [], torch.optim.AdamW.step
+
+    def spy(self, *args, **kwargs):
+        used.append({g["side"]: g["lr"] for g in self.param_groups})
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", spy)
+    cfg = StageConfig(
+        stage="sparse", steps=3, batch_size=2, lr=1e-3, indexer_lr=0.5, warmup_steps=1, index_topk=8
+    )
+    result = train_stage(load(), token_data(), cfg, tmp_path / "s", progress=False)
+    assert [(m["lr"], m["lr_indexer"]) for m in result.metrics] == [(u["model"], u["indexer"]) for u in used]
+    assert result.metrics[0]["lr_indexer"] == 0.5 and result.metrics[0]["lr"] == 1e-3
+    used.clear()
+    warm = train_stage(load(), token_data(), StageConfig(stage="warmup", steps=2, batch_size=2, lr=3e-3), tmp_path / "w",
+                       progress=False)  # fmt: skip
+    assert [m["lr"] for m in warm.metrics] == [
+        u["indexer"] for u in used
+    ] and "lr_indexer" not in warm.metrics[0]
+
+
+def test_the_demo_and_dsa_sparse_train_at_the_same_top_k(tmp_path, monkeypatch):
+    """The sparse stage's top-k is ``sparse.index_topk``, else the model's DSA config — in ``dsv32 demo``
+    as in ``dsv32 dsa sparse`` — never the evaluation's first top-k."""
+    import dsv32.train.pipeline as pipeline
+    from dsv32.train.config import load_run_config
+
+    (tmp_path / "doc.txt").write_text("text")
+    cfg = load_run_config(
+        None,
+        [
+            "model.name=tiny-llama", "dsa.index_n_heads=2", "dsa.index_head_dim=16", "dsa.index_topk=8",
+            f"data.source={json.dumps(str(tmp_path / 'doc.txt'))}", "data.seq_len=32", "eval.seq_lens=[32]",
+            "eval.topks=[4]", "eval.sequences=1", "warmup.steps=1", "warmup.batch_size=2", "sparse.steps=1",
+            "sparse.batch_size=2", f"out_dir={json.dumps(str(tmp_path / 'run'))}",
+        ],
+    )  # fmt: skip
+    monkeypatch.setattr(pipeline, "prepare_data", lambda *a, **k: token_data())
+    trained_at, real = {}, pipeline.train_stage
+
+    def train_stage(dm, data, stage_cfg, *args, **kwargs):
+        result = real(dm, data, stage_cfg, *args, **kwargs)
+        trained_at[stage_cfg.stage] = dm.topk
+        return result
+
+    monkeypatch.setattr(pipeline, "train_stage", train_stage)
+    pipeline.run_demo(cfg, progress=False)
+    assert trained_at["sparse"] == 8  # the model's DSA config, not eval.topks[0] = 4
+    pipeline.run_stage(cfg, "sparse", tmp_path / "stage", progress=False)
+    assert trained_at["sparse"] == 8
+    pipeline.run_demo(replace(cfg, sparse=replace(cfg.sparse, index_topk=6)), progress=False)
+    assert trained_at["sparse"] == 6

@@ -12,6 +12,8 @@
 - :func:`prefer_dense`, :data:`DENSE_CROSSOVER_RATIO`, :data:`MLA_KERNEL_CROSSOVER_RATIO`,
   :data:`GQA_KERNEL_CROSSOVER_RATIO` — the measured length below which masked-dense prefill beats the
   sparse path (``benchmarks/attention.py --crossover``, ``benchmarks/attention_gqa.py``);
+  :data:`TRAIN_DENSE_CROSSOVER_RATIO`, :data:`MASKED_TRAIN_MAX_PAIRS` — the same for training
+  (forward and backward), bounded by the masked path's memory;
 - :mod:`dsv32.dsa.kernels` — fused kernels behind the fast paths: C for the CPU (built at first use),
   Triton for CUDA;
 - :func:`indexer_kl_loss`, :func:`indexer_kl_loss_chunked` — the indexer's KL objective (Eq. 3/4);
@@ -25,8 +27,10 @@
 from dsv32.dsa.attention import (
     DENSE_CROSSOVER_RATIO,
     GQA_KERNEL_CROSSOVER_RATIO,
+    MASKED_TRAIN_MAX_PAIRS,
     MLA_KERNEL_CROSSOVER_RATIO,
     SPARSE_IMPLS,
+    TRAIN_DENSE_CROSSOVER_RATIO,
     dense_attention,
     dense_mla_attention,
     gqa_kernel_would_run,
@@ -74,8 +78,10 @@ from dsv32.dsa.rope import apply_rotary
 __all__ = [
     "DENSE_CROSSOVER_RATIO",
     "GQA_KERNEL_CROSSOVER_RATIO",
+    "MASKED_TRAIN_MAX_PAIRS",
     "MLA_KERNEL_CROSSOVER_RATIO",
     "SPARSE_IMPLS",
+    "TRAIN_DENSE_CROSSOVER_RATIO",
     "DSAConfig",
     "DSAError",
     "DSAHandle",

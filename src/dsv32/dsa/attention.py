@@ -48,6 +48,16 @@ DENSE_CROSSOVER_RATIO = 4.6
 MLA_KERNEL_CROSSOVER_RATIO = 2.6
 GQA_KERNEL_CROSSOVER_RATIO = 2.6
 
+# Training (forward + backward with autograd) has its own crossover: the gather path recomputes its
+# chunks in the backward, and SDPA's fused masked kernel backpropagates cheaply, so the masked-dense
+# path wins up to ``TRAIN_DENSE_CROSSOVER_RATIO · k`` keys (SmolLM2 layers on the CPU, T 512–4096, k
+# 64–512: faster at every T/k <= 8, slower at every T/k >= 16; docs/results.md). It keeps about 4 bytes
+# per (query, key) pair of a layer's batch for the backward (SDPA's fused kernel keeps the mask, not
+# [H, T, S] probabilities), so it is taken only up to ``MASKED_TRAIN_MAX_PAIRS`` pairs per layer
+# (~1 GB; 4 × 8K × 8K, the GPU recipe's, is at the bound).
+TRAIN_DENSE_CROSSOVER_RATIO = 12.0
+MASKED_TRAIN_MAX_PAIRS = 1 << 28
+
 
 def prefer_dense(
     num_queries: int,
@@ -57,13 +67,22 @@ def prefer_dense(
     *,
     mla_kernel: bool = False,
     gqa_kernel: bool = False,
+    training: bool = False,
+    batch: int = 1,
 ) -> bool:
     """Whether a prefill of ``num_queries`` queries over ``num_keys`` keys with top-``topk`` selection
     is faster masked-dense than sparse: ``num_keys < crossover_ratio · topk`` (default
     :data:`DENSE_CROSSOVER_RATIO`; :data:`MLA_KERNEL_CROSSOVER_RATIO` or
     :data:`GQA_KERNEL_CROSSOVER_RATIO` when ``mla_kernel`` / ``gqa_kernel`` say the sparse side would
-    run that C kernel). Decoding (one query) always gathers. Set the ratio to 0 to always use the
-    sparse path, or to ``float("inf")`` to always use the masked-dense one."""
+    run that C kernel). ``training`` (forward and backward with autograd): default ratio
+    :data:`TRAIN_DENSE_CROSSOVER_RATIO`, and only while the layer's ``batch · num_queries ·
+    num_keys`` pairs stay within :data:`MASKED_TRAIN_MAX_PAIRS`. Decoding (one query) always gathers.
+    Set the ratio to 0 to always use the sparse path, or to ``float("inf")`` to always use the
+    masked-dense one."""
+    if training:
+        ratio = TRAIN_DENSE_CROSSOVER_RATIO if crossover_ratio is None else crossover_ratio
+        pairs = batch * num_queries * num_keys
+        return num_queries > 1 and num_keys < ratio * topk and pairs <= MASKED_TRAIN_MAX_PAIRS
     default = (
         MLA_KERNEL_CROSSOVER_RATIO
         if mla_kernel

@@ -279,7 +279,8 @@ def indexer_topk(
         key_block=key_block or INDEXER_KEY_BLOCK,
         window=window or INDEXER_TOPK_WINDOW,
     )
-    with torch.no_grad():  # indices only: nothing here is differentiable
+    # indices only: nothing here is differentiable; fp32 scores also inside a bf16 autocast region
+    with torch.no_grad(), torch.autocast(q.device.type, enabled=False):
         for start in range(0, T, chunk):
             stop = min(start + chunk, T)
             out[:, start:stop] = plan.select(q[:, start:stop].float(), gates[:, start:stop], start)

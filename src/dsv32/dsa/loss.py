@@ -34,8 +34,17 @@ import torch
 
 from dsv32.dsa.indexer import visible_mask
 
-# Query rows per chunk of the chunked loss: chunk · heads · visible keys ≈ this many fp32 logits.
+# Query rows per chunk of the chunked losses: chunk · heads · visible keys ≈ this many fp32 logits per
+# sequence. On the CPU a cache-sized budget (8 MB); on CUDA a memory budget (128 MB of logits, under
+# 1 GB of chunk temporaries per sequence with the indexer's) that keeps kernels large and chunks few.
 LOSS_CHUNK_ELEMS = 1 << 21
+LOSS_CHUNK_ELEMS_CUDA = 1 << 25
+
+
+def _fp32(device: torch.device):
+    """Autocast off: the loss's matmuls run in fp32 even inside a model's bf16 autocast region (the
+    indexer's scores are fp32 by contract, and a bf16 ``d_ik`` could not be added into fp32 sums)."""
+    return torch.autocast(device.type, enabled=False)
 
 
 def _key_set(
@@ -92,8 +101,9 @@ def indexer_kl_loss(
     T, S = index_scores.shape[1:]
     keys = _key_set(T, S, index_scores.device, key_padding_mask, topk_indices)
     keys = keys.expand(index_scores.shape)
-    total, count = _kl_rows(attn_probs.detach().float().sum(1), index_scores, keys)
-    return total / count.clamp_min(1)
+    with _fp32(index_scores.device):
+        total, count = _kl_rows(attn_probs.detach().float().sum(1), index_scores, keys)
+        return total / count.clamp_min(1)
 
 
 def _attention_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -102,7 +112,8 @@ def _attention_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     B, n, H, D = q.shape
     Hkv = k.shape[2]
     qg = q.float().view(B, n, Hkv, H // Hkv, D).permute(0, 2, 1, 3, 4).reshape(B, Hkv, n * (H // Hkv), D)
-    logits = torch.matmul(qg, k.float().permute(0, 2, 3, 1))  # [B, Hkv, n·G, S]
+    with _fp32(q.device):
+        logits = torch.matmul(qg, k.float().permute(0, 2, 3, 1))  # [B, Hkv, n·G, S]
     return logits.view(B, Hkv, n, H // Hkv, -1).permute(0, 2, 1, 3, 4).reshape(B, n, H, -1)
 
 
@@ -126,7 +137,9 @@ class _Chunked:
             self.g_iw = torch.zeros_like(iw, dtype=torch.float32)
             self.g_ik = torch.zeros_like(self.ik)
 
-    def __call__(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, rows: torch.Tensor, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rows``: the chunk's query positions; ``w``: one past the last key any of them sees (given
+        by the caller, so no chunk reads it back from the device)."""
         B, H, Hkv = self.B, self.H, self.Hkv
         G = H // Hkv
         n = rows.numel()
@@ -136,8 +149,7 @@ class _Chunked:
         iq = self.iq[:, rows].float()  # [B, n, H_I, D_I]
         iw = self.iw[:, rows].float()  # [B, n, H_I]
         HI, DI = iq.shape[2:]
-        if self.topk is None:
-            w = int(last.max()) + 1  # keys after the chunk's last query are never visible: skip them
+        if self.topk is None:  # keys after the chunk's last query are never visible: skip them
             keys = (torch.arange(w, device=rows.device) <= last.unsqueeze(1)).unsqueeze(0)  # [1, n, w]
             if self.pad is not None:
                 keys = keys & self.pad[:, :w].unsqueeze(1)
@@ -188,23 +200,37 @@ class _Chunked:
         return total, valid.sum()
 
 
-def _default_chunk(heads: int, width: int) -> int:
-    return max(1, LOSS_CHUNK_ELEMS // max(1, heads * width))
+def _default_chunk(heads: int, width: int, device: torch.device | str = "cpu") -> int:
+    """Query rows per chunk: :data:`LOSS_CHUNK_ELEMS` (CPU) or :data:`LOSS_CHUNK_ELEMS_CUDA` logits."""
+    budget = LOSS_CHUNK_ELEMS_CUDA if torch.device(device).type == "cuda" else LOSS_CHUNK_ELEMS
+    return max(1, budget // max(1, heads * width))
+
+
+def _chunk_widths(query_rows: torch.Tensor | None, T: int, S: int, chunk: int) -> list[int]:
+    """Per chunk of ``chunk`` query rows, one past the last key its queries see — from the host (one
+    copy of ``query_rows`` per call, nothing per chunk)."""
+    if query_rows is None:
+        return [min(a + chunk, T) + S - T for a in range(0, T, chunk)]
+    rows = query_rows.cpu().tolist()
+    return [max(rows[a : a + chunk]) + 1 + S - T for a in range(0, len(rows), chunk)]
 
 
 class _ChunkedIndexerKL(torch.autograd.Function):
     """Chunked Eq. 3/4 whose input gradients are accumulated during the forward pass."""
 
     @staticmethod
-    def forward(ctx, iq, iw, ik, q, k, scale, topk_indices, key_padding_mask, query_rows, chunk, grads):
-        run = _Chunked(q, k, scale, iq, iw, ik, topk_indices, key_padding_mask, grads)
-        total = torch.zeros((), dtype=torch.float32, device=q.device)
-        count = torch.zeros((), dtype=torch.long, device=q.device)
-        for a in range(0, query_rows.numel(), chunk):
-            s, c = run(query_rows[a : a + chunk])
-            total += s
-            count += c
-        n = count.clamp_min(1).to(torch.float32)
+    def forward(
+        ctx, iq, iw, ik, q, k, scale, topk_indices, key_padding_mask, query_rows, chunk, grads, widths
+    ):
+        with _fp32(q.device):
+            run = _Chunked(q, k, scale, iq, iw, ik, topk_indices, key_padding_mask, grads)
+            total = torch.zeros((), dtype=torch.float32, device=q.device)
+            count = torch.zeros((), dtype=torch.long, device=q.device)
+            for a, w in zip(range(0, query_rows.numel(), chunk), widths):
+                s, c = run(query_rows[a : a + chunk], w)
+                total += s
+                count += c
+            n = count.clamp_min(1).to(torch.float32)
         if grads:
             ctx.save_for_backward(run.g_iq / n, run.g_iw / n, run.g_ik / n)
             ctx.dtypes = (iq.dtype, iw.dtype, ik.dtype)
@@ -214,12 +240,14 @@ class _ChunkedIndexerKL(torch.autograd.Function):
     def backward(ctx, grad_out):
         g_iq, g_iw, g_ik = ctx.saved_tensors
         d_iq, d_iw, d_ik = ctx.dtypes
-        return (
-            (g_iq * grad_out).to(d_iq),
-            (g_iw * grad_out).to(d_iw),
-            (g_ik * grad_out).to(d_ik),
-            *([None] * 8),
-        )
+        with _fp32(g_iq.device):
+            grad_out = grad_out.float()
+            return (
+                (g_iq * grad_out).to(d_iq),
+                (g_iw * grad_out).to(d_iw),
+                (g_ik * grad_out).to(d_ik),
+                *([None] * 9),
+            )
 
 
 def indexer_kl_loss_chunked(
@@ -274,7 +302,12 @@ def indexer_kl_loss_chunked(
         raise ValueError(f"{T} queries but only {S} keys: queries are aligned to the end of the keys")
     rows = torch.arange(T, device=q.device) if query_rows is None else query_rows.to(q.device, torch.long)
     width = S if topk_indices is None else topk_indices.shape[-1]
-    chunk = chunk_size or _default_chunk(H + index_q.shape[2], width)
+    chunk = chunk_size or _default_chunk(H + index_q.shape[2], width, q.device)
+    widths = (
+        _chunk_widths(query_rows, T, S, chunk)
+        if topk_indices is None
+        else [width] * -(-rows.numel() // chunk)
+    )
     grads = torch.is_grad_enabled() and any(t.requires_grad for t in (index_q, index_weights, index_k))
     return _ChunkedIndexerKL.apply(
         index_q,
@@ -288,6 +321,7 @@ def indexer_kl_loss_chunked(
         rows,
         chunk,
         grads,
+        widths,
     )
 
 
@@ -370,7 +404,7 @@ def attention_recall(
         if idx.numel() and int(idx.max()) >= S:
             raise IndexError(f"{label} selects key {int(idx.max())} but there are only {S} keys")
     out = {name: RecallSums() for name in sels}
-    chunk = chunk_size or _default_chunk(H, S)
+    chunk = chunk_size or _default_chunk(H, S, q.device)
     n_visible_pad = None
     if key_padding_mask is not None:
         n_visible_pad = key_padding_mask.bool().long().cumsum(-1)  # real keys up to each position
@@ -424,7 +458,7 @@ def oracle_topk(
     S = k.shape[1]
     K = min(topk, S)
     out = torch.full((B, T, K), -1, dtype=torch.long, device=q.device)
-    chunk = chunk_size or _default_chunk(H, S)
+    chunk = chunk_size or _default_chunk(H, S, q.device)
     for rows, keys, p in _head_summed_attention(q, k, scale, key_padding_mask, chunk):
         n_take = min(K, p.shape[-1])
         values, idx = p.masked_fill(~keys, -1.0).topk(n_take, dim=-1)

@@ -61,7 +61,7 @@ from dsv32.rl.trainer import (
     task_files,
     update_means,
 )
-from dsv32.rl.update import UpdateGuard
+from dsv32.rl.update import rl_guard
 from dsv32.runlog import append_metrics
 
 logger = logging.getLogger(__name__)
@@ -294,7 +294,7 @@ def train_agentic(
     out = Path(rl.out_dir)
     ref = reference_policy(policy, g)
     optimizer = make_optimizer(policy, g)
-    guard = UpdateGuard(g.max_skipped_updates)
+    guard = rl_guard(g.max_skipped_updates)
 
     def evaluate(step: int, path: Path) -> dict:
         return _eval(policy, held, cfg, step, path)

@@ -35,7 +35,7 @@ from dsv32.rl.rewards import RewardFunction
 from dsv32.rl.rewards_setup import RewardSetup, build_reward_fn, judge_counts, reward_setup, score
 from dsv32.rl.rollout import SamplingConfig, TurnHook, check_context, generation_budget, rollout
 from dsv32.rl.tasks import ArithmeticWordProblems, JsonlTasks, MixedTasks, Task
-from dsv32.rl.update import UpdateGuard, check_finite_weights, grpo_update
+from dsv32.rl.update import UpdateGuard, check_finite_policy, grpo_update, rl_guard
 from dsv32.runlog import (
     RUN_OUTPUTS,
     StepCheckpoints,
@@ -190,7 +190,7 @@ def train_grpo(
         g = replace(g, keep_routing=False)  # dense models have no routing to keep
     ref = reference_policy(policy, g)
     optimizer = make_optimizer(policy, g)
-    guard = UpdateGuard(g.max_skipped_updates)
+    guard = rl_guard(g.max_skipped_updates)
 
     def evaluate(step: int, path: Path) -> dict:
         return _eval(policy, held_out, reward_fn, cfg, step, path, progress)
@@ -288,7 +288,7 @@ def run_steps(
     the process had been killed; ``evaluate`` None: no held-out items. ``run``: the run's identity,
     compared with the checkpoint's before resuming (:mod:`dsv32.runlog`); ``meta``: JSON files
     (name → content) written once every check has passed; ``guard``: the run's
-    :class:`~dsv32.rl.update.UpdateGuard`, whose streak of skipped updates is saved with each
+    :class:`~dsv32.training_guard.UpdateGuard`, whose streak of skipped updates is saved with each
     checkpoint and restored on resume. A resumed run cuts ``eval.jsonl`` back to
     the checkpoint's step like ``metrics.jsonl``, and reuses a held-out result logged for a step
     instead of evaluating that step again."""
@@ -306,8 +306,7 @@ def run_steps(
         truncate_metrics(eval_path, step)
         logged = {r["step"]: r for r in read_metrics(eval_path)}
         if guard is not None:
-            streak = ckpts.state(ckpts.resumed_from).get("skipped_streak", 0)
-            guard.streak = streak if isinstance(streak, int) and streak >= 0 else 0
+            guard.restore(ckpts.state(ckpts.resumed_from))
         result.eval_before = logged.get(0)
         logger.info("rl: resumed from %s (step %d)", ckpts.resumed_from, step)
     else:
@@ -339,7 +338,7 @@ def run_steps(
             if due and evaluate is not None:
                 evaluate(step, eval_path)
             if (save_every and step % save_every == 0) or step == last:
-                check_finite_weights(policy.model, step)  # keep=1: a NaN checkpoint would be the only one
+                check_finite_policy(policy.model, step)  # keep=1: a NaN checkpoint would be the only one
                 ckpts.save(step, policy.model, optimizer, skipped_streak=guard.streak if guard else 0)
     finally:
         bar.close()

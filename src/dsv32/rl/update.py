@@ -3,62 +3,35 @@ each split into micro-batches whose gradients sum to the mini-batch's, then one 
 
 A step whose loss or gradient norm is not finite is skipped (its gradients are dropped and the
 weights left as they were) and counted as ``skipped_updates``; :class:`UpdateGuard` stops the run
-with :class:`NonFiniteUpdateError` after ``grpo.max_skipped_updates`` such steps in a row."""
+with :class:`NonFiniteUpdateError` after ``grpo.max_skipped_updates`` such steps in a row. The guard
+lives in :mod:`dsv32.training_guard` (every trainer shares it); its names are re-exported here."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
-from dsv32.errors import DSV32Error
 from dsv32.rl.config import GRPOConfig
 from dsv32.rl.loss import OutputTotals, grpo_loss, output_index, sequence_kl_coefs
 from dsv32.rl.policy import Policy
 from dsv32.rl.rollout import Rollouts
+from dsv32.training_guard import NonFiniteUpdateError, UpdateGuard, check_finite_weights
+
+#: What a user can change when GRPO updates stay non-finite (the guard's message ends with it).
+RL_ADVICE = "lower grpo.lr, set grpo.clip_grad, or check the rewards and the model's dtype"
+#: What to do when the policy's weights are found non-finite before a checkpoint.
+RL_WEIGHTS_ADVICE = "resume from the last checkpoint with a lower grpo.lr or a tighter grpo.clip_grad"
 
 
-class NonFiniteUpdateError(DSV32Error, RuntimeError):
-    """The policy's loss or gradients stayed NaN/inf for too many optimizer steps in a row, or its
-    weights are not finite: the run stops, and no checkpoint is written from such weights."""
+def rl_guard(limit: int) -> UpdateGuard:
+    """The :class:`UpdateGuard` of a GRPO run: ``grpo.max_skipped_updates`` in a row stop it."""
+    return UpdateGuard(limit, advice=RL_ADVICE)
 
 
-@dataclass
-class UpdateGuard:
-    """Counts optimizer steps skipped in a row for a non-finite loss or gradient norm; the
-    ``limit``-th raises :class:`NonFiniteUpdateError`. One guard per run: a streak spans steps, and a
-    resume (the training loop saves it with each checkpoint)."""
-
-    limit: int
-    streak: int = 0
-
-    def allows(self, finite: bool, grad_norm: float) -> bool:
-        """Whether the optimizer step may be taken; a non-finite one extends the streak."""
-        if finite:
-            self.streak = 0
-            return True
-        self.streak += 1
-        if self.streak >= self.limit:
-            raise NonFiniteUpdateError(
-                f"{self.streak} optimizer steps in a row had a non-finite loss or gradient norm (last "
-                f"gradient norm {grad_norm}); all were skipped and the weights are unchanged: lower grpo.lr, "
-                "set grpo.clip_grad, or check the rewards and the model's dtype"
-            )
-        return False
-
-
-def check_finite_weights(model: torch.nn.Module, step: int) -> None:
-    """Raise :class:`NonFiniteUpdateError` when a parameter of ``model`` holds NaN or inf."""
-    params = list(model.named_parameters())
-    if bool(torch.stack([torch.isfinite(p).all() for _, p in params]).all()):
-        return
-    bad = [name for name, p in params if not bool(torch.isfinite(p).all())]
-    raise NonFiniteUpdateError(
-        f"after step {step} the policy's weights hold NaN or inf ({', '.join(bad[:3])}"
-        f"{', …' if len(bad) > 3 else ''}); no checkpoint or model is written from them: resume from the "
-        "last checkpoint with a lower grpo.lr or a tighter grpo.clip_grad"
-    )
+def check_finite_policy(model: torch.nn.Module, step: int) -> None:
+    """:func:`check_finite_weights` for the policy, with GRPO's advice."""
+    check_finite_weights(model, step, whose="policy's", advice=RL_WEIGHTS_ADVICE)
 
 
 def grpo_update(
@@ -105,7 +78,7 @@ def grpo_update(
     sampling = batch.sampling_logprobs
     old = _batch_logprobs(policy, batch, cfg, temperature) if cfg.old_logprobs == "recompute" else sampling
     size = max(1, n_outputs // cfg.mini_batches)
-    guard = guard if guard is not None else UpdateGuard(cfg.max_skipped_updates)
+    guard = guard if guard is not None else rl_guard(cfg.max_skipped_updates)
     records = []
     for _ in range(cfg.epochs):
         order = torch.randperm(n_outputs, generator=generator).to(device)
@@ -236,4 +209,11 @@ def _batch_logprobs(policy: Policy, batch: Rollouts, cfg: GRPOConfig, temperatur
     )
 
 
-__all__ = ["NonFiniteUpdateError", "UpdateGuard", "check_finite_weights", "grpo_update"]
+__all__ = [
+    "NonFiniteUpdateError",
+    "UpdateGuard",
+    "check_finite_policy",
+    "check_finite_weights",
+    "grpo_update",
+    "rl_guard",
+]

@@ -1,7 +1,13 @@
 """Configs of DSA continued pre-training (paper §2.1.1) as plain dataclasses, read from TOML.
 
-Every field has the paper's value where the paper gives one; a TOML recipe (``configs/*.toml``)
-overrides any subset, and the CLI overrides single fields with ``--set section.field=value``.
+Defaults. The paper's values: the learning rates (warm-up 1e-3, sparse 7.3e-6) and the warm-up's
+1000 steps of 16 sequences. Scaled for a small model on one machine: 2048-token sequences (paper:
+128K), a sparse stage of 1000 steps of 16 sequences (paper: 15000 of 480), and the sparse top-k,
+taken from the model's DSA config (:class:`~dsv32.dsa.hf.DSAConfig`: 256; paper: 2048). AdamW's
+betas (0.9, 0.95), the sparse stage's weight decay 0.1 and clipping at 1.0 are DeepSeek-V3's
+pre-training settings; the cosine decay to 0.1 · lr is this implementation's choice (the paper gives
+no schedule). A TOML recipe (``configs/*.toml``) overrides any subset, and the CLI overrides single
+fields with ``--set section.field=value``.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ from dsv32.recipe import (
 )
 
 STAGES = ("warmup", "sparse")
+#: Largest stage seed: the trainer derives torch generator seeds from it (``seed · 1000033 + …``),
+#: which must stay within the generator's 64-bit range.
+MAX_SEED = 2**32 - 1
 
 
 class TrainConfigError(RecipeError):
@@ -67,9 +76,11 @@ class DataConfig(Checked, error=TrainConfigError):
     download), a text file, a ``.jsonl`` file (field ``text_field``), or a directory (its files with
     ``extensions``, recursively); several sources separated by ``,``. A document (file or JSONL record)
     goes to the held-out split when a hash of its name falls under ``eval_percent`` — deterministic
-    and independent of the other documents. Documents are joined with the tokenizer's end-of-text
-    token and cut into sequences; at most ``max_train_tokens`` / ``max_eval_tokens`` are tokenized
-    (None: as needed by the run).
+    and independent of the other documents. When that leaves a split without one sequence (a single
+    file, a few documents), every document is split by position instead: the last ``eval_percent`` %
+    of each block of 20,000 characters is held out (:func:`dsv32.train.data.position_split`).
+    Documents are joined with the tokenizer's end-of-text token and cut into sequences; at most
+    ``max_train_tokens`` / ``max_eval_tokens`` are tokenized (None: as needed by the run).
     """
 
     RANGES: ClassVar[dict[str, Rule]] = {
@@ -77,7 +88,7 @@ class DataConfig(Checked, error=TrainConfigError):
             _sources_exist, "'stdlib' or existing files/directories, separated by ','", on_disk=True
         ),
         "seq_len": at_least(2),
-        "eval_percent": in_range(0, 100),
+        "eval_percent": Rule(lambda v: 0 < v < 100, "in (0, 100): both splits are needed"),
         "max_train_tokens": at_least(1),
         "max_eval_tokens": at_least(1),
     }
@@ -108,6 +119,13 @@ class StageConfig(Checked, error=TrainConfigError):
     frozen model's activations of each pool of ``replay_pool`` sequences are computed once and the
     indexer trains on them for ``replay`` passes (1: every step runs the model; exact for the frozen
     model, it only reuses data).
+
+    ``seed`` (0 … 2³² − 1) sets the order of the sequences and the query subsamples.
+
+    ``max_skipped_updates``: an optimizer step whose loss or gradient norm is NaN/inf is skipped (the
+    weights and AdamW's moments stay as they were; ``skipped_updates`` in the metrics); this many in
+    a row stop the stage with ``NonFiniteUpdateError``. The weights are checked before every
+    checkpoint: none is written from non-finite weights.
     """
 
     RANGES: ClassVar[dict[str, Rule]] = {
@@ -129,6 +147,8 @@ class StageConfig(Checked, error=TrainConfigError):
         "save_every": NON_NEGATIVE,
         "keep_checkpoints": at_least(1),
         "log_every": at_least(1),
+        "max_skipped_updates": at_least(1),
+        "seed": in_range(0, MAX_SEED),
     }
 
     stage: str = "warmup"
@@ -136,7 +156,7 @@ class StageConfig(Checked, error=TrainConfigError):
     batch_size: int = 16
     grad_accum: int = 1
     lr: float | None = None  # None: the paper's (warmup 1e-3, sparse 7.3e-6)
-    indexer_lr: float | None = None  # sparse stage; None: same as lr
+    indexer_lr: float | None = None  # sparse stage only; None: same as lr
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     warmup_steps: int = 0
@@ -149,6 +169,7 @@ class StageConfig(Checked, error=TrainConfigError):
     save_every: int = 0  # checkpoint every N steps (0: only at the end)
     keep_checkpoints: int = 2
     log_every: int = 1
+    max_skipped_updates: int = 3
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -158,6 +179,11 @@ class StageConfig(Checked, error=TrainConfigError):
         if self.replay > 1 and self.stage != "warmup":
             raise TrainConfigError(
                 "replay > 1 needs a frozen model: only the warm-up stage can reuse activations"
+            )
+        if self.indexer_lr is not None and self.stage == "warmup":
+            raise TrainConfigError(
+                f"indexer_lr = {self.indexer_lr}: the warm-up trains only the indexer, at lr; "
+                "indexer_lr is the sparse stage's (its model and indexer train at different rates)"
             )
 
     @property

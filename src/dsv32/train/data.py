@@ -5,6 +5,12 @@ files never moves another file across the split), and documents are visited in a
 (so a token budget samples the whole corpus, not its first folder). Documents are joined with the
 tokenizer's end-of-text token and the stream is cut into ``seq_len`` sequences.
 
+A source with too few documents for that split — one text file, or a few — would leave a split
+without a single sequence. Then, and only then, every document is split *by position* instead: it is
+cut into blocks of :data:`SPLIT_BLOCK_CHARS` characters and the last ``eval_percent`` % of each
+block is held out (:func:`position_split`). Both rules depend only on the source and the recipe, so a
+run and its resume read the same splits.
+
 The default source, ``"stdlib"``, is the Python standard library's ``.py`` sources
 (``sysconfig.get_paths()["stdlib"]``, without ``site-packages``): real, long, varied text that every
 machine with Python already has.
@@ -129,6 +135,23 @@ def is_held_out(name: str, eval_percent: float) -> bool:
     return _hash(f"split:{name}") % 10_000 < eval_percent * 100
 
 
+#: Block length of the position split: the held-out text of a document is spread over it every this
+#: many characters.
+SPLIT_BLOCK_CHARS = 20_000
+
+
+def position_split(text: str, eval_percent: float) -> list[tuple[bool, str]]:
+    """A document's text as ``(held_out, piece)`` pieces in order: each block of
+    :data:`SPLIT_BLOCK_CHARS` characters (the last one shorter) gives its first part to training
+    and its last ``eval_percent`` % (rounded to whole characters) to the held-out split."""
+    pieces: list[tuple[bool, str]] = []
+    for start in range(0, len(text), SPLIT_BLOCK_CHARS):
+        block = text[start : start + SPLIT_BLOCK_CHARS]
+        cut = len(block) - round(len(block) * eval_percent / 100)
+        pieces += [(held, part) for held, part in ((False, block[:cut]), (True, block[cut:])) if part]
+    return pieces
+
+
 @dataclass
 class TokenData:
     """Packed token streams of the two splits; ``seq_len`` is the training length."""
@@ -181,20 +204,15 @@ def load_token_data(
     docs = sorted(
         list_documents(cfg) if docs is None else docs, key=lambda d: _hash(f"order:{cfg.seed}:{d.name}")
     )
-    sep = separator_id(tokenizer)
-    streams: dict[bool, list[int]] = {False: [], True: []}
     budget = {False: train_tokens, True: eval_tokens}
-    for doc in docs:
-        held = is_held_out(doc.name, cfg.eval_percent)
-        if len(streams[held]) >= budget[held]:
-            if all(len(streams[h]) >= budget[h] for h in (False, True)):
-                break
-            continue
-        text = doc.read(cfg.text_field)
-        if not text.strip():
-            continue
-        streams[held].extend(_encode(tokenizer, text))
-        streams[held].append(sep)
+    streams = _tokenize(docs, cfg, tokenizer, budget, by_position=False)
+    if min(len(streams[False]), len(streams[True])) < cfg.seq_len:
+        logger.info(
+            "data: split by document, %r gives %d train / %d held-out tokens (less than one sequence of "
+            "%d in a split): splitting every document by position instead",
+            cfg.source, len(streams[False]), len(streams[True]), cfg.seq_len,
+        )  # fmt: skip
+        streams = _tokenize(docs, cfg, tokenizer, budget, by_position=True)
     for held, name in ((False, "train"), (True, "held-out")):
         if len(streams[held]) < budget[held]:
             logger.info(
@@ -204,10 +222,36 @@ def load_token_data(
     held_out = torch.tensor(streams[True][:eval_tokens], dtype=torch.long)
     if train.numel() < cfg.seq_len or held_out.numel() < cfg.seq_len:
         raise TrainConfigError(
-            f"data source {cfg.source!r} gives {train.numel()} train / {held_out.numel()} held-out tokens: "
-            f"not one sequence of {cfg.seq_len} in each (add text or change data.eval_percent)"
+            f"data source {cfg.source!r} gives {train.numel()} train / {held_out.numel()} held-out tokens "
+            f"even with every document split by position ({cfg.eval_percent:g} % of each block held out): "
+            f"not one sequence of {cfg.seq_len} in each (add text, lower data.seq_len, or change "
+            "data.eval_percent)"
         )
     return TokenData(train, held_out, cfg.seq_len, cfg.source)
+
+
+def _tokenize(
+    docs: list[Document], cfg: DataConfig, tokenizer, budget: dict[bool, int], by_position: bool
+) -> dict[bool, list[int]]:
+    """The token streams of the two splits (``False``: train, ``True``: held-out), each piece of text
+    followed by the separator, until both budgets are met or the documents end."""
+    sep = separator_id(tokenizer)
+    streams: dict[bool, list[int]] = {False: [], True: []}
+    for doc in docs:
+        if all(len(streams[h]) >= budget[h] for h in (False, True)):
+            break
+        held = None if by_position else is_held_out(doc.name, cfg.eval_percent)
+        if held is not None and len(streams[held]) >= budget[held]:
+            continue
+        text = doc.read(cfg.text_field)
+        if not text.strip():
+            continue
+        pieces = position_split(text, cfg.eval_percent) if held is None else [(held, text)]
+        for part_held, piece in pieces:
+            if len(streams[part_held]) < budget[part_held]:
+                streams[part_held].extend(_encode(tokenizer, piece))
+                streams[part_held].append(sep)
+    return streams
 
 
 def _encode(tokenizer, text: str) -> list[int]:

@@ -179,8 +179,9 @@ def evaluate_dsa(
                 elif oracle:
                     best = sparse  # top-k >= L: every selection is complete
                 rec, orc, unt, queries, rows = observer.summary(k) if observer else (None, None, None, 0, [])
-                if observer is not None and k >= L:
-                    rec = orc = unt = 1.0  # every query selects all it sees
+                if observer is not None and k >= L:  # every query selects all it sees
+                    rec = orc = 1.0
+                    unt = 1.0 if fresh is not None else None
                 points.append(
                     EvalPoint(
                         seq_len=L,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -142,7 +142,7 @@ def run_eval(cfg: RunConfig, out_dir: str | Path | None = None, progress: bool =
         oracle=cfg.eval.oracle,
         progress=progress,
     )
-    report = report_dict(points, model=dm.source, data=data.source)
+    report = report_dict(points, indexer=indexer_label(dm.source), model=dm.source, data=data.source)
     md = write_report(out, report, points, title=f"DSA evaluation of {dm.source}")
     print(md.read_text())
     return report
@@ -189,9 +189,8 @@ def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
     timings["eval_after_warmup"] = time.time() - t
 
     t = time.time()
-    sparse_cfg = cfg.sparse if cfg.sparse.index_topk else replace(cfg.sparse, index_topk=cfg.eval.topks[0])
     sparse = train_stage(
-        dm, data, sparse_cfg, out / "sparse", resume=False, progress=progress, run=run_identity(cfg)
+        dm, data, cfg.sparse, out / "sparse", resume=False, progress=progress, run=run_identity(cfg)
     )
     timings["sparse"] = time.time() - t
     t = time.time()
@@ -215,6 +214,7 @@ def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
     timings["total"] = sum(timings.values())
     report = report_dict(
         points,
+        indexer=STAGE_LABELS["warmup"],
         model=dm.source,
         data=data.source,
         dsa=cfg.dsa.to_dict(),
@@ -227,6 +227,27 @@ def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
     )
     print(md.read_text())
     return report
+
+
+#: What a stage's saved model holds, as the report names its indexer.
+STAGE_LABELS = {"warmup": "indexer after the warm-up", "sparse": "model and indexer after the sparse stage"}
+
+
+def indexer_label(source: str) -> str:
+    """How the report names the indexer of the model at ``source``: a stage's output
+    (``<out>/<stage>/model``, beside the stage's ``stage.json``) by that stage, anything else as the
+    model's own."""
+    from dsv32.jsonl import read_json
+    from dsv32.train.report import INDEXER
+
+    stage_file = Path(source).parent / "stage.json"
+    if Path(source).name != "model" or not stage_file.is_file():
+        return INDEXER
+    try:
+        meta = read_json(stage_file, TrainConfigError)
+    except (OSError, TrainConfigError):
+        return INDEXER
+    return STAGE_LABELS.get(meta.get("stage") if isinstance(meta, dict) else None, INDEXER)
 
 
 def _stage_summary(result: StageResult) -> dict:

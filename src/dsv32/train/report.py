@@ -1,5 +1,5 @@
 """The DSA report: ``dsa_report.json`` (numbers), ``dsa_report.md`` (tables) and ``dsa_recall.png``
-(per-layer recall of the trained and untrained indexers beside the oracle)."""
+(per-layer recall of the evaluated and untrained indexers beside the oracle)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import json
 from pathlib import Path
 
 from dsv32.train.evaluate import EvalPoint
+
+#: How the tables name the evaluated indexer when the caller does not say which it is.
+INDEXER = "the model's indexer"
 
 
 def _fmt(x, digits: int = 4) -> str:
@@ -21,13 +24,16 @@ def _pct(x) -> str:
     return "–" if x is None else f"{100 * x:+.2f}%"
 
 
-def report_dict(points: list[EvalPoint], **extra) -> dict:
+def report_dict(points: list[EvalPoint], *, indexer: str = INDEXER, **extra) -> dict:
     """The JSON report: the headline fields of the first point (first length, first top-k), the whole
-    grid, its per-layer breakdown, and ``extra`` (stages, timings, after-sparse results...)."""
+    grid, its per-layer breakdown, and ``extra`` (stages, timings, after-sparse results...).
+    ``indexer`` names the evaluated indexer in the tables and the plot (``"indexer after the
+    warm-up"``, ...)."""
     if not points:
         raise ValueError("no evaluation points to report")
     head = points[0]
     out = {
+        "indexer": indexer,
         "seq_len": head.seq_len,
         "topk": head.topk,
         "attention_recall": head.attention_recall,
@@ -47,7 +53,7 @@ def report_dict(points: list[EvalPoint], **extra) -> dict:
     return out
 
 
-def plot_recall(points: list[EvalPoint], png: str | Path) -> Path | None:
+def plot_recall(points: list[EvalPoint], png: str | Path, label: str = INDEXER) -> Path | None:
     head = points[0]
     if not head.per_layer:
         return None
@@ -59,7 +65,7 @@ def plot_recall(points: list[EvalPoint], png: str | Path) -> Path | None:
     layers = [r["layer"] for r in head.per_layer]
     fig, ax = plt.subplots(figsize=(8, 3.6))
     ax.plot(layers, [r["oracle"] for r in head.per_layer], "k--", label="oracle top-k")
-    ax.plot(layers, [r["recall"] for r in head.per_layer], "o-", color="tab:blue", label="trained indexer")
+    ax.plot(layers, [r["recall"] for r in head.per_layer], "o-", color="tab:blue", label=label)
     if all(r["untrained"] is not None for r in head.per_layer):
         ax.plot(
             layers, [r["untrained"] for r in head.per_layer], "x:", color="tab:red", label="untrained indexer"
@@ -89,7 +95,7 @@ def markdown_report(report: dict, title: str = "DSA evaluation") -> str:
         "| | perplexity | vs dense | attention recall |",
         "|---|---|---|---|",
         f"| dense | {_fmt(report['ppl_dense'])} | | |",
-        f"| DSA, warmed-up indexer | {_fmt(report['ppl_dsa'])} | {_pct(report['ppl_gap'])} | "
+        f"| DSA, {report.get('indexer', INDEXER)} | {_fmt(report['ppl_dsa'])} | {_pct(report['ppl_gap'])} | "
         f"{_fmt(report['attention_recall'])} |",
     ]
     if report.get("ppl_dsa_untrained") is not None:
@@ -173,7 +179,7 @@ def write_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "dsa_report.json").write_text(json.dumps(report, indent=2) + "\n")
-    plot_recall(points, out / "dsa_recall.png")
+    plot_recall(points, out / "dsa_recall.png", report.get("indexer", INDEXER))
     md = out / "dsa_report.md"
     md.write_text(markdown_report(report, title) + "\n")
     return md

@@ -10,6 +10,12 @@ function of ``(seed, s)`` only; a checkpoint holds the trainable parameters, the
 the step; the learning rate is recomputed from the step. A resumed run therefore retraces the same
 loss curve (tests/train check it bit for bit on CPU).
 
+Non-finite updates (:mod:`dsv32.training_guard`): a step whose loss or gradient norm is NaN/inf is
+skipped — no optimizer step, so the weights and AdamW's moments stay as they were — and counted as
+``skipped_updates``; ``max_skipped_updates`` such steps in a row stop the stage with
+``NonFiniteUpdateError`` (the streak is saved with each checkpoint), and no checkpoint or model is
+written from non-finite weights.
+
 Outputs under ``out_dir``: ``metrics.jsonl`` (one line per logged step), ``loss.png``,
 ``checkpoints/step_NNNNNN/``, and ``model/`` (the trained model, reloadable with
 :func:`dsv32.train.load_dsa_model`).
@@ -26,10 +32,20 @@ from pathlib import Path
 import torch
 
 from dsv32.dsa.hf import LayerView, get_dsa
-from dsv32.runlog import RUN_OUTPUTS, StepCheckpoints, append_metrics, truncate_metrics, write_json
+from dsv32.runlog import (
+    RUN_OUTPUTS,
+    CheckpointError,
+    StepCheckpoints,
+    UnreadableCheckpoint,
+    append_metrics,
+    run_differences,
+    truncate_metrics,
+    write_json,
+)
 from dsv32.train.config import StageConfig, TrainConfigError
 from dsv32.train.data import TokenData, sequence_order
 from dsv32.train.models import DSAModel
+from dsv32.training_guard import UpdateGuard, check_finite_weights
 
 logger = logging.getLogger(__name__)
 
@@ -148,8 +164,10 @@ def _query_rows(cfg: StageConfig, step: int, micro: int, T: int, device) -> torc
     return torch.randperm(T, generator=g)[: cfg.loss_queries].sort().values.to(device)
 
 
-#: Stage fields that do not change what is trained: they may differ when a run is resumed.
-BOOKKEEPING = ("steps", "save_every", "keep_checkpoints", "log_every")
+#: Stage fields that do not change what is trained: they may differ when a run is resumed. ``steps`` is
+#: not one of them: the cosine schedule decays over it and the data packs ``steps × sequences`` per
+#: step, so a run continues only with the steps it started with.
+BOOKKEEPING = ("save_every", "keep_checkpoints", "log_every", "max_skipped_updates")
 
 
 def stage_identity(cfg: StageConfig) -> dict:
@@ -197,10 +215,14 @@ def train_stage(
     )
     identity |= {"stage": cfg.stage, cfg.stage: stage_identity(cfg)}
     ckpts = StepCheckpoints(out, cfg.keep_checkpoints, trainable_only=True, run=identity)
+    if resume:
+        _check_steps(ckpts, cfg)
     metrics_path = out / "metrics.jsonl"
     step = ckpts.begin(dm.model, optimizer, resume=resume, steps=cfg.steps)
+    guard = UpdateGuard(cfg.max_skipped_updates, advice=_advice(cfg))
     if step:
         logger.info("%s: resumed from %s (step %d)", cfg.stage, ckpts.resumed_from, step)
+        guard.restore(ckpts.state(ckpts.resumed_from))
         truncate_metrics(metrics_path, step)
     else:
         out.mkdir(parents=True, exist_ok=True)
@@ -240,21 +262,28 @@ def train_stage(
                 params = [p for g in optimizer.param_groups if g["side"] == side for p in g["params"]]
                 if params:
                     norms[side] = float(torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad or float("inf")))
-            optimizer.step()
+            finite = all(math.isfinite(v) for v in (*layer_sums.values(), lm_sum, *norms.values()))
+            bad_norm = next((v for v in norms.values() if not math.isfinite(v)), max(norms.values()))
+            applied = guard.allows(finite, bad_norm)
+            if applied:  # a NaN/inf step would poison the weights and AdamW's moments for good
+                optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
+            lrs = {g["side"]: g["lr"] for g in optimizer.param_groups}
             record = {
                 "step": step,
-                "lr": cfg.lr * factor,
+                "lr": lrs.get("model", lrs["indexer"]),  # the model's in the sparse stage
                 "loss_indexer": sum(layer_sums.values()) / max(1, len(layer_sums)),
                 "grad_norm_indexer": norms.get("indexer"),
                 "tokens": step * cfg.sequences_per_step * T,
+                "skipped_updates": 0 if applied else 1,
                 "seconds": round(time.time() - start, 2),
             }
             if cfg.stage == "sparse":
+                record["lr_indexer"] = lrs["indexer"]
                 record["loss_lm"] = lm_sum
                 record["grad_norm_model"] = norms.get("model")
-            if step % cfg.log_every == 0 or step == last:
+            if step % cfg.log_every == 0 or step == last or not applied:
                 record["layer_loss"] = [round(layer_sums[i], 5) for i in sorted(layer_sums)]
                 append_metrics(metrics_path, record)
             records.append(record)
@@ -264,7 +293,8 @@ def train_stage(
             bar.set_postfix(postfix)
             bar.update(1)
             if (cfg.save_every and step % cfg.save_every == 0) or step == last:
-                ckpts.save(step, dm.model, optimizer, stage=cfg.stage)
+                check_finite_weights(dm.model, step, advice=_advice(cfg, weights=True))
+                ckpts.save(step, dm.model, optimizer, stage=cfg.stage, skipped_streak=guard.streak)
     finally:
         bar.close()
         _restore(dm)
@@ -274,6 +304,37 @@ def train_stage(
         weights = cfg.stage == "sparse" or dm.kind == "native"
         result.model_dir = dm.save(out / "model", weights=weights)
     return result
+
+
+def _check_steps(ckpts: StepCheckpoints, cfg: StageConfig) -> None:
+    """Refuse, with its own message, to resume a run that differs from this one only in ``steps`` (any
+    other difference is reported by :meth:`StepCheckpoints.begin`)."""
+    for _, path in reversed(ckpts.complete()):
+        try:
+            saved = ckpts.state(path).get("run")
+        except UnreadableCheckpoint:
+            continue  # begin() skips it with a warning
+        if not isinstance(saved, dict) or not isinstance(saved.get(cfg.stage), dict):
+            return
+        before = saved[cfg.stage].get("steps")
+        diff = run_differences(saved, ckpts.run or {})
+        if isinstance(before, int) and diff == [f"{cfg.stage}.steps {before} → {cfg.steps}"]:
+            raise CheckpointError(
+                f"{path} belongs to a {before}-step {cfg.stage} stage, not {cfg.steps}: the number of steps "
+                "sets the learning-rate schedule and the sequences the stage reads, so a run continues only "
+                f"with the steps it started with (--steps {before}); to train for {cfg.steps}, start over "
+                "with --no-resume (this discards that run) or choose another --out"
+            )
+        return
+
+
+def _advice(cfg: StageConfig, weights: bool = False) -> str:
+    """What to change when a stage's updates (or, ``weights``, its weights) are not finite."""
+    s = cfg.stage
+    if weights:
+        return f"resume from the last checkpoint with a lower {s}.lr or a tighter {s}.clip_grad"
+    lrs = f"{s}.lr" + (f" (and {s}.indexer_lr)" if s == "sparse" else "")
+    return f"lower {lrs}, set {s}.clip_grad, or check model.dtype and the data"
 
 
 def _restore(dm: DSAModel) -> None:

@@ -25,7 +25,7 @@ from dsv32.dsa.attention import (
 from dsv32.dsa.hf.config import DSAError
 from dsv32.dsa.hf.growing import GrowingTensor
 from dsv32.dsa.hf.handle import DSAHandle
-from dsv32.dsa.hf.layer import HFIndexer, LayerView
+from dsv32.dsa.hf.layer import HFIndexer, LayerView, query_rows_projection
 from dsv32.dsa.indexer import indexer_topk
 from dsv32.dsa.loss import indexer_kl_loss_chunked, oracle_topk
 
@@ -117,7 +117,10 @@ def _index(
     if not (sparse or observe):
         return None  # decoding in sparse mode below top-k: only the keys are kept
     padding = _key_padding(attention_mask, S)
-    queries = indexer.project_queries(x, x, icos, isin)
+    # Dense (warm-up): only the loss reads the queries, and only at its query rows.
+    loss = observe and handle.collect_loss
+    rows = None if sparse else handle.loss_query_rows
+    queries = query_rows_projection(indexer, x, icos, isin, rows) if sparse or loss else None
     qt, kt = p.q.transpose(1, 2).detach(), p.k.transpose(1, 2).detach()
     topk_indices = None
     if sparse and handle.oracle:
@@ -126,7 +129,7 @@ def _index(
         topk_indices = indexer_topk(
             queries.q, queries.weights, keys, cfg.index_topk, key_padding_mask=padding
         )
-    if observe and handle.collect_loss:
+    if loss:
         handle.losses[self.layer_idx] = indexer_kl_loss_chunked(
             qt,
             kt,
@@ -186,15 +189,19 @@ def _dense_output(self, handle: DSAHandle, p: _Projected, attention_mask, **kwar
 
 def _sparse_output(self, handle: DSAHandle, p: _Projected, topk_indices: torch.Tensor) -> torch.Tensor:
     """Attention over the selection (Eq. 2): gathered, or the masked-dense reference where that is
-    faster (short sequences) or asked for."""
+    faster (short sequences; in training, with autograd, up to a larger length, see
+    :func:`~dsv32.dsa.prefer_dense`) or asked for."""
     cfg = handle.config
     B, _, T, _ = p.q.shape
     S = p.k.shape[2]
     qt, kt, vt = p.q.transpose(1, 2), p.k.transpose(1, 2), p.v.transpose(1, 2)  # [B, T|S, heads, D]
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (qt, kt, vt))
     masked = cfg.sparse_impl == "masked" or (
         cfg.sparse_impl == "auto"
         and p.fresh
-        and prefer_dense(T, S, cfg.index_topk, gqa_kernel=gqa_kernel_would_run(qt, kt, vt))
+        and prefer_dense(
+            T, S, cfg.index_topk, gqa_kernel=gqa_kernel_would_run(qt, kt, vt), training=training, batch=B
+        )
     )
     if masked:  # the readable O(T·S) reference: dense scores masked to the selection
         out = dense_attention(qt, kt, vt, self.scaling, nonempty_rows(selection_mask(topk_indices, S)))

@@ -38,6 +38,22 @@ class HFIndexer(LightningIndexer):
         return self.wk.weight.dtype
 
 
+def query_rows_projection(
+    indexer: HFIndexer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor | None
+) -> IndexerQueries:
+    """The indexer's queries of ``x`` ``[B, T, hidden]`` (RoPE angles ``cos``/``sin`` ``[B or 1, T,
+    r/2]``) as ``[B, T, ...]`` tensors, projected only at ``rows`` (the other rows are zero, and no
+    gradient reaches the indexer through them); None: every row."""
+    if rows is None:
+        return indexer.project_queries(x, x, cos, sin)
+    B, T = x.shape[:2]
+    xr = x[:, rows]
+    part = indexer.project_queries(xr, xr, cos[:, rows], sin[:, rows])
+    q = part.q.new_zeros(B, T, *part.q.shape[2:]).index_copy(1, rows, part.q)
+    weights = part.weights.new_zeros(B, T, part.weights.shape[2]).index_copy(1, rows, part.weights)
+    return IndexerQueries(q=q, weights=weights)
+
+
 @dataclass
 class LayerView:
     """One DSA layer's inputs in a cache-free forward (all detached from the model's graph).
@@ -74,8 +90,12 @@ class LayerView:
     def indexer_loss(
         self, topk_indices: torch.Tensor | None = None, query_rows: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Eq. 3 (``topk_indices`` None) or Eq. 4 of this layer's indexer, differentiable w.r.t. it."""
-        iq, ik = self.index_inputs()
+        """Eq. 3 (``topk_indices`` None) or Eq. 4 of this layer's indexer, differentiable w.r.t. it.
+        With ``query_rows`` only those rows' indexer queries are projected (the loss reads no other)."""
+        idx = self.indexer
+        x = self.hidden.to(idx.inputs_dtype())
+        ik = idx.project_keys(x, self.cos, self.sin)
+        iq = query_rows_projection(idx, x, self.cos, self.sin, query_rows)
         return indexer_kl_loss_chunked(
             self.q,
             self.k,
