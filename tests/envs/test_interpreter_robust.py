@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+from disk_helpers import FILL, allocated
 
 from dsv32.agent import ScriptedBackend
 from dsv32.agent.episode import run_episode
@@ -275,18 +276,6 @@ def test_a_process_that_exits_without_closing_leaves_no_kernel_or_directory(tmp_
     assert run_dir not in ps  # its kernel died with the process
 
 
-def allocated(root: str) -> int:
-    """The bytes allocated under ``root`` (what ``du`` counts), read here, apart from the sandbox."""
-    return sum(
-        os.lstat(os.path.join(top, name)).st_blocks * 512
-        for top, dirs, files in os.walk(root)
-        for name in dirs + files
-    )
-
-
-FILL = (
-    "import time\nfor i in range(512):\n    open(f'f{i}', 'wb').write(b'x' * ((1 << 20) - 1))\ntime.sleep(60)"
-)
 LATER = (  # a thread that fills the work dir once the host says so (the file 'go'), after its cell ended
     "import os, threading, time\n"
     "def fill():\n"

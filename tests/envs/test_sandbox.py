@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from disk_helpers import FILL, allocated
 
 from dsv32.envs import sandbox
 from dsv32.envs.sandbox import SandboxError
@@ -461,20 +462,6 @@ def test_the_bwrap_dev_shm_is_sized_or_read_only(tmp_path, monkeypatch, sizes):
     assert (str(64 << 20) in big) == sizes  # min(64 MB, memory_mb)
     spec = json.loads(sandbox.command_prefix(cwd=tmp_path, memory_mb=32, timeout_s=5, kind="unshare")[-1])
     assert spec["shm_bytes"] == 32 << 20
-
-
-def allocated(root: Path) -> int:
-    """The bytes allocated under ``root`` (what ``du`` counts), read here, apart from the sandbox."""
-    return sum(
-        os.lstat(os.path.join(top, name)).st_blocks * 512
-        for top, dirs, files in os.walk(root)
-        for name in dirs + files
-    )
-
-
-FILL = (
-    "import time\nfor i in range(512):\n    open(f'f{i}', 'wb').write(b'x' * ((1 << 20) - 1))\ntime.sleep(60)"
-)
 
 
 def test_writing_past_the_disk_quota(tmp_path, kind, neighbour):

@@ -274,19 +274,23 @@ def test_a_generator_that_fails_before_any_version_is_an_error_not_a_drop(tmp_pa
     ] == "error"
 
 
-def test_a_verifier_that_accepts_any_answer_on_the_untouched_database_is_too_weak():
+def _hotel_workspace(verify: str):
+    """A workspace holding the hotel database, the first version's tools and solution, and ``verify``."""
     from dsv32.synth.versions import Limits
     from dsv32.synth.workspace import Workspace
 
     ws = Workspace.create(limits=Limits(timeout_s=20))
+    ws.write_file("make_db.py", MAKE_DB)
+    ws.bash("python3 make_db.py")
+    ws.write_file("tools.py", TOOLS_V1)
+    ws.write_file("solution.py", SOLUTION_V1)
+    ws.write_file("verify.py", verify)
+    return ws
+
+
+def test_a_verifier_that_accepts_any_answer_on_the_untouched_database_is_too_weak():
+    ws = _hotel_workspace("def verify(initial_db, final_db, answer):\n    return bool(answer.strip())\n")
     try:
-        ws.write_file("make_db.py", MAKE_DB)
-        ws.bash("python3 make_db.py")
-        ws.write_file("tools.py", TOOLS_V1)
-        ws.write_file("solution.py", SOLUTION_V1)
-        ws.write_file(
-            "verify.py", "def verify(initial_db, final_db, answer):\n    return bool(answer.strip())\n"
-        )
         assert ws.submit_version("Book the cheapest hotel in Paris.") == (
             "version 1 rejected: the verifier is too weak: it accepts an episode that called no tool "
             "and answered 'I could not complete the task.'"
@@ -314,16 +318,10 @@ def test_the_verifier_gets_an_answer_of_any_size(tmp_path):
 
 
 def test_a_version_that_renames_a_tool_is_not_harder():
-    from dsv32.synth.versions import Limits, tool_changes
-    from dsv32.synth.workspace import Workspace
+    from dsv32.synth.versions import tool_changes
 
-    ws = Workspace.create(limits=Limits(timeout_s=20))
+    ws = _hotel_workspace(_verify(0.0))
     try:
-        ws.write_file("make_db.py", MAKE_DB)
-        ws.bash("python3 make_db.py")
-        ws.write_file("tools.py", TOOLS_V1)
-        ws.write_file("solution.py", SOLUTION_V1)
-        ws.write_file("verify.py", _verify(0.0))
         assert ws.submit_version("Book the cheapest hotel in Paris.").startswith("version 1 accepted")
         # the same task under new tool names: the old solution fails only for calling what is gone
         ws.write_file("tools.py", TOOLS_V1.replace("hotels_in", "list_hotels").replace("hotel_id", "hid"))

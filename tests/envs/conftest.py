@@ -1,0 +1,8 @@
+"""The environment tests import their shared disk-quota helpers (``disk_helpers``) by name."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
