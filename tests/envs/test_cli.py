@@ -89,5 +89,5 @@ def test_smollm2_episodes(env, tmp_path, capsys):
     """The real small model completes episodes cleanly (its reward may well be 0)."""
     summary = _smollm2(env, tmp_path, capsys, tokens=128, steps=3, n=2)
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
-    assert all(r["stop_reason"] in ("answer", "max_steps", "context", "error") for r in rows)
+    assert all(r["stop_reason"] in ("answer", "length", "max_steps", "context", "error") for r in rows)
     assert summary["mean_reward"] == sum(r["reward"] for r in rows) / 2
