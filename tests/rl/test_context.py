@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 
-from dsv32.rl.config import load_rl_config
+from rl_helpers import jsonl_recipe
+
 from dsv32.rl.policy import load_policy
 from dsv32.rl.rewards import RewardResult
 from dsv32.rl.rollout import SamplingConfig, rollout
@@ -42,12 +41,8 @@ def test_rollout_and_evaluation_refuse_a_prompt_past_the_window(policy):
 
 
 def test_a_task_file_with_a_prompt_past_the_window_stops_the_run_before_step_one(tmp_path, policy):
-    path = tmp_path / "long.jsonl"
-    path.write_text(
-        json.dumps({"prompt": "hi", "domain": "toy"}) + "\n" + json.dumps({"prompt": LONG}) + "\n"
-    )
-    cfg = load_rl_config(None, [f"out_dir={tmp_path / 'run'}", "eval.problems=0", "grpo.steps=1"])
-    cfg.sources[0].kind, cfg.sources[0].path, cfg.sources[0].domain = "jsonl", str(path), "toy"
+    rows = [{"prompt": "hi", "domain": "toy"}, {"prompt": LONG}]
+    cfg = jsonl_recipe(tmp_path, rows, ["eval.problems=0", "grpo.steps=1"], name="long")
     with pytest.raises(TaskError, match=r"task 'long-2'"):
         train_grpo(cfg, policy=policy, reward_fn=Zero(), progress=False)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

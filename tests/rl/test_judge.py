@@ -5,10 +5,10 @@ fallback; each step logs the judge's counts."""
 from __future__ import annotations
 
 import itertools
-import json
 import re
 
 import pytest
+from rl_helpers import jsonl_recipe
 
 from dsv32.rl.rewards import (
     GenerativeRewardModel,
@@ -61,7 +61,6 @@ def test_a_failed_request_is_unscored_and_a_reply_without_a_score_is_a_scored_fa
 def test_unscored_samples_get_zero_advantage_and_each_step_logs_the_judge_counts(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     import dsv32.rl.trainer as trainer
-    from dsv32.rl.config import load_rl_config
 
     calls = itertools.count()
 
@@ -81,12 +80,9 @@ def test_unscored_samples_get_zero_advantage_and_each_step_logs_the_judge_counts
         return real(policy, optimizer, batch, advantages, cfg, **kwargs)
 
     monkeypatch.setattr(trainer, "grpo_update", spy)
-    tasks = tmp_path / "gen.jsonl"
-    tasks.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("Write a haiku.", "Name a color.")))
     sets = [
         "policy.name=tiny-llama",
         "policy.device=cpu",
-        f"out_dir={tmp_path / 'run'}",
         "grpo.steps=1",
         "grpo.prompts_per_step=2",
         "grpo.group_size=4",
@@ -94,8 +90,8 @@ def test_unscored_samples_get_zero_advantage_and_each_step_logs_the_judge_counts
         "sampling.max_new_tokens=4",
         "eval.problems=0",
     ]
-    cfg = load_rl_config(None, sets)
-    cfg.sources[0].kind, cfg.sources[0].path, cfg.sources[0].domain = "jsonl", str(tasks), "general"
+    rows = [{"prompt": p} for p in ("Write a haiku.", "Name a color.")]
+    cfg = jsonl_recipe(tmp_path, rows, sets, name="gen", domain="general")
     (record,) = trainer.train_grpo(cfg, reward_fn=reward_fn, progress=False).metrics
     assert (record["judge_requests"], record["judge_failures"], record["judge_parse_failures"]) == (8, 2, 1)
     assert record["unscored"] == 2

@@ -9,8 +9,9 @@ import torch
 
 pytest.importorskip("transformers")
 
+from rl_helpers import jsonl_recipe
+
 import dsv32.rl.update as update
-from dsv32.rl.config import load_rl_config
 from dsv32.rl.policy import load_policy
 from dsv32.rl.rewards import RewardResult
 from dsv32.rl.trainer import RLResult, make_optimizer, run_steps, train_grpo
@@ -25,12 +26,9 @@ class LengthReward:
 
 
 def _cfg(tmp_path, **over):
-    tasks = tmp_path / "toy.jsonl"
-    tasks.write_text("".join(json.dumps({"prompt": p, "domain": "toy"}) + "\n" for p in ("ab", "xyz")))
     sets = [
         "policy.name=tiny-llama",
         "policy.device=cpu",
-        f"out_dir={tmp_path / 'run'}",
         "grpo.prompts_per_step=2",
         "grpo.group_size=2",
         "grpo.mini_batches=2",
@@ -40,9 +38,7 @@ def _cfg(tmp_path, **over):
         "eval.problems=0",
         *[f"{k}={v}" for k, v in over.items()],
     ]
-    cfg = load_rl_config(None, sets)
-    cfg.sources[0].kind, cfg.sources[0].path, cfg.sources[0].domain = "jsonl", str(tasks), "toy"
-    return cfg
+    return jsonl_recipe(tmp_path, [{"prompt": p, "domain": "toy"} for p in ("ab", "xyz")], sets)
 
 
 def _nan_on(monkeypatch, calls: set[int] | None):

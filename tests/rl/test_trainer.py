@@ -10,7 +10,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from dsv32.rl.config import load_rl_config
+from rl_helpers import jsonl_recipe
+
 from dsv32.rl.loss import kept_log_mass
 from dsv32.rl.policy import load_policy
 from dsv32.rl.rewards import RewardResult
@@ -35,12 +36,8 @@ class LetterReward:
 
 
 def _recipe(tmp_path, policy="tiny-llama", **over):
-    path = tmp_path / "toy.jsonl"
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"prompt": t.prompt, "domain": "toy"}) + "\n" for t in TASKS))
     sets = [
         f"policy.name={policy}",
-        f"out_dir={tmp_path / 'run'}",
         "grpo.prompts_per_step=4",
         "grpo.group_size=4",
         "grpo.mini_batches=2",
@@ -50,9 +47,8 @@ def _recipe(tmp_path, policy="tiny-llama", **over):
         "sampling.temperature=1.0",
         "eval.problems=0",
     ]
-    cfg = load_rl_config(None, [*sets, *[f"{k}={v}" for k, v in over.items()]])
-    cfg.sources[0].kind, cfg.sources[0].path, cfg.sources[0].domain = "jsonl", str(path), "toy"
-    return cfg
+    rows = [{"prompt": t.prompt, "domain": "toy"} for t in TASKS]
+    return jsonl_recipe(tmp_path, rows, [*sets, *[f"{k}={v}" for k, v in over.items()]])
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-native"])
