@@ -31,6 +31,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+def add_max_wait(ap) -> None:
+    """The ``--max-wait`` option of a script timed with :class:`Meter` (see :func:`wait_budget`)."""
+    ap.add_argument(
+        "--max-wait",
+        type=float,
+        default=None,
+        help="seconds this whole run may wait for a quiet CPU before its repetition blocks (default 60, "
+        "--quick 10; 0: never wait)",
+    )
+
+
+def wait_budget(args) -> float:
+    """The run's waiting budget: ``--max-wait``, else 10 s with ``--quick`` and 60 s without."""
+    return args.max_wait if args.max_wait is not None else (10.0 if args.quick else 60.0)
+
+
 class Meter:
     """Wall-clock timing that knows when other processes competed for the CPU (see the module)."""
 

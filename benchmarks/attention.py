@@ -65,7 +65,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _timing import Meter, interleaved  # benchmarks/_timing.py, beside this script
+from _timing import Meter, add_max_wait, interleaved, wait_budget  # benchmarks/_timing.py, beside this script
 from torch.profiler import ProfilerActivity, profile
 
 from dsv32 import dsa
@@ -625,13 +625,7 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: all cores)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    ap.add_argument(
-        "--max-wait",
-        type=float,
-        default=None,
-        help="seconds this whole run may wait for a quiet CPU before repetition blocks (default 60, "
-        "--quick 10; 0: never wait)",
-    )
+    add_max_wait(ap)
     ap.add_argument(
         "--retries",
         type=int,
@@ -640,8 +634,7 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
     )
     ap.add_argument("--out", default="runs/bench", help="output directory")
     args = ap.parse_args(argv)
-    max_wait = args.max_wait if args.max_wait is not None else (10.0 if args.quick else 60.0)
-    meter = Meter(max_wait=max_wait, retries=args.retries)
+    meter = Meter(max_wait=wait_budget(args), retries=args.retries)
 
     torch.set_num_threads(args.threads)
     shape = Shape(batch=args.batch)

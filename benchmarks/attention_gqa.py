@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _timing import Meter, interleaved  # benchmarks/_timing.py, beside this script
+from _timing import Meter, add_max_wait, interleaved, wait_budget  # benchmarks/_timing.py, beside this script
 from attention import crossover_point  # benchmarks/attention.py, beside this script
 
 from dsv32.dsa import DENSE_CROSSOVER_RATIO, GQA_KERNEL_CROSSOVER_RATIO, indexer_topk, sparse_attention
@@ -122,17 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="ratios 2, 4, 8; contexts 1K, 8K; 3 repetitions")
-    ap.add_argument(
-        "--max-wait",
-        type=float,
-        default=None,
-        help="seconds this run may wait for a quiet CPU (default 60, --quick 10)",
-    )
+    add_max_wait(ap)
     ap.add_argument("--out", default="runs/bench")
     args = ap.parse_args(argv)
     if args.quick:
         args.ratios, args.contexts, args.reps = [2, 4, 8], [1024, 8192], 3
-    meter = Meter(max_wait=args.max_wait if args.max_wait is not None else (10.0 if args.quick else 60.0))
+    meter = Meter(max_wait=wait_budget(args))
     if not cpu_kernels.available():
         print(
             "the CPU C kernels are not available (no C compiler, or DSV32_CPU_KERNELS=0): nothing to compare"

@@ -25,7 +25,13 @@ import time
 from pathlib import Path
 
 import torch
-from _timing import Meter, interleaved, spread  # benchmarks/_timing.py, beside this script
+from _timing import (  # benchmarks/_timing.py, beside this script
+    Meter,
+    add_max_wait,
+    interleaved,
+    spread,
+    wait_budget,
+)
 from transformers import DynamicCache
 
 from dsv32.dsa.hf import attach_dsa, detach_dsa
@@ -101,17 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 7936])
     ap.add_argument("--new-tokens", type=int, default=16, help="timed decode steps per cache")
     ap.add_argument("--quick", action="store_true", help="contexts 512 and 2048, 6 decode steps")
-    ap.add_argument(
-        "--max-wait",
-        type=float,
-        default=None,
-        help="seconds this run may wait for a quiet CPU (default 60, --quick 10; 0: never)",
-    )
+    add_max_wait(ap)
     ap.add_argument("--out", default="runs/bench")
     args = ap.parse_args(argv)
     if args.quick:
         args.contexts, args.new_tokens = [512, 2048], 6
-    meter = Meter(max_wait=args.max_wait if args.max_wait is not None else (10.0 if args.quick else 60.0))
+    meter = Meter(max_wait=wait_budget(args))
     model, _ = load_smollm2()
     model.eval()
     rows = []

@@ -23,7 +23,13 @@ import statistics
 from pathlib import Path
 
 import torch
-from _timing import Meter, interleaved, spread  # benchmarks/_timing.py, beside this script
+from _timing import (  # benchmarks/_timing.py, beside this script
+    Meter,
+    add_max_wait,
+    interleaved,
+    spread,
+    wait_budget,
+)
 
 from dsv32.engine.speed import measure_throughput
 from dsv32.model import DeepseekV32, ModelConfig
@@ -49,17 +55,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions; medians are reported")
     ap.add_argument("--quick", action="store_true", help="2048 tokens, 4 decode steps")
-    ap.add_argument(
-        "--max-wait",
-        type=float,
-        default=None,
-        help="seconds this run may wait for a quiet CPU (default 60, --quick 10; 0: never)",
-    )
+    add_max_wait(ap)
     ap.add_argument("--out", default="runs/bench", help="output directory")
     args = ap.parse_args(argv)
     if args.quick:
         args.seq_len, args.new_tokens = 2048, 4
-    meter = Meter(max_wait=args.max_wait if args.max_wait is not None else (10.0 if args.quick else 60.0))
+    meter = Meter(max_wait=wait_budget(args))
     torch.manual_seed(0)
     model = DeepseekV32(bench_config(args.topk, args.layers)).eval()
     results = {

@@ -9,9 +9,9 @@
     make bench BENCH_ARGS="--quick --out /tmp/bench --no-results"   # the same options through make
 
 A script is any ``benchmarks/*.py`` but this one and names starting with ``_`` (``_timing.py``: the
-timing the scripts share); new ones are picked up without editing this file (``--quick`` and
-``--max-wait`` are passed only to scripts whose source mentions them). Each script takes ``--out`` (a
-directory) and writes its JSON (and PNG) there: run_all's ``--out``, ``runs/bench/`` by default. One
+timing the scripts share); new ones are picked up without editing this file (``--quick`` is passed
+only to scripts whose source mentions it, ``--max-wait`` to those that call ``add_max_wait``). Each
+script takes ``--out`` (a directory) and writes its JSON (and PNG) there: run_all's ``--out``, ``runs/bench/`` by default. One
 failing script does not stop the others; the exit status is non-zero if any failed, and what a
 failed script wrote before it failed still gets its table. A summary goes to ``<out>/run_all.json``.
 
@@ -56,7 +56,7 @@ def script_command(
     return [
         str(script.relative_to(ROOT)),
         *(["--quick"] if quick and "--quick" in source else []),
-        *(["--max-wait", f"{max_wait:g}"] if max_wait is not None and "--max-wait" in source else []),
+        *(["--max-wait", f"{max_wait:g}"] if max_wait is not None and "add_max_wait(" in source else []),
         *(["--out", out] if out is not None else []),
     ]
 
