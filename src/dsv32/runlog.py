@@ -61,6 +61,15 @@ class UnreadableCheckpoint(CheckpointError):
     """A checkpoint whose files cannot be read (truncated, not what they claim to be)."""
 
 
+class OtherRunCheckpoint(CheckpointError):
+    """A checkpoint of another run: ``saved`` is its run identity, ``differences`` the fields where it
+    differs from this run's (:func:`run_differences`), so a trainer can say more about one of them."""
+
+    def __init__(self, message: str, path: Path, saved: dict, differences: list[str]) -> None:
+        super().__init__(message)
+        self.path, self.saved, self.differences = path, saved, differences
+
+
 # ---------------------------------------------------------------------------------------------- files
 def write_text(path: str | Path, text: str) -> None:
     """Replace ``path`` with ``text`` (UTF-8) atomically: a temporary file of this process beside it
@@ -352,8 +361,11 @@ class StepCheckpoints:
             logger.warning("%s has no run identity (an earlier dsv32 wrote it): resuming unchecked", path)
         elif self.run is not None and (diff := run_differences(saved, self.run)):
             more = f" and {len(diff) - 4} more" if len(diff) > 4 else ""
-            raise CheckpointError(
-                f"{path} belongs to another run ({', '.join(diff[:4])}{more}): {_START_OVER}"
+            raise OtherRunCheckpoint(
+                f"{path} belongs to another run ({', '.join(diff[:4])}{more}): {_START_OVER}",
+                path,
+                saved,
+                diff,
             )
         if state["step"] > steps:
             raise CheckpointError(

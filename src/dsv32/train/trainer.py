@@ -35,10 +35,9 @@ from dsv32.dsa.hf import LayerView, get_dsa
 from dsv32.runlog import (
     RUN_OUTPUTS,
     CheckpointError,
+    OtherRunCheckpoint,
     StepCheckpoints,
-    UnreadableCheckpoint,
     append_metrics,
-    run_differences,
     truncate_metrics,
     write_json,
 )
@@ -215,10 +214,12 @@ def train_stage(
     )
     identity |= {"stage": cfg.stage, cfg.stage: stage_identity(cfg)}
     ckpts = StepCheckpoints(out, cfg.keep_checkpoints, trainable_only=True, run=identity)
-    if resume:
-        _check_steps(ckpts, cfg)
     metrics_path = out / "metrics.jsonl"
-    step = ckpts.begin(dm.model, optimizer, resume=resume, steps=cfg.steps)
+    try:
+        step = ckpts.begin(dm.model, optimizer, resume=resume, steps=cfg.steps)
+    except OtherRunCheckpoint as err:
+        _refuse_other_steps(err, cfg)
+        raise
     guard = UpdateGuard(cfg.max_skipped_updates, advice=_advice(cfg))
     if step:
         logger.info("%s: resumed from %s (step %d)", cfg.stage, ckpts.resumed_from, step)
@@ -306,26 +307,17 @@ def train_stage(
     return result
 
 
-def _check_steps(ckpts: StepCheckpoints, cfg: StageConfig) -> None:
-    """Refuse, with its own message, to resume a run that differs from this one only in ``steps`` (any
-    other difference is reported by :meth:`StepCheckpoints.begin`)."""
-    for _, path in reversed(ckpts.complete()):
-        try:
-            saved = ckpts.state(path).get("run")
-        except UnreadableCheckpoint:
-            continue  # begin() skips it with a warning
-        if not isinstance(saved, dict) or not isinstance(saved.get(cfg.stage), dict):
-            return
-        before = saved[cfg.stage].get("steps")
-        diff = run_differences(saved, ckpts.run or {})
-        if isinstance(before, int) and diff == [f"{cfg.stage}.steps {before} → {cfg.steps}"]:
-            raise CheckpointError(
-                f"{path} belongs to a {before}-step {cfg.stage} stage, not {cfg.steps}: the number of steps "
-                "sets the learning-rate schedule and the sequences the stage reads, so a run continues only "
-                f"with the steps it started with (--steps {before}); to train for {cfg.steps}, start over "
-                "with --no-resume (this discards that run) or choose another --out"
-            )
-        return
+def _refuse_other_steps(err: OtherRunCheckpoint, cfg: StageConfig) -> None:
+    """Say why, when a checkpoint of another run differs from this one only in ``steps``."""
+    saved = err.saved.get(cfg.stage)
+    before = saved.get("steps") if isinstance(saved, dict) else None
+    if isinstance(before, int) and err.differences == [f"{cfg.stage}.steps {before} → {cfg.steps}"]:
+        raise CheckpointError(
+            f"{err.path} belongs to a {before}-step {cfg.stage} stage, not {cfg.steps}: the number of steps "
+            "sets the learning-rate schedule and the sequences the stage reads, so a run continues only "
+            f"with the steps it started with (--steps {before}); to train for {cfg.steps}, start over "
+            "with --no-resume (this discards that run) or choose another --out"
+        ) from None
 
 
 def _advice(cfg: StageConfig, weights: bool = False) -> str:
