@@ -223,19 +223,30 @@ def results_as_user(messages: Sequence[dict]) -> list[dict]:
 
 
 def parse_tool_calls(text: str) -> tuple[str, list[dict], list[dict]]:
-    """``(text without the call blocks, tool calls, problems)`` of ``<tool_call>`` blocks."""
+    """``(text without the call blocks, tool calls, problems)`` of ``<tool_call>`` blocks; each problem
+    is in a tool-call block (``part`` ``"tool_calls"``, as the V3.2 parser marks them)."""
     calls, problems = [], []
     for match in _TOOL_CALL.finditer(text):
         try:
             body = json.loads(match.group(1))
         except ValueError as err:
             problems.append(
-                {"position": match.start(), "expected": "a JSON object in <tool_call>", "message": str(err)}
+                {
+                    "part": "tool_calls",
+                    "position": match.start(),
+                    "expected": "a JSON object in <tool_call>",
+                    "message": str(err),
+                }
             )
             continue
         if not isinstance(body, dict) or not isinstance(body.get("name"), str):
             problems.append(
-                {"position": match.start(), "expected": '{"name": ..., "arguments": ...}', "message": ""}
+                {
+                    "part": "tool_calls",
+                    "position": match.start(),
+                    "expected": '{"name": ..., "arguments": ...}',
+                    "message": "",
+                }
             )
             continue
         arguments = body.get("arguments", body.get("parameters", {}))

@@ -204,8 +204,6 @@ class LocalBackend:
         if streamer is not None:
             streamer.flush()
         message, problems = self.format.parse(self.format.decode(out.tokens), thinking)
-        if self.format.name == "template":  # its parser reads only <tool_call> blocks
-            problems = [{"part": "tool_calls", **p} for p in problems]
         # a reply cut at max tokens says so even when it holds complete calls
         cut = out.finish_reason == "length"
         finish = "tool_calls" if message.get("tool_calls") and not cut else out.finish_reason
