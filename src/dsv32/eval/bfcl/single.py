@@ -1,10 +1,13 @@
-"""BFCL v4 single-turn categories, graded by :mod:`dsv32.eval.bfcl.ast_check`.
+"""BFCL v4 single-turn categories, graded by BFCL's own AST checker (:mod:`dsv32.eval.bfcl.official`).
 
 A problem is the entry's first turn (its messages, live entries' system prompts included) with its
-functions as OpenAI tools; the model answers with one assistant message whose ``tool_calls`` are the
-calls graded (names mapped back to BFCL's, arguments parsed from JSON). ``irrelevance`` and
-``live_irrelevance`` pass when the reply makes no call (no function fits); ``live_relevance`` passes
-when it makes at least one (BFCL grades only that, so it ships no ground truth).
+functions as OpenAI tools, named as BFCL names them for a function-calling model (``math.factorial``
+offered as ``math_factorial``). The model answers with one assistant message; its ``tool_calls`` are
+decoded as BFCL decodes an OpenAI function-calling reply (``[{name as called: arguments parsed from
+JSON}]``; arguments that are not a JSON object fail) and given to BFCL's ``ast_checker``, so a call
+must use the name it was offered. ``irrelevance`` and ``live_irrelevance`` pass when the reply makes no
+call (or none that decodes); ``live_relevance`` passes when it makes at least one that decodes (BFCL
+grades only that, so it ships no ground truth).
 
 Entries no answer can pass under BFCL's rules (a required parameter the ground truth allows no value
 for, or an expected parameter the function does not define: 5 of the 2,351 graded entries of
@@ -22,15 +25,8 @@ from __future__ import annotations
 import json
 
 from dsv32.eval.bfcl import groups
-from dsv32.eval.bfcl.ast_check import check
-from dsv32.eval.bfcl.data import (
-    chosen_categories,
-    load_answers,
-    load_entries,
-    name_map,
-    openai_tool,
-    tool_name,
-)
+from dsv32.eval.bfcl.data import chosen_categories, load_answers, load_entries, openai_tool, tool_name
+from dsv32.eval.bfcl.official import ast_checker
 from dsv32.eval.types import Benchmark, Problem, Score
 
 GRADED = (
@@ -57,9 +53,9 @@ PLACEHOLDER = {
 }
 
 
-def decode_calls(message: dict, names: dict[str, str]) -> tuple[list[dict] | None, str]:
-    """``([{bfcl name: arguments}], "")``, or ``(None, why)`` when a call's arguments are not a JSON
-    object."""
+def decode_calls(message: dict) -> tuple[list[dict] | None, str]:
+    """``([{name as called: arguments}], "")``, or ``(None, why)`` when a call's arguments are not a
+    JSON object."""
     calls = []
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
@@ -72,8 +68,14 @@ def decode_calls(message: dict, names: dict[str, str]) -> tuple[list[dict] | Non
             return None, f"arguments of {function.get('name')!r} cannot be read ({type(err).__name__})"
         if not isinstance(args, dict):
             return None, f"arguments of {function.get('name')!r} are not a JSON object"
-        calls.append({names.get(function.get("name"), function.get("name")): args})
+        calls.append({function.get("name"): args})
     return calls, ""
+
+
+def _first_error(errors: object) -> str:
+    """BFCL's first error message (a string, or for parallel calls a dict of sub-errors)."""
+    first = errors[0] if isinstance(errors, list) and errors else errors
+    return " ".join(str(first).split())
 
 
 def _first(allowed: list) -> object:
@@ -136,7 +138,7 @@ def reference_calls(functions: list[dict], truth: list[dict]) -> list[dict]:
 
 class BFCL(Benchmark):
     name = "bfcl"
-    description = "BFCL v4 single-turn function calling (AST check; Python and live categories)"
+    description = "BFCL v4 single-turn function calling (BFCL's AST checker; Python and live categories)"
     source = "the bfcl-eval package's data/BFCL_v4_*.json and possible_answer/"
     packages = ("bfcl-eval",)
     metric = "accuracy"
@@ -165,15 +167,21 @@ class BFCL(Benchmark):
 
     def score(self, problem: Problem, message: dict) -> Score:
         category, functions = problem.data["category"], problem.data["functions"]
-        calls, error = decode_calls(message, name_map(functions))
+        calls, error = decode_calls(message)
         if category in NO_CALL:
             return Score(1.0, "no call") if not calls else Score(0.0, f"made {len(calls)} call(s)")
         if calls is None:
             return Score(0.0, error)
         if category in SOME_CALL:
             return Score(1.0, "called") if calls else Score(0.0, "made no call")
-        why = check(category, functions, calls, problem.data["truth"])
-        return Score(1.0, "matches") if why is None else Score(0.0, why)
+        if not calls:
+            return Score(0.0, "made no call")
+        verdict = ast_checker(functions, calls, problem.data["truth"], category)
+        if verdict["valid"]:
+            return Score(1.0, "matches")
+        return Score(
+            0.0, f"{verdict.get('error_type', 'invalid')}: {_first_error(verdict.get('error'))}"[:300]
+        )
 
     def reference(self, problem: Problem) -> dict:
         category = problem.data["category"]
