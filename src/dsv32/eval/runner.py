@@ -148,6 +148,7 @@ def _single_row(problem: Problem, j: int, gen: Any, score: Any) -> dict:
         "completion_tokens": gen.completion_tokens,
         "latency_s": round(gen.latency_s, 4),
         "finish_reason": gen.finish_reason,
+        **({"secondary": score.secondary} if score.secondary else {}),
     }
 
 
