@@ -5,7 +5,8 @@ any of reasoning-gym's ~100 may be named), generated with seed :data:`SEED` (the
 run and machine for a given reasoning-gym version). Prompt: the paper's math template (§4.1),
 ``{question}\\nPlease reason step by step, and put your final answer within \\boxed{}.``
 
-Score (the headline): the content of the last ``\\boxed{}``, as written, given to the family's own
+Score (the headline): the content of the last ``\\boxed{}``, stripped of surrounding whitespace (as
+reasoning-gym's own ``extract_answer`` reads its answer tags), else None, given to the family's own
 ``score_answer``: the verdict reasoning-gym gives that answer. Reasoning-gym gives partial credit for
 answers that merely contain the right one; the harness records that value, and pass@k counts only a
 score of 1.
@@ -87,11 +88,11 @@ class ReasoningGym(Benchmark):
     def score(self, problem: Problem, message: dict) -> Score:
         content = message.get("content")
         answer = last_boxed(content)
-        if answer is None:
-            return Score(0.0, "no \\boxed{} answer", {LENIENT: 0.0})
         family, entry = problem.data["family"], problem.data["entry"]
         dataset = self._dataset(family)
-        value = float(dataset.score_answer(answer, entry))
+        value = float(dataset.score_answer(answer, entry))  # None (no box) too: the family decides
+        if answer is None:
+            return Score(value, "no \\boxed{} answer", {LENIENT: value})
         lenient, unwrapped = value, boxed_answer(content)
         if lenient < 1.0 and unwrapped != answer:
             lenient = max(lenient, float(dataset.score_answer(unwrapped, entry)))
