@@ -188,6 +188,8 @@ def _bfcl_variants(problem, function: dict, truth: list | None, reference: dict)
         "no call": _reply([]),
         "empty text": {"role": "assistant", "content": ""},
     }
+    if not calls and not problem.tools:  # an entry that offers no function at all
+        return out
     if not calls:
         first = _call(problem.tools[0]["function"]["name"], {})
         out |= {"a call with no arguments": _reply([first]), "malformed arguments": _reply([_call(
@@ -261,8 +263,10 @@ def _bfcl_pairs(per_category: int | None) -> list[Pair]:
         step = max(1, len(mine) // per_category) if per_category else 1
         for p in mine[::step][: per_category or None]:
             truth = p.data["truth"]
-            variants = _bfcl_variants(p, p.data["functions"][0] if not truth else next(
-                f for f in p.data["functions"] if f["name"] == next(iter(truth[0]))), truth, bench.reference(p))  # fmt: skip
+            functions = p.data["functions"]
+            name = next(iter(truth[0])) if truth else None
+            function = next((f for f in functions if f["name"] == name), functions[0] if functions else {})
+            variants = _bfcl_variants(p, function, truth, bench.reference(p))
             for case, reply in variants.items():
                 official = _bfcl_official(checker, entries[p.id], copy.deepcopy(truth), category, reply)
                 pairs.append(Pair("bfcl", f"{category}: {case}", p.id, official, bench.score(p, reply).value))
