@@ -23,14 +23,24 @@ declared types for its required parameters.
 from __future__ import annotations
 
 import json
+from itertools import islice, product
 
 from dsv32.eval.bfcl import groups
 from dsv32.eval.bfcl.data import chosen_categories, load_answers, load_entries, openai_tool, tool_name
+from dsv32.eval.bfcl.langs import (
+    STRING_ITEM_LISTS,
+    STRING_ITEMS,
+    category_language,
+    language_docs,
+    literal_candidates,
+)
 from dsv32.eval.bfcl.official import ast_checker
 from dsv32.eval.types import Benchmark, Problem, Score
 
 GRADED = (
     "simple_python",
+    "simple_java",
+    "simple_javascript",
     "multiple",
     "parallel",
     "parallel_multiple",
@@ -106,9 +116,12 @@ def reference_args(function: dict, allowed: dict) -> dict:
     }
 
 
-def unsatisfiable(functions: list[dict], truth: list[dict]) -> str | None:
+def unsatisfiable(functions: list[dict], truth: list[dict], category: str = "simple_python") -> str | None:
     """Why no answer can pass an entry, or None: a required parameter the ground truth allows no
-    value for, or an expected parameter the function does not define."""
+    value for, an expected parameter the function does not define, or (Java, JavaScript) a list of
+    string items whose every allowed value holds a non-string item (BFCL's converter reads every
+    item of such a list as a string)."""
+    lists = STRING_ITEM_LISTS.get(category_language(category), ())
     for expected in truth:
         ((name, allowed),) = expected.items()
         function = next((f for f in functions if f["name"] == name), None)
@@ -121,16 +134,48 @@ def unsatisfiable(functions: list[dict], truth: list[dict]) -> str | None:
         for p, vals in allowed.items():
             if p not in params.get("properties", {}) and "" not in vals:
                 return f"the ground truth requires {name}.{p}, which the function does not define"
+            prop = params.get("properties", {}).get(p, {})
+            if (
+                "" not in vals
+                and prop.get("type") in lists
+                and prop.get("items", {}).get("type") in STRING_ITEMS
+                and all(isinstance(v, list) and any(not isinstance(x, str) for x in v) for v in vals)
+            ):
+                return (
+                    f"the ground truth of {name}.{p} ({prop['type']} of {prop['items']['type']}) holds a "
+                    "non-string item, and BFCL's converter reads every item of it as a string"
+                )
     return None
 
 
-def reference_calls(functions: list[dict], truth: list[dict]) -> list[dict]:
-    """Tool calls that play the ground truth."""
+def _literal_args(function: dict, expected: dict, category: str, limit: int = 512) -> dict:
+    """Arguments of one expected Java / JavaScript call written as literals: the first combination of
+    :func:`~dsv32.eval.bfcl.langs.literal_candidates` that BFCL's checker accepts (else the first)."""
+    ((name, allowed),) = expected.items()
+    args = reference_args(function, allowed)
+    props = function.get("parameters", {}).get("properties", {})
+    language = category_language(category)
+    options = [
+        literal_candidates(v, props.get(k, {}).get("items", {}).get("type", "any"), language)
+        for k, v in args.items()
+    ]
+    combos = [dict(zip(args, combo)) for combo in islice(product(*options), limit)]
+    accepted = (
+        c for c in combos if ast_checker([function], [{tool_name(name): c}], [expected], category)["valid"]
+    )
+    return next(accepted, combos[0])
+
+
+def reference_calls(functions: list[dict], truth: list[dict], category: str = "simple_python") -> list[dict]:
+    """Tool calls that play the ground truth (Java and JavaScript arguments as literals)."""
     calls = []
     for i, expected in enumerate(truth):
         ((name, allowed),) = expected.items()
         function = next(f for f in functions if f["name"] == name)
-        args = reference_args(function, allowed)
+        if category_language(category) == "python":
+            args = reference_args(function, allowed)
+        else:
+            args = _literal_args(function, expected, category)
         call = {"name": tool_name(name), "arguments": json.dumps(args, ensure_ascii=False)}
         calls.append({"id": f"ref_{i}", "type": "function", "function": call})
     return calls
@@ -138,7 +183,7 @@ def reference_calls(functions: list[dict], truth: list[dict]) -> list[dict]:
 
 class BFCL(Benchmark):
     name = "bfcl"
-    description = "BFCL v4 single-turn function calling (BFCL's AST checker; Python and live categories)"
+    description = "BFCL v4 single-turn function calling (BFCL's AST checker; Python, Java, JavaScript, live)"
     source = "the bfcl-eval package's data/BFCL_v4_*.json and possible_answer/"
     packages = ("bfcl-eval",)
     metric = "accuracy"
@@ -156,12 +201,12 @@ class BFCL(Benchmark):
             truths = load_answers(category) if category in GRADED else {}
             for entry in load_entries(category):
                 functions = entry["function"]
-                why = unsatisfiable(functions, truths[entry["id"]]) if category in GRADED else None
+                why = unsatisfiable(functions, truths[entry["id"]], category) if category in GRADED else None
                 if why is not None:
                     self.excluded[entry["id"]] = why
                     continue
                 data_ = {"category": category, "functions": functions, "truth": truths.get(entry["id"])}
-                tools = [openai_tool(f) for f in functions]
+                tools = [openai_tool(f) for f in language_docs(functions, category)]
                 out.append(Problem(entry["id"], entry["question"][0], tools, category, data_))
         return out
 
@@ -203,5 +248,5 @@ class BFCL(Benchmark):
         return {
             "role": "assistant",
             "content": "",
-            "tool_calls": reference_calls(problem.data["functions"], problem.data["truth"]),
+            "tool_calls": reference_calls(problem.data["functions"], problem.data["truth"], category),
         }
