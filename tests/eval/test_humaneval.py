@@ -111,5 +111,5 @@ def test_exec_timeout_reaches_the_scorer():
     with pytest.raises(Exception, match="exec_timeout_s"):
         RunSettings("humaneval", exec_timeout_s=0)
     bench, problems, _ = prepare(settings)
-    assert bench.timeout_s == 0.5 and len(problems) == 1
-    assert prepare(RunSettings("humaneval", limit=1))[0].timeout_s == 3.0
+    assert bench.exec_timeout_s == 0.5 and len(problems) == 1
+    assert prepare(RunSettings("humaneval", limit=1))[0].exec_timeout_s == 3.0

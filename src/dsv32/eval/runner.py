@@ -86,8 +86,8 @@ def make_solver(settings: RunSettings, bench: Benchmark) -> Any:
 def prepare(settings: RunSettings) -> tuple[Benchmark, list[Problem], dict | None]:
     """The benchmark, its problems for this run and the paper row: everything checked, nothing written."""
     bench = registry.get(settings.benchmark)
-    if hasattr(bench, "timeout_s"):  # a benchmark that runs programs: --exec-timeout
-        bench.timeout_s = settings.exec_timeout_s
+    if hasattr(bench, "exec_timeout_s"):  # a benchmark that runs programs: --exec-timeout
+        bench.exec_timeout_s = settings.exec_timeout_s
     if settings.data is not None and not Path(settings.data).is_file():
         raise EvalError(f"--data {settings.data}: no such file")
     if settings.data is not None and not (bench.needs_data or bench.reads_data):

@@ -8,8 +8,9 @@ setting              default    source
 ``temperature``      1.0        §4.1: "We set the temperature to 1.0"
 ``top_p``            1.0        not stated in the paper: no nucleus truncation
 ``max_tokens``       131072     §4.1 (context window 128K tokens) and Appendix D ("maximum generation
-                                length is set to 128k"); a local model is further capped at its own window
-``context_window``   131072     §4.1: "the context window to 128K tokens" (a local model: its own
+                                length is set to 128k"); a local model is further capped at its own window,
+                                an endpoint's requests are fitted to the window its /v1/models reports
+``context_window``   131072     §4.1: "the context window to 128K tokens" (a local model or endpoint: its own
                                 window if smaller)
 ``context``          none       §4.4: strategies (summary, discard_75, discard_all,
                                 parallel_fewest_step) trigger at 80 % of the window; the paper's main
