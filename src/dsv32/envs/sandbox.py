@@ -757,7 +757,8 @@ def run(
     removed afterwards, when None); ``stdin`` its input; ``output_bytes`` the most kept of each of
     stdout and stderr: past it the program is killed ("output limit"), or with ``drain_output`` it
     runs on and the rest is read and discarded (``truncated`` says so); ``disk_mb`` the most its
-    files in the work dir and ``writable`` may hold (:class:`DiskWatch`); other keywords as :func:`command_prefix`.
+    files in the work dir and ``writable`` may hold (:class:`DiskWatch`); other keywords as
+    :func:`command_prefix`.
     Never raises for what the program does — a crash, a limit or a timeout is in the result."""
     if not argv:
         raise SandboxError("sandbox.run needs a program to run (argv is empty)")

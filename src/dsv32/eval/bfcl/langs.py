@@ -57,12 +57,14 @@ def language_docs(functions: list[dict], category: str) -> list[dict]:
                 value["description"] += f" This is {name} {kind} type parameter in string representation."
             if kind in (("ArrayList", "Array") if language == "java" else ("array",)):
                 value["description"] += (
-                    f" The list elements are of type {value['items']['type']}; they are not in string representation."
+                    f" The list elements are of type {value['items']['type']};"
+                    " they are not in string representation."
                 )
                 del value["items"]
             if language == "javascript" and kind == "dict" and "properties" in value:
                 value["description"] += (
-                    " The dictionary entries have the following schema; they are not in string representation. "
+                    " The dictionary entries have the following schema;"
+                    " they are not in string representation. "
                     + json.dumps(value["properties"])
                 )
                 del value["properties"]

@@ -11,8 +11,8 @@ grades only that, so it ships no ground truth).
 
 Entries no answer can pass under BFCL's rules (a required parameter the ground truth allows no value
 for, an expected parameter the function does not define, a Java list of strings expected to hold a
-number: 7 of the 2,501 graded entries of bfcl-eval 2026.3.23) are left out and listed in ``results.json`` under ``excluded``; BFCL's own
-score counts them as failed for every model.
+number: 7 of the 2,501 graded entries of bfcl-eval 2026.3.23) are left out and listed in
+``results.json`` under ``excluded``; BFCL's own score counts them as failed for every model.
 
 The reference answer is the ground truth's first allowed value of every parameter (optional ones,
 whose first allowed value is ``""``, left out), as tool calls (in Java and JavaScript written as
