@@ -64,8 +64,7 @@ def language_docs(functions: list[dict], category: str) -> list[dict]:
             if language == "javascript" and kind == "dict" and "properties" in value:
                 value["description"] += (
                     " The dictionary entries have the following schema;"
-                    " they are not in string representation. "
-                    + json.dumps(value["properties"])
+                    " they are not in string representation. " + json.dumps(value["properties"])
                 )
                 del value["properties"]
             value["type"] = "string"
