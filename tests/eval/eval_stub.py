@@ -10,8 +10,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class StubEndpoint:
-    def __init__(self, reply: Callable[[dict], dict | int]) -> None:
+    """``window``: the ``max_model_len`` its ``GET /v1/models`` reports (None: that route is 404)."""
+
+    def __init__(self, reply: Callable[[dict], dict | int], window: int | None = None) -> None:
         self.reply = reply
+        self.window = window
         self.requests: list[dict] = []
         self.lock = threading.Lock()
         stub = self
@@ -20,6 +23,13 @@ class StubEndpoint:
             def log_message(self, *args) -> None:  # quiet
                 return None
 
+            def do_GET(self) -> None:
+                if stub.window is None or not self.path.endswith("/models"):
+                    self._send(404, {"error": {"message": "not found", "type": "not_found"}})
+                    return
+                card = {"id": "stub-model", "object": "model", "max_model_len": stub.window}
+                self._send(200, {"object": "list", "data": [card]})
+
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with stub.lock:
@@ -27,6 +37,9 @@ class StubEndpoint:
                 message = stub.reply(body)
                 if isinstance(message, int):  # an HTTP error status
                     self._send(message, {"error": {"message": "scripted failure", "type": "server_error"}})
+                    return
+                if isinstance(message, str):  # an HTTP 400 with this message
+                    self._send(400, {"error": {"message": message, "type": "invalid_request_error"}})
                     return
                 calls = message.get("tool_calls") or []
                 choice = {"index": 0, "finish_reason": "tool_calls" if calls else "stop",

@@ -48,6 +48,22 @@ def bfcl_eval_functions() -> dict:
     return namespace
 
 
+def test_simple_is_the_unweighted_mean_of_python_java_and_javascript():
+    fns = bfcl_eval_functions()
+    unweighted = fns["calculate_unweighted_accuracy"]
+    three = {"simple_python": (0.9, 400), "simple_java": (0.3, 98), "simple_javascript": (0.6, 50)}
+    rest = {c: CATEGORIES[c] for c in ("multiple", "parallel", "parallel_multiple")}
+    mine = group_scores({**three, **rest})["non_live_ast"]
+
+    def cat(name, table):
+        a, n = table[name]
+        return {"accuracy": a, "total_count": n, "display_accuracy": a}
+
+    simple = unweighted([cat(c, three) for c in three])
+    expected = unweighted([simple, *(cat(c, rest) for c in rest)])
+    assert mine["accuracy"] == pytest.approx(expected["accuracy"]) and mine["missing"] == []
+
+
 def test_groups_match_bfcl_eval_functions():
     fns = bfcl_eval_functions()
     weighted, unweighted = fns["calculate_weighted_accuracy"], fns["calculate_unweighted_accuracy"]

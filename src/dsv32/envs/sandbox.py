@@ -429,7 +429,7 @@ def kill(proc: subprocess.Popen) -> None:
 
 class _Reader(threading.Thread):
     """Reads one pipe to its end, keeping the first ``cap`` bytes; past the cap it calls
-    ``on_overflow`` once (which kills the program) and discards the rest."""
+    ``on_overflow`` once and discards (drains) the rest."""
 
     def __init__(self, pipe, cap: int, on_overflow) -> None:
         super().__init__(daemon=True)
@@ -749,12 +749,16 @@ def run(
     network: bool = False,
     env: dict[str, str] | None = None,
     output_bytes: int = 1 << 20,
+    drain_output: bool = False,
     disk_mb: int = DISK_MB,
     **limits,
 ) -> SandboxResult:
     """Run ``argv`` confined and wait for it: ``cwd`` is its work dir (a fresh temporary one,
-    removed afterwards, when None); ``stdin`` its input; ``disk_mb`` the most its files in the work
-    dir and ``writable`` may hold (:class:`DiskWatch`); other keywords as :func:`command_prefix`.
+    removed afterwards, when None); ``stdin`` its input; ``output_bytes`` the most kept of each of
+    stdout and stderr: past it the program is killed ("output limit"), or with ``drain_output`` it
+    runs on and the rest is read and discarded (``truncated`` says so); ``disk_mb`` the most its
+    files in the work dir and ``writable`` may hold (:class:`DiskWatch`); other keywords as
+    :func:`command_prefix`.
     Never raises for what the program does — a crash, a limit or a timeout is in the result."""
     if not argv:
         raise SandboxError("sandbox.run needs a program to run (argv is empty)")
@@ -785,8 +789,9 @@ def run(
         reason: list[str] = []
 
         def overflow() -> None:
-            reason.append("output limit")
-            kill(proc)
+            if not drain_output:
+                reason.append("output limit")
+                kill(proc)
 
         def past_quota() -> None:
             reason.append("disk limit")

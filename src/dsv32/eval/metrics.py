@@ -47,7 +47,10 @@ def wilson_interval(successes: int, total: int, z: float = Z95) -> tuple[float, 
     denom = 1 + z * z / total
     centre = (p + z * z / (2 * total)) / denom
     half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    # at 0 and at 1 the bound is exactly 0 and 1 (in floating point centre - half leaves ~1e-17)
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == total else min(1.0, centre + half)
+    return (low, high)
 
 
 def mean_interval(values: Sequence[float], z: float = Z95, min_var: float = 0.0) -> tuple[float, float]:

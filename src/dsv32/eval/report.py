@@ -77,11 +77,22 @@ def aggregate(problems: list[Problem], rows: list[dict], n: int, bench: Benchmar
             sorted(Counter(str(r.get("stop_reason", r.get("finish_reason"))) for r in counted).items())
         ),
     }
+    secondary = sorted({name for r in counted for name in r.get("secondary") or {}})
+    if secondary:
+        out["secondary"] = {name: _secondary(counted, name, n) for name in secondary}
     if episodes:
         out["agentic"] = {k + "_mean": _mean([r[k] for r in episodes]) for k in ("steps", "tokens", "resets")}
     if bench is not None:
         out |= bench.subset_summaries(per_subset)
     return out
+
+
+def _secondary(rows: list[dict], name: str, n: int) -> dict:
+    """The metrics of one secondary reading (a row without it counts its headline score)."""
+    by_problem: dict[str, list[float]] = defaultdict(list)
+    for row in sorted(rows, key=lambda r: (r["id"], r["sample"])):
+        by_problem[row["id"]].append(float((row.get("secondary") or {}).get(name, row["score"])))
+    return _metrics(by_problem, n)
 
 
 NOT_RUN = "no scored result (not run)"
@@ -189,6 +200,11 @@ def render(results: dict) -> str:
             else (" |" if paper else "")
         )
         lines.append(f"| {label(results, name)} | {pct(metric)} |{extra}")
+    for name, metrics in (results.get("secondary") or {}).items():
+        lines.append(
+            f"| {name} (secondary, not the benchmark's score) | {pct(metrics.get('pass@1'))} |"
+            + (" |" if results.get("paper") else "")
+        )
     if results["subsets"]:
         lines += ["", "| subset | problems | pass@1 % [95 % CI] |", "|---|---|---|"]
         for name, metrics in results["subsets"].items():

@@ -5,10 +5,17 @@ any of reasoning-gym's ~100 may be named), generated with seed :data:`SEED` (the
 run and machine for a given reasoning-gym version). Prompt: the paper's math template (§4.1),
 ``{question}\\nPlease reason step by step, and put your final answer within \\boxed{}.``
 
-Score: the content of the last ``\\boxed{}`` (a whole ``\\text{...}`` unwrapped) given to the
-family's own ``score_answer``; for the arithmetic families, also math-verify against the reference
-answer (so ``\\frac{3}{4}`` counts for ``3/4``). Reasoning-gym gives partial credit for answers that
-merely contain the right one; the harness records that value, and pass@k counts only a score of 1.
+Score (the headline): the content of the last ``\\boxed{}``, stripped of surrounding whitespace (as
+reasoning-gym's own ``extract_answer`` reads its answer tags), else None, given to the family's own
+``score_answer``: the verdict reasoning-gym gives that answer. Reasoning-gym gives partial credit for
+answers that merely contain the right one; the harness records that value, and pass@k counts only a
+score of 1.
+
+Secondary metric ``lenient`` (``results.json`` ``secondary``, never the headline): the best of the
+headline, ``score_answer`` on the boxed content with a whole ``\\text{...}`` unwrapped, and, for the
+arithmetic families, math-verify equality with the reference answer (``\\frac{3}{4}`` for ``3/4``).
+It reads answers more generously than the task means (an unsimplified fraction equals the simplified
+one), so it shows how much of a gap is notation.
 
 Families were chosen whose verifiers compare strings or numbers in Python (none of them ``eval`` or
 sympy-parse the model's text) and whose reference answers score 1.
@@ -28,10 +35,12 @@ LOGIC = ("knights_knaves", "syllogism", "zebra_puzzles", "family_relationships")
 FAMILIES = MATH + LOGIC
 PER_FAMILY = 50
 SEED = 1234
+LENIENT = "lenient"
 _TEXT = re.compile(r"^\\text\s*\{(.*)\}$", re.S)
 
 
 def boxed_answer(text: str | None) -> str | None:
+    """The last ``\\boxed{}`` content with a whole ``\\text{...}`` unwrapped (the lenient reading)."""
     answer = last_boxed(text)
     if answer is None:
         return None
@@ -77,14 +86,20 @@ class ReasoningGym(Benchmark):
         return out
 
     def score(self, problem: Problem, message: dict) -> Score:
-        answer = boxed_answer(message.get("content"))
-        if answer is None:
-            return Score(0.0, "no \\boxed{} answer")
+        content = message.get("content")
+        answer = last_boxed(content)
         family, entry = problem.data["family"], problem.data["entry"]
-        value = float(self._dataset(family).score_answer(answer, entry))
-        if value < 1.0 and family in MATH and math_equal(str(entry["answer"]), answer):
-            value = 1.0
-        return Score(value, f"answered {answer[:80]!r}, expected {str(entry['answer'])[:80]!r}")
+        dataset = self._dataset(family)
+        value = float(dataset.score_answer(answer, entry))  # None (no box) too: the family decides
+        if answer is None:
+            return Score(value, "no \\boxed{} answer", {LENIENT: value})
+        lenient, unwrapped = value, boxed_answer(content)
+        if lenient < 1.0 and unwrapped != answer:
+            lenient = max(lenient, float(dataset.score_answer(unwrapped, entry)))
+        if lenient < 1.0 and family in MATH and math_equal(str(entry["answer"]), unwrapped):
+            lenient = 1.0
+        why = f"answered {answer[:80]!r}, expected {str(entry['answer'])[:80]!r}"
+        return Score(value, why, {LENIENT: lenient})
 
     def reference(self, problem: Problem) -> dict:
         return {"role": "assistant", "content": f"\\boxed{{{problem.data['entry']['answer']}}}"}

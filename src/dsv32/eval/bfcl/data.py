@@ -6,7 +6,7 @@
 - :func:`openai_tool`: a BFCL function doc as an OpenAI tool. BFCL's types become JSON-schema types
   (``dict`` → ``object``, ``float`` → ``number``, ``tuple`` → ``array``, ``any`` → no constraint) and
   names get the characters the Chat Completions API allows (``math.factorial`` →
-  ``math_factorial``; BFCL does the same for OpenAI models); :func:`name_map` maps them back.
+  ``math_factorial``, as BFCL names them for function-calling models; a call must use that name).
 """
 
 from __future__ import annotations
@@ -64,11 +64,6 @@ def chosen_categories(benchmark: str, subset: list[str] | None, categories: tupl
 def tool_name(name: str) -> str:
     """A BFCL function name as an API-legal tool name."""
     return _NAME.sub("_", name)[:64]
-
-
-def name_map(functions: list[dict]) -> dict[str, str]:
-    """``{tool name: BFCL name}`` for a list of BFCL function docs."""
-    return {tool_name(f["name"]): f["name"] for f in functions}
 
 
 def json_schema(node: object) -> object:

@@ -6,7 +6,7 @@ mean of the category accuracies). The groups and how each is combined:
 
 - ``non_live_ast``: unweighted over ``simple``, ``multiple``, ``parallel``, ``parallel_multiple``,
   where ``simple`` is itself the unweighted mean of the Python, Java and JavaScript simple
-  categories (we run only ``simple_python``).
+  categories (a run that lacks some of them uses those it has, and names the others in ``missing``).
 - ``live_ast``: weighted over the four ``live_*`` AST categories.
 - ``irrelevance``: unweighted over ``irrelevance`` and ``live_irrelevance``.
 - ``relevance``: ``live_relevance``.
