@@ -205,6 +205,8 @@ class SweEnv(Environment):
         if left_out:
             reason += f"; left out of the scored copy: {'; '.join(left_out[:5])}"
             reason += f" and {len(left_out) - 5} more" if len(left_out) > 5 else ""
+        if report.harness:
+            reason += f"; {report.harness}"
         if not report.outcomes:
             reason += f"; pytest gave no results (exit {report.returncode}): {report.output[-500:]}"
         return Reward(value, {"fail_to_pass": f2p_rate, "pass_to_pass": p2p_rate}, reason)
