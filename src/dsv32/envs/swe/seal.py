@@ -1,5 +1,5 @@
-"""PYTEST_DONT_REWRITE: the pytest plugin that vouches for each test of a sandboxed run: its verdicts, not pytest's report,
-decide which tests count as passed.
+"""PYTEST_DONT_REWRITE: the pytest plugin that vouches for each test of a sandboxed run (its
+verdicts, not pytest's report, decide which tests count as passed).
 
 Standard library and pytest only: :func:`~dsv32.envs.swe.testrun.run_pytest` copies this file into a
 read-only folder outside the repository and the launcher imports it right after pytest and its
@@ -16,9 +16,10 @@ when it loads. At load it
 For every test it wraps setup, call and teardown (outermost hook wrappers) and writes one verdict,
 ``ok`` only when
 
-- the records are intact before setup, after the call and after teardown (a library that replaced
-  ``Function.runtest``, ``pytest.raises``, ``builtins.len`` or ``sys.modules["pytest"]``, or set a
-  trace function that could jump over lines, fails every test from then on);
+- the records are intact once the tests are collected, and after each test's call and teardown (a
+  library that replaced ``Function.runtest``, ``pytest.raises``, ``builtins.len`` or
+  ``sys.modules["pytest"]``, or set a trace function that could jump over lines, fails every test
+  from then on; pytest's own functions it moves onto its classes while it starts are allowed);
 - the function about to run is the test as the test file on disk defines it: its code object equals
   the one pytest's own assertion rewriter (the copy recorded at load) compiles from that file (a
   library cannot swap a test body for another);
@@ -34,12 +35,15 @@ when pytest's report and an intact chain ending in an ``end`` line agree.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import hmac
 import json
+import operator
 import os
 import sys
 import types
+from itertools import repeat
 from pathlib import Path
 
 import pytest
@@ -62,7 +66,7 @@ _MUTABLE = {
     ("_pytest.debugging", "pytestPDB._wrapped_pdb_cls"),
 }
 
-_getattr, _id, _isinstance, _type = getattr, id, isinstance, type
+_getattr, _id, _isinstance, _type, _is = getattr, id, isinstance, type, operator.is_
 _hmac_new, _dumps, _sha256 = hmac.new, json.dumps, hashlib.sha256
 _gettrace, _modules, _rewrite_test = sys.gettrace, sys.modules, _rewrite._rewrite_test
 
@@ -109,6 +113,38 @@ def _pytests_own(value: object, own: set[int]) -> bool:
     return _id(value) in own
 
 
+def _dict_of(owner: object) -> dict:
+    """The dict behind a module's or a class's attributes (a class shows it through a read-only
+    proxy, whose lookups are slow; the proxy refers to the dict itself)."""
+    mapping = vars(owner)
+    return mapping if _type(mapping) is dict else gc.get_referents(mapping)[0]
+
+
+def _fast(rows: list[tuple]) -> tuple:
+    """The records of ``rows`` flattened for :func:`_same`: module names, modules and their types,
+    and for every attribute its owner's dict, its key and the value it holds now."""
+    dicts, keys, values = [], [], []
+    for _, _, _, attrs in rows:
+        for owner, key, _ in attrs:
+            mapping = _dict_of(owner)
+            dicts.append(mapping)
+            keys.append(key)
+            values.append(mapping.get(key, _MISSING))
+    names = tuple(r[0] for r in rows)
+    return names, tuple(r[1] for r in rows), tuple(r[2] for r in rows), (dicts, keys, values)
+
+
+def _same(fast: tuple, trace: object) -> bool:
+    """Whether everything in ``fast`` is as it was (C-level passes: the check of every test)."""
+    names, modules, kinds, (dicts, keys, values) = fast
+    return (
+        _gettrace() is trace
+        and all(map(_is, map(_modules.get, names), modules))
+        and all(map(_is, map(_type, modules), kinds))
+        and all(map(_is, map(dict.get, dicts, keys, repeat(_MISSING)), values))
+    )
+
+
 def _intact(rows: list[tuple], trace: object, own: set[int]) -> str:
     """'' when nothing recorded has changed (but for pytest's own functions moved onto its classes),
     else what changed first."""
@@ -134,6 +170,7 @@ class _Seal:
         self._seq = 0
         self._rows: list[tuple] = []
         self._own: set[int] = set()
+        self._fast: tuple = ((), (), (), [])
         self._trace = _gettrace()
         self.broken = ""
         self._codes: dict[str, list] = {}
@@ -149,8 +186,10 @@ class _Seal:
         self._out.flush()
 
     def check(self) -> bool:
-        if not self.broken:
+        if not self.broken and not _same(self._fast, self._trace):
             self.broken = _intact(self._rows, self._trace, self._own)
+            if not self.broken:  # pytest moved its own functions: the new places are the norm now
+                self._fast = _fast(self._rows)
         return not self.broken
 
     def pristine(self, path: str, config) -> list:
@@ -219,6 +258,7 @@ def _load() -> None:
     _SEAL = _Seal(key, path)
     _SEAL._rows = _snapshot()  # after _SEAL is bound, so that it is watched too
     _SEAL._own = _own_functions(_SEAL._rows)
+    _SEAL._fast = _fast(_SEAL._rows)
 
 
 _load()
@@ -242,11 +282,17 @@ def _test_function(item, seal: _Seal):
     return None
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    if _SEAL is not None:
+        _SEAL.check()  # what importing the tests (and the code they import) changed
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_setup(item):
     if _SEAL is None:
         return (yield)
-    _SEAL._state[item.nodeid] = [_SEAL.check(), False, False]
+    _SEAL._state[item.nodeid] = [not _SEAL.broken, False, False]
     try:
         result = yield
     except BaseException:
@@ -261,7 +307,7 @@ def pytest_runtest_call(item):
         return (yield)
     state = _SEAL._state.setdefault(item.nodeid, [False, False, False])
     func = _test_function(item, _SEAL)
-    if func is not None and _SEAL.check():
+    if func is not None and not _SEAL.broken:
 
         def run(*args, **kwargs):
             result = func(*args, **kwargs)
