@@ -10,8 +10,9 @@ Tools: ``bash`` (sandboxed in the repository: no network, only the repository wr
 suite in the sandbox on a fresh copy of the snapshot that takes only the library code from the
 episode's repository (:func:`~dsv32.envs.swe.snapshot.scoring_tree`: tests, ``conftest.py`` files and
 pytest configuration are the snapshot's, as SWE-bench re-applies its test patch): 1 when every
-``FAIL_TO_PASS`` test passes and no ``PASS_TO_PASS`` test fails, else 0, read from pytest's JUnit
-report. The tools read only regular files of the repository; a bad call is an ``error:`` text.
+``FAIL_TO_PASS`` test passes and no ``PASS_TO_PASS`` test fails, else 0, where a test passes when
+pytest's JUnit report and the seal that vouches for its run (:mod:`~dsv32.envs.swe.seal`: pytest
+intact, the genuine test body run to its end) both say so. The tools read only regular files of the repository; a bad call is an ``error:`` text.
 """
 
 from __future__ import annotations

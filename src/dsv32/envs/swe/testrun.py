@@ -1,19 +1,24 @@
-"""Running a repository's tests in the sandbox and reading pytest's JUnit XML report.
+"""Running a repository's tests in the sandbox, reading pytest's JUnit XML report and the seal's
+verdicts.
 
-Outcomes come only from the report (``--junitxml``, ``junit_family=xunit1`` so each ``testcase``
-carries its ``file``), never from the console. Each test case becomes its pytest node id
+Outcomes come from the report (``--junitxml``, ``junit_family=xunit1`` so each ``testcase`` carries
+its ``file``), never from the console. Each test case becomes its pytest node id
 (``tests/test_lru.py::LRUCacheTest::test_lru``, ``test_inflection.py::test_camelize[a-A]``) and an
 outcome, the worse of its phases: ``error`` > ``failed`` > ``skipped`` > ``passed`` (a test whose
 call failed and whose teardown errored is an error). A test missing from the report (a collection
-error, a crash) did not pass.
+error, a crash) did not pass, and neither does one the seal (:mod:`~dsv32.envs.swe.seal`) did not
+vouch for: its verdicts are MAC-chained with a key the run reads from its stdin, and they count only
+when the chain is whole and ends with pytest intact (:func:`read_verdicts`).
 
 pytest starts so that nothing in the repository can stand in for it: ``python -P -s`` (neither the
-working directory nor the user's site-packages on ``sys.path``, no ``PYTHONPATH``) imports pytest
-and its built-in plugins first, and only then puts the repository on ``sys.path`` (a ``pytest.py``,
-``sitecustomize.py`` or ``_pytest/`` there is never imported); the process ends with ``os._exit``
-right after pytest returns, so the tested code's exit hooks never run. The host reads the
-report only if it is a regular file (not a symlink, FIFO or directory) of at most
-:data:`REPORT_BYTES` and well-formed without a DOCTYPE; otherwise the run has no results.
+working directory nor the user's site-packages on ``sys.path``, no ``PYTHONPATH``) imports pytest,
+its built-in plugins, ``unittest`` and the seal first, and only then puts the repository on
+``sys.path``, after the standard library (a ``pytest.py``, ``sitecustomize.py``, ``_pytest/`` or
+``unittest.py`` there is never imported in place of the real one); the repository is read-only to
+the run; the process ends with ``os._exit`` right after pytest returns, so the tested code's exit
+hooks never run. The host reads the report and the verdicts only from regular files (not a
+symlink, FIFO or directory) of at most :data:`REPORT_BYTES`, the report well-formed without a
+DOCTYPE; otherwise the run has no results.
 """
 
 from __future__ import annotations
