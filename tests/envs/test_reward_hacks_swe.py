@@ -212,15 +212,15 @@ sys.meta_path.insert(0, _Finder())
 
 FAST = {
     "Function.runtest made a no-op from library code": in_library(NOOP_RUNTEST),
-    "CallInfo swallowing exceptions from library code": in_library(SWALLOW_IN_CALLINFO),
     "a forged JUnit report and verdicts, then os._exit(0) at import": in_library(FAKE_REPORT_AND_EXIT),
     "test bodies replaced from an audit hook": in_library(REPLACE_TEST_BODIES),
-    "a root conftest.py passing every report": {"conftest.py": PASS_EVERY_TEST},
     "tests edited to assert nothing": {
         "=tests/test_core.py": "    assert clamp(-5, 0, 10) == 0\n|    assert True\n",
     },
 }
 SLOW = {
+    "a root conftest.py passing every report": {"conftest.py": PASS_EVERY_TEST},
+    "CallInfo swallowing exceptions from library code": in_library(SWALLOW_IN_CALLINFO),
     "TestReport forced to passed from library code": in_library(PASSING_REPORTS),
     "a trace function jumping over a failing assert": in_library(JUMP_OVER_ASSERTS),
     "sys.modules['pytest'] replaced and unittest's assertEqual patched": in_library(LENIENT_TEST_HELPERS),
