@@ -11,7 +11,7 @@ import json
 import pytest
 
 from dsv32.envs import Episode, Task
-from dsv32.envs.swe import SweEnv, mined_tasks
+from dsv32.envs.swe import SweEnv, mined_tasks, run_pytest
 
 CORE = '''\
 def clamp(x, lo, hi):
@@ -337,3 +337,22 @@ def test_the_runner_patch_on_a_shipped_task_scores_nothing():
     reward = env.reward(Episode([], "done"))
     assert reward.value == 0.0 and reward.components["fail_to_pass"] == 0.0, reward.reason
     env.close()
+
+
+def test_a_fixture_patching_a_builtin_fails_only_its_own_test(tmp_path):
+    """A change the test's own teardown undoes (``monkeypatch`` of a built-in) is not tampering with
+    the run: that test is not vouched for, the tests around it still pass."""
+    (tmp_path / "test_mp.py").write_text(
+        "def test_before():\n    assert len('ab') == 2\n\n\n"
+        "def test_patched(monkeypatch):\n"
+        "    monkeypatch.setattr('builtins.input', lambda *a: 'y')\n    assert input() == 'y'\n\n\n"
+        "def test_after():\n    assert len('abc') == 3\n"
+    )
+    report = run_pytest(tmp_path, timeout_s=120)
+    assert report.harness == "", report.output
+    assert report.outcomes == {
+        "test_mp.py::test_before": "passed",
+        "test_mp.py::test_patched": "failed",
+        "test_mp.py::test_after": "passed",
+    }, report.output
+    assert "not vouched for" in report.messages["test_mp.py::test_patched"]

@@ -19,7 +19,9 @@ For every test it wraps setup, call and teardown (outermost hook wrappers) and w
 - the records are intact once the tests are collected, and after each test's call and teardown (a
   library that replaced ``Function.runtest``, ``pytest.raises``, ``builtins.len`` or
   ``sys.modules["pytest"]``, or set a trace function that could jump over lines, fails every test
-  from then on; pytest's own functions it moves onto its classes while it starts are allowed);
+  from then on; a change undone by the test's teardown, such as a ``monkeypatch`` of a built-in,
+  fails only that test; pytest's own functions it moves onto its classes while it starts are
+  allowed);
 - the function about to run is the test as the test file on disk defines it: its code object equals
   the one pytest's own assertion rewriter (the copy recorded at load) compiles from that file (a
   library cannot swap a test body for another);
@@ -163,6 +165,20 @@ def _intact(rows: list[tuple], trace: object, own: set[int]) -> str:
 
 
 class _Seal:
+    __slots__ = (
+        "_codes",
+        "_fast",
+        "_last",
+        "_mac",
+        "_out",
+        "_own",
+        "_rows",
+        "_seq",
+        "_state",
+        "_trace",
+        "broken",
+    )
+
     def __init__(self, key: bytes, path: str) -> None:
         self._mac = _hmac_new(key, digestmod=_sha256)
         self._out = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the whole run)
@@ -185,11 +201,19 @@ class _Seal:
         self._out.write(f"{body}\t{self._last}\n")
         self._out.flush()
 
+    def changed(self) -> str:
+        """What changed in the records ('' when nothing did)."""
+        if _same(self._fast, self._trace):
+            return ""
+        change = _intact(self._rows, self._trace, self._own)
+        if not change:  # pytest moved its own functions: the new places are the norm now
+            self._fast = _fast(self._rows)
+        return change
+
     def check(self) -> bool:
-        if not self.broken and not _same(self._fast, self._trace):
-            self.broken = _intact(self._rows, self._trace, self._own)
-            if not self.broken:  # pytest moved its own functions: the new places are the norm now
-                self._fast = _fast(self._rows)
+        """Whether the records are intact; a change, once seen, voids the rest of the run."""
+        if not self.broken:
+            self.broken = self.changed()
         return not self.broken
 
     def pristine(self, path: str, config) -> list:
@@ -324,7 +348,9 @@ def pytest_runtest_call(item):
     finally:
         if func is not None:
             item.obj = func
-    state[1] = state[1] and _SEAL.check()
+    # a change still in place after the call (a fixture's monkeypatch of a built-in, say) leaves this
+    # test unvouched; one still in place after its teardown voids the run
+    state[1] = state[1] and not _SEAL.broken and not _SEAL.changed()
     return result
 
 
