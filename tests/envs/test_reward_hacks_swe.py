@@ -356,3 +356,29 @@ def test_a_fixture_patching_a_builtin_fails_only_its_own_test(tmp_path):
         "test_mp.py::test_after": "passed",
     }, report.output
     assert "not vouched for" in report.messages["test_mp.py::test_patched"]
+
+
+def test_verdicts_count_only_as_an_unbroken_chain_that_ends_intact(tmp_path):
+    from dsv32.envs.swe.seal import _Seal
+    from dsv32.envs.swe.testrun import read_verdicts
+
+    key, path = bytes(range(32)), tmp_path / "verdicts"
+    seal = _Seal(key, str(path))
+    seal.write("t.py::a", "ok", "")
+    seal.write("t.py::b", "no", "")
+    seal.write("t.py::c", "ok", "")
+    seal.write("end", "intact", "")
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    assert read_verdicts(text, key) == ({"t.py::a", "t.py::c"}, "")
+    assert read_verdicts(text, bytes(32))[0] == set()  # another key
+    assert read_verdicts("".join(lines[:-1]), key)[0] == set()  # no closing line
+    assert read_verdicts("".join([lines[0], lines[2], lines[3]]), key)[0] == set()  # a line dropped
+    assert read_verdicts("".join([lines[2], lines[1], lines[0], lines[3]]), key)[0] == set()  # reordered
+    assert read_verdicts(text.replace('"no"', '"ok"'), key)[0] == set()  # a verdict changed
+    assert read_verdicts(text + lines[0], key)[0] == set()  # a line after the end
+    broken = _Seal(key, str(tmp_path / "broken"))
+    broken.write("t.py::a", "ok", "")
+    broken.write("end", "broken", "Function.runtest was changed")
+    vouched, problem = read_verdicts((tmp_path / "broken").read_text(), key)
+    assert vouched == set() and "Function.runtest" in problem
