@@ -325,3 +325,34 @@ def test_a_kernel_does_not_start_in_a_given_work_dir_past_its_quota(tmp_path):
     ):
         SandboxedKernel(workdir=str(tmp_path), memory_mb=1024, disk_mb=2)
     assert (tmp_path / "big").stat().st_size == 3 << 20  # the caller's files are left as they were
+
+
+def test_checking_answers_leaves_the_users_logging_configuration_alone():
+    """The verifier runs math-verify in this process (main thread) and in its worker pool (other
+    threads); neither changes a logger the user configured, nor logging's global switch."""
+    import logging
+    import threading
+
+    from dsv32.envs.interpreter.verify import math_equal
+
+    names = ["", "math_verify", "math_verify.grader", "math_verify.parser", "latex2sympy2_extended", "sympy"]
+    handler = logging.NullHandler()
+    saved = {n: logging.getLogger(n).level for n in names}
+    try:
+        for n in names:
+            logging.getLogger(n).setLevel(logging.DEBUG)
+        logging.getLogger("math_verify").addHandler(handler)
+        state = {n: (logging.getLogger(n).level, logging.getLogger(n).disabled, logging.getLogger(n).handlers[:])
+                 for n in names}  # fmt: skip
+        disable = logging.root.manager.disable
+        assert math_equal("\\frac{1}{2}", "0.5") and not math_equal("2", "3")
+        worker = threading.Thread(target=lambda: math_equal("1,000", "1000"))
+        worker.start()
+        worker.join(60)
+        after = {n: (logging.getLogger(n).level, logging.getLogger(n).disabled, logging.getLogger(n).handlers[:])
+                 for n in names}  # fmt: skip
+        assert after == state and logging.root.manager.disable == disable
+    finally:
+        logging.getLogger("math_verify").removeHandler(handler)
+        for n, level in saved.items():
+            logging.getLogger(n).setLevel(level)

@@ -3,7 +3,10 @@
 
 Each episode copies the bundle's ``db.sqlite`` into its own work dir; every tool call and the final
 verification run :mod:`.runner` in a fresh sandboxed process (no network, read-only filesystem but
-the work dir), so a bundle's code never runs in the host. Reward: 1 when
+the work dir), so a bundle's code never runs in the host. A tool call sees, of the bundle, only
+``tools.py``: not ``verify.py``, ``task.json`` (the reference answer) or the initial database the
+verifier compares against, so even a tool that reads or writes files on the model's say-so (a
+synthesized bundle's mistake) reaches nothing but the episode's own database. Reward: 1 when
 ``verify(initial_db, final_db, answer)`` accepts, else 0, with the verifier's reason.
 """
 
@@ -62,9 +65,10 @@ class GeneralToolEnv(Environment):
             raise EnvError("tools() before reset(): the tools come with the task's bundle")
         return self.bundle.tools
 
-    def _run(self, *args: str, data: str = "") -> dict:
+    def _run(self, *args: str, data: str = "", sees: list[str] | None = None) -> dict:
         """:mod:`.runner` with ``args``, and ``data`` (JSON: a call's arguments, an answer) on its
-        standard input, which holds any size (a program argument holds at most 128 KiB)."""
+        standard input, which holds any size (a program argument holds at most 128 KiB). The process
+        sees ``sees`` (default: the whole bundle) of the bundle, read-only."""
         assert self.bundle is not None and self.workdir is not None
         result = sandbox.run(
             [sys.executable, "-I", "-S", RUNNER, *args],
@@ -72,7 +76,7 @@ class GeneralToolEnv(Environment):
             stdin=data,
             timeout_s=self.call_timeout_s,
             memory_mb=self.memory_mb,
-            readable=[str(self.bundle.path), RUNNER],
+            readable=[*(sees or [str(self.bundle.path)]), RUNNER],
             kind=self.isolation,
         )
         if result.timed_out or result.returncode != 0:
@@ -108,7 +112,12 @@ class GeneralToolEnv(Environment):
             return "error: tool arguments must be a JSON object"
         if problem := lone_surrogate(arguments):
             return problem
-        out = self._run("call", str(self.bundle.path), "db.sqlite", name, data=json.dumps(arguments))
+        # a tool sees its own code, never the verifier, the task (its reference answer) or the initial
+        # database: whatever a tool does with the model's arguments, it cannot read or change them
+        tools = str(self.bundle.path / "tools.py")
+        out = self._run(
+            "call", str(self.bundle.path), "db.sqlite", name, data=json.dumps(arguments), sees=[tools]
+        )
         self.calls.append({"name": name, "ok": out["ok"]})
         return json.dumps(out["result"], ensure_ascii=False) if out["ok"] else f"error: {out['error']}"
 

@@ -11,6 +11,11 @@ Five kinds, drawn in turn (so any ``n`` has a balanced mix):
   first;
 - ``hop_sum`` (two facts): the sum of two integer defaults of two functions.
 
+No reply pays by itself: within each kind, answers that one constant reply would match (under
+:func:`~dsv32.envs.search.answers.matches`) are at most :data:`CONSTANT_SHARE` of that kind's
+questions (at least one), so answering ``None`` or ``False`` to every question earns no more than
+that share on any kind; a question whose answer is already that common is drawn again.
+
 Every task keeps its evidence (document id, page and the text that states the fact) and a reference
 plan (the query that finds each document, checked to rank it in the top 5), so the reference
 solution is played through the same ``search``/``open`` tools the model gets.
@@ -23,16 +28,18 @@ import random
 import sys
 from collections import defaultdict
 from collections.abc import Callable
+from functools import lru_cache
 
 from dsv32.envs.base import EnvError, Task
-from dsv32.envs.search.answers import literal
+from dsv32.envs.search.answers import literal, matches
 from dsv32.envs.search.calls import CALLS, render
 from dsv32.envs.search.corpus import Doc, pages
 from dsv32.envs.search.index import Index
 
-GENERATOR_VERSION = "1"  # part of the task cache's key: bump it when generate() draws other questions
+GENERATOR_VERSION = "2"  # part of the task cache's key: bump it when generate() draws other questions
 KINDS = ("default", "module", "returns", "hop_module_default", "hop_sum")
 REFERENCE_K = 5
+CONSTANT_SHARE = 0.05  # the most of one kind's questions a constant reply may answer
 _PY = "Python {}.{}".format(*sys.version_info[:2])
 _LITERAL_HINT = "Give the value as a Python literal (for example 10, None, True or 'text')."
 
@@ -74,7 +81,17 @@ class _Generator:
         self.unique = [ds[0] for ds in leaves.values() if len(ds) == 1]
         self.unique_classes = [d for d in self.unique if d.meta["kind"] == "class"]
         self.shared_leaf = {name: ds for name, ds in leaves.items() if len(ds) > 1}
+        # per module, the functions whose name other modules share, with their simple defaults
+        self.shared_defaults: dict[str, list[tuple[Doc, str]]] = defaultdict(list)
+        for ds in self.shared_leaf.values():
+            for d in ds:
+                if d.meta["kind"] == "function":
+                    params = d.meta["params"].items()
+                    self.shared_defaults[d.meta["module"]] += [
+                        (d, p) for p, v in params if _simple_default(v)
+                    ]
         self.used: set[str] = set()
+        self.fits: Callable[[str], bool] = lambda answer: True  # an answer the set can still take
 
     def step(self, doc: Doc, needle: str) -> dict | None:
         """The reference step that finds ``doc`` and reads ``needle`` in it, or None if the
@@ -87,6 +104,8 @@ class _Generator:
     def default(self) -> tuple | None:
         doc, p = self.rng.choice(self.with_defaults)
         value = doc.meta["params"][p]
+        if not self.fits(value):
+            return None
         step = self.step(doc, f"{p}={value}")
         q = f"In the {_PY} standard library, what is the default value of the parameter `{p}` of `{doc.id}`? "
         return step and (f"default:{doc.id}:{p}", q + _LITERAL_HINT, value, [step])
@@ -94,6 +113,8 @@ class _Generator:
     def module(self) -> tuple | None:
         doc = self.rng.choice(self.unique)
         module = doc.meta["module"]
+        if not self.fits(module):
+            return None
         step = self.step(doc, f"Defined in module: {module}")
         leaf, kind = doc.id.rsplit(".", 1)[-1], doc.meta["kind"]
         q = (
@@ -108,6 +129,8 @@ class _Generator:
         if doc is None:
             return None
         args = call.draw(self.rng)
+        if not self.fits(repr(call.fn(*args))):
+            return None
         source = render(call.name, args)
         step = self.step(doc, doc.id)
         q = f"Reading the {_PY} standard-library documentation, what does `{source}` return? " + _LITERAL_HINT
@@ -116,14 +139,7 @@ class _Generator:
     def hop_module_default(self) -> tuple | None:
         cls = self.rng.choice(self.unique_classes)
         module = cls.meta["module"]
-        options = [
-            (d, p)
-            for ds in self.shared_leaf.values()
-            for d in ds
-            if d.meta["module"] == module and d.meta["kind"] == "function"
-            for p, v in d.meta["params"].items()
-            if _simple_default(v)
-        ]
+        options = [(d, p) for d, p in self.shared_defaults[module] if self.fits(d.meta["params"][p])]
         if not options:
             return None
         fn, p = self.rng.choice(options)
@@ -141,6 +157,8 @@ class _Generator:
         if a.id == b.id:
             return None
         va, vb = (ast.literal_eval(d.meta["params"][p]) for d, p in ((a, pa), (b, pb)))
+        if not self.fits(str(va + vb)):
+            return None
         steps = [self.step(a, f"{pa}={va!r}"), self.step(b, f"{pb}={vb!r}")]
         q = (
             f"In the {_PY} standard library, take the default value of the parameter `{pa}` of `{a.id}` "
@@ -148,6 +166,17 @@ class _Generator:
             "Answer with a single integer."
         )
         return all(steps) and (f"hop_sum:{a.id}:{pa}:{b.id}:{pb}", q, str(va + vb), steps)
+
+
+@lru_cache(maxsize=1 << 16)
+def _alike(a: str, b: str) -> bool:
+    """Whether one constant reply answers both: ``a`` given as the reply matches ``b``, or the reverse."""
+    return matches(f"Answer: {a}", b) or matches(f"Answer: {b}", a)
+
+
+def _shared(answer: str, golds: list[str]) -> int:
+    """How many of ``golds`` one constant reply could answer along with ``answer``."""
+    return sum(1 for g in golds if _alike(answer, g))
 
 
 def generate(docs: list[Doc], index: Index, n: int, seed: int = 0, corpus: str = "stdlib") -> list[Task]:
@@ -159,15 +188,21 @@ def generate(docs: list[Doc], index: Index, n: int, seed: int = 0, corpus: str =
             "for another corpus, write the tasks as JSONL rows with prompt and answer"
         )
     makers: dict[str, Callable[[], tuple | None]] = {k: getattr(gen, k) for k in KINDS}
+    golds: dict[str, list[str]] = {k: [] for k in KINDS}
     tasks: list[Task] = []
     for i in range(n):
         kind = KINDS[i % len(KINDS)]
-        for _ in range(200):
+        cap = max(1, int(CONSTANT_SHARE * len(range(i % len(KINDS), n, len(KINDS)))))
+        gen.fits = lambda answer, kind=kind, cap=cap: _shared(answer, golds[kind]) < cap
+        for _ in range(1000):
             made = makers[kind]()
             if made and made[0] not in gen.used:
                 break
         else:
-            raise EnvError(f"could not draw a new {kind!r} question from this corpus after 200 tries")
+            raise EnvError(
+                f"could not draw a new {kind!r} question whose answer is not already common after 1000 tries"
+            )
+        golds[kind].append(made[2])
         key, prompt, answer, steps = made
         gen.used.add(key)
         info = {"kind": kind, "key": key, "corpus": corpus, "reference": steps}

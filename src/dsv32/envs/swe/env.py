@@ -10,8 +10,9 @@ Tools: ``bash`` (sandboxed in the repository: no network, only the repository wr
 suite in the sandbox on a fresh copy of the snapshot that takes only the library code from the
 episode's repository (:func:`~dsv32.envs.swe.snapshot.scoring_tree`: tests, ``conftest.py`` files and
 pytest configuration are the snapshot's, as SWE-bench re-applies its test patch): 1 when every
-``FAIL_TO_PASS`` test passes and no ``PASS_TO_PASS`` test fails, else 0, read from pytest's JUnit
-report. The tools read only regular files of the repository; a bad call is an ``error:`` text.
+``FAIL_TO_PASS`` test passes and no ``PASS_TO_PASS`` test fails, else 0, where a test passes when
+pytest's JUnit report and the seal that vouches for its run (:mod:`~dsv32.envs.swe.seal`: pytest
+intact, the genuine test body run to its end) both say so. The tools read only regular files of the repository; a bad call is an ``error:`` text.
 """
 
 from __future__ import annotations
@@ -205,6 +206,8 @@ class SweEnv(Environment):
         if left_out:
             reason += f"; left out of the scored copy: {'; '.join(left_out[:5])}"
             reason += f" and {len(left_out) - 5} more" if len(left_out) > 5 else ""
+        if report.harness:
+            reason += f"; {report.harness}"
         if not report.outcomes:
             reason += f"; pytest gave no results (exit {report.returncode}): {report.output[-500:]}"
         return Reward(value, {"fail_to_pass": f2p_rate, "pass_to_pass": p2p_rate}, reason)

@@ -1,24 +1,33 @@
-"""Running a repository's tests in the sandbox and reading pytest's JUnit XML report.
+"""Running a repository's tests in the sandbox, reading pytest's JUnit XML report and the seal's
+verdicts.
 
-Outcomes come only from the report (``--junitxml``, ``junit_family=xunit1`` so each ``testcase``
-carries its ``file``), never from the console. Each test case becomes its pytest node id
+Outcomes come from the report (``--junitxml``, ``junit_family=xunit1`` so each ``testcase`` carries
+its ``file``), never from the console. Each test case becomes its pytest node id
 (``tests/test_lru.py::LRUCacheTest::test_lru``, ``test_inflection.py::test_camelize[a-A]``) and an
 outcome, the worse of its phases: ``error`` > ``failed`` > ``skipped`` > ``passed`` (a test whose
 call failed and whose teardown errored is an error). A test missing from the report (a collection
-error, a crash) did not pass.
+error, a crash) did not pass, and neither does one the seal (:mod:`~dsv32.envs.swe.seal`) did not
+vouch for: its verdicts are MAC-chained with a key the run reads from its stdin, and they count only
+when the chain is whole and ends with pytest intact (:func:`read_verdicts`).
 
 pytest starts so that nothing in the repository can stand in for it: ``python -P -s`` (neither the
-working directory nor the user's site-packages on ``sys.path``, no ``PYTHONPATH``) imports pytest
-and its built-in plugins first, and only then puts the repository on ``sys.path`` (a ``pytest.py``,
-``sitecustomize.py`` or ``_pytest/`` there is never imported); the process ends with ``os._exit``
-right after pytest returns, so the tested code's exit hooks never run. The host reads the
-report only if it is a regular file (not a symlink, FIFO or directory) of at most
-:data:`REPORT_BYTES` and well-formed without a DOCTYPE; otherwise the run has no results.
+working directory nor the user's site-packages on ``sys.path``, no ``PYTHONPATH``) imports pytest,
+its built-in plugins, ``unittest`` and the seal first, and only then puts the repository on
+``sys.path``, after the standard library (a ``pytest.py``, ``sitecustomize.py``, ``_pytest/`` or
+``unittest.py`` there is never imported in place of the real one); the repository is read-only to
+the run; the process ends with ``os._exit`` right after pytest returns, so the tested code's exit
+hooks never run. The host reads the report and the verdicts only from regular files (not a
+symlink, FIFO or directory) of at most :data:`REPORT_BYTES`, the report well-formed without a
+DOCTYPE; otherwise the run has no results.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import os
+import secrets
 import shutil
 import stat
 import sys
@@ -35,21 +44,36 @@ _RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 MESSAGE_CHARS = 400
 REPORT_BYTES = 32 << 20  # the largest JUnit report read
 _MODULE_DEPTH = 32  # the most dotted parts of a classname tried as a module path
+UNVOUCHED = (
+    "not vouched for by the test harness: its body did not run to its end under an intact pytest, or it "
+    "is not the test its file defines"
+)
 
-# pytest's launcher, run as ``python -P -s -c _BOOT PLUGINS PYTHONPATH ARGS...`` in the repository
+# pytest's launcher, run as ``python -P -s -c _BOOT PLUGINS REPO PYTHONPATH ARGS...``: pytest, its
+# built-in plugins and the seal load before anything of the repository can be imported; the
+# repository's folders go on sys.path after the standard library (a repository module cannot stand
+# in for one) and before the installed packages (the package under test is the repository's)
 _BOOT = """\
-import importlib, os, sys
+import importlib, os, site, sys, unittest
 import pytest
 from _pytest.config import default_plugins
 for name in default_plugins:
     importlib.import_module("_pytest." + name)
-sys.path[:0] = list(dict.fromkeys([p for p in [sys.argv.pop(1)] if p] + [os.getcwd(), sys.argv[1]]))
-os.environ["PYTHONPATH"] = sys.argv[1]
-code = pytest.main(sys.argv[2:])
+plugins, repo, package = sys.argv[1:4]
+del sys.argv[1:4]
+sys.path.insert(0, plugins)
+import _dsv32_seal
+installed = {os.path.realpath(p) for p in site.getsitepackages()}
+at = next((i for i, p in enumerate(sys.path) if os.path.realpath(p) in installed), len(sys.path))
+sys.path[at:at] = list(dict.fromkeys([repo, package]))
+os.environ["PYTHONPATH"] = package
+os.chdir(repo)
+code = pytest.main(sys.argv[1:])
 sys.stdout.flush()
 sys.stderr.flush()
 os._exit(int(code))
 """
+SEAL = Path(__file__).with_name("seal.py")
 
 
 @dataclass
@@ -61,6 +85,7 @@ class TestReport:
     returncode: int = 0
     timed_out: bool = False
     output: str = ""
+    harness: str = ""  # why the seal vouched for no test ('' when its verdicts were read)
 
     __test__ = False  # not a pytest test class
 
@@ -172,6 +197,32 @@ def test_env(repo: Path, pythonpath: str, scratch: Path) -> dict[str, str]:
     }
 
 
+def read_verdicts(text: str, key: bytes) -> tuple[set[str], str]:
+    """``(node ids the seal vouches for, problem)`` from the seal's verdict file (see
+    :mod:`~dsv32.envs.swe.seal`): the tests whose line says ``ok`` when every line's MAC checks out
+    in order and the last is an ``end`` line reporting pytest intact; else no test and why not."""
+    mac, last, vouched = hmac.new(key, digestmod=hashlib.sha256), "", set()
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    for n, line in enumerate(lines, 1):
+        body, _, tag = line.rpartition("\t")
+        step = mac.copy()
+        step.update(f"{last}\n{body}".encode())
+        try:
+            seq, first, verdict, why = json.loads(body)
+        except (ValueError, TypeError):
+            seq = None
+        if seq != n or not hmac.compare_digest(step.hexdigest(), tag):
+            return set(), "the test harness's verdicts were tampered with"
+        last = tag
+        if first == "end" and n == len(lines):
+            return (vouched, "") if verdict == "intact" else (set(), f"pytest was tampered with: {why}")
+        if verdict == "ok":
+            vouched.add(first)
+    return set(), "the test run did not finish (no closing verdict from the test harness)"
+
+
 def run_pytest(
     repo: Path,
     *,
@@ -185,32 +236,37 @@ def run_pytest(
     plugins: list[Path] | None = None,
 ) -> TestReport:
     """Run pytest on ``args`` (node ids or paths; default: the suite) in ``repo``, sandboxed (no
-    network, only ``repo``, a scratch dir and ``writable`` writable), and read its JUnit report;
+    network; ``repo`` read-only, a scratch dir and ``writable`` writable), and read its JUnit report
+    and the seal's verdicts (:mod:`~dsv32.envs.swe.seal`): a test passes only when both say so.
     ``extra`` goes before ``args`` on pytest's command line, ``env`` into its environment (the
     package's folder ``pythonpath`` goes on ``sys.path`` once pytest is imported, and into
     ``PYTHONPATH`` for the programs the tests start). ``plugins`` are pytest plugins as standalone
-    module files: each is copied (as ``_dsv32_NAME.py``) into the run's scratch directory, which goes
-    first on ``sys.path``
-    (nothing in the repository can stand in for it), and loaded with ``-p`` (so the sandbox needs
-    nothing of this project's source, which it hides). A report that cannot be read gives no
-    results, with the reason at the end of ``output``."""
-    scratch = Path(tempfile.mkdtemp(prefix="dsv32-pytest-"))
+    module files: each is copied (as ``_dsv32_NAME.py``), with the seal, into a read-only folder
+    outside the repository that goes first on ``sys.path`` (nothing in the repository can stand in
+    for them), and loaded with ``-p`` (so the sandbox needs nothing of this project's source, which
+    it hides). A report that cannot be read gives no results, with the reason at the end of
+    ``output``."""
+    base = Path(tempfile.mkdtemp(prefix="dsv32-pytest-"))
     try:
-        report = scratch / "report.xml"
-        full_env = {**test_env(repo, pythonpath, scratch), **(env or {})}
+        scratch, plugin_dir = base / "scratch", base / "plugins"
+        scratch.mkdir()
+        plugin_dir.mkdir()
+        report, verdicts, key = scratch / "report.xml", scratch / "verdicts", secrets.token_bytes(32)
+        full_env = {**test_env(repo, pythonpath, scratch), **(env or {}), "DSV32_SEAL_OUT": str(verdicts)}
         path = full_env.pop("PYTHONPATH")
-        plugin_dir, loads = scratch / "plugins", []
+        loads = ["-p", "_dsv32_seal"]
+        shutil.copyfile(SEAL, plugin_dir / "_dsv32_seal.py")
         for plugin in plugins or []:
-            plugin_dir.mkdir(exist_ok=True)
             shutil.copyfile(plugin, plugin_dir / f"_dsv32_{plugin.name}")
             loads += ["-p", f"_dsv32_{plugin.stem}"]
-        argv = [sys.executable, "-P", "-s", "-c", _BOOT, str(plugin_dir) if loads else "", path,
+        argv = [sys.executable, "-P", "-s", "-c", _BOOT, str(plugin_dir), str(repo.resolve()), path,
                 "-q", "-p", "no:cacheprovider", *loads,
                 "-o", "junit_family=xunit1", f"--junitxml={report}", f"--rootdir={repo.resolve()}",
                 *(extra or []), *(args or [])]  # fmt: skip
         done = sandbox.run(
-            argv, cwd=repo, timeout_s=timeout_s, memory_mb=memory_mb, env=full_env,
-            writable=[str(scratch), *(writable or [])], output_bytes=1 << 18,
+            argv, cwd=scratch, stdin=key.hex() + "\n", timeout_s=timeout_s, memory_mb=memory_mb,
+            env=full_env, writable=[*(writable or [])], readable=[str(repo), str(plugin_dir)],
+            output_bytes=1 << 18,
         )  # fmt: skip
         tail = (done.stdout + done.stderr)[-4000:]
         outcomes: dict[str, str] = {}
@@ -220,9 +276,22 @@ def run_pytest(
                 outcomes, messages = parse_junit(read_regular(report, "the JUnit report", REPORT_BYTES), repo)
             except (SnapshotError, OSError, ET.ParseError) as err:
                 tail += f"\n[the JUnit report was not read: {err}]"
+        vouched, problem = set(), "the test harness wrote no verdicts"
+        if os.path.lexists(verdicts):
+            try:
+                text = read_regular(verdicts, "the verdict file", REPORT_BYTES).decode("utf-8")
+                vouched, problem = read_verdicts(text, key)
+            except (SnapshotError, OSError, UnicodeDecodeError) as err:
+                problem = f"the verdict file was not read: {err}"
+        for tid, outcome in outcomes.items():
+            if outcome == "passed" and tid not in vouched:
+                outcomes[tid] = "failed"
+                messages[tid] = (problem or UNVOUCHED)[:MESSAGE_CHARS]
+        if problem and outcomes:
+            tail += f"\n[{problem}]"
     finally:
-        sandbox.remove_tree(scratch)
-    return TestReport(outcomes, messages, done.returncode, done.timed_out, tail)
+        sandbox.remove_tree(base)
+    return TestReport(outcomes, messages, done.returncode, done.timed_out, tail, problem)
 
 
 def summarize(report: TestReport, limit: int = 20) -> str:
