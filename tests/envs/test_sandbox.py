@@ -537,6 +537,15 @@ def test_a_flood_of_empty_files_counts(tmp_path, kind):
     assert len(os.listdir(tmp_path / "w")) < 100_000
 
 
+def package_copy(folder: Path) -> Path:
+    """This package copied into ``folder``, readable by every user (the checkout may lie in a
+    directory only its owner may enter, such as a clone under ``mktemp -d``)."""
+    shutil.copytree(Path(sandbox.__file__).parents[1], folder / "dsv32")
+    for path in [folder, *folder.rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    return folder
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to be another user")
 def test_a_directory_its_owner_made_unreadable_is_counted_and_left_as_it_was():
     """A host user (not root, who reads anything) counts what a program hid in a directory without
@@ -550,11 +559,7 @@ def test_a_directory_its_owner_made_unreadable_is_counted_and_left_as_it_was():
             os.chown(path, 65534, 65534)
         os.chmod(base / "hidden" / "locked", 0o000)
         os.chmod(base / "hidden", 0o300)
-        # the package, copied where that user may read it (the checkout may lie in a private directory)
-        source = Path(f"{base}-src")
-        shutil.copytree(Path(sandbox.__file__).parents[1], source / "dsv32")
-        for path in [source, *source.rglob("*")]:
-            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+        source = package_copy(Path(f"{base}-src"))
         measure = f"import sys; sys.path.insert(0, {str(source)!r}); from dsv32.envs import sandbox; print(sandbox.disk_usage([{str(base)!r}]))"
         done = subprocess.run(
             ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", PY, "-c", measure],
@@ -698,3 +703,46 @@ def test_answers_in_the_cache_and_an_output_dir_are_out_of_reach(tmp_path, kind,
     shown = sandbox.isolation(kind).visible
     for place in ("/var", "/srv", "/opt", "/home", "/mnt", "/root", "/run", str(cache), str(out)):
         assert not any(v == place for v in shown)
+
+
+AS_NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+
+
+def python_for_nobody() -> str | None:
+    """A Python interpreter uid 65534 may run (this one may lie where only root may enter)."""
+    for python in dict.fromkeys([PY, shutil.which("python3") or "", "/usr/bin/python3"]):
+        probe = [*AS_NOBODY, "env", "-i", python, "-c", "import json"]
+        if python and subprocess.run(probe, capture_output=True, cwd="/").returncode == 0:
+            return python
+    return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to be another user")
+def test_the_process_limit_holds_for_an_unprivileged_host(kind):
+    """The same 400-process spawn from a host process that is not root: stopped at the limit, the
+    count kept in the sandbox's user namespace."""
+    python = python_for_nobody()
+    if python is None:
+        pytest.skip("no Python interpreter uid 65534 may run")
+    base = Path("/var/tmp") / f"dsv32-test-nobody-{uuid.uuid4().hex}"
+    try:
+        source = package_copy(base / "src")
+        work = base / "w"
+        work.mkdir()
+        os.chown(work, 65534, 65534)
+        host = (
+            "import sys\nfrom dsv32.envs import sandbox\n"
+            f"r = sandbox.run([sys.executable, '-c', {spawn(400)!r}], cwd={str(work)!r}, timeout_s=30, "
+            f"memory_mb=512, processes=64, kind={kind!r})\n"
+            "print(r.stdout.strip() or r.stderr.strip())\nprint(sandbox.isolation({kind!r}).processes)"
+        ).replace("{kind!r}", repr(kind))
+        done = subprocess.run(
+            [*AS_NOBODY, "env", "-i", f"PATH={os.defpath}", "HOME=/nonexistent", f"PYTHONPATH={source}",
+             python, "-c", host],
+            capture_output=True, text=True, timeout=120, cwd=str(base),
+        )  # fmt: skip
+    finally:
+        sandbox.remove_tree(base)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].split()[0] == "stopped", done.stdout + done.stderr
+    assert int(lines[0].split()[1]) < 64 and "own user namespace" in lines[1]
