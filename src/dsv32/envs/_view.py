@@ -125,7 +125,7 @@ def plan(
     steps += [["proc", "/proc", None], ["dev", "/dev", tmp_bytes], ["tmpfs", "/tmp", tmp_bytes]]
     steps += binds
     visible = [*system, *ro, *rw]
-    steps += [["mask", m, None] for m in sorted(masks) if _under(m, visible) and not _under(m, rw)]
+    steps += [["mask", m, None] for m in sorted(masks) if _under(m, visible)]
     return steps
 
 
