@@ -376,7 +376,12 @@ def isolation(kind: str | None = None) -> Isolation:
         _warn_once()
     confined = chosen != "rlimits"
     shown = _view.visible(_view_steps(False, [], [], 1 << 20)) if confined else ()
-    return Isolation(chosen, confined, confined, confined, _NOTES[chosen], shown, process_bound(chosen))
+    note = _NOTES[chosen]
+    if chosen == "bwrap" and not _bwrap_has("--disable-userns"):
+        note = note.replace(
+            "no nested user namespaces", "nested user namespaces allowed (no --disable-userns)"
+        )
+    return Isolation(chosen, confined, confined, confined, note, shown, process_bound(chosen))
 
 
 def _hint(kind: str) -> str:
