@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -748,3 +749,27 @@ def test_the_process_limit_holds_for_an_unprivileged_host(kind):
     lines = done.stdout.splitlines()
     assert len(lines) == 2 and lines[0].split()[0] == "stopped", done.stdout + done.stderr
     assert int(lines[0].split()[1]) < 64 and "own user namespace" in lines[1]
+
+
+def test_a_private_directory_a_caller_names_is_readable(tmp_path, kind):
+    """A directory made by ``mkdtemp`` (0700, the host's) given as ``readable``: its files read as
+    their own modes say, whichever user the program runs as; a file only its owner may read stays so
+    when that owner is not the program's user."""
+    private = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    try:
+        (private / "sub").mkdir(mode=0o700)
+        (private / "sub" / "data.txt").write_text("shared")
+        (private / "own.txt").write_text("owner only")
+        os.chmod(private / "own.txt", 0o600)
+        code = (
+            f"import os\nprint(open({str(private / 'sub' / 'data.txt')!r}).read())\n"
+            f"print(sorted(os.listdir({str(private)!r})))\n"
+            f"try:\n    print(open({str(private / 'own.txt')!r}).read())\n"
+            "except OSError as e:\n    print(e.strerror)\n"
+        )
+        r = attack(code, tmp_path / "w", kind, readable=[str(private)])
+    finally:
+        shutil.rmtree(private)
+    assert r.ok, r.stderr
+    own = "Permission denied" if os.geteuid() == 0 else "owner only"  # root: the program is another id
+    assert r.stdout.splitlines() == ["shared", "['own.txt', 'sub']", own]

@@ -256,6 +256,8 @@ def build_view(steps: list[list], held: dict[str, int]) -> None:
             _place(target, stat.S_ISDIR(os.fstat(fd).st_mode))
             _mount(f"/proc/self/fd/{fd}", target, MS_BIND | MS_REC)
             os.close(fd)
+        elif op == "dir":
+            os.makedirs(target, mode=0o755, exist_ok=True)
         elif op == "symlink":
             if not os.path.lexists(target):
                 os.makedirs(os.path.dirname(target), exist_ok=True)

@@ -25,8 +25,10 @@ Standard library only.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Sequence
 
+EXPAND_MAX = 4096  # the most entries of private directories shown one by one, in one view
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # Entries of /etc that stay out of the view: password hashes, host keys, privilege rules, id ranges.
 ETC_SECRETS = frozenset(
@@ -72,13 +74,16 @@ def plan(
     masks: Sequence[str] = (),
     network: bool = False,
     tmp_bytes: int,
+    private: bool = False,
 ) -> list[list]:
     """The steps that build the view (see the module doc). ``runtime`` and ``readable`` are shown
     read-only, ``writable`` read-write (each a path as the caller names it: symlinks on the way are
     kept), ``masks`` are files read as empty; ``tmp_bytes`` bounds the private ``/tmp`` and
-    ``/dev/shm``. Ops: ``ro``/``rw`` (bind),
-    ``symlink`` (arg: target), ``file`` (arg: content), ``tmpfs`` (arg: size in bytes), ``proc``,
-    ``dev`` (arg: the size of ``/dev/shm``), ``mask``."""
+    ``/dev/shm``; with ``private`` (the program runs as a user id of its own, not the owner of the
+    host's files) a read-only directory only its owner may enter is shown by its entries
+    (:func:`_expand`). Ops: ``ro``/``rw`` (bind), ``dir`` (an empty directory), ``symlink`` (arg:
+    target), ``file`` (arg: content), ``tmpfs`` (arg: size in bytes), ``proc``, ``dev`` (arg: the
+    size of ``/dev/shm``), ``mask``."""
     links: dict[str, str] = {}
     steps: list[list] = []
     for path in SYSTEM:
@@ -115,7 +120,9 @@ def plan(
     ro = [p for p in _outermost(shown["ro"]) if not _under(p, rw) and not _under(p, system)]
     # a read-only path inside a writable one is already there; a writable one in a read-only one is
     # mounted after it (parents first)
-    binds = [["ro", p, None] for p in ro] + [["rw", p, None] for p in rw]
+    budget = [EXPAND_MAX]
+    binds = [step for p in ro for step in (_expand(p, budget) if private else [["ro", p, None]])]
+    binds += [["rw", p, None] for p in rw]
     binds.sort(key=lambda s: (s[1].count("/"), s[1]))
     steps += etc
     for path, target in sorted(links.items(), key=lambda item: item[0].count("/")):
@@ -126,6 +133,26 @@ def plan(
     steps += binds
     visible = [*system, *ro, *rw]
     steps += [["mask", m, None] for m in sorted(masks) if _under(m, visible)]
+    return steps
+
+
+def _expand(path: str, budget: list[int]) -> list[list]:
+    """``path`` shown read-only to a user for whom it is no one's but the world's: a directory
+    others may not list or enter (``mkdtemp``'s 0700) becomes a directory of the view holding its
+    entries, each shown the same way, so what they hold is readable as their own modes say; at most
+    ``budget[0]`` entries in all are expanded (past it the rest are bound as they are)."""
+    try:
+        info = os.stat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_mode & 0o005 == 0o005 or budget[0] <= 0:
+            return [["ro", path, None]]
+        names = sorted(os.listdir(path))
+    except OSError:
+        return [["ro", path, None]]
+    budget[0] -= len(names)
+    steps = [["dir", path, None]]
+    for name in names:
+        child = os.path.join(path, name)
+        steps += [["symlink", child, os.readlink(child)]] if os.path.islink(child) else _expand(child, budget)
     return steps
 
 
@@ -151,6 +178,8 @@ def bwrap_args(steps: Sequence[Sequence], files: dict[str, str], sizes_tmpfs: bo
     for op, path, arg in steps:
         if op == "ro":
             argv += ["--ro-bind", path, path]
+        elif op == "dir":
+            argv += ["--dir", path]
         elif op == "rw":
             argv += ["--bind", path, path]
         elif op == "symlink":

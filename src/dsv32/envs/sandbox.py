@@ -292,6 +292,7 @@ def _view_steps(network: bool, writable: Sequence[str], readable: Sequence[str],
         masks=masks,
         network=network,
         tmp_bytes=tmp_bytes,
+        private=os.geteuid() == 0,  # (the program runs as a user id of its own)
     )
 
 
