@@ -776,3 +776,16 @@ def test_a_private_directory_a_caller_names_is_readable(tmp_path, kind):
     assert r.ok, r.stderr
     own = "Permission denied" if os.geteuid() == 0 else "owner only"  # root: the program is another id
     assert r.stdout.splitlines() == ["shared", "['own.txt', 'sub']", own]
+
+
+def test_the_sandbox_user_ids_are_checked(monkeypatch):
+    monkeypatch.setenv("DSV32_SANDBOX_UIDS", "100:x")
+    with pytest.raises(SandboxError, match="BASE:COUNT"):
+        sandbox.sandbox_uids()
+    monkeypatch.setenv("DSV32_SANDBOX_UIDS", f"{2**32 - 10}:100")
+    with pytest.raises(SandboxError, match="must lie in"):
+        sandbox.sandbox_uids()
+    monkeypatch.setenv("DSV32_SANDBOX_UIDS", "3000000000:16")
+    assert sandbox.sandbox_uids() == (3_000_000_000, 16)
+    if Path("/proc/self/uid_map").read_text().split() == ["0", "0", "4294967295"]:  # every id exists
+        assert sandbox.own_user_ids() == (os.geteuid() == 0)

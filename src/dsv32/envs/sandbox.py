@@ -131,7 +131,7 @@ def process_bound(kind: str) -> str:
         if os.geteuid() == 0:
             return "none: RLIMIT_NPROC does not apply to root, and rlimits runs the program as root"
         return "RLIMIT_NPROC of the host user: its processes now plus the sandbox's budget"
-    if os.geteuid() == 0:
+    if own_user_ids():
         base, count = sandbox_uids()
         return (
             f"RLIMIT_NPROC of a host user id of the sandbox's own (one of {base}..{base + count - 1}, "
@@ -260,6 +260,22 @@ def sandbox_uids() -> tuple[int, int]:
     return base, count
 
 
+def own_user_ids() -> bool:
+    """Whether sandboxes run as user ids of their own: this process is root and the ids of
+    :func:`sandbox_uids` exist in its user namespace (root of a container whose namespace maps
+    fewer ids is a host user the process limit applies to: there the sandbox maps root to it)."""
+    if os.geteuid() != 0:
+        return False
+    base, count = sandbox_uids()
+    try:
+        ranges = [
+            [int(x) for x in line.split()] for line in Path("/proc/self/uid_map").read_text().splitlines()
+        ]
+    except (OSError, ValueError):
+        return False
+    return any(inside <= base and base + count <= inside + n for inside, _outside, n in ranges)
+
+
 def _uid_lock_dir() -> str:
     """Where the launchers of all root processes hold the locks of the sandbox user ids they use."""
     base = next((d for d in ("/run/lock", "/var/lock") if os.path.isdir(d) and os.access(d, os.W_OK)), "/tmp")
@@ -292,7 +308,7 @@ def _view_steps(network: bool, writable: Sequence[str], readable: Sequence[str],
         masks=masks,
         network=network,
         tmp_bytes=tmp_bytes,
-        private=os.geteuid() == 0,  # (the program runs as a user id of its own)
+        private=own_user_ids(),  # (the program runs as a user id of its own)
     )
 
 
@@ -305,7 +321,7 @@ def _prefix_for(
     if kind == "rlimits":
         return [], {}, []
     steps = _view_steps(network, writable, readable, shm_bytes)
-    root = os.geteuid() == 0
+    root = own_user_ids()
     pdeath = ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
     uids = [_uid_lock_dir(), *sandbox_uids()]
     if kind == "bwrap":
