@@ -789,3 +789,17 @@ def test_the_sandbox_user_ids_are_checked(monkeypatch):
     assert sandbox.sandbox_uids() == (3_000_000_000, 16)
     if Path("/proc/self/uid_map").read_text().split() == ["0", "0", "4294967295"]:  # every id exists
         assert sandbox.own_user_ids() == (os.geteuid() == 0)
+
+
+def test_a_path_reached_through_a_symlink_under_tmp_is_there(tmp_path, kind):
+    """A ``readable`` path named through a symlink in the host's /tmp: the link is in the program's
+    private /tmp and leads to the file."""
+    target = Path("/var/tmp") / f"dsv32-test-target-{uuid.uuid4().hex}"
+    target.write_text("through the link")
+    link = tmp_path / "link.txt"
+    link.symlink_to(target)
+    try:
+        r = attack(f"print(open({str(link)!r}).read())", tmp_path / "w", kind, readable=[str(link)])
+    finally:
+        target.unlink()
+    assert r.ok and r.stdout.strip() == "through the link", r.stdout + r.stderr

@@ -125,11 +125,11 @@ def plan(
     binds += [["rw", p, None] for p in rw]
     binds.sort(key=lambda s: (s[1].count("/"), s[1]))
     steps += etc
+    # the private /tmp before the links and binds: a work dir under the host's /tmp is bound into it
+    steps += [["proc", "/proc", None], ["dev", "/dev", tmp_bytes], ["tmpfs", "/tmp", tmp_bytes]]
     for path, target in sorted(links.items(), key=lambda item: item[0].count("/")):
         if not _under(path, [*system, *ro, *rw]):
             steps.append(["symlink", path, target])
-    # the private /tmp before the binds: a work dir under the host's /tmp is bound into it
-    steps += [["proc", "/proc", None], ["dev", "/dev", tmp_bytes], ["tmpfs", "/tmp", tmp_bytes]]
     steps += binds
     visible = [*system, *ro, *rw]
     steps += [["mask", m, None] for m in sorted(masks) if _under(m, visible)]
@@ -137,10 +137,10 @@ def plan(
 
 
 def _expand(path: str, budget: list[int]) -> list[list]:
-    """``path`` shown read-only to a user for whom it is no one's but the world's: a directory
-    others may not list or enter (``mkdtemp``'s 0700) becomes a directory of the view holding its
-    entries, each shown the same way, so what they hold is readable as their own modes say; at most
-    ``budget[0]`` entries in all are expanded (past it the rest are bound as they are)."""
+    """The steps that show ``path`` read-only to a user who is neither its owner nor in its group:
+    a directory such a user may not list or enter (``mkdtemp``'s 0700) becomes a directory of the
+    view holding its entries, each shown the same way, so what they hold reads as their own modes
+    say; at most ``budget[0]`` entries in all are expanded (past it the rest are bound as they are)."""
     try:
         info = os.stat(path)
         if not stat.S_ISDIR(info.st_mode) or info.st_mode & 0o005 == 0o005 or budget[0] <= 0:

@@ -467,7 +467,7 @@ def command_prefix(
     imports = [
         p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p) and os.path.exists(p)
     ]
-    ro = [os.path.realpath(r) for r in [*readable, *imports]]
+    ro = [os.path.abspath(r) for r in [*readable, *imports]]  # (the view keeps symlinks on the way)
     prefix, spec, launcher = _prefix_for(kind, network, rw, ro, min(SHM_MB, memory_mb) << 20)
     spec |= {"writable": rw, "limits": limits, "cwd": cwd, "env": full_env, "status_fd": status_fd}
     return [*launcher, *prefix, sys.executable, "-I", "-S", CONFINE, json.dumps(spec)]
