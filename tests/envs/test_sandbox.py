@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -109,16 +110,19 @@ def test_cpu_limit(tmp_path, kind):
 
 
 def test_writing_outside_the_work_dir(tmp_path, kind, neighbour):
-    targets = [neighbour / "notes.txt", neighbour / "new.txt", Path.cwd() / f"evil-{uuid.uuid4().hex}"]
+    targets = [neighbour / "notes.txt", neighbour / "new.txt", "/usr/evil", "/etc/evil"]
+    targets.append(Path.cwd() / f"evil-{uuid.uuid4().hex}")
     code = (
-        "import sys\nfailed = 0\n"
         f"for path in {[str(t) for t in targets]!r}:\n"
-        "    try:\n        open(path, 'w').write('pwned')\n    except OSError:\n        failed += 1\n"
-        "print(failed)"
+        "    try:\n        open(path, 'w').write('pwned')\n        print('written')\n"
+        "    except OSError:\n        print('refused')\n"
     )
     r = attack(code, tmp_path / "w", kind)
-    assert r.ok and r.stdout.strip() == str(len(targets))
-    assert not targets[2].exists()
+    assert r.ok, r.stderr
+    assert r.stdout.split()[:4] == ["refused"] * 4, r.stdout
+    # the checkout is absent, or (a clone under /tmp) at most a path in the program's private /tmp:
+    # nothing reaches the host's files
+    assert not Path(targets[4]).exists()
     remount = sandbox.run(
         ["mount", "-o", "remount,rw", "/"], cwd=tmp_path / "w", timeout_s=5, memory_mb=128, kind=kind
     )
@@ -210,7 +214,7 @@ def test_home_is_hidden_but_what_the_program_needs_from_it_is_not(home, kind):
     assert lines[5] == "home read-only"
     assert (work / "mine.txt").read_text() == "ok" and not (home / "planted").exists()
     assert (home / ".ssh" / "id_ed25519").read_text() == "PRIVATE KEY"
-    assert str(home) in sandbox.isolation(kind).hidden
+    assert not any(v == str(home) for v in sandbox.isolation(kind).visible)
 
 
 def test_a_home_given_as_the_work_dir_is_the_program_s(home, kind):
@@ -259,7 +263,7 @@ def test_rlimits_fallback_still_limits(tmp_path):
     r = sandbox.run([PY, "-c", "bytearray(10**9)"], cwd=tmp_path, timeout_s=5, memory_mb=256, kind="rlimits")
     assert "MemoryError" in r.stderr
     assert "NO ISOLATION" in sandbox.isolation("rlimits").note
-    assert sandbox.isolation("rlimits").hidden == ()
+    assert sandbox.isolation("rlimits").visible == ()
 
 
 def test_stdin_exit_codes_and_missing_programs(tmp_path):
@@ -347,8 +351,8 @@ def test_other_episodes_and_host_sockets_are_out_of_reach(tmp_path, kind, neighb
     finally:
         listener.close()
     assert r.ok, r.stderr
-    assert r.stdout.splitlines() == ["neighbour False", "refused FileNotFoundError", "run []"]
-    assert "/tmp" in sandbox.isolation(kind).hidden
+    assert r.stdout.splitlines() == ["neighbour False", "refused FileNotFoundError", "run None"]
+    assert not any(v == "/tmp" for v in sandbox.isolation(kind).visible)
 
 
 def test_a_sandboxed_program_dies_with_the_process_that_started_it(tmp_path, kind):
@@ -406,18 +410,24 @@ def test_the_project_source_and_the_task_files_read_are_hidden(kind, tmp_path):
             "        print(path, repr(open(path).read(40)))\n"
             "    except OSError as err:\n"
             "        print(path, err.strerror)\n"
-            "print('dsv32.envs.swe importable:', importlib.util.find_spec('dsv32.envs.swe') is not None)\n"
+            "try:\n    import dsv32.envs.swe\n    print('dsv32.envs.swe importable: True')\n"
+            "except ImportError:\n    print('dsv32.envs.swe importable: False')\n"
         )
         r = attack(code, tmp_path / "w", kind)
+        named = attack(code, tmp_path / "w", kind, readable=[str(user)])  # even when a caller names it
     finally:
         user.unlink()
     assert r.returncode == 0, r.stderr
     assert f"{shipped} No such file or directory" in r.stdout, r.stdout
-    assert f"{user} ''" in r.stdout or f"{user} Permission denied" in r.stdout, r.stdout
-    assert "secret" not in r.stdout, r.stdout
+    assert f"{user} No such file or directory" in r.stdout, r.stdout  # /var is not in the view
+    assert f"{user} ''" in named.stdout or f"{user} Permission denied" in named.stdout, named.stdout
+    assert "secret" not in r.stdout + named.stdout, r.stdout
     assert "dsv32.envs.swe importable: False" in r.stdout, r.stdout  # (single files bound in may remain)
+    confine = os.path.realpath(sandbox.CONFINE)
     for project in sandbox.project_dirs():
-        assert project in sandbox.isolation(kind).hidden
+        shown = [v for v in sandbox.isolation(kind).visible if sandbox._under(v, [project])]
+        # at most the confine stage (one file) and a Python installation (a virtual environment)
+        assert all(v == confine or sandbox._under(v, sandbox._installations()) for v in shown), shown
 
 
 def test_multiprocessing_works_and_dev_shm_is_bounded(kind, tmp_path):
@@ -461,7 +471,7 @@ def test_the_bwrap_dev_shm_is_sized_or_read_only(tmp_path, monkeypatch, sizes):
     big = sandbox.command_prefix(cwd=tmp_path, memory_mb=4096, timeout_s=5, kind="bwrap")
     assert (str(64 << 20) in big) == sizes  # min(64 MB, memory_mb)
     spec = json.loads(sandbox.command_prefix(cwd=tmp_path, memory_mb=32, timeout_s=5, kind="unshare")[-1])
-    assert spec["shm_bytes"] == 32 << 20
+    assert ["dev", "/dev", 32 << 20] in spec["view"]
 
 
 def test_writing_past_the_disk_quota(tmp_path, kind, neighbour):
@@ -531,6 +541,15 @@ def test_a_flood_of_empty_files_counts(tmp_path, kind):
     assert len(os.listdir(tmp_path / "w")) < 100_000
 
 
+def package_copy(folder: Path) -> Path:
+    """This package copied into ``folder``, readable by every user (the checkout may lie in a
+    directory only its owner may enter, such as a clone under ``mktemp -d``)."""
+    shutil.copytree(Path(sandbox.__file__).parents[1], folder / "dsv32")
+    for path in [folder, *folder.rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    return folder
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to be another user")
 def test_a_directory_its_owner_made_unreadable_is_counted_and_left_as_it_was():
     """A host user (not root, who reads anything) counts what a program hid in a directory without
@@ -544,8 +563,8 @@ def test_a_directory_its_owner_made_unreadable_is_counted_and_left_as_it_was():
             os.chown(path, 65534, 65534)
         os.chmod(base / "hidden" / "locked", 0o000)
         os.chmod(base / "hidden", 0o300)
-        source = str(Path(sandbox.__file__).parents[2])
-        measure = f"import sys; sys.path.insert(0, {source!r}); from dsv32.envs import sandbox; print(sandbox.disk_usage([{str(base)!r}]))"
+        source = package_copy(Path(f"{base}-src"))
+        measure = f"import sys; sys.path.insert(0, {str(source)!r}); from dsv32.envs import sandbox; print(sandbox.disk_usage([{str(base)!r}]))"
         done = subprocess.run(
             ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", PY, "-c", measure],
             capture_output=True, text=True, timeout=60,
@@ -556,3 +575,231 @@ def test_a_directory_its_owner_made_unreadable_is_counted_and_left_as_it_was():
         assert (base / "hidden" / "locked").stat().st_mode & 0o777 == 0o000
     finally:
         sandbox.remove_tree(base)
+        sandbox.remove_tree(f"{base}-src")
+
+
+def spawn(count: int) -> str:
+    """A program that starts ``count`` sleeping processes and says how many it started."""
+    return (
+        "import subprocess\nstarted = []\ntry:\n"
+        f"    for i in range({count}):\n"
+        "        started.append(subprocess.Popen(['sleep', '30']))\n"
+        "except OSError as err:\n    print('stopped', len(started), err.errno)\nelse:\n    print('started', len(started))\n"
+        "for p in started:\n    p.kill()\n"
+    )
+
+
+def test_the_process_limit_holds_whoever_runs_the_host(tmp_path, kind):
+    """400 processes cannot start under a limit of 64, also when the host runs as root (whom the
+    kernel exempts from RLIMIT_NPROC: the sandbox runs as a user id of its own then); and a process
+    outside the sandbox still starts processes while a fork bomb runs."""
+    r = attack(spawn(400), tmp_path / "w", kind, timeout_s=30, processes=64)
+    assert r.ok, r.stderr
+    word, count, errno_ = r.stdout.split()
+    assert word == "stopped" and int(count) < 64 and errno_ == "11", r.stdout  # EAGAIN
+    bomb = sandbox.popen(
+        [PY, "-c", "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"],
+        cwd=tmp_path / "w", timeout_s=30, memory_mb=256, processes=32, kind=kind,
+    )  # fmt: skip
+    try:
+        time.sleep(1)
+        assert bomb.poll() is None  # it is running, at its limit
+        assert all(subprocess.run(["true"]).returncode == 0 for _ in range(20))
+    finally:
+        sandbox.kill(bomb)
+        bomb.wait()
+    assert "RLIMIT_NPROC" in sandbox.isolation(kind).processes
+    if os.geteuid() == 0:
+        assert "user id of the sandbox's own" in sandbox.isolation(kind).processes
+
+
+def test_files_the_program_writes_are_the_host_s_to_read_and_remove(tmp_path, kind):
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "given.txt").write_text("from the host")
+    r = attack("import os\nos.makedirs('d/e')\nopen('d/e/f', 'w').write(open('given.txt').read() + '!')\n"
+               "open('given.txt', 'a').write(' and the program')", work, kind)  # fmt: skip
+    assert r.ok, r.stderr
+    assert (work / "d" / "e" / "f").read_text() == "from the host!"
+    assert (work / "given.txt").read_text() == "from the host and the program"
+    sandbox.remove_tree(work)
+    assert not work.exists()
+
+
+def test_no_nested_user_namespaces(tmp_path, kind):
+    if kind == "bwrap" and not sandbox._bwrap_has("--disable-userns"):
+        pytest.skip("this bubblewrap has no --disable-userns")
+    code = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "for flags in (0x10000000, 0x10000000 | 0x00020000 | 0x40000000):\n"  # NEWUSER (| NEWNS | NEWNET)
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        os._exit(0 if libc.unshare(flags) == 0 else ctypes.get_errno())\n"
+        "    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+    )
+    r = attack(code, tmp_path / "w", kind)
+    assert r.ok, r.stderr
+    assert all(int(code) != 0 for code in r.stdout.split()), r.stdout  # refused (ENOSPC or EPERM)
+    assert len(r.stdout.split()) == 2
+
+
+def test_the_host_s_secrets_in_etc_are_not_there(tmp_path, kind):
+    code = (
+        "import os\n"
+        "for path in ('/etc/shadow', '/etc/gshadow', '/etc/ssh', '/etc/sudoers'):\n"
+        "    print(path, os.path.exists(path))\n"
+        "print(open('/etc/passwd').read().count(':x:'))\n"
+        "print(os.path.exists('/etc/hosts') or not os.path.exists('/etc'))\n"
+    )
+    r = attack(code, tmp_path / "w", kind)
+    assert r.ok, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[:4] == [f"{p} False" for p in ("/etc/shadow", "/etc/gshadow", "/etc/ssh", "/etc/sudoers")]
+    assert lines[4:] == ["2", "True"]  # a synthetic passwd: root and nobody
+
+
+def test_a_host_service_socket_outside_the_work_dir_is_unreachable(tmp_path, kind):
+    path = f"/var/tmp/dsv32-test-{uuid.uuid4().hex[:12]}.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    listener.settimeout(0.5)
+    code = (
+        "import socket\ns = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        f"try:\n    s.connect({path!r}); s.sendall(b'hello'); print('connected')\n"
+        "except OSError as e:\n    print('refused', type(e).__name__)\n"
+    )
+    try:
+        r = attack(code, tmp_path / "w", kind)
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    finally:
+        listener.close()
+        os.unlink(path)
+    assert r.stdout.strip() == "refused FileNotFoundError", r.stdout + r.stderr
+
+
+def test_answers_in_the_cache_and_an_output_dir_are_out_of_reach(tmp_path, kind, monkeypatch):
+    """With the cache and a run's output directory outside the home, a program can neither read,
+    copy nor grep what they hold (the pristine source, a task's answer)."""
+    base = Path("/var/tmp") / f"dsv32-test-answers-{uuid.uuid4().hex}"
+    cache, out = base / "cache", base / "out"
+    secret = f"ANSWER-{uuid.uuid4().hex}"
+    for folder in (cache / "swe" / "pkg", out):
+        folder.mkdir(parents=True)
+    (cache / "swe" / "pkg" / "pristine.py").write_text(f"FIX = {secret!r}\n")
+    (out / "tasks_heldout.jsonl").write_text(json.dumps({"prompt": "p", "answer": secret}) + "\n")
+    monkeypatch.setenv("DSV32_CACHE_DIR", str(cache))
+    assert cache_dir() == cache
+    code = (
+        "import os, shutil, subprocess\n"
+        f"for path in ({str(cache / 'swe' / 'pkg' / 'pristine.py')!r}, {str(out / 'tasks_heldout.jsonl')!r}):\n"
+        "    try:\n        print(open(path).read())\n    except OSError as e:\n        print('read', e.strerror)\n"
+        "    try:\n        shutil.copy(path, 'copy')\n        print(open('copy').read())\n"
+        "    except OSError as e:\n        print('copy', e.strerror)\n"
+        "print(subprocess.run(['grep', '-r', 'ANSWER-', '/var', '/srv', '/opt', '/home', '/mnt', '/root', '/run', '/tmp'],"
+        " capture_output=True, text=True).stdout)\n"
+    )
+    try:
+        r = attack(code, tmp_path / "w", kind, timeout_s=30)
+    finally:
+        shutil.rmtree(base)
+    assert r.returncode == 0, r.stderr
+    assert secret not in r.stdout and r.stdout.count("No such file or directory") == 4, r.stdout
+    shown = sandbox.isolation(kind).visible
+    for place in ("/var", "/srv", "/opt", "/home", "/mnt", "/root", "/run", str(cache), str(out)):
+        assert not any(v == place for v in shown)
+
+
+AS_NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+
+
+def python_for_nobody() -> str | None:
+    """A Python interpreter uid 65534 may run (this one may lie where only root may enter)."""
+    for python in dict.fromkeys([PY, shutil.which("python3") or "", "/usr/bin/python3"]):
+        probe = [*AS_NOBODY, "env", "-i", python, "-c", "import json"]
+        if python and subprocess.run(probe, capture_output=True, cwd="/").returncode == 0:
+            return python
+    return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to be another user")
+def test_the_process_limit_holds_for_an_unprivileged_host(kind):
+    """The same 400-process spawn from a host process that is not root: stopped at the limit, the
+    count kept in the sandbox's user namespace."""
+    python = python_for_nobody()
+    if python is None:
+        pytest.skip("no Python interpreter uid 65534 may run")
+    base = Path("/var/tmp") / f"dsv32-test-nobody-{uuid.uuid4().hex}"
+    try:
+        source = package_copy(base / "src")
+        work = base / "w"
+        work.mkdir()
+        os.chown(work, 65534, 65534)
+        host = (
+            "import sys\nfrom dsv32.envs import sandbox\n"
+            f"r = sandbox.run([sys.executable, '-c', {spawn(400)!r}], cwd={str(work)!r}, timeout_s=30, "
+            f"memory_mb=512, processes=64, kind={kind!r})\n"
+            "print(r.stdout.strip() or r.stderr.strip())\nprint(sandbox.isolation({kind!r}).processes)"
+        ).replace("{kind!r}", repr(kind))
+        done = subprocess.run(
+            [*AS_NOBODY, "env", "-i", f"PATH={os.defpath}", "HOME=/nonexistent", f"PYTHONPATH={source}",
+             python, "-c", host],
+            capture_output=True, text=True, timeout=120, cwd=str(base),
+        )  # fmt: skip
+    finally:
+        sandbox.remove_tree(base)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].split()[0] == "stopped", done.stdout + done.stderr
+    assert int(lines[0].split()[1]) < 64 and "own user namespace" in lines[1]
+
+
+def test_a_private_directory_a_caller_names_is_readable(tmp_path, kind):
+    """A directory made by ``mkdtemp`` (0700, the host's) given as ``readable``: its files read as
+    their own modes say, whichever user the program runs as; a file only its owner may read stays so
+    when that owner is not the program's user."""
+    private = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    try:
+        (private / "sub").mkdir(mode=0o700)
+        (private / "sub" / "data.txt").write_text("shared")
+        (private / "own.txt").write_text("owner only")
+        os.chmod(private / "own.txt", 0o600)
+        code = (
+            f"import os\nprint(open({str(private / 'sub' / 'data.txt')!r}).read())\n"
+            f"print(sorted(os.listdir({str(private)!r})))\n"
+            f"try:\n    print(open({str(private / 'own.txt')!r}).read())\n"
+            "except OSError as e:\n    print(e.strerror)\n"
+        )
+        r = attack(code, tmp_path / "w", kind, readable=[str(private)])
+    finally:
+        shutil.rmtree(private)
+    assert r.ok, r.stderr
+    own = "Permission denied" if os.geteuid() == 0 else "owner only"  # root: the program is another id
+    assert r.stdout.splitlines() == ["shared", "['own.txt', 'sub']", own]
+
+
+def test_the_sandbox_user_ids_are_checked(monkeypatch):
+    monkeypatch.setenv("DSV32_SANDBOX_UIDS", "100:x")
+    with pytest.raises(SandboxError, match="BASE:COUNT"):
+        sandbox.sandbox_uids()
+    monkeypatch.setenv("DSV32_SANDBOX_UIDS", f"{2**32 - 10}:100")
+    with pytest.raises(SandboxError, match="must lie in"):
+        sandbox.sandbox_uids()
+    monkeypatch.setenv("DSV32_SANDBOX_UIDS", "3000000000:16")
+    assert sandbox.sandbox_uids() == (3_000_000_000, 16)
+    if Path("/proc/self/uid_map").read_text().split() == ["0", "0", "4294967295"]:  # every id exists
+        assert sandbox.own_user_ids() == (os.geteuid() == 0)
+
+
+def test_a_path_reached_through_a_symlink_under_tmp_is_there(tmp_path, kind):
+    """A ``readable`` path named through a symlink in the host's /tmp: the link is in the program's
+    private /tmp and leads to the file."""
+    target = Path("/var/tmp") / f"dsv32-test-target-{uuid.uuid4().hex}"
+    target.write_text("through the link")
+    link = tmp_path / "link.txt"
+    link.symlink_to(target)
+    try:
+        r = attack(f"print(open({str(link)!r}).read())", tmp_path / "w", kind, readable=[str(link)])
+    finally:
+        target.unlink()
+    assert r.ok and r.stdout.strip() == "through the link", r.stdout + r.stderr

@@ -517,5 +517,5 @@ def test_the_bash_tool_cannot_read_the_task_answers(mini_task, tmp_path):
         env.close()
     finally:
         user.unlink()
-    assert "No such file or directory" in out and "No module named 'dsv32." in out, out
+    assert "No such file or directory" in out and "No module named 'dsv32" in out, out
     assert "return hi" not in out and "FAIL_TO_PASS" not in out, out

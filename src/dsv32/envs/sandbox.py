@@ -5,48 +5,51 @@ working directory, under three layers, the strongest this machine allows (probed
 :func:`isolation`):
 
 - ``bwrap`` (bubblewrap installed): new user, PID, IPC, UTS (and, unless ``network=True``, network)
-  namespaces; the host filesystem bound read-only, fresh ``/dev`` (read-only but a private
-  ``/dev/shm``, see below) and ``/proc``, the hidden
-  directories (below) emptied; only the work dir (and ``writable``) bound read-write; every
-  capability dropped.
-- ``unshare`` (util-linux, unprivileged user namespaces): the same namespaces through ``unshare``;
-  ``_confine.py`` then empties the hidden directories, bind-mounts the work dir onto itself,
-  remounts every other mount point read-only, mounts a private ``/dev/shm`` and drops every
-  capability (so the program cannot remount anything back).
+  namespaces, the filesystem view below, no nested user namespaces (``--disable-userns``, where
+  this bubblewrap has it), every capability dropped.
+- ``unshare`` (user namespaces work): the same namespaces; ``_confine.py`` builds the same view
+  (from an empty tmpfs, then ``pivot_root``), sets ``user.max_user_namespaces`` to 0 in the
+  sandbox's user namespace and drops every capability (so the program cannot remount anything).
 - ``rlimits`` (neither works): resource limits and the process group only — the network, the host
   filesystem and the other processes of the host user are reachable; a warning says so.
 
-Hidden directories (:func:`hidden_dirs`): the host user's home (``~/.ssh``, cloud and hub tokens,
-shell history), ``/tmp`` and the temporary directory (other episodes' work dirs and their sockets),
-this project's source (:func:`project_dirs`: task sets and the code that makes them, so their
-answers) and, without network, ``/run`` (host service sockets). Each is replaced by an empty,
-read-only directory into which only what the program needs is bound back, read-only: the Python
-installation and import path of this process but the project's source (:func:`runtime_paths`), the
-confine stage's one file and ``readable`` paths; the work dir and ``writable`` stay read-write
-wherever they are. Every task file this process has read (``base.TASK_FILES``) has ``/dev/null``
-bound over it.
+The filesystem view (``_view.py``) is an allowlist: an empty root into which only what the program
+needs is bound — ``/usr``, ``/bin``, ``/sbin``, ``/lib*``, ``/etc`` without its secrets (a synthetic
+``passwd`` and ``group``; no ``shadow``, ``gshadow``, ssh host keys, sudoers), the Python installation
+and import path of this process but the project's source (:func:`runtime_paths`) and the
+``readable`` paths, read-only; the work dir and ``writable`` read-write; a fresh ``/proc``, a minimal
+``/dev`` with a private ``/dev/shm``, a private ``/tmp``. Nothing else of the host is there: no
+home, ``/root``, ``/var``, ``/srv``, ``/opt``, ``/mnt``, ``/run``, cache or output directory, nor the
+Unix sockets in them. Every task file this process has read (``base.TASK_FILES``) that lies in a
+visible path has ``/dev/null`` bound over it. :attr:`Isolation.visible` lists what is shown.
 
-In every case ``setrlimit`` bounds CPU seconds (``RLIMIT_CPU``), address space (``RLIMIT_AS`` =
-``memory_mb``), processes (``RLIMIT_NPROC``, counted per user namespace, so a fork bomb exhausts
-the sandbox's budget and not the host user's), open files and file size; the environment is a
-fresh minimal one (nothing of the host's, API keys included, leaks in); stdout and stderr are
-capped at ``output_bytes`` each (the program is killed when it goes past); and a wall-time timeout
-kills the whole process group — and with a PID namespace, everything the program started, even
-processes that left the group, since they die with the namespace's first process.
+Processes: ``setrlimit`` bounds CPU seconds (``RLIMIT_CPU``), address space (``RLIMIT_AS`` =
+``memory_mb``, per process), processes (``RLIMIT_NPROC``), open files and file size. The kernel
+never applies ``RLIMIT_NPROC`` to host root, so when this process is root a launcher
+(``_confine.py``) runs each sandbox as a host user id of its own (:func:`sandbox_uids`: one of
+65536 ids from 2,100,000,000, none shared by two sandboxes at a time), after giving it the work
+dir and ``writable`` (``chown -R``; root reads and removes them afterwards); as another user, the
+count is kept in the sandbox's own user namespace. :func:`process_bound` says which applies. The
+environment is a fresh minimal one (nothing of the host's, API keys included, leaks in); stdout
+and stderr are capped at ``output_bytes`` each (the program is killed when it goes past); and a
+wall-time timeout kills the whole process group — and with a PID namespace, everything the
+program started, even processes that left the group, since they die with the namespace's first
+process.
 
 Disk: :func:`run` keeps what the program holds in the work dir and ``writable`` within
 ``disk_mb`` (default 1024): :class:`DiskWatch`, a thread of this process, measures it with
 :func:`disk_usage` while the program runs and kills it past the quota; a work dir already past it
 is not run; either is ``killed_reason="disk limit"``. The Jupyter kernel
-(``envs/interpreter/kernel.py``) runs the same watch. ``/dev/shm`` is a private tmpfs of
-``min(64 MB, memory_mb)`` under ``unshare`` and under ``bwrap`` 0.10 or later (an older bubblewrap
-cannot size a tmpfs: there it is an empty read-only directory), so ``multiprocessing`` works and
-what it holds is bounded. Under ``rlimits`` only the work dir is watched, and the program can write
-wherever the host user can.
+(``envs/interpreter/kernel.py``) runs the same watch. ``/dev/shm`` and ``/tmp`` are private tmpfs
+of ``min(64 MB, memory_mb)`` each under ``unshare`` and under ``bwrap`` 0.10 or later (an older
+bubblewrap cannot size a tmpfs: there they are empty read-only directories), so
+``multiprocessing`` works and what they hold is bounded. Under ``rlimits`` only the work dir is
+watched, and the program can write wherever the host user can.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -65,6 +68,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from dsv32.envs import _view
 from dsv32.envs.base import TASK_FILES, EnvError
 
 log = logging.getLogger(__name__)
@@ -94,25 +98,46 @@ class SandboxError(EnvError):
 
 @dataclass(frozen=True)
 class Isolation:
-    """What confines a sandboxed program, in words a user can check."""
+    """What confines a sandboxed program, in words a user can check: ``visible`` lists the host
+    paths its filesystem view shows (empty under ``rlimits``, which has no view: everything the host
+    user reads is there), ``processes`` says what bounds the number of its processes."""
 
     kind: str
     namespaces: bool
     read_only_fs: bool
     network_isolated: bool
     note: str
-    hidden: tuple[str, ...] = ()
+    visible: tuple[str, ...] = ()
+    processes: str = ""
 
 
 _NOTES = {
-    "bwrap": "bubblewrap: user/pid/ipc/uts/net namespaces, read-only host filesystem, home, /tmp, /run and "
-    "the project source hidden, task files masked, work dir writable, no capabilities, rlimits",
-    "unshare": "unshare: user/pid/mount/ipc/uts/net namespaces, home, /tmp, /run and the project source "
-    "hidden, task files masked, every mount remounted read-only but the work dir, no capabilities, rlimits",
+    "bwrap": "bubblewrap: user/pid/ipc/uts/net namespaces, an allowlisted read-only filesystem view (system "
+    "directories, /etc without its secrets, the Python runtime) with the work dir writable, task files "
+    "masked, no nested user namespaces, no capabilities, rlimits",
+    "unshare": "unshare: user/pid/mount/ipc/uts/net namespaces, an allowlisted read-only filesystem view "
+    "(system directories, /etc without its secrets, the Python runtime) with the work dir writable, task "
+    "files masked, no nested user namespaces, no capabilities, rlimits",
     "rlimits": "NO ISOLATION: neither bubblewrap nor unprivileged user namespaces work here; only rlimits "
     "and the process group apply — the program can use the network, write wherever this user can "
     "and signal this user's processes",
 }
+UIDS = (2_100_000_000, 65536)  # the host user ids sandboxes started by root run as: (base, count)
+
+
+def process_bound(kind: str) -> str:
+    """What bounds the number of a sandbox's processes (``processes=``) under ``kind`` here."""
+    if kind == "rlimits":
+        if os.geteuid() == 0:
+            return "none: RLIMIT_NPROC does not apply to root, and rlimits runs the program as root"
+        return "RLIMIT_NPROC of the host user: its processes now plus the sandbox's budget"
+    if own_user_ids():
+        base, count = sandbox_uids()
+        return (
+            f"RLIMIT_NPROC of a host user id of the sandbox's own (one of {base}..{base + count - 1}, "
+            "held by no other sandbox while it runs)"
+        )
+    return "RLIMIT_NPROC counted in the sandbox's own user namespace (the host user's other processes do not count)"
 
 
 @dataclass
@@ -137,17 +162,6 @@ class SandboxResult:
         return self.returncode == 0 and not self.timed_out
 
 
-def hidden_dirs(network: bool = False) -> list[str]:
-    """The directories a confined program finds empty but for what it needs from them (real paths,
-    parents first): the host user's home (its keys and tokens), the host's temporary directories
-    (other episodes' work dirs and the sockets in them), this project's source
-    (:func:`project_dirs`: the task sets and their answers) and, without network, ``/run`` (the
-    host's service sockets: a read-only mount does not stop ``connect()`` on a Unix socket)."""
-    dirs = [os.path.expanduser("~"), "/tmp", tempfile.gettempdir(), *([] if network else ["/run"])]
-    real = dict.fromkeys([*(os.path.realpath(d) for d in dirs), *project_dirs()])
-    return sorted((d for d in real if d != "/" and os.path.isdir(d)), key=len)
-
-
 @cache
 def _interpreter_path() -> tuple[str, ...]:
     """The import path this process's interpreter starts with (``sys.path[1:]`` of a fresh one: this
@@ -170,7 +184,7 @@ def project_dirs() -> tuple[str, ...]:
     any other on the interpreter's import path (an editable install's), each as its source checkout
     (the folder above ``src/dsv32`` holding ``pyproject.toml``, with its git history) when it is one,
     else the package folder. They hold the task sets and their answers, so a sandboxed program does
-    not see them (:func:`hidden_dirs`)."""
+    not see them (:func:`runtime_paths` leaves them out of the view)."""
     packages = [os.path.dirname(os.path.dirname(os.path.realpath(__file__)))]
     packages += [os.path.join(p, "dsv32") for p in _interpreter_path() if p]
     found = []
@@ -230,75 +244,123 @@ def _outermost(paths: Sequence[str]) -> list[str]:
     return kept
 
 
-def _mount_order(hide: Sequence[str], expose: Sequence[str]) -> list[tuple[str, str]]:
-    """``("hide", path)`` and ``("expose", path)`` steps, outer paths first (a hidden directory can
-    lie in an exposed one: the project's package in a site-packages exposed from the home); an
-    exposed path inside another exposed one with no hidden directory between them is left out (the
-    outer one brings it)."""
-    kept: list[str] = []
-    for path in sorted(set(expose), key=len):
-        covering = [q for q in kept if _under(path, [q])]
-        if not any(not any(_under(h, [q]) and _under(path, [h]) for h in hide) for q in covering):
-            kept.append(path)
-    steps = [("hide", h) for h in hide] + [("expose", e) for e in kept]
-    return sorted(steps, key=lambda step: (step[1].count("/"), step[0] == "expose", step[1]))
+def sandbox_uids() -> tuple[int, int]:
+    """The host user ids a sandbox started by root runs as: ``(base, count)``, from
+    ``$DSV32_SANDBOX_UIDS`` (``BASE:COUNT``) or :data:`UIDS`; each sandbox takes one no other
+    sandbox holds (see ``_confine.py``)."""
+    raw = os.environ.get("DSV32_SANDBOX_UIDS")
+    if not raw:
+        return UIDS
+    try:
+        base, count = (int(x) for x in raw.split(":"))
+    except ValueError:
+        raise SandboxError(f"DSV32_SANDBOX_UIDS must be BASE:COUNT, not {raw!r}") from None
+    if base <= 0 or count <= 0 or base + count > 2**32 - 2:
+        raise SandboxError(f"DSV32_SANDBOX_UIDS {raw!r}: the ids must lie in 1..{2**32 - 3}")
+    return base, count
 
 
-def _hidden_for(kind: str, network: bool, given: Sequence[str]) -> list[str]:
-    """:func:`hidden_dirs` but those given to the program whole (``cwd``, ``writable``, ``readable``)."""
-    if kind == "rlimits":
-        return []
-    return [h for h in hidden_dirs(network) if not any(_under(h, [g]) for g in given)]
+def own_user_ids() -> bool:
+    """Whether sandboxes run as user ids of their own: this process is root and the ids of
+    :func:`sandbox_uids` exist in its user namespace (root of a container whose namespace maps
+    fewer ids is a host user the process limit applies to: there the sandbox maps root to it)."""
+    if os.geteuid() != 0:
+        return False
+    base, count = sandbox_uids()
+    try:
+        ranges = [
+            [int(x) for x in line.split()] for line in Path("/proc/self/uid_map").read_text().splitlines()
+        ]
+    except (OSError, ValueError):
+        return False
+    return any(inside <= base and base + count <= inside + n for inside, _outside, n in ranges)
+
+
+def _uid_lock_dir() -> str:
+    """Where the launchers of all root processes hold the locks of the sandbox user ids they use."""
+    base = next((d for d in ("/run/lock", "/var/lock") if os.path.isdir(d) and os.access(d, os.W_OK)), "/tmp")
+    return os.path.join(base, "dsv32-sandbox-uids")
+
+
+@cache
+def _etc_files() -> dict[str, str]:
+    """Host files holding the view's synthetic ``/etc`` files (bubblewrap binds files in)."""
+    folder = tempfile.mkdtemp(prefix="dsv32-etc-")
+    os.chmod(folder, 0o755)
+    files = {"/etc/passwd": _view.PASSWD, "/etc/group": _view.GROUP}
+    paths = {}
+    for path, text in files.items():
+        paths[path] = os.path.join(folder, os.path.basename(path))
+        Path(paths[path]).write_text(text)
+        os.chmod(paths[path], 0o644)
+    atexit.register(shutil.rmtree, folder, True)
+    return paths
+
+
+def _view_steps(network: bool, writable: Sequence[str], readable: Sequence[str], tmp_bytes: int) -> list:
+    """The view (``_view.plan``) of a program started with this process's Python."""
+    runtime = [*runtime_paths(), sys.executable]
+    masks = [f for f in TASK_FILES if os.path.isfile(f)]
+    return _view.plan(
+        runtime=runtime,
+        readable=readable,
+        writable=writable,
+        masks=masks,
+        network=network,
+        tmp_bytes=tmp_bytes,
+        private=own_user_ids(),  # (the program runs as a user id of its own)
+    )
 
 
 def _prefix_for(
     kind: str, network: bool, writable: Sequence[str], readable: Sequence[str], shm_bytes: int
-) -> tuple[list[str], dict]:
-    """``(argv prefix before the confine stage, what the confine stage does: its spec's "mounts",
-    "hide", "expose", "shm_bytes" and "drop_privileges")``; ``shm_bytes`` is the size of the
-    private ``/dev/shm``."""
-    hide = _hidden_for(kind, network, [*writable, *readable])
-    needed = [p for p in [*runtime_paths(), *readable] if p not in hide]
-    exposed = [p for p in needed if _under(p, hide)]
-    # a task file where the program can see it reads as empty (/dev/null bound over it)
-    masks = sorted(f for f in TASK_FILES if os.path.isfile(f) and (not _under(f, hide) or _under(f, exposed)))
+) -> tuple[list[str], dict, list[str]]:
+    """``(argv prefix before the confine stage, what the confine stage does, the launcher's argv
+    prefix when there is one)``. A launcher (``_confine.py`` as root, see its doc) runs first when
+    this process is root, so the sandbox runs as a user id of its own."""
+    if kind == "rlimits":
+        return [], {}, []
+    steps = _view_steps(network, writable, readable, shm_bytes)
+    root = own_user_ids()
+    pdeath = ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
+    uids = [_uid_lock_dir(), *sandbox_uids()]
     if kind == "bwrap":
-        steps = _mount_order(hide, exposed)
-        argv = ["bwrap", "--unshare-user", "--unshare-pid", "--as-pid-1", "--unshare-ipc"]
-        argv += ["--unshare-uts"]
-        argv += [] if network else ["--unshare-net"]
-        argv += ["--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev"]
-        if _bwrap_sizes_tmpfs():  # else /dev/shm is the fresh /dev's empty directory, read-only with it
-            argv += ["--perms", "1777", "--size", str(shm_bytes), "--tmpfs", "/dev/shm"]
-        argv += ["--proc", "/proc", "--cap-drop", "ALL"]
-        for step, path in steps:  # an empty directory in its place, then what the program needs from it
-            argv += ["--perms", "0555", "--tmpfs", path] if step == "hide" else ["--ro-bind", path, path]
-        for path in writable:
-            argv += ["--bind", path, path]
-        for path in masks:
-            argv += ["--ro-bind", "/dev/null", path]
-        for path in [*hide, "/dev"]:  # /dev/shm, a mount of its own, stays writable
-            argv += ["--remount-ro", path]
-        return argv, {"mounts": False, "drop_privileges": False}
-    if kind == "unshare":
-        # setpriv: unshare dies with this process, its --kill-child takes the namespace with it
-        argv = ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
-        argv += ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child"]
-        argv += ["--mount", "--mount-proc", "--ipc", "--uts"] + ([] if network else ["--net"])
-        steps = _mount_order(hide, [p for p in needed + list(writable) if _under(p, hide)])
-        spec = {"mounts": True, "drop_privileges": True, "steps": steps, "masks": masks}
-        return argv, spec | {"shm_bytes": shm_bytes}
-    return [], {"mounts": False, "drop_privileges": False}
+        argv = [shutil.which("bwrap") or "bwrap", "--unshare-user", "--uid", "0", "--gid", "0"]
+        argv += ["--unshare-pid", "--as-pid-1"]
+        argv += ["--unshare-ipc", "--unshare-uts"] + ([] if network else ["--unshare-net"])
+        argv += ["--die-with-parent"] + (["--disable-userns"] if _bwrap_has("--disable-userns") else [])
+        argv += _view.bwrap_args(steps, _etc_files(), _bwrap_sizes_tmpfs())
+        argv += ["--remount-ro", "/", "--cap-drop", "ALL"]
+        if not root:
+            return argv, {}, []
+        binds = [i for i, a in enumerate(argv) if a in ("--ro-bind", "--bind") and i > 0]
+        launch = {"launch": "bwrap", "uids": uids, "writable": list(writable), "binds": binds}
+        return argv, {}, [*pdeath, sys.executable, "-I", "-S", CONFINE, json.dumps(launch)]
+    spec = {"view": steps, "drop_privileges": True}
+    if root:
+        spec |= {"launch": "unshare", "uids": uids, "network": network, "become_root": True}
+        return pdeath, spec, []
+    argv = [*pdeath, "unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child"]
+    argv += ["--mount", "--ipc", "--uts"] + ([] if network else ["--net"])
+    return argv, spec, []
 
 
 @cache
-def _bwrap_sizes_tmpfs() -> bool:
-    """Whether this machine's bubblewrap takes ``--size`` before ``--tmpfs`` (0.10 and later)."""
+def _bwrap_help() -> str:
     try:
         done = subprocess.run(["bwrap", "--help"], capture_output=True, timeout=10, env={"PATH": os.defpath})
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return b"--size" in done.stdout + done.stderr
+        return ""
+    return (done.stdout + done.stderr).decode(errors="replace")
+
+
+def _bwrap_has(option: str) -> bool:
+    return option in _bwrap_help()
+
+
+def _bwrap_sizes_tmpfs() -> bool:
+    """Whether this machine's bubblewrap takes ``--size`` before ``--tmpfs`` (0.10 and later)."""
+    return _bwrap_has("--size")
 
 
 @cache
@@ -330,9 +392,13 @@ def isolation(kind: str | None = None) -> Isolation:
     if chosen == "rlimits" and kind is None:  # the fallback, not a caller's or $DSV32_SANDBOX's choice
         _warn_once()
     confined = chosen != "rlimits"
-    return Isolation(
-        chosen, confined, confined, confined, _NOTES[chosen], tuple(_hidden_for(chosen, False, ()))
-    )
+    shown = _view.visible(_view_steps(False, [], [], 1 << 20)) if confined else ()
+    note = _NOTES[chosen]
+    if chosen == "bwrap" and not _bwrap_has("--disable-userns"):
+        note = note.replace(
+            "no nested user namespaces", "nested user namespaces allowed (no --disable-userns)"
+        )
+    return Isolation(chosen, confined, confined, confined, note, shown, process_bound(chosen))
 
 
 def _hint(kind: str) -> str:
@@ -377,9 +443,9 @@ def command_prefix(
     """The argv prefix that runs a program confined: ``prefix + [program, *args]``. For long-lived
     programs (a Jupyter kernel) start it with :func:`popen` or put this prefix in front of its
     command; ``cpu_s`` (default ``timeout_s + 1``) bounds its CPU seconds for its whole life.
-    ``cwd`` and ``writable`` are read-write, everything else read-only; ``readable`` names paths
-    in a hidden directory (:func:`hidden_dirs`: the home, ``/tmp``, ``/run``) that the program must
-    see."""
+    ``cwd`` and ``writable`` are read-write; ``readable`` names paths the program must see besides
+    the view's allowlist (see the module doc), read-only, as do absolute ``PYTHONPATH`` entries of
+    ``env``."""
     if memory_mb <= 0 or timeout_s <= 0 or processes <= 0 or open_files <= 0 or file_size_mb <= 0:
         raise SandboxError("sandbox limits must be positive (memory_mb, timeout_s, processes, files)")
     if kind not in KINDS:
@@ -401,10 +467,10 @@ def command_prefix(
     imports = [
         p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p) and os.path.exists(p)
     ]
-    ro = [os.path.realpath(r) for r in [*readable, *imports]]
-    prefix, spec = _prefix_for(kind, network, rw, ro, min(SHM_MB, memory_mb) << 20)
+    ro = [os.path.abspath(r) for r in [*readable, *imports]]  # (the view keeps symlinks on the way)
+    prefix, spec, launcher = _prefix_for(kind, network, rw, ro, min(SHM_MB, memory_mb) << 20)
     spec |= {"writable": rw, "limits": limits, "cwd": cwd, "env": full_env, "status_fd": status_fd}
-    return [*prefix, sys.executable, "-I", "-S", CONFINE, json.dumps(spec)]
+    return [*launcher, *prefix, sys.executable, "-I", "-S", CONFINE, json.dumps(spec)]
 
 
 def popen(argv: Sequence[str], *, cwd: str | os.PathLike, **options) -> subprocess.Popen:
