@@ -149,11 +149,6 @@ def test_an_answer_that_claims_every_number_scores_nothing(final):
     assert env.reward(Episode([], "\\boxed{42}")).value == 1.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the sandbox's allowlisted filesystem view: under the hide list a task file a run "
-    "wrote outside the home and /tmp (an --out folder under /var/tmp) is readable from the kernel",
-)
 def test_a_task_file_a_run_wrote_outside_the_home_is_not_readable(env, task):
     out_dir = Path("/var/tmp") / f"dsv32-hack-out-{os.getpid()}"
     path = save_tasks([task], out_dir / "tasks_heldout.jsonl")  # written, never read by this process
