@@ -103,12 +103,12 @@ def test_a_leaky_tool_reaches_neither_the_verifier_nor_the_answer_key_nor_the_in
         out = env.call("read_note", {"path": str(bundle.path / name)})
         assert out.startswith("error:") and answer not in out and "def verify" not in out, out
     assert env.call("read_note", {"path": "db.sqlite"}).startswith('"SQLite format')  # its own copy
-    empty = tmp_path / "empty.sqlite"
-    sqlite3.connect(empty).close()
+    verifier = (bundle.path / "verify.py").read_bytes()
     for name in ("db.sqlite", "verify.py"):  # the state and the code the verifier reads
-        out = env.call("write_note", {"path": str(bundle.path / name), "text": "x"})
-        assert out.startswith("error:"), out
+        # refused, or written to the sandbox's own empty view of that path: never the host's file
+        env.call("write_note", {"path": str(bundle.path / name), "text": "x"})
     assert (bundle.path / "db.sqlite").read_bytes() == initial
+    assert (bundle.path / "verify.py").read_bytes() == verifier
     assert env.reward(Episode([], answer)).value == 0.0
     episode = replay(env, task, env.reference(task))
     assert env.reward(episode).value == 1.0

@@ -21,7 +21,7 @@ def test_smollm2_answers_humaneval_in_a_batch(tmp_path, smollm2):
                            batch_size=2)  # fmt: skip
     results = run(settings, tmp_path / "he", solver=smollm2, progress=False)
     rows = [json.loads(line) for line in (tmp_path / "he" / "samples.jsonl").read_text().splitlines()]
-    assert [r["id"] for r in rows] == ["HumanEval/0", "HumanEval/1"]
+    assert sorted(r["id"] for r in rows) == ["HumanEval/0", "HumanEval/1"]  # written as each is scored
     for row in rows:
         assert row["completion"]["content"].strip()
         assert 1 <= row["completion_tokens"] <= 8 and row["finish_reason"] in ("stop", "length")
