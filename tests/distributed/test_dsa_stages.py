@@ -4,10 +4,9 @@ written at step 2 by 2 ranks resumes at 1 and at 2 ranks and reproduces step 3; 
 checkpoint resumes at 2 ranks; the exported model equals the single-process one.
 
 Measured here (torch 2.13, CPU): fp64 runs agree to ~5e-16 relative (the tolerance is 1e-10); the
-fp32 native-model run's LM loss and gradient norms to ~1e-7 relative, its weights to ~2e-8 absolute
-(Adam turns the fp32 noise of an indexer gradient near zero into a ~1e-5 relative difference of a
-bias of size ~1e-3), its indexer loss (a KL near zero, ~1e-4) to ~1.5e-8 absolute: tolerances
-1e-5 relative plus 1e-7 absolute."""
+fp32 native-model run's LM loss and gradient norms to ~1e-7 relative, its weights to ~1e-6 (the norm
+of each tensor's difference relative to its norm), its indexer loss (a KL near zero, ~1e-4) to
+~1.5e-8 absolute; tolerances in ``worker.TOL``."""
 
 from __future__ import annotations
 
@@ -36,7 +35,7 @@ JOBS = [
     ("native", "tiny-native", "float32",
      {"stage": "sparse", "batch_size": 2, "grad_accum": 1, "lr": 1e-3, "index_topk": 8}),
 ]  # fmt: skip
-TOL = {"float64": (1e-10, 0.0), "float32": (1e-5, 1e-7)}  # relative, absolute
+TOL = worker.TOL
 
 
 def _job(name, model, dtype, cfg, out, **extra):
@@ -91,12 +90,8 @@ def _same_run(a: dict, b: dict, dtype: str) -> None:
                 assert y[key] is None
             else:
                 _close(x[key], y[key], dtype, f"step {x['step']} {key}")
-    assert a["weights"].keys() == b["weights"].keys()
-    rel, abs_ = TOL[dtype]
-    for n, t in a["weights"].items():
-        assert t.dtype == b["weights"][n].dtype
-        err = float((t - b["weights"][n]).abs().max())
-        assert err <= abs_ + rel * float(t.abs().max()), f"{n}: max difference {err}"
+    errors = worker.weight_errors(a["weights"], b["weights"], dtype)
+    assert max(errors.values()) <= 1, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
 
 
 @pytest.mark.parametrize("name,model,dtype,cfg", JOBS, ids=[j[0] for j in JOBS])

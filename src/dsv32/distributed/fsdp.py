@@ -33,10 +33,13 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     return []
 
 
-def shard_model(model: nn.Module, *, param_dtype: torch.dtype | None = None) -> nn.Module:
+def shard_model(
+    model: nn.Module, *, param_dtype: torch.dtype | None = None, root_methods: Sequence[str] = ()
+) -> nn.Module:
     """Shard ``model`` in place over the process group (a no-op in a single process); returns it.
     ``param_dtype``: FSDP's mixed precision (parameters gathered in that dtype, gradients reduced in
-    fp32) — for GPU recipes; None keeps the parameters' own dtype."""
+    fp32) — for GPU recipes; None keeps the parameters' own dtype. ``root_methods``: methods of the
+    model a trainer calls instead of its ``forward`` (FSDP gathers the root's parameters around them)."""
     if not world().active:
         return model
     from torch.distributed.fsdp import (
@@ -58,6 +61,8 @@ def shard_model(model: nn.Module, *, param_dtype: torch.dtype | None = None) -> 
     for block in blocks(model):
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
+    for method in root_methods:
+        register_fsdp_forward_method(model, method)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
@@ -76,6 +81,19 @@ def set_gradient_sync(model: nn.Module, on: bool) -> None:
     ``True`` (the step's last micro-batch) reduces the accumulated sum."""
     if is_sharded(model):
         model.set_requires_gradient_sync(on)
+
+
+def local_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """This rank's rows of a tensor sharded on its first dimension and the global index of the first
+    one; a plain tensor is all rows from 0."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(t, DTensor):
+        return t, 0
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    _, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    return t.to_local(), int(offset[0])
 
 
 def clip_grad_norm(params: Sequence[nn.Parameter], max_norm: float) -> float:
