@@ -9,7 +9,18 @@ single-process behaviour, and a distributed run computes the same update on the 
 from dsv32.distributed.batch import Share, rank_share, split_evenly
 from dsv32.distributed.checkpoint import ShardedCheckpoints
 from dsv32.distributed.fsdp import clip_grad_norm, full_parameters, set_gradient_sync, shard_model
-from dsv32.distributed.group import DistError, World, all_sum, all_true, barrier, is_main, setup, world
+from dsv32.distributed.group import (
+    DistError,
+    World,
+    all_sum,
+    all_true,
+    barrier,
+    is_main,
+    launched,
+    require_one_process,
+    setup,
+    world,
+)
 
 __all__ = [
     "DistError",
@@ -22,7 +33,9 @@ __all__ = [
     "clip_grad_norm",
     "full_parameters",
     "is_main",
+    "launched",
     "rank_share",
+    "require_one_process",
     "set_gradient_sync",
     "setup",
     "shard_model",

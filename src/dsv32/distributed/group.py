@@ -55,6 +55,17 @@ def launched() -> bool:
     return all(os.environ.get(v) for v in _LAUNCH_VARS)
 
 
+def require_one_process(what: str) -> None:
+    """:class:`DistError` when this process is one of several launched together: for a trainer that
+    runs in one process only (every rank would train alone and write the same files)."""
+    size = os.environ.get("WORLD_SIZE", "1") if launched() else "1"
+    if size.strip() not in ("", "1"):
+        raise DistError(
+            f"{what} runs in one process, not under a launch of {size} (torchrun --nproc-per-node / --nnodes): "
+            "start it as a plain dsv32 command; the DSA stages and SFT train on several"
+        )
+
+
 def timeout_s() -> float:
     raw = os.environ.get(TIMEOUT_ENV)
     if raw is None:
