@@ -21,20 +21,26 @@ def _order(G: int, B: int, W: int) -> list[tuple[int, int]]:
     ]
 
 
-@pytest.mark.parametrize("G,B,W", [(4, 3, 2), (2, 4, 2), (1, 6, 3), (6, 1, 3), (3, 4, 4), (2, 2, 1)])
+@pytest.mark.parametrize(
+    "G,B,W", [(4, 3, 2), (2, 4, 2), (1, 6, 3), (6, 1, 3), (3, 4, 4), (2, 2, 1), (4, 4, 8)]
+)
 def test_every_sequence_of_a_step_is_read_once_in_the_single_process_order(G, B, W):
     single = [(m, row) for m in range(G) for row in range(B)]
     got = _order(G, B, W)
     assert sorted(got) == single  # none twice, none dropped
+    if (G, B, W) != (3, 4, 4):  # equal contiguous parts: rank r the r-th (else row slices)
+        assert got == single
     shares = [rank_share(G, B, World(r, W, r, True)) for r in range(W)]
     assert len({sum(s.rows for s in part) for part in shares}) == 1  # the same work on every rank
-    if G % W == 0:  # whole micro-batches, rank r the r-th run of them: the single-process order
-        assert got == single and all(s.rows == B for part in shares for s in part)
+    assert len({len(part) for part in shares}) == 1  # and as many forward passes
+    if G % W == 0:  # whole micro-batches
+        assert all(s.rows == B for part in shares for s in part)
 
 
-def test_a_step_that_does_not_split_is_refused():
-    with pytest.raises(DistError, match="does not split over 2 processes: make grad_accum or batch_size"):
-        rank_share(3, 1, World(0, 2, 0, True))
+@pytest.mark.parametrize("G,B,W", [(3, 1, 2), (2, 3, 4), (1, 3, 2)])
+def test_a_step_that_does_not_split_is_refused(G, B, W):
+    with pytest.raises(DistError, match=f"does not split over {W} processes: make grad_accum or batch_size"):
+        rank_share(G, B, World(0, W, 0, True))
     assert rank_share(3, 1, World()) == [Share(0, 0, 1), Share(1, 0, 1), Share(2, 0, 1)]
 
 
