@@ -77,3 +77,13 @@ def test_the_process_group_timeout_comes_from_the_environment(monkeypatch, raw, 
             timeout_s()
     else:
         assert timeout_s() == ok
+
+
+def test_the_demo_refuses_a_launch_of_several_processes(monkeypatch):
+    """It trains both stages on one model in one process (a sharded model keeps its first trainable set)."""
+    for var, value in LAUNCH.items():
+        monkeypatch.setenv(var, value)
+    from dsv32.train.pipeline import run_demo
+
+    with pytest.raises(DistError, match="dsv32 demo runs in one process"):
+        run_demo()

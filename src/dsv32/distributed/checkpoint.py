@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -114,7 +115,9 @@ class ShardedCheckpoints(StepCheckpoints):
         step = int(self.state(path)["step"])
         states = self._state_dicts(model, optimizer)
         try:
-            dcp.load(states, checkpoint_id=path / DCP_DIR, no_dist=not world().active)
+            with warnings.catch_warnings():  # a single process reading a DCP checkpoint is intended
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.load(states, checkpoint_id=path / DCP_DIR, no_dist=not world().active)
         except Exception as err:  # DCP wraps every rank's failure in one CheckpointException
             why = " ".join(str(err).split())[:300]
             raise CheckpointError(f"{path / DCP_DIR} does not fit this model and optimizer ({why})") from err

@@ -157,6 +157,7 @@ def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
     from dsv32.train.evaluate import evaluate_dsa
     from dsv32.train.report import report_dict, write_report
 
+    distributed.require_one_process("dsv32 demo")  # runs both stages on one model in one process
     cfg = cfg or demo_config()
     out = Path(cfg.out_dir)
     timings: dict[str, float] = {}

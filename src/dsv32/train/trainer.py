@@ -210,8 +210,13 @@ def train_stage(
         dm.set_mode("dense")
     else:
         dm.set_mode("sparse", cfg.index_topk)
+    if distributed.fsdp.is_sharded(dm.model):  # FSDP fixed its trainable set when it first gathered
+        raise distributed.DistError(
+            "a model sharded by an earlier stage cannot train another stage in the same processes: "
+            "run each stage as its own torchrun launch (dsv32 dsa warmup, then dsv32 dsa sparse)"
+        )
     _set_trainable(dm, cfg)
-    if w.active and not distributed.fsdp.is_sharded(dm.model):
+    if w.active:
         gpu_bf16 = dm.device.type == "cuda" and dm.autocast_dtype == torch.bfloat16
         distributed.shard_model(dm.model, param_dtype=torch.bfloat16 if gpu_bf16 else None)
     groups = _param_groups(dm, cfg)
