@@ -278,9 +278,8 @@ def train_stage(
                     layer_losses = _replay_micro(replay, g0, share.rows, cfg, rows, last_share)
                     lm, weight = None, 1.0  # per-sequence losses: already parts of the micro-batch
                 else:
-                    distributed.set_gradient_sync(
-                        dm.model, last_share
-                    )  # one reduce per step, not per micro-batch
+                    # gradients are reduced over the ranks once per step, with its last micro-batch
+                    distributed.set_gradient_sync(dm.model, last_share)
                     ids = seqs[sequence_order(seqs.shape[0], cfg.seed, g0, share.rows)].to(dm.device)
                     layer_losses, lm = _online_micro(dm, ids, cfg, rows, weight)
                 for i, v in layer_losses.items():
