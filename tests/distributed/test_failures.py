@@ -54,19 +54,21 @@ def test_a_rank_killed_mid_run_ends_the_job_non_zero_within_the_timeout(tmp_path
     }  # fmt: skip
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps([job]))
+    log = (tmp_path / "stderr.log").open("w")  # a file, not a pipe nobody reads while it runs
     proc = subprocess.Popen(
         torchrun_args(2, str(WORKER), str(spec)),
         env=env(DSV32_DIST_TIMEOUT=str(TIMEOUT_S)),
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+        stderr=log,
+        start_new_session=True,  # its own process group: torchrun and the ranks it starts
     )
     try:
         deadline = time.monotonic() + 300
-        while not (out / "checkpoints" / "step_000001").is_dir():  # training is under way
-            assert proc.poll() is None, proc.stderr.read()[-3000:]
+        # training is under way: a checkpoint (each replaces the one before, so look for any step)
+        while not any((out / "checkpoints").glob("step_*")):
+            assert proc.poll() is None, (tmp_path / "stderr.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "the run did not reach step 1"
-            time.sleep(0.5)
+            time.sleep(0.2)
         victim = next(p for p in _children(proc.pid) if _rank_of(p) == 1)
         killed = time.monotonic()
         os.kill(victim, signal.SIGKILL)  # rank 1: a child of this test's torchrun
@@ -74,9 +76,10 @@ def test_a_rank_killed_mid_run_ends_the_job_non_zero_within_the_timeout(tmp_path
         assert code != 0
         assert time.monotonic() - killed < TIMEOUT_S + 60
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if proc.poll() is None:  # a failed test leaves no rank running
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        log.close()
 
 
 def test_a_step_that_does_not_split_fails_on_every_rank_with_one_line(tmp_path):

@@ -25,7 +25,7 @@ LAYERS = {
         "dsa",
         "chat",
         "distributed",
-    },  # fmt: skip
+    },
     "train": {"agent", "engine", "envs", "model", "dsa", "chat", "distributed"},
     "rl": {"agent", "engine", "envs", "model", "dsa", "chat", "distributed"},
     "synth": {"agent", "engine", "envs", "model", "dsa", "chat"},
