@@ -59,7 +59,8 @@ def check_finite_weights(
 ) -> None:
     """Raise :class:`NonFiniteUpdateError` when a parameter of ``model`` holds NaN or inf (one device
     sync for all parameters; the names are looked up only then)."""
-    params = list(model.named_parameters())
+    # a sharded parameter (FSDP) is checked on this rank's shard
+    params = [(n, p.to_local() if hasattr(p, "to_local") else p) for n, p in model.named_parameters()]
     if not params or bool(torch.stack([torch.isfinite(p).all() for _, p in params]).all()):
         return
     bad = [name for name, p in params if not bool(torch.isfinite(p).all())]

@@ -12,9 +12,22 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "dsv32"
 # Each package with the packages it may import (transitively downward). The leaf modules
 # `errors`, `jsonl`, `paths`, `recipe`, `runlog` and `training_guard` may be imported by anything.
 LAYERS = {
-    "cli": {"train", "rl", "synth", "serve", "eval", "agent", "engine", "envs", "model", "dsa", "chat"},
-    "train": {"agent", "engine", "envs", "model", "dsa", "chat"},
-    "rl": {"agent", "engine", "envs", "model", "dsa", "chat"},
+    "cli": {
+        "train",
+        "rl",
+        "synth",
+        "serve",
+        "eval",
+        "agent",
+        "engine",
+        "envs",
+        "model",
+        "dsa",
+        "chat",
+        "distributed",
+    },
+    "train": {"agent", "engine", "envs", "model", "dsa", "chat", "distributed"},
+    "rl": {"agent", "engine", "envs", "model", "dsa", "chat", "distributed"},
     "synth": {"agent", "engine", "envs", "model", "dsa", "chat"},
     "serve": {"agent", "engine", "envs", "model", "dsa", "chat"},
     "eval": {"agent", "engine", "envs", "model", "dsa", "chat"},
@@ -24,6 +37,7 @@ LAYERS = {
     "model": {"dsa"},
     "dsa": set(),
     "chat": set(),
+    "distributed": set(),
 }
 LEAVES = {"errors", "jsonl", "paths", "recipe", "runlog", "training_guard"}
 

@@ -32,10 +32,15 @@ def add(sub: argparse._SubParsersAction) -> None:
         if args.dsa_cmd == "eval":
             run_eval(cfg, out, progress=not args.no_progress)
         else:
+            from dsv32.distributed import is_main
+
             result = run_stage(
                 cfg, args.dsa_cmd, out, progress=not args.no_progress, resume=not args.no_resume
             )
-            print(f"dsv32 dsa {args.dsa_cmd}: {result.steps} steps → {result.model_dir or result.out_dir}")
+            if is_main():  # under torchrun: once, not per rank
+                print(
+                    f"dsv32 dsa {args.dsa_cmd}: {result.steps} steps → {result.model_dir or result.out_dir}"
+                )
         return 0
 
     for name, text in helps.items():

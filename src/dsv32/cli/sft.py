@@ -28,8 +28,11 @@ def add(sub: argparse._SubParsersAction) -> None:
         keys = {"data": "data.path", "eval_data": "data.eval_path", "model": "model.name", "steps": "train.steps",
                 "out": "out_dir"}  # fmt: skip
         cfg = load_sft_config(args.config, flag_overrides(args, keys))
+        from dsv32.distributed import is_main
+
         result = train_sft(cfg, resume=not args.no_resume, progress=not args.no_progress)
-        print(result.summary())
+        if is_main():  # under torchrun: once, not per rank
+            print(result.summary())
         return 0
 
     command(p, run)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from dsv32 import distributed
 from dsv32.envs.base import Environment, Task, get_env, resolve_tasks
 from dsv32.rl.agentic import (
     AgenticReward,
@@ -270,6 +271,7 @@ def train_agentic(
     evaluate_after: bool = True,
 ) -> AgenticResult:
     """Run mixed agentic GRPO as configured (see the module docstring)."""
+    distributed.require_one_process("agentic GRPO")
     rl, g = cfg.rl, cfg.rl.grpo
     torch.manual_seed(rl.seed)
     sources, held = env_sources(cfg)

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from dsv32 import distributed
 from dsv32.rl.config import GRPOConfig, RLConfig, RLConfigError
 from dsv32.rl.loss import group_advantages
 from dsv32.rl.policy import Policy, load_policy
@@ -173,6 +174,7 @@ def train_grpo(
     """Run GRPO as configured. ``policy``/``reward_fn`` default to those the config names; ``hook``
     enables multi-turn rollouts (``sampling.max_turns`` > 1); ``stop_after`` interrupts after that step
     (with a checkpoint), as if the process had been killed."""
+    distributed.require_one_process("GRPO")
     out = Path(cfg.out_dir)
     torch.manual_seed(cfg.seed)
     rewards = rewards_of(cfg, reward_fn)

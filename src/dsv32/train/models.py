@@ -118,8 +118,9 @@ class DSAModel:
     def lm_loss_sum(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Summed next-token NLL over ``input_ids`` ``[B, T]`` and the number of predicted tokens."""
         logits = self.logits(input_ids)
+        wide = torch.promote_types(logits.dtype, torch.float32)  # at least fp32 (an fp64 model stays fp64)
         nll = torch.nn.functional.cross_entropy(
-            logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+            logits[:, :-1].to(wide).reshape(-1, logits.shape[-1]),
             input_ids[:, 1:].reshape(-1),
             reduction="sum",
         )

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from dsv32 import distributed
 from dsv32.train.config import RunConfig, StageConfig, TrainConfigError
 from dsv32.train.data import Document, TokenData, list_documents, load_token_data
 from dsv32.train.models import DSAModel, load_dsa_model
@@ -111,6 +112,9 @@ def run_stage(
     (a :class:`~dsv32.runlog.CheckpointError` when it has others); False: start over."""
     stage_cfg = cfg.warmup if stage == "warmup" else cfg.sparse
     out = Path(out_dir or Path(cfg.out_dir) / stage)
+    # under torchrun: join the process group (and pick this rank's GPU) before the model loads; a
+    # step that does not split over the ranks fails on every rank before anything is read
+    distributed.rank_share(stage_cfg.grad_accum, stage_cfg.batch_size, distributed.setup())
     docs = list_documents(cfg.data)
     dm = load_dsa_model(cfg.model, cfg.dsa)
     check_lengths(cfg, dm)
@@ -153,6 +157,7 @@ def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
     from dsv32.train.evaluate import evaluate_dsa
     from dsv32.train.report import report_dict, write_report
 
+    distributed.require_one_process("dsv32 demo")  # runs both stages on one model in one process
     cfg = cfg or demo_config()
     out = Path(cfg.out_dir)
     timings: dict[str, float] = {}

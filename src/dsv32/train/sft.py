@@ -13,6 +13,12 @@ Rows are shuffled per epoch by ``(seed, epoch)``; step ``s`` takes rows ``[s·R,
 stream (R = ``batch_size`` × ``grad_accum``), so a run resumed from a checkpoint (weights, optimizer,
 RNG states, step) retraces the uninterrupted run bit for bit.
 
+Under ``torchrun`` (:mod:`dsv32.distributed`) the model is sharded with FSDP2 and each rank computes
+its part of every step's rows (:func:`dsv32.distributed.rank_share`), divided by the step's global
+loss-token count (known to every rank: each reads the whole step's rows' counts); the gradients are
+summed over the ranks, so the update is the single-process one. Checkpoints are DCP checkpoints;
+rank 0 alone logs, plots and writes the model.
+
 Outputs under ``out_dir``: ``config.json``, ``data.json`` (conversation and token counts),
 ``metrics.jsonl``, ``sft.png``, ``checkpoints/step_NNNNNN/`` and ``model/`` (weights, tokenizer with
 the V3.2 chat template).
@@ -28,9 +34,9 @@ from pathlib import Path
 
 import torch
 
+from dsv32 import distributed
 from dsv32.runlog import (
     RUN_OUTPUTS,
-    StepCheckpoints,
     append_metrics,
     file_digest,
     read_metrics,
@@ -52,8 +58,10 @@ from dsv32.train.sft_model import (
     check_packing,
     freeze_lower_layers,
     keep_pretrained_rows,
+    kept_logits,
     prepare_sft_model,
     save_sft_model,
+    shard_sft_model,
     vocab_matrices,
 )
 
@@ -141,10 +149,10 @@ def loss_sum(sm: SFTModel, batch: dict[str, torch.Tensor], packed: bool) -> tupl
     else:
         # packed: no mask, so transformers derives the block-diagonal one from the restarting positions
         mask = None if packed else (segments >= 0).long()
-        hidden = sm.model.get_decoder()(
-            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False
+        bound = getattr(sm.model, "kept_logits", None)  # the FSDP-wrapped method of a sharded model
+        logits = (
+            bound(ids, mask, positions, keep) if bound else kept_logits(sm.model, ids, mask, positions, keep)
         )
-        logits = sm.model.get_output_embeddings()(hidden.last_hidden_state[keep])
     return torch.nn.functional.cross_entropy(logits.float(), targets[keep], reduction="sum"), n
 
 
@@ -220,12 +228,15 @@ def train_sft(
     from dsv32.train.sft_plot import plot_sft
 
     tc = cfg.train
+    w = distributed.setup()
+    distributed.rank_share(tc.grad_accum, tc.batch_size, w)  # a step that does not split fails here
     torch.manual_seed(tc.seed)
     sm = model or prepare_sft_model(cfg.model.name, cfg.model.device)
     check_seq_len(cfg, sm)
     if cfg.data.packing:
         check_packing(sm)
     freeze_lower_layers(sm.model, tc.freeze_layers)
+    shard_sft_model(sm)
     if tc.new_token_lr > 0 and not sm.added_tokens:
         logger.warning(
             "sft: train.new_token_lr has no effect: the tokenizer already has the V3.2 tokens, so no rows "
@@ -238,31 +249,35 @@ def train_sft(
     total = total_steps(tc, len(rows))
     out = Path(cfg.out_dir)
     optimizer = torch.optim.AdamW(_param_groups(sm, tc), lr=tc.lr, betas=tuple(tc.betas))
-    ckpts = StepCheckpoints(out, keep=tc.keep_checkpoints, run=run_identity(cfg))
+    ckpts = distributed.ShardedCheckpoints(out, keep=tc.keep_checkpoints, run=run_identity(cfg))
     metrics_path = out / "metrics.jsonl"
     step = ckpts.begin(sm.model, optimizer, resume=resume, steps=total)
     # only now, every check passed: bad input writes nothing
-    if step:
-        truncate_metrics(metrics_path, step)
-        logger.info("sft: resumed from %s (step %d)", ckpts.resumed_from, step)
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        ckpts.discard((*RUN_OUTPUTS, "sft.png"))
-    write_json(out / "config.json", cfg.to_dict())
     data_info = {**counts, "rows": len(rows), "steps": total, "added_tokens": len(sm.added_tokens)}
-    write_json(out / "data.json", data_info)
+    if step:
+        logger.info("sft: resumed from %s (step %d)", ckpts.resumed_from, step)
+    if w.main:
+        if step:
+            truncate_metrics(metrics_path, step)
+        else:
+            out.mkdir(parents=True, exist_ok=True)
+            ckpts.discard((*RUN_OUTPUTS, "sft.png"))
+        write_json(out / "config.json", cfg.to_dict())
+        write_json(out / "data.json", data_info)
+    distributed.barrier()
     last = total if stop_after is None else min(total, stop_after)
     start = time.time()
-    bar = tqdm(total=total, initial=step, desc="sft", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=total, initial=step, desc="sft", disable=not (progress and w.main), dynamic_ncols=True)
     sm.model.train()
     try:
         while step < last:
             record = _step(sm, optimizer, examples, rows, cfg, step, total)
             step += 1
             record["seconds"] = round(time.time() - start, 2)
+            record["world_size"] = w.size
             if held and ((tc.eval_every and step % tc.eval_every == 0) or step == total):
                 record["eval_loss"] = eval_loss(sm, held[0], held_rows, cfg)
-            if step % tc.log_every == 0 or step == last or "eval_loss" in record:
+            if w.main and (step % tc.log_every == 0 or step == last or "eval_loss" in record):
                 append_metrics(metrics_path, record)
             bar.set_postfix(loss=f"{record['loss']:.4f}")
             bar.update(1)
@@ -271,10 +286,16 @@ def train_sft(
     finally:
         bar.close()
         sm.model.eval()
+    distributed.barrier()  # rank 0's metrics.jsonl is complete
     result = SFTResult(out, step, time.time() - start, data_info, read_metrics(metrics_path))
-    plot_sft(metrics_path, out / "sft.png")
+    if w.main:
+        plot_sft(metrics_path, out / "sft.png")
     if save_model and step >= total:
-        result.model_dir = save_sft_model(sm, out / "model")
+        with distributed.full_parameters(sm.model) as writer:  # rank 0 writes the full model
+            if writer:
+                save_sft_model(sm, out / "model")
+        distributed.barrier()
+        result.model_dir = out / "model"
     return result
 
 
@@ -305,16 +326,21 @@ def _step(sm: SFTModel, optimizer, examples, rows, cfg: SFTConfig, step: int, to
     for group in optimizer.param_groups:
         group["lr"] = group["base_lr"] * factor
     picked = [rows[i] for i in step_rows(step, len(rows), tc)]
-    n_total = sum(examples[i].loss_tokens for row in picked for i in row)
+    n_total = sum(examples[i].loss_tokens for row in picked for i in row)  # over the global batch
     loss_value = 0.0
-    for a in range(0, len(picked), tc.batch_size):
-        s, _ = loss_sum(sm, collate(examples, picked[a : a + tc.batch_size], sm.pad_id), cfg.data.packing)
+    shares = distributed.rank_share(tc.grad_accum, tc.batch_size, distributed.world())
+    for k, share in enumerate(shares):
+        a = share.micro * tc.batch_size
+        part = picked[a + share.start : a + share.stop]
+        distributed.set_gradient_sync(sm.model, k == len(shares) - 1)  # one reduce per step
+        s, _ = loss_sum(sm, collate(examples, part, sm.pad_id), cfg.data.packing)
         (s / n_total).backward()
         loss_value += float(s.detach()) / n_total
+    loss_value = distributed.all_sum([loss_value])[0]
     if new_token_rows(sm, tc):
         keep_pretrained_rows(sm.model, sm.base_vocab)
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    norm = torch.nn.utils.clip_grad_norm_(params, tc.clip_grad or math.inf)
+    norm = distributed.clip_grad_norm(params, tc.clip_grad or math.inf)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return {

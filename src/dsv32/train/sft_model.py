@@ -16,6 +16,7 @@ The tiny test models (``tiny-llama``, ``tiny-native``) come with a plain byte to
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ import torch
 from torch import nn
 
 from dsv32.chat import EOS, add_v32_special_tokens, chat_template
+from dsv32.distributed import shard_model, world
+from dsv32.distributed.fsdp import is_sharded, local_rows
 from dsv32.engine.models import ByteTokenizer, load_model
 from dsv32.errors import DSV32Error
 
@@ -204,7 +207,8 @@ def keep_pretrained_rows(model: nn.Module, base_vocab: int) -> None:
     the model, so a later stage (GRPO) trains every row."""
     for p in vocab_matrices(model):
         if p.grad is not None:
-            p.grad[:base_vocab] = 0
+            rows, first = local_rows(p.grad)  # a sharded gradient: this rank's rows
+            rows[: max(0, base_vocab - first)] = 0
 
 
 def freeze_lower_layers(model: nn.Module, n: int) -> int:
@@ -219,6 +223,29 @@ def freeze_lower_layers(model: nn.Module, n: int) -> int:
     for layer in list(layers)[:n]:
         layer.requires_grad_(False)
     return n
+
+
+def kept_logits(
+    model: nn.Module,
+    ids: torch.Tensor,
+    mask: torch.Tensor | None,
+    positions: torch.Tensor,
+    keep: torch.Tensor,
+) -> torch.Tensor:
+    """An HF model's logits at the ``keep`` positions only (the head never sees the others)."""
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+    return model.get_output_embeddings()(hidden.last_hidden_state[keep])
+
+
+def shard_sft_model(sm: SFTModel) -> None:
+    """FSDP2 over the ranks of a ``torchrun`` launch (:mod:`dsv32.distributed`); a no-op in one process.
+    An HF model's loss runs through :func:`kept_logits`, bound to the model so that FSDP gathers the
+    embedding, final norm and head around it as around a forward."""
+    if not world().active or is_sharded(sm.model):
+        return
+    if sm.kind != "native":
+        sm.model.kept_logits = types.MethodType(kept_logits, sm.model)
+    shard_model(sm.model, root_methods=() if sm.kind == "native" else ("kept_logits",))
 
 
 def save_sft_model(sm: SFTModel, path: str | Path) -> Path:

@@ -16,6 +16,12 @@ skipped — no optimizer step, so the weights and AdamW's moments stay as they w
 ``NonFiniteUpdateError`` (the streak is saved with each checkpoint), and no checkpoint or model is
 written from non-finite weights.
 
+Distributed (under ``torchrun``, :mod:`dsv32.distributed`): the model is sharded with FSDP2, each rank
+reads its part of every step's sequences (:func:`dsv32.distributed.rank_share`), the losses are scaled by
+the global sequence count and the gradients summed over the ranks — the same update as one process
+on the same global batch; checkpoints are DCP checkpoints; rank 0 alone logs, plots and writes the
+model (gathered from the shards).
+
 Outputs under ``out_dir``: ``metrics.jsonl`` (one line per logged step), ``loss.png``,
 ``checkpoints/step_NNNNNN/``, and ``model/`` (the trained model, reloadable with
 :func:`dsv32.train.load_dsa_model`).
@@ -31,12 +37,12 @@ from pathlib import Path
 
 import torch
 
+from dsv32 import distributed
 from dsv32.dsa.hf import LayerView, get_dsa
 from dsv32.runlog import (
     RUN_OUTPUTS,
     CheckpointError,
     OtherRunCheckpoint,
-    StepCheckpoints,
     append_metrics,
     truncate_metrics,
     write_json,
@@ -198,11 +204,21 @@ def train_stage(
     from dsv32.train.plot import plot_metrics
 
     out = Path(out_dir)
+    w = distributed.setup()
+    shares = distributed.rank_share(cfg.grad_accum, cfg.batch_size, w)
     if cfg.stage == "warmup":
         dm.set_mode("dense")
     else:
         dm.set_mode("sparse", cfg.index_topk)
+    if distributed.fsdp.is_sharded(dm.model):  # FSDP fixed its trainable set when it first gathered
+        raise distributed.DistError(
+            "a model sharded by an earlier stage cannot train another stage in the same processes: "
+            "run each stage as its own torchrun launch (dsv32 dsa warmup, then dsv32 dsa sparse)"
+        )
     _set_trainable(dm, cfg)
+    if w.active:
+        gpu_bf16 = dm.device.type == "cuda" and dm.autocast_dtype == torch.bfloat16
+        distributed.shard_model(dm.model, param_dtype=torch.bfloat16 if gpu_bf16 else None)
     groups = _param_groups(dm, cfg)
     if not groups:
         raise TrainConfigError("nothing to train: the model has no indexer parameters")
@@ -213,7 +229,7 @@ def train_stage(
         run or {"model": {"name": dm.source}, "data": {"source": data.source, "seq_len": data.seq_len}}
     )
     identity |= {"stage": cfg.stage, cfg.stage: stage_identity(cfg)}
-    ckpts = StepCheckpoints(out, cfg.keep_checkpoints, trainable_only=True, run=identity)
+    ckpts = distributed.ShardedCheckpoints(out, cfg.keep_checkpoints, trainable_only=True, run=identity)
     metrics_path = out / "metrics.jsonl"
     try:
         step = ckpts.begin(dm.model, optimizer, resume=resume, steps=cfg.steps)
@@ -224,11 +240,14 @@ def train_stage(
     if step:
         logger.info("%s: resumed from %s (step %d)", cfg.stage, ckpts.resumed_from, step)
         guard.restore(ckpts.state(ckpts.resumed_from))
-        truncate_metrics(metrics_path, step)
-    else:
+        if w.main:
+            truncate_metrics(metrics_path, step)
+    elif w.main:
         out.mkdir(parents=True, exist_ok=True)
         ckpts.discard((*RUN_OUTPUTS, "loss.png"))
-    write_json(out / "stage.json", {"model": dm.source, **asdict(cfg)})
+    if w.main:
+        write_json(out / "stage.json", {"model": dm.source, **asdict(cfg)})
+    distributed.barrier()
 
     T = seqs.shape[1]
     last = min(cfg.steps, stop_after) if stop_after is not None else cfg.steps
@@ -236,7 +255,11 @@ def train_stage(
     dm.model.train()
     start = time.time()
     bar = tqdm(
-        total=cfg.steps, initial=step, desc=f"dsa {cfg.stage}", disable=not progress, dynamic_ncols=True
+        total=cfg.steps,
+        initial=step,
+        desc=f"dsa {cfg.stage}",
+        disable=not (progress and w.main),
+        dynamic_ncols=True,
     )
     try:
         while step < last:
@@ -245,24 +268,33 @@ def train_stage(
                 group["lr"] = group["base_lr"] * factor
             layer_sums: dict[int, float] = {}
             lm_sum = 0.0
-            for micro in range(cfg.grad_accum):
-                g0 = (step * cfg.grad_accum + micro) * cfg.batch_size
-                rows = _query_rows(cfg, step, micro, T, dm.device)
+            for n, share in enumerate(shares):
+                # this rank's rows of micro-batch share.micro, as a fraction of a whole micro-batch
+                g0 = (step * cfg.grad_accum + share.micro) * cfg.batch_size + share.start
+                weight = share.rows / cfg.batch_size
+                rows = _query_rows(cfg, step, share.micro, T, dm.device)
+                last_share = n == len(shares) - 1
                 if replay is not None:
-                    layer_losses = _replay_micro(replay, g0, cfg, rows)
-                    lm = None
+                    layer_losses = _replay_micro(replay, g0, share.rows, cfg, rows, last_share)
+                    lm, weight = None, 1.0  # per-sequence losses: already parts of the micro-batch
                 else:
-                    ids = seqs[sequence_order(seqs.shape[0], cfg.seed, g0, cfg.batch_size)].to(dm.device)
-                    layer_losses, lm = _online_micro(dm, ids, cfg, rows)
+                    # gradients are reduced over the ranks once per step, with its last micro-batch
+                    distributed.set_gradient_sync(dm.model, last_share)
+                    ids = seqs[sequence_order(seqs.shape[0], cfg.seed, g0, share.rows)].to(dm.device)
+                    layer_losses, lm = _online_micro(dm, ids, cfg, rows, weight)
                 for i, v in layer_losses.items():
-                    layer_sums[i] = layer_sums.get(i, 0.0) + v / cfg.grad_accum
+                    layer_sums[i] = layer_sums.get(i, 0.0) + v * weight / cfg.grad_accum
                 if lm is not None:
-                    lm_sum += lm / cfg.grad_accum
+                    lm_sum += lm * weight / cfg.grad_accum
+            if w.active:  # the step's losses over the global batch
+                keys = sorted(layer_sums)
+                summed = distributed.all_sum([layer_sums[i] for i in keys] + [lm_sum])
+                layer_sums, lm_sum = dict(zip(keys, summed[:-1])), summed[-1]
             norms = {}
             for side in ("model", "indexer"):
                 params = [p for g in optimizer.param_groups if g["side"] == side for p in g["params"]]
                 if params:
-                    norms[side] = float(torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad or float("inf")))
+                    norms[side] = distributed.clip_grad_norm(params, cfg.clip_grad or float("inf"))
             finite = all(math.isfinite(v) for v in (*layer_sums.values(), lm_sum, *norms.values()))
             bad_norm = next((v for v in norms.values() if not math.isfinite(v)), max(norms.values()))
             applied = guard.allows(finite, bad_norm)
@@ -279,6 +311,7 @@ def train_stage(
                 "tokens": step * cfg.sequences_per_step * T,
                 "skipped_updates": 0 if applied else 1,
                 "seconds": round(time.time() - start, 2),
+                "world_size": w.size,
             }
             if cfg.stage == "sparse":
                 record["lr_indexer"] = lrs["indexer"]
@@ -286,7 +319,8 @@ def train_stage(
                 record["grad_norm_model"] = norms.get("model")
             if step % cfg.log_every == 0 or step == last or not applied:
                 record["layer_loss"] = [round(layer_sums[i], 5) for i in sorted(layer_sums)]
-                append_metrics(metrics_path, record)
+                if w.main:
+                    append_metrics(metrics_path, record)
             records.append(record)
             postfix = {"L_I": f"{record['loss_indexer']:.4f}"}
             if "loss_lm" in record:
@@ -300,10 +334,15 @@ def train_stage(
         bar.close()
         _restore(dm)
     result = StageResult(cfg.stage, out, step, time.time() - start, records)
-    plot_metrics(metrics_path, out / "loss.png", title=f"DSA {cfg.stage}")
+    if w.main:
+        plot_metrics(metrics_path, out / "loss.png", title=f"DSA {cfg.stage}")
     if save_model and step >= cfg.steps:
         weights = cfg.stage == "sparse" or dm.kind == "native"
-        result.model_dir = dm.save(out / "model", weights=weights)
+        with distributed.full_parameters(dm.model) as writer:  # rank 0 writes the full model
+            if writer:
+                dm.save(out / "model", weights=weights)
+        distributed.barrier()
+        result.model_dir = out / "model"
     return result
 
 
@@ -338,9 +377,10 @@ def _restore(dm: DSAModel) -> None:
 
 
 def _online_micro(
-    dm: DSAModel, ids: torch.Tensor, cfg: StageConfig, rows
+    dm: DSAModel, ids: torch.Tensor, cfg: StageConfig, rows, weight: float = 1.0
 ) -> tuple[dict[int, float], float | None]:
-    """One micro-batch with the losses computed inside the forward; backward of (LM +) Σ L_I."""
+    """One micro-batch (``weight``: its share of a whole one) with the losses computed inside the
+    forward; backward of (LM +) Σ L_I."""
     dm.collect_losses(True, rows)
     try:
         if cfg.stage == "warmup":
@@ -357,15 +397,23 @@ def _online_micro(
     total = sum(losses.values())
     if lm is not None:
         total = total + lm
-    (total / cfg.grad_accum).backward()
+    (total * weight / cfg.grad_accum).backward()
     return {i: float(v.detach()) for i, v in losses.items()}, None if lm is None else float(lm.detach())
 
 
-def _replay_micro(replay: _Replay, g0: int, cfg: StageConfig, rows) -> dict[int, float]:
-    """One micro-batch from cached activations: per sequence and layer, backward of L_I at once."""
+def _replay_micro(
+    replay: _Replay, g0: int, count: int, cfg: StageConfig, rows, last_share: bool
+) -> dict[int, float]:
+    """``count`` sequences of a micro-batch from cached activations: per sequence and layer, backward
+    of L_I at once (each sequence's loss is already a ``1 / batch_size`` part of the micro-batch's)."""
     sums: dict[int, float] = {}
-    for b in range(cfg.batch_size):
-        for view in replay.views_for(g0 + b):
+    for b in range(count):
+        views = replay.views_for(g0 + b)
+        for v, view in enumerate(views):
+            # gradients are reduced over the ranks once per step, with the step's last backward
+            distributed.set_gradient_sync(
+                replay.dm.model, last_share and b == count - 1 and v == len(views) - 1
+            )
             loss = view.indexer_loss(query_rows=rows) / cfg.batch_size
             (loss / cfg.grad_accum).backward()
             sums[view.layer_idx] = sums.get(view.layer_idx, 0.0) + float(loss.detach())

@@ -1,0 +1,115 @@
+"""What a distributed run does when something is wrong: a rank that dies ends the job with a non-zero
+exit within the process-group timeout (no hang); a recipe whose step does not split over the ranks
+fails on every rank with the command's one-line error, before anything is loaded or written."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from launch import ROOT, WORKER, env, free_port, torchrun_args
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="finds the ranks through /proc")
+
+TIMEOUT_S = 30  # DSV32_DIST_TIMEOUT for these runs
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in environ:
+        if item.startswith(b"RANK="):
+            return int(item[5:])
+    return None
+
+
+def test_a_rank_killed_mid_run_ends_the_job_non_zero_within_the_timeout(tmp_path):
+    out = tmp_path / "run"
+    job = {
+        "kind": "stage", "model": "tiny-llama", "out": str(out), "resume": False,
+        "cfg": {"stage": "warmup", "steps": 10_000, "batch_size": 2, "lr": 1e-3, "save_every": 1},
+    }  # fmt: skip
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps([job]))
+    log = (tmp_path / "stderr.log").open("w")  # a file, not a pipe nobody reads while it runs
+    proc = subprocess.Popen(
+        torchrun_args(2, str(WORKER), str(spec)),
+        env=env(DSV32_DIST_TIMEOUT=str(TIMEOUT_S)),
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        start_new_session=True,  # its own process group: torchrun and the ranks it starts
+    )
+    try:
+        deadline = time.monotonic() + 300
+        # training is under way: a checkpoint (each replaces the one before, so look for any step)
+        while not any((out / "checkpoints").glob("step_*")):
+            assert proc.poll() is None, (tmp_path / "stderr.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the run did not reach step 1"
+            time.sleep(0.2)
+        victim = next(p for p in _children(proc.pid) if _rank_of(p) == 1)
+        killed = time.monotonic()
+        os.kill(victim, signal.SIGKILL)  # rank 1: a child of this test's torchrun
+        code = proc.wait(timeout=TIMEOUT_S + 60)
+        assert code != 0
+        assert time.monotonic() - killed < TIMEOUT_S + 60
+    finally:
+        if proc.poll() is None:  # a failed test leaves no rank running
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def test_a_step_that_does_not_split_fails_on_every_rank_with_one_line(tmp_path):
+    """Each process as ``torchrun`` starts it (its rank's variables), without the agent, which would
+    stop the other rank as soon as one exits."""
+    port = free_port()
+    dsv32 = Path(sys.executable).with_name("dsv32")
+    args = [sys.executable, str(dsv32), "dsa", "warmup", "--out", str(tmp_path / "run"),
+            "--set", "warmup.batch_size=1", "--set", "warmup.grad_accum=3"]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            args,
+            env=env(
+                RANK=str(r),
+                LOCAL_RANK=str(r),
+                WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                DSV32_DIST_TIMEOUT=str(TIMEOUT_S),
+            ),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=TIMEOUT_S + 120)
+        assert p.returncode == 2, err[-2000:]
+        lines = [line for line in err.splitlines() if line.startswith("dsv32 dsa")]
+        assert len(lines) == 1 and "does not split over 2 processes" in lines[0], err[-2000:]
+    assert not (tmp_path / "run").exists()

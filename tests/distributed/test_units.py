@@ -1,0 +1,89 @@
+"""The distributed helpers that need no process group: the split of a step over the ranks, the
+launch environment, and the trainers that refuse to run on several processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsv32.distributed import DistError, Share, World, rank_share, require_one_process, setup, world
+from dsv32.distributed.group import timeout_s
+
+LAUNCH = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+
+
+def _order(G: int, B: int, W: int) -> list[tuple[int, int]]:
+    """(micro-batch, row) of every sequence the W ranks read, rank by rank."""
+    return [
+        (s.micro, row)
+        for r in range(W)
+        for s in rank_share(G, B, World(r, W, r, True))
+        for row in range(s.start, s.stop)
+    ]
+
+
+@pytest.mark.parametrize(
+    "G,B,W", [(4, 3, 2), (2, 4, 2), (1, 6, 3), (6, 1, 3), (3, 4, 4), (2, 2, 1), (4, 4, 8)]
+)
+def test_every_sequence_of_a_step_is_read_once_in_the_single_process_order(G, B, W):
+    single = [(m, row) for m in range(G) for row in range(B)]
+    got = _order(G, B, W)
+    assert sorted(got) == single  # none twice, none dropped
+    if (G, B, W) != (3, 4, 4):  # equal contiguous parts: rank r the r-th (else row slices)
+        assert got == single
+    shares = [rank_share(G, B, World(r, W, r, True)) for r in range(W)]
+    assert len({sum(s.rows for s in part) for part in shares}) == 1  # the same work on every rank
+    assert len({len(part) for part in shares}) == 1  # and as many forward passes
+    if G % W == 0:  # whole micro-batches
+        assert all(s.rows == B for part in shares for s in part)
+
+
+@pytest.mark.parametrize("G,B,W", [(3, 1, 2), (2, 3, 4), (1, 3, 2)])
+def test_a_step_that_does_not_split_is_refused(G, B, W):
+    with pytest.raises(DistError, match=f"does not split over {W} processes: make grad_accum or batch_size"):
+        rank_share(G, B, World(0, W, 0, True))
+    assert rank_share(3, 1, World()) == [Share(0, 0, 1), Share(1, 0, 1), Share(2, 0, 1)]
+
+
+def test_a_plain_process_is_rank_0_of_1_and_setup_does_nothing(monkeypatch):
+    for var in LAUNCH:
+        monkeypatch.delenv(var, raising=False)
+    assert setup() == World() == world()
+    assert world().main and not world().active
+    require_one_process("GRPO")  # no launch: fine
+
+
+def test_grpo_refuses_a_launch_of_several_processes(monkeypatch):
+    for var, value in LAUNCH.items():
+        monkeypatch.setenv(var, value)
+    with pytest.raises(DistError, match="GRPO runs in one process, not under a launch of 2"):
+        require_one_process("GRPO")
+    from dsv32.rl.config import RLConfig
+    from dsv32.rl.trainer import train_grpo
+
+    with pytest.raises(DistError, match="GRPO runs in one process"):
+        train_grpo(RLConfig())  # before anything is loaded or written
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    require_one_process("GRPO")
+
+
+@pytest.mark.parametrize("raw,ok", [(None, 600.0), ("45", 45.0), ("0", None), ("x", None), ("-3", None)])
+def test_the_process_group_timeout_comes_from_the_environment(monkeypatch, raw, ok):
+    if raw is None:
+        monkeypatch.delenv("DSV32_DIST_TIMEOUT", raising=False)
+    else:
+        monkeypatch.setenv("DSV32_DIST_TIMEOUT", raw)
+    if ok is None:
+        with pytest.raises(DistError, match="DSV32_DIST_TIMEOUT"):
+            timeout_s()
+    else:
+        assert timeout_s() == ok
+
+
+def test_the_demo_refuses_a_launch_of_several_processes(monkeypatch):
+    """It trains both stages on one model in one process (a sharded model keeps its first trainable set)."""
+    for var, value in LAUNCH.items():
+        monkeypatch.setenv(var, value)
+    from dsv32.train.pipeline import run_demo
+
+    with pytest.raises(DistError, match="dsv32 demo runs in one process"):
+        run_demo()

@@ -1,0 +1,109 @@
+"""Runs training jobs described in a JSON file, in one process or in each process of a ``torchrun``
+launch (the distributed tests compare the two). Rank 0 writes each job's losses and final weights."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+from dsv32 import distributed
+from dsv32.dsa import DSAConfig
+from dsv32.train import ModelSpec, StageConfig, TokenData, load_dsa_model, train_stage
+
+DSA = DSAConfig(index_n_heads=2, index_head_dim=16, index_topk=8)
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+def token_data(n=16, T=32, seed=0) -> TokenData:
+    g = torch.Generator().manual_seed(seed)
+    return TokenData.from_sequences(
+        torch.randint(0, 257, (n, T), generator=g), torch.randint(0, 257, (4, T), generator=g)
+    )
+
+
+#: Tolerances of a 2-process run against 1 process: (relative, absolute). fp64 weights are compared
+#: element by element; fp32 weights by the norm of each tensor's difference relative to its norm (Adam
+#: turns the rounding noise of a gradient entry that cancels to ~0 into an update difference of that
+#: entry far above its relative rounding).
+TOL = {"float64": (1e-10, 0.0), "float32": (1e-5, 1e-7)}
+
+
+def weight_errors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], dtype: str) -> dict[str, float]:
+    """Each tensor's difference as a fraction of what :data:`TOL` allows (> 1: too far apart)."""
+    assert a.keys() == b.keys()
+    rel, _ = TOL[dtype]
+    out = {}
+    for n, x in a.items():
+        y = b[n]
+        assert x.dtype == y.dtype, n
+        if dtype == "float64":
+            err, scale = float((x - y).abs().max()), float(x.abs().max())
+        else:
+            err, scale = float((x - y).norm()), float(x.norm())
+        out[n] = err / max(rel * scale, 1e-300) if err else 0.0
+    return out
+
+
+def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    with distributed.full_parameters(model) as writer:
+        if writer:
+            return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()}
+    return None
+
+
+def run_stage_job(job: dict) -> dict | None:
+    dm = load_dsa_model(ModelSpec(name=job["model"]), DSA)
+    dm.model.to(DTYPES[job.get("dtype", "float32")])
+    cfg = StageConfig(**job["cfg"])
+    result = train_stage(
+        dm,
+        token_data(),
+        cfg,
+        job["out"],
+        progress=False,
+        resume=job.get("resume", True),
+        stop_after=job.get("stop_after"),
+    )
+    weights = full_weights(dm.model)
+    keys = ("loss_indexer", "loss_lm", "grad_norm_indexer", "grad_norm_model", "world_size", "step")
+    metrics = [{k: m.get(k) for k in keys} for m in result.metrics]
+    return None if weights is None else {"metrics": metrics, "weights": weights}
+
+
+def run_sft_job(job: dict) -> dict | None:
+    from dsv32.train.sft import load_sft_config, train_sft
+    from dsv32.train.sft_model import prepare_sft_model
+
+    cfg = load_sft_config(None, [f"{k}={json.dumps(v)}" for k, v in job["sets"].items()])
+    sm = prepare_sft_model(job["model"], device="cpu")
+    sm.model.to(DTYPES[job.get("dtype", "float32")])
+    result = train_sft(cfg, model=sm, progress=False, resume=job.get("resume", True))
+    weights = full_weights(sm.model)
+    keys = ("loss", "grad_norm", "loss_tokens", "world_size", "step")
+    metrics = [{k: m.get(k) for k in keys} for m in result.metrics]
+    return None if weights is None else {"metrics": metrics, "weights": weights}
+
+
+def copy_job(job: dict) -> None:
+    if distributed.is_main():
+        shutil.copytree(job["src"], job["dst"])
+
+
+JOBS = {"stage": run_stage_job, "sft": run_sft_job, "copy": copy_job}
+
+
+def main(spec_path: str) -> None:
+    distributed.setup()
+    for job in json.loads(Path(spec_path).read_text()):
+        out = JOBS[job["kind"]](job)
+        if out is not None and job.get("result"):
+            torch.save(out, job["result"])
+        distributed.barrier()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
