@@ -9,7 +9,9 @@
   generated token the ids kept by top-k/top-p (only when sampling truncates); ``routed_experts``:
   for a native MoE model, per position of the row (prompt, then generated, the last token excluded)
   and per MoE layer, the experts it was routed to. ``token_ids`` may also be a list of prompts (with
-  ``pad_token_id``): one batch, run as one :func:`dsv32.engine.generate` call seeded with ``seed``.
+  ``pad_token_id``): one batch, run as one :func:`dsv32.engine.generate` call seeded with ``seed``;
+  its ``routed_experts`` then cover every column of the batch's layout (prompts left-padded to the
+  longest, padding included: the experts the padding took shape the batch's expert matmuls).
 - ``POST /pause?mode=abort|wait|keep`` — stop generating: ``abort`` fails the running and queued
   requests, ``wait`` stops admitting and lets the running ones finish (``timeout`` seconds, default
   600), ``keep`` holds them where they are (they continue on ``/resume``, with the weights then
@@ -196,7 +198,7 @@ class RLControl:
                 return_routing=p.return_routed_experts and native,
                 return_kept=p.return_sampling_mask and truncating,
             )
-        return self._reply(prompts, out, set(eos), version)
+        return self._reply(prompts, out, set(eos), version, batched)
 
     def _check(self, prompts: list[list[int]], p: GenerateParams) -> None:
         if not prompts or len(prompts) > MAX_ROWS:
@@ -216,7 +218,7 @@ class RLControl:
         if p.stop_token_ids is not None and any(not 0 <= t < vocab for t in p.stop_token_ids):
             raise invalid(f"stop_token_ids must be in [0, {vocab})", "sampling_params.stop_token_ids")
 
-    def _reply(self, prompts, out, eos: set[int], version: int | None) -> dict[str, Any]:
+    def _reply(self, prompts, out, eos: set[int], version: int | None, batched: bool) -> dict[str, Any]:
         lengths, tokens, logps = out.lengths.tolist(), out.tokens.tolist(), out.logprobs.tolist()
         P = max(len(x) for x in prompts)
         choices = []
@@ -234,9 +236,9 @@ class RLControl:
                 choice["sampling_mask"] = [
                     [k for k in row if k >= 0] for row in out.kept_token_ids[j, :n].tolist()
                 ]
-            if out.routing is not None:
-                lo = P - len(prompts[j])
-                hi = min(out.routing.shape[2], lo + len(prompts[j]) + n - 1)
+            if out.routing is not None:  # a batch: every column of the padded layout, padding included
+                lo = 0 if batched else P - len(prompts[j])
+                hi = out.routing.shape[2] if batched else lo + len(prompts[j]) + n - 1
                 choice["routed_experts"] = out.routing[:, j, lo:hi].permute(1, 0, 2).tolist()
             choices.append(choice)
         usage = {"prompt_tokens": sum(map(len, prompts)), "completion_tokens": sum(lengths)}

@@ -12,7 +12,8 @@ Wire format (``POST {url}/inference/v1/generate``, vLLM's token-in/token-out end
 With ``api="dsv32"`` one request carries the whole batch (``token_ids`` a list of prompts, with
 ``pad_token_id``): ``dsv32 serve`` runs it as one :func:`dsv32.engine.generate` call seeded with
 ``seed``, so the first turn samples exactly what the in-process engine samples from a generator with
-that seed. With ``api="vllm"`` each row is its own request, seeded ``seed + row``.
+that seed (its ``routed_experts`` cover the batch's padded layout, as in process). With
+``api="vllm"`` each row is its own request, seeded ``seed + row``.
 ``sampling_mask`` and ``routed_experts`` are optional in a reply: without them the batch has no kept
 sets / routing (the trainer then applies no Keep Sampling Mask / Keep Routing and says so once).
 
@@ -145,7 +146,7 @@ class RemoteEngine:
             versions = [r.get("weight_version") for r in replies]
         if len(choices) != len(prompts) or any(c is None for c in choices):
             raise EngineError(f"the engine returned {len(choices)} choices for {len(prompts)} prompts")
-        return _output(prompts, choices, versions, return_kept, return_routing)
+        return _output(prompts, choices, versions, return_kept, return_routing, self.api == "dsv32")
 
     def _body(self, token_ids: list, params: dict) -> dict:
         return {"model": self.model, "token_ids": token_ids, "sampling_params": params, "stream": False}
@@ -194,7 +195,9 @@ def _logprobs(choice: dict, n: int) -> list[float]:
     return [float(x) for x in lp]
 
 
-def _output(prompts, choices, versions, return_kept: bool, return_routing: bool) -> EngineOutput:
+def _output(
+    prompts, choices, versions, return_kept: bool, return_routing: bool, batch_layout: bool
+) -> EngineOutput:
     tokens = [list(map(int, c.get("token_ids") or [])) for c in choices]
     logprobs = [_logprobs(c, len(t)) for c, t in zip(choices, tokens)]
     kept = None
@@ -211,16 +214,18 @@ def _output(prompts, choices, versions, return_kept: bool, return_routing: bool)
             kept.append(k)
     routing = None
     if return_routing and all(c.get("routed_experts") is not None for c in choices):
-        routing = _routing(prompts, tokens, [c["routed_experts"] for c in choices])
+        routing = _routing(prompts, tokens, [c["routed_experts"] for c in choices], batch_layout)
     # rows sampled across a sync (one request per row): the oldest version counts
     version = None if any(v is None for v in versions) else min(int(v) for v in versions)
     return EngineOutput(tokens=tokens, logprobs=logprobs, kept=kept, routing=routing, weight_version=version)
 
 
-def _routing(prompts, tokens, rows: list[list]) -> torch.Tensor:
-    """Per-row ``[positions, layers, k]`` routed experts (the row's own positions, prompt then
-    generated, the last token excluded) → ``[layers, B, P + N - 1, k]`` with prompts left-padded to P
-    (padding positions route to expert 0: they are masked out of attention and of the loss)."""
+def _routing(prompts, tokens, rows: list[list], batch_layout: bool) -> torch.Tensor:
+    """Per-row ``[positions, layers, k]`` routed experts → ``[layers, B, P + N - 1, k]`` with prompts
+    left-padded to P. ``batch_layout``: each row already covers the batch's columns from the first
+    (a batched ``dsv32 serve`` reply); otherwise a row covers its own positions (prompt then
+    generated, the last token excluded) and padding positions route to expert 0 (they are masked out
+    of attention and of the loss; only float rounding in the expert matmuls can tell)."""
     P = max(len(p) for p in prompts)
     N = max(1, max(len(t) for t in tokens))
     first = next((r for r in rows if r), None)
@@ -232,7 +237,7 @@ def _routing(prompts, tokens, rows: list[list]) -> torch.Tensor:
         if not r:
             continue
         t = torch.tensor(r, dtype=torch.long).permute(1, 0, 2)  # [layers, positions, k]
-        lo = P - len(p)
+        lo = 0 if batch_layout else P - len(p)
         n = min(t.shape[1], P + N - 1 - lo)
         out[:, i, lo : lo + n] = t[:, :n]
     return out
