@@ -204,7 +204,8 @@ class RayConfig(Checked, error=RLConfigError):
     Ray, episodes run in threads of the trainer (the default); ``"local"``: a Ray cluster started on
     this machine with ``num_cpus`` CPUs (0: all); ``"ray://host:port"``: an existing cluster.
     ``actors`` episode actors, each reserving ``cpus_per_actor`` (fractions allowed);
-    ``placement_timeout``: seconds the actors may take to be placed before it is an error."""
+    ``placement_timeout``: seconds the actors may take to be placed before it is an error;
+    ``episode_timeout``: seconds one episode's result may take."""
 
     RANGES: ClassVar[dict[str, Rule]] = {
         "address": Rule(
@@ -214,6 +215,7 @@ class RayConfig(Checked, error=RLConfigError):
         "actors": at_least(1),
         "cpus_per_actor": POSITIVE,
         "placement_timeout": POSITIVE,
+        "episode_timeout": POSITIVE,
     }
 
     address: str = ""
@@ -221,6 +223,7 @@ class RayConfig(Checked, error=RLConfigError):
     actors: int = 4
     cpus_per_actor: float = 0.5
     placement_timeout: float = 10.0
+    episode_timeout: float = 900.0
 
 
 @dataclass

@@ -229,7 +229,7 @@ BOOKKEEPING = {
     "grpo": ("steps", "max_skipped_updates"),
     "eval": ("every", "batch_size"),
     "engine": ("kind", "url", "api", "sync", "sync_dir", "timeout"),
-    "ray": ("address", "num_cpus", "actors", "cpus_per_actor", "placement_timeout"),
+    "ray": ("address", "num_cpus", "actors", "cpus_per_actor", "placement_timeout", "episode_timeout"),
 }
 
 
