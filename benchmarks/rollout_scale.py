@@ -14,7 +14,8 @@
   ``state_dict()`` key (the tied LM head included); ``tied_head_kept``: the head still is the embedding;
 - ``ray_episode_speedup``: 16 code-interpreter episodes (reference solutions, every tool call in
   the sandbox) one after another in this process, against 4 Ray actors of 0.5 CPU each on a local
-  cluster (its start-up, ``ray_startup_seconds``, not counted); the rewards of both must agree;
+  cluster (its start-up and the actors' first imports, ``ray_startup_seconds``, not counted: this
+  process has them imported too); the rewards of both must agree;
 - ``leftover_processes``: processes of the Ray cluster and of the server still running once both
   were shut down.
 """
@@ -64,8 +65,7 @@ def remote_engine(tmp: Path) -> dict:
     from dsv32.rl.policy import load_policy
     from dsv32.rl.rewards import RewardResult
     from dsv32.rl.rollout import rollout
-    from dsv32.rl.tasks import JsonlTasks
-    from dsv32.rl.trainer import _generator, grpo_step, make_optimizer
+    from dsv32.rl.trainer import _generator, build_tasks, grpo_step, make_optimizer
     from dsv32.serve import ServerThread, create_app, load_served
 
     class Letters:  # a reward with spread: the share of ASCII letters in the completion
@@ -79,20 +79,18 @@ def remote_engine(tmp: Path) -> dict:
                                 "grpo.group_size=2", "grpo.keep_routing=false", "grpo.mini_batches=1", "grpo.micro_batch=8", "grpo.lr=1e-5",
                                 "sampling.max_new_tokens=16", "sampling.top_p=0.95", "eval.problems=0"])  # fmt: skip
     cfg.sources[0].kind, cfg.sources[0].path, cfg.sources[0].domain = "jsonl", str(tmp / "tasks.jsonl"), "toy"
-    tasks = JsonlTasks(str(tmp / "tasks.jsonl"), "toy")
     policy = load_policy("smollm2", device="cpu")
     proc, url = start_server("smollm2")
     try:
         engine = RemoteEngine(url, sync=FileWeightSync(tmp / "weights"))
-        from dsv32.rl.trainer import build_tasks
-
+        mix = build_tasks(cfg)
         optimizer = make_optimizer(policy, cfg.grpo)
-        grpo_step(policy, None, optimizer, build_tasks(cfg), Letters(), cfg, cfg.grpo, 0, None, engine=engine)
+        grpo_step(policy, None, optimizer, mix, Letters(), cfg, cfg.grpo, 0, None, engine=engine)
         sync_s = engine.sync(policy.model, 1)  # the weights after the update
         policy.model.eval()
         with torch.no_grad():
             batch = rollout(
-                policy, tasks.take(4), 2, cfg.sampling, generator=_generator(0, 1, 1), engine=engine
+                policy, mix.sample(1, 4), 2, cfg.sampling, generator=_generator(0, 1, 1), engine=engine
             )
             logp = policy.action_logprobs(**batch.rows(torch.arange(len(batch))), temperature=1.0)
         ratio = float((logp - batch.sampling_logprobs)[batch.action_mask].abs().max())
@@ -118,6 +116,15 @@ def remote_engine(tmp: Path) -> dict:
     }
 
 
+def _warm(_) -> int:
+    """What an actor's first episode would otherwise pay: importing the agent and the environment."""
+    from dsv32.agent import run_episode  # noqa: F401
+    from dsv32.envs import get_env
+
+    get_env("code-interpreter")
+    return os.getpid()
+
+
 def ray_episodes(n: int) -> dict:
     from dsv32.envs import resolve_tasks
     from dsv32.rl.config import RayConfig
@@ -129,6 +136,7 @@ def ray_episodes(n: int) -> dict:
     serial_s = time.perf_counter() - t
     t = time.perf_counter()
     runner = RayRunner(RayConfig(address="local", num_cpus=os.cpu_count() or 2, actors=4, cpus_per_actor=0.5))
+    runner.map(_warm, range(4))
     startup_s = time.perf_counter() - t
     try:
         t = time.perf_counter()

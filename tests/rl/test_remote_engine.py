@@ -181,3 +181,18 @@ def test_an_unreachable_engine_is_a_clear_error():
 
     with pytest.raises(EngineError, match="/v1/models"):
         RemoteEngine(f"http://127.0.0.1:{free_port()}", timeout=5)
+
+
+def test_engine_settings_are_checked_and_nccl_sync_says_it_is_not_available(tmp_path):
+    from dsv32.rl.config import RLConfigError, load_rl_config
+    from dsv32.rl.engines import build_engine
+
+    cfg = load_rl_config(None, ["engine.kind=remote", "engine.url=http://127.0.0.1:1", "engine.sync=nccl"])
+    assert cfg.engine.url == "http://127.0.0.1:1"
+    with pytest.raises(EngineError, match=r"nccl.*not available"):
+        build_engine(cfg.engine, None, tmp_path)
+    with pytest.raises(RLConfigError, match="needs url"):
+        load_rl_config(None, ["engine.kind=remote"])
+    with pytest.raises(RLConfigError, match="max_off_policy_steps"):
+        load_rl_config(None, ["engine.max_off_policy_steps=-1"])
+    assert isinstance(build_engine(load_rl_config(None, []).engine, object(), tmp_path), InProcessEngine)

@@ -11,7 +11,8 @@
   and per MoE layer, the experts it was routed to. ``token_ids`` may also be a list of prompts (with
   ``pad_token_id``): one batch, run as one :func:`dsv32.engine.generate` call seeded with ``seed``;
   its ``routed_experts`` then cover every column of the batch's layout (prompts left-padded to the
-  longest, padding included: the experts the padding took shape the batch's expert matmuls).
+  longest, padding included: the experts the padding took shape the batch's expert matmuls). A
+  generate runs alone on the model: the continuous batch of the OpenAI endpoints waits for it.
 - ``POST /pause?mode=abort|wait|keep`` — stop generating: ``abort`` fails the running and queued
   requests, ``wait`` stops admitting and lets the running ones finish (``timeout`` seconds, default
   600), ``keep`` holds them where they are (they continue on ``/resume``, with the weights then
