@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from dsv32.errors import DSV32Error
@@ -50,7 +50,7 @@ def file_version(path: str | Path) -> int:
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
-    except (OSError, ValueError, RuntimeError) as err:  # missing, truncated or not safetensors
+    except (OSError, ValueError, RuntimeError, SafetensorError) as err:  # missing, truncated, not safetensors
         raise WeightFileError(f"cannot read weights file {path}: {err}") from err
     if VERSION_KEY not in meta:
         raise WeightFileError(f"{path} carries no {VERSION_KEY} metadata: not a dsv32 weight-sync file")
@@ -62,7 +62,10 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> int:
     """Load a :func:`save_weights` file into ``model`` (on its device and dtypes); returns its version.
     Every key of the model must be in the file with its shape, and nothing else."""
     version = file_version(path)
-    tensors = load_file(str(path))
+    try:
+        tensors = load_file(str(path))
+    except (OSError, ValueError, RuntimeError, SafetensorError) as err:  # e.g. cut short after its header
+        raise WeightFileError(f"cannot read weights file {path}: {err}") from err
     own = model.state_dict()
     missing, extra = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
     if missing or extra:
