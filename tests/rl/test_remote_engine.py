@@ -196,3 +196,33 @@ def test_engine_settings_are_checked_and_nccl_sync_says_it_is_not_available(tmp_
     with pytest.raises(RLConfigError, match="max_off_policy_steps"):
         load_rl_config(None, ["engine.max_off_policy_steps=-1"])
     assert isinstance(build_engine(load_rl_config(None, []).engine, object(), tmp_path), InProcessEngine)
+
+
+def test_vllm_shaped_replies_are_read_versions_from_spans_routing_from_base64():
+    import base64
+    import io
+
+    import numpy as np
+
+    from dsv32.rl.engines.remote import _choice_version, _output
+
+    experts = np.arange(2 * 3 * 1, dtype=np.uint16).reshape(3, 2, 1)  # 2 prompt + 2 generated − 1 positions
+    buf = io.BytesIO()
+    np.save(buf, experts)
+    choice = {
+        "token_ids": [5, 6],
+        "logprobs": {"content": [{"token_id": 5, "logprob": -0.5}, {"token_id": 6, "logprob": -1.5}]},
+        "routed_experts": base64.b64encode(buf.getvalue()).decode(),
+        "sampling_mask": None,
+        "weight_versions": [{"version": "4", "start": 0, "end": 1}, {"version": "3", "start": 1, "end": 2}],
+    }
+    assert _choice_version(choice, None) == 3  # a row sampled across a sync: its oldest version
+    assert _choice_version({"weight_versions": [{"version": "policy-a", "start": 0, "end": 2}]}, 7) is None
+    assert _choice_version({}, "7") == 7
+    out = _output([[1, 2, 3], [1, 2]], [choice | {"token_ids": [5, 6]}, choice], [3, 3], True, True, False)
+    assert out.kept is None  # no sampling mask returned: none is made up
+    assert out.logprobs == [[-0.5, -1.5], [-0.5, -1.5]] and out.weight_version == 3
+    assert out.routing.shape == (2, 2, 4, 1)  # [layers, B, P + N − 1, k]
+    assert (
+        out.routing[:, 1, 1:4, 0].T.tolist() == experts[:, :, 0].tolist()
+    )  # the shorter prompt is left-padded

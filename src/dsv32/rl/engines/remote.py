@@ -9,6 +9,10 @@ Wire format (``POST {url}/inference/v1/generate``, vLLM's token-in/token-out end
                     "sampling_mask": [[kept ids], ...], "routed_experts": [[[expert, ...] per layer]
                     per position], "finish_reason"}], "weight_version": v}
 
+vLLM's replies differ in two places, both read here: ``routed_experts`` is a base64 ``.npy`` array,
+and the version is per choice, ``weight_versions: [{"version", "start", "end"}]`` spans (the oldest
+counts). A version that is not a step number counts as none.
+
 With ``api="dsv32"`` one request carries the whole batch (``token_ids`` a list of prompts, with
 ``pad_token_id``): ``dsv32 serve`` runs it as one :func:`dsv32.engine.generate` call seeded with
 ``seed``, so the first turn samples exactly what the in-process engine samples from a generator with
@@ -131,7 +135,8 @@ class RemoteEngine:
         if self.api == "dsv32":
             body = self._body(list(map(list, prompts)), params | {"seed": seed}) | {"pad_token_id": pad}
             reply = self._request("POST", "/inference/v1/generate", body)
-            choices, versions = reply.get("choices") or [], [reply.get("weight_version")] * len(prompts)
+            choices = reply.get("choices") or []
+            versions = [_version(reply.get("weight_version"))] * len(prompts)
         else:
 
             def one(i: int) -> dict:
@@ -143,7 +148,7 @@ class RemoteEngine:
             with ThreadPoolExecutor(min(16, max(1, len(prompts)))) as pool:
                 replies = list(pool.map(one, range(len(prompts))))
             choices = [(r.get("choices") or [None])[0] for r in replies]
-            versions = [r.get("weight_version") for r in replies]
+            versions = [_choice_version(c, r.get("weight_version")) for c, r in zip(choices, replies)]
         if len(choices) != len(prompts) or any(c is None for c in choices):
             raise EngineError(f"the engine returned {len(choices)} choices for {len(prompts)} prompts")
         return _output(prompts, choices, versions, return_kept, return_routing, self.api == "dsv32")
@@ -183,6 +188,36 @@ class RemoteEngine:
         pass
 
 
+def _version(v) -> int | None:
+    """A reported weight version as the trainer's step number; None when absent or not a number."""
+    try:
+        return None if v is None else int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _choice_version(choice: dict | None, default) -> int | None:
+    """vLLM reports ``weight_versions`` spans per choice (``[{"version", "start", "end"}]``, tokens
+    ``[start, end)`` sampled by ``version``): the oldest counts. Else the reply's ``weight_version``."""
+    spans = (choice or {}).get("weight_versions")
+    if spans:
+        found = [_version(span.get("version")) for span in spans]
+        return None if None in found else min(found)
+    return _version(default)
+
+
+def _experts(value) -> torch.Tensor:
+    """``routed_experts`` as nested lists, or vLLM's base64 ``.npy`` bytes → ``[positions, layers, k]``."""
+    if isinstance(value, str):
+        import base64
+        import io
+
+        import numpy as np
+
+        value = np.load(io.BytesIO(base64.b64decode(value)), allow_pickle=False).astype(np.int64)
+    return torch.as_tensor(value, dtype=torch.long)
+
+
 def _logprobs(choice: dict, n: int) -> list[float]:
     lp = choice.get("logprobs")
     if isinstance(lp, dict):
@@ -216,7 +251,7 @@ def _output(
     if return_routing and all(c.get("routed_experts") is not None for c in choices):
         routing = _routing(prompts, tokens, [c["routed_experts"] for c in choices], batch_layout)
     # rows sampled across a sync (one request per row): the oldest version counts
-    version = None if any(v is None for v in versions) else min(int(v) for v in versions)
+    version = None if any(v is None for v in versions) else min(versions)
     return EngineOutput(tokens=tokens, logprobs=logprobs, kept=kept, routing=routing, weight_version=version)
 
 
@@ -228,15 +263,16 @@ def _routing(prompts, tokens, rows: list[list], batch_layout: bool) -> torch.Ten
     of attention and of the loss; only float rounding in the expert matmuls can tell)."""
     P = max(len(p) for p in prompts)
     N = max(1, max(len(t) for t in tokens))
-    first = next((r for r in rows if r), None)
+    rows = [_experts(r) for r in rows]
+    first = next((r for r in rows if r.numel()), None)
     if first is None:
         return None
-    layers, k = len(first[0]), len(first[0][0])
+    layers, k = first.shape[1], first.shape[2]
     out = torch.zeros(layers, len(prompts), P + N - 1, k, dtype=torch.long)
     for i, (p, r) in enumerate(zip(prompts, rows)):
-        if not r:
+        if not r.numel():
             continue
-        t = torch.tensor(r, dtype=torch.long).permute(1, 0, 2)  # [layers, positions, k]
+        t = r.permute(1, 0, 2)  # [layers, positions, k]
         lo = 0 if batch_layout else P - len(p)
         n = min(t.shape[1], P + N - 1 - lo)
         out[:, i, lo : lo + n] = t[:, :n]
