@@ -226,3 +226,30 @@ def test_vllm_shaped_replies_are_read_versions_from_spans_routing_from_base64():
     assert (
         out.routing[:, 1, 1:4, 0].T.tolist() == experts[:, :, 0].tolist()
     )  # the shorter prompt is left-padded
+
+
+def test_dsv32_rl_train_with_a_remote_engine_syncs_as_the_recipe_allows(native_server, tmp_path):
+    from dsv32.rl.trainer import train_grpo
+
+    cfg = _recipe(
+        tmp_path,
+        **{
+            "grpo.steps": 3,
+            "engine.kind": "remote",
+            "engine.url": native_server,
+            "engine.max_off_policy_steps": 1,
+        },
+    )
+    result = train_grpo(cfg, reward_fn=LetterReward(), progress=False)
+    assert [r["staleness"] for r in result.metrics] == [[0] * 8, [1] * 8, [0] * 8]  # synced at steps 1 and 3
+    assert [p.name for p in (tmp_path / "run" / "weights").iterdir()] == ["weights-v000002.safetensors"]
+    assert RemoteEngine(native_server).weight_version() == 2
+
+
+def test_a_new_run_syncs_even_when_the_engine_serves_its_version_number(native_server, tmp_path):
+    other = _perturbed("tiny-native", seed=7)
+    RemoteEngine(native_server, sync=FileWeightSync(tmp_path / "a")).sync(other.model, 0)  # another run's v0
+    ours = _perturbed("tiny-native", seed=8)
+    engine = RemoteEngine(native_server, sync=FileWeightSync(tmp_path / "b"))
+    assert prepare_engine(engine, ours.model, 0, 5) > 0  # same number, not our weights: pushed again
+    assert prepare_engine(engine, ours.model, 0, 5) == 0.0  # now ours

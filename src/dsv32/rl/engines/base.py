@@ -116,12 +116,15 @@ def prepare_engine(
     engine: RolloutEngine, model: torch.nn.Module, step: int, max_off_policy_steps: int
 ) -> float:
     """Before the rollouts of ``step`` (the trainer's weights are version ``step``): sync the engine
-    unless the version it serves is at most ``max_off_policy_steps`` behind (an engine that shares
-    the trainer's model is always current). Returns the seconds the sync took (0 without one)."""
+    unless the version it serves is one this engine object pushed and at most
+    ``max_off_policy_steps`` behind (so a run never takes another run's weights for its own, even
+    with the same version number; an engine that shares the trainer's model is always current).
+    Returns the seconds the sync took (0 without one)."""
     if getattr(engine, "shares_weights", False):
         return engine.sync(model, step)
     served = engine.weight_version()
-    if served is None or served > step or step - served > max_off_policy_steps:
+    pushed = getattr(engine, "synced", None)
+    if served is None or served != pushed or served > step or step - served > max_off_policy_steps:
         return engine.sync(model, step)
     return 0.0
 

@@ -78,6 +78,7 @@ class RemoteEngine:
         self.timeout = timeout
         self.api_key = api_key
         self.model = model or self._served_model()
+        self.synced: int | None = None  # the version this engine object last pushed
 
     # ------------------------------------------------------------------ HTTP
     def _request(self, method: str, path: str, body: dict | None = None, timeout: float | None = None) -> Any:
@@ -175,6 +176,7 @@ class RemoteEngine:
             raise EngineError(
                 f"weight sync to {self.url}: pushed version {version}, the engine reports {served}"
             )
+        self.synced = version
         self.weights.prune()
         return time.perf_counter() - t
 
