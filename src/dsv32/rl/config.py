@@ -161,6 +161,72 @@ class EvalConfig(Checked, error=RLConfigError):
 
 
 @dataclass
+class EngineConfig(Checked, error=RLConfigError):
+    """Where rollouts are sampled (docs/rl.md, "Scaling out").
+
+    - ``kind``: ``"in_process"`` (the trainer's own model, the reference) or ``"remote"`` (an HTTP
+      engine at ``url``: ``dsv32 serve`` or vLLM, speaking ``/inference/v1/generate``);
+    - ``api``: ``"dsv32"`` (one batched request per turn, bit-identical to in-process sampling) or
+      ``"vllm"`` (one request per row, seeded per row);
+    - ``sync``: how weights reach a remote engine before each rollout: ``"file"`` (safetensors under
+      ``sync_dir``, default ``<out_dir>/weights``, which the engine must be able to read) or ``"nccl"``;
+    - ``timeout``: seconds an engine request may take before it is an error;
+    - ``max_off_policy_steps``: how many weight versions a sample may lag the trainer's (0: every
+      sample must come from the weights being trained; more: stale samples are kept, their staleness
+      logged, and the Off-Policy Sequence Mask, ``grpo.opsm_delta``, guards them).
+    """
+
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "kind": one_of("in_process", "remote"),
+        "api": one_of("dsv32", "vllm"),
+        "sync": one_of("file", "nccl"),
+        "timeout": POSITIVE,
+        "max_off_policy_steps": NON_NEGATIVE,
+    }
+
+    kind: str = "in_process"
+    url: str = ""
+    api: str = "dsv32"
+    sync: str = "file"
+    sync_dir: str = ""
+    timeout: float = 600.0
+    max_off_policy_steps: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.kind == "remote" and not self.url:
+            raise RLConfigError('[engine] kind = "remote" needs url (the engine\'s base URL)')
+
+
+@dataclass
+class RayConfig(Checked, error=RLConfigError):
+    """Ray for fanning out environment episodes (docs/rl.md, "Scaling out"). ``address`` ``""``: no
+    Ray, episodes run in threads of the trainer (the default); ``"local"``: a Ray cluster started on
+    this machine with ``num_cpus`` CPUs (0: all); ``"ray://host:port"``: an existing cluster.
+    ``actors`` episode actors, each reserving ``cpus_per_actor`` (fractions allowed);
+    ``placement_timeout``: seconds the actors may take to be placed before it is an error;
+    ``episode_timeout``: seconds one episode's result may take."""
+
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "address": Rule(
+            lambda v: v in ("", "local") or str(v).startswith("ray://"), "'', 'local' or 'ray://host:port'"
+        ),
+        "num_cpus": NON_NEGATIVE,
+        "actors": at_least(1),
+        "cpus_per_actor": POSITIVE,
+        "placement_timeout": POSITIVE,
+        "episode_timeout": POSITIVE,
+    }
+
+    address: str = ""
+    num_cpus: int = 0
+    actors: int = 4
+    cpus_per_actor: float = 0.5
+    placement_timeout: float = 10.0
+    episode_timeout: float = 900.0
+
+
+@dataclass
 class RLConfig:
     """The recipe. ``save_every``: a checkpoint every N steps (0: only at the end); ``log_every``: a
     ``metrics.jsonl`` row every N steps (and at the last, and for a step with a skipped update)."""
@@ -171,6 +237,8 @@ class RLConfig:
     sources: list[SourceConfig] = field(default_factory=lambda: [SourceConfig()])
     rewards: dict[str, dict[str, Any]] = field(default_factory=dict)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
     out_dir: str = "runs/rl"
     seed: int = 0
     save_every: int = 0
@@ -180,7 +248,14 @@ class RLConfig:
         return dataclasses.asdict(self)
 
 
-_SECTIONS = {"policy": PolicyConfig, "sampling": SamplingConfig, "grpo": GRPOConfig, "eval": EvalConfig}
+_SECTIONS = {
+    "policy": PolicyConfig,
+    "sampling": SamplingConfig,
+    "grpo": GRPOConfig,
+    "eval": EvalConfig,
+    "engine": EngineConfig,
+    "ray": RayConfig,
+}
 
 
 @dataclass

@@ -20,9 +20,9 @@ from typing import ClassVar
 
 import torch
 
-from dsv32.engine import generate
 from dsv32.engine.sampling import GREEDY_BELOW
 from dsv32.recipe import NON_NEGATIVE, OPEN_UNIT, Checked, Rule, at_least
+from dsv32.rl.engines import InProcessEngine, RolloutEngine, WarnOnce
 from dsv32.rl.policy import Policy
 from dsv32.rl.tasks import Task, TaskError
 
@@ -72,7 +72,9 @@ class Rollouts:
     - ``kept_ids`` ``[B, T, K]`` −1-padded kept sets, or None (sampling without truncation);
     - ``routing`` ``[num_moe_layers, B, L - 1, k]`` recorded experts, or None;
     - ``completions``: decoded completion per row (appended tool text included); ``num_tokens``:
-      generated tokens per row; ``truncated``: the episode hit a token budget before its end token.
+      generated tokens per row; ``truncated``: the episode hit a token budget before its end token;
+    - ``weight_versions``: per row, the (oldest) weight version the engine sampled it with, or None;
+      ``staleness``: per row, how many versions that lags the trainer's (set by the trainer).
     """
 
     tasks: list[Task]
@@ -86,6 +88,8 @@ class Rollouts:
     completions: list[str]
     num_tokens: list[int]
     truncated: list[bool]
+    weight_versions: list[int | None] | None = None
+    staleness: list[int] | None = None
 
     def __len__(self) -> int:
         return self.sequences.shape[0]
@@ -99,6 +103,9 @@ class Rollouts:
             "kept_ids": None if self.kept_ids is None else self.kept_ids[idx],
             "routing": None if self.routing is None else self.routing[:, idx],
         }
+
+
+_warn = WarnOnce()
 
 
 def generation_budget(sampling: SamplingConfig) -> int:
@@ -132,8 +139,12 @@ def rollout(
     generator: torch.Generator | None = None,
     keep_routing: bool = False,
     hook: TurnHook | None = None,
+    engine: RolloutEngine | None = None,
 ) -> Rollouts:
-    """Sample ``group_size`` completions for each task (one batched generate per turn)."""
+    """Sample ``group_size`` completions for each task (one batched ``engine.generate`` per turn;
+    default engine: the policy's own model, in process). An engine that returns no kept sets / no
+    routing gives a batch without them (``kept_ids`` / ``routing`` None), said once in the log."""
+    engine = engine if engine is not None else InProcessEngine(policy.model)
     if keep_routing and policy.kind != "native":
         raise ValueError("keep_routing needs the native MoE model (HF policies are dense)")
     if keep_routing and hook is not None and sampling.max_turns > 1:
@@ -153,37 +164,51 @@ def rollout(
     kept: list[list[torch.Tensor]] = [[] for _ in rows]
     truncated = [False] * len(rows)
     routing = None
+    versions: list[int | None] = [None] * len(rows)
     active = list(range(len(rows)))
     for turn in range(sampling.max_turns):
         active = [i for i in active if len(tokens[i]) < sampling.max_total_tokens]
         if not active:
             break
         n_new = min(sampling.max_new_tokens, max(sampling.max_total_tokens - len(tokens[i]) for i in active))
-        out = generate(
-            policy.model,
+        out = engine.generate(
             [prompts[i] + tokens[i] for i in active],
             max_new_tokens=n_new,
-            eos_token_id=eos,
-            pad_token_id=pad,
+            eos=eos,
+            pad=pad,
             generator=generator,
+            turn=turn,
             return_routing=keep_routing,
             return_kept=truncating,
             **params,
         )
+        if truncating and out.kept is None:
+            _warn(
+                f"kept:{engine.name}",
+                f"rollouts: the {engine.name} engine returned no kept sampling sets: "
+                "no Keep Sampling Mask is applied to its samples",
+            )
+            truncating = False
+            kept = [[] for _ in rows]
         if keep_routing:
             routing = out.routing
+            if routing is None:
+                _warn(
+                    f"routing:{engine.name}",
+                    f"rollouts: the {engine.name} engine returned no routed experts: no Keep Routing",
+                )
         still = []
-        # one copy from the device for the whole batch, not one per row
-        lengths, new_tokens, new_logps = out.lengths.tolist(), out.tokens.tolist(), out.logprobs.tolist()
         for j, i in enumerate(active):
-            n = min(lengths[j], sampling.max_total_tokens - len(tokens[i]))
-            new = new_tokens[j][:n]
+            v = out.weight_version
+            versions[i] = v if turn == 0 or versions[i] is None or v is None else min(versions[i], v)
+            n = min(len(out.tokens[j]), sampling.max_total_tokens - len(tokens[i]))
+            new = out.tokens[j][:n]
             ended = n > 0 and new[-1] in eos
             tokens[i] += new
             actions[i] += [True] * n
-            logps[i] += new_logps[j][:n]
+            logps[i] += out.logprobs[j][:n]
             if truncating:
-                kept[i].append(out.kept_token_ids[j, :n])
+                kept[i].append(out.kept[j][:n])
             if not ended:
                 truncated[i] = True  # cut by the token budget (the episode may still continue below)
             if hook is not None and ended and turn + 1 < sampling.max_turns:
@@ -202,6 +227,7 @@ def rollout(
         rows, prompts, tokens, actions, logps, kept if truncating else None, pad, policy.device,
         completions=[policy.decode(t) for t in tokens], truncated=truncated,
     )  # fmt: skip
+    batch.weight_versions = versions
     if routing is not None:
         # The engine's routing covers its own layout (same left padding, width P + N - 1 ≤ L - 1).
         width = batch.sequences.shape[1] - 1

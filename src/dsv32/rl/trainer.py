@@ -30,6 +30,7 @@ import torch
 
 from dsv32 import distributed
 from dsv32.rl.config import GRPOConfig, RLConfig, RLConfigError
+from dsv32.rl.engines import InProcessEngine, RolloutEngine, build_engine, check_staleness, prepare_engine
 from dsv32.rl.loss import group_advantages
 from dsv32.rl.policy import Policy, load_policy
 from dsv32.rl.rewards import RewardFunction
@@ -194,14 +195,21 @@ def train_grpo(
     optimizer = make_optimizer(policy, g)
     guard = rl_guard(g.max_skipped_updates)
 
+    engine = build_engine(cfg.engine, policy.model, out)
+
     def evaluate(step: int, path: Path) -> dict:
         return _eval(policy, held_out, reward_fn, cfg, step, path, progress)
+
+    def step_fn(step: int) -> dict:
+        return grpo_step(
+            policy, ref, optimizer, tasks, reward_fn, cfg, g, step, hook, guard=guard, engine=engine
+        )
 
     return run_steps(
         policy,
         optimizer,
         RLResult(out, 0, 0.0),
-        lambda step: grpo_step(policy, ref, optimizer, tasks, reward_fn, cfg, g, step, hook, guard=guard),
+        step_fn,
         evaluate if held_out else None,
         cfg,
         resume=resume,
@@ -222,6 +230,8 @@ BOOKKEEPING = {
     "policy": ("device",),
     "grpo": ("steps", "max_skipped_updates"),
     "eval": ("every", "batch_size"),
+    "engine": ("kind", "url", "api", "sync", "sync_dir", "timeout"),
+    "ray": ("address", "num_cpus", "actors", "cpus_per_actor", "placement_timeout", "episode_timeout"),
 }
 
 
@@ -370,11 +380,17 @@ def grpo_step(
     step: int,
     hook,
     guard: UpdateGuard | None = None,
+    engine: RolloutEngine | None = None,
 ) -> dict:
-    """One rollout batch and its updates; returns the step's metrics."""
+    """One rollout batch and its updates; returns the step's metrics. ``engine`` (default: the
+    policy's model in process) samples with weights version ``step``, synced first when it lags by
+    more than ``[engine] max_off_policy_steps``; a sample of another version is refused."""
     t0 = time.time()
     batch_tasks = tasks.sample(step, g.prompts_per_step)
     policy.model.eval()
+    max_lag = cfg.engine.max_off_policy_steps
+    engine = engine if engine is not None else InProcessEngine(policy.model)
+    sync_s = prepare_engine(engine, policy.model, step, max_lag)
     with torch.no_grad():
         batch = rollout(
             policy,
@@ -384,7 +400,9 @@ def grpo_step(
             generator=_generator(cfg.seed, step, 1),
             keep_routing=g.keep_routing,
             hook=hook,
+            engine=engine,
         )
+    batch.staleness = check_staleness(batch.weight_versions, step, max_lag)
     policy.model.train()
     t_rollout = time.time() - t0
     judged = judge_counts(reward_fn)
@@ -443,6 +461,12 @@ def grpo_step(
         record["later_updates_ratio_mean"] = _mean(later)["ratio_mean"]
         record["later_updates_abs_log_ratio"] = _mean(later)["abs_log_ratio"]
     record["first_update_abs_log_ratio"] = first["abs_log_ratio"]
+    if engine.name != "in_process":
+        record |= {
+            "sync_s": round(sync_s, 3),
+            "staleness": batch.staleness,
+            "staleness_max": max(batch.staleness),
+        }
     return record
 
 

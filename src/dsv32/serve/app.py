@@ -30,6 +30,7 @@ from dsv32.serve.errors import ServeError, invalid, unauthorized, unknown_model
 from dsv32.serve.jobs import ClientGone, JobEvents, token_budget
 from dsv32.serve.metrics import Metrics
 from dsv32.serve.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
+from dsv32.serve.rl_routes import register_rl_routes
 from dsv32.serve.runtime import ServedModel
 from dsv32.serve.scheduler import Chunk, Finished, Scheduler
 from dsv32.serve.stream import PlainStream, V32Stream
@@ -110,6 +111,8 @@ def create_app(
         kind = "invalid_request_error" if err.status_code < 500 else "server_error"
         body = ServeError(str(err.detail), status=err.status_code, type=kind).body()
         return JSONResponse(body, status_code=err.status_code)
+
+    register_rl_routes(app, served, scheduler, authorize)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

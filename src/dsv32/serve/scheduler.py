@@ -131,6 +131,11 @@ class Scheduler:
         self.thread: threading.Thread | None = None
         self.eos = set(served.eos_ids)
         self.token_bytes = TokenBytes(served.tokenizer)
+        # The loop runs the model under model_lock (the RL routes take it to generate or swap weights
+        # between steps); admitting / stepping False hold queued requests / running rows (a paused server).
+        self.model_lock = threading.Lock()
+        self.admitting = True
+        self.stepping = True
 
     # ------------------------------------------------------------------ event-loop side
     def submit(self, job: Job) -> None:
@@ -155,14 +160,18 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self.cond:
-                while not self.stopping and not self.rows and not self.waiting:
+                while not self.stopping and not (
+                    (self.rows and self.stepping) or (self.waiting and self.admitting)
+                ):
                     self.cond.wait()
                 if self.stopping:
                     break
             try:
-                self._admit()
-                if self.rows:
-                    self._step()
+                with self.model_lock:
+                    if self.admitting:
+                        self._admit()
+                    if self.rows and self.stepping:
+                        self._step()
             except Exception as err:  # the server outlives a failed step; its jobs get the error
                 logger.exception("generation step failed")
                 _fail([r.job for r in self.rows], f"generation failed: {type(err).__name__}: {err}")

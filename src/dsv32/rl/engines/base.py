@@ -1,0 +1,141 @@
+"""The interface every rollout engine implements, and the version bookkeeping around it.
+
+A :class:`RolloutEngine` turns token-id prompts into sampled continuations with what GRPO needs per
+generated token: the sampling log-prob (π_old of Eq. 9), the kept top-k/top-p set (Keep Sampling
+Mask) and, for the native MoE model, the routed experts (Keep Routing) — the latter two only where
+the engine can return them. It also reports the *weight version* it samples with: the trainer
+stamps each :meth:`RolloutEngine.sync` with the number of GRPO steps behind the weights, and a sample
+whose version lags the trainer's by more than ``max_off_policy_steps`` is refused
+(:func:`check_staleness`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from dsv32.errors import DSV32Error
+
+logger = logging.getLogger(__name__)
+
+
+class EngineError(DSV32Error, RuntimeError):
+    """A rollout engine could not sample, sync weights or report its version (the message says why)."""
+
+
+class StaleSampleError(DSV32Error, RuntimeError):
+    """A sample was drawn with weights older than the recipe allows (``max_off_policy_steps``)."""
+
+
+@dataclass
+class EngineOutput:
+    """One batch of continuations, row ``i`` for prompt ``i``.
+
+    - ``tokens[i]`` / ``logprobs[i]``: generated ids (the end token included) and their sampling
+      log-probs (of the truncated, renormalized distribution that was sampled from);
+    - ``kept[i]`` ``[len(tokens[i]), K_i]`` ``int32`` −1-padded kept sets, or ``kept`` None when the
+      engine did not return them;
+    - ``routing`` ``[num_moe_layers, B, P + N - 1, k]`` in the layout of
+      :func:`dsv32.engine.generate` (prompts left-padded to P, N the longest continuation), or None;
+    - ``weight_version``: the version of the weights that sampled (None: the engine did not say).
+    """
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    kept: list[torch.Tensor] | None
+    routing: torch.Tensor | None
+    weight_version: int | None
+
+
+class RolloutEngine(Protocol):
+    """What :func:`dsv32.rl.rollout.rollout` samples with (in-process or over HTTP)."""
+
+    name: str
+
+    def generate(
+        self,
+        prompts: Sequence[list[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        eos: list[int],
+        pad: int,
+        generator: torch.Generator | None,
+        turn: int,
+        return_kept: bool,
+        return_routing: bool,
+    ) -> EngineOutput:
+        """Sample a continuation of every prompt. ``generator`` seeds the sampling (its
+        ``initial_seed`` for an engine in another process); ``turn`` counts the calls of one rollout."""
+        ...
+
+    def sync(self, model: torch.nn.Module, version: int) -> float:
+        """Make the engine sample with ``model``'s weights, as ``version``; returns the seconds spent."""
+        ...
+
+    def weight_version(self) -> int | None:
+        """The version of the weights the engine serves now (None before any sync)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def check_staleness(versions: Sequence[int | None], current: int, max_off_policy_steps: int) -> list[int]:
+    """Each sample's staleness ``current - version``; a :class:`StaleSampleError` when one has no
+    version, one comes from weights newer than ``current`` (a sync from another run), or one lags by
+    more than ``max_off_policy_steps``."""
+    staleness = []
+    for i, v in enumerate(versions):
+        if v is None:
+            raise StaleSampleError(
+                f"sample {i} carries no weight version: the engine did not report the weights it sampled "
+                "with, so stale samples could not be told apart (sync the engine's weights first)"
+            )
+        lag = current - v
+        if lag < 0:
+            raise StaleSampleError(
+                f"sample {i} was drawn with weight version {v}, newer than the trainer's {current}: the "
+                "engine serves weights this run did not push"
+            )
+        if lag > max_off_policy_steps:
+            raise StaleSampleError(
+                f"sample {i} was drawn with weight version {v}, {lag} step(s) behind the trainer's "
+                f"{current}; the recipe allows {max_off_policy_steps} ([engine] max_off_policy_steps)"
+            )
+        staleness.append(lag)
+    return staleness
+
+
+def prepare_engine(
+    engine: RolloutEngine, model: torch.nn.Module, step: int, max_off_policy_steps: int
+) -> float:
+    """Before the rollouts of ``step`` (the trainer's weights are version ``step``): sync the engine
+    unless the version it serves is one this engine object pushed and at most
+    ``max_off_policy_steps`` behind (so a run never takes another run's weights for its own, even
+    with the same version number; an engine that shares the trainer's model is always current).
+    Returns the seconds the sync took (0 without one)."""
+    if getattr(engine, "shares_weights", False):
+        return engine.sync(model, step)
+    served = engine.weight_version()
+    pushed = getattr(engine, "synced", None)
+    if served is None or served != pushed or served > step or step - served > max_off_policy_steps:
+        return engine.sync(model, step)
+    return 0.0
+
+
+class WarnOnce:
+    """Log a message the first time only (per key), e.g. an engine that returns no kept sets."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def __call__(self, key: str, message: str) -> None:
+        if key not in self.seen:
+            self.seen.add(key)
+            logger.warning(message)

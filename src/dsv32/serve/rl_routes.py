@@ -1,0 +1,292 @@
+"""The RL endpoints of ``dsv32 serve`` (vLLM's names), which make it a remote rollout engine.
+
+- ``POST /inference/v1/generate`` — token ids in, token ids out: ``{"model", "token_ids",
+  "sampling_params": {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids",
+  "logprobs", "return_sampling_mask", "return_routed_experts"}}`` → ``{"choices": [{"index",
+  "token_ids", "logprobs": {"content": [{"token_id", "logprob"}]}, "sampling_mask",
+  "routed_experts", "finish_reason"}], "usage", "weight_version"}``. ``logprobs`` are the sampling
+  log-probs (of the truncated, renormalized distribution sampled from); ``sampling_mask``: per
+  generated token the ids kept by top-k/top-p (only when sampling truncates); ``routed_experts``:
+  for a native MoE model, per position of the row (prompt, then generated, the last token excluded)
+  and per MoE layer, the experts it was routed to. ``token_ids`` may also be a list of prompts (with
+  ``pad_token_id``): one batch, run as one :func:`dsv32.engine.generate` call seeded with ``seed``;
+  its ``routed_experts`` then cover every column of the batch's layout (prompts left-padded to the
+  longest, padding included: the experts the padding took shape the batch's expert matmuls). A
+  generate runs alone on the model: the continuous batch of the OpenAI endpoints waits for it.
+- ``POST /pause?mode=abort|wait|keep`` — stop generating: ``abort`` fails the running and queued
+  requests, ``wait`` stops admitting and lets the running ones finish (``timeout`` seconds, default
+  600), ``keep`` holds them where they are (they continue on ``/resume``, with the weights then
+  loaded). Requests arriving while paused wait for ``/resume``. ``POST /resume``; ``GET /is_paused``.
+- ``POST /update_weights {"path", "weight_version"}`` — load a weight file
+  (:mod:`dsv32.engine.weight_files`: every ``state_dict()`` key, checked) between two model steps;
+  on a server that is not paused, it pauses (``wait``) first and resumes after.
+- ``GET /weight_info`` — ``{"weight_version", "path", "model"}``: the version last loaded (None
+  before any update: the weights the server started with carry no version).
+
+Weight files are read from the server's own filesystem: these routes take the API key when one is
+set, and are meant for a trainer on the same machine or a shared disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from typing import Any
+
+import torch
+from fastapi import Depends, FastAPI, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from dsv32.engine import generate
+from dsv32.engine.batch import RunningBatch
+from dsv32.engine.weight_files import WeightFileError, load_weights
+from dsv32.model import DeepseekV32
+from dsv32.serve.errors import ServeError, invalid, unknown_model
+from dsv32.serve.runtime import ServedModel
+from dsv32.serve.scheduler import Failed, Scheduler
+
+MAX_ROWS = 1024
+WAIT_LIMIT = 600.0
+
+
+class GenerateParams(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = -1
+    seed: int | None = None
+    stop_token_ids: list[int] | None = None
+    logprobs: int | None = None
+    return_sampling_mask: bool = False
+    return_routed_experts: bool = False
+
+
+class GenerateRequest(BaseModel):
+    model: str | None = None
+    token_ids: list[int] | list[list[int]]
+    sampling_params: GenerateParams = Field(default_factory=GenerateParams)
+    pad_token_id: int | None = None
+    stream: bool = False
+
+
+class UpdateWeightsRequest(BaseModel):
+    path: str
+    weight_version: int
+
+
+class RLControl:
+    """Pause state and weight version of one server; the blocking work runs off the event loop."""
+
+    def __init__(self, served: ServedModel, scheduler: Scheduler) -> None:
+        self.served = served
+        self.scheduler = scheduler
+        self.lock = threading.Lock()  # pause / resume / update one at a time
+        self.resumed = threading.Event()
+        self.resumed.set()
+        self.mode: str | None = None
+        self.version: int | None = None
+        self.path: str | None = None
+
+    # ------------------------------------------------------------------ pause / resume
+    def pause(self, mode: str, timeout: float = WAIT_LIMIT) -> dict[str, Any]:
+        with self.lock:
+            return self._pause(mode, timeout)
+
+    def _pause(self, mode: str, timeout: float) -> dict[str, Any]:
+        sch = self.scheduler
+        self.resumed.clear()
+        with sch.cond:
+            sch.admitting = False
+            if mode != "wait":
+                sch.stepping = False
+        aborted = 0
+        if mode == "wait":
+            deadline = time.monotonic() + timeout
+            while sch.rows and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if sch.rows:
+                self._resume()
+                raise ServeError(
+                    f"pause(mode=wait): {len(sch.rows)} running rows did not finish within {timeout:g} s",
+                    status=503,
+                    type="server_error",
+                )
+            with sch.cond:
+                sch.stepping = False
+        with sch.model_lock:  # the step in progress (or an RL generate) is over
+            if mode == "abort":
+                with sch.cond:
+                    jobs = {id(r.job): r.job for r in sch.rows} | {id(j): j for j in sch.waiting}
+                    sch.waiting.clear()
+                for job in jobs.values():
+                    job.emit(Failed("the request was aborted: the server was paused (mode=abort)"))
+                aborted = len(jobs)
+                sch.rows = []
+                sch.batch = RunningBatch(self.served.model)
+        self.mode = mode
+        return {"paused": True, "mode": mode, "aborted": aborted}
+
+    def resume(self) -> dict[str, Any]:
+        with self.lock:
+            self._resume()
+        return {"paused": False}
+
+    def _resume(self) -> None:
+        sch = self.scheduler
+        with sch.cond:
+            sch.admitting = sch.stepping = True
+            sch.cond.notify()
+        self.mode = None
+        self.resumed.set()
+
+    # ------------------------------------------------------------------ weights
+    def update(self, path: str, version: int) -> dict[str, Any]:
+        with self.lock:
+            was_paused = self.mode is not None
+            if not was_paused:
+                self._pause("wait", WAIT_LIMIT)
+            try:
+                with self.scheduler.model_lock:
+                    try:
+                        loaded = load_weights(self.served.model, path)
+                    except WeightFileError as err:
+                        raise invalid(str(err), "path") from None
+                    if loaded != version:
+                        raise invalid(
+                            f"{path} holds weight version {loaded}, the request says {version}",
+                            "weight_version",
+                        )
+                    self.version, self.path = version, path
+            finally:
+                if not was_paused:
+                    self._resume()
+        return {"weight_version": self.version}
+
+    def info(self) -> dict[str, Any]:
+        return {"weight_version": self.version, "path": self.path, "model": self.served.name}
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, body: GenerateRequest) -> dict[str, Any]:
+        if not self.resumed.wait(WAIT_LIMIT):
+            raise ServeError(
+                f"the server stayed paused for {WAIT_LIMIT:g} s", status=503, type="server_error"
+            )
+        served, p = self.served, body.sampling_params
+        batched = bool(body.token_ids) and isinstance(body.token_ids[0], list)
+        prompts = [list(x) for x in body.token_ids] if batched else [list(body.token_ids)]
+        self._check(prompts, p)
+        model = served.model
+        native = isinstance(model, DeepseekV32)
+        truncating = p.temperature >= 1e-5 and (p.top_p < 1.0 or p.top_k > 0)
+        generator = None if p.seed is None else torch.Generator().manual_seed(p.seed)
+        eos = served.eos_ids if p.stop_token_ids is None else p.stop_token_ids
+        with self.scheduler.model_lock:
+            version = self.version
+            out = generate(
+                model,
+                prompts,
+                max_new_tokens=p.max_tokens,
+                temperature=p.temperature,
+                top_p=p.top_p,
+                top_k=max(0, p.top_k),
+                eos_token_id=eos,
+                pad_token_id=body.pad_token_id,
+                generator=generator,
+                return_routing=p.return_routed_experts and native,
+                return_kept=p.return_sampling_mask and truncating,
+            )
+        return self._reply(prompts, out, set(eos), version, batched)
+
+    def _check(self, prompts: list[list[int]], p: GenerateParams) -> None:
+        if not prompts or len(prompts) > MAX_ROWS:
+            raise invalid(f"token_ids must hold 1 to {MAX_ROWS} prompts", "token_ids")
+        vocab = self.served.vocab_size
+        for ids in prompts:
+            if not ids:
+                raise invalid("a prompt has no tokens", "token_ids")
+            if any(not 0 <= t < vocab for t in ids):
+                raise invalid(f"token ids must be in [0, {vocab})", "token_ids")
+            if len(ids) + p.max_tokens > self.served.max_model_len:
+                raise invalid(
+                    f"a prompt of {len(ids)} tokens plus max_tokens {p.max_tokens} exceeds the model's "
+                    f"{self.served.max_model_len} positions",
+                    "sampling_params.max_tokens",
+                )
+        if p.stop_token_ids is not None and any(not 0 <= t < vocab for t in p.stop_token_ids):
+            raise invalid(f"stop_token_ids must be in [0, {vocab})", "sampling_params.stop_token_ids")
+
+    def _reply(self, prompts, out, eos: set[int], version: int | None, batched: bool) -> dict[str, Any]:
+        lengths, tokens, logps = out.lengths.tolist(), out.tokens.tolist(), out.logprobs.tolist()
+        P = max(len(x) for x in prompts)
+        choices = []
+        for j, n in enumerate(lengths):
+            ids = tokens[j][:n]
+            choice: dict[str, Any] = {
+                "index": j,
+                "token_ids": ids,
+                "logprobs": {"content": [{"token_id": t, "logprob": lp} for t, lp in zip(ids, logps[j][:n])]},
+                "finish_reason": "stop" if n and ids[-1] in eos else "length",
+                "sampling_mask": None,
+                "routed_experts": None,
+            }
+            if out.kept_token_ids is not None:
+                choice["sampling_mask"] = [
+                    [k for k in row if k >= 0] for row in out.kept_token_ids[j, :n].tolist()
+                ]
+            if out.routing is not None:  # a batch: every column of the padded layout, padding included
+                lo = 0 if batched else P - len(prompts[j])
+                hi = out.routing.shape[2] if batched else lo + len(prompts[j]) + n - 1
+                choice["routed_experts"] = out.routing[:, j, lo:hi].permute(1, 0, 2).tolist()
+            choices.append(choice)
+        usage = {"prompt_tokens": sum(map(len, prompts)), "completion_tokens": sum(lengths)}
+        return {
+            "id": f"gen-{uuid.uuid4().hex}",
+            "object": "generate",
+            "model": self.served.name,
+            "choices": choices,
+            "usage": usage,
+            "weight_version": version,
+        }
+
+
+def register_rl_routes(app: FastAPI, served: ServedModel, scheduler: Scheduler, authorize) -> RLControl:
+    """Add the RL endpoints to ``app`` (``authorize``: the app's API-key dependency)."""
+    control = RLControl(served, scheduler)
+    auth = [Depends(authorize)]
+
+    @app.post("/inference/v1/generate", dependencies=auth)
+    async def rl_generate(body: GenerateRequest) -> dict[str, Any]:
+        if body.model is not None and body.model != served.name:
+            raise unknown_model(body.model, served.name)
+        if body.stream:
+            raise invalid("streaming is not supported on /inference/v1/generate", "stream")
+        return await asyncio.to_thread(control.generate, body)
+
+    @app.post("/pause", dependencies=auth)
+    async def pause(
+        mode: str = Query("abort", pattern="^(abort|wait|keep)$"),
+        timeout: float = Query(WAIT_LIMIT, gt=0, le=WAIT_LIMIT),
+    ) -> dict[str, Any]:
+        return await asyncio.to_thread(control.pause, mode, timeout)
+
+    @app.post("/resume", dependencies=auth)
+    async def resume() -> dict[str, Any]:
+        return await asyncio.to_thread(control.resume)
+
+    @app.get("/is_paused", dependencies=auth)
+    async def is_paused() -> dict[str, Any]:
+        return {"is_paused": control.mode is not None, "mode": control.mode}
+
+    @app.post("/update_weights", dependencies=auth)
+    async def update_weights(body: UpdateWeightsRequest) -> dict[str, Any]:
+        return await asyncio.to_thread(control.update, body.path, body.weight_version)
+
+    @app.get("/weight_info", dependencies=auth)
+    async def weight_info() -> dict[str, Any]:
+        return control.info()
+
+    return control

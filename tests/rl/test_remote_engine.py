@@ -1,0 +1,255 @@
+"""GRPO with a remote rollout engine (``dsv32 serve`` in another process): the same step as in
+process, file weight sync with the served version checked, stale samples refused or OPSM-masked."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from remote_helpers import serve_subprocess
+from rl_helpers import jsonl_recipe
+
+from dsv32.rl.config import GRPOConfig
+from dsv32.rl.engines import (
+    EngineError,
+    FileWeightSync,
+    InProcessEngine,
+    RemoteEngine,
+    StaleSampleError,
+    check_staleness,
+    prepare_engine,
+)
+from dsv32.rl.policy import load_policy
+from dsv32.rl.rewards import RewardResult
+from dsv32.rl.rollout import SamplingConfig, rollout
+from dsv32.rl.tasks import Task
+from dsv32.rl.trainer import build_tasks, grpo_step, make_optimizer
+from dsv32.rl.update import grpo_update
+
+PROMPTS = ["ab", "xyz", "hello", "q"]
+
+
+class LetterReward:
+    def score_many(self, samples, max_workers=1):
+        out = []
+        for s in samples:
+            share = sum("a" <= ch <= "z" for ch in s.completion[:8]) / 8
+            out.append(RewardResult(total=share, components={"letter": share}, correct=share >= 0.5))
+        return out
+
+
+@pytest.fixture(scope="module")
+def native_server():
+    with serve_subprocess("tiny-native") as url:
+        yield url
+
+
+def _perturbed(name: str, seed: int, scale: float = 0.05):
+    """A tiny policy whose weights differ from the ones ``dsv32 serve NAME`` starts with."""
+    policy = load_policy(name, device="cpu")
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            if p.is_floating_point():
+                p.add_(torch.randn(p.shape, generator=g) * scale)
+    return policy
+
+
+def _recipe(tmp_path, **over):
+    sets = [
+        "policy.name=tiny-native",
+        "grpo.prompts_per_step=4",
+        "grpo.group_size=2",
+        "grpo.mini_batches=2",
+        "grpo.micro_batch=4",
+        "grpo.lr=1e-2",
+        "grpo.keep_routing=true",
+        "sampling.max_new_tokens=6",
+        "sampling.temperature=1.0",
+        "sampling.top_p=0.9",
+        "eval.problems=0",
+    ]
+    rows = [{"prompt": p, "domain": "toy"} for p in PROMPTS]
+    return jsonl_recipe(tmp_path, rows, [*sets, *[f"{k}={v}" for k, v in over.items()]])
+
+
+def _two_steps(policy, cfg, engine):
+    tasks = build_tasks(cfg)
+    optimizer = make_optimizer(policy, cfg.grpo)
+    records = [
+        grpo_step(policy, None, optimizer, tasks, LetterReward(), cfg, cfg.grpo, s, None, engine=engine)
+        for s in range(2)
+    ]
+    return records, policy.model.state_dict()
+
+
+def test_a_grpo_step_with_dsv32_serve_as_engine_equals_the_in_process_step(native_server, tmp_path):
+    cfg = _recipe(tmp_path)
+    base = _perturbed("tiny-native", seed=1)
+    local, remote_policy = copy.deepcopy(base), copy.deepcopy(base)
+    ref_records, ref_state = _two_steps(local, cfg, InProcessEngine(local.model))
+    engine = RemoteEngine(native_server, sync=FileWeightSync(tmp_path / "weights"))
+    records, state = _two_steps(remote_policy, cfg, engine)
+
+    assert engine.weight_version() == 1  # synced before each step's rollouts
+    assert [r["staleness"] for r in records] == [[0] * 8, [0] * 8]
+    assert [p.name for p in (tmp_path / "weights").iterdir()] == ["weights-v000001.safetensors"]
+    for ref, got in zip(ref_records, records):
+        # on-policy: the engine sampled with the trainer's weights
+        assert got["first_update_abs_log_ratio"] <= 1e-4
+        same = {k: v for k, v in ref.items() if isinstance(v, float) and not k.endswith("_s")}
+        assert {k: got[k] for k in same} == pytest.approx(same, abs=1e-5)
+    assert ref_records[0]["length_mean"] > 0
+    diff = max(float((state[k] - ref_state[k]).abs().max()) for k in ref_state)
+    assert diff <= 1e-5
+    moved = max(float((ref_state[k] - base.model.state_dict()[k]).abs().max()) for k in ref_state)
+    assert moved > 1e-3  # the two steps did update the policy
+
+
+def test_the_remote_batch_carries_kept_sets_and_routing_as_in_process(native_server, tmp_path):
+    policy = _perturbed("tiny-native", seed=2)
+    engine = RemoteEngine(native_server, sync=FileWeightSync(tmp_path))
+    engine.sync(policy.model, 7)
+    tasks = [Task(id=f"t{i}", domain="toy", prompt=p) for i, p in enumerate(PROMPTS)]
+    params = SamplingConfig(temperature=0.8, top_p=0.7, top_k=20, max_new_tokens=8)
+
+    def batch(e):
+        g = torch.Generator().manual_seed(5)
+        return rollout(policy, tasks, 2, params, generator=g, keep_routing=True, engine=e)
+
+    local, remote = batch(InProcessEngine(policy.model)), batch(engine)
+    assert remote.weight_versions == [7] * 8
+    assert torch.equal(local.sequences, remote.sequences)
+    assert torch.equal(local.kept_ids, remote.kept_ids)
+    assert torch.equal(remote.sampling_logprobs, local.sampling_logprobs)
+    assert torch.equal(remote.routing, local.routing)  # padding columns included
+
+
+def test_a_stale_sample_is_refused_or_with_staleness_allowed_masked_by_opsm(native_server, tmp_path):
+    old = _perturbed("tiny-native", seed=3)
+    engine = RemoteEngine(native_server, sync=FileWeightSync(tmp_path))
+    engine.sync(old.model, 0)
+    policy = copy.deepcopy(old)  # the trainer one step later: its weights moved, the engine's did not
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    tasks = [Task(id=f"t{i}", domain="toy", prompt=p) for i, p in enumerate(PROMPTS)]
+    params = SamplingConfig(temperature=1.0, max_new_tokens=6)
+    batch = rollout(policy, tasks, 2, params, generator=torch.Generator().manual_seed(0), engine=engine)
+    assert batch.weight_versions == [0] * 8
+
+    with pytest.raises(StaleSampleError, match="1 step"):
+        check_staleness(batch.weight_versions, 1, 0)
+    assert check_staleness(batch.weight_versions, 1, 1) == [1] * 8
+    assert prepare_engine(engine, policy.model, 1, 1) == 0.0  # allowed lag: no sync
+    assert engine.weight_version() == 0
+
+    # Eq. 9 by hand: M_i = 0 iff A_i < 0 and (1/|o_i|) Σ_t log(π_old / π_θ) > δ.
+    with torch.no_grad():
+        logp = policy.action_logprobs(**batch.rows(torch.arange(8)), temperature=1.0)
+    m = batch.action_mask
+    divergence = torch.where(m, batch.sampling_logprobs - logp, 0.0).sum(-1) / m.sum(-1)
+    advantages = torch.tensor([-1.0, 1.0] * 4)
+    negative = sorted(float(d) for d, a in zip(divergence, advantages) if a < 0)
+    delta = (negative[1] + negative[2]) / 2  # two of the four negative outputs above δ
+    expected = (advantages < 0) & (divergence > delta)
+    assert int(expected.sum()) == 2
+    cfg = GRPOConfig(mini_batches=1, micro_batch=8, opsm_delta=delta, keep_routing=False, lr=1e-3)
+    optimizer = make_optimizer(policy, cfg)
+    (record,) = grpo_update(
+        policy, optimizer, batch, advantages, cfg, temperature=1.0, ref=None, generator=torch.Generator()
+    )
+    assert record["opsm_masked_frac"] == pytest.approx(float(expected.float().mean()))
+
+
+def test_the_trainer_logs_staleness_when_the_recipe_allows_it(native_server, tmp_path):
+    cfg = _recipe(tmp_path, **{"engine.max_off_policy_steps": 1, "grpo.opsm_delta": 0.5})
+    policy = _perturbed("tiny-native", seed=5)
+    engine = RemoteEngine(native_server, sync=FileWeightSync(tmp_path / "w"))
+    records, _ = _two_steps(policy, cfg, engine)
+    assert [r["staleness"] for r in records] == [[0] * 8, [1] * 8]  # step 2 sampled with version 0
+    assert records[1]["staleness_max"] == 1 and engine.weight_version() == 0
+
+
+def test_an_unreachable_engine_is_a_clear_error():
+    from dsv32.serve import free_port
+
+    with pytest.raises(EngineError, match="/v1/models"):
+        RemoteEngine(f"http://127.0.0.1:{free_port()}", timeout=5)
+
+
+def test_engine_settings_are_checked_and_nccl_sync_says_it_is_not_available(tmp_path):
+    from dsv32.rl.config import RLConfigError, load_rl_config
+    from dsv32.rl.engines import build_engine
+
+    cfg = load_rl_config(None, ["engine.kind=remote", "engine.url=http://127.0.0.1:1", "engine.sync=nccl"])
+    assert cfg.engine.url == "http://127.0.0.1:1"
+    with pytest.raises(EngineError, match=r"nccl.*not available"):
+        build_engine(cfg.engine, None, tmp_path)
+    with pytest.raises(RLConfigError, match="needs url"):
+        load_rl_config(None, ["engine.kind=remote"])
+    with pytest.raises(RLConfigError, match="max_off_policy_steps"):
+        load_rl_config(None, ["engine.max_off_policy_steps=-1"])
+    assert isinstance(build_engine(load_rl_config(None, []).engine, object(), tmp_path), InProcessEngine)
+
+
+def test_vllm_shaped_replies_are_read_versions_from_spans_routing_from_base64():
+    import base64
+    import io
+
+    import numpy as np
+
+    from dsv32.rl.engines.remote import _choice_version, _output
+
+    experts = np.arange(2 * 3 * 1, dtype=np.uint16).reshape(3, 2, 1)  # 2 prompt + 2 generated − 1 positions
+    buf = io.BytesIO()
+    np.save(buf, experts)
+    choice = {
+        "token_ids": [5, 6],
+        "logprobs": {"content": [{"token_id": 5, "logprob": -0.5}, {"token_id": 6, "logprob": -1.5}]},
+        "routed_experts": base64.b64encode(buf.getvalue()).decode(),
+        "sampling_mask": None,
+        "weight_versions": [{"version": "4", "start": 0, "end": 1}, {"version": "3", "start": 1, "end": 2}],
+    }
+    assert _choice_version(choice, None) == 3  # a row sampled across a sync: its oldest version
+    assert _choice_version({"weight_versions": [{"version": "policy-a", "start": 0, "end": 2}]}, 7) is None
+    assert _choice_version({}, "7") == 7
+    out = _output([[1, 2, 3], [1, 2]], [choice | {"token_ids": [5, 6]}, choice], [3, 3], True, True, False)
+    assert out.kept is None  # no sampling mask returned: none is made up
+    assert out.logprobs == [[-0.5, -1.5], [-0.5, -1.5]] and out.weight_version == 3
+    assert out.routing.shape == (2, 2, 4, 1)  # [layers, B, P + N − 1, k]
+    assert (
+        out.routing[:, 1, 1:4, 0].T.tolist() == experts[:, :, 0].tolist()
+    )  # the shorter prompt is left-padded
+
+
+def test_dsv32_rl_train_with_a_remote_engine_syncs_as_the_recipe_allows(native_server, tmp_path):
+    from dsv32.rl.trainer import train_grpo
+
+    cfg = _recipe(
+        tmp_path,
+        **{
+            "grpo.steps": 3,
+            "engine.kind": "remote",
+            "engine.url": native_server,
+            "engine.max_off_policy_steps": 1,
+        },
+    )
+    result = train_grpo(cfg, reward_fn=LetterReward(), progress=False)
+    assert [r["staleness"] for r in result.metrics] == [[0] * 8, [1] * 8, [0] * 8]  # synced at steps 1 and 3
+    assert [p.name for p in (tmp_path / "run" / "weights").iterdir()] == ["weights-v000002.safetensors"]
+    assert RemoteEngine(native_server).weight_version() == 2
+
+
+def test_a_new_run_syncs_even_when_the_engine_serves_its_version_number(native_server, tmp_path):
+    other = _perturbed("tiny-native", seed=7)
+    RemoteEngine(native_server, sync=FileWeightSync(tmp_path / "a")).sync(other.model, 0)  # another run's v0
+    ours = _perturbed("tiny-native", seed=8)
+    engine = RemoteEngine(native_server, sync=FileWeightSync(tmp_path / "b"))
+    assert prepare_engine(engine, ours.model, 0, 5) > 0  # same number, not our weights: pushed again
+    assert prepare_engine(engine, ours.model, 0, 5) == 0.0  # now ours

@@ -1,0 +1,106 @@
+"""A real vLLM server (its CPU build, in its own virtualenv) as the remote rollout engine: SmolLM2's
+samples and sampling log-probs as the trainer computes them, its weight versions read and checked,
+no Keep Sampling Mask made up where it returns no kept sets, and a weight sync refused clearly.
+Run by ``make test-vllm`` (``DSV32_VLLM_PYTHON``: the vLLM virtualenv's python)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+
+import pytest
+import torch
+
+from dsv32.rl.engines import EngineError, FileWeightSync, RemoteEngine, StaleSampleError, check_staleness
+from dsv32.rl.policy import load_policy
+from dsv32.rl.rollout import SamplingConfig, rollout
+from dsv32.rl.tasks import Task
+from dsv32.serve import free_port
+
+pytestmark = pytest.mark.vllm
+
+VLLM_PYTHON = os.environ.get("DSV32_VLLM_PYTHON")
+if not VLLM_PYTHON:
+    pytest.skip("needs a vLLM virtualenv: make test-vllm", allow_module_level=True)
+
+TASKS = [Task(id=f"t{i}", domain="toy", prompt=p) for i, p in enumerate(["Name a fruit.", "Say hello."])]
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_policy("smollm2", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def vllm(policy, tmp_path_factory):
+    """``vllm serve`` of the trainer's SmolLM2 weights (saved as a Hugging Face directory)."""
+    model_dir = tmp_path_factory.mktemp("smollm2-hf")
+    policy.model.save_pretrained(model_dir)
+    policy.tokenizer.save_pretrained(model_dir)
+    port = free_port()
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+           "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+           "--max-model-len", "2048", "--gpu-memory-utilization", "0.3", "--enforce-eager", "--enable-scale-out",
+           "--logprobs-mode", "processed_logprobs"]  # fmt: skip
+    log = open(model_dir / "vllm.log", "w")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert proc.poll() is None, (model_dir / "vllm.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=5):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "vllm did not start within 600 s"
+                time.sleep(1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=60)
+        log.close()
+
+
+def _batch(policy, url, sampling):
+    engine = RemoteEngine(url, api="vllm")
+    return rollout(policy, TASKS, 2, sampling, generator=torch.Generator().manual_seed(0), engine=engine)
+
+
+def test_vllm_samples_with_the_trainers_log_probs_and_its_weight_version(policy, vllm):
+    assert _post(vllm + "/update_weight_version", {"new_version": "0"})["success"]
+    batch = _batch(policy, vllm, SamplingConfig(temperature=1.0, max_new_tokens=16))
+    assert batch.weight_versions == [0] * 4 and check_staleness(batch.weight_versions, 0, 0) == [0] * 4
+    with torch.no_grad():
+        logp = policy.action_logprobs(**batch.rows(torch.arange(4)), temperature=1.0)
+    ratio = (logp - batch.sampling_logprobs)[batch.action_mask]
+    assert ratio.numel() > 8 and float(ratio.abs().max()) < 1e-3  # the same weights, another engine
+
+
+def test_without_kept_sets_no_keep_sampling_mask_is_made_up(policy, vllm):
+    batch = _batch(policy, vllm, SamplingConfig(temperature=1.0, top_p=0.9, max_new_tokens=8))
+    assert batch.kept_ids is None  # vllm-cpu returns no sampling mask (it needs the GPU model runner)
+
+
+def test_a_version_that_is_not_a_step_is_refused_and_a_file_sync_is_refused_clearly(policy, vllm, tmp_path):
+    assert _post(vllm + "/update_weight_version", {"new_version": "policy-a"})["success"]
+    batch = _batch(policy, vllm, SamplingConfig(temperature=1.0, max_new_tokens=4))
+    with pytest.raises(StaleSampleError, match="no weight version"):
+        check_staleness(batch.weight_versions, 0, 0)
+    engine = RemoteEngine(vllm, api="vllm", sync=FileWeightSync(tmp_path))
+    with pytest.raises(EngineError, match="update_weights"):
+        engine.sync(policy.model, 1)

@@ -1,0 +1,202 @@
+"""The RL endpoints of ``dsv32 serve``: file weight sync (tied LM head included) that leaves the
+server's logits equal to the trainer's, pause modes, token-in/token-out generation, refusals."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx2 as httpx
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from dsv32.engine.weight_files import save_weights
+from dsv32.rl.engines import FileWeightSync, RemoteEngine
+from dsv32.rl.policy import load_policy
+
+
+@pytest.fixture(scope="module")
+def served(one_thread):
+    from dsv32.serve import load_served
+
+    return load_served("tiny-llama", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    from dsv32.serve import ServerThread, create_app
+
+    app = create_app(served, max_batch=4)
+    with ServerThread(app) as server:
+        server.root = server.base_url.removesuffix("/v1")
+        server.scheduler = app.state.scheduler
+        yield server
+
+
+def _trainer_policy(seed: int):
+    policy = load_policy("tiny-llama", device="cpu")
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return policy
+
+
+def test_after_a_file_sync_the_servers_logits_equal_the_trainers_tied_head_included(server, served, tmp_path):
+    policy = _trainer_policy(seed=0)
+    model = served.model
+    assert policy.model.config.tie_word_embeddings
+    assert not torch.equal(model.lm_head.weight, policy.model.lm_head.weight)
+    engine = RemoteEngine(server.base_url, sync=FileWeightSync(tmp_path))
+    assert engine.sync(policy.model, 3) > 0
+    assert engine.weight_version() == 3
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
+    theirs, ours = model.state_dict(), policy.model.state_dict()
+    assert set(theirs) == set(ours) and all(torch.equal(theirs[k], ours[k]) for k in ours)
+    ids = torch.tensor([[72, 101, 108, 108, 111, 32, 119]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, policy.model(ids).logits, atol=1e-6, rtol=0)
+
+    # over HTTP: greedy continuation and its log-probs, as the trainer computes them
+    body = {
+        "token_ids": ids[0].tolist(),
+        "sampling_params": {"max_tokens": 5, "temperature": 0, "stop_token_ids": []},
+    }
+    reply = httpx.post(server.root + "/inference/v1/generate", json=body, timeout=60).json()
+    assert reply["weight_version"] == 3
+    choice = reply["choices"][0]
+    tokens = choice["token_ids"]
+    full = torch.tensor([ids[0].tolist() + tokens])
+    with torch.no_grad():
+        logp = torch.log_softmax(policy.model(full).logits[0, ids.shape[1] - 1 : -1], -1)
+    expected = logp.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+    got = torch.tensor([e["logprob"] for e in choice["logprobs"]["content"]])
+    assert tokens == logp.argmax(-1).tolist()
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_a_weight_file_that_leaves_out_the_tied_head_is_refused_and_changes_nothing(server, served, tmp_path):
+    policy = _trainer_policy(seed=1)
+    RemoteEngine(server.base_url, sync=FileWeightSync(tmp_path)).sync(policy.model, 4)
+    before = {k: v.clone() for k, v in served.model.state_dict().items()}
+
+    class EmbeddingOnly(torch.nn.Module):  # what a sync that pushes embed_tokens alone would write
+        def state_dict(self, *a, **k):
+            return {k: v for k, v in policy.model.state_dict().items() if k != "lm_head.weight"}
+
+    partial = save_weights(EmbeddingOnly(), tmp_path / "partial.safetensors", 5)
+    r = httpx.post(
+        server.root + "/update_weights", json={"path": str(partial), "weight_version": 5}, timeout=60
+    )
+    assert r.status_code == 400 and "lm_head.weight" in r.json()["error"]["message"]
+    assert httpx.get(server.root + "/weight_info").json()["weight_version"] == 4
+    assert all(torch.equal(v, before[k]) for k, v in served.model.state_dict().items())
+    for body, needle in (
+        ({"path": str(tmp_path / "missing.safetensors"), "weight_version": 6}, "cannot read"),
+        (
+            {"path": str(save_weights(policy.model, tmp_path / "v7.safetensors", 7)), "weight_version": 8},
+            "version 7",
+        ),
+    ):
+        r = httpx.post(server.root + "/update_weights", json=body, timeout=60)
+        assert r.status_code == 400 and needle in r.json()["error"]["message"]
+
+
+def test_pause_keep_holds_requests_until_resume_and_abort_fails_them(server, served):
+    root = server.root
+    assert httpx.post(root + "/pause?mode=keep", timeout=60).json() == {
+        "paused": True,
+        "mode": "keep",
+        "aborted": 0,
+    }
+    assert httpx.get(root + "/is_paused").json()["is_paused"] is True
+    replies = {}
+
+    def call(name, path, body):
+        replies[name] = httpx.post(root + path, json=body, timeout=120)
+
+    gen = {"token_ids": [104, 105], "sampling_params": {"max_tokens": 3, "temperature": 0}}
+    cmpl = {"model": served.name, "prompt": "hi", "max_tokens": 3, "temperature": 0}
+    threads = [
+        threading.Thread(target=call, args=("generate", "/inference/v1/generate", gen)),
+        threading.Thread(target=call, args=("completion", "/v1/completions", cmpl)),
+    ]
+    for t in threads:
+        t.start()
+    threads[1].join(0.5)
+    assert "completion" not in replies and "generate" not in replies  # held while paused
+    # abort fails what is queued (the completion); the RL generate waits for /resume
+    for _ in range(600):  # the completion reaches the scheduler's queue
+        if server.scheduler.waiting:
+            break
+        threading.Event().wait(0.05)
+    aborted = httpx.post(root + "/pause?mode=abort", timeout=60).json()
+    assert aborted == {"paused": True, "mode": "abort", "aborted": 1}
+    threads[1].join(60)
+    assert replies["completion"].status_code == 500
+    assert "aborted" in replies["completion"].json()["error"]["message"]
+    assert httpx.post(root + "/resume", timeout=60).json() == {"paused": False}
+    threads[0].join(60)
+    assert (
+        replies["generate"].status_code == 200
+        and len(replies["generate"].json()["choices"][0]["token_ids"]) >= 1
+    )
+    r = httpx.post(root + "/v1/completions", json=cmpl, timeout=60)  # served again after resume
+    assert r.status_code == 200
+
+
+def test_pause_wait_lets_running_requests_finish(server, served):
+    root = server.root
+    reply = {}
+    body = {"model": served.name, "prompt": "hello", "max_tokens": 6, "temperature": 0}
+    t = threading.Thread(
+        target=lambda: reply.setdefault("r", httpx.post(root + "/v1/completions", json=body, timeout=120))
+    )
+    t.start()
+    paused = httpx.post(root + "/pause?mode=wait", timeout=60).json()
+    assert paused["mode"] == "wait" and paused["aborted"] == 0
+    httpx.post(root + "/resume", timeout=60)
+    t.join(60)
+    assert reply["r"].status_code == 200 and reply["r"].json()["choices"][0]["finish_reason"] in (
+        "stop",
+        "length",
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        ({"token_ids": [1, 999]}, 400, "token ids must be in"),
+        ({"token_ids": []}, 400, "no tokens"),
+        ({"token_ids": [[1], []]}, 400, "no tokens"),
+        ({"token_ids": [1], "stream": True}, 400, "streaming"),
+        ({"token_ids": [1], "model": "other"}, 404, "other"),
+        ({"token_ids": [1], "sampling_params": {"max_tokens": 5000}}, 400, "positions"),
+        ({"token_ids": [1], "sampling_params": {"top_p": 0}}, 400, "top_p"),
+    ],
+)
+def test_generate_refuses_bad_requests_with_openai_errors(server, body, status, needle):
+    r = httpx.post(server.root + "/inference/v1/generate", json=body, timeout=60)
+    assert r.status_code == status and needle in r.json()["error"]["message"]
+
+
+def test_a_batched_generate_is_seeded_and_returns_kept_sets(server):
+    body = {
+        "token_ids": [[104, 105], [120]],
+        "pad_token_id": 0,
+        "sampling_params": {
+            "max_tokens": 4,
+            "temperature": 1.0,
+            "top_p": 0.5,
+            "seed": 11,
+            "return_sampling_mask": True,
+        },
+    }
+    a = httpx.post(server.root + "/inference/v1/generate", json=body, timeout=60).json()
+    b = httpx.post(server.root + "/inference/v1/generate", json=body, timeout=60).json()
+    assert [c["token_ids"] for c in a["choices"]] == [c["token_ids"] for c in b["choices"]]
+    for c in a["choices"]:
+        assert len(c["sampling_mask"]) == len(c["token_ids"])
+        assert all(t in kept for t, kept in zip(c["token_ids"], c["sampling_mask"]))
+        assert c["routed_experts"] is None  # a dense model has no routing
