@@ -29,7 +29,8 @@ from dsv32.serve import responses as R
 from dsv32.serve.errors import ServeError, invalid, unauthorized, unknown_model
 from dsv32.serve.jobs import ClientGone, JobEvents, token_budget
 from dsv32.serve.metrics import Metrics
-from dsv32.serve.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
+from dsv32.serve.middleware import RequestAccounting
+from dsv32.serve.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest, check_text
 from dsv32.serve.runtime import ServedModel
 from dsv32.serve.scheduler import Chunk, Finished, Scheduler
 from dsv32.serve.stream import PlainStream, V32Stream
@@ -83,18 +84,7 @@ def create_app(
         if name != served.name:
             raise unknown_model(name, served.name)
 
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):
-        try:
-            response = await call_next(request)
-        except Exception as err:  # a bug: the client still gets OpenAI's error JSON, the log the traceback
-            logger.error("%s %s failed", request.method, request.url.path, exc_info=err)
-            message = f"internal server error: {type(err).__name__}: {err}"
-            response = JSONResponse(
-                ServeError(message, status=500, type="server_error").body(), status_code=500
-            )
-        metrics.count("requests_total", endpoint=request.url.path, status=str(response.status_code))
-        return response
+    app.add_middleware(RequestAccounting, metrics=metrics)
 
     @app.exception_handler(ServeError)
     async def serve_error(request: Request, err: ServeError) -> JSONResponse:
@@ -126,6 +116,7 @@ def create_app(
 
     @app.post("/tokenize", dependencies=[Depends(authorize)])
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        check_text(body)
         check_model(body.model)
         if (body.messages is None) == (body.prompt is None):
             raise invalid("pass either messages or prompt", "messages")
@@ -139,6 +130,7 @@ def create_app(
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        check_text(body)
         check_model(body.model)
         prompt = served.chat_prompt(body)
         max_tokens = token_budget(served, body.token_limit, len(prompt.ids), "messages")
@@ -208,6 +200,7 @@ def create_app(
 
     @app.post("/v1/completions", dependencies=[Depends(authorize)])
     async def completions(body: CompletionRequest, request: Request) -> Response:
+        check_text(body)
         check_model(body.model)
         if isinstance(body.prompt, str):
             ids = list(served.tokenizer.encode(body.prompt))
