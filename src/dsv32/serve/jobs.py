@@ -30,13 +30,17 @@ class ClientGone(Exception):
     """The client of a non-streamed request disconnected."""
 
 
-def token_budget(served: ServedModel, requested: int | None, prompt_tokens: int, param: str) -> int:
-    """``max_tokens`` (default: whatever fits); 400 when prompt + ``max_tokens`` exceed the model length."""
+def token_budget(
+    served: ServedModel, requested: int | None, prompt_tokens: int, param: str, default: int | None = None
+) -> int:
+    """``max_tokens``: the request's, else ``default`` (``--max-tokens-default``) capped to the room the
+    prompt leaves, else all of that room (vLLM's default); 400 when prompt + ``max_tokens`` exceed
+    the model length."""
     room = served.max_model_len - prompt_tokens
     if requested is None:
         if room < 1:
             raise context_length_exceeded(prompt_tokens, 1, served.max_model_len, param)
-        return room
+        return room if default is None else min(default, room)
     if requested > room:
         raise context_length_exceeded(prompt_tokens, requested, served.max_model_len, param)
     return requested
@@ -59,6 +63,7 @@ class JobEvents:
         top_logprobs: int | None,
         skip_special_tokens: bool,
         forced: Forced | None = None,
+        eos_text: bool = True,
     ) -> None:
         if req.n > scheduler.max_batch:
             raise invalid(
@@ -81,6 +86,7 @@ class JobEvents:
             skip_special_tokens=skip_special_tokens,
             forced=forced,
             ignore_eos=req.ignore_eos,
+            eos_text=eos_text,
         )
         scheduler.submit(self.job)
         scheduler.metrics.count("prompt_tokens_total", len(prompt_ids))

@@ -82,6 +82,7 @@ class Job:
     skip_special_tokens: bool = True
     forced: Forced | None = None
     ignore_eos: bool = False  # decode on past end tokens until max_tokens (vLLM's ignore_eos)
+    eos_text: bool = True  # whether the end token that ends a row is decoded into its text
     cancelled: bool = False
     submitted: float = field(default_factory=time.monotonic)
 
@@ -245,9 +246,10 @@ class Scheduler:
         """Record ``token`` for ``row``; send its events; True while the row goes on."""
         job = row.job
         row.count += 1
-        piece = row.text.push(token)
+        ends = token in self.eos and not forced and not job.ignore_eos
+        piece = row.text.push(token) if job.eos_text or not ends else ""
         reason = None
-        if row.text.stopped or (token in self.eos and not forced and not job.ignore_eos):
+        if row.text.stopped or ends:
             reason = "stop"
         elif row.count >= job.max_tokens:
             reason = "length"

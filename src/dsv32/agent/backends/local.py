@@ -2,7 +2,9 @@
 :mod:`dsv32.engine`.
 
 Prompts: the V3.2 encoding when the tokenizer knows the V3.2 special tokens, else the model's own chat
-template (``format="auto"``; see :mod:`dsv32.agent.backends.formats`). Generation runs in one
+template (``format="auto"``; see :mod:`dsv32.agent.backends.formats`), whose tool calls are written
+and read in the format ``tool_parser`` names (``hermes``, ``llama3_json``, ``mistral``; by default
+the template family's) — as ``dsv32 serve --tool-call-parser`` does. Generation runs in one
 :class:`~dsv32.engine.session.Session` whose KV cache lives across calls, so an episode prefills only
 what each step adds (the new tool results and the re-rendered last reply), not the whole prompt.
 ``last_prompt`` / ``last_prompt_ids`` hold the prompt of the latest call; ``session.prefilled_tokens``
@@ -103,6 +105,7 @@ class LocalBackend:
         seed: int | None = None,
         reuse_cache: bool = True,
         template_kwargs: dict | None = None,
+        tool_parser: str | None = None,
         max_new_tokens: int | None = None,
     ) -> None:
         from dsv32.chat import missing_special_tokens
@@ -116,7 +119,7 @@ class LocalBackend:
         if format == "v32":
             self.format: V32Format | TemplateFormat = V32Format(tokenizer)
         elif format == "template":
-            self.format = TemplateFormat(tokenizer, _eos_ids(model, tokenizer), template_kwargs)
+            self.format = TemplateFormat(tokenizer, _eos_ids(model, tokenizer), template_kwargs, tool_parser)
         else:
             raise AgentError(f"format must be 'auto', 'v32' or 'template', got {format!r}")
         self.model = model.eval()
