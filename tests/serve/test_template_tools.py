@@ -82,7 +82,9 @@ def _streamed(stream) -> tuple[dict, str]:
     return {"content": content, "calls": [calls[i] for i in sorted(calls)]}, reason
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize(
+    "stream", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["whole", "streamed"]
+)
 def test_a_tool_call_round_trips_through_the_openai_client(smol, stream):
     served, server, puppet = smol
     client = client_for(server)
