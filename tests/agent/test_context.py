@@ -135,6 +135,8 @@ def test_a_reset_that_does_not_fit_stops_with_context():
     backend = CountingBackend(rounds_script(1), per_message=50)
     traj = agent(backend, "discard_75").run("task")
     assert traj.stop_reason == "context" and traj.num_steps == 0 and not backend.calls
+    assert traj.error.startswith("the first prompt (system prompt, task and tool schemas) holds ")
+    assert "the discard_75 strategy left nothing more to drop; raise context_window" in traj.error
 
 
 def test_parallel_fewest_step_picks_the_shortest_finished_thread():
@@ -166,3 +168,14 @@ def test_each_thread_of_parallel_fewest_step_gets_its_own_seed():
     backend = CountingBackend([answer("a")] * 3)
     Agent(backend, [add], context="parallel_fewest_step", parallel=3, sampling={"seed": 7}).run("task")
     assert [c.sampling["seed"] for c in backend.calls] == [7, 8, 9]  # seed + thread, as vLLM's choices
+
+
+def test_a_first_prompt_over_the_window_says_what_did_not_fit():
+    backend = CountingBackend(rounds_script(1), per_message=50)
+    traj = Agent(backend, [add], system="sys", context_window=90, sampling={"max_tokens": 10}).run("task")
+    assert traj.stop_reason == "context" and traj.num_steps == 0 and not backend.calls
+    assert traj.error == (
+        "the first prompt (system prompt, task and tool schemas) holds 100 tokens, over the limit of 80: the "
+        "90-token context_window less 10 token(s) kept for the reply (max_tokens); raise context_window, "
+        "lower max_tokens or shorten the task"
+    )

@@ -66,7 +66,7 @@ ADD_CALL = {"type": "function", "function": {"name": "add", "arguments": json.du
 
 
 def test_v32_prompts_equal_encode_messages_and_the_cache_is_reused(tiny_v32, v32_tokenizer):
-    backend = LocalBackend(tiny_v32, v32_tokenizer, temperature=0.0, max_new_tokens=200)
+    backend = LocalBackend(tiny_v32, v32_tokenizer, temperature=0.0, max_tokens=200)
     assert backend.format.name == "v32"
     agent = Agent(backend, [add], system="You add numbers.")
     tools = agent.toolbox.schemas
@@ -155,7 +155,7 @@ def test_the_native_cache_grows_when_a_prompt_outgrows_it(tiny_v32):
 
 def test_smollm2_uses_its_own_template_with_tools_in_the_system_prompt(smollm2):
     model, tokenizer = smollm2.model, smollm2.tokenizer
-    backend = LocalBackend(model, tokenizer, temperature=0.0, max_new_tokens=80)
+    backend = LocalBackend(model, tokenizer, temperature=0.0, max_tokens=80)
     fmt = backend.format
     assert fmt.name == "template" and not fmt.renders_tools and not fmt.renders_calls
     deltas = []
@@ -204,7 +204,7 @@ def test_smollm2_uses_its_own_template_with_tools_in_the_system_prompt(smollm2):
 
 
 def test_smollm2_generates_freely(smollm2):
-    backend = LocalBackend(smollm2.model, smollm2.tokenizer, temperature=0.0, max_new_tokens=12)
+    backend = LocalBackend(smollm2.model, smollm2.tokenizer, temperature=0.0, max_tokens=12)
     traj = Agent(backend, [], thinking=False).run("Say hello.")
     assert traj.steps[0].prompt_tokens == len(backend.last_prompt_ids) > 0
     # 12 tokens cut its greeting: the text is kept, but it is not an answer
@@ -230,7 +230,7 @@ def test_replies_are_capped_to_the_room_left_in_the_models_window(tiny_v32, v32_
         config = tiny_native_config(
             vocab_size=len(v32_tokenizer), eos_token_id=eos, pad_token_id=eos, max_position_embeddings=window
         )
-        return LocalBackend(DeepseekV32(config), v32_tokenizer, temperature=0.0, max_new_tokens=50)
+        return LocalBackend(DeepseekV32(config), v32_tokenizer, temperature=0.0, max_tokens=50)
 
     roomy = backend(n + 3)
     assert roomy.window == n + 3
@@ -272,7 +272,7 @@ def test_smollm2_is_told_when_its_tool_call_cannot_be_read(smollm2):
     """The template format's parser reads only ``<tool_call>`` blocks: its problems are calls the
     model meant to make, so the loop answers them with an error instead of taking the text as final."""
     model, tokenizer = smollm2.model, smollm2.tokenizer
-    backend = LocalBackend(model, tokenizer, temperature=0.0, max_new_tokens=40)
+    backend = LocalBackend(model, tokenizer, temperature=0.0, max_tokens=40)
     puppet = Puppet(model, tokenizer)
     puppet.say('<tool_call>\n{"name": "add", "arguments": {"a": 2,}}\n</tool_call><|im_end|>')
     puppet.say("It is 5.<|im_end|>")

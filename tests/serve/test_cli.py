@@ -8,6 +8,8 @@ import sys
 import time
 
 import httpx2 as httpx
+import openai
+import pytest
 import v32_model as V
 from serve_helpers import client_for
 
@@ -39,9 +41,22 @@ def test_dsv32_serve_a_native_checkpoint(tmp_path):
         assert [m.id for m in client.models.list()] == ["tiny"]
         r = client.chat.completions.create(model="tiny", messages=V.QUESTION, max_tokens=5, temperature=0)
         assert r.choices[0].finish_reason in ("stop", "length") and r.usage.prompt_tokens > 0
+        # SIGTERM while a request decodes: the request ends with a 503 and the server exits promptly
+        stream = client.completions.create(
+            model="tiny", prompt="abc", max_tokens=900, stream=True, extra_body={"ignore_eos": True}
+        )
+        next(iter(stream))
+        proc.terminate()
+        start = time.monotonic()
+        proc.wait(timeout=30)
+        stopped_in = time.monotonic() - start
+        with pytest.raises(openai.APIError, match="shutting down"):  # an error event ends the stream
+            list(stream)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    print(f"stopped {stopped_in:.2f} s after SIGTERM")
+    assert stopped_in < 10, stopped_in
     assert f"dsv32 serve: tiny (V3.2 format) on http://127.0.0.1:{port}/v1" in proc.stdout.read()
 
 

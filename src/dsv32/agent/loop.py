@@ -204,7 +204,12 @@ class Agent:
                         tokens = max(tokens, refused.prompt_tokens or 0) if refused else tokens
                         event = self._reset(run, strategy, tokens, limit, thread, sampling)
                     if event is None:
-                        traj.stop_reason, traj.error = "context", str(refused) if refused else None
+                        traj.stop_reason = "context"
+                        traj.error = (
+                            str(refused)
+                            if refused
+                            else self._context_reason(tokens, limit, strategy, sampling, len(traj.steps))
+                        )
                         break
                     pending.append(event)
                     continue
@@ -268,6 +273,27 @@ class Agent:
         if budget is not None and budget < window:
             return budget
         return max(1, round(max(1.0 - self.context_trigger, 0.1) * window))
+
+    def _context_reason(self, tokens: int, limit: float, strategy: str, sampling: dict, step: int) -> str:
+        """Why an episode stopped for the context: what did not fit, the limit and where it comes from."""
+        window, budget = self.context_window, self._reply_budget(sampling)
+        kept = budget if budget is not None and budget < window else 1
+        what = (
+            "the first prompt (system prompt, task and tool schemas)"
+            if step == 0
+            else f"the prompt of step {step}"
+        )
+        if limit < window - kept:
+            why = (
+                f"context_trigger {self.context_trigger:g} × the {window}-token context_window, and the "
+                f"{strategy} strategy left nothing more to drop"
+            )
+        else:
+            why = f"the {window}-token context_window less {kept} token(s) kept for the reply (max_tokens)"
+        return (
+            f"{what} holds {tokens} tokens, over the limit of {limit:g}: {why}; raise context_window, "
+            "lower max_tokens or shorten the task"
+        )
 
     def _limit(self, strategy: str, sampling: dict) -> float | None:
         """The most tokens a step's prompt may hold: the window less the reply's ``max_tokens``, and

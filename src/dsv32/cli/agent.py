@@ -106,7 +106,7 @@ def _backend(args: argparse.Namespace, reference: list | None):
         return OpenAIBackend(args.base_url, args.model, args.api_key, stream=not args.no_stream, **sampling)
     if args.backend == "local":
         return LocalBackend.load(
-            args.checkpoint, device=args.device, max_new_tokens=args.max_tokens or 1024, **sampling
+            args.checkpoint, device=args.device, max_tokens=args.max_tokens or 1024, **sampling
         )
     if reference is None:
         raise AgentError("--backend reference replays an environment's reference solution: give --env NAME")

@@ -28,6 +28,20 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-model-len", type=positive_int, help="prompt + completion tokens (default: the model's)"
     )
+    p.add_argument(
+        "--tool-call-parser",
+        choices=["auto", "hermes", "llama3_json", "mistral"],
+        default="auto",
+        help="how a chat-template model writes tool calls: hermes <tool_call>{json}</tool_call> (Qwen, "
+        "Hermes, SmolLM), llama3_json, mistral [TOOL_CALLS] (default auto: by the template's family; "
+        "a V3.2-format model always writes DSML)",
+    )
+    p.add_argument(
+        "--max-tokens-default",
+        type=positive_int,
+        help="max_tokens of a chat request that gives none (default: the rest of the window, as vLLM; "
+        "a chatty model may then generate for minutes)",
+    )
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 endpoints")
     p.add_argument("--served-model-name", help="the model id clients pass (default: MODEL)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
@@ -45,10 +59,21 @@ def add(sub: argparse._SubParsersAction) -> None:
             import torch
 
             torch.set_num_threads(args.threads)
-        served = load_served(args.model, device=args.device, max_model_len=args.max_model_len)
+        served = load_served(
+            args.model,
+            device=args.device,
+            max_model_len=args.max_model_len,
+            tool_call_parser=args.tool_call_parser,
+        )
         if args.served_model_name:
             served.name = args.served_model_name
-        app = create_app(served, max_batch=args.max_batch, max_queue=args.max_queue, api_key=args.api_key)
+        app = create_app(
+            served,
+            max_batch=args.max_batch,
+            max_queue=args.max_queue,
+            api_key=args.api_key,
+            max_tokens_default=args.max_tokens_default,
+        )
         print(
             f"dsv32 serve: {served.name} ({served.prompt_format}) on http://{args.host}:{args.port}/v1",
             flush=True,

@@ -1,10 +1,13 @@
 """The FastAPI application of ``dsv32 serve``: OpenAI-compatible endpoints over one local model.
 
 - ``POST /v1/chat/completions`` — messages → prompt (V3.2 format or the model's chat template) →
-  continuous-batched generation → a message with ``reasoning_content``/``content``/``tool_calls``, or
-  a stream of SSE chunks (``data: {...}`` lines, then ``data: [DONE]``);
+  continuous-batched generation → a message with ``reasoning_content``/``content``/``tool_calls``
+  (DSML calls on a V3.2 model, the tool-call parser's on a chat-template model), or a stream of SSE
+  chunks (``data: {...}`` lines, then ``data: [DONE]``);
 - ``POST /v1/completions`` — a raw prompt (text or token ids) → text;
-- ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text);
+- ``GET /v1/models`` (with ``max_model_len``, the window, and ``max_tokens_default``, what a chat
+  request without ``max_tokens`` may generate: null for the rest of the window), ``GET /health``,
+  ``GET /metrics`` (Prometheus text);
 - ``POST /tokenize`` (as vLLM's) — the prompt a chat or completion request would run: ``tokens``,
   ``count``, ``max_model_len`` and the prompt text itself.
 
@@ -29,11 +32,11 @@ from dsv32.serve import responses as R
 from dsv32.serve.errors import ServeError, invalid, unauthorized, unknown_model
 from dsv32.serve.jobs import ClientGone, JobEvents, token_budget
 from dsv32.serve.metrics import Metrics
-from dsv32.serve.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
+from dsv32.serve.middleware import RequestAccounting
+from dsv32.serve.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest, check_text
 from dsv32.serve.rl_routes import register_rl_routes
 from dsv32.serve.runtime import ServedModel
 from dsv32.serve.scheduler import Chunk, Finished, Scheduler
-from dsv32.serve.stream import PlainStream, V32Stream
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +60,17 @@ def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
 
 
 def create_app(
-    served: ServedModel, *, max_batch: int = 8, max_queue: int = 64, api_key: str | None = None
+    served: ServedModel,
+    *,
+    max_batch: int = 8,
+    max_queue: int = 64,
+    api_key: str | None = None,
+    max_tokens_default: int | None = None,
 ) -> FastAPI:
     """The application; its scheduler thread runs while the app's lifespan does. A model whose KV
     caches cannot be batched (sliding window) with ``max_batch > 1`` is a
-    :class:`~dsv32.engine.batch.BatchError` naming ``--max-batch 1``."""
+    :class:`~dsv32.engine.batch.BatchError` naming ``--max-batch 1``. A chat request without
+    ``max_tokens`` may generate ``max_tokens_default`` tokens, or (None) the rest of the window."""
     metrics = Metrics()
     scheduler = Scheduler(served, max_batch=max_batch, max_queue=max_queue, metrics=metrics)
 
@@ -84,18 +93,7 @@ def create_app(
         if name != served.name:
             raise unknown_model(name, served.name)
 
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):
-        try:
-            response = await call_next(request)
-        except Exception as err:  # a bug: the client still gets OpenAI's error JSON, the log the traceback
-            logger.error("%s %s failed", request.method, request.url.path, exc_info=err)
-            message = f"internal server error: {type(err).__name__}: {err}"
-            response = JSONResponse(
-                ServeError(message, status=500, type="server_error").body(), status_code=500
-            )
-        metrics.count("requests_total", endpoint=request.url.path, status=str(response.status_code))
-        return response
+    app.add_middleware(RequestAccounting, metrics=metrics)
 
     @app.exception_handler(ServeError)
     async def serve_error(request: Request, err: ServeError) -> JSONResponse:
@@ -125,10 +123,13 @@ def create_app(
     @app.get("/v1/models", dependencies=[Depends(authorize)])
     async def models() -> dict[str, Any]:
         card = {"id": served.name, "object": "model", "created": 0, "owned_by": "dsv32"}
-        return {"object": "list", "data": [card | {"max_model_len": served.max_model_len}]}
+        # max_tokens_default null: a chat request without max_tokens may use the rest of the window
+        limits = {"max_model_len": served.max_model_len, "max_tokens_default": max_tokens_default}
+        return {"object": "list", "data": [card | limits]}
 
     @app.post("/tokenize", dependencies=[Depends(authorize)])
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        check_text(body)
         check_model(body.model)
         if (body.messages is None) == (body.prompt is None):
             raise invalid("pass either messages or prompt", "messages")
@@ -142,17 +143,18 @@ def create_app(
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        check_text(body)
         check_model(body.model)
         prompt = served.chat_prompt(body)
-        max_tokens = token_budget(served, body.token_limit, len(prompt.ids), "messages")
+        max_tokens = token_budget(served, body.token_limit, len(prompt.ids), "messages", max_tokens_default)
         top = (body.top_logprobs or 0) if body.logprobs else None
         job = JobEvents(
             scheduler, prompt.ids, body, max_tokens=max_tokens, top_logprobs=top,
-            skip_special_tokens=not served.v32, forced=prompt.forced,
+            skip_special_tokens=False, forced=prompt.forced, eos_text=served.v32,
         )  # fmt: skip
 
         def parser():
-            return V32Stream(prompt.thinking_mode) if served.v32 else PlainStream()
+            return served.stream(prompt)
 
         rid = R.new_id("chatcmpl")
         if body.stream:
@@ -211,6 +213,7 @@ def create_app(
 
     @app.post("/v1/completions", dependencies=[Depends(authorize)])
     async def completions(body: CompletionRequest, request: Request) -> Response:
+        check_text(body)
         check_model(body.model)
         if isinstance(body.prompt, str):
             ids = list(served.tokenizer.encode(body.prompt))

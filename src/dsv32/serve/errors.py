@@ -2,7 +2,8 @@
 
 Every problem a request can have is a :class:`ServeError` carrying its HTTP status: 400 for an
 invalid request (``code`` ``context_length_exceeded`` when prompt + ``max_tokens`` do not fit), 401
-for a wrong API key, 404 for an unknown model, 503 when the queue is full.
+for a wrong API key, 404 for an unknown model, 503 when the queue is full or the server is shutting
+down.
 """
 
 from __future__ import annotations
@@ -74,4 +75,13 @@ def queue_full(limit: int) -> ServeError:
         status=503,
         type="server_error",
         code="queue_full",
+    )
+
+
+def shutting_down() -> ServeError:
+    return ServeError(
+        "The server is shutting down; retry on another instance or after it restarts.",
+        status=503,
+        type="server_error",
+        code="shutting_down",
     )

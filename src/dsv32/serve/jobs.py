@@ -4,8 +4,9 @@ the server's event loop.
 The scheduler thread hands events over with ``loop.call_soon_threadsafe`` into an ``asyncio.Queue``.
 :class:`JobEvents` yields them until every choice finished; leaving early (the client went away, a
 stream was cancelled) marks the job cancelled, which frees its batch rows at the next decode step.
-A non-streamed request polls for a disconnected client while it waits (a stream learns of it from
-the server, which cancels the response).
+A non-streamed request listens for its client's disconnect while it waits, beside the events: the
+job is cancelled the moment the server reads the disconnect, tokens flowing or not (a stream learns
+of it from the server, which cancels the response).
 """
 
 from __future__ import annotations
@@ -22,20 +23,24 @@ from dsv32.serve.protocol import SamplingFields
 from dsv32.serve.runtime import Forced, ServedModel
 from dsv32.serve.scheduler import Chunk, Failed, Finished, Job, Scheduler
 
-POLL_SECONDS = 0.25
+_GONE = object()  # put into a job's queue when its client disconnected
 
 
 class ClientGone(Exception):
     """The client of a non-streamed request disconnected."""
 
 
-def token_budget(served: ServedModel, requested: int | None, prompt_tokens: int, param: str) -> int:
-    """``max_tokens`` (default: whatever fits); 400 when prompt + ``max_tokens`` exceed the model length."""
+def token_budget(
+    served: ServedModel, requested: int | None, prompt_tokens: int, param: str, default: int | None = None
+) -> int:
+    """``max_tokens``: the request's, else ``default`` (``--max-tokens-default``) capped to the room the
+    prompt leaves, else all of that room (vLLM's default); 400 when prompt + ``max_tokens`` exceed
+    the model length."""
     room = served.max_model_len - prompt_tokens
     if requested is None:
         if room < 1:
             raise context_length_exceeded(prompt_tokens, 1, served.max_model_len, param)
-        return room
+        return room if default is None else min(default, room)
     if requested > room:
         raise context_length_exceeded(prompt_tokens, requested, served.max_model_len, param)
     return requested
@@ -58,6 +63,7 @@ class JobEvents:
         top_logprobs: int | None,
         skip_special_tokens: bool,
         forced: Forced | None = None,
+        eos_text: bool = True,
     ) -> None:
         if req.n > scheduler.max_batch:
             raise invalid(
@@ -79,6 +85,8 @@ class JobEvents:
             top_logprobs=top_logprobs,
             skip_special_tokens=skip_special_tokens,
             forced=forced,
+            ignore_eos=req.ignore_eos,
+            eos_text=eos_text,
         )
         scheduler.submit(self.job)
         scheduler.metrics.count("prompt_tokens_total", len(prompt_ids))
@@ -92,14 +100,18 @@ class JobEvents:
             self.job.cancelled = True
 
     async def events(self, request: Request | None = None) -> AsyncIterator[Chunk | Finished]:
-        """The job's chunks and finishes; a :class:`Failed` raises a 500 :class:`ServeError`.
-        With ``request``, a disconnected client raises :class:`ClientGone`."""
+        """The job's chunks and finishes; a :class:`Failed` raises a :class:`ServeError` (500, or 503
+        when the server is shutting down). With ``request``, a disconnected client raises
+        :class:`ClientGone`."""
         finished = 0
+        watcher = asyncio.create_task(self._watch(request)) if request is not None else None
         try:
             while finished < self.n:
-                event = await self._next(request)
+                event = await self.queue.get()
+                if event is _GONE:
+                    raise ClientGone
                 if isinstance(event, Failed):
-                    raise ServeError(event.message, status=500, type="server_error", code="generation_failed")
+                    raise ServeError(event.message, status=event.status, type="server_error", code=event.code)
                 if isinstance(event, Chunk) and self.first_token_at is None:
                     self.first_token_at = time.monotonic()
                     self.metrics.observe("time_to_first_token_seconds", self.first_token_at - self.started)
@@ -107,15 +119,15 @@ class JobEvents:
                 yield event
             self.metrics.observe("request_latency_seconds", time.monotonic() - self.started)
         finally:
+            if watcher is not None:
+                watcher.cancel()
             if finished < self.n:
                 self.job.cancelled = True
 
-    async def _next(self, request: Request | None):
-        if request is None:
-            return await self.queue.get()
-        while True:
-            try:
-                return await asyncio.wait_for(self.queue.get(), POLL_SECONDS)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    raise ClientGone from None
+    async def _watch(self, request: Request) -> None:
+        """Wait for the client's disconnect (its request body was read: the next message the server
+        has for this request is ``http.disconnect``), then cancel the job and wake :meth:`events`."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        self.job.cancelled = True
+        self.queue.put_nowait(_GONE)

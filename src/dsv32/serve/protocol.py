@@ -2,10 +2,13 @@
 
 Field names, types and ranges are OpenAI's (``temperature`` in [0, 2], ``top_p`` in (0, 1],
 ``top_logprobs`` in [0, 20], at most 4 ``stop`` strings, ...), plus what vLLM adds and dsv32 honours:
-``top_k`` (0 or -1 = off) and ``chat_template_kwargs`` (``{"thinking": true}`` switches a V3.2 model
+``top_k`` (0 or -1 = off), ``ignore_eos`` (decode to ``max_tokens``, for benchmarks) and
+``chat_template_kwargs`` (``{"thinking": true}`` switches a V3.2 model
 to thinking mode). Unknown fields are rejected, so a misspelt parameter is an error instead of being
 ignored. Assistant messages accept their reasoning as ``reasoning_content`` or ``reasoning``.
-Validation failures become 400 responses (see :mod:`dsv32.serve.app`).
+Validation failures become 400 responses (see :mod:`dsv32.serve.app`), and so does a string that
+UTF-8 cannot encode (:func:`check_text`: a lone surrogate such as ``"\\ud800"``, which JSON's ``\\u``
+escapes can carry and Python's ``json.dumps`` writes), wherever it is in the body.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from dsv32.serve.errors import invalid
 
 
 class _Strict(BaseModel):
@@ -138,6 +143,7 @@ class SamplingFields(_Strict):
     user: str | None = None
     frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="only 0 (no penalty) is supported")
     presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="only 0 (no penalty) is supported")
+    ignore_eos: bool = False
 
     @field_validator("stop")
     @classmethod
@@ -229,3 +235,41 @@ class TokenizeRequest(_Strict):
     tools: list[Tool] | None = None
     tool_choice: Any = None
     chat_template_kwargs: dict[str, Any] | None = None
+
+
+def lone_surrogate(value: Any, where: str = "") -> tuple[str, int, str] | None:
+    """``(path, position, character)`` of the first string in ``value`` (a JSON value: strings, list
+    items, object keys and values) that UTF-8 cannot encode, else None. ``path`` reads
+    ``messages[0].content``."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            return where, err.start, value[err.start]
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{where}.{key}" if where else str(key)
+            found = lone_surrogate(key, f"a key in {where or 'the body'}") or lone_surrogate(item, path)
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            if found := lone_surrogate(item, f"{where}[{index}]"):
+                return found
+    return None
+
+
+def check_text(body: BaseModel) -> None:
+    """Refuse (400, OpenAI's error JSON) a request holding a string that cannot be tokenized: one with a
+    lone surrogate, which UTF-8 cannot encode."""
+    found = lone_surrogate(body.model_dump(exclude_unset=True))
+    if found is None:
+        return
+    path, position, char = found
+    param = path.removeprefix("a key in ").split(".")[0].split("[")[0]
+    raise invalid(
+        f"{path} holds the lone surrogate {char!r} (at character {position}), which UTF-8 cannot encode: "
+        "send the character itself or a complete surrogate pair",
+        param or None,
+    )

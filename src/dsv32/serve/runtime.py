@@ -4,9 +4,15 @@ A model speaks the V3.2 format when its tokenizer knows the V3.2 special tokens 
 checkpoint with its tokenizer, or any model whose tokenizer was given them with
 :func:`dsv32.chat.add_v32_special_tokens`). Its prompts are :func:`dsv32.chat.encode_messages` of the
 request's messages with the tools attached (thinking mode when ``chat_template_kwargs.thinking``),
-and its completions are decoded with special tokens kept, for the parser. Any other model renders
-the messages with its own chat template (``tools`` and ``chat_template_kwargs`` passed through) and
-its completions are plain content.
+and its completions are decoded with special tokens kept, for the parser. Any other model with a chat
+template renders and parses as the local agent does, with the same
+:class:`~dsv32.agent.backends.formats.TemplateFormat`: the messages through the template
+(``chat_template_kwargs`` passed through), the tools given to a template that renders them or else
+announced in the system message, and the reply's tool calls read by the model family's tool-call
+parser (``--tool-call-parser``: ``hermes``, ``llama3_json``, ``mistral``; by default the one the
+template's family writes, see :func:`~dsv32.agent.backends.toolparsers.detect_parser`); its
+completions are decoded with special tokens kept (``[TOOL_CALLS]`` and ``<|python_tag|>`` are
+special tokens) and without the end token.
 
 Tool results are untrusted text: before the prompt is tokenized, the special-token strings are
 removed from the content of ``tool`` messages (:func:`dsv32.chat.strip_tool_results`) — the V3.2
@@ -16,7 +22,10 @@ result cannot open a turn of its own. Other messages are the caller's and go in 
 ``tool_choice`` on a V3.2 model: ``"none"`` leaves the tools out of the prompt; ``"required"`` and a
 named function force the opening of a tool-call block (and the function's name) as the answer's
 first tokens — right away in chat mode, right after ``</think>`` in thinking mode — and a named
-function is the only tool shown.
+function is the only tool shown. On a chat-template model the same choices force the parser's
+opening of a call (``<tool_call>\n{"name": "`` for ``hermes``, with the name and ``", "arguments": ``
+for a named function) as the reply's first text; with thinking on they are refused (the reply may
+open with ``<think>``, before which nothing can be forced).
 """
 
 from __future__ import annotations
@@ -24,19 +33,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsv32.agent.backends.formats import TemplateFormat
+from dsv32.agent.errors import AgentError
 from dsv32.chat import (
     ConversationError,
     attach_tools,
     encode_messages,
     missing_special_tokens,
     strip_tool_results,
-    tokenizer_special_tokens,
 )
 from dsv32.chat import protocol as P
 from dsv32.chat.validate import check_conversation
 from dsv32.engine.models import ByteTokenizer, LoadedModel, ModelLoadError, load_model
 from dsv32.serve.errors import invalid
 from dsv32.serve.protocol import ChatCompletionRequest, NamedToolChoice
+from dsv32.serve.stream import V32Stream
+from dsv32.serve.template_stream import TemplateStream
 
 
 @dataclass(frozen=True)
@@ -58,15 +70,19 @@ class ChatPrompt:
 class ServedModel:
     """A loaded model and its tokenizer, named ``name`` in the API."""
 
-    def __init__(self, loaded: LoadedModel, name: str, max_model_len: int | None = None) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        name: str,
+        max_model_len: int | None = None,
+        tool_call_parser: str | None = None,
+    ) -> None:
         if loaded.tokenizer is None:
             raise ModelLoadError(f"model {loaded.source!r} has no tokenizer: save one beside its weights")
         self.model = loaded.model.eval()
         self.tokenizer = loaded.tokenizer
         self.name = name
         self.v32 = speaks_v32(self.tokenizer)
-        # what tool results lose before a chat template renders them (the V3.2 path strips its own)
-        self.special_tokens = tokenizer_special_tokens(self.tokenizer)
         limit = getattr(self.model.config, "max_position_embeddings", None)
         self.max_model_len = int(max_model_len or limit or 4096)
         if limit and self.max_model_len > limit:
@@ -74,6 +90,19 @@ class ServedModel:
                 f"--max-model-len {self.max_model_len} exceeds the model's {limit} positions"
             )
         self.eos_ids = self._eos_ids()
+        #: how a chat template's requests become prompts and its replies messages: the local agent's
+        #: own TemplateFormat, so that both render and parse alike (None: V3.2 format, or no template)
+        self.format: TemplateFormat | None = None
+        if self.v32 and tool_call_parser not in (None, "auto"):
+            raise ModelLoadError(
+                f"--tool-call-parser {tool_call_parser}: {name!r} speaks the V3.2 format, whose tool calls are "
+                "DSML; the parsers are for models with their own chat template"
+            )
+        if not self.v32 and getattr(self.tokenizer, "chat_template", None):
+            try:
+                self.format = TemplateFormat(self.tokenizer, self.eos_ids, tool_parser=tool_call_parser)
+            except AgentError as err:
+                raise ModelLoadError(str(err)) from err
         # the ids the model embeds: a tokenizer may hold more (added tokens) or fewer (padded embeddings)
         self.vocab_size = int(getattr(self.model.config, "vocab_size", None) or len(self.tokenizer))
 
@@ -94,8 +123,8 @@ class ServedModel:
         """How chat requests become prompts, in words (the server's start-up line)."""
         if self.v32:
             return "V3.2 format"
-        if getattr(self.tokenizer, "chat_template", None):
-            return "its chat template"
+        if self.format is not None:
+            return f"its chat template, {self.format.tool_parser.name} tool calls"
         return "no chat template: text completions only"
 
     def encode(self, text: str) -> list[int]:
@@ -139,16 +168,10 @@ class ServedModel:
     def _template_prompt(
         self, req: ChatCompletionRequest, messages: list[dict], tools: list[dict]
     ) -> ChatPrompt:
-        if not getattr(self.tokenizer, "chat_template", None):
+        if self.format is None:
             raise invalid(
                 f"model {self.name!r} has no chat template and does not speak the V3.2 format: use /v1/completions",
                 "messages",
-            )
-        if req.tool_choice == "required" or isinstance(req.tool_choice, NamedToolChoice):
-            raise invalid(
-                "tool_choice 'required' or a named function needs a V3.2-format model (this model's tool calls "
-                "are not parsed)",
-                "tool_choice",
             )
         if req.output_format is not None:
             raise invalid("response_format needs a V3.2-format model", "response_format")
@@ -161,19 +184,34 @@ class ServedModel:
                 raise invalid(f"message {index}: a system message needs string content", "messages")
             if m["role"] == "assistant" and m["content"] is None:
                 m["content"] = ""  # a tool-calling turn without text: templates concatenate content
-        import jinja2  # what transformers renders chat templates with
-
         kwargs = dict(req.chat_template_kwargs or {})
-        if tools and req.tool_choice != "none":
-            kwargs["tools"] = tools
-        messages = strip_tool_results(messages, self.special_tokens)
+        thinking = bool(kwargs.get("thinking", kwargs.get("enable_thinking", False)))
+        choice, forced = req.tool_choice, None
+        if choice == "none":
+            tools = []
+        elif choice == "required" or isinstance(choice, NamedToolChoice):
+            if thinking:
+                raise invalid(
+                    "tool_choice 'required' or a named function forces the opening of a call as the reply's "
+                    f"first text, and {self.name!r} with thinking on may open its reply with <think>: turn "
+                    "thinking off for a forced call",
+                    "tool_choice",
+                )
+            name = choice.function.name if isinstance(choice, NamedToolChoice) else None
+            if name is not None:
+                tools = [t for t in tools if t["function"]["name"] == name]
+            forced = Forced(self.format.tool_parser.opening(name), "")
         try:
-            text = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False, **kwargs
-            )
-        except (ValueError, TypeError, KeyError, jinja2.TemplateError) as err:
-            raise invalid(f"the chat template cannot render these messages: {err}", "messages") from err
-        return ChatPrompt(text, self.encode(text), "chat")
+            prompt = self.format.prompt(messages, tools, thinking, kwargs)
+        except AgentError as err:
+            raise invalid(str(err), "messages") from err
+        return ChatPrompt(prompt.text, prompt.ids, "thinking" if thinking else "chat", forced)
+
+    def stream(self, prompt: ChatPrompt) -> V32Stream | TemplateStream:
+        """A parser of the reply to ``prompt`` (see :mod:`~dsv32.serve.stream`)."""
+        if self.v32:
+            return V32Stream(prompt.thinking_mode)
+        return TemplateStream(self.format, prompt.thinking_mode == "thinking")
 
 
 def _request_position(err: ConversationError, inserted: int) -> tuple[str, str]:
@@ -194,7 +232,9 @@ def speaks_v32(tokenizer) -> bool:
     return not missing_special_tokens(tokenizer)
 
 
-def load_served(name: str, *, device: str = "auto", max_model_len: int | None = None) -> ServedModel:
+def load_served(
+    name: str, *, device: str = "auto", max_model_len: int | None = None, tool_call_parser: str | None = None
+) -> ServedModel:
     """``MODEL`` of ``dsv32 serve``: a native V3.2 checkpoint, a Hugging Face directory, ``smollm2``, a tiny
     test model, or a DSA stage output (a directory with ``dsa_config.json`` holding its base weights)."""
     from dsv32.dsa.hf.config import CONFIG_FILE
@@ -203,7 +243,7 @@ def load_served(name: str, *, device: str = "auto", max_model_len: int | None = 
         loaded = _load_dsa_stage(name, device)
     else:
         loaded = load_model(name, device=device)
-    return ServedModel(loaded, served_name(name), max_model_len)
+    return ServedModel(loaded, served_name(name), max_model_len, tool_call_parser)
 
 
 def _load_dsa_stage(path: str, device: str) -> LoadedModel:

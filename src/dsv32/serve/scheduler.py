@@ -36,7 +36,7 @@ import torch
 from dsv32.engine.batch import RunningBatch, check_batchable, sample_rows
 from dsv32.engine.sampling import SamplingParams
 from dsv32.serve.detok import IncrementalText
-from dsv32.serve.errors import queue_full
+from dsv32.serve.errors import queue_full, shutting_down
 from dsv32.serve.metrics import Metrics
 from dsv32.serve.runtime import Forced, ServedModel
 from dsv32.serve.tokenbytes import TokenBytes
@@ -63,6 +63,8 @@ class Finished:
 @dataclass
 class Failed:
     message: str
+    status: int = 500
+    code: str = "generation_failed"
 
 
 @dataclass
@@ -79,6 +81,8 @@ class Job:
     top_logprobs: int | None = None  # None: no log-probs
     skip_special_tokens: bool = True
     forced: Forced | None = None
+    ignore_eos: bool = False  # decode on past end tokens until max_tokens (vLLM's ignore_eos)
+    eos_text: bool = True  # whether the end token that ends a row is decoded into its text
     cancelled: bool = False
     submitted: float = field(default_factory=time.monotonic)
 
@@ -140,6 +144,8 @@ class Scheduler:
     # ------------------------------------------------------------------ event-loop side
     def submit(self, job: Job) -> None:
         with self.cond:
+            if self.stopping:
+                raise shutting_down()
             if len(self.waiting) >= self.max_queue:
                 raise queue_full(self.max_queue)
             self.waiting.append(job)
@@ -149,10 +155,15 @@ class Scheduler:
         self.thread = threading.Thread(target=self._loop, name="dsv32-serve-scheduler", daemon=True)
         self.thread.start()
 
-    def stop(self) -> None:
+    def close(self) -> None:
+        """Stop serving without waiting: after the current step every running and waiting job gets a
+        503 :class:`Failed` (the server is shutting down), so their responses end at once."""
         with self.cond:
             self.stopping = True
             self.cond.notify()
+
+    def stop(self) -> None:
+        self.close()
         if self.thread is not None:
             self.thread.join(timeout=30)
 
@@ -178,7 +189,12 @@ class Scheduler:
                 self.rows = []
                 self.batch = RunningBatch(self.served.model)
             self.metrics.set_gauges(running_rows=len(self.rows), waiting_requests=len(self.waiting))
-        _fail([r.job for r in self.rows] + list(self.waiting), "the server is shutting down")
+        with self.cond:
+            jobs = [r.job for r in self.rows] + list(self.waiting)
+            self.rows, self.waiting = [], deque()
+        for job in {id(j): j for j in jobs}.values():
+            job.emit(Failed(shutting_down().message, status=503, code="shutting_down"))
+        self.metrics.set_gauges(running_rows=0, waiting_requests=0)
 
     def _admit(self) -> None:
         while True:
@@ -239,9 +255,10 @@ class Scheduler:
         """Record ``token`` for ``row``; send its events; True while the row goes on."""
         job = row.job
         row.count += 1
-        piece = row.text.push(token)
+        ends = token in self.eos and not forced and not job.ignore_eos
+        piece = row.text.push(token) if job.eos_text or not ends else ""
         reason = None
-        if row.text.stopped or (token in self.eos and not forced):
+        if row.text.stopped or ends:
             reason = "stop"
         elif row.count >= job.max_tokens:
             reason = "length"

@@ -47,9 +47,22 @@ def check_listen(host: str, port: int) -> None:
             raise ServerError(f"cannot listen on {host}:{port}: {err.strerror}") from err
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server that, on SIGINT/SIGTERM, first closes the app's scheduler: the requests in
+    flight end at once with a 503 (``shutting_down``) instead of decoding on through the graceful
+    shutdown, so the process exits in about a second."""
+
+    def handle_exit(self, sig, frame) -> None:
+        scheduler = getattr(self.config.app.state, "scheduler", None)
+        if scheduler is not None:
+            scheduler.close()
+        super().handle_exit(sig, frame)
+
+
 def serve_forever(app: FastAPI, host: str, port: int, log_level: str = "info") -> None:
-    """Serve ``app`` until interrupted."""
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    """Serve ``app`` until interrupted (SIGINT or SIGTERM: see :class:`_Server`)."""
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    _Server(config).run()
 
 
 class ServerThread:
@@ -80,5 +93,8 @@ class ServerThread:
         return self
 
     def __exit__(self, *exc) -> None:
+        scheduler = getattr(self.server.config.app.state, "scheduler", None)
+        if scheduler is not None:
+            scheduler.close()  # requests still in flight end now, not after the graceful timeout
         self.server.should_exit = True
         self.thread.join(timeout=30)

@@ -30,9 +30,35 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from dsv32.agent.errors import AgentError
 from dsv32.chat import apply_thinking_context
 
 Delta = Callable[[str, str], None]
+
+#: The sampling settings every backend takes, by the same names (OpenAI's, plus vLLM's ``top_k``),
+#: in its constructor and per call. ``max_new_tokens`` is accepted as an alias of ``max_tokens``.
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed")
+
+
+def one_budget(settings: dict) -> int | None:
+    """The ``max_tokens`` of ``settings``, which may spell it ``max_tokens`` or ``max_new_tokens`` (None
+    when neither is given); both with different values is an :class:`~dsv32.agent.errors.AgentError`."""
+    given = {k: settings[k] for k in ("max_tokens", "max_new_tokens") if settings.get(k) is not None}
+    if len(set(given.values())) > 1:
+        raise AgentError(
+            f"max_tokens={given['max_tokens']} and max_new_tokens={given['max_new_tokens']} disagree: "
+            "give one (max_new_tokens is an alias of max_tokens)"
+        )
+    return int(next(iter(given.values()))) if given else None
+
+
+def sampling_settings(settings: dict) -> dict:
+    """``settings`` with the ``max_new_tokens`` alias written as ``max_tokens`` (see :func:`one_budget`)."""
+    budget = one_budget(settings)
+    out = {k: v for k, v in settings.items() if k != "max_new_tokens"}
+    if budget is not None:
+        out["max_tokens"] = budget
+    return out
 
 
 @dataclass

@@ -11,11 +11,13 @@ Completions are parsed with :func:`dsv32.chat.parse_completion` in lenient mode;
 returned.
 
 :class:`TemplateFormat` (any other chat model): the tokenizer's ``apply_chat_template``. Tool calls
-use the widespread ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` convention (Qwen,
-Hermes, SmolLM3). For a template that ignores ``tools`` (SmolLM2's does) the tool schemas are added to
-the system message with instructions in that convention; for one that ignores assistant
-``tool_calls`` the calls are written into the assistant's content in the same form, so the model
-sees what it did. Reasoning inside ``<think>…</think>`` becomes ``reasoning_content``; the reasoning
+are written and read in the format of the model's family (:mod:`dsv32.agent.backends.toolparsers`:
+``hermes``' ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` by default and for templates
+that know no tools, ``llama3_json``, ``mistral``; ``tool_parser`` names one). For a template that
+ignores ``tools`` (SmolLM2's does) the tool schemas are added to the system message with instructions
+in that format; for one that ignores assistant ``tool_calls`` the calls are written into the
+assistant's content in the same form, so the model sees what it did. The server
+(:mod:`dsv32.serve`) renders and parses a chat template's requests with this same class. Reasoning inside ``<think>…</think>`` becomes ``reasoning_content``; the reasoning
 §3.2.1 keeps (thinking mode, the turns after the last user message) is given to the template in the
 field it renders (:data:`REASONING_FIELDS`, probed once) or, when it renders none, written before the
 content as ``<think>\\nreasoning\\n</think>\\n\\n``, which :meth:`TemplateFormat.parse` reads back as
@@ -34,14 +36,14 @@ its own. The messages themselves are not changed.
 from __future__ import annotations
 
 import bisect
-import contextlib
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dsv32.agent.backends.base import assistant_message, visible_messages
+from dsv32.agent.backends.toolparsers import ToolParser
+from dsv32.agent.backends.toolparsers import tool_parser as make_parser
 from dsv32.agent.errors import AgentError
 from dsv32.chat import (
     EOS,
@@ -162,39 +164,13 @@ class V32Format:
 
 
 # ------------------------------------------------------------------------------------------ templates
-TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 #: assistant fields that chat templates render reasoning from, in the order they are tried
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 _THINK = re.compile(r"^\s*(?:<think>)?(.*?)</think>", re.S)
 TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 _PROBE = "dsv32_probe_function"
 _PROBE_RESULT = "dsv32_probe_result"
-
-
-def tools_instructions(tools: Sequence[dict]) -> str:
-    """The system-prompt block describing ``tools`` in the ``<tool_call>`` convention."""
-    schemas = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
-    return (
-        "# Tools\n\nYou can call the functions described by these JSON schemas:\n<tools>\n"
-        f"{schemas}\n</tools>\n\n"
-        "To call a function, write a JSON object with its name and arguments between <tool_call> and "
-        "</tool_call>, one block per call, for example:\n"
-        '<tool_call>\n{"name": "function_name", "arguments": {"argument": "value"}}\n</tool_call>\n'
-        "The results come back in the next message. When you have the answer, reply without a tool call."
-    )
-
-
-def render_call(call: dict) -> str:
-    function = call.get("function") or {}
-    arguments = function.get("arguments")
-    if isinstance(arguments, str):
-        # arguments that are not JSON are written as the model sent them (the tool answered with an error)
-        with contextlib.suppress(ValueError):
-            arguments = json.loads(arguments)
-    body = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
-    return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
 
 
 def results_as_user(messages: Sequence[dict]) -> list[dict]:
@@ -220,40 +196,6 @@ def results_as_user(messages: Sequence[dict]) -> list[dict]:
             out.append({"role": "user", "content": text})
         merged = True
     return out
-
-
-def parse_tool_calls(text: str) -> tuple[str, list[dict], list[dict]]:
-    """``(text without the call blocks, tool calls, problems)`` of ``<tool_call>`` blocks; each problem
-    is in a tool-call block (``part`` ``"tool_calls"``, as the V3.2 parser marks them)."""
-    calls, problems = [], []
-    for match in _TOOL_CALL.finditer(text):
-        try:
-            body = json.loads(match.group(1))
-        except ValueError as err:
-            problems.append(
-                {
-                    "part": "tool_calls",
-                    "position": match.start(),
-                    "expected": "a JSON object in <tool_call>",
-                    "message": str(err),
-                }
-            )
-            continue
-        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
-            problems.append(
-                {
-                    "part": "tool_calls",
-                    "position": match.start(),
-                    "expected": '{"name": ..., "arguments": ...}',
-                    "message": "",
-                }
-            )
-            continue
-        arguments = body.get("arguments", body.get("parameters", {}))
-        if not isinstance(arguments, str):
-            arguments = json.dumps(arguments, ensure_ascii=False)
-        calls.append({"type": "function", "function": {"name": body["name"], "arguments": arguments}})
-    return _TOOL_CALL.sub("", text), calls, problems
 
 
 def split_markers(tokenizer: Any) -> list[str]:
@@ -343,7 +285,13 @@ class PieceTokenizer:
 class TemplateFormat:
     name = "template"
 
-    def __init__(self, tokenizer: Any, stop_ids: Sequence[int], template_kwargs: dict | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        stop_ids: Sequence[int],
+        template_kwargs: dict | None = None,
+        tool_parser: str | None = None,
+    ) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise AgentError(
                 "the tokenizer has no chat template and lacks the V3.2 special tokens: add them with "
@@ -352,6 +300,8 @@ class TemplateFormat:
         self.tokenizer = tokenizer
         self.stop_ids = list(stop_ids)
         self.template_kwargs = dict(template_kwargs or {})
+        #: how this model family writes tool calls (see dsv32.agent.backends.toolparsers)
+        self.tool_parser: ToolParser = make_parser(tool_parser, tokenizer.chat_template)
         self.special_tokens = tokenizer_special_tokens(tokenizer)
         probe_tool = {"type": "function", "function": {"name": _PROBE, "parameters": {"type": "object"}}}
         user = {"role": "user", "content": "hi"}
@@ -424,7 +374,7 @@ class TemplateFormat:
             if message.get("role") != "assistant":
                 continue
             if message.get("tool_calls") and not self.renders_calls:
-                blocks = [render_call(c) for c in message.pop("tool_calls")]
+                blocks = [self.tool_parser.render(c) for c in message.pop("tool_calls")]
                 message["content"] = "\n".join(
                     [message["content"], *blocks] if message.get("content") else blocks
                 )
@@ -440,20 +390,30 @@ class TemplateFormat:
         if not self.tool_role:
             out = results_as_user(out)
         if tools and not self.renders_tools:
-            block = tools_instructions(tools)
+            block = self.tool_parser.instructions(tools)
             if out and out[0].get("role") == "system":
                 out[0]["content"] = (out[0].get("content") or "") + "\n\n" + block
             else:
                 out.insert(0, {"role": "system", "content": block})
         return out
 
-    def prompt(self, messages: Sequence[dict], tools: Sequence[dict], thinking: bool) -> Prompt:
+    def prompt(
+        self,
+        messages: Sequence[dict],
+        tools: Sequence[dict],
+        thinking: bool,
+        template_kwargs: dict | None = None,
+    ) -> Prompt:
+        """The prompt of ``messages`` with ``tools``; ``template_kwargs`` are this call's variables for
+        the template (a server request's ``chat_template_kwargs``; the backend's own ``template_kwargs``
+        win over them)."""
         tools, messages = list(tools), list(messages)
-        last, seen = self.last, (thinking, tools, messages)
+        last, seen = self.last, (thinking, tools, messages, template_kwargs)
         if last is not None and last.messages == messages and identical(seen, self._seen):
             return last  # the same conversation again (count_tokens, then complete)
         shown = self.template_messages(messages, tools, thinking)
-        text = self._render(shown, tools if self.renders_tools else [], enable_thinking=thinking)
+        kwargs = {"enable_thinking": thinking, **(template_kwargs or {})}
+        text = self._render(shown, tools if self.renders_tools else [], **kwargs)
         last = self.last
         if last is not None and last.text == text:
             ids = last.ids
@@ -476,10 +436,14 @@ class TemplateFormat:
     def parse(self, text: str, thinking: bool) -> tuple[dict, list[dict]]:
         reasoning = ""
         match = _THINK.match(text)
-        if match and ("<think>" in text[: match.end()] or thinking):
+        if match and (text.lstrip().startswith(THINK_OPEN) or thinking):
             reasoning, text = match.group(1).strip(), text[match.end() :]
-        content, calls, problems = parse_tool_calls(text)
+        content, calls, problems = self.tool_parser.parse(text)
         return assistant_message(content.strip(), reasoning, calls), problems
 
     #: streaming: a reply that opens with think_start reasons until think_end; content until calls_start
-    think_start, think_end, calls_start = THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN
+    think_start, think_end = THINK_OPEN, THINK_CLOSE
+
+    @property
+    def calls_start(self) -> str:
+        return self.tool_parser.start

@@ -2,7 +2,9 @@
 :mod:`dsv32.engine`.
 
 Prompts: the V3.2 encoding when the tokenizer knows the V3.2 special tokens, else the model's own chat
-template (``format="auto"``; see :mod:`dsv32.agent.backends.formats`). Generation runs in one
+template (``format="auto"``; see :mod:`dsv32.agent.backends.formats`), whose tool calls are written
+and read in the format ``tool_parser`` names (``hermes``, ``llama3_json``, ``mistral``; by default
+the template family's) — as ``dsv32 serve --tool-call-parser`` does. Generation runs in one
 :class:`~dsv32.engine.session.Session` whose KV cache lives across calls, so an episode prefills only
 what each step adds (the new tool results and the re-rendered last reply), not the whole prompt.
 ``last_prompt`` / ``last_prompt_ids`` hold the prompt of the latest call; ``session.prefilled_tokens``
@@ -12,8 +14,10 @@ counts what was prefilled over all calls, and each call's usage reports the reus
 :class:`~dsv32.agent.errors.ContextLengthError` (the loop manages the context or stops with
 ``"context"``).
 
-Sampling defaults (temperature 0.6, top-p 0.95) can be changed per backend or per call:
-``temperature``, ``top_p``, ``top_k``, ``max_tokens`` (= ``max_new_tokens``), ``seed``. The
+Sampling defaults (temperature 0.6, top-p 0.95, 1024 tokens) can be changed per backend or per call,
+with the names every backend takes (:data:`~dsv32.agent.backends.base.SAMPLING_KEYS`):
+``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``seed`` (``max_new_tokens``, the engine's
+name, is an alias of ``max_tokens``; giving both with different values is an error). The
 backend's ``seed`` starts one random stream that every call continues (a run repeats, two calls on
 the same prompt differ); a call's ``seed`` gives that call a stream of its own, as an endpoint's
 per-request seed does.
@@ -25,7 +29,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from dsv32.agent.backends.base import Completion, Delta, Usage
+from dsv32.agent.backends.base import SAMPLING_KEYS, Completion, Delta, Usage, one_budget
 from dsv32.agent.backends.formats import TemplateFormat, V32Format
 from dsv32.agent.errors import AgentError, ContextLengthError
 
@@ -94,13 +98,15 @@ class LocalBackend:
         tokenizer: Any,
         *,
         format: str = "auto",
-        max_new_tokens: int = 1024,
+        max_tokens: int | None = None,
         temperature: float = 0.6,
         top_p: float = 0.95,
         top_k: int = 0,
         seed: int | None = None,
         reuse_cache: bool = True,
         template_kwargs: dict | None = None,
+        tool_parser: str | None = None,
+        max_new_tokens: int | None = None,
     ) -> None:
         from dsv32.chat import missing_special_tokens
         from dsv32.engine.session import Session
@@ -113,7 +119,7 @@ class LocalBackend:
         if format == "v32":
             self.format: V32Format | TemplateFormat = V32Format(tokenizer)
         elif format == "template":
-            self.format = TemplateFormat(tokenizer, _eos_ids(model, tokenizer), template_kwargs)
+            self.format = TemplateFormat(tokenizer, _eos_ids(model, tokenizer), template_kwargs, tool_parser)
         else:
             raise AgentError(f"format must be 'auto', 'v32' or 'template', got {format!r}")
         self.model = model.eval()
@@ -125,7 +131,7 @@ class LocalBackend:
             "temperature": temperature,
             "top_p": top_p,
             "top_k": top_k,
-            "max_tokens": max_new_tokens,
+            "max_tokens": one_budget({"max_tokens": max_tokens, "max_new_tokens": max_new_tokens}) or 1024,
         }
         self.seed = seed
         self.generator: Any = None
@@ -153,8 +159,7 @@ class LocalBackend:
 
     def reply_budget(self, sampling: dict | None = None) -> int:
         """The most tokens a reply with these settings may have (``max_tokens``)."""
-        settings = {**self.defaults, **(sampling or {})}
-        return int(settings.get("max_new_tokens") or settings["max_tokens"])
+        return one_budget(sampling or {}) or self.defaults["max_tokens"]
 
     def count_tokens(self, messages: Sequence[dict], tools: Sequence[dict], *, thinking: bool = True) -> int:
         return len(self.format.prompt(messages, tools, thinking).ids)
@@ -175,7 +180,10 @@ class LocalBackend:
         settings = {**self.defaults, **(sampling or {})}
         unknown = set(settings) - {"temperature", "top_p", "top_k", "max_tokens", "max_new_tokens", "seed"}
         if unknown:
-            raise AgentError(f"the local backend does not know the sampling setting(s) {sorted(unknown)}")
+            raise AgentError(
+                f"the local backend does not know the sampling setting(s) {sorted(unknown)}; it takes "
+                f"{list(SAMPLING_KEYS)}"
+            )
         start = time.perf_counter()
         prompt = self.format.prompt(messages, tools, thinking)
         self.last_prompt, self.last_prompt_ids = prompt.text, prompt.ids

@@ -54,6 +54,7 @@ from dsv32.agent.backends.base import (
     reply_message,
     reply_text,
     reply_tokens,
+    sampling_settings,
     send_whole,
     token_count,
     visible_messages,
@@ -239,7 +240,7 @@ class OpenAIBackend:
         self.max_retries = max_retries
         self.send_thinking = send_thinking
         self.extra_body = dict(extra_body or {})
-        self.sampling = sampling
+        self.sampling = sampling_settings(sampling)
         key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
         self.client = client or openai.OpenAI(
             base_url=base_url, api_key=key, max_retries=max_retries, timeout=timeout_s
@@ -252,14 +253,14 @@ class OpenAIBackend:
     def reply_budget(self, sampling: dict | None = None) -> int | None:
         """The ``max_tokens`` (or ``max_completion_tokens``) a call with these settings sends; None
         when it sends none (the endpoint's default)."""
-        settings = {**self.sampling, **(sampling or {})}
+        settings = {**self.sampling, **sampling_settings(sampling or {})}
         budget = settings.get("max_tokens", settings.get("max_completion_tokens"))
         return None if budget is None else int(budget)
 
     def _request(
         self, messages: Sequence[dict], tools: Sequence[dict], thinking: bool, sampling: dict
     ) -> dict:
-        settings = {**self.sampling, **sampling}
+        settings = {**self.sampling, **sampling_settings(sampling)}
         extra = dict(self.extra_body)
         extra.update({k: v for k, v in settings.items() if k not in CLIENT_PARAMS})
         if self.send_thinking:
