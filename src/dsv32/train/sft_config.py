@@ -103,7 +103,7 @@ class SFTTrainConfig(Checked, error=SFTConfigError):
     save_every: int = 0
     log_every: int = 1
     eval_every: int = 0
-    keep_checkpoints: int = 1
+    keep_checkpoints: int = 2
     freeze_layers: int = 0  # the lowest N transformer layers keep their weights (a CPU budget)
     #: > 0: the embedding matrix (and an untied head) is its own optimizer group at this lr, and only the
     #: rows of the V3.2 tokens this run added move (the other rows keep their values); 0, or no tokens
