@@ -20,6 +20,7 @@ from dsv32.recipe import (
     at_least,
     build_section,
     check_fields,
+    check_sections,
     in_range,
     one_of,
     read_recipe,
@@ -135,11 +136,10 @@ class _TopLevel(Checked, error=SFTConfigError):
 _SECTIONS = {"model": SFTModelConfig, "data": SFTDataConfig, "train": SFTTrainConfig}
 
 
-def sft_config_from_dict(data: dict[str, Any]) -> SFTConfig:
-    """Nested dicts (TOML) → :class:`SFTConfig`, every field checked (:mod:`dsv32.recipe`)."""
-    unknown = sorted(set(data) - set(_SECTIONS) - {"out_dir"})
-    if unknown:
-        raise SFTConfigError(f"unknown sections {unknown}; known: {sorted(_SECTIONS)} and out_dir")
+def sft_config_from_dict(data: dict[str, Any], where: str = "") -> SFTConfig:
+    """Nested dicts (TOML) → :class:`SFTConfig`, every field checked (:mod:`dsv32.recipe`); ``where``:
+    the table that holds it when another recipe embeds it (``sft`` of the post-training recipe)."""
+    check_sections(data, [*_SECTIONS, "out_dir"], SFTConfigError, where)
     base = SFTConfig().to_dict()
     kwargs = {}
     for name, cls in _SECTIONS.items():
