@@ -26,7 +26,7 @@ import tempfile
 import tomllib
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -244,6 +244,18 @@ def check_fields(
             raise error(f"[{where}] {key} = {_show(data[key])}: must be {rule.allowed}{why}")
         out[key] = value
     return out
+
+
+def check_sections(
+    data: dict[str, Any], accepted: Iterable[str], error: type[RecipeError] = RecipeError, where: str = ""
+) -> None:
+    """Refuse the top-level keys of ``data`` (or of the table ``where``) that are not in ``accepted``,
+    naming them and every key the reader accepts, so the message is the list a user needs."""
+    accepted = sorted(set(accepted))
+    unknown = sorted(set(data) - set(accepted))
+    if unknown:
+        place = f" in [{where}]" if where else ""
+        raise error(f"unknown sections {unknown}{place}; accepted: {', '.join(accepted)}")
 
 
 def build_section(cls: type, data: Any, where: str, error: type[RecipeError] = RecipeError):

@@ -5,8 +5,9 @@ A checkpoint is ``out_dir/checkpoints/step_NNNNNN/`` with ``weights.safetensors`
 only the trainable ones), ``optimizer.pt`` (optimizer state and the RNG states of torch, CUDA, Python
 and NumPy, plain tensors and numbers: it loads with ``torch.load(weights_only=True)``) and
 ``state.json`` (the step, the run's identity and whatever the trainer adds). It is written to a
-temporary folder and renamed, so a killed run never leaves a half-written checkpoint; after each save
-the newest ``keep`` checkpoints up to that step stay (a checkpoint past it is never removed).
+temporary folder, synced to disk and renamed (:func:`durable_replace`), so neither a killed run nor a
+power loss leaves a half-written checkpoint; after each save the newest ``keep`` checkpoints up to
+that step stay (a checkpoint past it is never removed).
 
 Resuming (:meth:`StepCheckpoints.begin`) takes the newest checkpoint and checks, before anything is
 written, that it belongs to this run: the run's identity (what determines the training: model, data,
@@ -21,6 +22,7 @@ and then deleted, so the directory never holds a mix of two runs.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -80,12 +82,42 @@ def write_text(path: str | Path, text: str) -> None:
     try:
         with tmp.open("x", encoding="utf-8") as f:
             f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        durable_replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def fsync_path(path: str | Path) -> None:
+    """Flush a file's or a directory's contents to disk (a directory's entries: names created,
+    renamed or removed in it). A file system that cannot sync a directory (some network mounts
+    answer EINVAL) is left to its own guarantees."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def durable_replace(src: str | Path, dst: str | Path) -> None:
+    """``os.replace(src, dst)`` that a power loss cannot tear: every file and folder of ``src`` (a file,
+    or a folder tree) and ``src``'s parent folder are synced to disk before the rename, ``dst``'s
+    parent folder (which records the rename) after it. A machine that crashes at any point comes back
+    with the old ``dst`` or the whole new one, never a renamed folder of empty or partial files."""
+    src, dst = Path(src), Path(dst)
+    if src.is_dir():
+        for root, _dirs, files in os.walk(src, topdown=False):
+            for name in files:
+                fsync_path(Path(root) / name)
+            fsync_path(root)
+    else:
+        fsync_path(src)
+    fsync_path(src.absolute().parent)
+    os.replace(src, dst)
+    fsync_path(dst.absolute().parent)
 
 
 def write_json(path: str | Path, obj: Any) -> None:
@@ -249,11 +281,11 @@ class StepCheckpoints:
         if final.exists():  # the same step again (a finished run re-run, an unreadable one redone)
             old = self.root / f".old_step_{step:06d}"
             shutil.rmtree(old, ignore_errors=True)
-            final.rename(old)
-            tmp.rename(final)
+            durable_replace(final, old)
+            durable_replace(tmp, final)
             shutil.rmtree(old, ignore_errors=True)
         else:
-            tmp.rename(final)
+            durable_replace(tmp, final)
         upto = [p for s, p in self.complete() if s <= step]
         for old in upto[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 
 def files(tmp) -> dict[str, str]:
+    from pathlib import Path
+
+    import dsv32
+
     (tmp / "kept.jsonl").write_text('{"id": "a conversation kept from an earlier run"}\n')
-    return {}
+    return {"shipped": str(Path(dsv32.__file__).parent / "configs" / "posttrain-smollm2.toml")}
 
 
 _C = ["posttrain", "cold-start", "--out", "{out}/cold.jsonl"]
@@ -31,6 +35,16 @@ CASES += [
     (["posttrain", "rl", "{tmp}/broken.toml", "--out", "{out}"], "is not valid TOML"),
     (["posttrain", "rl", "--policy", "tiny-llama", "--steps", "1", "--out", "{out}"], "does not speak V3.2"),
     (["posttrain", "rl", "--policy", "no-such-model", "--out", "{out}"], "cannot load model 'no-such-model'"),
+    (["posttrain", "rl", "--set", "colour=blue", "--out", "{out}"],
+     "unknown sections ['colour']; accepted: agentic, envs, eval, grpo, log_every, out_dir, policy, rewards, "
+     "sampling, save_every, seed, sources"),
+    (["posttrain", "rl", "{shipped}", "--set", "colour=blue", "--out", "{out}"],
+     "unknown sections ['colour']; accepted: out_dir, rl, sft, tasks"),
+    (["posttrain", "rl", "{shipped}", "--set", "rl.colour=blue", "--out", "{out}"],
+     "unknown sections ['colour'] in [rl]; accepted: agentic, envs, eval, grpo, log_every"),
+    (["posttrain", "rl", "{shipped}", "--group-size", "1", "--out", "{out}"], "[grpo] group_size = 1"),
+    (["posttrain", "rl", "{shipped}", "--policy", "tiny-llama", "--out", "{out}"], "does not speak V3.2"),
+    (["posttrain", "rl", "--eval-tasks", "-1", "--out", "{out}"], "argument --eval-tasks: '-1' is not"),
 ]  # fmt: skip
 
 _D = ["posttrain", "distill", "--out", "{out}/mix.jsonl"]
@@ -52,7 +66,9 @@ CASES += [
     (["posttrain", "proof", "--set", "tasks.heldout=zero", "--out", "{out}"], '[tasks] heldout = "zero": must be'),
     (["posttrain", "proof", "--set", "sft.train.lr=0", "--out", "{out}"], "[train] lr = 0: must be > 0"),
     (["posttrain", "proof", "--set", "rl.grpo.group_size=1", "--out", "{out}"], "[grpo] group_size = 1"),
-    (["posttrain", "proof", "--set", "colour=blue", "--out", "{out}"], "unknown sections ['colour']"),
+    (["posttrain", "proof", "--set", "colour=blue", "--out", "{out}"],
+     "unknown sections ['colour']; accepted: out_dir, rl, sft, tasks"),
+    (["posttrain", "proof", "--set", "rl.agentic.colour=blue", "--out", "{out}"], "unknown keys in [agentic]"),
     (["posttrain", "proof", "{tmp}/broken.toml", "--out", "{out}"], "is not valid TOML"),
 ]  # fmt: skip
 CASES += [

@@ -271,3 +271,20 @@ def test_save_replaces_only_the_previous_checkpoints_shards(tmp_path):
     loaded.save_pretrained(tmp_path, max_shard_size=20_000)  # and back to shards
     assert not (tmp_path / "model.safetensors").exists() and (tmp_path / "model_ema.safetensors").exists()
     assert _same_state(loaded, DeepseekV32.from_pretrained(tmp_path, dtype=torch.float32))
+
+
+def test_every_saved_file_is_synced_before_its_rename_and_the_folder_after(tmp_path, monkeypatch):
+    import os
+
+    events, real_fsync, real_replace = [], os.fsync, os.replace
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (events.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd))
+    )
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append((str(a), str(b))), real_replace(a, b)))
+    DeepseekV32(tiny_config()).save_pretrained(tmp_path, max_shard_size=20_000)
+    renames = [e for e in events if isinstance(e, tuple)]
+    assert {Path(dst).name for _, dst in renames} == {p.name for p in tmp_path.iterdir()}
+    for src, dst in renames:
+        i = events.index((src, dst))
+        assert src in events[:i] and str(tmp_path) in events[:i]  # the file, and its folder, first
+        assert str(tmp_path) in events[i + 1 :]  # the folder again: the rename is on disk

@@ -97,7 +97,15 @@ def test_filter_keeps_the_tasks_the_policy_sometimes_solves(setup):
     assert dist["never_solved"] == 1 and dist["always_solved"] == 1 and dist["kept"] == 3
     assert dist["pass@1_histogram"]["0.0-0.1"] == 1 and dist["pass@1_histogram"]["0.9-1.0"] == 1
     assert dist["mean_pass@1"] == pytest.approx((0 + 1 / 8 + 4 / 8 + 1) / 4, abs=1e-4)
-    assert "| 0.5-0.6 | 1 |" in report_markdown(dist, 4, "test")
+    report = report_markdown(dist, 4, "test")
+    assert "| 0.5-0.6 | 1 |" in report
+    assert report.count("mean pass@1:") == 1 and report.count("mean pass@4:") == 1
+
+
+def test_the_report_of_pass_at_1_names_each_mean_once(setup):
+    _, store = _run(setup, FilterConfig(k=1, n=2), "k1")
+    report = report_markdown(distribution(store.results, 1), 1, "test")
+    assert report.count("mean pass@1") == 1, report
 
 
 def test_drop_solved_and_stop_early(setup):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -199,3 +200,87 @@ def test_read_json_names_the_file(tmp_path):
     path.write_bytes(b"\xff")
     with pytest.raises(RunLogError, match=rf"^{path}: not JSON \(UnicodeDecodeError"):
         read_json(path, RunLogError)
+
+
+# ---------------------------------------------------------------------------------------------- durability
+def record_syncs(monkeypatch):
+    """Record, in order, every ``os.fsync`` (as the path synced) and ``os.replace`` (as ``(src, dst)``)."""
+    import os
+
+    events: list = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(src), str(dst)))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    return events
+
+
+def _synced_before_and_after(events, src, dst, files):
+    """Every file of ``files`` and the folders that hold them were synced before ``src`` was renamed to
+    ``dst``, and ``dst``'s folder after."""
+    i = events.index(("replace", str(src), str(dst)))
+    before = {e[1] for e in events[:i] if e[0] == "fsync"}
+    after = {e[1] for e in events[i + 1 :] if e[0] == "fsync"}
+    assert {str(f) for f in files} <= before, (files, before)
+    assert {str(f.parent) for f in files} <= before
+    assert str(src.parent) in before and str(dst.parent) in after
+
+
+def test_durable_replace_syncs_a_file_and_its_folder_around_the_rename(tmp_path, monkeypatch):
+    from dsv32.runlog import durable_replace
+
+    (tmp_path / "a").mkdir()
+    src, dst = tmp_path / "a" / "new.txt", tmp_path / "b.txt"
+    src.write_text("new")
+    dst.write_text("old")
+    events = record_syncs(monkeypatch)
+    durable_replace(src, dst)
+    assert dst.read_text() == "new" and not src.exists()
+    _synced_before_and_after(events, src, dst, [src])
+    assert events[-1] == ("fsync", str(tmp_path))  # the rename itself reaches the disk
+
+
+def test_durable_replace_syncs_every_file_and_folder_of_a_tree_first(tmp_path, monkeypatch):
+    from dsv32.runlog import durable_replace
+
+    src = tmp_path / ".tmp"
+    (src / "sub").mkdir(parents=True)
+    files = [src / "x.bin", src / "sub" / "y.bin"]
+    for f in files:
+        f.write_bytes(b"data")
+    events = record_syncs(monkeypatch)
+    durable_replace(src, tmp_path / "done")
+    _synced_before_and_after(events, src, tmp_path / "done", [*files, src / "sub"])
+    assert (tmp_path / "done" / "sub" / "y.bin").read_bytes() == b"data"
+
+
+def test_a_step_checkpoint_reaches_the_disk_before_it_is_renamed_into_place(tmp_path, monkeypatch):
+    events = record_syncs(monkeypatch)
+    _save(tmp_path, [1])
+    ckpts = tmp_path / "checkpoints"
+    tmp = ckpts / ".tmp_step_000001"
+    files = [tmp / n for n in ("weights.safetensors", "optimizer.pt", "state.json")]
+    _synced_before_and_after(events, tmp, ckpts / "step_000001", files)
+    events.clear()
+    _save(tmp_path, [1], seed=1)  # the same step again: the old folder moves aside, the new one in
+    _synced_before_and_after(events, tmp, ckpts / "step_000001", files)
+    assert _names(tmp_path) == ["step_000001"]
+
+
+def test_metadata_is_synced_with_its_folder(tmp_path, monkeypatch):
+    from dsv32.runlog import write_json
+
+    events = record_syncs(monkeypatch)
+    write_json(tmp_path / "config.json", {"a": 1})
+    (replaced,) = [e for e in events if e[0] == "replace"]
+    tmp = Path(replaced[1])
+    _synced_before_and_after(events, tmp, tmp_path / "config.json", [tmp])
+    assert read_json(tmp_path / "config.json", RunLogError) == {"a": 1}

@@ -366,3 +366,12 @@ def test_more_steps_extend_a_run_and_no_resume_replaces_it(tmp_path):
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001"]
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1]
     assert json.loads((run / "data.json").read_text())["steps"] == 1
+
+
+def test_a_run_keeps_its_two_newest_checkpoints_by_default(tmp_path):
+    """Two, so a machine crash while the newest is written still leaves one to resume from."""
+    cfg = _cfg(tmp_path, **{"train.save_every": 1})
+    assert cfg.train.keep_checkpoints == 2
+    result = train_sft(cfg, progress=False)
+    names = sorted(p.name for p in (result.out_dir / "checkpoints").iterdir())
+    assert names == ["step_000003", "step_000004"]

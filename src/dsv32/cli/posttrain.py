@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, dataclass, field
-from typing import ClassVar
+from dataclasses import asdict
 
 from dsv32.chat.templates import EPISODE_PROMPTS as PROMPTS
-from dsv32.cli import command, flag_overrides, positive_int
-from dsv32.recipe import Checked, at_least, each, in_range, one_of
+from dsv32.cli import command, flag_overrides, non_negative_int, positive_int
 
 
 def _tasks(env: str, tasks: str | None, limit: int | None):
@@ -20,80 +18,31 @@ def _tasks(env: str, tasks: str | None, limit: int | None):
     return rows[:limit] if limit else rows
 
 
-@dataclass
-class ProofTasks(Checked):
-    """``[tasks]`` of the proof recipe: generated code-interpreter problems (training: seed 0;
-    held-out: seed 1, never a training prompt), and the system prompt of every stage."""
-
-    RANGES: ClassVar[dict] = {
-        "train": at_least(1),
-        "heldout": at_least(1),
-        "difficulty": in_range(1, 5),
-        "categories": each(one_of("multiplication", "modular", "combinatorics", "linear_system")),
-        "prompt": one_of(*PROMPTS),
-    }
-
-    train: int = 64
-    heldout: int = 32
-    difficulty: int = 1
-    categories: list[str] = field(default_factory=lambda: ["multiplication"])
-    prompt: str = "bare"
-
-
 def run_proof(config: str | None, overrides: list[str], out: str | None, progress: bool = True) -> dict:
     """The proof run: held-out greedy accuracy and well-formed tool use of the base model, after
     cold-start SFT on verified tool transcripts, and after agentic GRPO (``report.{json,md,png}``).
     Every recipe section is checked before anything is loaded or written."""
     import time
     from contextlib import contextmanager
-    from pathlib import Path
 
-    from dsv32.envs.base import save_tasks
-    from dsv32.envs.interpreter import InterpreterEnv, generate
-    from dsv32.recipe import RecipeError, build_section, read_recipe
-    from dsv32.rl.agentic_config import agentic_config_from_dict
+    from dsv32.cli.posttrain_recipe import read_posttrain_recipe
+    from dsv32.envs.interpreter import InterpreterEnv
     from dsv32.rl.agentic_trainer import EnvItem, episode_settings, evaluate_agentic, train_agentic
     from dsv32.rl.policy import Policy
     from dsv32.rl.posttrain_report import machine, report_dict, write_report
     from dsv32.runlog import read_metrics
     from dsv32.synth.coldstart import build_coldstart
-    from dsv32.train.sft import sft_config_from_dict, train_sft
+    from dsv32.train.sft import train_sft
     from dsv32.train.sft_model import prepare_sft_model
 
-    path = config or str(Path(__file__).resolve().parents[1] / "configs" / "posttrain-smollm2.toml")
-    data = read_recipe(path, overrides)
-    unknown = sorted(set(data) - {"out_dir", "tasks", "sft", "rl"})
-    if unknown:
-        raise RecipeError(f"unknown sections {unknown}; known: out_dir, tasks, sft, rl")
-    root = Path(out or data.get("out_dir", "runs/posttrain"))
-    tasks_cfg = build_section(ProofTasks, {**asdict(ProofTasks()), **data.get("tasks", {})}, "tasks")
-    sft_data = data.get("sft", {})
-    sft_cfg = sft_config_from_dict({**sft_data, "out_dir": str(root / "sft"),
-                                    "data": {**sft_data.get("data", {}), "path": path}})  # fmt: skip
-    rl_data = dict(data.get("rl", {}))
-    train_file = root / "tasks_train.jsonl"
-    envs = [
-        {**e, "tasks": str(train_file), "eval_tasks": ""}
-        for e in rl_data.get("envs", [{"name": "code-interpreter"}])
-    ]
-    rl_cfg = agentic_config_from_dict({**rl_data, "envs": envs, "out_dir": str(root / "rl")})
-    rl_cfg.agentic.prompt = tasks_cfg.prompt
-    cats = tuple(tasks_cfg.categories)
-    train = generate(
-        tasks_cfg.train, seed=0, difficulty=tasks_cfg.difficulty, categories=cats, prefix="train"
-    )
-    heldout = generate(
-        tasks_cfg.heldout, seed=1, difficulty=tasks_cfg.difficulty, categories=cats, prefix="heldout"
-    )
-    overlap = {t.prompt for t in train} & {t.prompt for t in heldout}
-    if overlap:
-        raise RecipeError(f"held-out tasks repeat {len(overlap)} training prompt(s); change the task counts")
+    recipe = read_posttrain_recipe(config, overrides, out)
+    root, tasks_cfg, sft_cfg, rl_cfg = recipe.root, recipe.tasks, recipe.sft, recipe.rl
+    train, heldout = recipe.generate_tasks()
 
     t0, load_start, minutes = time.time(), machine()["load_average_1_5_15"], {}
     sm = prepare_sft_model(sft_cfg.model.name, sft_cfg.model.device)
     root.mkdir(parents=True, exist_ok=True)  # only now: bad input writes nothing
-    save_tasks(train, train_file)
-    save_tasks(heldout, root / "tasks_heldout.jsonl")
+    recipe.write_tasks(train, heldout)
     held = [EnvItem(t, "code-interpreter", InterpreterEnv) for t in heldout]
     settings = episode_settings(rl_cfg)
     policy = Policy(sm.model, sm.tokenizer, sm.kind, thinking=True, source=sft_cfg.model.name)
@@ -135,7 +84,7 @@ def run_proof(config: str | None, overrides: list[str], out: str | None, progres
     evaluate("rl")
     details = {
         "model": sft_cfg.model.name,
-        "task": f"code-interpreter {'/'.join(cats)}, difficulty {tasks_cfg.difficulty}",
+        "task": f"code-interpreter {'/'.join(tasks_cfg.categories)}, difficulty {tasks_cfg.difficulty}",
         "evals": {k: {x: y for x, y in v.items() if x != "samples"} for k, v in evals.items()},
         "cold_start": cold.to_dict(),
         "stage_minutes": minutes,
@@ -256,25 +205,82 @@ def add_rl(psub: argparse._SubParsersAction) -> None:
     q = psub.add_parser(
         "rl", help="mixed agentic GRPO: multi-turn episodes in environments (+ single-turn domains)"
     )
-    q.add_argument("config", nargs="?", help="TOML recipe ([agentic], [[envs]] and the rl sections)")
+    q.add_argument(
+        "config",
+        nargs="?",
+        help="TOML recipe: an agentic GRPO recipe ([agentic], [[envs]] and the rl sections) or the "
+        "post-training recipe (configs/posttrain-smollm2.toml: its [tasks] and [rl])",
+    )
     q.add_argument("--policy", help="a model that speaks V3.2 (an sft output dir, a native checkpoint)")
     q.add_argument("--out", help="output directory (default: the recipe's out_dir)")
     q.add_argument("--steps", type=positive_int)
+    q.add_argument(
+        "--prompts-per-step", type=positive_int, help="tasks drawn per step (grpo.prompts_per_step)"
+    )
+    q.add_argument("--group-size", type=positive_int, help="episodes per task, G (grpo.group_size; >= 2)")
+    q.add_argument(
+        "--eval-tasks",
+        type=non_negative_int,
+        help="held-out tasks per environment (agentic.eval_tasks; 0: none)",
+    )
     q.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     q.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
     q.add_argument("--no-progress", action="store_true")
 
     def run(args: argparse.Namespace) -> int:
-        from dsv32.rl.agentic_config import load_agentic_config
-        from dsv32.rl.agentic_trainer import train_agentic
+        from dsv32.rl.agentic_config import work_plan
+        from dsv32.rl.agentic_trainer import train_agentic, v32_policy
 
-        keys = {"policy": "policy.name", "steps": "grpo.steps", "out": "out_dir"}
-        cfg = load_agentic_config(args.config, flag_overrides(args, keys))
-        result = train_agentic(cfg, resume=not args.no_resume, progress=not args.no_progress)
+        cfg, heldout, write = rl_recipe(args)
+        plan = work_plan(cfg, heldout, resumed_step(cfg, not args.no_resume))
+        print(f"dsv32 posttrain rl: {plan}", flush=True)
+        policy = None
+        if write is not None:  # the generated tasks are written once the policy has loaded
+            policy = v32_policy(cfg)
+            write()
+        result = train_agentic(cfg, policy=policy, resume=not args.no_resume, progress=not args.no_progress)
         print(result.summary())
         return 0
 
     command(q, run)
+
+
+#: ``posttrain rl`` flags → the recipe keys they set (in an agentic GRPO recipe).
+RL_FLAGS = {
+    "policy": "policy.name",
+    "steps": "grpo.steps",
+    "prompts_per_step": "grpo.prompts_per_step",
+    "group_size": "grpo.group_size",
+    "eval_tasks": "agentic.eval_tasks",
+    "out": "out_dir",
+}
+
+
+def rl_recipe(args: argparse.Namespace):
+    """``(config, held-out task count, write)`` for ``posttrain rl``: from an agentic GRPO recipe
+    (``write`` None), or from the ``[tasks]`` and ``[rl]`` of the post-training recipe, whose flags
+    then set ``rl.*`` and whose generated tasks ``write()`` saves into ``out_dir``."""
+    from dsv32.cli.posttrain_recipe import is_posttrain_recipe, read_posttrain_recipe
+    from dsv32.recipe import read_recipe
+    from dsv32.rl.agentic_config import heldout_count, load_agentic_config
+    from dsv32.rl.config import RLConfigError
+
+    if args.config is None or not is_posttrain_recipe(read_recipe(args.config, error=RLConfigError)):
+        cfg = load_agentic_config(args.config, flag_overrides(args, RL_FLAGS))
+        return cfg, heldout_count(cfg), None
+    keys = {flag: key if flag == "out" else f"rl.{key}" for flag, key in RL_FLAGS.items()}
+    recipe = read_posttrain_recipe(args.config, flag_overrides(args, keys))
+    train, heldout = recipe.generate_tasks()
+    evaluated = min(len(heldout), recipe.rl.agentic.eval_tasks)
+    return recipe.rl, evaluated, lambda: recipe.write_tasks(train, heldout)
+
+
+def resumed_step(cfg, resume: bool) -> int:
+    """The step a run resumes after (its newest checkpoint's), 0 when it starts over."""
+    from dsv32.runlog import StepCheckpoints
+
+    done = StepCheckpoints(cfg.rl.out_dir).complete() if resume else []
+    return min(done[-1][0], cfg.rl.grpo.steps) if done else 0
 
 
 def add_proof(psub: argparse._SubParsersAction) -> None:

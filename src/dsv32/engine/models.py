@@ -7,10 +7,12 @@ A model name is one of:
 - ``"tiny-llama"`` / ``"tiny-native"`` — tiny random models (a Llama, a V3.2) with a byte tokenizer, for
   tests and smoke runs;
 - a native V3.2 checkpoint directory (``config.json`` of a DeepSeek-V3/V3.2 model);
-- a Hugging Face model directory (or a hub id already in the offline cache).
+- a Hugging Face model directory (or a hub id already in the local Hugging Face cache).
 
 :func:`load_model` returns a :class:`LoadedModel` (model, tokenizer, ``kind`` ``"hf"`` or
-``"native"``). Unknown names raise :class:`ModelLoadError`.
+``"native"``). Models are read from disk only, never downloaded: any other name raises
+:class:`ModelLoadError` at once, naming the known names and the cached hub ids, without a request to
+the hub (whatever ``HF_HUB_OFFLINE`` says).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_MODELS = ("tiny-llama", "tiny-native")
+KNOWN_MODELS = ("smollm2", *TINY_MODELS)  # the names that load without a directory
 
 
 class ModelLoadError(DSV32Error, ValueError):
@@ -198,21 +201,65 @@ def load_hf(name: str, dtype: torch.dtype = torch.float32):
         return model, None
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    looks_like_path = name.startswith(("/", ".", "~")) or name.count("/") > 1  # a hub id has one '/'
-    if looks_like_path and not Path(name).expanduser().exists():
-        raise ModelLoadError(f"cannot load model {name!r}: there is no such directory")
+    local = Path(name).expanduser().is_dir()
+    if not local and not hub_cached(name):
+        raise ModelLoadError(unknown_model(name))
+    # A directory, or a hub id whose files are in the local cache: read from disk, never the hub.
+    source = str(Path(name).expanduser()) if local else name
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=True)
     except (OSError, ValueError) as err:
         raise ModelLoadError(
             f"cannot load model {name!r}: not 'smollm2', a tiny-* test model, a native V3.2 checkpoint, "
             f"or a Hugging Face model available offline ({' '.join(str(err).split())[:300]})"
         ) from err
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     except (OSError, ValueError):
         tokenizer = None
     return model, tokenizer
+
+
+def hub_cached(name: str) -> bool:
+    """Whether ``name`` is a hub id whose ``config.json`` is in the local Hugging Face cache (where
+    ``HF_HOME``/``HF_HUB_CACHE`` put it). Only the disk is looked at, so it answers at once whether or
+    not ``HF_HUB_OFFLINE`` is set."""
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except (HFValidationError, ValueError):  # not the shape of a hub id ("a/b/c", spaces)
+        return False
+
+
+def cached_hub_models(limit: int = 10) -> list[str]:
+    """The hub ids of the models in the local Hugging Face cache (at most ``limit``)."""
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        repos = scan_cache_dir().repos
+    except (CacheNotFound, OSError):
+        return []
+    return sorted(r.repo_id for r in repos if r.repo_type == "model")[:limit]
+
+
+def unknown_model(name: str) -> str:
+    """What a model name that names nothing loadable is told: the names that are known."""
+    looks_like_path = name.startswith(("/", ".", "~")) or name.count("/") > 1  # a hub id has one '/'
+    what = (
+        "there is no such directory"
+        if looks_like_path
+        else "not a known name, a directory or a cached hub id"
+    )
+    cached = cached_hub_models()
+    return (
+        f"cannot load model {name!r}: {what}. Known names: {', '.join(KNOWN_MODELS)}; or a directory "
+        "(a Hugging Face model or a native V3.2 checkpoint); or a hub id already in the local Hugging "
+        f"Face cache ({'cached: ' + ', '.join(cached) if cached else 'none is cached'}). Models are not "
+        "downloaded: fetch one first (huggingface-cli download ID) and give its id or its directory"
+    )
 
 
 def load_native(path: str | Path, dtype: torch.dtype = torch.float32):

@@ -34,6 +34,7 @@ from dsv32.model.shards import (
     shard_files,
     temporary_path,
 )
+from dsv32.runlog import durable_replace
 
 log = logging.getLogger(__name__)
 
@@ -253,8 +254,9 @@ def checkpoint_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 def save_pretrained(model: nn.Module, path: str | Path, max_shard_size: int = 4 << 30) -> None:
     """Write ``config.json`` and the weights (one file, or shards and an index above
     ``max_shard_size`` bytes) into ``path``. Every file is written under a temporary name and renamed
-    into place once all are written, so a failed save leaves the previous checkpoint whole; then the
-    previous checkpoint's shards the new one does not use are removed (other files stay)."""
+    into place once all are written, each synced to disk before and after its rename, so a failed save
+    or a power loss leaves the previous checkpoint whole; then the previous checkpoint's shards the new
+    one does not use are removed (other files stay)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = checkpoint_state_dict(model)
@@ -290,7 +292,7 @@ def save_pretrained(model: nn.Module, path: str | Path, max_shard_size: int = 4 
         raise
     # Shards first, then the index that names them (or, for one file, the old index goes), then the config.
     for name, tmp in staged.items():
-        tmp.replace(path / name)
+        durable_replace(tmp, path / name)  # synced before and after: a power loss keeps a whole file
         if name == "model.safetensors":
             (path / INDEX_FILE).unlink(missing_ok=True)
     for name in stale:

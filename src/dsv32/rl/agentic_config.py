@@ -94,11 +94,13 @@ class AgenticConfig:
         }
 
 
-def agentic_config_from_dict(data: dict[str, Any]) -> AgenticConfig:
+def agentic_config_from_dict(data: dict[str, Any], where: str = "") -> AgenticConfig:
+    """Nested dicts (TOML) → :class:`AgenticConfig`; ``where``: the table that holds the recipe when
+    another recipe embeds it (``rl`` of the post-training recipe), for the messages."""
     data = dict(data)
     agentic = data.pop("agentic", {})
     envs = data.pop("envs", [dataclasses.asdict(EnvSource())])
-    rl = rl_config_from_dict(data)
+    rl = rl_config_from_dict(data, extra=("agentic", "envs"), where=where)
     section = build_section(AgenticSection, agentic, "agentic", RLConfigError)
     if not isinstance(envs, list) or not envs:
         raise RLConfigError("envs must be a non-empty array of tables ([[envs]])")
@@ -136,3 +138,44 @@ def check_env_options(source: EnvSource, where: str) -> None:
 def load_agentic_config(path: str | Path | None = None, overrides: list[str] | None = None) -> AgenticConfig:
     """A TOML recipe (defaults when ``path`` is None) with ``section.field=value`` overrides."""
     return agentic_config_from_dict(read_recipe(path, overrides, error=RLConfigError))
+
+
+def heldout_count(cfg: AgenticConfig) -> int:
+    """How many held-out tasks a run evaluates on (``agentic.eval_tasks`` per environment that names
+    ``eval_tasks``); reads the task sets, loads no model."""
+    from dsv32.envs.base import resolve_tasks
+
+    n = cfg.agentic.eval_tasks
+    return sum(len(resolve_tasks(e.name, e.eval_tasks)[:n]) for e in cfg.envs if e.eval_tasks and n)
+
+
+def work_plan(cfg: AgenticConfig, heldout: int, first_step: int = 0) -> str:
+    """What a run will do, said before it starts: sampled episodes, held-out greedy episodes and an
+    upper bound on the tokens each generates (every episode at ``agentic.max_steps`` model calls of
+    ``sampling.max_new_tokens``). Counts, not a time: the time depends on the machine and on how long
+    the replies turn out to be."""
+    g, a, s = cfg.rl.grpo, cfg.agentic, cfg.rl.sampling
+    steps = g.steps - first_step
+    per_step = g.prompts_per_step * g.group_size
+    per_episode = a.max_steps * s.max_new_tokens
+    every = cfg.rl.eval.every
+    mid = [k for k in range(every, g.steps, every) if k > first_step] if every else []
+    evals = (0 if first_step else 1) + len(mid) + 1  # before (a fresh run), every `every` steps, after
+    resumed = f" (resuming after step {first_step} of {g.steps})" if first_step else ""
+    lines = [
+        f"plan: {steps} step(s){resumed} × {per_step} sampled episodes ({g.prompts_per_step} prompts "
+        f"× group of {g.group_size}) = {steps * per_step} episodes, {g.mini_batches} update(s) per step; "
+        f"each episode at most {a.max_steps} model calls × {s.max_new_tokens} new tokens, so at most "
+        f"{steps * per_step * per_episode:,} sampled tokens",
+    ]
+    if a.single_turn:
+        lines.append("(the mix also draws single-turn [[sources]]: some episodes are single-turn samples)")
+    if heldout:
+        lines.append(
+            f"held-out evaluation: {heldout} tasks × {evals} evaluations = {heldout * evals} greedy "
+            f"episodes, at most {heldout * evals * per_episode:,} tokens"
+        )
+    else:
+        lines.append("held-out evaluation: none (agentic.eval_tasks = 0 or no eval_tasks)")
+    lines.append("(upper bounds; the time is not estimated: it depends on the machine and on reply lengths)")
+    return "\n".join(lines)

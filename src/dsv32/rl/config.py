@@ -20,6 +20,7 @@ from dsv32.recipe import (
     at_least,
     build_section,
     check_fields,
+    check_sections,
     each,
     one_of,
     read_recipe,
@@ -256,6 +257,7 @@ _SECTIONS = {
     "engine": EngineConfig,
     "ray": RayConfig,
 }
+TOP_KEYS = ("out_dir", "seed", "save_every", "log_every", "sources", "rewards")  # beside the sections
 
 
 @dataclass
@@ -278,14 +280,12 @@ def _build(cls, data: Any, where: str):
     return build_section(cls, data, where, error=RLConfigError)
 
 
-def rl_config_from_dict(data: dict[str, Any]) -> RLConfig:
+def rl_config_from_dict(data: dict[str, Any], extra: tuple[str, ...] = (), where: str = "") -> RLConfig:
     """Nested dicts (TOML) → :class:`RLConfig`; missing sections and fields keep their defaults; every
-    field is checked (:mod:`dsv32.recipe`)."""
+    field is checked (:mod:`dsv32.recipe`). ``extra``: sections a recipe that embeds this one also
+    accepts (named, with ``where``, in the message about an unknown section)."""
     base = RLConfig().to_dict()
-    top = {"out_dir", "seed", "save_every", "log_every", "sources", "rewards"}
-    unknown = sorted(set(data) - set(_SECTIONS) - top)
-    if unknown:
-        raise RLConfigError(f"unknown sections {unknown}; known: {sorted(_SECTIONS)} and {sorted(top)}")
+    check_sections(data, [*_SECTIONS, *TOP_KEYS, *extra], RLConfigError, where)
     kwargs: dict[str, Any] = {}
     for name, cls in _SECTIONS.items():
         given = data.get(name, {})

@@ -171,7 +171,10 @@ def report_markdown(dist: dict, k: int, title: str) -> str:
     lines += [
         f"- never solved (pass@{k} = 0): {dist['never_solved']}, always solved: {dist['always_solved']}"
     ]
-    lines += [f"- mean pass@1: {dist['mean_pass@1']}, mean pass@{k}: {dist[f'mean_pass@{k}']}"]
+    means = [f"mean pass@1: {dist['mean_pass@1']}"]
+    if k > 1:
+        means.append(f"mean pass@{k}: {dist[f'mean_pass@{k}']}")
+    lines += ["- " + ", ".join(means)]
     if dist["broken"]:
         lines += [f"- broken tasks (the environment could not score them, dropped): {dist['broken']}"]
     if dist["lower_bounds"]:

@@ -29,6 +29,7 @@ from dsv32.recipe import (
     Rule,
     at_least,
     build_section,
+    check_sections,
     each,
     in_range,
     one_of,
@@ -236,9 +237,7 @@ def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
     base = RunConfig().to_dict()
     sections = {"model": ModelSpec, "dsa": DSAConfig, "data": DataConfig, "warmup": StageConfig}
     sections |= {"sparse": StageConfig, "eval": EvalConfig}
-    unknown = sorted(set(data) - set(sections) - {"out_dir"})
-    if unknown:
-        raise TrainConfigError(f"unknown sections {unknown}; known: {sorted(sections)} and out_dir")
+    check_sections(data, [*sections, "out_dir"], TrainConfigError)
     kwargs: dict[str, Any] = {}
     for name, cls in sections.items():
         given = data.get(name, {})

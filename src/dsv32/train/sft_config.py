@@ -20,6 +20,7 @@ from dsv32.recipe import (
     at_least,
     build_section,
     check_fields,
+    check_sections,
     in_range,
     one_of,
     read_recipe,
@@ -103,7 +104,7 @@ class SFTTrainConfig(Checked, error=SFTConfigError):
     save_every: int = 0
     log_every: int = 1
     eval_every: int = 0
-    keep_checkpoints: int = 1
+    keep_checkpoints: int = 2
     freeze_layers: int = 0  # the lowest N transformer layers keep their weights (a CPU budget)
     #: > 0: the embedding matrix (and an untied head) is its own optimizer group at this lr, and only the
     #: rows of the V3.2 tokens this run added move (the other rows keep their values); 0, or no tokens
@@ -135,11 +136,10 @@ class _TopLevel(Checked, error=SFTConfigError):
 _SECTIONS = {"model": SFTModelConfig, "data": SFTDataConfig, "train": SFTTrainConfig}
 
 
-def sft_config_from_dict(data: dict[str, Any]) -> SFTConfig:
-    """Nested dicts (TOML) → :class:`SFTConfig`, every field checked (:mod:`dsv32.recipe`)."""
-    unknown = sorted(set(data) - set(_SECTIONS) - {"out_dir"})
-    if unknown:
-        raise SFTConfigError(f"unknown sections {unknown}; known: {sorted(_SECTIONS)} and out_dir")
+def sft_config_from_dict(data: dict[str, Any], where: str = "") -> SFTConfig:
+    """Nested dicts (TOML) → :class:`SFTConfig`, every field checked (:mod:`dsv32.recipe`); ``where``:
+    the table that holds it when another recipe embeds it (``sft`` of the post-training recipe)."""
+    check_sections(data, [*_SECTIONS, "out_dir"], SFTConfigError, where)
     base = SFTConfig().to_dict()
     kwargs = {}
     for name, cls in _SECTIONS.items():
