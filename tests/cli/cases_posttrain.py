@@ -36,12 +36,12 @@ CASES += [
     (["posttrain", "rl", "--policy", "tiny-llama", "--steps", "1", "--out", "{out}"], "does not speak V3.2"),
     (["posttrain", "rl", "--policy", "no-such-model", "--out", "{out}"], "cannot load model 'no-such-model'"),
     (["posttrain", "rl", "--set", "colour=blue", "--out", "{out}"],
-     "unknown sections ['colour']; accepted: agentic, envs, eval, grpo, log_every, out_dir, policy, rewards, "
+     "unknown sections ['colour']; accepted: agentic, engine, envs, eval, grpo, log_every, out_dir, policy, ray, rewards, "
      "sampling, save_every, seed, sources"),
     (["posttrain", "rl", "{shipped}", "--set", "colour=blue", "--out", "{out}"],
      "unknown sections ['colour']; accepted: out_dir, rl, sft, tasks"),
     (["posttrain", "rl", "{shipped}", "--set", "rl.colour=blue", "--out", "{out}"],
-     "unknown sections ['colour'] in [rl]; accepted: agentic, envs, eval, grpo, log_every"),
+     "unknown sections ['colour'] in [rl]; accepted: agentic, engine, envs, eval, grpo, log_every"),
     (["posttrain", "rl", "{shipped}", "--group-size", "1", "--out", "{out}"], "[grpo] group_size = 1"),
     (["posttrain", "rl", "{shipped}", "--policy", "tiny-llama", "--out", "{out}"], "does not speak V3.2"),
     (["posttrain", "rl", "--eval-tasks", "-1", "--out", "{out}"], "argument --eval-tasks: '-1' is not"),

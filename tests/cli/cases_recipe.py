@@ -78,8 +78,8 @@ CASES = [
     (["sft", "--data", "{tmp}/conv.jsonl", "--out", "{tmp}/a-file/out"], "a-file is not a directory"),
     (["dsa", "warmup", "--out", "{tmp}/a-file/out"], "cannot be the output directory:"),
     # an unknown section is named with every section the command accepts
-    (["rl", "train", "--set", "colour=1", "--out", "{out}"], "unknown sections ['colour']; accepted: eval, "
-     "grpo, log_every, out_dir, policy, rewards, sampling, save_every, seed, sources"),
+    (["rl", "train", "--set", "colour=1", "--out", "{out}"], "unknown sections ['colour']; accepted: engine, "
+     "eval, grpo, log_every, out_dir, policy, ray, rewards, sampling, save_every, seed, sources"),
     (["sft", "--data", "{tmp}/conv.jsonl", "--set", "colour=1", "--out", "{out}"],
      "unknown sections ['colour']; accepted: data, model, out_dir, train"),
     (["dsa", "sparse", "--set", "colour=1", "--out", "{out}"],

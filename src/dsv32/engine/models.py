@@ -235,11 +235,11 @@ def hub_cached(name: str) -> bool:
 
 def cached_hub_models(limit: int = 10) -> list[str]:
     """The hub ids of the models in the local Hugging Face cache (at most ``limit``)."""
-    from huggingface_hub import scan_cache_dir
+    from huggingface_hub import constants, scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
 
-    try:
-        repos = scan_cache_dir().repos
+    try:  # the cache named now (scan_cache_dir's default is the one set when it was first imported)
+        repos = scan_cache_dir(constants.HF_HUB_CACHE).repos
     except (CacheNotFound, OSError):
         return []
     return sorted(r.repo_id for r in repos if r.repo_type == "model")[:limit]
