@@ -136,24 +136,26 @@ class V32Stream:
             raise AssertionError(f"non-monotone parse of a growing completion: {text!r}")
         delta = MessageDelta(reasoning[len(self.reasoning) :], content[len(self.content) :])
         self.reasoning, self.content = reasoning, content
-        for call in parsed["tool_calls"][len(self.calls) :]:
-            index, name, arguments = len(self.calls), call["function"]["name"], call["function"]["arguments"]
-            call_id = new_call_id()
-            self.calls.append(
-                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-            )
-            delta.tool_calls.append(
-                {
-                    "index": index,
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": name, "arguments": ""},
-                }
-            )
-            delta.tool_calls += [
-                {"index": index, "function": {"arguments": f}} for f in argument_fragments(arguments)
-            ]
+        report_calls(parsed["tool_calls"], self.calls, delta)
         return delta
+
+
+def report_calls(calls: list[dict], sent: list[dict], delta: MessageDelta) -> None:
+    """Append to ``delta`` the calls of ``calls`` beyond the ``len(sent)`` already streamed (each with a
+    new id, its name, then its arguments in fragments), and record them in ``sent``. Arguments that
+    are not a JSON object go out whole."""
+    for call in calls[len(sent) :]:
+        index, name, arguments = len(sent), call["function"]["name"], call["function"]["arguments"]
+        call_id = new_call_id()
+        sent.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+        delta.tool_calls.append(
+            {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+        )
+        try:
+            fragments = argument_fragments(arguments)
+        except (ValueError, AttributeError):
+            fragments = [arguments]
+        delta.tool_calls += [{"index": index, "function": {"arguments": f}} for f in fragments]
 
 
 def _has_marker(text: str, start: int, end: int, markers: tuple[str, ...] = MARKERS) -> bool:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from dsv32.agent.backends.formats import THINK_CLOSE, THINK_OPEN, TemplateFormat
-from dsv32.serve.stream import MessageDelta, argument_fragments, new_call_id, unstable_suffix
+from dsv32.serve.stream import MessageDelta, report_calls, unstable_suffix
 
 
 def _grown(sent: str, now: str) -> str:
@@ -60,7 +60,7 @@ class TemplateStream:
         )
         self.reasoning += delta.reasoning
         self.content += delta.content
-        self._report(message.get("tool_calls", []), delta)
+        report_calls(message.get("tool_calls", []), self.calls, delta)
         return delta
 
     def message(self) -> dict[str, Any]:
@@ -101,27 +101,4 @@ class TemplateStream:
             self.scanned = len(stable)
             if closed:
                 _, calls, _ = self.parser.parse(stable[self.at :])
-                self._report(calls, delta)
-
-    def _report(self, calls: list[dict], delta: MessageDelta) -> None:
-        """Send the calls of ``calls`` beyond those already reported."""
-        for call in calls[len(self.calls) :]:
-            index, name = len(self.calls), call["function"]["name"]
-            arguments = call["function"]["arguments"]
-            call_id = new_call_id()
-            self.calls.append(
-                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-            )
-            delta.tool_calls.append(
-                {
-                    "index": index,
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": name, "arguments": ""},
-                }
-            )
-            try:
-                fragments = argument_fragments(arguments)
-            except (ValueError, AttributeError):  # arguments that are not a JSON object go out whole
-                fragments = [arguments]
-            delta.tool_calls += [{"index": index, "function": {"arguments": f}} for f in fragments]
+                report_calls(calls, self.calls, delta)
