@@ -85,6 +85,7 @@ def test_filter_keeps_the_tasks_the_policy_sometimes_solves(setup):
     summary, store = _run(setup, FilterConfig(k=4, n=8), "keep")
     stats = {r["stats"]["task"]: r["stats"] for r in store.results}
     for task, c in {"t-never": 0, "t-once": 1, "t-half": 4, "t-always": 8}.items():
+        assert "broken" not in stats[task], stats[task]  # the environment failed: its reason
         assert stats[task]["c"] == c and stats[task]["n"] == 8
         assert stats[task]["pass@4"] == pytest.approx(1 - comb(8 - c, 4) / comb(8, 4))
     kept = [json.loads(line) for line in (store.out / "tasks.jsonl").read_text().splitlines()]
