@@ -47,12 +47,21 @@ for pid in os.listdir("/proc"):
                 pass
 print("FOUND" if any({answer!r} in t for t in texts) else "nothing", len(texts))
 """
+
+
 WRITE_PROBE = """\
+import os
 opened = []
 for path in {paths!r}:
+    # an existing file opened for writing (nothing written); a missing one created where it is named:
+    # what lands only in the sandbox's own view of that folder is checked against the host afterwards
+    flags = os.O_WRONLY if os.path.exists(path) else os.O_WRONLY | os.O_CREAT | os.O_EXCL
     try:
-        open(path, "a").close()  # opened for writing, nothing written
-        opened.append(path)
+        os.close(os.open(path, flags))
+        if flags == os.O_WRONLY:
+            opened.append(path)
+        else:
+            print("created in its view", path)
     except OSError as err:
         print("refused", type(err).__name__)
 print("WRITABLE", opened)
@@ -118,11 +127,13 @@ def test_a_cell_cannot_patch_what_the_verifier_imports(env, task):
         out += env.call(
             "python", {"code": "open('math_verify.py', 'w').write('verify = lambda *a, **k: True')"}
         )
+        landed = [path for path in files if path not in before and os.path.exists(path)]
     finally:
         for path in files:  # a probe that got through leaves no file behind
             if path not in before and os.path.exists(path):
                 os.unlink(path)
-    assert "WRITABLE []" in out, out
+    assert "WRITABLE []" in out, out  # no file the verifier imports can be opened for writing
+    assert landed == [], out  # and a file created where one is looked for never reaches the host
     assert before == {f: hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in before}
     assert env.reward(Episode([], f"\\boxed{{{int(task.answer) + 1}}}")).value == 0.0
 
