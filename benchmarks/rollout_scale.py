@@ -29,7 +29,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import torch
@@ -38,25 +37,20 @@ OUT = Path("runs/bench")
 
 
 def start_server(model: str) -> tuple[subprocess.Popen, str]:
-    from dsv32.serve import free_port
+    from dsv32.serve import free_port, wait_until_up
+    from dsv32.serve.server import ServerError
 
     port = free_port()
     cmd = [sys.executable, "-c", "import sys; from dsv32.cli import main; sys.exit(main())", "serve", model,
            "--port", str(port), "--device", "cpu", "--threads", str(torch.get_num_threads())]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"dsv32 serve {model} exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5):
-                return proc, url
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"dsv32 serve {model} did not start") from None
-            time.sleep(0.5)
+    try:
+        wait_until_up(url, proc, timeout=300)
+    except ServerError:
+        proc.kill()
+        raise
+    return proc, url
 
 
 def remote_engine(tmp: Path) -> dict:

@@ -6,12 +6,11 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 
 import torch
 
-from dsv32.serve import free_port
+from dsv32.serve import free_port, wait_until_up
+from dsv32.serve.server import ServerError
 
 
 @contextlib.contextmanager
@@ -23,23 +22,25 @@ def serve_subprocess(model: str, *extra: str, timeout: float = 120.0):
     cmd = [sys.executable, "-c", "import sys; from dsv32.cli import main; sys.exit(main())", "serve", model,
            "--port", str(port), "--device", "cpu", "--threads", str(torch.get_num_threads()), *extra]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
+    with running(proc, f"http://127.0.0.1:{port}", timeout, stop_timeout=30) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def running(proc: subprocess.Popen, url: str, timeout: float, stop_timeout: float, log=None):
+    """``url`` once the server ``proc`` runs answers; terminated (killed if it lingers) when the block
+    ends. ``log``: where its output goes (read into the failure when it exits early), else its stdout."""
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                assert time.monotonic() < deadline, "dsv32 serve did not start"
-                time.sleep(0.2)
+        try:
+            wait_until_up(url, proc, timeout)
+        except ServerError as err:
+            output = "" if proc.poll() is None else (log.read_text()[-3000:] if log else proc.stdout.read())
+            raise AssertionError(f"{err}\n{output}") from None
         yield url
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=stop_timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait(timeout=30)
+            proc.wait(timeout=stop_timeout)

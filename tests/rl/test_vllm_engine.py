@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import urllib.request
 
 import pytest
 import torch
+from remote_helpers import running
 
 from dsv32.rl.engines import EngineError, FileWeightSync, RemoteEngine, StaleSampleError, check_staleness
 from dsv32.rl.policy import load_policy
@@ -54,25 +54,12 @@ def vllm(policy, tmp_path_factory):
            "--logprobs-mode", "processed_logprobs"]  # fmt: skip
     log = open(model_dir / "vllm.log", "w")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert proc.poll() is None, (model_dir / "vllm.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=5):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "vllm did not start within 600 s"
-                time.sleep(1)
-        yield url
+        with running(
+            proc, f"http://127.0.0.1:{port}", 600, stop_timeout=60, log=model_dir / "vllm.log"
+        ) as url:
+            yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=60)
         log.close()
 
 

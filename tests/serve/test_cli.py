@@ -65,3 +65,24 @@ def test_the_start_up_line_says_how_chat_requests_become_prompts(v32_served):
 
     assert v32_served.prompt_format == "V3.2 format"
     assert load_served("tiny-native", device="cpu").prompt_format == "no chat template: text completions only"
+
+
+def test_waiting_for_a_server_that_exits_or_never_answers_is_a_server_error():
+    import subprocess
+    import sys
+
+    from dsv32.serve import free_port, wait_until_up
+    from dsv32.serve.server import ServerError
+
+    url = f"http://127.0.0.1:{free_port()}"
+    gone = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    gone.wait()
+    with pytest.raises(ServerError, match="exited with status 3"):
+        wait_until_up(url, gone, timeout=5)
+    silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with pytest.raises(ServerError, match=r"did not answer within 0\.5 s"):
+            wait_until_up(url, silent, timeout=0.5, poll=0.1)
+    finally:
+        silent.kill()
+        silent.wait()

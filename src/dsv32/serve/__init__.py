@@ -17,7 +17,7 @@ calls and continuous batching.
 from dsv32.serve.app import create_app
 from dsv32.serve.errors import ServeError
 from dsv32.serve.runtime import ServedModel, load_served
-from dsv32.serve.server import ServerThread, check_listen, free_port, serve_forever
+from dsv32.serve.server import ServerThread, check_listen, free_port, serve_forever, wait_until_up
 from dsv32.serve.stream import PlainStream, V32Stream
 from dsv32.serve.template_stream import TemplateStream
 
@@ -33,4 +33,5 @@ __all__ = [
     "free_port",
     "load_served",
     "serve_forever",
+    "wait_until_up",
 ]

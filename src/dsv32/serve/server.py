@@ -11,8 +11,10 @@ connections, and stops it (and its scheduler) on exit::
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
+import urllib.request
 
 import uvicorn
 from fastapi import FastAPI
@@ -29,6 +31,22 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def wait_until_up(url: str, proc: subprocess.Popen, timeout: float, poll: float = 0.2) -> None:
+    """Wait until the server that ``proc`` runs answers ``GET {url}/health``; :class:`ServerError` if
+    ``proc`` exits first or nothing answers within ``timeout`` seconds (``proc`` is left running)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise ServerError(f"the server at {url} exited with status {proc.returncode} before it answered")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise ServerError(f"the server at {url} did not answer within {timeout:g} s") from None
+            time.sleep(poll)
 
 
 def check_listen(host: str, port: int) -> None:
