@@ -1,4 +1,4 @@
-"""The environment tests import their shared disk-quota helpers (``disk_helpers``) by name."""
+"""The environment tests import their shared helpers (``disk_helpers``, ``swe_helpers``) by name."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from swe_helpers import cached_package
 
 from dsv32.envs import Episode, Task
 from dsv32.envs.swe import SweEnv, mined_tasks, run_pytest
@@ -70,11 +71,7 @@ BUG = [
 @pytest.fixture
 def task(tmp_path, monkeypatch):
     """A task on 'hackpkg==0.1', already in a private cache (nothing is downloaded)."""
-    monkeypatch.setenv("DSV32_CACHE_DIR", str(tmp_path / "cache"))
-    root = tmp_path / "cache" / "swe" / "src" / "hackpkg-0.1"
-    for rel, text in PACKAGE.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
+    cached_package(tmp_path, monkeypatch, "hackpkg-0.1", PACKAGE)
     info = {
         "package": "hackpkg==0.1",
         "bug": BUG,

@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from swe_helpers import cached_package
 
 from dsv32.envs import EnvError, Episode, Task
 from dsv32.envs.swe import SweEnv, snapshot, testrun
@@ -50,12 +51,7 @@ MINIPKG = {
 @pytest.fixture
 def minipkg(tmp_path, monkeypatch):
     """A package 'minipkg==0.1' already in a private cache (so nothing is downloaded)."""
-    monkeypatch.setenv("DSV32_CACHE_DIR", str(tmp_path / "cache"))
-    root = tmp_path / "cache" / "swe" / "src" / "minipkg-0.1"
-    for rel, text in MINIPKG.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    return root
+    return cached_package(tmp_path, monkeypatch, "minipkg-0.1", MINIPKG)
 
 
 def test_the_miner_keeps_mutants_that_break_some_tests(minipkg):
