@@ -73,3 +73,13 @@ def test_tokenizer_special_tokens(smollm2_tokenizer):
     assert {"<|im_start|>", "<|im_end|>"} <= set(tokens)
     add_v32_special_tokens(smollm2_tokenizer)
     assert set(SPECIAL_TOKENS) <= set(tokenizer_special_tokens(smollm2_tokenizer))
+
+
+def test_unencodable_finds_the_first_lone_surrogate_and_the_steps_to_it():
+    from dsv32.chat.validate import unencodable
+
+    assert unencodable({"a": ["ok", {"b": "fine"}], "c": 1}) is None
+    assert unencodable("x\ud800") == ((), False, 1, "\ud800")
+    assert unencodable({"a": ["ok", {"b": "no\udc00"}]}) == (("a", 1, "b"), False, 2, "\udc00")
+    assert unencodable({"a": {"\ud83d": "v"}}) == (("a",), True, 0, "\ud83d")  # a key: its object's steps
+    assert unencodable([("ok", "\ud800")]) == ((0, 1), False, 0, "\ud800")

@@ -233,3 +233,27 @@ def check_conversation(messages: Sequence[Any], thinking_mode: str) -> None:
     state = START
     for index in range(len(messages)):
         state = check_message(index, messages, last_user, thinking_mode, state)
+
+
+def unencodable(value: Any, steps: tuple = ()) -> tuple[tuple, bool, int, str] | None:
+    """The first string in ``value`` (a JSON value: strings, list items, object keys and values) that
+    UTF-8 cannot encode — a lone surrogate, which JSON's ``\\u`` escapes can carry — as ``(steps,
+    is_key, position, character)``: ``steps`` the object keys and list indices that lead to it (to the
+    object holding it, for a key), else None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            return steps, False, err.start, value[err.start]
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and (found := unencodable(key, steps)) is not None:
+                return steps, True, found[2], found[3]
+            if (found := unencodable(item, (*steps, key))) is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            if (found := unencodable(item, (*steps, index))) is not None:
+                return found
+    return None

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from dsv32.chat.validate import unencodable
 from dsv32.errors import DSV32Error
 from dsv32.jsonl import read_jsonl
 
@@ -182,28 +183,18 @@ def tool_call(name: str, arguments: dict, call_id: str) -> dict:
 def lone_surrogate(arguments: Any, name: str = "the arguments") -> str | None:
     """The ``error:`` text for tool-call ``arguments`` with a string UTF-8 cannot encode (a lone
     surrogate such as ``"\\ud83d"``, which JSON's ``\\u`` escapes can carry), else None. Looks into
-    every string, list item, object key and value."""
-    if isinstance(arguments, str):
-        try:
-            arguments.encode("utf-8")
-        except UnicodeEncodeError as err:
-            char = arguments[err.start]
-            return (
-                f"error: {name} holds the lone surrogate {char!r} (at character {err.start}), which "
-                "UTF-8 cannot encode; write the character itself or a complete surrogate pair"
-            )
+    every string, list item, object key and value; names the argument it is under."""
+    found = unencodable(arguments)
+    if found is None:
         return None
-    if isinstance(arguments, dict):
-        for key, value in arguments.items():
-            where = f"argument {key!r}" if name == "the arguments" else name
-            problem = lone_surrogate(key, f"an argument name in {name}") or lone_surrogate(value, where)
-            if problem:
-                return problem
-    elif isinstance(arguments, list):
-        for value in arguments:
-            if problem := lone_surrogate(value, name):
-                return problem
-    return None
+    steps, is_key, position, char = found
+    keys = [step for step in steps if isinstance(step, str)]
+    owner = f"argument {keys[0]!r}" if keys and name == "the arguments" else name
+    return (
+        f"error: {f'an argument name in {owner}' if is_key else owner} holds the lone surrogate {char!r} "
+        f"(at character {position}), which UTF-8 cannot encode; write the character itself or a complete "
+        "surrogate pair"
+    )
 
 
 class Environment(ABC):

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from dsv32.chat.validate import unencodable
 from dsv32.serve.errors import invalid
 
 
@@ -237,39 +238,25 @@ class TokenizeRequest(_Strict):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-def lone_surrogate(value: Any, where: str = "") -> tuple[str, int, str] | None:
-    """``(path, position, character)`` of the first string in ``value`` (a JSON value: strings, list
-    items, object keys and values) that UTF-8 cannot encode, else None. ``path`` reads
-    ``messages[0].content``."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as err:
-            return where, err.start, value[err.start]
-        return None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            path = f"{where}.{key}" if where else str(key)
-            found = lone_surrogate(key, f"a key in {where or 'the body'}") or lone_surrogate(item, path)
-            if found:
-                return found
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            if found := lone_surrogate(item, f"{where}[{index}]"):
-                return found
-    return None
+def _path(steps: tuple) -> str:
+    """``messages[0].content`` for the steps ``("messages", 0, "content")``."""
+    path = ""
+    for step in steps:
+        path += f"[{step}]" if isinstance(step, int) else (f".{step}" if path else str(step))
+    return path
 
 
 def check_text(body: BaseModel) -> None:
     """Refuse (400, OpenAI's error JSON) a request holding a string that cannot be tokenized: one with a
     lone surrogate, which UTF-8 cannot encode."""
-    found = lone_surrogate(body.model_dump(exclude_unset=True))
+    found = unencodable(body.model_dump(exclude_unset=True))
     if found is None:
         return
-    path, position, char = found
-    param = path.removeprefix("a key in ").split(".")[0].split("[")[0]
+    steps, is_key, position, char = found
+    path = f"a key in {_path(steps) or 'the body'}" if is_key else _path(steps)
+    param = steps[0] if steps else None
     raise invalid(
         f"{path} holds the lone surrogate {char!r} (at character {position}), which UTF-8 cannot encode: "
         "send the character itself or a complete surrogate pair",
-        param or None,
+        param,
     )
