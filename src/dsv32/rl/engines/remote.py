@@ -39,17 +39,8 @@ from typing import Any
 
 import torch
 
-from dsv32.rl.engines.base import EngineError, EngineOutput
+from dsv32.rl.engines.base import SEED_MOD, EngineError, EngineOutput, turn_seed
 from dsv32.rl.engines.weight_sync import FileWeightSync
-
-SEED_MOD = 2**63 - 1
-
-
-def turn_seed(generator: torch.Generator | None, turn: int) -> int | None:
-    """The seed of a remote request: the generator's initial seed at turn 0, a function of it after."""
-    if generator is None:
-        return None
-    return (generator.initial_seed() + 1_000_003 * turn) % SEED_MOD
 
 
 class RemoteEngine:
