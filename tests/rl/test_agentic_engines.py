@@ -111,6 +111,7 @@ def test_agentic_grpo_with_dsv32_serve_as_engine_equals_the_in_process_run(tool_
 
 def test_agentic_grpo_logs_staleness_when_the_recipe_allows_it(tool_user, server, tmp_path):
     over = {"engine.kind": "remote", "engine.url": server, "engine.max_off_policy_steps": 1}
+    over["engine.sync"] = "collective"  # weights over a gloo group with the server
     got, _ = _train(copy.deepcopy(tool_user), _agentic_cfg(tmp_path, **over))
     assert [set(r["staleness"]) for r in got] == [{0}, {1}]  # step 2 sampled with version 0
     assert RemoteEngine(server).weight_version() == 0
