@@ -101,7 +101,8 @@ def run_episodes(
             backend = RecordingBackend(
                 batcher, index, policy.tokenizer, tool_prompt=tool_prompt(settings.prompt)
             )
-            with (make_env() if runner is None else runner.environment(make_env)) as env:
+            env = make_env() if runner is None else runner.environment(make_env)
+            with env:
                 trajectory, verdict = run_episode(
                     backend,
                     env,

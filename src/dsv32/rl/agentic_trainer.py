@@ -147,8 +147,17 @@ def evaluate_agentic(
 
 
 def agentic_step(
-    policy, ref, optimizer, mix: MixedTasks, reward_fn, cfg: AgenticConfig, g, step: int, guard=None,
-    engine: RolloutEngine | None = None, runner=None,
+    policy,
+    ref,
+    optimizer,
+    mix: MixedTasks,
+    reward_fn,
+    cfg: AgenticConfig,
+    g,
+    step: int,
+    guard=None,
+    engine: RolloutEngine | None = None,
+    runner=None,
 ) -> dict:
     """One joint rollout batch and its updates; returns the step's metrics. ``engine`` samples with
     weights version ``step`` under the rules of ``dsv32 rl train`` (synced first when it lags by more
