@@ -161,3 +161,23 @@ def test_environments_on_ray_actors_give_the_rewards_of_the_thread_path(tool_use
     # the tool results came back from the actors
     tool = [m["content"] for e in on_ray for m in e.trajectory.messages if m["role"] == "tool"]
     assert tool and all(c.startswith("RESULT-t") for c in tool)
+
+
+def test_a_recipe_with_ray_runs_agentic_grpo_on_actors_and_shuts_them_down(tool_user, tmp_path, monkeypatch):
+    ray = pytest.importorskip("ray")
+    from dsv32.rl.fanout import RayRunner, ray_processes
+
+    hosted = []  # the episodes whose environment an actor held
+    place = RayRunner.environment
+    monkeypatch.setattr(
+        RayRunner, "environment", lambda self, make: hosted.append(place(self, make)) or hosted[-1]
+    )
+
+    ray.cloudpickle.register_pickle_by_value(test_agentic)  # its environment travels by value
+    start = copy.deepcopy(tool_user)
+    ref, ref_state = _train(copy.deepcopy(start), _agentic_cfg(tmp_path / "threads", **{"grpo.steps": 1}))
+    on_ray = {"grpo.steps": 1, "ray.address": "local", "ray.num_cpus": 2, "ray.actors": 2}
+    got, state = _train(copy.deepcopy(start), _agentic_cfg(tmp_path / "ray", **on_ray))
+    _same_training(ref, got, ref_state, state)
+    assert len(hosted) >= 2 and len({env.actor for env in hosted}) == 2  # spread over both actors
+    assert not ray.is_initialized() and not ray_processes()  # the run's cluster is gone
