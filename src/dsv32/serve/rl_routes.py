@@ -175,6 +175,7 @@ class RLControl:
 
     # ------------------------------------------------------------------ weights
     def update(self, path: str, version: int) -> dict[str, Any]:
+        self._not_receiving()
         with self.lock:
             was_paused = self.mode is not None
             if not was_paused:
@@ -199,7 +200,7 @@ class RLControl:
     def info(self) -> dict[str, Any]:
         transfer = {
             "backend": self.backend if self.group is not None else None,
-            "receiving": self.receiving is not None and self.receiving.is_alive(),
+            "receiving": self._receiving(),
             "error": self.transfer_error,
         }
         return {
@@ -210,9 +211,15 @@ class RLControl:
         }
 
     # ------------------------------------------------------------------ weights over a process group
-    def init_transfer(self, body: InitTransferRequest) -> dict[str, Any]:
-        if self.receiving is not None and self.receiving.is_alive():
+    def _receiving(self) -> bool:
+        return self.receiving is not None and self.receiving.is_alive()
+
+    def _not_receiving(self) -> None:
+        if self._receiving():
             raise ServeError("a weight transfer is in progress", status=409, type="invalid_request_error")
+
+    def init_transfer(self, body: InitTransferRequest) -> dict[str, Any]:
+        self._not_receiving()
         device = next(self.served.model.parameters()).device
         backend = body.backend or weight_transfer.backend_for(device)
         self.group = None
@@ -228,8 +235,7 @@ class RLControl:
     def update_collective(self, body: UpdateWeightsRequest) -> dict[str, Any]:
         if self.group is None:
             raise invalid("no weight transfer group: POST /init_weight_transfer_engine first", "names")
-        if self.receiving is not None and self.receiving.is_alive():
-            raise ServeError("a weight transfer is in progress", status=409, type="invalid_request_error")
+        self._not_receiving()
         try:
             specs = weight_transfer.check_specs(
                 self.served.model, body.names or [], body.dtypes or [], body.shapes or []
