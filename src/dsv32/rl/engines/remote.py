@@ -151,8 +151,8 @@ class RemoteEngine:
         return {"model": self.model, "token_ids": token_ids, "sampling_params": params, "stream": False}
 
     def weight_version(self) -> int | None:
-        v = self._request("GET", "/weight_info").get("weight_version")
-        return None if v is None else int(v)
+        """The version the engine reports (None: none yet, or one that is not a step number)."""
+        return _version(self._request("GET", "/weight_info").get("weight_version"))
 
     def sync(self, model: torch.nn.Module, version: int) -> float:
         """Write ``model``'s weights as ``version``, have the engine load them, and check the version it
@@ -160,6 +160,8 @@ class RemoteEngine:
         if self.weights is None:
             raise EngineError("this remote engine has no weight sync: give it a FileWeightSync")
         t = time.perf_counter()
+        if self.api == "vllm" and isinstance(self.weights, FileWeightSync):
+            return self._sync_vllm(model, version, t)
         if isinstance(self.weights, CollectiveWeightSync):
             if self.api != "dsv32":
                 raise EngineError(
@@ -176,6 +178,26 @@ class RemoteEngine:
             raise EngineError(
                 f"weight sync to {self.url}: pushed version {version}, the engine answered {reply}"
             )
+        self.weights.prune()
+        return self._confirm(version, t)
+
+    def _sync_vllm(self, model: torch.nn.Module, version: int, t: float) -> float:
+        """vLLM (its dev mode, ``VLLM_SERVER_DEV_MODE=1``): the weights written as a checkpoint
+        directory of one safetensors file, then — generation paused, running requests let finish —
+        every worker reloads them in place from it (``/collective_rpc`` ``reload_weights`` with
+        ``weights_path``), the version is set (``/update_weight_version``) and generation resumes;
+        ``/weight_info`` must then report the version."""
+        folder, _ = self.weights.write_checkpoint(model, version)
+        self.pause("wait")
+        try:
+            self._request(
+                "POST",
+                "/collective_rpc",
+                {"method": "reload_weights", "kwargs": {"weights_path": str(folder.resolve())}},
+            )
+            self._request("POST", "/update_weight_version", {"new_version": str(version)})
+        finally:
+            self.resume()
         self.weights.prune()
         return self._confirm(version, t)
 

@@ -16,6 +16,7 @@ is accepted as the same backend where the trainer's weights are on CUDA.
 
 from __future__ import annotations
 
+import shutil
 import socket
 import threading
 import time
@@ -42,10 +43,23 @@ class FileWeightSync:
         path = save_weights(model, weights_file(self.directory, version), version)
         return path, time.perf_counter() - t
 
+    def write_checkpoint(self, model: torch.nn.Module, version: int) -> tuple[Path, float]:
+        """The same file alone in a directory of its own, ``v<version>/model.safetensors``: what an
+        engine that loads a checkpoint directory (vLLM's ``reload_weights``) reads."""
+        t = time.perf_counter()
+        folder = self.directory / f"v{version:06d}"
+        if folder.exists():
+            shutil.rmtree(folder)
+        save_weights(model, folder / "model.safetensors", version)
+        return folder, time.perf_counter() - t
+
     def prune(self) -> None:
         files = sorted(self.directory.glob("weights-v*.safetensors"))
         for old in files[: max(0, len(files) - self.keep)]:
             old.unlink(missing_ok=True)
+        folders = sorted(p for p in self.directory.glob("v[0-9]*") if p.is_dir())
+        for old in folders[: max(0, len(folders) - self.keep)]:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 class CollectiveWeightSync:
