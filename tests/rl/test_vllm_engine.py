@@ -121,3 +121,25 @@ def test_a_file_sync_gives_vllm_the_trainers_new_weights(policy, vllm, tmp_path)
 
 def policy_logprobs(policy, rows):
     return policy.action_logprobs(**rows, temperature=1.0)
+
+
+def test_dsv32_rl_train_with_vllm_as_engine_syncs_before_each_step(policy, vllm, tmp_path):
+    from rl_helpers import jsonl_recipe
+
+    from dsv32.rl.rewards import RewardResult
+    from dsv32.rl.trainer import train_grpo
+
+    class Letters:
+        def score_many(self, samples, max_workers=1):
+            share = [sum(c.isalpha() for c in s.completion) / max(1, len(s.completion)) for s in samples]
+            return [RewardResult(total=v, components={}, correct=v > 0.5) for v in share]
+
+    sets = ["policy.name=smollm2", "grpo.steps=2", "grpo.prompts_per_step=2", "grpo.group_size=2",
+            "grpo.mini_batches=1", "grpo.micro_batch=4", "grpo.lr=1e-5", "grpo.keep_routing=false",
+            "sampling.max_new_tokens=8", "sampling.temperature=1.0", "sampling.top_p=1.0", "eval.problems=0",
+            "engine.kind=remote", f"engine.url={vllm}", "engine.api=vllm", "engine.sync=file"]  # fmt: skip
+    cfg = jsonl_recipe(tmp_path, [{"prompt": "Name a fruit."}, {"prompt": "Say hello."}], sets)
+    result = train_grpo(cfg, policy=copy.deepcopy(policy), reward_fn=Letters(), progress=False)
+    assert [r["staleness"] for r in result.metrics] == [[0] * 4, [0] * 4]  # synced before each step
+    assert all(r["first_update_abs_log_ratio"] < 1e-3 for r in result.metrics)  # on-policy: vLLM had them
+    assert RemoteEngine(vllm, api="vllm").weight_version() == 1
