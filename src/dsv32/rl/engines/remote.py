@@ -23,7 +23,8 @@ engine samples (its ``routed_experts`` cover the batch's padded layout, as in pr
 sets / routing (the trainer then applies no Keep Sampling Mask / Keep Routing and says so once).
 
 Weights (:meth:`RemoteEngine.sync`) go by file or, to ``dsv32 serve``, over a process group
-(:class:`~dsv32.rl.engines.weight_sync.CollectiveWeightSync`). By file: the trainer writes them (:mod:`.weight_sync`) where
+(:class:`~dsv32.rl.engines.weight_sync.CollectiveWeightSync`); to vLLM by file, reloaded in place
+through its dev-mode ``/collective_rpc`` (:meth:`RemoteEngine._sync_vllm`). By file: the trainer writes them (:mod:`.weight_sync`) where
 the engine can read them and calls ``POST /update_weights {"path", "weight_version"}``; the engine
 pauses, loads, resumes and reports ``GET /weight_info → {"weight_version"}``, which is checked.
 """
