@@ -12,6 +12,10 @@
 - ``weight_sync_max_abs_diff``: the same weights synced into a ``dsv32 serve`` application on a
   thread of this process, where its model can be read: max |engine − trainer| over every
   ``state_dict()`` key (the tied LM head included); ``tied_head_kept``: the head still is the embedding;
+- ``collective_sync_seconds`` / ``collective_sync_max_abs_diff``: the next weights (every tensor
+  scaled by 1.001) pushed into that application over a gloo group (``sync = "collective"``: join
+  once, then announce, broadcast all ``state_dict()`` tensors, the version confirmed), and the same
+  difference after it (the group's set-up, ``collective_connect_seconds``, not in the sync time);
 - ``ray_episode_speedup``: 16 code-interpreter episodes (reference solutions, every tool call in
   the sandbox) one after another in this process, against 4 Ray actors of 0.5 CPU each on a local
   cluster (its start-up and the actors' first imports, ``ray_startup_seconds``, not counted: this
@@ -55,7 +59,7 @@ def start_server(model: str) -> tuple[subprocess.Popen, str]:
 
 def remote_engine(tmp: Path) -> dict:
     from dsv32.rl.config import load_rl_config
-    from dsv32.rl.engines import FileWeightSync, RemoteEngine
+    from dsv32.rl.engines import CollectiveWeightSync, FileWeightSync, RemoteEngine
     from dsv32.rl.policy import load_policy
     from dsv32.rl.rewards import RewardResult
     from dsv32.rl.rollout import rollout
@@ -98,6 +102,21 @@ def remote_engine(tmp: Path) -> dict:
         theirs, ours = served.model.state_dict(), policy.model.state_dict()
         diff = max(float((theirs[k] - ours[k]).abs().max()) for k in ours)
         tied = served.model.lm_head.weight.data_ptr() == served.model.model.embed_tokens.weight.data_ptr()
+        collective = CollectiveWeightSync(timeout=120)
+        engine = RemoteEngine(server.base_url, sync=collective)
+        t = time.perf_counter()
+        collective.connect(engine, "cpu")
+        connect_s = time.perf_counter() - t
+        with torch.no_grad():
+            for p in policy.model.parameters():
+                p.mul_(1.001)
+        collective_s = engine.sync(policy.model, 2)
+        theirs, ours = served.model.state_dict(), policy.model.state_dict()
+        collective_diff = max(float((theirs[k] - ours[k]).abs().max()) for k in ours)
+        tied = (
+            tied
+            and served.model.lm_head.weight.data_ptr() == served.model.model.embed_tokens.weight.data_ptr()
+        )
     return {
         "remote_onpolicy_max_abs_log_ratio": ratio,
         "remote_onpolicy_tokens": int(batch.action_mask.sum()),
@@ -106,6 +125,9 @@ def remote_engine(tmp: Path) -> dict:
         "weight_sync_max_abs_diff": diff,
         "weight_sync_keys": len(ours),
         "tied_head_kept": tied,
+        "collective_connect_seconds": round(connect_s, 3),
+        "collective_sync_seconds": round(collective_s, 3),
+        "collective_sync_max_abs_diff": collective_diff,
         "server_exit_code": proc.returncode,
     }
 

@@ -95,6 +95,47 @@ def test_threads_stay_the_default_and_ray_settings_are_checked():
         load_rl_config(None, ["ray.cpus_per_actor=0"])
 
 
+class SlowEnv:
+    """An environment whose tool takes longer than the caller waits."""
+
+    name = "slow"
+
+    def call(self, name, arguments):
+        import time
+
+        time.sleep(4)
+        return "late"
+
+    def close(self):
+        pass
+
+
+def test_an_environment_held_by_an_actor_runs_model_code_in_the_sandbox_there(runner):
+    from dsv32.envs import get_env
+
+    task = _tasks()[0]
+    env = runner.environment(get_env("code-interpreter").factory)
+    with env:
+        assert env.name == "code-interpreter" and env.reset(task)[-1]["content"]
+        code = f"import os; print(os.getpid(), 'visible' if os.path.exists({SOURCE!r}) else 'hidden')"
+        out = env.call("python", {"code": code})
+        assert "hidden" in out and "visible" not in out
+        assert int(out.split()[0]) not in {os.getpid(), *runner.pids}  # a sandboxed process of the actor's
+
+
+def test_a_call_to_an_actor_held_environment_waits_at_most_its_timeout(runner):
+    import time
+
+    from dsv32.envs import EnvError
+    from dsv32.rl.fanout import ActorEnvironment
+
+    env = ActorEnvironment(ray, runner.actors[1], SlowEnv, timeout=1)
+    t = time.monotonic()
+    with pytest.raises(EnvError, match=r"call on a Ray actor did not answer within 1 s"):
+        env.call("f", {})
+    assert time.monotonic() - t < 3
+
+
 def test_the_runner_that_started_the_cluster_shuts_it_down_leaving_no_process_behind(runner):
     started = ray_processes()
     assert len(started) >= 3  # at least the GCS, the raylet and the actors

@@ -15,6 +15,7 @@ from rl_helpers import jsonl_recipe
 
 from dsv32.rl.config import GRPOConfig
 from dsv32.rl.engines import (
+    CollectiveWeightSync,
     EngineError,
     FileWeightSync,
     InProcessEngine,
@@ -183,13 +184,13 @@ def test_an_unreachable_engine_is_a_clear_error():
         RemoteEngine(f"http://127.0.0.1:{free_port()}", timeout=5)
 
 
-def test_engine_settings_are_checked_and_nccl_sync_says_it_is_not_available(tmp_path):
+def test_engine_settings_are_checked_and_nccl_sync_needs_cuda(tmp_path):
     from dsv32.rl.config import RLConfigError, load_rl_config
     from dsv32.rl.engines import build_engine
 
     cfg = load_rl_config(None, ["engine.kind=remote", "engine.url=http://127.0.0.1:1", "engine.sync=nccl"])
     assert cfg.engine.url == "http://127.0.0.1:1"
-    with pytest.raises(EngineError, match=r"nccl.*not available"):
+    with pytest.raises(EngineError, match=r"nccl.*needs the trainer's weights on CUDA"):
         build_engine(cfg.engine, None, tmp_path)
     with pytest.raises(RLConfigError, match="needs url"):
         load_rl_config(None, ["engine.kind=remote"])
@@ -253,3 +254,122 @@ def test_a_new_run_syncs_even_when_the_engine_serves_its_version_number(native_s
     engine = RemoteEngine(native_server, sync=FileWeightSync(tmp_path / "b"))
     assert prepare_engine(engine, ours.model, 0, 5) > 0  # same number, not our weights: pushed again
     assert prepare_engine(engine, ours.model, 0, 5) == 0.0  # now ours
+
+
+# ------------------------------------------------------------------ collective weight sync (gloo here)
+def _sample(policy, engine):
+    tasks = [Task(id=f"t{i}", domain="toy", prompt=p) for i, p in enumerate(PROMPTS)]
+    params = SamplingConfig(temperature=1.0, top_p=0.9, max_new_tokens=6)
+    g = torch.Generator().manual_seed(9)
+    return rollout(policy, tasks, 2, params, generator=g, keep_routing=True, engine=engine)
+
+
+def _same_samples(a, b):
+    assert torch.equal(a.sequences, b.sequences)
+    assert torch.equal(a.sampling_logprobs, b.sampling_logprobs)
+
+
+def test_a_collective_sync_gives_the_engine_the_trainers_weights(native_server, tmp_path):
+    policy = _perturbed("tiny-native", seed=11)
+    sync = CollectiveWeightSync(timeout=20)
+    engine = RemoteEngine(native_server, sync=sync)
+    assert engine.sync(policy.model, 4) > 0
+    info = engine._request("GET", "/weight_info")
+    assert info["weight_version"] == 4 and info["transfer"] == {
+        "backend": "gloo",
+        "receiving": False,
+        "error": None,
+    }
+    _same_samples(_sample(policy, InProcessEngine(policy.model)), _sample(policy, engine))
+    assert _sample(policy, engine).weight_versions == [4] * 8
+    # a second sync over the same group: the new weights, the new version
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.mul_(0.9)
+    engine.sync(policy.model, 5)
+    assert engine.weight_version() == 5
+    _same_samples(_sample(policy, InProcessEngine(policy.model)), _sample(policy, engine))
+
+
+def test_a_collective_sync_with_the_wrong_tensors_is_refused_and_the_weights_kept(native_server):
+    from dsv32.engine.weight_transfer import tensor_specs
+
+    policy = _perturbed("tiny-native", seed=12)
+    engine = RemoteEngine(native_server, sync=CollectiveWeightSync(timeout=20))
+    engine.sync(policy.model, 2)
+    before = _sample(policy, engine)
+    specs = tensor_specs(policy.model.state_dict())
+    name = specs["names"][0]
+    bad = dict(specs, shapes=[[s[0] + 1, *s[1:]] if i == 0 else s for i, s in enumerate(specs["shapes"])])
+    with pytest.raises(EngineError, match=rf"HTTP 400.*{name}: shape"):
+        engine._request("POST", "/update_weights", {"weight_version": 3, **bad})
+    missing = {k: v[1:] for k, v in specs.items()}
+    with pytest.raises(EngineError, match=rf"HTTP 400.*missing \['{name}'\]"):
+        engine._request("POST", "/update_weights", {"weight_version": 3, **missing})
+    assert engine.weight_version() == 2
+    _same_samples(before, _sample(policy, engine))
+
+
+def test_a_transfer_whose_sender_is_gone_times_out_keeping_the_weights(native_server):
+    import time
+
+    from dsv32.engine.weight_transfer import tensor_specs
+
+    policy = _perturbed("tiny-native", seed=13)
+    engine = RemoteEngine(native_server, sync=CollectiveWeightSync(timeout=2))
+    engine.sync(policy.model, 6)
+    before = _sample(policy, engine)
+    # announced, then never sent: the engine's receive gives up after the group's timeout
+    engine._request(
+        "POST", "/update_weights", {"weight_version": 7, **tensor_specs(policy.model.state_dict())}
+    )
+    t = time.monotonic()
+    while (info := engine._request("GET", "/weight_info"))["transfer"]["receiving"]:
+        assert time.monotonic() - t < 15
+        time.sleep(0.1)
+    assert "Timed out" in info["transfer"]["error"] and info["weight_version"] == 6
+    assert info["transfer"]["backend"] is None  # the group is closed
+    _same_samples(before, _sample(policy, engine))
+    with pytest.raises(EngineError, match="no weight transfer group"):
+        engine._request(
+            "POST", "/update_weights", {"weight_version": 7, **tensor_specs(policy.model.state_dict())}
+        )
+    engine.weights.group = None  # the trainer's end forms a new group on its next sync
+    engine.sync(policy.model, 7)
+    assert engine.weight_version() == 7
+
+
+def test_a_collective_sync_to_an_engine_that_is_gone_fails_within_its_timeout():
+    import time
+
+    from dsv32.engine.weight_transfer import TransferError, send, tensor_specs
+
+    policy = _perturbed("tiny-native", seed=14)
+    sync = CollectiveWeightSync(timeout=3)
+    state = policy.model.state_dict()
+    with serve_subprocess("tiny-native") as url:
+        engine = RemoteEngine(url, sync=sync)
+        engine.sync(policy.model, 0)
+        engine._request("POST", "/update_weights", {"weight_version": 1, **tensor_specs(state)})
+    t = time.monotonic()  # the engine accepted the transfer, then its process ended
+    with pytest.raises(TransferError, match="sending"):
+        send(sync.group, state, 3)
+    with pytest.raises(EngineError):
+        engine.sync(policy.model, 1)
+    assert time.monotonic() - t < 10
+
+
+def test_the_recipe_chooses_the_collective_sync_and_nccl_needs_cuda(tmp_path):
+    from dsv32.rl.config import load_rl_config
+    from dsv32.rl.engines.weight_sync import weight_sync
+
+    cfg = load_rl_config(
+        None, ["engine.kind=remote", "engine.url=http://127.0.0.1:1", "engine.sync=collective"]
+    )
+    assert isinstance(weight_sync(cfg.engine.sync, tmp_path), CollectiveWeightSync)
+    with pytest.raises(EngineError, match=r"nccl.*needs the trainer's weights on CUDA"):
+        weight_sync("nccl", tmp_path, device="cpu")
+    vllm = RemoteEngine.__new__(RemoteEngine)  # no server needed: refused before any request
+    vllm.__dict__.update(api="vllm", weights=CollectiveWeightSync(), url="http://127.0.0.1:1")
+    with pytest.raises(EngineError, match="speaks dsv32 serve"):
+        vllm.sync(torch.nn.Linear(1, 1), 0)

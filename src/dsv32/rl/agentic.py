@@ -81,14 +81,18 @@ def run_episodes(
     *,
     generator: torch.Generator | None = None,
     keep_routing: bool = False,
+    engine=None,
+    runner=None,
 ) -> list[Episode]:
     """Run one episode per ``(make_env, task, domain)`` job, all at once (threads, batched model
-    calls); returns them in job order."""
+    calls); returns them in job order. ``engine``: the :class:`~dsv32.rl.engines.RolloutEngine` that
+    samples (default: the policy's model in process); ``runner``: where the environments live
+    (:mod:`dsv32.rl.fanout`: default in this process, or on Ray actors)."""
     if settings.context == "parallel_fewest_step":
         raise ValueError("parallel_fewest_step picks one of several threads: GRPO's group already samples G")
     stop = [policy.tokenizer.convert_tokens_to_ids(EOS)]
     batcher = LockstepBatcher(
-        policy, sampling, stop, len(jobs), generator=generator, keep_routing=keep_routing
+        policy, sampling, stop, len(jobs), generator=generator, keep_routing=keep_routing, engine=engine
     )
 
     def one(index: int) -> Episode:
@@ -97,7 +101,8 @@ def run_episodes(
             backend = RecordingBackend(
                 batcher, index, policy.tokenizer, tool_prompt=tool_prompt(settings.prompt)
             )
-            with make_env() as env:
+            env = make_env() if runner is None else runner.environment(make_env)
+            with env:
                 trajectory, verdict = run_episode(
                     backend,
                     env,
@@ -200,6 +205,18 @@ def rows_to_rollouts(
                 routing[:, i, left : left + r.routing.shape[1]] = r.routing
         batch.routing = routing
     return batch
+
+
+def episode_versions(episodes: Sequence[Episode]) -> list[int | None]:
+    """The weight version of each episode that sampled anything (one whose environment failed
+    before the first model call has none to check): the oldest of its model calls, None when one
+    call's engine reported none."""
+    out: list[int | None] = []
+    for e in episodes:
+        versions = [r.weight_version for r in e.records]
+        if versions:
+            out.append(None if None in versions else min(versions))
+    return out
 
 
 def rl_task(episode: Episode) -> RLTask:

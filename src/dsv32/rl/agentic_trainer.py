@@ -39,11 +39,14 @@ from dsv32.rl.agentic import (
     concat_rollouts,
     episode_rows,
     episode_summary,
+    episode_versions,
     rl_task,
     rows_to_rollouts,
     run_episodes,
 )
 from dsv32.rl.agentic_config import AgenticConfig
+from dsv32.rl.engines import InProcessEngine, RolloutEngine, build_engine, check_staleness, prepare_engine
+from dsv32.rl.fanout import episode_runner
 from dsv32.rl.loss import group_advantages
 from dsv32.rl.policy import Policy, load_policy
 from dsv32.rl.rewards_setup import build_reward_fn, reward_setup, score
@@ -144,10 +147,28 @@ def evaluate_agentic(
 
 
 def agentic_step(
-    policy, ref, optimizer, mix: MixedTasks, reward_fn, cfg: AgenticConfig, g, step: int, guard=None
+    policy,
+    ref,
+    optimizer,
+    mix: MixedTasks,
+    reward_fn,
+    cfg: AgenticConfig,
+    g,
+    step: int,
+    guard=None,
+    engine: RolloutEngine | None = None,
+    runner=None,
 ) -> dict:
-    """One joint rollout batch and its updates; returns the step's metrics."""
+    """One joint rollout batch and its updates; returns the step's metrics. ``engine`` samples with
+    weights version ``step`` under the rules of ``dsv32 rl train`` (synced first when it lags by more
+    than ``[engine] max_off_policy_steps``, a sample of another version refused); ``runner``: where
+    the environments live (:func:`dsv32.rl.fanout.episode_runner`; default this process)."""
     G, t0 = g.group_size, time.time()
+    max_lag = cfg.rl.engine.max_off_policy_steps
+    engine = engine if engine is not None else InProcessEngine(policy.model)
+    policy.model.eval()
+    sync_s = prepare_engine(engine, policy.model, step, max_lag)
+    staleness: list[int] = []
     items = mix.sample(step, g.prompts_per_step)
     env_items = [it for it in items if isinstance(it, EnvItem)]
     single = [it for it in items if not isinstance(it, EnvItem)]
@@ -160,7 +181,9 @@ def agentic_step(
         episodes = run_episodes(
             policy, jobs, cfg.rl.sampling, episode_settings(cfg),
             generator=_generator(cfg.rl.seed, step, 1), keep_routing=g.keep_routing,
+            engine=engine, runner=runner,
         )  # fmt: skip
+        staleness += check_staleness(episode_versions(episodes), step, max_lag)
         for e in episodes:
             e.reward, e.components = reward(e)
         r = torch.tensor([e.reward for e in episodes])
@@ -190,7 +213,9 @@ def agentic_step(
             cfg.rl.sampling,
             generator=_generator(cfg.rl.seed, step, 3),
             keep_routing=g.keep_routing,
+            engine=engine,
         )
+        staleness += check_staleness(st.weight_versions, step, max_lag)
         results = score(reward_fn, st)
         r = torch.tensor([x.total for x in results], dtype=torch.float32)
         batches.append(st)
@@ -231,6 +256,8 @@ def agentic_step(
     record |= update_means(updates)
     record["first_update_abs_log_ratio"] = first["abs_log_ratio"]
     record["first_update_ratio_mean"] = first["ratio_mean"]
+    if engine.name != "in_process":
+        record |= {"sync_s": round(sync_s, 3), "staleness": staleness, "staleness_max": max(staleness)}
     return record
 
 
@@ -301,20 +328,29 @@ def train_agentic(
     def evaluate(step: int, path: Path) -> dict:
         return _eval(policy, held, cfg, step, path)
 
-    return run_steps(
-        policy,
-        optimizer,
-        AgenticResult(out, 0, 0.0),
-        lambda step: agentic_step(policy, ref, optimizer, mix, reward_fn, cfg, g, step, guard),
-        evaluate if held else None,
-        rl,
-        resume=resume,
-        progress=progress,
-        stop_after=stop_after,
-        evaluate_before=evaluate_before,
-        evaluate_after=evaluate_after,
-        desc="agentic grpo",
-        run=run_identity(cfg.to_dict(), files),
-        meta={"config.json": cfg.to_dict()},
-        guard=guard,
-    )
+    engine = build_engine(rl.engine, policy.model, out)
+    runner = episode_runner(rl.ray) if rl.ray.address else None  # none: environments in this process
+    try:
+        return run_steps(
+            policy,
+            optimizer,
+            AgenticResult(out, 0, 0.0),
+            lambda step: agentic_step(
+                policy, ref, optimizer, mix, reward_fn, cfg, g, step, guard, engine=engine, runner=runner
+            ),
+            evaluate if held else None,
+            rl,
+            resume=resume,
+            progress=progress,
+            stop_after=stop_after,
+            evaluate_before=evaluate_before,
+            evaluate_after=evaluate_after,
+            desc="agentic grpo",
+            run=run_identity(cfg.to_dict(), files),
+            meta={"config.json": cfg.to_dict()},
+            guard=guard,
+        )
+    finally:
+        if runner is not None:
+            runner.close()
+        engine.close()

@@ -170,7 +170,8 @@ class EngineConfig(Checked, error=RLConfigError):
     - ``api``: ``"dsv32"`` (one batched request per turn, bit-identical to in-process sampling) or
       ``"vllm"`` (one request per row, seeded per row);
     - ``sync``: how weights reach a remote engine before each rollout: ``"file"`` (safetensors under
-      ``sync_dir``, default ``<out_dir>/weights``, which the engine must be able to read) or ``"nccl"``;
+      ``sync_dir``, default ``<out_dir>/weights``, which the engine must be able to read), ``"collective"``
+      (a torch.distributed broadcast: NCCL for weights on CUDA, gloo on CPUs) or ``"nccl"`` (the same, on CUDA);
     - ``timeout``: seconds an engine request may take before it is an error;
     - ``max_off_policy_steps``: how many weight versions a sample may lag the trainer's (0: every
       sample must come from the weights being trained; more: stale samples are kept, their staleness
@@ -180,7 +181,7 @@ class EngineConfig(Checked, error=RLConfigError):
     RANGES: ClassVar[dict[str, Rule]] = {
         "kind": one_of("in_process", "remote"),
         "api": one_of("dsv32", "vllm"),
-        "sync": one_of("file", "nccl"),
+        "sync": one_of("file", "collective", "nccl"),
         "timeout": POSITIVE,
         "max_off_policy_steps": NON_NEGATIVE,
     }

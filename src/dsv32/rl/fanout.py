@@ -1,7 +1,7 @@
 """Fanning out environment episodes: threads of this process (the default) or Ray actors.
 
-Both runners have one method that matters, ``map(fn, items) -> [fn(item) ...]`` in order, and
-``close()``. :class:`ThreadRunner` runs ``fn`` on a thread pool. :class:`RayRunner` starts
+Both runners have two methods that matter, ``map(fn, items) -> [fn(item) ...]`` in order, and
+``environment(make_env)`` — an environment to run one episode in — and ``close()``. :class:`ThreadRunner` runs ``fn`` on a thread pool. :class:`RayRunner` starts
 ``[ray] actors`` episode actors, each reserving ``cpus_per_actor`` CPUs (fractions allowed), on a
 local cluster (``address = "local"``, started here with ``num_cpus`` CPUs and shut down by
 :meth:`RayRunner.close`) or an existing one (``"ray://host:port"``, or a session this process
@@ -16,18 +16,30 @@ one that cannot be placed within ``placement_timeout`` seconds is a :class:`RayP
 in a fresh environment per task, the environment closed after it, so its tools run model-written
 code through :mod:`dsv32.envs.sandbox` in whichever process (thread or actor) holds the episode.
 Nothing below :mod:`dsv32.rl` knows which runner it is on.
+
+``environment(make_env)`` is what agentic GRPO (:func:`dsv32.rl.agentic.run_episodes`) uses: the
+agent loop and the batched model calls stay in the trainer, and on Ray the environment itself —
+``make_env()``, its tools (model-written code, confined by :mod:`dsv32.envs.sandbox` inside the
+actor) and its verifier — lives on one of the actors (:class:`ActorEnvironment`, episodes spread
+round-robin; an actor serves its episodes' calls one at a time). Each forwarded call waits at most
+``episode_timeout`` seconds (then an :class:`~dsv32.envs.base.EnvError`, which the episode records
+as the environment's failure). On threads it is ``make_env()`` itself.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsv32.envs.base import EnvError, Environment, Task
 from dsv32.errors import DSV32Error
 from dsv32.rl.config import RayConfig, RLConfigError
 
@@ -52,6 +64,9 @@ class ThreadRunner:
         with ThreadPoolExecutor(min(self.workers, len(items))) as pool:
             return list(pool.map(fn, items))
 
+    def environment(self, make_env: Callable[[], Environment]) -> Environment:
+        return make_env()
+
     def close(self) -> None:
         pass
 
@@ -63,13 +78,81 @@ class ThreadRunner:
 
 
 class _EpisodeActor:
-    """One Ray actor: runs whatever function it is given (one episode at a time)."""
+    """One Ray actor: runs whatever function it is given (one episode at a time), and hosts the
+    environments of episodes whose agent loop runs elsewhere (:class:`ActorEnvironment`)."""
+
+    def __init__(self) -> None:
+        self.envs: dict[str, Environment] = {}
 
     def ready(self) -> int:
         return os.getpid()
 
     def run(self, fn: Callable[[Any], Any], item: Any) -> Any:
         return fn(item)
+
+    def open(self, key: str, make_env: Callable[[], Environment]) -> str:
+        env = self.envs[key] = make_env()
+        return env.name
+
+    def call(self, key: str, method: str, args: tuple) -> Any:
+        return getattr(self.envs[key], method)(*args)
+
+    def close(self, key: str) -> None:
+        env = self.envs.pop(key, None)
+        if env is not None:
+            env.close()
+
+
+class ActorEnvironment(Environment):
+    """An environment that lives on a Ray actor: every method is forwarded to it, each reply
+    awaited at most ``timeout`` seconds."""
+
+    def __init__(self, ray, actor, make_env: Callable[[], Environment], timeout: float) -> None:
+        self.ray, self.actor, self.timeout = ray, actor, timeout
+        self.key = uuid.uuid4().hex
+        self.name = self._wait(actor.open.remote(self.key, make_env), "open")
+        self.closed = False
+
+    def _wait(self, ref, method: str) -> Any:
+        ray = self.ray
+        try:
+            return ray.get(ref, timeout=self.timeout)
+        except ray.exceptions.GetTimeoutError:
+            ray.cancel(ref, force=False)
+            raise EnvError(
+                f"the environment's {method} on a Ray actor did not answer within {self.timeout:g} s "
+                "([ray] episode_timeout)"
+            ) from None
+        except ray.exceptions.RayTaskError as err:  # the environment itself raised: its own error
+            raise err.as_instanceof_cause() from None
+        except ray.exceptions.RayError as err:  # the actor died, or its node
+            raise EnvError(f"the environment's {method} on a Ray actor failed: {err}") from None
+
+    def _call(self, method: str, *args: Any) -> Any:
+        return self._wait(self.actor.call.remote(self.key, method, args), method)
+
+    def reset(self, task: Task) -> list[dict]:
+        return self._call("reset", task)
+
+    def tools(self) -> list[dict]:
+        return self._call("tools")
+
+    def call(self, name: str, arguments: dict) -> str:
+        return self._call("call", name, arguments)
+
+    def reward(self, trajectory):
+        return self._call("reward", trajectory)
+
+    def reference(self, task: Task) -> list[dict]:
+        return self._call("reference", task)
+
+    def state(self) -> dict:
+        return self._call("state")
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._wait(self.actor.close.remote(self.key), "close")
 
 
 def _import_ray():
@@ -128,6 +211,8 @@ class RayRunner:
             ).remote()
             for i in range(cfg.actors)
         ]
+        self.next_actor = itertools.cycle(self.actors)
+        self.lock = threading.Lock()
         try:
             self.pids = ray.get([a.ready.remote() for a in self.actors], timeout=STARTUP_TIMEOUT)
         except ray.exceptions.GetTimeoutError:
@@ -146,6 +231,13 @@ class RayRunner:
         while pool.has_next():
             out.append(pool.get_next(timeout=self.episode_timeout))
         return out
+
+    def environment(self, make_env: Callable[[], Environment]) -> Environment:
+        """``make_env()`` built on the next actor (round-robin), reached through an
+        :class:`ActorEnvironment`."""
+        with self.lock:
+            actor = next(self.next_actor)
+        return ActorEnvironment(self.ray, actor, make_env, self.episode_timeout)
 
     def close(self) -> None:
         """Kill the actors and free their CPUs; shut the cluster down when this runner started it."""

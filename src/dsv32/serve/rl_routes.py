@@ -20,8 +20,21 @@
 - ``POST /update_weights {"path", "weight_version"}`` — load a weight file
   (:mod:`dsv32.engine.weight_files`: every ``state_dict()`` key, checked) between two model steps;
   on a server that is not paused, it pauses (``wait``) first and resumes after.
-- ``GET /weight_info`` — ``{"weight_version", "path", "model"}``: the version last loaded (None
-  before any update: the weights the server started with carry no version).
+- ``POST /init_weight_transfer_engine {"master_address", "master_port", "backend", "timeout"}`` —
+  join the trainer's two-party ``torch.distributed`` group as rank 1
+  (:mod:`dsv32.engine.weight_transfer`; ``backend`` gloo or nccl, default by the model's device;
+  every wait at most ``timeout`` seconds). Returns once the group is formed.
+- ``POST /update_weights {"weight_version", "names", "dtypes", "shapes"}`` (no ``path``) — the
+  weights come over that group: the announced tensors are checked against the model's
+  ``state_dict()`` (keys and shapes; a mismatch is a 400 and nothing changes), the reply
+  (``{"accepted": true}``) comes at once, and the tensors the trainer then broadcasts are received
+  into fresh buffers, copied into the model between two model steps (pausing as a file update does)
+  and the version set. A transfer that fails or times out leaves the weights and version as they
+  were, reports its error in ``/weight_info`` and closes the group (the next transfer needs a new
+  ``/init_weight_transfer_engine``).
+- ``GET /weight_info`` — ``{"weight_version", "path", "model", "transfer"}``: the version last
+  loaded (None before any update: the weights the server started with carry no version) and the
+  group's state (``backend``, ``receiving``, ``error`` of the last transfer).
 
 Weight files are read from the server's own filesystem: these routes take the API key when one is
 set, and are meant for a trainer on the same machine or a shared disk.
@@ -39,7 +52,7 @@ import torch
 from fastapi import Depends, FastAPI, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from dsv32.engine import generate
+from dsv32.engine import generate, weight_transfer
 from dsv32.engine.batch import RunningBatch
 from dsv32.engine.weight_files import WeightFileError, load_weights
 from dsv32.model import DeepseekV32
@@ -74,8 +87,20 @@ class GenerateRequest(BaseModel):
 
 
 class UpdateWeightsRequest(BaseModel):
-    path: str
+    path: str | None = None
     weight_version: int
+    names: list[str] | None = None
+    dtypes: list[str] | None = None
+    shapes: list[list[int]] | None = None
+
+
+class InitTransferRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    master_address: str
+    master_port: int = Field(ge=1, le=65535)
+    backend: str | None = None
+    timeout: float = Field(60.0, gt=0, le=WAIT_LIMIT)
 
 
 class RLControl:
@@ -90,6 +115,11 @@ class RLControl:
         self.mode: str | None = None
         self.version: int | None = None
         self.path: str | None = None
+        self.group = None  # the weight transfer group (rank 1), once a trainer set one up
+        self.backend: str | None = None
+        self.transfer_timeout = 60.0
+        self.receiving: threading.Thread | None = None
+        self.transfer_error: str | None = None
 
     # ------------------------------------------------------------------ pause / resume
     def pause(self, mode: str, timeout: float = WAIT_LIMIT) -> dict[str, Any]:
@@ -145,6 +175,7 @@ class RLControl:
 
     # ------------------------------------------------------------------ weights
     def update(self, path: str, version: int) -> dict[str, Any]:
+        self._not_receiving()
         with self.lock:
             was_paused = self.mode is not None
             if not was_paused:
@@ -167,7 +198,80 @@ class RLControl:
         return {"weight_version": self.version}
 
     def info(self) -> dict[str, Any]:
-        return {"weight_version": self.version, "path": self.path, "model": self.served.name}
+        transfer = {
+            "backend": self.backend if self.group is not None else None,
+            "receiving": self._receiving(),
+            "error": self.transfer_error,
+        }
+        return {
+            "weight_version": self.version,
+            "path": self.path,
+            "model": self.served.name,
+            "transfer": transfer,
+        }
+
+    # ------------------------------------------------------------------ weights over a process group
+    def _receiving(self) -> bool:
+        return self.receiving is not None and self.receiving.is_alive()
+
+    def _not_receiving(self) -> None:
+        if self._receiving():
+            raise ServeError("a weight transfer is in progress", status=409, type="invalid_request_error")
+
+    def init_transfer(self, body: InitTransferRequest) -> dict[str, Any]:
+        self._not_receiving()
+        device = next(self.served.model.parameters()).device
+        backend = body.backend or weight_transfer.backend_for(device)
+        self.group = None
+        try:
+            self.group = weight_transfer.transfer_group(
+                body.master_address, body.master_port, 1, backend, body.timeout
+            )
+        except weight_transfer.TransferError as err:
+            raise ServeError(str(err), status=503, type="server_error") from None
+        self.backend, self.transfer_timeout, self.transfer_error = backend, body.timeout, None
+        return {"backend": backend, "rank": 1, "world_size": 2}
+
+    def update_collective(self, body: UpdateWeightsRequest) -> dict[str, Any]:
+        if self.group is None:
+            raise invalid("no weight transfer group: POST /init_weight_transfer_engine first", "names")
+        self._not_receiving()
+        try:
+            specs = weight_transfer.check_specs(
+                self.served.model, body.names or [], body.dtypes or [], body.shapes or []
+            )
+        except weight_transfer.TransferError as err:
+            raise invalid(str(err), "names") from None
+        self.transfer_error = None
+        self.receiving = threading.Thread(
+            target=self._receive, args=(specs, body.weight_version), name="weight-transfer", daemon=True
+        )
+        self.receiving.start()
+        return {"accepted": True, "weight_version": body.weight_version, "tensors": len(specs)}
+
+    def _receive(self, specs, version: int) -> None:
+        group, timeout = self.group, self.transfer_timeout
+        device = next(self.served.model.parameters()).device
+        try:
+            tensors = weight_transfer.receive(group, specs, device, timeout)
+        except weight_transfer.TransferError as err:
+            self.transfer_error, self.group = str(err), None  # the group's sequence is lost: set up anew
+            return
+        with self.lock:
+            was_paused = self.mode is not None
+            try:
+                if not was_paused:
+                    self._pause("wait", WAIT_LIMIT)
+            except ServeError as err:
+                self.transfer_error = f"received, not loaded: {err}"
+                return
+            try:
+                with self.scheduler.model_lock:
+                    weight_transfer.copy_into(self.served.model, tensors)
+                    self.version, self.path = version, None
+            finally:
+                if not was_paused:
+                    self._resume()
 
     # ------------------------------------------------------------------ generation
     def generate(self, body: GenerateRequest) -> dict[str, Any]:
@@ -283,7 +387,15 @@ def register_rl_routes(app: FastAPI, served: ServedModel, scheduler: Scheduler, 
 
     @app.post("/update_weights", dependencies=auth)
     async def update_weights(body: UpdateWeightsRequest) -> dict[str, Any]:
+        if body.path is None:
+            if body.names is None:
+                raise invalid("give path (a weight file) or names, dtypes and shapes (a transfer)", "path")
+            return await asyncio.to_thread(control.update_collective, body)
         return await asyncio.to_thread(control.update, body.path, body.weight_version)
+
+    @app.post("/init_weight_transfer_engine", dependencies=auth)
+    async def init_weight_transfer_engine(body: InitTransferRequest) -> dict[str, Any]:
+        return await asyncio.to_thread(control.init_transfer, body)
 
     @app.get("/weight_info", dependencies=auth)
     async def weight_info() -> dict[str, Any]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from dsv32.engine.weight_files import WeightFileError, load_weights, save_weights
 from dsv32.rl.engines.base import (
     EngineError,
@@ -18,7 +20,7 @@ from dsv32.rl.engines.base import (
 )
 from dsv32.rl.engines.in_process import InProcessEngine
 from dsv32.rl.engines.remote import RemoteEngine
-from dsv32.rl.engines.weight_sync import FileWeightSync, weight_sync
+from dsv32.rl.engines.weight_sync import CollectiveWeightSync, FileWeightSync, weight_sync
 
 
 def build_engine(cfg, model, out_dir: str | Path) -> RolloutEngine:
@@ -26,11 +28,15 @@ def build_engine(cfg, model, out_dir: str | Path) -> RolloutEngine:
     ``model`` is the trainer's (the in-process engine samples with it)."""
     if cfg.kind == "in_process":
         return InProcessEngine(model)
-    sync = weight_sync(cfg.sync, cfg.sync_dir or Path(out_dir) / "weights")
+    device = next(model.parameters()).device if isinstance(model, torch.nn.Module) else "cpu"
+    sync = weight_sync(
+        cfg.sync, cfg.sync_dir or Path(out_dir) / "weights", device=device, timeout=min(cfg.timeout, 120.0)
+    )
     return RemoteEngine(cfg.url, api=cfg.api, sync=sync, timeout=cfg.timeout)
 
 
 __all__ = [
+    "CollectiveWeightSync",
     "EngineError",
     "EngineOutput",
     "FileWeightSync",

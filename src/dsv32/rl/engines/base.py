@@ -51,6 +51,27 @@ class EngineOutput:
     weight_version: int | None
 
 
+SEED_MOD = 2**63 - 1
+
+
+def turn_seed(generator: torch.Generator | None, turn: int) -> int | None:
+    """The seed of turn ``turn`` of a rollout seeded by ``generator``: its initial seed at turn 0, a
+    function of that seed and the turn after (None: unseeded)."""
+    if generator is None:
+        return None
+    return (generator.initial_seed() + 1_000_003 * turn) % SEED_MOD
+
+
+def turn_generator(generator: torch.Generator | None, turn: int) -> torch.Generator | None:
+    """The generator turn ``turn`` samples with: ``generator`` itself at turn 0, else a fresh one
+    seeded :func:`turn_seed` (on ``generator``'s device). Every engine derives a turn's noise this
+    way, so a remote engine, which sees only a seed per request, draws what the in-process engine
+    draws at every turn of a multi-turn rollout, not only the first."""
+    if generator is None or turn == 0:
+        return generator
+    return torch.Generator(device=generator.device).manual_seed(turn_seed(generator, turn))
+
+
 class RolloutEngine(Protocol):
     """What :func:`dsv32.rl.rollout.rollout` samples with (in-process or over HTTP)."""
 
@@ -71,8 +92,9 @@ class RolloutEngine(Protocol):
         return_kept: bool,
         return_routing: bool,
     ) -> EngineOutput:
-        """Sample a continuation of every prompt. ``generator`` seeds the sampling (its
-        ``initial_seed`` for an engine in another process); ``turn`` counts the calls of one rollout."""
+        """Sample a continuation of every prompt. ``generator`` seeds the rollout and ``turn`` counts
+        its calls: turn ``t`` samples with :func:`turn_generator` (an engine in another process
+        receives its seed, :func:`turn_seed`)."""
         ...
 
     def sync(self, model: torch.nn.Module, version: int) -> float:

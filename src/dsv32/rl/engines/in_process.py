@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from dsv32.engine import generate
-from dsv32.rl.engines.base import EngineOutput
+from dsv32.rl.engines.base import EngineOutput, turn_generator
 
 
 class InProcessEngine:
@@ -42,7 +42,7 @@ class InProcessEngine:
             max_new_tokens=max_new_tokens,
             eos_token_id=eos,
             pad_token_id=pad,
-            generator=generator,
+            generator=turn_generator(generator, turn),
             return_routing=return_routing,
             return_kept=return_kept,
             temperature=temperature,

@@ -15,13 +15,16 @@ counts). A version that is not a step number counts as none.
 
 With ``api="dsv32"`` one request carries the whole batch (``token_ids`` a list of prompts, with
 ``pad_token_id``): ``dsv32 serve`` runs it as one :func:`dsv32.engine.generate` call seeded with
-``seed``, so the first turn samples exactly what the in-process engine samples from a generator with
-that seed (its ``routed_experts`` cover the batch's padded layout, as in process). With
+``seed`` — turn ``t`` of a rollout sends :func:`~dsv32.rl.engines.base.turn_seed`, the seed the
+in-process engine's turn ``t`` samples with — so every turn samples exactly what the in-process
+engine samples (its ``routed_experts`` cover the batch's padded layout, as in process). With
 ``api="vllm"`` each row is its own request, seeded ``seed + row``.
 ``sampling_mask`` and ``routed_experts`` are optional in a reply: without them the batch has no kept
 sets / routing (the trainer then applies no Keep Sampling Mask / Keep Routing and says so once).
 
-Weights (:meth:`RemoteEngine.sync`) go by file: the trainer writes them (:mod:`.weight_sync`) where
+Weights (:meth:`RemoteEngine.sync`) go by file or, to ``dsv32 serve``, over a process group
+(:class:`~dsv32.rl.engines.weight_sync.CollectiveWeightSync`); to vLLM by file, reloaded in place
+through its dev-mode ``/collective_rpc`` (:meth:`RemoteEngine._sync_vllm`). By file: the trainer writes them (:mod:`.weight_sync`) where
 the engine can read them and calls ``POST /update_weights {"path", "weight_version"}``; the engine
 pauses, loads, resumes and reports ``GET /weight_info → {"weight_version"}``, which is checked.
 """
@@ -39,17 +42,8 @@ from typing import Any
 
 import torch
 
-from dsv32.rl.engines.base import EngineError, EngineOutput
-from dsv32.rl.engines.weight_sync import FileWeightSync
-
-SEED_MOD = 2**63 - 1
-
-
-def turn_seed(generator: torch.Generator | None, turn: int) -> int | None:
-    """The seed of a remote request: the generator's initial seed at turn 0, a function of it after."""
-    if generator is None:
-        return None
-    return (generator.initial_seed() + 1_000_003 * turn) % SEED_MOD
+from dsv32.rl.engines.base import SEED_MOD, EngineError, EngineOutput, turn_seed
+from dsv32.rl.engines.weight_sync import CollectiveWeightSync, FileWeightSync
 
 
 class RemoteEngine:
@@ -63,7 +57,7 @@ class RemoteEngine:
         url: str,
         *,
         api: str = "dsv32",
-        sync: FileWeightSync | None = None,
+        sync: FileWeightSync | CollectiveWeightSync | None = None,
         timeout: float = 600.0,
         model: str | None = None,
         api_key: str | None = None,
@@ -158,8 +152,8 @@ class RemoteEngine:
         return {"model": self.model, "token_ids": token_ids, "sampling_params": params, "stream": False}
 
     def weight_version(self) -> int | None:
-        v = self._request("GET", "/weight_info").get("weight_version")
-        return None if v is None else int(v)
+        """The version the engine reports (None: none yet, or one that is not a step number)."""
+        return _version(self._request("GET", "/weight_info").get("weight_version"))
 
     def sync(self, model: torch.nn.Module, version: int) -> float:
         """Write ``model``'s weights as ``version``, have the engine load them, and check the version it
@@ -167,17 +161,54 @@ class RemoteEngine:
         if self.weights is None:
             raise EngineError("this remote engine has no weight sync: give it a FileWeightSync")
         t = time.perf_counter()
+        if self.api == "vllm" and isinstance(self.weights, FileWeightSync):
+            return self._sync_vllm(model, version, t)
+        if isinstance(self.weights, CollectiveWeightSync):
+            if self.api != "dsv32":
+                raise EngineError(
+                    "the collective weight sync speaks dsv32 serve's /init_weight_transfer_engine; a vLLM "
+                    "engine is not driven by it (see docs/rl.md, 'Scaling out')"
+                )
+            self.weights.push(self, model, version)
+            return self._confirm(version, t)
         path, _ = self.weights.write(model, version)
         reply = self._request(
             "POST", "/update_weights", {"path": str(Path(path).resolve()), "weight_version": version}
         )
+        if reply.get("weight_version") != version:
+            raise EngineError(
+                f"weight sync to {self.url}: pushed version {version}, the engine answered {reply}"
+            )
+        self.weights.prune()
+        return self._confirm(version, t)
+
+    def _sync_vllm(self, model: torch.nn.Module, version: int, t: float) -> float:
+        """vLLM (its dev mode, ``VLLM_SERVER_DEV_MODE=1``): the weights written as a checkpoint
+        directory of one safetensors file, then — generation paused, running requests let finish —
+        every worker reloads them in place from it (``/collective_rpc`` ``reload_weights`` with
+        ``weights_path``), the version is set (``/update_weight_version``) and generation resumes;
+        ``/weight_info`` must then report the version."""
+        folder, _ = self.weights.write_checkpoint(model, version)
+        self.pause("wait")
+        try:
+            self._request(
+                "POST",
+                "/collective_rpc",
+                {"method": "reload_weights", "kwargs": {"weights_path": str(folder.resolve())}},
+            )
+            self._request("POST", "/update_weight_version", {"new_version": str(version)})
+        finally:
+            self.resume()
+        self.weights.prune()
+        return self._confirm(version, t)
+
+    def _confirm(self, version: int, t: float) -> float:
         served = self.weight_version()
-        if reply.get("weight_version") != version or served != version:
+        if served != version:
             raise EngineError(
                 f"weight sync to {self.url}: pushed version {version}, the engine reports {served}"
             )
         self.synced = version
-        self.weights.prune()
         return time.perf_counter() - t
 
     def pause(self, mode: str = "wait") -> None:

@@ -2,18 +2,30 @@
 
 The ``file`` backend writes version-stamped safetensors of the whole ``state_dict()``
 (:mod:`dsv32.engine.weight_files`: every key, tied head included, written atomically) into a
-directory the engine can read, and keeps only the newest. The ``nccl`` backend (a GPU-to-GPU
-broadcast into the engine's workers) is not part of this build: asking for it is an
-:class:`~dsv32.rl.engines.base.EngineError` that says so.
+directory the engine can read, and keeps only the newest.
+
+The ``collective`` backend (:class:`CollectiveWeightSync`) broadcasts the same tensors over a
+two-party ``torch.distributed`` group with the engine (:mod:`dsv32.engine.weight_transfer`): NCCL when
+the trainer's weights are on a GPU, gloo on CPUs, the same code. The trainer hosts the group's store
+on the address it reaches the engine from and asks the engine to join
+(``POST /init_weight_transfer_engine``); each sync announces names, dtypes and shapes with the version
+(``POST /update_weights``), the engine checks them against its model, the trainer broadcasts, and the
+sync ends when ``GET /weight_info`` reports the version (or the transfer's error). ``sync = "nccl"``
+is accepted as the same backend where the trainer's weights are on CUDA.
 """
 
 from __future__ import annotations
 
+import shutil
+import socket
+import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import torch
 
+from dsv32.engine import weight_transfer
 from dsv32.engine.weight_files import save_weights, weights_file
 from dsv32.rl.engines.base import EngineError
 
@@ -31,19 +43,136 @@ class FileWeightSync:
         path = save_weights(model, weights_file(self.directory, version), version)
         return path, time.perf_counter() - t
 
+    def write_checkpoint(self, model: torch.nn.Module, version: int) -> tuple[Path, float]:
+        """The same file alone in a directory of its own, ``v<version>/model.safetensors``: what an
+        engine that loads a checkpoint directory (vLLM's ``reload_weights``) reads."""
+        t = time.perf_counter()
+        folder = self.directory / f"v{version:06d}"
+        if folder.exists():
+            shutil.rmtree(folder)
+        save_weights(model, folder / "model.safetensors", version)
+        return folder, time.perf_counter() - t
+
     def prune(self) -> None:
         files = sorted(self.directory.glob("weights-v*.safetensors"))
         for old in files[: max(0, len(files) - self.keep)]:
             old.unlink(missing_ok=True)
+        folders = sorted(p for p in self.directory.glob("v[0-9]*") if p.is_dir())
+        for old in folders[: max(0, len(folders) - self.keep)]:
+            shutil.rmtree(old, ignore_errors=True)
 
 
-def weight_sync(kind: str, directory: str | Path) -> FileWeightSync:
-    """The backend of ``[engine] sync``."""
+class CollectiveWeightSync:
+    """Pushes weights to a remote engine over a two-party process group (see the module docstring).
+    ``backend``: ``"gloo"`` / ``"nccl"``, or None to follow the device of the trainer's weights;
+    ``timeout``: seconds any step (joining, a tensor, the engine's confirmation) may take."""
+
+    name = "collective"
+
+    def __init__(self, backend: str | None = None, timeout: float = 60.0) -> None:
+        if backend is not None and backend not in weight_transfer.BACKENDS:
+            raise EngineError(
+                f"unknown transfer backend {backend!r}; known: {list(weight_transfer.BACKENDS)}"
+            )
+        self.backend, self.timeout = backend, timeout
+        self.group = None
+
+    def connect(self, engine, device) -> None:
+        """Form the group with ``engine`` (a :class:`~dsv32.rl.engines.RemoteEngine`): this process
+        is rank 0 and hosts the store; the engine joins as rank 1."""
+        backend = self.backend or weight_transfer.backend_for(device)
+        host = _address_towards(engine.url)
+        port = _free_port(host)
+        answer: dict = {}
+
+        def ask() -> None:
+            body = {"master_address": host, "master_port": port, "backend": backend, "timeout": self.timeout}
+            try:
+                answer["reply"] = engine._request(
+                    "POST", "/init_weight_transfer_engine", body, timeout=self.timeout + 10
+                )
+            except EngineError as err:
+                answer["error"] = err
+
+        asking = threading.Thread(target=ask, name="init-weight-transfer", daemon=True)
+        asking.start()
+        try:
+            group = weight_transfer.transfer_group(host, port, 0, backend, self.timeout)
+        except weight_transfer.TransferError as err:
+            asking.join(self.timeout + 15)
+            raise EngineError(f"weight transfer to {engine.url}: {answer.get('error') or err}") from None
+        asking.join(self.timeout + 15)
+        if "reply" not in answer:
+            raise EngineError(
+                f"weight transfer to {engine.url}: the engine did not join: "
+                f"{answer.get('error') or 'no answer in time'}"
+            )
+        self.group = group
+
+    def push(self, engine, model: torch.nn.Module, version: int) -> None:
+        """Send ``model``'s whole ``state_dict()`` as ``version``; returns once the engine serves it."""
+        state = model.state_dict()
+        if self.group is None:
+            self.connect(engine, next(iter(state.values())).device)
+        engine._request(
+            "POST", "/update_weights", {"weight_version": version, **weight_transfer.tensor_specs(state)}
+        )  # a refusal (keys, shapes) is an EngineError here, before anything is sent
+        try:
+            weight_transfer.send(self.group, state, self.timeout)
+        except weight_transfer.TransferError as err:
+            self.group = None  # the engine drops its end too: the next sync forms a new group
+            raise EngineError(f"weight transfer to {engine.url}: {err}") from None
+        deadline = time.monotonic() + self.timeout
+        while True:
+            info = engine._request("GET", "/weight_info")
+            transfer = info.get("transfer") or {}
+            if info.get("weight_version") == version and not transfer.get("receiving"):
+                return
+            if transfer.get("error"):
+                self.group = None
+                raise EngineError(f"weight transfer to {engine.url}: the engine reports {transfer['error']}")
+            if time.monotonic() > deadline:
+                raise EngineError(
+                    f"weight transfer to {engine.url}: version {version} sent, the engine still reports "
+                    f"{info.get('weight_version')} after {self.timeout:g} s"
+                )
+            time.sleep(0.02)
+
+    def prune(self) -> None:
+        pass
+
+
+def _address_towards(url: str) -> str:
+    """This machine's address on the route to ``url``'s host (what the engine can connect back to)."""
+    host = urlsplit(url).hostname or "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((host, 9))  # no packet is sent: this only picks the route
+            return s.getsockname()[0]
+        except OSError as err:
+            raise EngineError(f"no route to the engine's host {host!r}: {err}") from None
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def weight_sync(
+    kind: str, directory: str | Path, *, device: str | torch.device = "cpu", timeout: float = 60.0
+) -> FileWeightSync | CollectiveWeightSync:
+    """The backend of ``[engine] sync``: ``file``; ``collective`` (NCCL for weights on CUDA, gloo on
+    CPUs); ``nccl``, the collective backend where ``device`` is CUDA."""
     if kind == "file":
         return FileWeightSync(directory)
+    if kind == "collective":
+        return CollectiveWeightSync(timeout=timeout)
     if kind == "nccl":
-        raise EngineError(
-            "[engine] sync = 'nccl' is not available in this build: weights reach a remote engine by "
-            "file (sync = 'file', a directory the engine can read); see docs/rl.md, 'Scaling out'"
-        )
-    raise EngineError(f"unknown weight sync {kind!r}; known: 'file', 'nccl'")
+        if torch.device(device).type != "cuda":
+            raise EngineError(
+                "[engine] sync = 'nccl' needs the trainer's weights on CUDA; on CPUs use "
+                "sync = 'collective' (gloo) or 'file'"
+            )
+        return CollectiveWeightSync("nccl", timeout=timeout)
+    raise EngineError(f"unknown weight sync {kind!r}; known: 'file', 'collective', 'nccl'")
