@@ -11,8 +11,8 @@ One step:
    Off-Policy Sequence Mask, Keep Routing and Keep Sampling Mask exist for.
 
 Exact resume: tasks and sampling noise of step ``s`` are functions of ``(seed, s)`` — each task's
-group is sampled with a generator of its own, seeded by ``(seed, s, its index in the step)`` (with
-the in-process engine); a checkpoint holds the policy, the optimizer and the step.
+group is sampled with a generator of its own, seeded by ``(seed, s, its index in the step)``, in
+engine calls of its own; a checkpoint holds the policy, the optimizer and the step.
 
 Under ``torchrun`` (:mod:`dsv32.distributed`) rank ``r`` of ``W`` takes the ``r``-th of ``W`` equal
 parts of the step's tasks (whole groups: ``prompts_per_step`` must be a multiple of ``W``) and
@@ -462,16 +462,14 @@ def grpo_step(
         distributed.copy_full_parameters(policy.model, sampler.model)
     engine = engine if engine is not None else InProcessEngine(sampler.model)
     sync_s = prepare_engine(engine, sampler.model, step, max_lag)
-    # in process, each group on a generator of its own: the same samples at any world size
-    per_group = engine.name == "in_process"
+    # each group on a generator of its own: the same samples at any world size and with any engine
     with torch.no_grad():
         batch = rollout(
             sampler,
             batch_tasks,
             g.group_size,
             cfg.sampling,
-            generator=None if per_group else _generator(cfg.seed, step, 1),
-            group_generators=[_generator(cfg.seed, step, 1, k) for k in mine] if per_group else None,
+            group_generators=[_generator(cfg.seed, step, 1, k) for k in mine],
             keep_routing=g.keep_routing,
             hook=hook,
             engine=engine,
