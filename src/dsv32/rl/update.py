@@ -95,7 +95,7 @@ def grpo_update(
             n_out, n_tok = distributed.all_sum([totals.outputs, int(mask[mb].sum())])
             totals = replace(totals, outputs=int(n_out))  # Eq. 8 averages over the global mini-batch
             mb_tokens = max(1, int(n_tok))
-            parts = list(torch.arange(len(mb), device=device).split(cfg.micro_batch))
+            parts = [p for p in torch.arange(len(mb), device=device).split(cfg.micro_batch) if len(p)]
             n_parts = int(distributed.all_max([len(parts)])[0])  # every rank runs as many forwards
             rests: list = [None] * len(parts)
             if cfg.opsm_delta is not None:
