@@ -105,6 +105,20 @@ def test_a_group_samples_the_same_whatever_else_is_in_the_batch():
     mask = part.action_mask
     T = mask.shape[1]
     torch.testing.assert_close(whole.sampling_logprobs[2:, :T][mask], part.sampling_logprobs[mask])
+    # the in-process engine samples all groups in one batched call (a generator per row); another
+    # engine gets one call per group: the same samples
+    from dsv32.rl.engines import InProcessEngine
+
+    class PerGroup(InProcessEngine):
+        name = "per_group"
+        calls = 0
+
+        def generate(self, prompts, **kw):
+            PerGroup.calls += 1
+            return super().generate(prompts, **kw)
+
+    apart = rollout(policy, tasks, 2, sampling, group_generators=gens(0, 1, 2), engine=PerGroup(policy.model))
+    assert PerGroup.calls == 3 and apart.completions == whole.completions
     shared = rollout(policy, tasks, 2, sampling, generator=torch.Generator().manual_seed(1))
     assert shared.completions != whole.completions  # one stream for the batch samples otherwise
     with pytest.raises(ValueError, match="2 generators for 3 tasks"):

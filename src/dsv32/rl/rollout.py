@@ -146,10 +146,11 @@ def rollout(
     default engine: the policy's own model, in process). An engine that returns no kept sets / no
     routing gives a batch without them (``kept_ids`` / ``routing`` None), said once in the log.
 
-    ``group_generators`` (one per task, instead of ``generator``): each task's group is sampled in
-    engine calls of its own, with its own generator, so a group's samples do not depend on which other
-    tasks share the batch — a batch split by whole groups over several processes samples exactly what
-    one process samples."""
+    ``group_generators`` (one per task, instead of ``generator``): each task's group draws from its own
+    generator — in the in-process engine's one batched call (:func:`dsv32.engine.generate` with a
+    generator per row), in engine calls of its own with another engine — so a group's samples do not
+    depend on which other tasks share the batch: a batch split by whole groups over several processes
+    samples exactly what one process samples."""
     if group_generators is not None and len(group_generators) != len(tasks):
         raise ValueError(f"group_generators: {len(group_generators)} generators for {len(tasks)} tasks")
     engine = engine if engine is not None else InProcessEngine(policy.model)
@@ -180,6 +181,8 @@ def rollout(
             break
         if group_generators is None:
             calls = [(active, generator)]
+        elif engine.name == "in_process":  # one batched call, each row drawing from its group's generator
+            calls = [(active, [group_generators[i // group_size] for i in active])]
         else:
             calls = [
                 ([i for i in active if i // group_size == k], gen) for k, gen in enumerate(group_generators)

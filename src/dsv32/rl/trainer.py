@@ -11,8 +11,8 @@ One step:
    Off-Policy Sequence Mask, Keep Routing and Keep Sampling Mask exist for.
 
 Exact resume: tasks and sampling noise of step ``s`` are functions of ``(seed, s)`` — each task's
-group is sampled with a generator of its own, seeded by ``(seed, s, its index in the step)``, in
-engine calls of its own; a checkpoint holds the policy, the optimizer and the step.
+group draws from a generator of its own, seeded by ``(seed, s, its index in the step)``
+(:func:`~dsv32.rl.rollout.rollout`'s ``group_generators``); a checkpoint holds the policy, the optimizer and the step.
 
 Under ``torchrun`` (:mod:`dsv32.distributed`) rank ``r`` of ``W`` takes the ``r``-th of ``W`` equal
 parts of the step's tasks (whole groups: ``prompts_per_step`` must be a multiple of ``W``) and
