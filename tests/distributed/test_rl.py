@@ -2,7 +2,7 @@
 the same rollouts, rewards, losses and weights after 3 steps (the groups split over the ranks, the
 reference model sharded, Eq. 8's normalisation, the KL and OPSM over the global batch), the held-out
 evaluation split over the ranks; a DCP checkpoint written at step 2 by 2 ranks resumes at 1 and at 2
-ranks and reproduces step 3; the exported model equals the single-process one; a step whose groups do
+ranks and reproduces step 3, and so does a single-process checkpoint at 2 ranks; the exported model equals the single-process one; a step whose groups do
 not split over the ranks fails on every rank with one line. Measured here (torch 2.13, CPU): fp64
 (8 mini-batches of one output: one rank idle in each) losses ≤ 3e-16 relative, weights ≤ 3.2e-13
 (tolerance 1e-10); fp32 weights ≤ 2.0e-6 by the norm of
@@ -55,16 +55,18 @@ def runs(tmp_path_factory):
     one, two = root / "one", root / "two"
     torch.set_num_threads(1)
     results = {f"one/{d}": worker.run_rl_job(_job(tasks, one / d, d)) for d in DTYPES}
+    worker.run_rl_job(_job(tasks, one / "stop", "float64", stop_after=2))  # a 1-process checkpoint
     stop = _job(tasks, two / "stop", "float64", stop_after=2)
     jobs = [_job(tasks, two / d, d, result=str(two / f"{d}.pt")) for d in DTYPES]
     jobs += [
         stop,
         {"kind": "copy", "src": str(two / "stop"), "dst": str(two / "stop_for_one")},
         {**stop, "stop_after": None, "resume": True, "result": str(two / "resumed_2to2.pt")},
+        _job(tasks, one / "stop", "float64", resume=True, result=str(two / "resumed_1to2.pt")),
     ]
     run_jobs(jobs, root / "spec.json")
     results |= {f"two/{d}": torch.load(two / f"{d}.pt") for d in DTYPES}
-    results["2to2"] = torch.load(two / "resumed_2to2.pt")
+    results |= {how: torch.load(two / f"resumed_{how}.pt") for how in ("2to2", "1to2")}
     results["2to1"] = worker.run_rl_job(_job(tasks, two / "stop_for_one", "float64", resume=True))
     return root, results
 
@@ -94,12 +96,12 @@ def test_two_processes_compute_the_single_process_grpo_update(runs, dtype):
         )  # fmt: skip
 
 
-@pytest.mark.parametrize("how", ["2to2", "2to1"])
+@pytest.mark.parametrize("how", ["2to2", "2to1", "1to2"])
 def test_a_grpo_checkpoint_resumes_at_another_world_size_and_reproduces_step_3(runs, how):
     root, results = runs
     straight, resumed = results["one/float64"], results[how]
     assert [m["step"] for m in resumed["metrics"]] == [3]
-    assert resumed["metrics"][0]["world_size"] == (2 if how == "2to2" else 1)
+    assert resumed["metrics"][0]["world_size"] == int(how[-1])
     for key in ("pg_loss", "kl", "grad_norm"):
         _close(straight["metrics"][-1][key], resumed["metrics"][0][key], "float64", key)
     errors = worker.weight_errors(straight["weights"], resumed["weights"], "float64")

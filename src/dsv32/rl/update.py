@@ -32,8 +32,17 @@ def rl_guard(limit: int) -> UpdateGuard:
 
 
 def check_finite_policy(model: torch.nn.Module, step: int) -> None:
-    """:func:`check_finite_weights` for the policy, with GRPO's advice."""
+    """:func:`check_finite_weights` for the policy, with GRPO's advice. Under ``torchrun`` every rank
+    raises when one rank's shard is not finite (none goes on to a collective the others left)."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+    finite = not local or bool(torch.stack([torch.isfinite(p).all() for p in local]).all())
+    if distributed.all_true(finite):
+        return
     check_finite_weights(model, step, whose="policy's", advice=RL_WEIGHTS_ADVICE)
+    raise NonFiniteUpdateError(  # this rank's shard is finite, another's is not
+        f"after step {step} the policy's weights hold NaN or inf (in another process's shard); no "
+        f"checkpoint or model is written from them: {RL_WEIGHTS_ADVICE}"
+    )
 
 
 def grpo_update(
