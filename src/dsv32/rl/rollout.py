@@ -15,6 +15,7 @@ arrive with the agent issues; any callable with this signature plugs in.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -148,7 +149,7 @@ def rollout(
 
     ``group_generators`` (one per task, instead of ``generator``): each task's group draws from its own
     generator — in the in-process engine's one batched call (:func:`dsv32.engine.generate` with a
-    generator per row), in engine calls of its own with another engine — so a group's samples do not
+    generator per row), in concurrent engine calls of its own with another engine — so a group's samples do not
     depend on which other tasks share the batch: a batch split by whole groups over several processes
     samples exactly what one process samples."""
     if group_generators is not None and len(group_generators) != len(tasks):
@@ -187,16 +188,33 @@ def rollout(
             calls = [
                 ([i for i in active if i // group_size == k], gen) for k, gen in enumerate(group_generators)
             ]
+        calls = [(call_rows, gen) for call_rows, gen in calls if call_rows]
+        kw = dict(params, eos=policy.eos_token_id, pad=policy.pad_token_id, turn=turn)
+        kw |= dict(return_routing=keep_routing, return_kept=truncating)
+
+        def generate(call, kw=kw):
+            call_rows, gen = call
+            n_new = min(
+                sampling.max_new_tokens, max(sampling.max_total_tokens - len(tokens[i]) for i in call_rows)
+            )
+            return engine.generate(
+                [prompts[i] + tokens[i] for i in call_rows], max_new_tokens=n_new, generator=gen, **kw
+            )
+
+        if len(calls) == 1:
+            outs = [generate(calls[0])]
+        else:  # one call per group (an engine in another process): concurrently, applied in order
+            with ThreadPoolExecutor(len(calls)) as pool:
+                outs = list(pool.map(generate, calls))
         still = []
-        for call_rows, gen in calls:
-            if call_rows:
-                more, kept_sets = _sample_turn(
-                    engine, call_rows, prompts, rows, tokens, actions, logps, kept, truncated, versions,
-                    routed, sampling, params, policy, hook, gen, turn, keep_routing, truncating,
-                )  # fmt: skip
-                still += more
-                if truncating and not kept_sets:
-                    truncating, kept = False, [[] for _ in rows]
+        for (call_rows, _), out in zip(calls, outs):
+            more, kept_sets = _apply_turn(
+                engine, out, call_rows, rows, tokens, actions, logps, kept, truncated, versions, routed,
+                sampling, policy, hook, turn, keep_routing, truncating,
+            )  # fmt: skip
+            still += more
+            if truncating and not kept_sets:
+                truncating, kept = False, [[] for _ in rows]
         active = sorted(still)
     if keep_routing and routed and all(r is not None for _, r in routed):
         routing = _place_routing(routed, prompts, max(1, max(len(t) for t in tokens)))
@@ -229,25 +247,13 @@ def _place_routing(routed: list[tuple[list[int], torch.Tensor]], prompts, T: int
     return out
 
 
-def _sample_turn(
-    engine, call_rows, prompts, rows, tokens, actions, logps, kept, truncated, versions, routed,
-    sampling, params, policy, hook, generator, turn, keep_routing, truncating,
+def _apply_turn(
+    engine, out, call_rows, rows, tokens, actions, logps, kept, truncated, versions, routed,
+    sampling, policy, hook, turn, keep_routing, truncating,
 ) -> tuple[list[int], bool]:  # fmt: skip
-    """One ``engine.generate`` call for ``call_rows``: their new tokens appended (and the hook's text
-    after an ended turn); returns the rows whose episode continues and whether the engine returned
-    kept sets (when they were asked for)."""
-    n_new = min(sampling.max_new_tokens, max(sampling.max_total_tokens - len(tokens[i]) for i in call_rows))
-    out = engine.generate(
-        [prompts[i] + tokens[i] for i in call_rows],
-        max_new_tokens=n_new,
-        eos=policy.eos_token_id,
-        pad=policy.pad_token_id,
-        generator=generator,
-        turn=turn,
-        return_routing=keep_routing,
-        return_kept=truncating,
-        **params,
-    )
+    """One ``engine.generate`` output for ``call_rows``: their new tokens appended (and the hook's
+    text after an ended turn); returns the rows whose episode continues and whether the engine
+    returned kept sets (when they were asked for)."""
     if truncating and out.kept is None:
         _warn(
             f"kept:{engine.name}",
