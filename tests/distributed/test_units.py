@@ -52,18 +52,77 @@ def test_a_plain_process_is_rank_0_of_1_and_setup_does_nothing(monkeypatch):
     require_one_process("GRPO")  # no launch: fine
 
 
-def test_grpo_refuses_a_launch_of_several_processes(monkeypatch):
+def test_agentic_grpo_refuses_a_launch_of_several_processes(monkeypatch):
     for var, value in LAUNCH.items():
         monkeypatch.setenv(var, value)
-    with pytest.raises(DistError, match="GRPO runs in one process, not under a launch of 2"):
-        require_one_process("GRPO")
-    from dsv32.rl.config import RLConfig
-    from dsv32.rl.trainer import train_grpo
-
-    with pytest.raises(DistError, match="GRPO runs in one process"):
-        train_grpo(RLConfig())  # before anything is loaded or written
+    with pytest.raises(DistError, match="agentic GRPO runs in one process, not under a launch of 2"):
+        require_one_process("agentic GRPO")
     monkeypatch.setenv("WORLD_SIZE", "1")
-    require_one_process("GRPO")
+    require_one_process("agentic GRPO")
+
+
+def test_grpo_checks_that_its_groups_split_and_that_it_samples_in_process():
+    from dsv32.rl.config import RLConfig
+    from dsv32.rl.trainer import check_world
+
+    cfg = RLConfig()
+    cfg.grpo.prompts_per_step = 6
+    check_world(cfg, World())  # one process: anything goes
+    check_world(cfg, World(1, 3, 1, True))
+    with pytest.raises(DistError, match="prompts_per_step=6 does not split over 4 processes by whole groups"):
+        check_world(cfg, World(0, 4, 0, True))
+    cfg.engine.kind = "remote"
+    with pytest.raises(DistError, match="samples in process"):
+        check_world(cfg, World(0, 2, 0, True))
+
+
+def test_the_collectives_of_one_process_are_the_values_themselves():
+    from dsv32.distributed import all_gather_objects, all_max
+
+    assert all_max([1.0, -2.0]) == [1.0, -2.0] and all_gather_objects({"a": 1}) == [{"a": 1}]
+
+
+def test_a_group_samples_the_same_whatever_else_is_in_the_batch():
+    """Each task's group on a generator of its own: what a rank holding some of the step's groups
+    samples for them is what one process samples for them in the whole batch."""
+    import torch
+
+    pytest.importorskip("transformers")
+    from dsv32.rl.policy import load_policy
+    from dsv32.rl.rollout import SamplingConfig, rollout
+    from dsv32.rl.tasks import Task
+
+    policy = load_policy("tiny-llama", device="cpu")
+    tasks = [Task(id=f"t{i}", domain="toy", prompt=p) for i, p in enumerate(["ab", "hello there", "q"])]
+    sampling = SamplingConfig(temperature=1.0, top_p=0.9, max_new_tokens=6)
+
+    def gens(*keys):
+        return [torch.Generator().manual_seed(k) for k in keys]
+
+    whole = rollout(policy, tasks, 2, sampling, group_generators=gens(0, 1, 2))
+    part = rollout(policy, tasks[1:], 2, sampling, group_generators=gens(1, 2))
+    assert whole.completions[2:] == part.completions
+    mask = part.action_mask
+    T = mask.shape[1]
+    torch.testing.assert_close(whole.sampling_logprobs[2:, :T][mask], part.sampling_logprobs[mask])
+    # the in-process engine samples all groups in one batched call (a generator per row); another
+    # engine gets one call per group: the same samples
+    from dsv32.rl.engines import InProcessEngine
+
+    class PerGroup(InProcessEngine):
+        name = "per_group"
+        calls = 0
+
+        def generate(self, prompts, **kw):
+            PerGroup.calls += 1
+            return super().generate(prompts, **kw)
+
+    apart = rollout(policy, tasks, 2, sampling, group_generators=gens(0, 1, 2), engine=PerGroup(policy.model))
+    assert PerGroup.calls == 3 and apart.completions == whole.completions
+    shared = rollout(policy, tasks, 2, sampling, generator=torch.Generator().manual_seed(1))
+    assert shared.completions != whole.completions  # one stream for the batch samples otherwise
+    with pytest.raises(ValueError, match="2 generators for 3 tasks"):
+        rollout(policy, tasks, 2, sampling, group_generators=gens(0, 1))
 
 
 @pytest.mark.parametrize("raw,ok", [(None, 600.0), ("45", 45.0), ("0", None), ("x", None), ("-3", None)])

@@ -88,12 +88,56 @@ def run_sft_job(job: dict) -> dict | None:
     return None if weights is None else {"metrics": metrics, "weights": weights}
 
 
+class LetterReward:
+    """Share of the first 8 generated characters that are lowercase ASCII letters."""
+
+    def score_many(self, samples, max_workers=1):
+        from dsv32.rl.rewards import RewardResult
+
+        out = []
+        for s in samples:
+            share = sum("a" <= ch <= "z" for ch in s.completion[:8]) / 8
+            out.append(RewardResult(total=share, components={"letter": share}, correct=share >= 0.5))
+        return out
+
+
+def rl_config(job: dict):
+    from dsv32.rl.config import SourceConfig, load_rl_config
+
+    cfg = load_rl_config(None, [f"out_dir={job['out']}", *job["sets"]])
+    cfg.sources[0].kind, cfg.sources[0].path, cfg.sources[0].domain = "jsonl", job["tasks"], "toy"
+    if job.get("eval"):  # held-out problems come from an arithmetic source
+        cfg.sources.append(SourceConfig(kind="arithmetic", max_operand=9, weight=0.5))
+    return cfg
+
+
+def run_rl_job(job: dict) -> dict | None:
+    from dsv32.rl.policy import load_policy
+    from dsv32.rl.trainer import train_grpo
+
+    policy = load_policy(job["model"], device="cpu")
+    policy.model.to(DTYPES[job.get("dtype", "float32")])
+    result = train_grpo(
+        rl_config(job),
+        policy=policy,
+        reward_fn=LetterReward(),
+        progress=False,
+        resume=job.get("resume", True),
+        stop_after=job.get("stop_after"),
+    )
+    weights = full_weights(policy.model)
+    keys = ("step", "world_size", "reward_mean", "pg_loss", "kl", "grad_norm", "ratio_mean", "length_mean")
+    metrics = [{k: m.get(k) for k in keys} for m in result.metrics]
+    evals = [result.eval_before, result.eval_after]
+    return None if weights is None else {"metrics": metrics, "weights": weights, "evals": evals}
+
+
 def copy_job(job: dict) -> None:
     if distributed.is_main():
         shutil.copytree(job["src"], job["dst"])
 
 
-JOBS = {"stage": run_stage_job, "sft": run_sft_job, "copy": copy_job}
+JOBS = {"stage": run_stage_job, "sft": run_sft_job, "rl": run_rl_job, "copy": copy_job}
 
 
 def main(spec_path: str) -> None:

@@ -27,7 +27,10 @@ def add(sub: argparse._SubParsersAction) -> None:
             run_eval(cfg, progress=not args.no_progress)
             return 0
         result = train_grpo(cfg, resume=not args.no_resume, progress=not args.no_progress)
-        print(result.summary())
+        from dsv32.distributed import is_main
+
+        if is_main():  # under torchrun: once, not per rank
+            print(result.summary())
         return 0
 
     for name, text in helps.items():

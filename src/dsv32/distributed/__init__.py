@@ -8,10 +8,18 @@ single-process behaviour, and a distributed run computes the same update on the 
 
 from dsv32.distributed.batch import Share, rank_share, split_evenly
 from dsv32.distributed.checkpoint import ShardedCheckpoints
-from dsv32.distributed.fsdp import clip_grad_norm, full_parameters, set_gradient_sync, shard_model
+from dsv32.distributed.fsdp import (
+    clip_grad_norm,
+    copy_full_parameters,
+    full_parameters,
+    set_gradient_sync,
+    shard_model,
+)
 from dsv32.distributed.group import (
     DistError,
     World,
+    all_gather_objects,
+    all_max,
     all_sum,
     all_true,
     barrier,
@@ -27,10 +35,13 @@ __all__ = [
     "ShardedCheckpoints",
     "Share",
     "World",
+    "all_gather_objects",
+    "all_max",
     "all_sum",
     "all_true",
     "barrier",
     "clip_grad_norm",
+    "copy_full_parameters",
     "full_parameters",
     "is_main",
     "launched",

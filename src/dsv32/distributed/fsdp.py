@@ -141,3 +141,18 @@ def full_parameters(model: nn.Module) -> Iterator[bool]:
     finally:
         for module, name, param in swapped:
             module._parameters[name] = param
+
+
+@torch.no_grad()
+def copy_full_parameters(model: nn.Module, replica: nn.Module) -> None:
+    """Every rank enters: ``replica``, a plain (unsharded) module of ``model``'s architecture, gets
+    ``model``'s full parameters on every rank — for work that must not run through FSDP, such as
+    sampling, where the ranks run different numbers of forwards. A plain copy in a single process."""
+    if is_sharded(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    else:
+        full = dict(model.named_parameters())
+    for name, param in replica.named_parameters():
+        param.copy_(full[name])

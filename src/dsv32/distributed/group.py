@@ -62,7 +62,7 @@ def require_one_process(what: str) -> None:
     if size.strip() not in ("", "1"):
         raise DistError(
             f"{what} runs in one process, not under a launch of {size} (torchrun --nproc-per-node / --nnodes): "
-            "start it as a plain dsv32 command; the DSA stages and SFT train on several"
+            "start it as a plain dsv32 command; the DSA stages, SFT and GRPO (rl train) train on several"
         )
 
 
@@ -150,3 +150,21 @@ def all_true(flag: bool) -> bool:
     t = torch.tensor([0 if flag else 1], dtype=torch.int64, device=_comm_device())
     dist.all_reduce(t)
     return int(t.item()) == 0
+
+
+def all_max(values: list[float]) -> list[float]:
+    """Element-wise maxima over the ranks (float64); the values themselves in a single process."""
+    if not world().active or not values:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.cpu().tolist()
+
+
+def all_gather_objects(obj) -> list:
+    """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` in a single process."""
+    if not world().active:
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out

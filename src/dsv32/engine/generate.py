@@ -99,7 +99,7 @@ def generate(
     attention_mask: torch.Tensor | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     return_routing: bool = False,
     return_kept: bool = False,
 ) -> GenerationOutput:
@@ -112,7 +112,9 @@ def generate(
     past the model's ``max_position_embeddings`` warns). Stops a row at any of ``eos_token_id`` (default: the model's generation
     config's, else its config's; ``[]`` never stops), and the whole batch once every row stopped.
     ``pad_token_id`` (default: the config's, else the first EOS, else 0) fills prompts and stopped rows.
-    ``generator`` makes sampling reproducible. ``return_routing`` (V3.2 only) records MoE routing (Keep
+    ``generator`` makes sampling reproducible: one for the batch, or one per prompt — the rows that
+    share a generator object draw from it together, in row order, exactly as a call with those rows
+    alone would (so a group of rows samples the same whatever else is in the batch). ``return_routing`` (V3.2 only) records MoE routing (Keep
     Routing); ``return_kept`` the kept token sets (Keep Sampling Mask). See :class:`GenerationOutput`.
     """
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
@@ -142,6 +144,9 @@ def generate(
             )
     B, P = ids.shape
     _check_prompts(model, ids, mask, P + max_new_tokens)
+    per_row = generator is not None and not isinstance(generator, torch.Generator)
+    if per_row and len(generator) != B:
+        raise ValueError(f"generator: {len(generator)} generators for {B} prompts (one per prompt, or one)")
 
     logits = backend.prefill(ids, mask, max_len=P + max_new_tokens)  # [B, V]
     rows = torch.arange(B, device=device)  # batch rows still in the model's batch
@@ -149,7 +154,10 @@ def generate(
     lengths = torch.zeros(B, dtype=torch.long, device=device)
     tokens, logprobs, kept = [], [], []
     for step in range(max_new_tokens):
-        tok, logp, keep = sample_next(logits, params, generator)  # over `rows`
+        if per_row and not params.greedy:
+            tok, logp, keep = _sample_by_generator(logits, params, [generator[i] for i in rows.tolist()])
+        else:
+            tok, logp, keep = sample_next(logits, params, None if per_row else generator)  # over `rows`
         live = ~finished  # rows for which this token is real (EOS included)
         tok = _scatter_rows(tok, rows, B, pad_token_id).masked_fill(finished, pad_token_id)
         tokens.append(tok)
@@ -178,6 +186,29 @@ def generate(
         routing=backend.recorded_routing(),
         kept_token_ids=_stack_kept(kept) if return_kept else None,
     )
+
+
+def _sample_by_generator(
+    logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`sample_next` of each set of rows that share a generator, on their own (their kept sets
+    as wide as theirs alone), merged back in row order; kept ids −1-padded to the widest set."""
+    sets: dict[int, list[int]] = {}
+    for i, g in enumerate(generators):
+        sets.setdefault(id(g), []).append(i)
+    tok = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    logp = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    parts = []
+    for rows in sets.values():
+        idx = torch.tensor(rows, device=logits.device)
+        t, lp, k = sample_next(logits[idx], params, generators[rows[0]])
+        tok[idx], logp[idx] = t, lp.float()
+        parts.append((idx, k))
+    K = max(k.shape[1] for _, k in parts)
+    keep = torch.full((logits.shape[0], K), -1, dtype=parts[0][1].dtype, device=logits.device)
+    for idx, k in parts:
+        keep[idx, : k.shape[1]] = k
+    return tok, logp, keep
 
 
 def _scatter_rows(values: torch.Tensor, rows: torch.Tensor, B: int, fill) -> torch.Tensor:

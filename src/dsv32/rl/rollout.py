@@ -15,6 +15,7 @@ arrive with the agent issues; any callable with this signature plugs in.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -140,10 +141,19 @@ def rollout(
     keep_routing: bool = False,
     hook: TurnHook | None = None,
     engine: RolloutEngine | None = None,
+    group_generators: Sequence[torch.Generator] | None = None,
 ) -> Rollouts:
     """Sample ``group_size`` completions for each task (one batched ``engine.generate`` per turn;
     default engine: the policy's own model, in process). An engine that returns no kept sets / no
-    routing gives a batch without them (``kept_ids`` / ``routing`` None), said once in the log."""
+    routing gives a batch without them (``kept_ids`` / ``routing`` None), said once in the log.
+
+    ``group_generators`` (one per task, instead of ``generator``): each task's group draws from its own
+    generator — in the in-process engine's one batched call (:func:`dsv32.engine.generate` with a
+    generator per row), in concurrent engine calls of its own with another engine — so a group's samples do not
+    depend on which other tasks share the batch: a batch split by whole groups over several processes
+    samples exactly what one process samples."""
+    if group_generators is not None and len(group_generators) != len(tasks):
+        raise ValueError(f"group_generators: {len(group_generators)} generators for {len(tasks)} tasks")
     engine = engine if engine is not None else InProcessEngine(policy.model)
     if keep_routing and policy.kind != "native":
         raise ValueError("keep_routing needs the native MoE model (HF policies are dense)")
@@ -155,7 +165,6 @@ def rollout(
     prompts = [ids for ids in rendered for _ in range(group_size)]  # rendered once per task
     params = dict(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
     truncating = truncates(sampling)
-    eos = policy.eos_token_id
     pad = policy.pad_token_id
     # Per row: completion tokens, which are actions, their logprobs and kept sets.
     tokens: list[list[int]] = [[] for _ in rows]
@@ -164,77 +173,123 @@ def rollout(
     kept: list[list[torch.Tensor]] = [[] for _ in rows]
     truncated = [False] * len(rows)
     routing = None
+    routed: list[tuple[list[int], torch.Tensor | None]] = []  # (rows, the call's routing)
     versions: list[int | None] = [None] * len(rows)
     active = list(range(len(rows)))
     for turn in range(sampling.max_turns):
         active = [i for i in active if len(tokens[i]) < sampling.max_total_tokens]
         if not active:
             break
-        n_new = min(sampling.max_new_tokens, max(sampling.max_total_tokens - len(tokens[i]) for i in active))
-        out = engine.generate(
-            [prompts[i] + tokens[i] for i in active],
-            max_new_tokens=n_new,
-            eos=eos,
-            pad=pad,
-            generator=generator,
-            turn=turn,
-            return_routing=keep_routing,
-            return_kept=truncating,
-            **params,
-        )
-        if truncating and out.kept is None:
-            _warn(
-                f"kept:{engine.name}",
-                f"rollouts: the {engine.name} engine returned no kept sampling sets: "
-                "no Keep Sampling Mask is applied to its samples",
+        if group_generators is None:
+            calls = [(active, generator)]
+        elif engine.name == "in_process":  # one batched call, each row drawing from its group's generator
+            calls = [(active, [group_generators[i // group_size] for i in active])]
+        else:
+            calls = [
+                ([i for i in active if i // group_size == k], gen) for k, gen in enumerate(group_generators)
+            ]
+        calls = [(call_rows, gen) for call_rows, gen in calls if call_rows]
+        kw = dict(params, eos=policy.eos_token_id, pad=policy.pad_token_id, turn=turn)
+        kw |= dict(return_routing=keep_routing, return_kept=truncating)
+
+        def generate(call, kw=kw):
+            call_rows, gen = call
+            n_new = min(
+                sampling.max_new_tokens, max(sampling.max_total_tokens - len(tokens[i]) for i in call_rows)
             )
-            truncating = False
-            kept = [[] for _ in rows]
-        if keep_routing:
-            routing = out.routing
-            if routing is None:
-                _warn(
-                    f"routing:{engine.name}",
-                    f"rollouts: the {engine.name} engine returned no routed experts: no Keep Routing",
-                )
+            return engine.generate(
+                [prompts[i] + tokens[i] for i in call_rows], max_new_tokens=n_new, generator=gen, **kw
+            )
+
+        if len(calls) == 1:
+            outs = [generate(calls[0])]
+        else:  # one call per group (an engine in another process): concurrently, applied in order
+            with ThreadPoolExecutor(len(calls)) as pool:
+                outs = list(pool.map(generate, calls))
         still = []
-        for j, i in enumerate(active):
-            v = out.weight_version
-            versions[i] = v if turn == 0 or versions[i] is None or v is None else min(versions[i], v)
-            n = min(len(out.tokens[j]), sampling.max_total_tokens - len(tokens[i]))
-            new = out.tokens[j][:n]
-            ended = n > 0 and new[-1] in eos
-            tokens[i] += new
-            actions[i] += [True] * n
-            logps[i] += out.logprobs[j][:n]
-            if truncating:
-                kept[i].append(out.kept[j][:n])
-            if not ended:
-                truncated[i] = True  # cut by the token budget (the episode may still continue below)
-            if hook is not None and ended and turn + 1 < sampling.max_turns:
-                text = hook(rows[i], policy.decode(tokens[i]), turn)
-                if text:
-                    extra = policy.encode(text)[: max(0, sampling.max_total_tokens - len(tokens[i]))]
-                    tokens[i] += extra
-                    actions[i] += [False] * len(extra)
-                    logps[i] += [0.0] * len(extra)
-                    if truncating:
-                        kept[i].append(torch.full((len(extra), 1), -1, dtype=torch.int32))
-                    truncated[i] = False
-                    still.append(i)
-        active = still
+        for (call_rows, _), out in zip(calls, outs):
+            more, kept_sets = _apply_turn(
+                engine, out, call_rows, rows, tokens, actions, logps, kept, truncated, versions, routed,
+                sampling, policy, hook, turn, keep_routing, truncating,
+            )  # fmt: skip
+            still += more
+            if truncating and not kept_sets:
+                truncating, kept = False, [[] for _ in rows]
+        active = sorted(still)
+    if keep_routing and routed and all(r is not None for _, r in routed):
+        routing = _place_routing(routed, prompts, max(1, max(len(t) for t in tokens)))
+    elif keep_routing:
+        _warn(
+            f"routing:{engine.name}",
+            f"rollouts: the {engine.name} engine returned no routed experts: no Keep Routing",
+        )
     batch = layout_rollouts(
         rows, prompts, tokens, actions, logps, kept if truncating else None, pad, policy.device,
         completions=[policy.decode(t) for t in tokens], truncated=truncated,
     )  # fmt: skip
     batch.weight_versions = versions
     if routing is not None:
-        # The engine's routing covers its own layout (same left padding, width P + N - 1 ≤ L - 1).
-        width = batch.sequences.shape[1] - 1
-        if routing.shape[2] < width:
-            routing = torch.nn.functional.pad(routing, (0, 0, 0, width - routing.shape[2]))
-        batch.routing = routing[:, :, :width].contiguous().to(policy.device)
+        batch.routing = routing.to(policy.device)
     return batch
+
+
+def _place_routing(routed: list[tuple[list[int], torch.Tensor]], prompts, T: int) -> torch.Tensor:
+    """The routing of each engine call (its own layout: its prompts left-padded to its longest, width
+    ``P_call + N_call - 1``) placed into the batch's layout ``[layers, B, P + T - 1, k]``."""
+    P = max(len(p) for p in prompts)
+    first = routed[0][1]
+    out = first.new_zeros((first.shape[0], len(prompts), P + T - 1, first.shape[-1]))
+    for call_rows, r in routed:
+        shift = P - max(len(prompts[i]) for i in call_rows)
+        width = min(r.shape[2], out.shape[2] - shift)
+        idx = torch.tensor(call_rows, device=out.device)
+        out[:, idx, shift : shift + width] = r[:, :, :width].to(out.device)
+    return out
+
+
+def _apply_turn(
+    engine, out, call_rows, rows, tokens, actions, logps, kept, truncated, versions, routed,
+    sampling, policy, hook, turn, keep_routing, truncating,
+) -> tuple[list[int], bool]:  # fmt: skip
+    """One ``engine.generate`` output for ``call_rows``: their new tokens appended (and the hook's
+    text after an ended turn); returns the rows whose episode continues and whether the engine
+    returned kept sets (when they were asked for)."""
+    if truncating and out.kept is None:
+        _warn(
+            f"kept:{engine.name}",
+            f"rollouts: the {engine.name} engine returned no kept sampling sets: "
+            "no Keep Sampling Mask is applied to its samples",
+        )
+        truncating = False
+    if keep_routing:
+        routed.append((call_rows, out.routing))
+    eos = policy.eos_token_id
+    still = []
+    for j, i in enumerate(call_rows):
+        v = out.weight_version
+        versions[i] = v if turn == 0 or versions[i] is None or v is None else min(versions[i], v)
+        n = min(len(out.tokens[j]), sampling.max_total_tokens - len(tokens[i]))
+        new = out.tokens[j][:n]
+        ended = n > 0 and new[-1] in eos
+        tokens[i] += new
+        actions[i] += [True] * n
+        logps[i] += out.logprobs[j][:n]
+        if truncating:
+            kept[i].append(out.kept[j][:n])
+        if not ended:
+            truncated[i] = True  # cut by the token budget (the episode may still continue below)
+        if hook is not None and ended and turn + 1 < sampling.max_turns:
+            text = hook(rows[i], policy.decode(tokens[i]), turn)
+            if text:
+                extra = policy.encode(text)[: max(0, sampling.max_total_tokens - len(tokens[i]))]
+                tokens[i] += extra
+                actions[i] += [False] * len(extra)
+                logps[i] += [0.0] * len(extra)
+                if truncating:
+                    kept[i].append(torch.full((len(extra), 1), -1, dtype=torch.int32))
+                truncated[i] = False
+                still.append(i)
+    return still, truncating
 
 
 def layout_rollouts(

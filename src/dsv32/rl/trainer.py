@@ -10,8 +10,18 @@ One step:
    from the second one on, π_θ ≠ π_old: the off-policy regime that the unbiased KL estimate, the
    Off-Policy Sequence Mask, Keep Routing and Keep Sampling Mask exist for.
 
-Exact resume: tasks and sampling noise of step ``s`` are functions of ``(seed, s)``; a checkpoint
-holds the policy, the optimizer and the step. Outputs under ``out_dir``: ``metrics.jsonl`` (one line
+Exact resume: tasks and sampling noise of step ``s`` are functions of ``(seed, s)`` — each task's
+group draws from a generator of its own, seeded by ``(seed, s, its index in the step)``
+(:func:`~dsv32.rl.rollout.rollout`'s ``group_generators``); a checkpoint holds the policy, the optimizer and the step.
+
+Under ``torchrun`` (:mod:`dsv32.distributed`) rank ``r`` of ``W`` takes the ``r``-th of ``W`` equal
+parts of the step's tasks (whole groups: ``prompts_per_step`` must be a multiple of ``W``) and
+samples them with a full, unsharded replica of the policy's weights (copied from the FSDP-sharded
+policy before each step's rollouts and each held-out evaluation: sampling runs different numbers of
+forwards on different ranks, which FSDP cannot). The policy and the reference model are sharded
+with FSDP2; the mini-batches are drawn over the global batch of outputs, Eq. 8's output count and
+the metrics are summed over the ranks and the gradients summed, so ``W`` processes compute the
+update of one. Checkpoints are DCP checkpoints; rank 0 alone writes the logs, plots and model. Outputs under ``out_dir``: ``metrics.jsonl`` (one line
 per step), ``eval.jsonl`` (held-out accuracy), ``rl.png``, ``checkpoints/step_NNNNNN/``, ``model/``.
 """
 
@@ -40,7 +50,6 @@ from dsv32.rl.tasks import ArithmeticWordProblems, JsonlTasks, MixedTasks, Task
 from dsv32.rl.update import UpdateGuard, check_finite_policy, grpo_update, rl_guard
 from dsv32.runlog import (
     RUN_OUTPUTS,
-    StepCheckpoints,
     append_metrics,
     file_digest,
     read_metrics,
@@ -124,28 +133,34 @@ def rewards_of(cfg: RLConfig, reward_fn: Callable | None = None) -> RewardSetup 
 def evaluate(
     policy: Policy, tasks: list[Task], reward_fn: RewardFunction, max_new_tokens: int, batch_size: int
 ) -> dict:
-    """Greedy accuracy (share of outcome-correct answers) and mean reward on ``tasks``."""
+    """Greedy accuracy (share of outcome-correct answers) and mean reward on ``tasks``. Under
+    ``torchrun`` rank ``r`` evaluates batches ``r, r + W, …`` (the batches of one process) with
+    ``policy`` unsharded, and every rank gets the whole result."""
     was = policy.model.training
     policy.model.eval()
-    correct, rewards, lengths, samples = [], [], [], []
-    greedy = SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens, max_total_tokens=max_new_tokens)
-    for a in range(0, len(tasks), batch_size):
-        batch = rollout(policy, tasks[a : a + batch_size], 1, greedy)
-        for res, text, n in zip(score(reward_fn, batch), batch.completions, batch.num_tokens):
-            correct.append(bool(res.correct))
-            rewards.append(res.total)
-            lengths.append(n)
-            if len(samples) < 3:
-                samples.append(text)
+    w = distributed.world()
+    starts = list(range(0, len(tasks), batch_size))
+    mine = []
+    for a in starts[w.rank :: w.size]:
+        batch = rollout(policy, tasks[a : a + batch_size], 1, greedy_config(max_new_tokens))
+        scored = zip(score(reward_fn, batch), batch.completions, batch.num_tokens)
+        mine.append((a, [(bool(res.correct), res.total, n, text) for res, text, n in scored]))
     policy.model.train(was)
+    rows = [
+        r for _, part in sorted(p for ps in distributed.all_gather_objects(mine) for p in ps) for r in part
+    ]
     n = max(1, len(tasks))
     return {
-        "accuracy": sum(correct) / n,
-        "reward": sum(rewards) / n,
-        "mean_tokens": sum(lengths) / n,
+        "accuracy": sum(c for c, _, _, _ in rows) / n,
+        "reward": sum(r for _, r, _, _ in rows) / n,
+        "mean_tokens": sum(k for _, _, k, _ in rows) / n,
         "problems": len(tasks),
-        "samples": samples,
+        "samples": [text for _, _, _, text in rows[:3]],
     }
+
+
+def greedy_config(max_new_tokens: int) -> SamplingConfig:
+    return SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens, max_total_tokens=max_new_tokens)
 
 
 def _generator(seed: int, *parts: int) -> torch.Generator:
@@ -175,7 +190,8 @@ def train_grpo(
     """Run GRPO as configured. ``policy``/``reward_fn`` default to those the config names; ``hook``
     enables multi-turn rollouts (``sampling.max_turns`` > 1); ``stop_after`` interrupts after that step
     (with a checkpoint), as if the process had been killed."""
-    distributed.require_one_process("GRPO")
+    w = distributed.setup()
+    check_world(cfg, w)  # before anything loads
     out = Path(cfg.out_dir)
     torch.manual_seed(cfg.seed)
     rewards = rewards_of(cfg, reward_fn)
@@ -192,18 +208,25 @@ def train_grpo(
     if g.keep_routing and policy.kind != "native":
         g = replace(g, keep_routing=False)  # dense models have no routing to keep
     ref = reference_policy(policy, g)
+    sampler = sampling_replica(policy)
+    if ref is not None:
+        distributed.shard_model(ref.model)
+    distributed.shard_model(policy.model)
     optimizer = make_optimizer(policy, g)
     guard = rl_guard(g.max_skipped_updates)
 
-    engine = build_engine(cfg.engine, policy.model, out)
+    engine = build_engine(cfg.engine, sampler.model, out)
 
     def evaluate(step: int, path: Path) -> dict:
-        return _eval(policy, held_out, reward_fn, cfg, step, path, progress)
+        if sampler is not policy:
+            distributed.copy_full_parameters(policy.model, sampler.model)
+        return _eval(sampler, held_out, reward_fn, cfg, step, path, progress)
 
     def step_fn(step: int) -> dict:
         return grpo_step(
-            policy, ref, optimizer, tasks, reward_fn, cfg, g, step, hook, guard=guard, engine=engine
-        )
+            policy, ref, optimizer, tasks, reward_fn, cfg, g, step, hook, guard=guard, engine=engine,
+            sampler=sampler,
+        )  # fmt: skip
 
     return run_steps(
         policy,
@@ -252,6 +275,34 @@ def run_identity(config: dict, files: dict[tuple[str, int], str]) -> dict:
     for (section, i), path in files.items():
         identity[section][i]["sha256"] = file_digest(path)
     return identity
+
+
+def check_world(cfg: RLConfig, w: distributed.World) -> None:
+    """:class:`~dsv32.distributed.DistError` when a GRPO recipe cannot run over ``w``'s processes:
+    the step's groups must split evenly, and the rollouts run in process."""
+    if not w.active:
+        return
+    n = cfg.grpo.prompts_per_step
+    if n % w.size:
+        raise distributed.DistError(
+            f"grpo.prompts_per_step={n} does not split over {w.size} processes by whole groups: "
+            f"make it a multiple of {w.size}"
+        )
+    if cfg.engine.kind != "in_process":
+        raise distributed.DistError(
+            f"[engine] kind={cfg.engine.kind!r}: on several processes GRPO samples in process "
+            "(kind='in_process'); a remote engine serves one trainer process"
+        )
+
+
+def sampling_replica(policy: Policy) -> Policy:
+    """What the rollouts sample with: ``policy`` itself in one process; under ``torchrun`` a plain
+    copy of its model (taken before it is sharded) that :func:`dsv32.distributed.copy_full_parameters`
+    refreshes from the sharded policy."""
+    if not distributed.world().active:
+        return policy
+    replica = copy.deepcopy(policy.model).eval().requires_grad_(False)
+    return Policy(replica, policy.tokenizer, policy.kind, policy.thinking)
 
 
 def reference_policy(policy: Policy, g: GRPOConfig) -> Policy | None:
@@ -309,28 +360,32 @@ def run_steps(
     from dsv32.rl.plot import plot_rl_metrics
 
     out, steps, eval_every, save_every = result.out_dir, cfg.grpo.steps, cfg.eval.every, cfg.save_every
-    ckpts = StepCheckpoints(out, keep=1, run=run)
+    w = distributed.world()
+    ckpts = distributed.ShardedCheckpoints(out, keep=1, run=run)
     metrics_path, eval_path = out / "metrics.jsonl", out / "eval.jsonl"
     step = ckpts.begin(policy.model, optimizer, resume=resume, steps=steps)
     logged: dict[int, dict] = {}
     if step:
-        truncate_metrics(metrics_path, step)
-        truncate_metrics(eval_path, step)
-        logged = {r["step"]: r for r in read_metrics(eval_path)}
+        logged = {r["step"]: r for r in read_metrics(eval_path) if r["step"] <= step}
+        distributed.barrier()  # every rank has read eval.jsonl before rank 0 cuts it
+        if w.main:
+            truncate_metrics(metrics_path, step)
+            truncate_metrics(eval_path, step)
         if guard is not None:
             guard.restore(ckpts.state(ckpts.resumed_from))
         result.eval_before = logged.get(0)
         logger.info("rl: resumed from %s (step %d)", ckpts.resumed_from, step)
-    else:
+    elif w.main:
         out.mkdir(parents=True, exist_ok=True)
         ckpts.discard((*RUN_OUTPUTS, "rl.png"))
-    for name, content in (meta or {}).items():
+    for name, content in (meta or {}).items() if w.main else ():
         write_json(out / name, content)
+    distributed.barrier()
     if not step and evaluate_before and evaluate is not None:
         result.eval_before = evaluate(0, eval_path)
     last = steps if stop_after is None else min(steps, stop_after)
     start = time.time()
-    bar = tqdm(total=steps, initial=step, desc=desc, disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=steps, initial=step, desc=desc, disable=not (progress and w.main), dynamic_ncols=True)
     policy.model.train()
     try:
         while step < last:
@@ -339,7 +394,9 @@ def run_steps(
             record = step_fn(step)
             step += 1
             record["seconds"] = round(time.time() - start, 2)
-            if step % cfg.log_every == 0 or step == last or record.get("skipped_updates"):
+            record["world_size"] = w.size
+            logs = step % cfg.log_every == 0 or step == last or record.get("skipped_updates")
+            if logs and w.main:
                 append_metrics(metrics_path, record)
             result.metrics.append(record)
             if on_step is not None:
@@ -359,8 +416,13 @@ def run_steps(
     if step >= steps:
         if evaluate is not None and evaluate_after:
             result.eval_after = logged.get(step) or evaluate(step, eval_path)
-        result.model_dir = _save_policy(policy, out / "model")
-    plot_rl_metrics(metrics_path, eval_path, out / "rl.png")
+        with distributed.full_parameters(policy.model) as writer:  # rank 0 writes the full model
+            if writer:
+                _save_policy(policy, out / "model")
+        distributed.barrier()
+        result.model_dir = out / "model"
+    if w.main:
+        plot_rl_metrics(metrics_path, eval_path, out / "rl.png")
     return result
 
 
@@ -381,23 +443,33 @@ def grpo_step(
     hook,
     guard: UpdateGuard | None = None,
     engine: RolloutEngine | None = None,
+    sampler: Policy | None = None,
 ) -> dict:
     """One rollout batch and its updates; returns the step's metrics. ``engine`` (default: the
     policy's model in process) samples with weights version ``step``, synced first when it lags by
-    more than ``[engine] max_off_policy_steps``; a sample of another version is refused."""
+    more than ``[engine] max_off_policy_steps``; a sample of another version is refused. ``sampler``
+    (default: ``policy``): the unsharded replica the rollouts sample with under ``torchrun``
+    (:func:`sampling_replica`), refreshed from ``policy`` first; this rank samples its part of the
+    step's groups."""
     t0 = time.time()
-    batch_tasks = tasks.sample(step, g.prompts_per_step)
+    mine = distributed.split_evenly(g.prompts_per_step, distributed.world(), "prompts per step")
+    step_tasks = tasks.sample(step, g.prompts_per_step)
+    batch_tasks = [step_tasks[k] for k in mine]
     policy.model.eval()
     max_lag = cfg.engine.max_off_policy_steps
-    engine = engine if engine is not None else InProcessEngine(policy.model)
-    sync_s = prepare_engine(engine, policy.model, step, max_lag)
+    sampler = sampler if sampler is not None else policy
+    if sampler is not policy:
+        distributed.copy_full_parameters(policy.model, sampler.model)
+    engine = engine if engine is not None else InProcessEngine(sampler.model)
+    sync_s = prepare_engine(engine, sampler.model, step, max_lag)
+    # each group on a generator of its own: the same samples at any world size and with any engine
     with torch.no_grad():
         batch = rollout(
-            policy,
+            sampler,
             batch_tasks,
             g.group_size,
             cfg.sampling,
-            generator=_generator(cfg.seed, step, 1),
+            group_generators=[_generator(cfg.seed, step, 1, k) for k in mine],
             keep_routing=g.keep_routing,
             hook=hook,
             engine=engine,
@@ -425,9 +497,21 @@ def grpo_step(
         guard=guard,
     )
     t_update = time.time() - t1
-    correct = [r.correct for r, ok in zip(results, valid) if ok and r.correct is not None]
-    groups = advantages.view(-1, g.group_size)
+    judged = {k: round(v) for k, v in zip(judged, distributed.all_sum(list(judged.values())))}
+    # the step's samples in global order (every rank's part, rank by rank)
+    local = list(
+        zip(
+            rewards.tolist(), valid, [r.correct for r in results], [t.domain for t in batch.tasks],
+            [r.components for r in results], batch.num_tokens, batch.truncated, advantages.tolist(),
+        )
+    )  # fmt: skip
+    samples = [x for part in distributed.all_gather_objects(local) for x in part]
+    rewards = torch.tensor([x[0] for x in samples], dtype=torch.float32)
+    valid = [x[1] for x in samples]
+    correct = [c for _, ok, c, *_ in samples if ok and c is not None]
+    groups = torch.tensor([x[7] for x in samples]).view(-1, g.group_size)
     real = rewards[torch.tensor(valid)]  # the means are over the samples that have a reward
+    lengths, cut = [x[5] for x in samples], [x[6] for x in samples]
     record = {
         "step": step + 1,
         "lr": optimizer.param_groups[0]["lr"],
@@ -437,19 +521,19 @@ def grpo_step(
         "zero_adv_groups": float((groups == 0).all(-1).float().mean()),
         "unscored": len(valid) - sum(valid),
         **judged,
-        "length_mean": sum(batch.num_tokens) / len(batch),
-        "length_max": max(batch.num_tokens),
-        "truncated_frac": sum(batch.truncated) / len(batch),
+        "length_mean": sum(lengths) / len(samples),
+        "length_max": max(lengths),
+        "truncated_frac": sum(cut) / len(samples),
         "rollout_s": round(t_rollout, 2),
         "update_s": round(t_update, 2),
     }
-    scored = [(t.domain, r.total) for t, r, ok in zip(batch.tasks, results, valid) if ok]
+    scored = [(x[3], x[0]) for x in samples if x[1]]
     by_domain = mean_by_domain([d for d, _ in scored], [r for _, r in scored])
     if len(by_domain) > 1:
         record["reward_by_domain"] = by_domain
     components: dict[str, list[float]] = {}
-    for r in (r for r, ok in zip(results, valid) if ok):
-        for k, v in r.components.items():
+    for x in (x for x in samples if x[1]):
+        for k, v in x[4].items():
             components.setdefault(k, []).append(v)
     record["reward_components"] = {k: sum(v) / len(v) for k, v in components.items()}
     # The first update is on-policy: its ratio shows the training/inference mismatch alone.
@@ -496,8 +580,9 @@ def _eval(
     t = time.time()
     res = evaluate(policy, tasks, reward_fn, cfg.eval.max_new_tokens, cfg.eval.batch_size)
     res |= {"step": step, "seconds": round(time.time() - t, 1), **(extra or {})}
-    append_metrics(path, res)
-    if progress:
+    if distributed.is_main():
+        append_metrics(path, res)
+    if progress and distributed.is_main():
         logger.info(
             "rl eval @%d: accuracy %.3f, reward %.3f (%d problems)",
             step,

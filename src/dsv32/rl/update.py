@@ -9,9 +9,11 @@ lives in :mod:`dsv32.training_guard` (every trainer shares it); its names are re
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
+from dsv32 import distributed
 from dsv32.rl.config import GRPOConfig
 from dsv32.rl.loss import OutputTotals, grpo_loss, output_index, sequence_kl_coefs
 from dsv32.rl.policy import Policy
@@ -30,8 +32,17 @@ def rl_guard(limit: int) -> UpdateGuard:
 
 
 def check_finite_policy(model: torch.nn.Module, step: int) -> None:
-    """:func:`check_finite_weights` for the policy, with GRPO's advice."""
+    """:func:`check_finite_weights` for the policy, with GRPO's advice. Under ``torchrun`` every rank
+    raises when one rank's shard is not finite (none goes on to a collective the others left)."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+    finite = not local or bool(torch.stack([torch.isfinite(p).all() for p in local]).all())
+    if distributed.all_true(finite):
+        return
     check_finite_weights(model, step, whose="policy's", advice=RL_WEIGHTS_ADVICE)
+    raise NonFiniteUpdateError(  # this rank's shard is finite, another's is not
+        f"after step {step} the policy's weights hold NaN or inf (in another process's shard); no "
+        f"checkpoint or model is written from them: {RL_WEIGHTS_ADVICE}"
+    )
 
 
 def grpo_update(
@@ -70,6 +81,10 @@ def grpo_update(
     if ids.shape != (B,):
         raise ValueError(f"sequence_ids must have shape [{B}] (one per row), got {list(ids.shape)}")
     output_of_row, n_outputs = output_index(ids, B, device)
+    # Under torchrun each rank holds whole outputs: rank r's are outputs [offset, offset + n_outputs)
+    # of the global batch, which the mini-batches are drawn over (the same on every rank).
+    counts = distributed.all_gather_objects(n_outputs)
+    offset, n_global = sum(counts[: distributed.world().rank]), sum(counts)
     ref_logprobs = _batch_logprobs(ref, batch, cfg, temperature) if ref is not None else None
     domains = [t.domain for t in batch.tasks]
     kl_coefs = sequence_kl_coefs(domains, cfg.domain_kl_coef, default=cfg.kl_coef).to(device)
@@ -77,25 +92,43 @@ def grpo_update(
     routing = batch.routing if cfg.keep_routing else None
     sampling = batch.sampling_logprobs
     old = _batch_logprobs(policy, batch, cfg, temperature) if cfg.old_logprobs == "recompute" else sampling
-    size = max(1, n_outputs // cfg.mini_batches)
+    size = max(1, n_global // cfg.mini_batches)
     guard = guard if guard is not None else rl_guard(cfg.max_skipped_updates)
     records = []
     for _ in range(cfg.epochs):
-        order = torch.randperm(n_outputs, generator=generator).to(device)
-        for outputs in order.split(size):
+        order = torch.randperm(n_global, generator=generator).to(device)
+        for chosen in order.split(size):
+            outputs = chosen[(chosen >= offset) & (chosen < offset + n_outputs)] - offset
             mb = _rows_of(outputs, output_of_row, n_outputs)
             totals = OutputTotals.of(mask[mb], ids[mb])
-            mb_tokens = max(1, int(mask[mb].sum()))
-            parts = torch.arange(len(mb), device=device).split(cfg.micro_batch)
+            n_out, n_tok = distributed.all_sum([totals.outputs, int(mask[mb].sum())])
+            totals = replace(totals, outputs=int(n_out))  # Eq. 8 averages over the global mini-batch
+            mb_tokens = max(1, int(n_tok))
+            parts = [p for p in torch.arange(len(mb), device=device).split(cfg.micro_batch) if len(p)]
+            n_parts = int(distributed.all_max([len(parts)])[0])  # every rank runs as many forwards
             rests: list = [None] * len(parts)
             if cfg.opsm_delta is not None:
                 rests = _log_ratio_rest(
-                    policy, batch, mb, ids[mb], advantages[mb], parts, kept, routing, temperature
+                    policy,
+                    batch,
+                    mb,
+                    ids[mb],
+                    advantages[mb],
+                    parts,
+                    kept,
+                    routing,
+                    temperature,
+                    cfg.micro_batch,
                 )
             sums: dict[str, float] = dict.fromkeys(_SHARE_METRICS + _TOKEN_METRICS, 0.0)
             sums |= {"ratio_max": -math.inf, "ratio_min": math.inf}
             finite = torch.ones((), dtype=torch.bool, device=device)
-            for part, rest in zip(parts, rests):
+            for k in range(n_parts):
+                distributed.set_gradient_sync(policy.model, k == n_parts - 1)  # one reduce per update
+                if k >= len(parts):  # this rank has no rows left: a forward/backward that adds nothing
+                    _idle_pass(policy, batch, kept, routing, temperature, grad=True)
+                    continue
+                part, rest = parts[k], rests[k]
                 micro = mb[part]
                 logp = policy.action_logprobs(**_rows(batch, micro, kept, routing), temperature=temperature)
                 loss, m = grpo_loss(
@@ -115,22 +148,37 @@ def grpo_update(
                 loss.backward()  # already this micro-batch's share of the mini-batch's loss
                 finite &= torch.isfinite(loss.detach())
                 m["abs_log_ratio"] = _abs_log_ratio(logp.detach(), old[micro], mask[micro])
-                for k in _SHARE_METRICS:
-                    sums[k] += m[k]
-                for k in _TOKEN_METRICS:  # means over this micro-batch's tokens: weight by them
-                    sums[k] += m[k] * m["tokens"] / mb_tokens
+                for key in _SHARE_METRICS:
+                    sums[key] += m[key]
+                for key in _TOKEN_METRICS:  # means over this micro-batch's tokens: weight by them
+                    sums[key] += m[key] * m["tokens"] / mb_tokens
                 sums["ratio_max"] = max(sums["ratio_max"], m["ratio_max"])
                 sums["ratio_min"] = min(sums["ratio_min"], m["ratio_min"])
+            keys = _SHARE_METRICS + _TOKEN_METRICS
+            sums |= dict(zip(keys, distributed.all_sum([sums[key] for key in keys])))
+            high, low = distributed.all_max([sums["ratio_max"], -sums["ratio_min"]])
+            sums["ratio_max"], sums["ratio_min"] = high, -low
             params = [p for g in optimizer.param_groups for p in g["params"]]
-            norm = torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad or math.inf)
-            sums["grad_norm"] = float(norm)
-            ok = guard.allows(bool(finite & torch.isfinite(norm).to(device)), sums["grad_norm"])
+            norm = distributed.clip_grad_norm(params, cfg.clip_grad or math.inf)
+            sums["grad_norm"] = norm
+            ok = guard.allows(distributed.all_true(bool(finite)) and math.isfinite(norm), norm)
             if ok:  # a NaN/inf step would poison the weights and AdamW's moments for good
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             sums["skipped_updates"] = 0.0 if ok else 1.0
             records.append(sums)
     return records
+
+
+def _idle_pass(policy: Policy, batch: Rollouts, kept, routing, temperature: float, grad: bool) -> None:
+    """A forward (and, with ``grad``, a backward) of this rank's first row whose result counts for
+    nothing: under FSDP every rank must run as many forwards as the others, each gathering the
+    parameters; its gradient is exactly zero (even for a non-finite log-prob)."""
+    row = torch.zeros(1, dtype=torch.long, device=batch.sequences.device)
+    with torch.set_grad_enabled(grad):
+        logp = policy.action_logprobs(**_rows(batch, row, kept, routing), temperature=temperature)
+        if grad:
+            logp.masked_fill(torch.ones_like(logp, dtype=torch.bool), 0.0).sum().backward()
 
 
 #: Metrics of :func:`grpo_loss` given as a micro-batch's share of the mini-batch's value (summed), and
@@ -150,7 +198,7 @@ def _rows_of(outputs: torch.Tensor, output_of_row: torch.Tensor, n_outputs: int)
 
 @torch.no_grad()
 def _log_ratio_rest(
-    policy: Policy, batch: Rollouts, mb, ids, advantages, parts, kept, routing, temperature: float
+    policy: Policy, batch: Rollouts, mb, ids, advantages, parts, kept, routing, temperature: float, chunk: int
 ) -> list[torch.Tensor]:
     """For each micro-batch ``mb[part]``: per row, Σ log(π_sampling/π_θ) over the action tokens of the
     row's output that lie in the mini-batch's other micro-batches (:class:`OutputTotals`'s
@@ -166,11 +214,15 @@ def _log_ratio_rest(
     negative = torch.zeros(n, dtype=torch.bool, device=device).scatter_(0, output, advantages < 0)
     need = ((first != last) & negative)[output]  # [R]
     per_row = torch.zeros(len(mb), device=device)
-    for chunk in need.nonzero().squeeze(1).split(len(parts[0])) if bool(need.any()) else ():
-        rows = mb[chunk]
+    chunks = list(need.nonzero().squeeze(1).split(chunk)) if bool(need.any()) else []
+    for k in range(int(distributed.all_max([len(chunks)])[0])):  # as many forwards as every rank
+        if k >= len(chunks):
+            _idle_pass(policy, batch, kept, routing, temperature, grad=False)
+            continue
+        rows = mb[chunks[k]]
         logp = policy.action_logprobs(**_rows(batch, rows, kept, routing), temperature=temperature)
         diff = batch.sampling_logprobs[rows] - logp
-        per_row[chunk] = torch.where(batch.action_mask[rows], diff, 0.0).sum(-1).float()
+        per_row[chunks[k]] = torch.where(batch.action_mask[rows], diff, 0.0).sum(-1).float()
     total = torch.zeros(n, device=device).index_add_(0, output, per_row)
     rests = []
     for part in parts:
@@ -201,12 +253,15 @@ def _batch_logprobs(policy: Policy, batch: Rollouts, cfg: GRPOConfig, temperatur
     kept = batch.kept_ids if cfg.keep_sampling_mask else None
     routing = batch.routing if cfg.keep_routing else None
     idx_all = torch.arange(len(batch), device=batch.sequences.device)
-    return torch.cat(
-        [
-            policy.action_logprobs(**_rows(batch, idx, kept, routing), temperature=temperature)
-            for idx in idx_all.split(cfg.micro_batch)
-        ]
-    )
+    chunks = idx_all.split(cfg.micro_batch)
+    out = [
+        policy.action_logprobs(**_rows(batch, idx, kept, routing), temperature=temperature) for idx in chunks
+    ]
+    for _ in range(
+        int(distributed.all_max([len(chunks)])[0]) - len(chunks)
+    ):  # as many forwards as every rank
+        _idle_pass(policy, batch, kept, routing, temperature, grad=False)
+    return torch.cat(out)
 
 
 __all__ = [
