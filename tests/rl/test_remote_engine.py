@@ -133,6 +133,27 @@ def test_the_remote_batch_carries_kept_sets_and_routing_as_in_process(native_ser
     assert torch.equal(remote.routing, local.routing)  # padding columns included
 
 
+def test_at_every_turn_a_group_samples_in_process_what_the_remote_engine_samples_for_it(
+    native_server, tmp_path
+):
+    # a generator per group: the in-process engine's one batched call (rows of a group share their
+    # generator) and one remote call per group draw the same tokens at a later turn as at the first
+    policy = _perturbed("tiny-native", seed=3)
+    engine = RemoteEngine(native_server, sync=FileWeightSync(tmp_path))
+    engine.sync(policy.model, 1)
+    prompts = [[5 + 3 * i, 6 + 3 * i, 7 + 3 * i] for i in range(4)]
+    groups = [torch.Generator().manual_seed(11), torch.Generator().manual_seed(12)]
+    kw = dict(max_new_tokens=6, temperature=0.8, top_p=0.7, top_k=20, eos=[], pad=policy.pad_token_id)
+    kw |= dict(return_kept=False, return_routing=False)
+    for turn in (0, 2):
+        per_row = [groups[0], groups[0], groups[1], groups[1]]
+        local = InProcessEngine(policy.model).generate(prompts, generator=per_row, turn=turn, **kw)
+        for k, g in enumerate(groups):
+            remote = engine.generate(prompts[2 * k : 2 * k + 2], generator=g, turn=turn, **kw)
+            assert remote.tokens == local.tokens[2 * k : 2 * k + 2]
+    assert local.tokens[0] != local.tokens[2]  # the two groups drew different noise
+
+
 def test_a_stale_sample_is_refused_or_with_staleness_allowed_masked_by_opsm(native_server, tmp_path):
     old = _perturbed("tiny-native", seed=3)
     engine = RemoteEngine(native_server, sync=FileWeightSync(tmp_path))

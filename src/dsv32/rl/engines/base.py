@@ -62,13 +62,23 @@ def turn_seed(generator: torch.Generator | None, turn: int) -> int | None:
     return (generator.initial_seed() + 1_000_003 * turn) % SEED_MOD
 
 
-def turn_generator(generator: torch.Generator | None, turn: int) -> torch.Generator | None:
+def turn_generator(
+    generator: torch.Generator | Sequence[torch.Generator] | None, turn: int
+) -> torch.Generator | list[torch.Generator] | None:
     """The generator turn ``turn`` samples with: ``generator`` itself at turn 0, else a fresh one
     seeded :func:`turn_seed` (on ``generator``'s device). Every engine derives a turn's noise this
     way, so a remote engine, which sees only a seed per request, draws what the in-process engine
-    draws at every turn of a multi-turn rollout, not only the first."""
+    draws at every turn of a multi-turn rollout, not only the first. A generator per row (rows that
+    share one draw from it together) gives one per row, the rows that shared a generator sharing its
+    turn's."""
     if generator is None or turn == 0:
         return generator
+    if not isinstance(generator, torch.Generator):
+        fresh: dict[int, torch.Generator] = {}
+        for g in generator:
+            if id(g) not in fresh:
+                fresh[id(g)] = turn_generator(g, turn)
+        return [fresh[id(g)] for g in generator]
     return torch.Generator(device=generator.device).manual_seed(turn_seed(generator, turn))
 
 

@@ -31,7 +31,7 @@ class InProcessEngine:
         top_k: int,
         eos: list[int],
         pad: int,
-        generator: torch.Generator | None,
+        generator: torch.Generator | Sequence[torch.Generator] | None,
         turn: int,
         return_kept: bool,
         return_routing: bool,
