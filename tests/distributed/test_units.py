@@ -52,13 +52,33 @@ def test_a_plain_process_is_rank_0_of_1_and_setup_does_nothing(monkeypatch):
     require_one_process("GRPO")  # no launch: fine
 
 
-def test_agentic_grpo_refuses_a_launch_of_several_processes(monkeypatch):
+def test_a_one_process_command_names_every_trainer_that_runs_on_several(monkeypatch):
     for var, value in LAUNCH.items():
         monkeypatch.setenv(var, value)
-    with pytest.raises(DistError, match="agentic GRPO runs in one process, not under a launch of 2"):
-        require_one_process("agentic GRPO")
+    with pytest.raises(DistError, match="dsv32 demo runs in one process, not under a launch of 2") as err:
+        require_one_process("dsv32 demo")
+    assert "agentic GRPO (posttrain rl) train on several" in str(err.value)
     monkeypatch.setenv("WORLD_SIZE", "1")
-    require_one_process("agentic GRPO")
+    require_one_process("dsv32 demo")
+
+
+def test_agentic_grpo_checks_that_its_items_split_sample_in_process_and_run_no_ray():
+    from dsv32.rl.agentic_config import load_agentic_config
+    from dsv32.rl.agentic_trainer import check_agentic_world
+
+    cfg = load_agentic_config(None, ["grpo.prompts_per_step=6"])
+    check_agentic_world(cfg, World())  # one process: anything goes
+    check_agentic_world(cfg, World(1, 3, 1, True))
+    with pytest.raises(DistError, match="prompts_per_step=6 does not split over 4 processes by whole groups"):
+        check_agentic_world(cfg, World(0, 4, 0, True))
+    cfg.rl.ray.address = "127.0.0.1:6379"
+    check_agentic_world(cfg, World())
+    with pytest.raises(DistError, match=r"\[ray\] address='127.0.0.1:6379': on several processes"):
+        check_agentic_world(cfg, World(0, 2, 0, True))
+    cfg.rl.ray.address = ""
+    cfg.rl.engine.kind = "remote"
+    with pytest.raises(DistError, match="samples in process"):
+        check_agentic_world(cfg, World(0, 2, 0, True))
 
 
 def test_grpo_checks_that_its_groups_split_and_that_it_samples_in_process():

@@ -132,12 +132,113 @@ def run_rl_job(job: dict) -> dict | None:
     return None if weights is None else {"metrics": metrics, "weights": weights, "evals": evals}
 
 
+class EchoEnv:
+    """Tool ``f()`` returns ``RESULT-<task id>``; the answer is correct when it is ``5`` (registered as
+    ``echo-dist`` by :func:`register_echo`)."""
+
+    @staticmethod
+    def make():
+        from dsv32.envs.base import Environment, Reward, tool_call, tool_schema
+
+        class Echo(Environment):
+            name = "echo-dist"
+
+            def reset(self, task):
+                self.task = task
+                return [{"role": "system", "content": "s"}, {"role": "user", "content": task.prompt}]
+
+            def tools(self):
+                return [tool_schema("f", "A tool.", {}, [])]
+
+            def call(self, name, arguments):
+                return f"RESULT-{self.task.id}" if name == "f" else "error"
+
+            def reward(self, trajectory):
+                return Reward(float((trajectory.final or "").strip() == "5"), {}, "")
+
+            def reference(self, task):
+                call = tool_call("f", {}, "r0")
+                return [
+                    {"role": "assistant", "content": "", "reasoning_content": "a", "tool_calls": [call]},
+                    {"role": "assistant", "content": "5", "reasoning_content": "b"},
+                ]
+
+        return Echo
+
+
+ECHO_TASKS = [("t0", "q"), ("t1", "q"), ("t2", "q"), ("t3", "q")]
+
+
+def register_echo():
+    from dsv32.envs.base import EnvSpec, Task, register
+
+    tasks = [Task(i, p, "5", "echo-dist") for i, p in ECHO_TASKS]
+    register(
+        EnvSpec(
+            "echo-dist", "test env", EchoEnv.make(), {"train": lambda: tasks, "heldout": lambda: tasks[:2]}
+        )
+    )
+    return tasks
+
+
+def train_tool_user(out: Path) -> None:
+    """A tiny model taught (SFT, memorized) to call ``f`` and then answer ``5``, saved to ``out``:
+    its episodes take several model calls."""
+    from dsv32.synth.coldstart import add_reasoning
+    from dsv32.train.sft import load_sft_config, train_sft
+    from dsv32.train.sft_model import prepare_sft_model
+
+    tasks = register_echo()
+    env = EchoEnv.make()()
+    reference = env.reference(tasks[0])
+    tool = {"role": "tool", "tool_call_id": "r0", "content": "RESULT-t0"}
+    conv = [*env.reset(tasks[0]), reference[0], tool, reference[1]]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "c.jsonl").write_text(json.dumps({"messages": add_reasoning(conv)}) + "\n")
+    sets = ["model.name=tiny-llama", "model.device=cpu", f"data.path={out / 'c.jsonl'}", "train.steps=60",
+            "train.lr=1e-2", "train.batch_size=1", f"out_dir={out / 'sft'}", "data.seq_len=512"]  # fmt: skip
+    sm = prepare_sft_model("tiny-llama", "cpu")
+    train_sft(load_sft_config(None, sets), model=sm, progress=False, save_model=False)
+    sm.model.save_pretrained(out / "model")
+    sm.tokenizer.save_pretrained(out / "model")
+
+
+def run_agentic_job(job: dict) -> dict | None:
+    from dsv32.rl.agentic_config import load_agentic_config
+    from dsv32.rl.agentic_trainer import train_agentic
+    from dsv32.rl.policy import load_policy
+
+    register_echo()
+    policy = load_policy(job["model"], thinking=True, device="cpu")
+    policy.model.to(DTYPES[job.get("dtype", "float32")])
+    sets = {"out_dir": job["out"], **job["sets"]}
+    cfg = load_agentic_config(None, [f"{k}={json.dumps(v)}" for k, v in sets.items()])
+    result = train_agentic(
+        cfg,
+        policy=policy,
+        progress=False,
+        resume=job.get("resume", True),
+        stop_after=job.get("stop_after"),
+        evaluate_before=job.get("eval", False),
+        evaluate_after=job.get("eval", False),
+    )
+    weights = full_weights(policy.model)
+    evals = [result.eval_before, result.eval_after]
+    return None if weights is None else {"metrics": result.metrics, "weights": weights, "evals": evals}
+
+
 def copy_job(job: dict) -> None:
     if distributed.is_main():
         shutil.copytree(job["src"], job["dst"])
 
 
-JOBS = {"stage": run_stage_job, "sft": run_sft_job, "rl": run_rl_job, "copy": copy_job}
+JOBS = {
+    "stage": run_stage_job,
+    "sft": run_sft_job,
+    "rl": run_rl_job,
+    "agentic": run_agentic_job,
+    "copy": copy_job,
+}
 
 
 def main(spec_path: str) -> None:

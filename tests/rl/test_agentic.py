@@ -277,8 +277,8 @@ def test_mixed_run_trains_on_policy_and_resumes_exactly(llama_policy, tmp_path):
 
 
 def test_the_update_sees_each_episode_as_one_output(llama_policy, tmp_path, monkeypatch):
-    """Every row carries its episode as sequence id (an episode in several rows is one output o_i of
-    the loss); single-turn samples are outputs of their own."""
+    """Every row carries its output's place in the step as sequence id (an episode in several rows is
+    one output o_i of the loss); single-turn samples are outputs of their own."""
     import dsv32.rl.agentic_trainer as trainer
 
     seen = []
@@ -305,7 +305,12 @@ def test_the_update_sees_each_episode_as_one_output(llama_policy, tmp_path, monk
     assert episode_ids == sorted(episode_ids)  # episode i's rows, then episode i + 1's
     for i in set(episode_ids):
         assert len(set(advantages[ids == i].tolist())) == 1  # the rows of an episode share its advantage
-    assert len(set(ids[single].tolist())) == len(single) and min(ids[single].tolist()) > max(episode_ids)
+    assert len(set(ids[single].tolist())) == len(single) and not set(ids[single].tolist()) & set(episode_ids)
+    # item k's j-th output is output k·G + j of the step (the order the mini-batches are drawn over),
+    # episodes or single-turn samples alike
+    assert set(ids.tolist()) == set(range(4 * 2))
+    for k in range(4):
+        assert len({batch.tasks[i].domain for i in (ids // 2 == k).nonzero().squeeze(1).tolist()}) == 1
 
 
 def test_keep_routing_and_the_sampling_mask_hold_for_native_multi_turn(tmp_path_factory):

@@ -228,18 +228,25 @@ def add_rl(psub: argparse._SubParsersAction) -> None:
     q.add_argument("--no-progress", action="store_true")
 
     def run(args: argparse.Namespace) -> int:
+        from dsv32 import distributed
         from dsv32.rl.agentic_config import work_plan
-        from dsv32.rl.agentic_trainer import train_agentic, v32_policy
+        from dsv32.rl.agentic_trainer import check_agentic_world, train_agentic, v32_policy
 
         cfg, heldout, write = rl_recipe(args)
+        w = distributed.setup()  # under torchrun: every rank checks, rank 0 alone prints and writes
+        check_agentic_world(cfg, w)
         plan = work_plan(cfg, heldout, resumed_step(cfg, not args.no_resume))
-        print(f"dsv32 posttrain rl: {plan}", flush=True)
+        if w.main:
+            print(f"dsv32 posttrain rl: {plan}", flush=True)
         policy = None
         if write is not None:  # the generated tasks are written once the policy has loaded
             policy = v32_policy(cfg)
-            write()
+            if w.main:
+                write()
+            distributed.barrier()
         result = train_agentic(cfg, policy=policy, resume=not args.no_resume, progress=not args.no_progress)
-        print(result.summary())
+        if w.main:
+            print(result.summary())
         return 0
 
     command(q, run)

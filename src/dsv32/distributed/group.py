@@ -62,7 +62,8 @@ def require_one_process(what: str) -> None:
     if size.strip() not in ("", "1"):
         raise DistError(
             f"{what} runs in one process, not under a launch of {size} (torchrun --nproc-per-node / --nnodes): "
-            "start it as a plain dsv32 command; the DSA stages, SFT and GRPO (rl train) train on several"
+            "start it as a plain dsv32 command; the DSA stages, SFT, GRPO (rl train) and agentic GRPO "
+            "(posttrain rl) train on several"
         )
 
 

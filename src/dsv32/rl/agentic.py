@@ -79,13 +79,15 @@ def run_episodes(
     sampling: SamplingConfig,
     settings: EpisodeSettings,
     *,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     keep_routing: bool = False,
     engine=None,
     runner=None,
 ) -> list[Episode]:
     """Run one episode per ``(make_env, task, domain)`` job, all at once (threads, batched model
-    calls); returns them in job order. ``engine``: the :class:`~dsv32.rl.engines.RolloutEngine` that
+    calls); returns them in job order. ``generator``: one for all, or one per job (the jobs of a
+    group sharing one object: the group's episodes then do not depend on the other jobs, see
+    :class:`~dsv32.rl.agentic_backend.LockstepBatcher`). ``engine``: the :class:`~dsv32.rl.engines.RolloutEngine` that
     samples (default: the policy's model in process); ``runner``: where the environments live
     (:mod:`dsv32.rl.fanout`: default in this process, or on Ray actors)."""
     if settings.context == "parallel_fewest_step":

@@ -6,6 +6,12 @@ pending (or has finished) and then samples all of them in one batched call of it
 (:mod:`dsv32.rl.engines`; default the policy's model in process) — G episodes × tasks decode
 together, tools run in parallel between calls.
 
+With a generator per episode (the G episodes of a task share one), each task's group draws from its
+own generator: the in-process engine samples all groups in one call with a generator per row,
+another engine gets one call per group (sent together, merged back in episode order). A group's
+episodes then do not depend on which other tasks share the batch, so a step split by whole groups
+over several processes samples what one process samples.
+
 Each call leaves a :class:`StepRecord`: the exact prompt ids the model saw (the V3.2 encoding of the
 conversation so far, :class:`~dsv32.agent.backends.formats.V32Format`), the sampled token ids (end
 token included), their sampling log-probs (π_old), the kept sets of top-k/top-p (Keep Sampling
@@ -22,6 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -58,10 +65,16 @@ class LockstepBatcher:
         stop_ids: Sequence[int],
         episodes: int,
         *,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | Sequence[torch.Generator] | None = None,
         keep_routing: bool = False,
         engine: RolloutEngine | None = None,
     ) -> None:
+        """``generator``: one for every call, or one per episode (``episodes`` of them; the
+        episodes of a group share one object)."""
+        if generator is not None and not isinstance(generator, torch.Generator):
+            generator = list(generator)
+            if len(generator) != episodes:
+                raise ValueError(f"generator: {len(generator)} generators for {episodes} episodes")
         self.policy, self.sampling, self.stop_ids = policy, sampling, list(stop_ids)
         self.engine = engine if engine is not None else InProcessEngine(policy.model)
         self.calls = 0  # batched calls so far (the engine's turn counter)
@@ -99,36 +112,61 @@ class LockstepBatcher:
         keys = sorted(self.pending)
         prompts = [self.pending.pop(k) for k in keys]
         try:
-            records = self._generate(prompts)
+            records = self._generate(keys, prompts)
             self.results.update(zip(keys, records))
         except (RuntimeError, ValueError) as err:
             self.results.update({k: err for k in keys})
         self.cond.notify_all()
 
     @torch.no_grad()
-    def _generate(self, prompts: list[list[int]]) -> list[StepRecord]:
-        s = self.sampling
-        truncating = truncates(s)
+    def _generate(self, keys: list[int], prompts: list[list[int]]) -> list[StepRecord]:
+        """One batched call for the pending calls of episodes ``keys``; with a generator per
+        episode and an engine in another process, one call per generator, sent together."""
         model = self.policy.model
         was = model.training
         model.eval()
         try:
-            out = self.engine.generate(
-                prompts,
-                max_new_tokens=s.max_new_tokens,
-                temperature=s.temperature,
-                top_p=s.top_p,
-                top_k=s.top_k,
-                eos=self.stop_ids,
-                pad=self.policy.pad_token_id,
-                generator=self.generator,
-                turn=self.calls,
-                return_routing=self.keep_routing,
-                return_kept=truncating,
-            )
+            if self.generator is None or isinstance(self.generator, torch.Generator):
+                calls = [(list(range(len(keys))), self.generator)]
+            elif self.engine.name == "in_process":  # one call, each row drawing from its group's generator
+                calls = [(list(range(len(keys))), [self.generator[k] for k in keys])]
+            else:
+                by_generator: dict[int, list[int]] = {}
+                for j, k in enumerate(keys):
+                    by_generator.setdefault(id(self.generator[k]), []).append(j)
+                calls = [(rows, self.generator[keys[rows[0]]]) for rows in by_generator.values()]
+            if len(calls) == 1:
+                outs = [self._call([prompts[j] for j in calls[0][0]], calls[0][1])]
+            else:
+                with ThreadPoolExecutor(len(calls)) as pool:
+                    outs = list(pool.map(lambda c: self._call([prompts[j] for j in c[0]], c[1]), calls))
         finally:
             model.train(was)
         self.calls += 1
+        records: list[StepRecord | None] = [None] * len(prompts)
+        for (rows, _), out in zip(calls, outs):
+            for j, record in zip(rows, self._records([prompts[j] for j in rows], out)):
+                records[j] = record
+        return records
+
+    def _call(self, prompts: list[list[int]], generator):
+        s = self.sampling
+        return self.engine.generate(
+            prompts,
+            max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            eos=self.stop_ids,
+            pad=self.policy.pad_token_id,
+            generator=generator,
+            turn=self.calls,
+            return_routing=self.keep_routing,
+            return_kept=truncates(s),
+        )
+
+    def _records(self, prompts: list[list[int]], out) -> list[StepRecord]:
+        """The records of one engine call (its routing laid out for its own prompts)."""
         P = max(len(p) for p in prompts)
         records = []
         for j, prompt in enumerate(prompts):

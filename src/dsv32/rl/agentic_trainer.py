@@ -14,9 +14,21 @@ One step:
    weigh 1/|o_i| together, Eq. 9 decides on all of them), however its rows fall into mini- and
    micro-batches.
 
-Tasks and sampling noise of step ``s`` are functions of ``(seed, s)``; a checkpoint holds the policy,
-the optimizer and the step. Outputs under ``out_dir``: ``metrics.jsonl``, ``eval.jsonl`` (greedy
-held-out accuracy and well-formed tool use), ``rl.png``, ``checkpoints/``, ``model/``.
+Tasks and sampling noise of step ``s`` are functions of ``(seed, s)``: each item's group (its G
+episodes, or its G single-turn samples) draws from a generator of its own, seeded by ``(seed, s,
+its index in the step)``, and item ``k``'s ``j``-th output is output ``k·G + j`` of the step, the
+order the mini-batches are drawn over. A checkpoint holds the policy, the optimizer and the step.
+
+Under ``torchrun`` (:mod:`dsv32.distributed`) rank ``r`` of ``W`` takes the ``r``-th of ``W`` equal
+parts of the step's items (``prompts_per_step`` must be a multiple of ``W``) and runs their
+episodes and samples with an unsharded replica of the policy (refreshed from the FSDP-sharded policy
+before each step and each held-out evaluation, as :func:`dsv32.rl.trainer.train_grpo` does); the
+policy and the reference model are sharded with FSDP2, the updates are those of one process over the
+global batch (:func:`dsv32.rl.update.grpo_update` with the outputs' global ids) and the metrics are
+gathered over the ranks. The held-out episodes are split over the ranks. Rank 0 alone writes.
+
+Outputs under ``out_dir``: ``metrics.jsonl``, ``eval.jsonl`` (greedy held-out accuracy and
+well-formed tool use), ``rl.png``, ``checkpoints/``, ``model/``.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -34,7 +47,6 @@ from dsv32 import distributed
 from dsv32.envs.base import Environment, Task, get_env, resolve_tasks
 from dsv32.rl.agentic import (
     AgenticReward,
-    Episode,
     EpisodeSettings,
     concat_rollouts,
     episode_rows,
@@ -43,6 +55,7 @@ from dsv32.rl.agentic import (
     rl_task,
     rows_to_rollouts,
     run_episodes,
+    tool_calls_valid,
 )
 from dsv32.rl.agentic_config import AgenticConfig
 from dsv32.rl.engines import InProcessEngine, RolloutEngine, build_engine, check_staleness, prepare_engine
@@ -56,12 +69,14 @@ from dsv32.rl.trainer import (
     RLResult,
     _generator,
     build_tasks,
+    check_world,
     grpo_update,
     make_optimizer,
     mean_by_domain,
     reference_policy,
     run_identity,
     run_steps,
+    sampling_replica,
     task_files,
     update_means,
 )
@@ -136,13 +151,22 @@ def evaluate_agentic(
     policy: Policy, items: list[EnvItem], settings: EpisodeSettings, max_new_tokens: int
 ) -> dict:
     """Greedy episodes on ``items``: accuracy, well-formed tool use (:func:`episode_summary`) and two
-    sample conversations."""
-    jobs = [(it.make_env, it.task, it.domain) for it in items]
+    sample conversations. Under ``torchrun`` rank ``r`` runs items ``r, r + W, …`` with ``policy``
+    unsharded, and every rank gets the whole result."""
+    w = distributed.world()
+    mine = list(range(len(items)))[w.rank :: w.size]
+    jobs = [(items[i].make_env, items[i].task, items[i].domain) for i in mine]
     episodes = run_episodes(
         policy, jobs, SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens), settings
     )
-    summary = episode_summary(episodes)
-    summary["samples"] = [e.trajectory.messages[1:] for e in episodes[:2]]
+    light = [replace(e, records=[replace(r, kept=None, routing=None) for r in e.records]) for e in episodes]
+    gathered = sorted(
+        (x for part in distributed.all_gather_objects(list(zip(mine, light))) for x in part),
+        key=lambda x: x[0],
+    )
+    every = [e for _, e in gathered]
+    summary = episode_summary(every)
+    summary["samples"] = [e.trajectory.messages[1:] for e in every[:2]]
     return summary
 
 
@@ -158,29 +182,38 @@ def agentic_step(
     guard=None,
     engine: RolloutEngine | None = None,
     runner=None,
+    sampler: Policy | None = None,
 ) -> dict:
     """One joint rollout batch and its updates; returns the step's metrics. ``engine`` samples with
     weights version ``step`` under the rules of ``dsv32 rl train`` (synced first when it lags by more
     than ``[engine] max_off_policy_steps``, a sample of another version refused); ``runner``: where
-    the environments live (:func:`dsv32.rl.fanout.episode_runner`; default this process)."""
-    G, t0 = g.group_size, time.time()
+    the environments live (:func:`dsv32.rl.fanout.episode_runner`; default this process);
+    ``sampler`` (default: ``policy``): the unsharded replica that samples under ``torchrun``
+    (:func:`~dsv32.rl.trainer.sampling_replica`), refreshed from ``policy`` first; this rank runs
+    its part of the step's items."""
+    G, t0, seed = g.group_size, time.time(), cfg.rl.seed
     max_lag = cfg.rl.engine.max_off_policy_steps
-    engine = engine if engine is not None else InProcessEngine(policy.model)
+    mine = distributed.split_evenly(g.prompts_per_step, distributed.world(), "prompts per step")
     policy.model.eval()
-    sync_s = prepare_engine(engine, policy.model, step, max_lag)
+    sampler = sampler if sampler is not None else policy
+    if sampler is not policy:
+        distributed.copy_full_parameters(policy.model, sampler.model)
+    engine = engine if engine is not None else InProcessEngine(sampler.model)
+    sync_s = prepare_engine(engine, sampler.model, step, max_lag)
     staleness: list[int] = []
     items = mix.sample(step, g.prompts_per_step)
-    env_items = [it for it in items if isinstance(it, EnvItem)]
-    single = [it for it in items if not isinstance(it, EnvItem)]
-    jobs = [(it.make_env, it.task, it.domain) for it in env_items for _ in range(G)]
+    env_k = [k for k in mine if isinstance(items[k], EnvItem)]
+    single_k = [k for k in mine if not isinstance(items[k], EnvItem)]
+    jobs = [(items[k].make_env, items[k].task, items[k].domain) for k in env_k for _ in range(G)]
     reward = agentic_reward(cfg)
-    batches, advantages, rewards, domains, correct = [], [], [], [], []
-    sequence_ids: list[int] = []  # the output each row belongs to: an episode, or a single-turn sample
-    episodes: list[Episode] = []
+    batches, advantages = [], []
+    sequence_ids: list[int] = []  # each row's output: item k's j-th output is k·G + j
+    outputs: list[dict[str, Any]] = []  # what the metrics need of each output
     if jobs:
+        groups = [_generator(seed, step, 1, k) for k in env_k]  # a task's G episodes share one
         episodes = run_episodes(
-            policy, jobs, cfg.rl.sampling, episode_settings(cfg),
-            generator=_generator(cfg.rl.seed, step, 1), keep_routing=g.keep_routing,
+            sampler, jobs, cfg.rl.sampling, episode_settings(cfg),
+            generator=[groups[i // G] for i in range(len(jobs))], keep_routing=g.keep_routing,
             engine=engine, runner=runner,
         )  # fmt: skip
         staleness += check_staleness(episode_versions(episodes), step, max_lag)
@@ -190,28 +223,30 @@ def agentic_step(
         adv = group_advantages(r, G, scale=g.advantage_scale, valid=[e.scored for e in episodes])
         rows, row_adv, row_tasks = [], [], []
         for i, (e, a) in enumerate(zip(episodes, adv.tolist())):
+            key = env_k[i // G] * G + i % G
             for row in episode_rows(e.records):
                 rows.append(row)
                 row_adv.append(a)
                 row_tasks.append(rl_task(e))
-                sequence_ids.append(i)
+                sequence_ids.append(key)
+            outputs.append(
+                {"key": key, "reward": float(r[i]), "domain": e.domain, "correct": e.verifier >= 1.0,
+                 "truncated": e.trajectory.stop_reason != "answer",
+                 "tool_call_valid": tool_calls_valid(e.trajectory), "steps": e.trajectory.num_steps}
+            )  # fmt: skip
         if rows:
             with_kept = truncates(cfg.rl.sampling)
             batches.append(
                 rows_to_rollouts(rows, row_tasks, policy.pad_token_id, policy.device, with_kept=with_kept)
             )
             advantages.append(torch.tensor(row_adv))
-        rewards += r.tolist()
-        domains += [e.domain for e in episodes]
-        correct += [e.verifier >= 1.0 for e in episodes]
-    if single:
-        policy.model.eval()
+    if single_k:
         st = rollout(
-            policy,
-            single,
+            sampler,
+            [items[k] for k in single_k],
             G,
             cfg.rl.sampling,
-            generator=_generator(cfg.rl.seed, step, 3),
+            group_generators=[_generator(seed, step, 3, k) for k in single_k],
             keep_routing=g.keep_routing,
             engine=engine,
         )
@@ -221,10 +256,10 @@ def agentic_step(
         batches.append(st)
         valid = [getattr(x, "scored", True) for x in results]  # a failed judge request: no reward
         advantages.append(group_advantages(r, G, scale=g.advantage_scale, valid=valid))
-        sequence_ids += range(len(episodes), len(episodes) + len(st))
-        rewards += r.tolist()
-        domains += [t.domain for t in st.tasks]
-        correct += [bool(x.correct) for x in results if x.correct is not None]
+        keys = [single_k[j // G] * G + j % G for j in range(len(st))]
+        sequence_ids += keys
+        for key, x, t, reward_j in zip(keys, results, st.tasks, r.tolist()):
+            outputs.append({"key": key, "reward": reward_j, "domain": t.domain, "correct": x.correct})
     policy.model.train()
     t_rollout = time.time() - t0
     batch = functools.reduce(lambda a, b: concat_rollouts(a, b, policy.pad_token_id), batches)
@@ -233,30 +268,41 @@ def agentic_step(
     temperature = cfg.rl.sampling.temperature
     updates = grpo_update(
         policy, optimizer, batch, adv, g, temperature=temperature, ref=ref,
-        generator=_generator(cfg.rl.seed, step, 2), sequence_ids=torch.tensor(sequence_ids), guard=guard,
+        generator=_generator(seed, step, 2), sequence_ids=torch.tensor(sequence_ids), global_ids=True,
+        guard=guard,
     )  # fmt: skip
+    # the step's outputs and rows over every rank, in the step's order (item by item)
+    local = (outputs, list(zip(sequence_ids, batch.num_tokens)), staleness)
+    parts = distributed.all_gather_objects(local)
+    outs = sorted((o for p in parts for o in p[0]), key=lambda o: o["key"])
+    lengths = [n for _, n in sorted((x for p in parts for x in p[1]), key=lambda x: x[0])]
+    episodes_out = [o for o in outs if "steps" in o]
+    rewards = [o["reward"] for o in outs]
     rewards_t = torch.tensor(rewards)
+    correct = [bool(o["correct"]) for o in outs if o["correct"] is not None]
     record = {
         "step": step + 1,
         "lr": optimizer.param_groups[0]["lr"],
         "reward_mean": float(rewards_t.mean()),
         "reward_std": float(rewards_t.std()) if len(rewards) > 1 else 0.0,
         "accuracy": sum(correct) / max(1, len(correct)),
-        "rows": len(batch),
-        "length_mean": sum(batch.num_tokens) / len(batch),
-        "truncated_frac": sum(e.trajectory.stop_reason != "answer" for e in episodes) / max(1, len(episodes)),
+        "rows": len(lengths),
+        "length_mean": sum(lengths) / len(lengths),
+        "truncated_frac": sum(o["truncated"] for o in episodes_out) / max(1, len(episodes_out)),
         "rollout_s": round(t_rollout, 2),
         "update_s": round(time.time() - t1, 2),
     }
-    if episodes:
-        summary = episode_summary(episodes)
-        record |= {"tool_call_valid": summary["tool_call_valid"], "mean_steps": summary["mean_steps"]}
-    record["reward_by_domain"] = mean_by_domain(domains, rewards)
+    if episodes_out:
+        n = len(episodes_out)
+        record["tool_call_valid"] = sum(o["tool_call_valid"] for o in episodes_out) / n
+        record["mean_steps"] = sum(o["steps"] for o in episodes_out) / n
+    record["reward_by_domain"] = mean_by_domain([o["domain"] for o in outs], rewards)
     first = updates[0]
     record |= update_means(updates)
     record["first_update_abs_log_ratio"] = first["abs_log_ratio"]
     record["first_update_ratio_mean"] = first["ratio_mean"]
     if engine.name != "in_process":
+        staleness = [x for p in parts for x in p[2]]
         record |= {"sync_s": round(sync_s, 3), "staleness": staleness, "staleness_max": max(staleness)}
     return record
 
@@ -280,11 +326,24 @@ def _eval(policy, held, cfg: AgenticConfig, step: int, path: Path) -> dict:
     t = time.time()
     res = evaluate_agentic(policy, held, episode_settings(cfg), cfg.rl.sampling.max_new_tokens)
     res |= {"step": step, "seconds": round(time.time() - t, 1)}
-    append_metrics(path, res)
-    logger.info(
-        "agentic eval @%d: accuracy %.3f, tool use %.3f", step, res["accuracy"], res["tool_call_valid"]
-    )
+    if distributed.is_main():
+        append_metrics(path, res)
+        logger.info(
+            "agentic eval @%d: accuracy %.3f, tool use %.3f", step, res["accuracy"], res["tool_call_valid"]
+        )
     return res
+
+
+def check_agentic_world(cfg: AgenticConfig, w: distributed.World) -> None:
+    """:class:`~dsv32.distributed.DistError` when an agentic GRPO recipe cannot run over ``w``'s
+    processes: :func:`~dsv32.rl.trainer.check_world`'s rules (the step's items split evenly, the
+    rollouts sample in process), and the environments run in each process (no ``[ray]``)."""
+    check_world(cfg.rl, w)
+    if w.active and cfg.rl.ray.address:
+        raise distributed.DistError(
+            f"[ray] address={cfg.rl.ray.address!r}: on several processes agentic GRPO runs each "
+            "process's environments in that process; leave ray.address empty"
+        )
 
 
 def train_agentic(
@@ -298,7 +357,8 @@ def train_agentic(
     evaluate_after: bool = True,
 ) -> AgenticResult:
     """Run mixed agentic GRPO as configured (see the module docstring)."""
-    distributed.require_one_process("agentic GRPO")
+    w = distributed.setup()
+    check_agentic_world(cfg, w)  # before anything loads
     rl, g = cfg.rl, cfg.rl.grpo
     torch.manual_seed(rl.seed)
     sources, held = env_sources(cfg)
@@ -322,13 +382,19 @@ def train_agentic(
         files |= task_files(rl)
     out = Path(rl.out_dir)
     ref = reference_policy(policy, g)
+    sampler = sampling_replica(policy)
+    if ref is not None:
+        distributed.shard_model(ref.model)
+    distributed.shard_model(policy.model)
     optimizer = make_optimizer(policy, g)
     guard = rl_guard(g.max_skipped_updates)
 
     def evaluate(step: int, path: Path) -> dict:
-        return _eval(policy, held, cfg, step, path)
+        if sampler is not policy:
+            distributed.copy_full_parameters(policy.model, sampler.model)
+        return _eval(sampler, held, cfg, step, path)
 
-    engine = build_engine(rl.engine, policy.model, out)
+    engine = build_engine(rl.engine, sampler.model, out)
     runner = episode_runner(rl.ray) if rl.ray.address else None  # none: environments in this process
     try:
         return run_steps(
@@ -336,7 +402,18 @@ def train_agentic(
             optimizer,
             AgenticResult(out, 0, 0.0),
             lambda step: agentic_step(
-                policy, ref, optimizer, mix, reward_fn, cfg, g, step, guard, engine=engine, runner=runner
+                policy,
+                ref,
+                optimizer,
+                mix,
+                reward_fn,
+                cfg,
+                g,
+                step,
+                guard,
+                engine=engine,
+                runner=runner,
+                sampler=sampler,
             ),
             evaluate if held else None,
             rl,

@@ -56,6 +56,7 @@ def grpo_update(
     ref: Policy | None,
     generator: torch.Generator,
     sequence_ids: torch.Tensor | None = None,
+    global_ids: bool = False,
     guard: UpdateGuard | None = None,
 ) -> list[dict]:
     """The mini-batch updates of one rollout batch; returns one metrics dict per optimizer step. The KL
@@ -73,7 +74,13 @@ def grpo_update(
     like the metrics, does not depend on how the rows are split. Eq. 9 decides M_i on the divergence
     over all of o_i's tokens under the current π_θ: for an output with negative advantage (the only
     ones Eq. 9 can mask) whose rows span several micro-batches, a no-grad forward of its rows first
-    gives each micro-batch the part of that divergence outside it (only with OPSM on)."""
+    gives each micro-batch the part of that divergence outside it (only with OPSM on).
+
+    Under ``torchrun`` each rank holds whole outputs and the mini-batches are drawn over the global
+    batch of outputs (the same permutation on every rank): rank by rank, or, with ``global_ids``,
+    ordered by ``sequence_ids``, which then number the outputs over all ranks (distinct between
+    ranks; say item ``k``'s ``j``-th output is ``k·G + j``), so that one process and several order
+    the outputs alike however each rank lays out its rows."""
     B = len(batch)
     mask = batch.action_mask
     device = mask.device
@@ -81,10 +88,9 @@ def grpo_update(
     if ids.shape != (B,):
         raise ValueError(f"sequence_ids must have shape [{B}] (one per row), got {list(ids.shape)}")
     output_of_row, n_outputs = output_index(ids, B, device)
-    # Under torchrun each rank holds whole outputs: rank r's are outputs [offset, offset + n_outputs)
-    # of the global batch, which the mini-batches are drawn over (the same on every rank).
-    counts = distributed.all_gather_objects(n_outputs)
-    offset, n_global = sum(counts[: distributed.world().rank]), sum(counts)
+    position, n_global = _global_positions(ids, n_outputs, global_ids)
+    local_of = torch.full((n_global,), -1, dtype=torch.long, device=device)
+    local_of[position.to(device)] = torch.arange(n_outputs, device=device)
     ref_logprobs = _batch_logprobs(ref, batch, cfg, temperature) if ref is not None else None
     domains = [t.domain for t in batch.tasks]
     kl_coefs = sequence_kl_coefs(domains, cfg.domain_kl_coef, default=cfg.kl_coef).to(device)
@@ -98,7 +104,8 @@ def grpo_update(
     for _ in range(cfg.epochs):
         order = torch.randperm(n_global, generator=generator).to(device)
         for chosen in order.split(size):
-            outputs = chosen[(chosen >= offset) & (chosen < offset + n_outputs)] - offset
+            outputs = local_of[chosen]
+            outputs = outputs[outputs >= 0]  # this rank's outputs of the mini-batch, in its order
             mb = _rows_of(outputs, output_of_row, n_outputs)
             totals = OutputTotals.of(mask[mb], ids[mb])
             n_out, n_tok = distributed.all_sum([totals.outputs, int(mask[mb].sum())])
@@ -168,6 +175,21 @@ def grpo_update(
             sums["skipped_updates"] = 0.0 if ok else 1.0
             records.append(sums)
     return records
+
+
+def _global_positions(ids: torch.Tensor, n_outputs: int, global_ids: bool) -> tuple[torch.Tensor, int]:
+    """The position of each of this rank's outputs (numbered as :func:`output_index` does) in the
+    global batch, and the global number of outputs: rank by rank, or by id with ``global_ids``."""
+    if not global_ids:
+        counts = distributed.all_gather_objects(n_outputs)
+        offset = sum(counts[: distributed.world().rank])
+        return torch.arange(offset, offset + n_outputs), sum(counts)
+    mine = torch.unique(ids).tolist()  # sorted: output_index's numbering
+    every = sorted(k for part in distributed.all_gather_objects(mine) for k in part)
+    if len(set(every)) != len(every):
+        raise ValueError("global_ids: two processes hold outputs with the same sequence id")
+    where = {k: i for i, k in enumerate(every)}
+    return torch.tensor([where[k] for k in mine], dtype=torch.long), len(every)
 
 
 def _idle_pass(policy: Policy, batch: Rollouts, kept, routing, temperature: float, grad: bool) -> None:
@@ -254,13 +276,14 @@ def _batch_logprobs(policy: Policy, batch: Rollouts, cfg: GRPOConfig, temperatur
     routing = batch.routing if cfg.keep_routing else None
     idx_all = torch.arange(len(batch), device=batch.sequences.device)
     chunks = idx_all.split(cfg.micro_batch)
-    out = [
-        policy.action_logprobs(**_rows(batch, idx, kept, routing), temperature=temperature) for idx in chunks
-    ]
-    for _ in range(
-        int(distributed.all_max([len(chunks)])[0]) - len(chunks)
-    ):  # as many forwards as every rank
-        _idle_pass(policy, batch, kept, routing, temperature, grad=False)
+    n = int(distributed.all_max([len(chunks)])[0])  # as many forwards on every rank, agreed first
+    out = []
+    for k in range(n):
+        if k >= len(chunks):
+            _idle_pass(policy, batch, kept, routing, temperature, grad=False)
+            continue
+        idx = chunks[k]
+        out.append(policy.action_logprobs(**_rows(batch, idx, kept, routing), temperature=temperature))
     return torch.cat(out)
 
 
