@@ -83,9 +83,16 @@ def runs(tmp_path_factory):
     return root, results
 
 
-def _close(x: float, y: float, dtype: str, what) -> None:
+#: fp32: a gradient norm sums the squares of every gradient element, so it carries more rounding
+#: than a loss (measured 9.3e-6 relative between 1 and 2 processes); it is held to 5e-5
+GRAD_NORM_REL = {"float64": TOL["float64"][0], "float32": 5e-5}
+
+
+def _close(x: float, y: float, dtype: str, key: str, step: int | None = None) -> None:
     rel, abs_ = TOL[dtype]
-    assert abs(x - y) <= abs_ + rel * abs(x), (what, x, y)
+    if key == "grad_norm":
+        rel = GRAD_NORM_REL[dtype]
+    assert abs(x - y) <= abs_ + rel * abs(x), (key, step, x, y)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -96,7 +103,7 @@ def test_two_processes_compute_the_single_process_agentic_grpo_update(runs, dtyp
     for x, y in zip(one["metrics"], two["metrics"], strict=True):
         assert {k: x[k] for k in EXACT if k != "world_size"} == {k: y[k] for k in EXACT if k != "world_size"}
         for key in CLOSE:
-            _close(x[key], y[key], dtype, (key, x["step"]))
+            _close(x[key], y[key], dtype, key, x["step"])
     assert any(m["kl"] > 0 for m in one["metrics"][1:])  # the reference model takes part
     assert all(set(m["reward_by_domain"]) == {"echo-dist", "math"} for m in one["metrics"])  # mixed steps
     assert one["metrics"][0]["mean_steps"] > 1  # episodes of several model calls
