@@ -47,3 +47,39 @@ def run_jobs(
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
+
+
+def run_ranks_alone(command: list[str], timeout_s: float, nproc: int = 2) -> list[tuple[int, str]]:
+    """``dsv32 COMMAND`` in ``nproc`` processes, each as ``torchrun`` starts it (its rank's
+    variables, ``DSV32_DIST_TIMEOUT`` = ``timeout_s``) but without the agent, which would stop the
+    other ranks as soon as one exits; returns each rank's exit code and its stdout + stderr."""
+    port = free_port()
+    dsv32 = Path(sys.executable).with_name("dsv32")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(dsv32), *command],
+            env=env(
+                RANK=str(r),
+                LOCAL_RANK=str(r),
+                WORLD_SIZE=str(nproc),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                DSV32_DIST_TIMEOUT=str(timeout_s),
+            ),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(nproc)
+    ]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=timeout_s + 120)
+        results.append((p.returncode, out + err))
+    return results
+
+
+def error_lines(output: str, prefix: str) -> list[str]:
+    """The lines of ``output`` that start with ``prefix`` (a command's one-line errors)."""
+    return [line for line in output.splitlines() if line.startswith(prefix)]

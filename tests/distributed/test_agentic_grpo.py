@@ -12,8 +12,6 @@ relative to its norm (docs/results.md)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,7 @@ import torch
 pytest.importorskip("transformers")
 
 import worker
-from launch import ROOT, env, free_port, run_jobs
+from launch import error_lines, run_jobs, run_ranks_alone
 
 TOL = worker.TOL
 DTYPES = ("float64", "float32")
@@ -140,33 +138,11 @@ def test_an_agentic_checkpoint_of_two_ranks_resumes_in_one_process_and_reproduce
 
 
 def test_agentic_items_that_do_not_split_fail_on_every_rank_with_one_line(tmp_path):
-    port = free_port()
-    dsv32 = Path(sys.executable).with_name("dsv32")
-    args = [sys.executable, str(dsv32), "posttrain", "rl", "--out", str(tmp_path / "run"),
-            "--prompts-per-step", "3"]  # fmt: skip
-    procs = [
-        subprocess.Popen(
-            args,
-            env=env(
-                RANK=str(r),
-                LOCAL_RANK=str(r),
-                WORLD_SIZE="2",
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                DSV32_DIST_TIMEOUT="30",
-            ),
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    for p in procs:
-        out, err = p.communicate(timeout=150)
-        assert p.returncode == 2, err[-2000:]
-        lines = [line for line in (out + err).splitlines() if line.startswith("dsv32 posttrain rl")]
-        assert len(lines) == 1 and "prompts_per_step=3 does not split over 2 processes" in lines[0], (
-            out + err
-        )[-2000:]
+    command = ["posttrain", "rl", "--out", str(tmp_path / "run"), "--prompts-per-step", "3"]
+    for code, output in run_ranks_alone(command, timeout_s=30):
+        assert code == 2, output[-2000:]
+        lines = error_lines(output, "dsv32 posttrain rl")
+        assert len(lines) == 1 and "prompts_per_step=3 does not split over 2 processes" in lines[0], output[
+            -2000:
+        ]
     assert not (tmp_path / "run").exists()

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from launch import ROOT, WORKER, env, free_port, torchrun_args
+from launch import WORKER, env, error_lines, run_ranks_alone, torchrun_args
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="finds the ranks through /proc")
 
@@ -83,33 +83,12 @@ def test_a_rank_killed_mid_run_ends_the_job_non_zero_within_the_timeout(tmp_path
 
 
 def test_a_step_that_does_not_split_fails_on_every_rank_with_one_line(tmp_path):
-    """Each process as ``torchrun`` starts it (its rank's variables), without the agent, which would
-    stop the other rank as soon as one exits."""
-    port = free_port()
-    dsv32 = Path(sys.executable).with_name("dsv32")
-    args = [sys.executable, str(dsv32), "dsa", "warmup", "--out", str(tmp_path / "run"),
-            "--set", "warmup.batch_size=1", "--set", "warmup.grad_accum=3"]  # fmt: skip
-    procs = [
-        subprocess.Popen(
-            args,
-            env=env(
-                RANK=str(r),
-                LOCAL_RANK=str(r),
-                WORLD_SIZE="2",
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                DSV32_DIST_TIMEOUT=str(TIMEOUT_S),
-            ),
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    for p in procs:
-        _, err = p.communicate(timeout=TIMEOUT_S + 120)
-        assert p.returncode == 2, err[-2000:]
-        lines = [line for line in err.splitlines() if line.startswith("dsv32 dsa")]
-        assert len(lines) == 1 and "does not split over 2 processes" in lines[0], err[-2000:]
+    """Each process as ``torchrun`` starts it, without the agent, which would stop the other rank as
+    soon as one exits."""
+    command = ["dsa", "warmup", "--out", str(tmp_path / "run"), "--set", "warmup.batch_size=1",
+               "--set", "warmup.grad_accum=3"]  # fmt: skip
+    for code, output in run_ranks_alone(command, timeout_s=TIMEOUT_S):
+        assert code == 2, output[-2000:]
+        lines = error_lines(output, "dsv32 dsa")
+        assert len(lines) == 1 and "does not split over 2 processes" in lines[0], output[-2000:]
     assert not (tmp_path / "run").exists()
