@@ -101,7 +101,7 @@ def test_the_agentic_recipe_keeps_held_out_and_validation_prompts_out_of_trainin
     assert 0 < len(cold) < len(train) and cold == train[: len(cold)]
     # the code interpreter of every stage gets the recipe's system prompt, GRPO's environment too
     assert recipe.rl.envs[0].options == {"system_prompt": "short"}
-    assert recipe.rl.agentic.format_weight > 0
+    assert recipe.rl.agentic.format_weight > 0 and not recipe.rl_model.train_embeddings
     with pytest.raises(RecipeError, match="repeat 1 training prompt"):
         refuse_shared(train, [heldout[0], train[3]], "held-out")
 
@@ -152,6 +152,18 @@ def test_the_proof_pipeline_evaluates_every_stage_on_the_same_held_out_tasks(tmp
     assert len(held_calls) == 4 and len(seen) == 4 + 3
     assert all(not set(ids) & set(held) for ids in seen if ids != tuple(held))
     assert [p["step"] for p in report["rl_curve"]["heldout"]] == [0, 1, 2]
+    # rl_model.train_embeddings = false: GRPO moved the upper layers, never the (tied) embeddings
+    from transformers import AutoModelForCausalLM
+
+    from dsv32.train.sft_model import vocab_matrices
+
+    sft, rl = (AutoModelForCausalLM.from_pretrained(tmp_path / "p" / d / "model") for d in ("sft", "rl"))
+    assert torch.equal(sft.get_input_embeddings().weight, rl.get_input_embeddings().weight)
+    vocab = {id(p) for p in vocab_matrices(sft)}
+    trained = sum(p.numel() for p in sft.parameters() if id(p) not in vocab)
+    assert (
+        report["details"]["rl_trained_parameters"] == trained
+    )  # every layer (freeze_layers = 0), no vocab row
     assert set(report["transfer"]) >= {f"accuracy_{s}" for s in STAGES}
     assert any(r.get("eval_loss") is not None for r in read_metrics(tmp_path / "p" / "sft" / "metrics.jsonl"))
     for name in (

@@ -37,7 +37,7 @@ def run_proof(config: str | None, overrides: list[str], out: str | None, progres
     from dsv32.runlog import read_metrics
     from dsv32.synth.coldstart import build_coldstart
     from dsv32.train.sft import train_sft
-    from dsv32.train.sft_model import prepare_sft_model
+    from dsv32.train.sft_model import prepare_sft_model, vocab_matrices
 
     recipe = read_posttrain_recipe(config, overrides, out)
     root, tasks_cfg, sft_cfg, rl_cfg = recipe.root, recipe.tasks, recipe.sft, recipe.rl
@@ -105,6 +105,9 @@ def run_proof(config: str | None, overrides: list[str], out: str | None, progres
         train_sft(sft_cfg, model=sm, resume=False, progress=progress)
     evaluate("sft")
     rl_cfg.rl.policy.name = str(root / "sft" / "model")
+    if not recipe.rl_model.train_embeddings:
+        for p in vocab_matrices(sm.model):
+            p.requires_grad_(False)
     if rl_cfg.rl.eval.every:  # the held-out curve: the trainer evaluates every `eval.every` steps
         rl_cfg.agentic.eval_tasks = len(heldout)
     with timed("rl"):
@@ -141,6 +144,7 @@ def run_proof(config: str | None, overrides: list[str], out: str | None, progres
         "machine": machine(),
         "load_start": load_start,
         "peak_memory_mb": peak_memory_mb(),
+        "rl_trained_parameters": sum(p.numel() for p in sm.model.parameters() if p.requires_grad),
         "first_update_abs_log_ratio_max": max(
             (r["first_update_abs_log_ratio"] for r in rl_metrics if "first_update_abs_log_ratio" in r),
             default=None,

@@ -8,6 +8,7 @@
 - ``[sft]``: the cold-start SFT recipe (the sections of ``dsv32 sft``);
 - ``[rl]``: the agentic GRPO recipe (the sections of a ``dsv32 posttrain rl`` recipe); its
   ``[[rl.envs]]`` train on the generated training tasks and evaluate on the held-out ones;
+- ``[rl_model]`` (optional): what GRPO trains of the SFT model (``train_embeddings``);
 - ``[transfer]`` (optional): an environment the policy never trains on, evaluated greedily at every
   stage (report only);
 - ``out_dir``: the run's root: ``tasks_train.jsonl``, ``tasks_heldout.jsonl``,
@@ -40,7 +41,7 @@ from dsv32.recipe import (
 from dsv32.rl.agentic_config import AgenticConfig
 from dsv32.train.sft_config import SFTConfig
 
-SECTIONS = ("out_dir", "tasks", "sft", "rl", "transfer")
+SECTIONS = ("out_dir", "tasks", "sft", "rl", "rl_model", "transfer")
 TRAIN_FILE, HELDOUT_FILE, VALIDATION_FILE = (
     "tasks_train.jsonl",
     "tasks_heldout.jsonl",
@@ -91,6 +92,19 @@ class ProofTasks(Checked):
 
 
 @dataclass
+class RLModel(Checked):
+    """``[rl_model]``: what GRPO trains of the SFT stage's in-memory model. It keeps the SFT stage's
+    frozen lower layers (``sft.train.freeze_layers``); ``train_embeddings = false`` also keeps the
+    token embeddings (and the output head tied to them) as SFT left them: on a 135M model whose
+    head is its embedding matrix, Adam's first steps move all 49k rows at once, and the backward
+    pass then stops at the lowest trained layer."""
+
+    RANGES: ClassVar[dict] = {}
+
+    train_embeddings: bool = True
+
+
+@dataclass
 class ProofTransfer(Checked):
     """``[transfer]``: ``tasks`` tasks of environment ``env``'s task set ``set`` (the first ones), run
     greedily at every stage with ``prompt`` and at most ``max_steps`` model calls — an environment the
@@ -118,6 +132,7 @@ class PosttrainRecipe:
     sft: SFTConfig
     rl: AgenticConfig
     transfer: ProofTransfer | None = None
+    rl_model: RLModel = field(default_factory=RLModel)
 
     @property
     def train_file(self) -> Path:
@@ -224,7 +239,8 @@ def read_posttrain_recipe(
     if "transfer" in data:
         transfer = build_section(ProofTransfer, data["transfer"], "transfer")
         check_transfer(transfer)
-    return PosttrainRecipe(path, root, tasks, sft, rl, transfer)
+    rl_model = build_section(RLModel, data.get("rl_model", {}), "rl_model")
+    return PosttrainRecipe(path, root, tasks, sft, rl, transfer, rl_model)
 
 
 def check_transfer(t: ProofTransfer) -> None:
