@@ -20,33 +20,47 @@ def _tasks(env: str, tasks: str | None, limit: int | None):
 
 def run_proof(config: str | None, overrides: list[str], out: str | None, progress: bool = True) -> dict:
     """The proof run: held-out greedy accuracy and well-formed tool use of the base model, after
-    cold-start SFT on verified tool transcripts, and after agentic GRPO (``report.{json,md,png}``).
+    cold-start SFT on verified tool transcripts, and after agentic GRPO (``report.{json,md,png}``),
+    with the held-out curve during GRPO and, with ``[transfer]``, an environment never trained on.
     Every recipe section is checked before anything is loaded or written."""
+    import functools
     import time
     from contextlib import contextmanager
 
     from dsv32.cli.posttrain_recipe import read_posttrain_recipe
+    from dsv32.envs.base import get_env, resolve_tasks
     from dsv32.envs.interpreter import InterpreterEnv
+    from dsv32.rl.agentic import EpisodeSettings
     from dsv32.rl.agentic_trainer import EnvItem, episode_settings, evaluate_agentic, train_agentic
     from dsv32.rl.policy import Policy
-    from dsv32.rl.posttrain_report import machine, report_dict, write_report
+    from dsv32.rl.posttrain_report import machine, report_dict, rl_curve, write_report
     from dsv32.runlog import read_metrics
     from dsv32.synth.coldstart import build_coldstart
     from dsv32.train.sft import train_sft
-    from dsv32.train.sft_model import prepare_sft_model
+    from dsv32.train.sft_model import prepare_sft_model, vocab_matrices
 
     recipe = read_posttrain_recipe(config, overrides, out)
     root, tasks_cfg, sft_cfg, rl_cfg = recipe.root, recipe.tasks, recipe.sft, recipe.rl
     train, heldout = recipe.generate_tasks()
+    validation = recipe.validation_tasks(train)
+    transfer_items: list[EnvItem] = []
+    if recipe.transfer is not None:
+        t = recipe.transfer
+        transfer_items = [
+            EnvItem(x, t.env, get_env(t.env).factory) for x in resolve_tasks(t.env, t.set)[: t.tasks]
+        ]
 
     t0, load_start, minutes = time.time(), machine()["load_average_1_5_15"], {}
     sm = prepare_sft_model(sft_cfg.model.name, sft_cfg.model.device)
     root.mkdir(parents=True, exist_ok=True)  # only now: bad input writes nothing
-    recipe.write_tasks(train, heldout)
-    held = [EnvItem(t, "code-interpreter", InterpreterEnv) for t in heldout]
+    recipe.write_tasks(train, heldout, validation)
+    make_env = functools.partial(InterpreterEnv, **tasks_cfg.env_options)
+    held = [EnvItem(t, "code-interpreter", make_env) for t in heldout]
     settings = episode_settings(rl_cfg)
+    max_new = rl_cfg.rl.sampling.max_new_tokens
     policy = Policy(sm.model, sm.tokenizer, sm.kind, thinking=True, source=sft_cfg.model.name)
     evals: dict[str, dict] = {}
+    transfer: dict[str, dict] = {}
 
     @contextmanager
     def timed(stage: str):
@@ -56,22 +70,46 @@ def run_proof(config: str | None, overrides: list[str], out: str | None, progres
 
     def evaluate(stage: str) -> None:
         with timed(f"eval_{stage}"):
-            evals[stage] = evaluate_agentic(policy, held, settings, rl_cfg.rl.sampling.max_new_tokens)
+            evals[stage] = evaluate_agentic(policy, held, settings, max_new)
         (root / f"eval_{stage}.json").write_text(json.dumps(evals[stage], indent=1) + "\n")
         print(
-            f"{stage}: accuracy {evals[stage]['accuracy']:.3f}, tool use {evals[stage]['tool_call_valid']:.3f}"
+            f"{stage}: accuracy {evals[stage]['accuracy']:.3f}, tool use {evals[stage]['tool_call_valid']:.3f}",
+            flush=True,
         )
+        if transfer_items:
+            t = recipe.transfer
+            other = EpisodeSettings(
+                t.prompt, t.max_steps, settings.thinking, tool_timeout_s=settings.tool_timeout_s
+            )
+            with timed(f"transfer_{stage}"):
+                transfer[stage] = evaluate_agentic(policy, transfer_items, other, max_new)
+            (root / f"transfer_{stage}.json").write_text(json.dumps(transfer[stage], indent=1) + "\n")
+            print(f"{stage}: transfer ({t.env}) accuracy {transfer[stage]['accuracy']:.3f}", flush=True)
 
     evaluate("base")
     with timed("cold_start"):
         cold = build_coldstart(
-            InterpreterEnv, train, root / "coldstart.jsonl", prompt=tasks_cfg.prompt, overwrite=True
+            make_env,
+            recipe.coldstart_tasks(train),
+            root / "coldstart.jsonl",
+            prompt=tasks_cfg.prompt,
+            overwrite=True,
         )
+        if validation:  # the SFT stage's held-out loss: reference transcripts of the validation tasks
+            build_coldstart(
+                make_env, validation, root / "validation.jsonl", prompt=tasks_cfg.prompt, overwrite=True
+            )
+            sft_cfg.data.eval_path = str(root / "validation.jsonl")
     sft_cfg.data.path = str(root / "coldstart.jsonl")
     with timed("sft"):
         train_sft(sft_cfg, model=sm, resume=False, progress=progress)
     evaluate("sft")
     rl_cfg.rl.policy.name = str(root / "sft" / "model")
+    if not recipe.rl_model.train_embeddings:
+        for p in vocab_matrices(sm.model):
+            p.requires_grad_(False)
+    if rl_cfg.rl.eval.every:  # the held-out curve: the trainer evaluates every `eval.every` steps
+        rl_cfg.agentic.eval_tasks = len(heldout)
     with timed("rl"):
         train_agentic(
             rl_cfg,
@@ -82,25 +120,64 @@ def run_proof(config: str | None, overrides: list[str], out: str | None, progres
             evaluate_after=False,
         )
     evaluate("rl")
+    during = read_metrics(root / "rl" / "eval.jsonl") if (root / "rl" / "eval.jsonl").exists() else []
+    rl_metrics = read_metrics(root / "rl" / "metrics.jsonl")
+    points = [
+        {**evals["sft"], "step": 0},
+        *during,
+        {**evals["rl"], "step": rl_cfg.rl.grpo.steps},
+    ]
     details = {
         "model": sft_cfg.model.name,
-        "task": f"code-interpreter {'/'.join(tasks_cfg.categories)}, difficulty {tasks_cfg.difficulty}",
+        "task": f"code-interpreter {'/'.join(tasks_cfg.categories)}, "
+        + (f"difficulty {tasks_cfg.difficulty}" if tasks_cfg.difficulty else "difficulties 1-5"),
         "evals": {k: {x: y for x, y in v.items() if x != "samples"} for k, v in evals.items()},
         "cold_start": cold.to_dict(),
+        "tasks": {
+            "train": len(train),
+            "coldstart": len(recipe.coldstart_tasks(train)),
+            "heldout": len(heldout),
+            "validation": len(validation),
+            "shared_prompts": 0,  # generate_tasks / validation_tasks refuse any
+        },
         "stage_minutes": minutes,
         "machine": machine(),
         "load_start": load_start,
+        "peak_memory_mb": peak_memory_mb(),
+        "rl_trained_parameters": sum(p.numel() for p in sm.model.parameters() if p.requires_grad),
+        "first_update_abs_log_ratio_max": max(
+            (r["first_update_abs_log_ratio"] for r in rl_metrics if "first_update_abs_log_ratio" in r),
+            default=None,
+        ),
         "command": "dsv32 posttrain proof "
         + " ".join([config or "", *[f"--set {o}" for o in overrides]]).strip(),
     }
-    report = report_dict(evals, len(heldout), (time.time() - t0) / 60, details)
-    write_report(
-        root,
-        report,
-        read_metrics(root / "sft" / "metrics.jsonl"),
-        read_metrics(root / "rl" / "metrics.jsonl"),
+    transfer_report = None
+    if transfer_items:
+        t = recipe.transfer
+        transfer_report = {"env": t.env, "set": t.set, "tasks": len(transfer_items), "prompt": t.prompt}
+        for stage, summary in transfer.items():
+            transfer_report[f"accuracy_{stage}"] = summary["accuracy"]
+            transfer_report[f"tool_call_valid_{stage}"] = summary["tool_call_valid"]
+    report = report_dict(
+        evals,
+        len(heldout),
+        (time.time() - t0) / 60,
+        details,
+        transfer=transfer_report,
+        curve=rl_curve(rl_metrics, points),
     )
+    write_report(root, report, read_metrics(root / "sft" / "metrics.jsonl"), rl_metrics)
     return report
+
+
+def peak_memory_mb() -> float:
+    """This process's peak resident memory (the kernels and sandboxes are other processes)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)
 
 
 def add_cold_start(psub: argparse._SubParsersAction) -> None:

@@ -1,12 +1,18 @@
 """The post-training recipe (``configs/posttrain-smollm2.toml``), read and checked as one for
 ``dsv32 posttrain proof`` and ``dsv32 posttrain rl``:
 
-- ``[tasks]``: generated code-interpreter problems, training (seed 0) and held-out (seed 1, never a
-  training prompt), and the system prompt of every stage;
+- ``[tasks]``: generated code-interpreter problems, training (seed 0), held-out (seed 1) and, for
+  the SFT stage's held-out loss, validation (seed 2) — no held-out or validation prompt is a
+  training prompt — the share of the training tasks the cold start replays, and the system prompt
+  of every stage;
 - ``[sft]``: the cold-start SFT recipe (the sections of ``dsv32 sft``);
 - ``[rl]``: the agentic GRPO recipe (the sections of a ``dsv32 posttrain rl`` recipe); its
   ``[[rl.envs]]`` train on the generated training tasks and evaluate on the held-out ones;
-- ``out_dir``: the run's root: ``tasks_train.jsonl``, ``tasks_heldout.jsonl``, ``sft/``, ``rl/``.
+- ``[rl_model]`` (optional): what GRPO trains of the SFT model (``train_embeddings``);
+- ``[transfer]`` (optional): an environment the policy never trains on, evaluated greedily at every
+  stage (report only);
+- ``out_dir``: the run's root: ``tasks_train.jsonl``, ``tasks_heldout.jsonl``,
+  ``tasks_validation.jsonl``, ``sft/``, ``rl/``.
 
 The policy of ``[rl]`` is the SFT stage's output (``out_dir/sft/model``) unless ``rl.policy.name``
 names another.
@@ -19,33 +25,103 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from dsv32.chat.templates import EPISODE_PROMPTS
-from dsv32.recipe import Checked, RecipeError, at_least, build_section, check_sections, each, in_range, one_of
+from dsv32.envs.interpreter.env import SYSTEM_PROMPTS
+from dsv32.envs.interpreter.tasks import GENERATORS as CATEGORIES
+from dsv32.recipe import (
+    Checked,
+    RecipeError,
+    Rule,
+    at_least,
+    build_section,
+    check_sections,
+    each,
+    in_range,
+    one_of,
+)
 from dsv32.rl.agentic_config import AgenticConfig
 from dsv32.train.sft_config import SFTConfig
 
-SECTIONS = ("out_dir", "tasks", "sft", "rl")
-TRAIN_FILE, HELDOUT_FILE = "tasks_train.jsonl", "tasks_heldout.jsonl"
+SECTIONS = ("out_dir", "tasks", "sft", "rl", "rl_model", "transfer")
+TRAIN_FILE, HELDOUT_FILE, VALIDATION_FILE = (
+    "tasks_train.jsonl",
+    "tasks_heldout.jsonl",
+    "tasks_validation.jsonl",
+)
 DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "configs" / "posttrain-smollm2.toml"
 
 
 @dataclass
 class ProofTasks(Checked):
     """``[tasks]`` of the post-training recipe: generated code-interpreter problems (training: seed
-    0; held-out: seed 1, never a training prompt), and the system prompt of every stage."""
+    0; held-out: seed 1; validation: seed 2, never a training prompt), how many of the training tasks
+    the cold start replays (``coldstart``; 0: all of them), and the system prompt of every stage
+    (``prompt``, and the interpreter's own ``system_prompt``: ``full`` or ``short``).
+    ``difficulty`` 0 cycles the difficulties 1..5 through the tasks."""
 
     RANGES: ClassVar[dict] = {
         "train": at_least(1),
         "heldout": at_least(1),
-        "difficulty": in_range(1, 5),
-        "categories": each(one_of("multiplication", "modular", "combinatorics", "linear_system")),
+        "validation": at_least(0),
+        "coldstart": at_least(0),
+        "difficulty": in_range(0, 5),
+        "categories": each(one_of(*CATEGORIES)),
         "prompt": one_of(*EPISODE_PROMPTS),
+        "system_prompt": one_of(*SYSTEM_PROMPTS),
     }
 
     train: int = 64
     heldout: int = 32
+    validation: int = 0
+    coldstart: int = 0
     difficulty: int = 1
     categories: list[str] = field(default_factory=lambda: ["multiplication"])
     prompt: str = "bare"
+    system_prompt: str = "full"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.coldstart > self.train:
+            raise RecipeError(
+                f"[tasks] coldstart = {self.coldstart} is more than the {self.train} training tasks"
+            )
+
+    @property
+    def env_options(self) -> dict[str, Any]:
+        """The options of every code-interpreter environment of the run."""
+        return {"system_prompt": self.system_prompt}
+
+
+@dataclass
+class RLModel(Checked):
+    """``[rl_model]``: what GRPO trains of the SFT stage's in-memory model. It keeps the SFT stage's
+    frozen lower layers (``sft.train.freeze_layers``); ``train_embeddings = false`` also keeps the
+    token embeddings (and the output head tied to them) as SFT left them: on a 135M model whose
+    head is its embedding matrix, Adam's first steps move all 49k rows at once, and the backward
+    pass then stops at the lowest trained layer."""
+
+    RANGES: ClassVar[dict] = {}
+
+    train_embeddings: bool = True
+
+
+@dataclass
+class ProofTransfer(Checked):
+    """``[transfer]``: ``tasks`` tasks of environment ``env``'s task set ``set`` (the first ones), run
+    greedily at every stage with ``prompt`` and at most ``max_steps`` model calls — an environment the
+    policy never trains on, reported as it is."""
+
+    RANGES: ClassVar[dict] = {
+        "env": Rule(bool, "an environment name"),
+        "tasks": at_least(1),
+        "prompt": one_of(*EPISODE_PROMPTS),
+        "max_steps": at_least(1),
+    }
+
+    env: str = "general-tools"
+    set: str = "heldout"
+    tasks: int = 8
+    prompt: str = "env"
+    max_steps: int = 4
 
 
 @dataclass
@@ -55,6 +131,8 @@ class PosttrainRecipe:
     tasks: ProofTasks
     sft: SFTConfig
     rl: AgenticConfig
+    transfer: ProofTransfer | None = None
+    rl_model: RLModel = field(default_factory=RLModel)
 
     @property
     def train_file(self) -> Path:
@@ -64,26 +142,58 @@ class PosttrainRecipe:
     def heldout_file(self) -> Path:
         return self.root / HELDOUT_FILE
 
+    @property
+    def validation_file(self) -> Path:
+        return self.root / VALIDATION_FILE
+
     def generate_tasks(self) -> tuple[list, list]:
         """The training and held-out tasks (the same every time: seeds 0 and 1); a held-out prompt
         that is also a training prompt is refused."""
         from dsv32.envs.interpreter import generate
 
         t, cats = self.tasks, tuple(self.tasks.categories)
-        train = generate(t.train, seed=0, difficulty=t.difficulty, categories=cats, prefix="train")
-        heldout = generate(t.heldout, seed=1, difficulty=t.difficulty, categories=cats, prefix="heldout")
-        overlap = {x.prompt for x in train} & {x.prompt for x in heldout}
-        if overlap:
-            raise RecipeError(
-                f"held-out tasks repeat {len(overlap)} training prompt(s); change the task counts"
-            )
+        d = t.difficulty or None
+        train = generate(t.train, seed=0, difficulty=d, categories=cats, prefix="train")
+        heldout = generate(t.heldout, seed=1, difficulty=d, categories=cats, prefix="heldout")
+        refuse_shared(train, heldout, "held-out")
         return train, heldout
 
-    def write_tasks(self, train: list, heldout: list) -> None:
+    def validation_tasks(self, train: list) -> list:
+        """The SFT stage's validation tasks (seed 2; none when ``tasks.validation`` is 0), checked to
+        share no prompt with training."""
+        from dsv32.envs.interpreter import generate
+
+        t = self.tasks
+        if not t.validation:
+            return []
+        val = generate(
+            t.validation,
+            seed=2,
+            difficulty=t.difficulty or None,
+            categories=tuple(t.categories),
+            prefix="val",
+        )
+        refuse_shared(train, val, "validation")
+        return val
+
+    def coldstart_tasks(self, train: list) -> list:
+        """The training tasks the cold start replays: the first ``tasks.coldstart`` (0: all)."""
+        return train[: self.tasks.coldstart or len(train)]
+
+    def write_tasks(self, train: list, heldout: list, validation: list | None = None) -> None:
         from dsv32.envs.base import save_tasks
 
         save_tasks(train, self.train_file)
         save_tasks(heldout, self.heldout_file)
+        if validation:
+            save_tasks(validation, self.validation_file)
+
+
+def refuse_shared(train: list, other: list, what: str) -> None:
+    """A ``what`` task whose prompt is also a training prompt is refused."""
+    overlap = {x.prompt for x in train} & {x.prompt for x in other}
+    if overlap:
+        raise RecipeError(f"{what} tasks repeat {len(overlap)} training prompt(s); change the task counts")
 
 
 def is_posttrain_recipe(data: dict[str, Any]) -> bool:
@@ -114,10 +224,38 @@ def read_posttrain_recipe(
     envs = rl_data.get("envs", [{"name": "code-interpreter"}])
     if isinstance(envs, list) and all(isinstance(e, dict) for e in envs):  # else refused as it is
         files = {"tasks": str(root / TRAIN_FILE), "eval_tasks": str(root / HELDOUT_FILE)}
-        envs = [{**e, **files} for e in envs]
+        envs = [
+            {**e, **files, "options": {**tasks.env_options, **(e.get("options") or {})}}
+            if e.get("name", "code-interpreter") == "code-interpreter"
+            else {**e, **files}
+            for e in envs
+        ]
     rl = agentic_config_from_dict({**rl_data, "envs": envs, "out_dir": str(root / "rl")}, "rl")
     rl.agentic.prompt = tasks.prompt
     policy = rl_data.get("policy")
     if not (isinstance(policy, dict) and policy.get("name")):
         rl.rl.policy.name = str(root / "sft" / "model")
-    return PosttrainRecipe(path, root, tasks, sft, rl)
+    transfer = None
+    if "transfer" in data:
+        transfer = build_section(ProofTransfer, data["transfer"], "transfer")
+        check_transfer(transfer)
+    rl_model = build_section(RLModel, data.get("rl_model", {}), "rl_model")
+    return PosttrainRecipe(path, root, tasks, sft, rl, transfer, rl_model)
+
+
+def check_transfer(t: ProofTransfer) -> None:
+    """The transfer environment is registered, is not the trained one, and has the task set named."""
+    from dsv32.envs.base import EnvError, get_env
+
+    try:
+        spec = get_env(t.env)
+    except EnvError as err:
+        raise RecipeError(f"[transfer] env = {t.env!r}: {err}") from None
+    if t.env == "code-interpreter":
+        raise RecipeError(
+            "[transfer] env must be an environment the policy does not train on, not code-interpreter"
+        )
+    if t.set not in spec.task_sets:
+        raise RecipeError(
+            f"[transfer] set = {t.set!r}: {t.env} has the task sets {', '.join(spec.task_sets)}"
+        )

@@ -6,6 +6,11 @@ result, ... answer) until the answer or ``max_steps``. Its reward is the environ
 the length and language terms (§3):
 
     R = verifier + w_len · length_penalty(generated tokens, budget) + w_lang · language_consistency
+        + w_fmt · format
+
+where ``format`` is 1 when the episode's tool use is well formed (:func:`tool_calls_valid`: it
+called a tool, every reply parsed as V3.2 and every call named a known tool with valid arguments),
+else 0 — the verifier rewards the answer, not the markup.
 
 Every model call is recorded with the prompt ids it saw (:mod:`dsv32.rl.agentic_backend`). Rows:
 consecutive calls whose prompt starts with the previous row's ids (the V3.2 encoding only appends
@@ -128,12 +133,14 @@ def run_episodes(
 @dataclass
 class AgenticReward:
     """``length_weight`` × the length penalty (shape ``length_shape`` against ``budget`` generated
-    tokens per episode) and ``language_weight`` × language consistency, added to the verifier."""
+    tokens per episode), ``language_weight`` × language consistency and ``format_weight`` × well-formed
+    tool use (1 or 0), added to the verifier."""
 
     budget: int = 512
     length_weight: float = 0.0
     length_shape: str = "overlong"
     language_weight: float = 0.0
+    format_weight: float = 0.0
 
     def __call__(self, episode: Episode) -> tuple[float, dict[str, float]]:
         text = "\n".join(
@@ -143,8 +150,14 @@ class AgenticReward:
         )
         length = length_penalty(episode.generated_tokens, max_tokens=self.budget, shape=self.length_shape)
         language = language_consistency(episode.task.prompt, text)
-        total = episode.verifier + self.length_weight * length + self.language_weight * language
-        return total, {"verifier": episode.verifier, "length": length, "language": language}
+        form = float(tool_calls_valid(episode.trajectory))
+        total = (
+            episode.verifier
+            + self.length_weight * length
+            + self.language_weight * language
+            + self.format_weight * form
+        )
+        return total, {"verifier": episode.verifier, "length": length, "language": language, "format": form}
 
 
 # ---------------------------------------------------------------------------------------------- rows

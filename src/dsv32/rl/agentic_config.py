@@ -6,6 +6,7 @@ run and are rewarded) and ``[[envs]]`` (the environments in the mix, with weight
     max_steps = 4                 # model calls per episode
     context = "none"              # or summary | discard_75 | discard_all (with context_window)
     length_weight = 0.0           # R = verifier + w_len · length penalty + w_lang · language
+    format_weight = 0.0           #     + w_fmt · well-formed tool use (1 or 0)
     single_turn = false           # also draw the [[sources]] (single-turn domains) into the mix
 
     [[envs]]
@@ -43,6 +44,7 @@ class AgenticSection(Checked, error=RLConfigError):
         "length_weight": NON_NEGATIVE,
         "length_shape": one_of(*LENGTH_SHAPES),
         "language_weight": NON_NEGATIVE,
+        "format_weight": NON_NEGATIVE,
         "eval_tasks": NON_NEGATIVE,
     }
 
@@ -55,6 +57,7 @@ class AgenticSection(Checked, error=RLConfigError):
     length_weight: float = 0.0
     length_shape: str = "overlong"
     language_weight: float = 0.0
+    format_weight: float = 0.0
     single_turn: bool = False
     eval_tasks: int = 40
 

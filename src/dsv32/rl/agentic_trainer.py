@@ -129,7 +129,9 @@ def episode_settings(cfg: AgenticConfig) -> EpisodeSettings:
 
 def agentic_reward(cfg: AgenticConfig) -> AgenticReward:
     a = cfg.agentic
-    return AgenticReward(cfg.rl.sampling.max_total_tokens, a.length_weight, a.length_shape, a.language_weight)
+    return AgenticReward(
+        cfg.rl.sampling.max_total_tokens, a.length_weight, a.length_shape, a.language_weight, a.format_weight
+    )
 
 
 def v32_policy(cfg: AgenticConfig) -> Policy:

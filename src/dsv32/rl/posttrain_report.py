@@ -2,13 +2,20 @@
 after cold-start SFT and after agentic GRPO, as ``report.json``, ``report.md`` and ``report.png``.
 
 ``report.json`` keys: ``accuracy_{base,sft,rl}``, ``tool_call_valid_{base,sft,rl}`` (shares of
-held-out episodes, greedy), ``heldout_tasks``, ``minutes`` (wall clock of the whole run), and
-``details`` (per-stage summaries, timings, the machine).
+held-out episodes, greedy), ``interval_{base,sft,rl}`` (the Wilson 95 % interval of each accuracy),
+``heldout_tasks``, ``minutes`` (wall clock of the whole run), ``rl_gain`` (``accuracy_rl −
+accuracy_sft``) and ``intervals_overlap`` (whether the SFT and GRPO intervals overlap), ``transfer``
+(the environment the policy never trained on: its accuracy and well-formed tool use per stage; None
+without ``[transfer]``), ``rl_curve`` (``train``: sampled reward, accuracy and well-formed tool use
+per GRPO step; ``heldout``: greedy held-out accuracy with its interval at step 0 — the SFT model —,
+every ``eval.every`` steps and after the last), and ``details`` (per-stage summaries, timings, the
+machine).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 from pathlib import Path
@@ -32,8 +39,56 @@ def machine() -> dict[str, Any]:
     }
 
 
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95 % for ``z`` = 1.96): unlike the normal
+    approximation it stays inside [0, 1] and is not empty at 0 or n successes."""
+    if n <= 0:
+        raise ValueError(f"an interval needs at least one trial, got n = {n}")
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must be in [0, {n}], got {successes}")
+    p, z2 = successes / n, z * z
+    center = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return round(max(0.0, center - half), 4), round(min(1.0, center + half), 4)
+
+
+def interval_of(summary: dict) -> tuple[float, float]:
+    """The 95 % interval of an evaluation's accuracy (``episodes`` greedy episodes)."""
+    n = summary["episodes"]
+    return wilson(round(summary["accuracy"] * n), n)
+
+
+def rl_curve(rl_metrics: list[dict], heldout_evals: list[dict]) -> dict[str, list[dict]]:
+    """The learning curve: per GRPO step the sampled episodes' reward, accuracy and well-formed tool
+    use; the held-out greedy accuracy (with its interval) at the steps it was measured."""
+    train = [
+        {
+            k: r.get(k)
+            for k in ("step", "reward_mean", "accuracy", "tool_call_valid", "first_update_abs_log_ratio")
+        }
+        for r in rl_metrics
+        if "reward_mean" in r
+    ]
+    held = [
+        {
+            "step": e["step"],
+            "accuracy": e["accuracy"],
+            "tool_call_valid": e["tool_call_valid"],
+            "interval": list(interval_of(e)),
+        }
+        for e in sorted(heldout_evals, key=lambda e: e["step"])
+    ]
+    return {"train": train, "heldout": held}
+
+
 def report_dict(
-    evals: dict[str, dict], heldout: int, minutes: float, details: dict[str, Any]
+    evals: dict[str, dict],
+    heldout: int,
+    minutes: float,
+    details: dict[str, Any],
+    *,
+    transfer: dict[str, Any] | None = None,
+    curve: dict[str, list[dict]] | None = None,
 ) -> dict[str, Any]:
     missing = [s for s in STAGES if s not in evals]
     if missing:
@@ -42,31 +97,77 @@ def report_dict(
     for stage in STAGES:
         out[f"accuracy_{stage}"] = evals[stage]["accuracy"]
         out[f"tool_call_valid_{stage}"] = evals[stage]["tool_call_valid"]
-    out |= {"heldout_tasks": heldout, "minutes": round(minutes, 2), "details": details}
+        out[f"interval_{stage}"] = list(interval_of(evals[stage]))
+    (_, sft_hi), (rl_lo, rl_hi) = out["interval_sft"], out["interval_rl"]
+    out |= {
+        "heldout_tasks": heldout,
+        "minutes": round(minutes, 2),
+        "rl_gain": round(out["accuracy_rl"] - out["accuracy_sft"], 4),
+        "intervals_overlap": not (rl_lo > sft_hi or rl_hi < out["interval_sft"][0]),
+        "transfer": transfer,
+        "rl_curve": curve or {"train": [], "heldout": []},
+        "details": details,
+    }
     return out
+
+
+STAGE_NAMES = ("base (V3.2 tokens added, untrained)", "after cold-start SFT", "after agentic GRPO")
+
+
+def _interval(report: dict[str, Any], stage: str) -> str:
+    lo, hi = report.get(f"interval_{stage}") or (None, None)
+    return "–" if lo is None else f"[{lo:.3f}, {hi:.3f}]"
 
 
 def report_markdown(report: dict[str, Any]) -> str:
     d = report["details"]
     rows = "\n".join(
-        f"| {name} | {report[f'accuracy_{s}']:.3f} | {report[f'tool_call_valid_{s}']:.3f} | "
-        f"{d['evals'][s]['used_tool']:.3f} | {d['evals'][s]['mean_steps']:.2f} |"
-        for s, name in zip(
-            STAGES, ("base (V3.2 tokens added, untrained)", "after cold-start SFT", "after agentic GRPO")
-        )
+        f"| {name} | {report[f'accuracy_{s}']:.3f} | {_interval(report, s)} | "
+        f"{report[f'tool_call_valid_{s}']:.3f} | {d['evals'][s]['used_tool']:.3f} | "
+        f"{d['evals'][s]['mean_steps']:.2f} |"
+        for s, name in zip(STAGES, STAGE_NAMES)
     )
     m = d["machine"]
-    return (
+    text = (
         "# Post-training proof run\n\n"
         f"{d['model']} on {d['task']}; {report['heldout_tasks']} held-out tasks, greedy, "
         f"{report['minutes']:.1f} minutes end to end ({m['cpus']} CPUs, {m['torch_threads']} torch threads; "
         f"load average at the start {d['load_start']}, at the end {m['load_average_1_5_15']}).\n\n"
-        "| model | accuracy | well-formed tool calls | used the tool | model calls / episode |\n"
-        "|---|---|---|---|---|\n"
+        "| model | accuracy | 95 % interval (Wilson) | well-formed tool calls | used the tool | "
+        "model calls / episode |\n"
+        "|---|---|---|---|---|---|\n"
         f"{rows}\n\n"
+    )
+    if "rl_gain" in report:
+        overlap = "overlap" if report["intervals_overlap"] else "do not overlap"
+        text += f"GRPO over SFT: {report['rl_gain']:+.3f} absolute; the two intervals {overlap}.\n\n"
+    t = report.get("transfer")
+    if t:
+        text += (
+            f"Transfer (never trained on): {t['env']}, {t['tasks']} tasks, greedy — accuracy "
+            + ", ".join(f"{s} {t[f'accuracy_{s}']:.3f}" for s in STAGES)
+            + "; well-formed tool use "
+            + ", ".join(f"{s} {t[f'tool_call_valid_{s}']:.3f}" for s in STAGES)
+            + ".\n\n"
+        )
+    curve = report.get("rl_curve") or {}
+    if curve.get("heldout"):
+        text += (
+            "Held-out accuracy during GRPO: "
+            + ", ".join(f"step {h['step']}: {h['accuracy']:.3f}" for h in curve["heldout"])
+            + ".\n\n"
+        )
+    if curve.get("train"):
+        text += (
+            "Sampled training reward per GRPO step: "
+            + ", ".join(f"{r['reward_mean']:.2f}" for r in curve["train"])
+            + ".\n\n"
+        )
+    text += (
         f"Stage minutes: {json.dumps(d['stage_minutes'])}. Cold start: {d['cold_start']['kept']} verified "
         f"conversations kept of {d['cold_start']['tasks']} tasks. Command: `{d['command']}`.\n"
     )
+    return text
 
 
 def plot_report(report: dict[str, Any], sft_metrics: list[dict], rl_metrics: list[dict], png: Path) -> Path:
@@ -75,10 +176,18 @@ def plot_report(report: dict[str, Any], sft_metrics: list[dict], rl_metrics: lis
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    transfer = report.get("transfer")
+    fig, axes = plt.subplots(1, 4 if transfer else 3, figsize=(18 if transfer else 14, 3.8))
     ax = axes[0]
     x = range(len(STAGES))
-    ax.bar([i - 0.2 for i in x], [report[f"accuracy_{s}"] for s in STAGES], 0.4, label="accuracy")
+    acc = [report[f"accuracy_{s}"] for s in STAGES]
+    err = None
+    if all(f"interval_{s}" in report for s in STAGES):
+        err = [
+            [a - report[f"interval_{s}"][0] for a, s in zip(acc, STAGES)],
+            [report[f"interval_{s}"][1] - a for a, s in zip(acc, STAGES)],
+        ]
+    ax.bar([i - 0.2 for i in x], acc, 0.4, yerr=err, capsize=4, label="accuracy (95 % interval)")
     ax.bar(
         [i + 0.2 for i in x],
         [report[f"tool_call_valid_{s}"] for s in STAGES],
@@ -90,27 +199,62 @@ def plot_report(report: dict[str, Any], sft_metrics: list[dict], rl_metrics: lis
     ax.set_title(f"held-out ({report['heldout_tasks']} tasks, greedy)")
     ax.legend(fontsize=8)
     ax = axes[1]
-    ax.plot([r["step"] for r in sft_metrics], [r["loss"] for r in sft_metrics], color="tab:blue")
+    ax.plot(
+        [r["step"] for r in sft_metrics], [r["loss"] for r in sft_metrics], color="tab:blue", label="train"
+    )
+    held = [r for r in sft_metrics if r.get("eval_loss") is not None]
+    if held:
+        ax.plot(
+            [r["step"] for r in held],
+            [r["eval_loss"] for r in held],
+            "o-",
+            color="tab:red",
+            label="validation",
+        )
+        ax.legend(fontsize=8)
     ax.set_xlabel("SFT step")
     ax.set_ylabel("loss on assistant tokens")
+    ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax = axes[2]
+    steps = [r["step"] for r in rl_metrics]
+    ax.plot(steps, [r["reward_mean"] for r in rl_metrics], label="sampled reward", color="tab:green")
+    ax.plot(steps, [r.get("accuracy", 0) for r in rl_metrics], label="sampled accuracy", color="tab:olive")
     ax.plot(
-        [r["step"] for r in rl_metrics],
-        [r["reward_mean"] for r in rl_metrics],
-        label="reward",
-        color="tab:green",
+        steps, [r.get("tool_call_valid", 0) for r in rl_metrics], label="sampled tool use", color="tab:orange"
     )
-    ax.plot(
-        [r["step"] for r in rl_metrics],
-        [r.get("tool_call_valid", 0) for r in rl_metrics],
-        label="tool use",
-        color="tab:orange",
-    )
+    points = (report.get("rl_curve") or {}).get("heldout") or []
+    if points:
+        ys = [h["accuracy"] for h in points]
+        ax.errorbar(
+            [h["step"] for h in points],
+            ys,
+            yerr=[
+                [y - h["interval"][0] for y, h in zip(ys, points)],
+                [h["interval"][1] - y for y, h in zip(ys, points)],
+            ],
+            fmt="s-",
+            color="tab:purple",
+            capsize=3,
+            label="held-out accuracy (greedy)",
+        )
     ax.set_xlabel("GRPO step")
-    ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=8)
+    ax.set_ylim(0, max(1.05, *(r["reward_mean"] + 0.05 for r in rl_metrics)) if rl_metrics else 1.05)
+    ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
+    if transfer:
+        ax = axes[3]
+        ax.bar([i - 0.2 for i in x], [transfer[f"accuracy_{s}"] for s in STAGES], 0.4, label="accuracy")
+        ax.bar(
+            [i + 0.2 for i in x],
+            [transfer[f"tool_call_valid_{s}"] for s in STAGES],
+            0.4,
+            label="well-formed tool calls",
+        )
+        ax.set_xticks(list(x), ["base", "cold-start SFT", "agentic GRPO"])
+        ax.set_ylim(0, 1.05)
+        ax.set_title(f"transfer: {transfer['env']} ({transfer['tasks']} tasks, never trained on)")
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)

@@ -26,6 +26,12 @@ SYSTEM_PROMPT = (
     "for any computation you cannot do exactly by hand. When you are done, give the final answer as "
     "\\boxed{{...}}."
 )
+#: ``system_prompt = "short"``: the same instructions in a quarter of the tokens (a 135M model on a CPU
+#: reads the system prompt again at every model call of every episode)
+SHORT_SYSTEM_PROMPT = (
+    "Use the `python` tool (a stateful notebook) to compute exactly. Give the final answer as \\boxed{{...}}."
+)
+SYSTEM_PROMPTS = {"full": SYSTEM_PROMPT, "short": SHORT_SYSTEM_PROMPT}
 
 
 class InterpreterEnv(Environment):
@@ -44,7 +50,11 @@ class InterpreterEnv(Environment):
         isolation: str | None = None,
         busy_wait_s: float = 10,
         disk_mb: int = sandbox.DISK_MB,
+        system_prompt: str = "full",
     ) -> None:
+        if system_prompt not in SYSTEM_PROMPTS:
+            raise EnvError(f"system_prompt must be one of {', '.join(SYSTEM_PROMPTS)}, got {system_prompt!r}")
+        self.system_prompt = SYSTEM_PROMPTS[system_prompt]
         self.cell_timeout_s, self.memory_mb, self.cpu_s = cell_timeout_s, memory_mb, cpu_s
         self.disk_mb = disk_mb
         self.max_output_chars, self.isolation, self.busy_wait_s = max_output_chars, isolation, busy_wait_s
@@ -58,7 +68,7 @@ class InterpreterEnv(Environment):
             raise EnvError(f"task {task.id!r}: the code interpreter needs an 'answer' to check against")
         self.close()
         self.task, self.calls = task, []
-        system = SYSTEM_PROMPT.format(timeout=self.cell_timeout_s)
+        system = self.system_prompt.format(timeout=self.cell_timeout_s)
         return [{"role": "system", "content": system}, {"role": "user", "content": task.prompt}]
 
     def tools(self) -> list[dict]:
@@ -96,13 +106,12 @@ class InterpreterEnv(Environment):
         return Reward(float(ok), {"boxed": 1.0, "correct": float(ok)}, reason)
 
     def reference(self, task: Task) -> list[dict]:
-        """Run the task's solution code (when it has one) with ``python``, then box the answer."""
+        """Run the task's solution cells (``info["solution_cells"]``, one ``python`` call each, in
+        order) or its solution code, when it has any, then box the answer."""
         final = {"role": "assistant", "content": f"The answer is \\boxed{{{task.answer}}}."}
-        code = task.info.get("solution_code")
-        if not code:
-            return [final]
-        call = tool_call("python", {"code": code}, f"{task.id}-ref-0")
-        return [{"role": "assistant", "content": "", "tool_calls": [call]}, final]
+        cells = task.info.get("solution_cells") or [c for c in [task.info.get("solution_code")] if c]
+        calls = [tool_call("python", {"code": c}, f"{task.id}-ref-{i}") for i, c in enumerate(cells)]
+        return [*({"role": "assistant", "content": "", "tool_calls": [c]} for c in calls), final]
 
     def state(self) -> dict:
         return {

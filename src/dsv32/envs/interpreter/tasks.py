@@ -8,7 +8,12 @@ Four categories, each harder with ``difficulty`` (1–5):
 - ``combinatorics``: a binomial ``C(n, k)`` with ``n = 30 + 25d``, derangements of ``8 + 4d`` items,
   integer partitions of ``40 + 60d``, or subsets of ``{1..10+6d}`` whose sum is divisible by ``m``;
 - ``linear_system``: ``d + 1`` integer unknowns in ``[-20, 20]``, integer coefficients in ``[-9, 9]``,
-  a nonsingular matrix; the question asks for one unknown.
+  a nonsingular matrix; the question asks for one unknown;
+- ``chain`` (not in the default mix): a product of two ``3 + 2d``-digit integers, named ``a``, then
+  one question about ``a`` (its remainder modulo a prime, digit sum, digits reversed, a power modulo
+  ``m``, integer square root, or how often a digit occurs). The reference takes two cells of the
+  stateful notebook: the first computes and prints ``a``, the second uses it
+  (``info["solution_cells"]``).
 
 Each task's ``answer`` is an integer (as text) computed here, independently of its reference
 solution (``info["solution_code"]``, the Python the reference plays through the ``python`` tool).
@@ -24,7 +29,7 @@ from collections.abc import Callable
 from dsv32.envs.base import Task, task_plan
 
 CATEGORIES = ("multiplication", "modular", "combinatorics", "linear_system")
-Problem = tuple[str, int, str]  # prompt, answer, solution code
+Problem = tuple[str, int, str | list[str]]  # prompt, answer, solution code (or cells, in order)
 
 
 def _digits(rng: random.Random, n: int) -> int:
@@ -146,11 +151,46 @@ def linear_system(rng: random.Random, d: int) -> Problem:
     return prompt, solution[j], code
 
 
+#: the questions a ``chain`` task can ask about ``a``
+CHAIN_STEPS = ("remainder", "digit_sum", "reverse", "power_mod", "isqrt", "digit_count")
+
+
+def chain_step(rng: random.Random, step: str, a: int) -> tuple[str, int, str]:
+    """A question about ``a``, its answer, and the cell that computes it from the notebook's ``a``."""
+    if step == "remainder":
+        m = rng.choice((97, 101, 997, 1009, 9973, 10007))
+        return f"What is the remainder when a is divided by {m}?", a % m, f"print(a % {m})"
+    if step == "digit_sum":
+        return "What is the sum of the digits of a?", sum(map(int, str(a))), "print(sum(map(int, str(a))))"
+    if step == "reverse":
+        question = "What number do the digits of a make in reverse order?"
+        return question, int(str(a)[::-1]), "print(int(str(a)[::-1]))"
+    if step == "power_mod":
+        k, m = rng.randrange(3, 10), rng.choice((1000, 9973, 65537))
+        return f"What is a^{k} mod {m}?", pow(a, k, m), f"print(pow(a, {k}, {m}))"
+    if step == "isqrt":
+        question = "What is the integer part of the square root of a?"
+        return question, math.isqrt(a), "import math\nprint(math.isqrt(a))"
+    k = rng.randrange(10)
+    return (
+        f"How many times does the digit {k} occur in a?",
+        str(a).count(str(k)),
+        f"print(str(a).count('{k}'))",
+    )
+
+
+def chain(rng: random.Random, d: int) -> Problem:
+    x, y = _digits(rng, 3 + 2 * d), _digits(rng, 3 + 2 * d)
+    question, answer, cell = chain_step(rng, rng.choice(CHAIN_STEPS), x * y)
+    return f"Let a = {x} × {y}. {question}", answer, [f"a = {x} * {y}\nprint(a)", cell]
+
+
 GENERATORS: dict[str, Callable[[random.Random, int], Problem]] = {
     "multiplication": multiplication,
     "modular": modular,
     "combinatorics": combinatorics,
     "linear_system": linear_system,
+    "chain": chain,
 }
 
 
@@ -166,7 +206,11 @@ def generate(
     tasks = []
     for i, category, d, rng in task_plan(n, seed, difficulty, categories, GENERATORS, "math"):
         prompt, answer, code = GENERATORS[category](rng, d)
-        info = {"category": category, "difficulty": d, "seed": seed, "solution_code": code}
+        info = {"category": category, "difficulty": d, "seed": seed}
+        if isinstance(code, list):
+            info |= {"solution_code": "\n".join(code), "solution_cells": code}
+        else:
+            info["solution_code"] = code
         tasks.append(Task(f"{prefix}-{seed}-{i:04d}", prompt, str(answer), "math", info))
     return tasks
 
