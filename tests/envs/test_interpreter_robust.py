@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -137,9 +138,12 @@ def test_a_cell_cannot_make_the_kernel_restart_run_its_files():
         assert kernel.execute("import mine\nmine.VALUE").text == "7"  # cells import what they wrote
 
 
-def test_a_failed_restart_is_a_text_and_a_later_cell_recovers():
-    before = set(glob.glob("/tmp/dsv32-kernel-*"))
+def test_a_failed_restart_is_a_text_and_a_later_cell_recovers(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this kernel's directories only
+    pattern = str(tmp_path / "dsv32-kernel-*")
+    before = set(glob.glob(pattern))
     with SandboxedKernel(memory_mb=1024) as kernel:
+        assert kernel.workdir.startswith(os.path.realpath(tmp_path))
         kernel.execute("x = 1")
         kernel._sandbox_options["memory_mb"] = 1  # no Python starts in 1 MB: every start fails
         died = kernel.execute("import os\nos._exit(0)")
@@ -149,7 +153,7 @@ def test_a_failed_restart_is_a_text_and_a_later_cell_recovers():
         kernel._sandbox_options["memory_mb"] = 1024
         assert kernel.execute("1 + 1").text == "2" and kernel.alive()
         assert "NameError" in kernel.execute("x").text
-    assert set(glob.glob("/tmp/dsv32-kernel-*")) <= before  # work dir and every start's dir removed
+    assert set(glob.glob(pattern)) <= before  # work dir and every start's dir removed
 
 
 def _peak_rss_mib(fn):
