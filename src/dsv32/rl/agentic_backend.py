@@ -28,7 +28,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +35,7 @@ import torch
 from dsv32.agent.backends.base import Completion, Usage
 from dsv32.agent.backends.formats import V32Format
 from dsv32.agent.errors import BackendError
-from dsv32.rl.engines import InProcessEngine, RolloutEngine
+from dsv32.rl.engines import InProcessEngine, RolloutEngine, run_calls, split_calls
 from dsv32.rl.rollout import SamplingConfig, truncates
 
 
@@ -126,20 +125,11 @@ class LockstepBatcher:
         was = model.training
         model.eval()
         try:
-            if self.generator is None or isinstance(self.generator, torch.Generator):
-                calls = [(list(range(len(keys))), self.generator)]
-            elif self.engine.name == "in_process":  # one call, each row drawing from its group's generator
-                calls = [(list(range(len(keys))), [self.generator[k] for k in keys])]
-            else:
-                by_generator: dict[int, list[int]] = {}
-                for j, k in enumerate(keys):
-                    by_generator.setdefault(id(self.generator[k]), []).append(j)
-                calls = [(rows, self.generator[keys[rows[0]]]) for rows in by_generator.values()]
-            if len(calls) == 1:
-                outs = [self._call([prompts[j] for j in calls[0][0]], calls[0][1])]
-            else:
-                with ThreadPoolExecutor(len(calls)) as pool:
-                    outs = list(pool.map(lambda c: self._call([prompts[j] for j in c[0]], c[1]), calls))
+            per_row = self.generator
+            if per_row is not None and not isinstance(per_row, torch.Generator):
+                per_row = [per_row[k] for k in keys]
+            calls = split_calls(self.engine, range(len(keys)), per_row)
+            outs = run_calls(calls, lambda c: self._call([prompts[j] for j in c[0]], c[1]))
         finally:
             model.train(was)
         self.calls += 1

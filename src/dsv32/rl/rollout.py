@@ -15,7 +15,6 @@ arrive with the agent issues; any callable with this signature plugs in.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -23,7 +22,7 @@ import torch
 
 from dsv32.engine.sampling import GREEDY_BELOW
 from dsv32.recipe import NON_NEGATIVE, OPEN_UNIT, Checked, Rule, at_least
-from dsv32.rl.engines import InProcessEngine, RolloutEngine, WarnOnce
+from dsv32.rl.engines import InProcessEngine, RolloutEngine, WarnOnce, run_calls, split_calls
 from dsv32.rl.policy import Policy
 from dsv32.rl.tasks import Task, TaskError
 
@@ -180,15 +179,8 @@ def rollout(
         active = [i for i in active if len(tokens[i]) < sampling.max_total_tokens]
         if not active:
             break
-        if group_generators is None:
-            calls = [(active, generator)]
-        elif engine.name == "in_process":  # one batched call, each row drawing from its group's generator
-            calls = [(active, [group_generators[i // group_size] for i in active])]
-        else:
-            calls = [
-                ([i for i in active if i // group_size == k], gen) for k, gen in enumerate(group_generators)
-            ]
-        calls = [(call_rows, gen) for call_rows, gen in calls if call_rows]
+        per_row = None if group_generators is None else [group_generators[i // group_size] for i in active]
+        calls = split_calls(engine, active, generator if per_row is None else per_row)
         kw = dict(params, eos=policy.eos_token_id, pad=policy.pad_token_id, turn=turn)
         kw |= dict(return_routing=keep_routing, return_kept=truncating)
 
@@ -201,11 +193,7 @@ def rollout(
                 [prompts[i] + tokens[i] for i in call_rows], max_new_tokens=n_new, generator=gen, **kw
             )
 
-        if len(calls) == 1:
-            outs = [generate(calls[0])]
-        else:  # one call per group (an engine in another process): concurrently, applied in order
-            with ThreadPoolExecutor(len(calls)) as pool:
-                outs = list(pool.map(generate, calls))
+        outs = run_calls(calls, generate)  # applied in order below
         still = []
         for (call_rows, _), out in zip(calls, outs):
             more, kept_sets = _apply_turn(

@@ -17,6 +17,8 @@ from dsv32.rl.engines.base import (
     WarnOnce,
     check_staleness,
     prepare_engine,
+    run_calls,
+    split_calls,
 )
 from dsv32.rl.engines.in_process import InProcessEngine
 from dsv32.rl.engines.remote import RemoteEngine
@@ -50,5 +52,7 @@ __all__ = [
     "check_staleness",
     "load_weights",
     "prepare_engine",
+    "run_calls",
     "save_weights",
+    "split_calls",
 ]

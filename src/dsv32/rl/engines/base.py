@@ -12,9 +12,10 @@ whose version lags the trainer's by more than ``max_off_policy_steps`` is refuse
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -80,6 +81,36 @@ def turn_generator(
                 fresh[id(g)] = turn_generator(g, turn)
         return [fresh[id(g)] for g in generator]
     return torch.Generator(device=generator.device).manual_seed(turn_seed(generator, turn))
+
+
+def split_calls(
+    engine, rows: Sequence[int], generator: torch.Generator | Sequence[torch.Generator] | None
+) -> list[tuple[list[int], Any]]:
+    """The engine calls that sample ``rows`` of a batch, as ``(rows, generator)`` pairs.
+    ``generator``: None or one for all rows (one call), or one per row, the rows that share a
+    generator object being one group: the in-process engine samples every group in one call (a
+    generator per row, :func:`dsv32.engine.generate`); another engine, which sees one seed per
+    request, gets one call per group (rows in order, groups in order of their first row). Either way
+    a group samples the same whatever else is in the batch."""
+    rows = list(rows)
+    if generator is None or isinstance(generator, torch.Generator):
+        return [(rows, generator)]
+    generator = list(generator)
+    if engine.name == "in_process":
+        return [(rows, generator)]
+    groups: dict[int, tuple[list[int], torch.Generator]] = {}
+    for row, g in zip(rows, generator, strict=True):
+        groups.setdefault(id(g), ([], g))[0].append(row)
+    return list(groups.values())
+
+
+def run_calls(calls: Sequence[tuple[list[int], Any]], call: Callable[[tuple[list[int], Any]], Any]) -> list:
+    """``call(c)`` for each of ``calls`` (:func:`split_calls`), concurrently when there are several
+    (an engine in another process serves them together); results in the order of ``calls``."""
+    if len(calls) == 1:
+        return [call(calls[0])]
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(call, calls))
 
 
 class RolloutEngine(Protocol):
