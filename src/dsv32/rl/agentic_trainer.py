@@ -74,9 +74,10 @@ from dsv32.rl.trainer import (
     make_optimizer,
     mean_by_domain,
     reference_policy,
+    refresh_replica,
     run_identity,
     run_steps,
-    sampling_replica,
+    shard_for_training,
     task_files,
     update_means,
 )
@@ -198,8 +199,7 @@ def agentic_step(
     mine = distributed.split_evenly(g.prompts_per_step, distributed.world(), "prompts per step")
     policy.model.eval()
     sampler = sampler if sampler is not None else policy
-    if sampler is not policy:
-        distributed.copy_full_parameters(policy.model, sampler.model)
+    refresh_replica(policy, sampler)
     engine = engine if engine is not None else InProcessEngine(sampler.model)
     sync_s = prepare_engine(engine, sampler.model, step, max_lag)
     staleness: list[int] = []
@@ -273,11 +273,10 @@ def agentic_step(
         generator=_generator(seed, step, 2), sequence_ids=torch.tensor(sequence_ids), global_ids=True,
         guard=guard,
     )  # fmt: skip
-    # the step's outputs and rows over every rank, in the step's order (item by item)
-    local = (outputs, list(zip(sequence_ids, batch.num_tokens)), staleness)
-    parts = distributed.all_gather_objects(local)
+    # the step's outputs over every rank, in the step's order (item by item), and every row's length
+    parts = distributed.all_gather_objects((outputs, batch.num_tokens, staleness))
     outs = sorted((o for p in parts for o in p[0]), key=lambda o: o["key"])
-    lengths = [n for _, n in sorted((x for p in parts for x in p[1]), key=lambda x: x[0])]
+    lengths = [n for p in parts for n in p[1]]  # every row's tokens (only their count and sum are used)
     episodes_out = [o for o in outs if "steps" in o]
     rewards = [o["reward"] for o in outs]
     rewards_t = torch.tensor(rewards)
@@ -384,16 +383,12 @@ def train_agentic(
         files |= task_files(rl)
     out = Path(rl.out_dir)
     ref = reference_policy(policy, g)
-    sampler = sampling_replica(policy)
-    if ref is not None:
-        distributed.shard_model(ref.model)
-    distributed.shard_model(policy.model)
+    sampler = shard_for_training(policy, ref)
     optimizer = make_optimizer(policy, g)
     guard = rl_guard(g.max_skipped_updates)
 
     def evaluate(step: int, path: Path) -> dict:
-        if sampler is not policy:
-            distributed.copy_full_parameters(policy.model, sampler.model)
+        refresh_replica(policy, sampler)
         return _eval(sampler, held, cfg, step, path)
 
     engine = build_engine(rl.engine, sampler.model, out)

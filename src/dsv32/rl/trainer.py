@@ -208,18 +208,14 @@ def train_grpo(
     if g.keep_routing and policy.kind != "native":
         g = replace(g, keep_routing=False)  # dense models have no routing to keep
     ref = reference_policy(policy, g)
-    sampler = sampling_replica(policy)
-    if ref is not None:
-        distributed.shard_model(ref.model)
-    distributed.shard_model(policy.model)
+    sampler = shard_for_training(policy, ref)
     optimizer = make_optimizer(policy, g)
     guard = rl_guard(g.max_skipped_updates)
 
     engine = build_engine(cfg.engine, sampler.model, out)
 
     def evaluate(step: int, path: Path) -> dict:
-        if sampler is not policy:
-            distributed.copy_full_parameters(policy.model, sampler.model)
+        refresh_replica(policy, sampler)
         return _eval(sampler, held_out, reward_fn, cfg, step, path, progress)
 
     def step_fn(step: int) -> dict:
@@ -297,12 +293,29 @@ def check_world(cfg: RLConfig, w: distributed.World) -> None:
 
 def sampling_replica(policy: Policy) -> Policy:
     """What the rollouts sample with: ``policy`` itself in one process; under ``torchrun`` a plain
-    copy of its model (taken before it is sharded) that :func:`dsv32.distributed.copy_full_parameters`
-    refreshes from the sharded policy."""
+    copy of its model (taken before it is sharded) that :func:`refresh_replica` refreshes from the
+    sharded policy."""
     if not distributed.world().active:
         return policy
     replica = copy.deepcopy(policy.model).eval().requires_grad_(False)
     return Policy(replica, policy.tokenizer, policy.kind, policy.thinking)
+
+
+def shard_for_training(policy: Policy, ref: Policy | None) -> Policy:
+    """The sampling replica of ``policy`` (:func:`sampling_replica`, taken while it is whole), then
+    ``ref`` and ``policy`` sharded with FSDP2 (nothing in one process); returns the replica."""
+    sampler = sampling_replica(policy)
+    if ref is not None:
+        distributed.shard_model(ref.model)
+    distributed.shard_model(policy.model)
+    return sampler
+
+
+def refresh_replica(policy: Policy, sampler: Policy) -> None:
+    """The sharded ``policy``'s current weights copied into its sampling replica ``sampler`` (nothing
+    when the policy samples itself)."""
+    if sampler is not policy:
+        distributed.copy_full_parameters(policy.model, sampler.model)
 
 
 def reference_policy(policy: Policy, g: GRPOConfig) -> Policy | None:
@@ -458,8 +471,7 @@ def grpo_step(
     policy.model.eval()
     max_lag = cfg.engine.max_off_policy_steps
     sampler = sampler if sampler is not None else policy
-    if sampler is not policy:
-        distributed.copy_full_parameters(policy.model, sampler.model)
+    refresh_replica(policy, sampler)
     engine = engine if engine is not None else InProcessEngine(sampler.model)
     sync_s = prepare_engine(engine, sampler.model, step, max_lag)
     # each group on a generator of its own: the same samples at any world size and with any engine
