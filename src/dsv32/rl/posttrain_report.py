@@ -178,26 +178,14 @@ def plot_report(report: dict[str, Any], sft_metrics: list[dict], rl_metrics: lis
 
     transfer = report.get("transfer")
     fig, axes = plt.subplots(1, 4 if transfer else 3, figsize=(18 if transfer else 14, 3.8))
-    ax = axes[0]
-    x = range(len(STAGES))
     acc = [report[f"accuracy_{s}"] for s in STAGES]
-    err = None
-    if all(f"interval_{s}" in report for s in STAGES):
-        err = [
-            [a - report[f"interval_{s}"][0] for a, s in zip(acc, STAGES)],
-            [report[f"interval_{s}"][1] - a for a, s in zip(acc, STAGES)],
-        ]
-    ax.bar([i - 0.2 for i in x], acc, 0.4, yerr=err, capsize=4, label="accuracy (95 % interval)")
-    ax.bar(
-        [i + 0.2 for i in x],
-        [report[f"tool_call_valid_{s}"] for s in STAGES],
-        0.4,
-        label="well-formed tool calls",
+    intervals = (
+        [report[f"interval_{s}"] for s in STAGES] if all(f"interval_{s}" in report for s in STAGES) else None
     )
-    ax.set_xticks(list(x), ["base", "cold-start SFT", "agentic GRPO"])
-    ax.set_ylim(0, 1.05)
-    ax.set_title(f"held-out ({report['heldout_tasks']} tasks, greedy)")
-    ax.legend(fontsize=8)
+    _stage_bars(
+        axes[0], acc, [report[f"tool_call_valid_{s}"] for s in STAGES],
+        f"held-out ({report['heldout_tasks']} tasks, greedy)", intervals,
+    )  # fmt: skip
     ax = axes[1]
     ax.plot(
         [r["step"] for r in sft_metrics], [r["loss"] for r in sft_metrics], color="tab:blue", label="train"
@@ -229,10 +217,7 @@ def plot_report(report: dict[str, Any], sft_metrics: list[dict], rl_metrics: lis
         ax.errorbar(
             [h["step"] for h in points],
             ys,
-            yerr=[
-                [y - h["interval"][0] for y, h in zip(ys, points)],
-                [h["interval"][1] - y for y, h in zip(ys, points)],
-            ],
+            yerr=_yerr(ys, [h["interval"] for h in points]),
             fmt="s-",
             color="tab:purple",
             capsize=3,
@@ -243,18 +228,10 @@ def plot_report(report: dict[str, Any], sft_metrics: list[dict], rl_metrics: lis
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     if transfer:
-        ax = axes[3]
-        ax.bar([i - 0.2 for i in x], [transfer[f"accuracy_{s}"] for s in STAGES], 0.4, label="accuracy")
-        ax.bar(
-            [i + 0.2 for i in x],
-            [transfer[f"tool_call_valid_{s}"] for s in STAGES],
-            0.4,
-            label="well-formed tool calls",
-        )
-        ax.set_xticks(list(x), ["base", "cold-start SFT", "agentic GRPO"])
-        ax.set_ylim(0, 1.05)
-        ax.set_title(f"transfer: {transfer['env']} ({transfer['tasks']} tasks, never trained on)")
-        ax.legend(fontsize=8)
+        _stage_bars(
+            axes[3], [transfer[f"accuracy_{s}"] for s in STAGES], [transfer[f"tool_call_valid_{s}"] for s in STAGES],
+            f"transfer: {transfer['env']} ({transfer['tasks']} tasks, never trained on)",
+        )  # fmt: skip
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
@@ -267,3 +244,24 @@ def write_report(out: Path, report: dict[str, Any], sft_metrics: list[dict], rl_
     (out / "report.md").write_text(report_markdown(report))
     plot_report(report, sft_metrics, rl_metrics, out / "report.png")
     return out / "report.json"
+
+
+def _yerr(values: list[float], intervals: list) -> list[list[float]]:
+    """Matplotlib's ``yerr`` (distances below and above) of ``values`` with ``(low, high)`` intervals."""
+    return [
+        [v - lo for v, (lo, _) in zip(values, intervals)],
+        [hi - v for v, (_, hi) in zip(values, intervals)],
+    ]
+
+
+def _stage_bars(ax, accuracy: list[float], valid: list[float], title: str, intervals=None) -> None:
+    """Accuracy (with its intervals, when given) and well-formed tool calls per stage, side by side."""
+    x = range(len(STAGES))
+    err = None if intervals is None else _yerr(accuracy, intervals)
+    label = "accuracy" if intervals is None else "accuracy (95 % interval)"
+    ax.bar([i - 0.2 for i in x], accuracy, 0.4, yerr=err, capsize=4, label=label)
+    ax.bar([i + 0.2 for i in x], valid, 0.4, label="well-formed tool calls")
+    ax.set_xticks(list(x), ["base", "cold-start SFT", "agentic GRPO"])
+    ax.set_ylim(0, 1.05)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
