@@ -803,3 +803,27 @@ def test_a_path_reached_through_a_symlink_under_tmp_is_there(tmp_path, kind):
     finally:
         target.unlink()
     assert r.ok and r.stdout.strip() == "through the link", r.stdout + r.stderr
+
+
+def test_a_python_started_through_a_relative_path_runs_sandboxed_programs_and_kernels(tmp_path, kind):
+    """``sys.executable`` is the path Python was started by (``benchmarks/../.venv/bin/python``); the
+    sandbox's view holds real paths only, so the confined program must be run by a normalised one."""
+    roundabout = os.path.relpath(PY, tmp_path)  # Python joins a relative argv[0] to the cwd as it is
+    script = (
+        "import json, sys, tempfile\n"
+        "from dsv32.envs import sandbox\n"
+        "from dsv32.envs.interpreter.kernel import SandboxedKernel\n"
+        f"kind = {kind!r}\n"
+        "done = sandbox.run([sys.executable, '-c', 'print(6 * 7)'], timeout_s=20, memory_mb=512, kind=kind)\n"
+        "with SandboxedKernel(kind=kind, startup_timeout_s=30) as kernel:\n"
+        "    cell = kernel.execute('21 * 2').text\n"
+        "print(json.dumps([sys.executable, done.returncode, done.stdout, cell, kernel.restarts]))\n"
+    )
+    out = subprocess.run(
+        [roundabout, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    executable, code, stdout, cell, restarts = json.loads(out.stdout.strip().splitlines()[-1])
+    assert ".." in executable  # the case under test: the unnormalised path
+    assert (code, stdout.strip()) == (0, "42")
+    assert cell.strip() == "42" and restarts == 0

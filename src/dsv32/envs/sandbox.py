@@ -74,6 +74,10 @@ from dsv32.envs.base import TASK_FILES, EnvError
 log = logging.getLogger(__name__)
 
 CONFINE = str(Path(__file__).with_name("_confine.py"))
+# This Python by a normalised path: the one to run inside a sandbox. ``sys.executable`` keeps the path
+# the interpreter was started by (``benchmarks/../.venv/bin/python``), and such a path need not exist
+# in the sandbox's view, which holds real paths only; :func:`popen` and :func:`run` replace it.
+PYTHON = os.path.abspath(sys.executable)
 KINDS = ("bwrap", "unshare", "rlimits")
 BASE_ENV = {
     "LANG": "C.UTF-8",
@@ -224,7 +228,7 @@ def runtime_paths() -> tuple[str, ...]:
     adds is left out)."""
     path = [os.path.realpath(p) for p in _interpreter_path() if p]
     path = [p for p in path if not _project_source(p)]
-    paths = [os.path.dirname(os.path.realpath(sys.executable)), os.path.realpath(CONFINE), *path]
+    paths = [os.path.dirname(os.path.realpath(PYTHON)), os.path.realpath(CONFINE), *path]
     paths += _installations()  # shared libraries
     real = [os.path.realpath(p) for p in paths if p]
     return tuple(p for p in dict.fromkeys(real) if os.path.exists(p))
@@ -299,7 +303,7 @@ def _etc_files() -> dict[str, str]:
 
 def _view_steps(network: bool, writable: Sequence[str], readable: Sequence[str], tmp_bytes: int) -> list:
     """The view (``_view.plan``) of a program started with this process's Python."""
-    runtime = [*runtime_paths(), sys.executable]
+    runtime = [*runtime_paths(), PYTHON]
     masks = [f for f in TASK_FILES if os.path.isfile(f)]
     return _view.plan(
         runtime=runtime,
@@ -335,7 +339,7 @@ def _prefix_for(
             return argv, {}, []
         binds = [i for i, a in enumerate(argv) if a in ("--ro-bind", "--bind") and i > 0]
         launch = {"launch": "bwrap", "uids": uids, "writable": list(writable), "binds": binds}
-        return argv, {}, [*pdeath, sys.executable, "-I", "-S", CONFINE, json.dumps(launch)]
+        return argv, {}, [*pdeath, PYTHON, "-I", "-S", CONFINE, json.dumps(launch)]
     spec = {"view": steps, "drop_privileges": True}
     if root:
         spec |= {"launch": "unshare", "uids": uids, "network": network, "become_root": True}
@@ -470,7 +474,7 @@ def command_prefix(
     ro = [os.path.abspath(r) for r in [*readable, *imports]]  # (the view keeps symlinks on the way)
     prefix, spec, launcher = _prefix_for(kind, network, rw, ro, min(SHM_MB, memory_mb) << 20)
     spec |= {"writable": rw, "limits": limits, "cwd": cwd, "env": full_env, "status_fd": status_fd}
-    return [*launcher, *prefix, sys.executable, "-I", "-S", CONFINE, json.dumps(spec)]
+    return [*launcher, *prefix, PYTHON, "-I", "-S", CONFINE, json.dumps(spec)]
 
 
 def popen(argv: Sequence[str], *, cwd: str | os.PathLike, **options) -> subprocess.Popen:
@@ -480,11 +484,17 @@ def popen(argv: Sequence[str], *, cwd: str | os.PathLike, **options) -> subproce
     started it ends (the kernel's parent-death signal): start a long-lived program from a thread
     that lives as long as it should."""
     streams = {k: options.pop(k) for k in ("stdin", "stdout", "stderr") if k in options}
-    argv = command_prefix(cwd=cwd, **options) + list(argv)
+    argv = command_prefix(cwd=cwd, **options) + _normalised(argv)
     fds = () if options.get("status_fd") is None else (options["status_fd"],)
     return subprocess.Popen(
         argv, cwd=cwd, start_new_session=True, env={"PATH": os.defpath}, pass_fds=fds, **streams
     )
+
+
+def _normalised(argv: Sequence[str]) -> list[str]:
+    """``argv`` with this Python's ``sys.executable`` (as started, perhaps through ``..``) as
+    :data:`PYTHON`, the path by which the sandbox's view holds it."""
+    return [PYTHON if i == 0 and a == sys.executable else a for i, a in enumerate(argv)]
 
 
 def kill(proc: subprocess.Popen) -> None:

@@ -50,7 +50,6 @@ import os
 import queue
 import re
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -175,7 +174,7 @@ class _SandboxedKernelManager(KernelManager):
     sandbox_options: dict
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
-        kernel = [sys.executable, "-P", "-s", "-m", "ipykernel_launcher", "-f", self.connection_file]
+        kernel = [sandbox.PYTHON, "-P", "-s", "-m", "ipykernel_launcher", "-f", self.connection_file]
         return sandbox.command_prefix(**self.sandbox_options) + kernel
 
 
