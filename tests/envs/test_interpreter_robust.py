@@ -360,3 +360,16 @@ def test_checking_answers_leaves_the_users_logging_configuration_alone():
         logging.getLogger("math_verify").removeHandler(handler)
         for n, level in saved.items():
             logging.getLogger(n).setLevel(level)
+
+
+def test_the_kernel_starts_without_the_debugger_and_still_imports_from_its_work_dir():
+    """The kernel is ipykernel without debugpy (never imported, so never a debug channel); the
+    cells still see the work dir's modules and the usual IPython behaviour."""
+    with SandboxedKernel(startup_timeout_s=30) as kernel:
+        assert (
+            kernel.execute("import sys; print(sys.modules.get('debugpy', 'absent'))").text.strip() == "None"
+        )
+        assert "ModuleNotFoundError" in kernel.execute("import debugpy").text
+        kernel.execute("open('helper.py', 'w').write('VALUE = 41')")
+        assert kernel.execute("import helper; helper.VALUE + 1").text.strip() == "42"
+        assert kernel.execute("get_ipython().__class__.__name__").text.strip() == "'ZMQInteractiveShell'"

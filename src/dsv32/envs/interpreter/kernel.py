@@ -86,6 +86,9 @@ QUEUED_MESSAGES = 8
 REPLY_QUIET_S = 2.0
 
 # The kernel's IPython profile, written into each start's fresh IPython dir.
+# ``ipykernel_launcher`` without the debugger: ipykernel imports debugpy when it can (a sixth of a
+# kernel's start-up CPU) for a debug channel nothing here opens; marked missing, it is not imported.
+KERNEL_MAIN = "import sys; sys.modules['debugpy'] = None; from ipykernel import kernelapp; kernelapp.launch_new_instance()"
 KERNEL_CONFIG = "c.InteractiveShellApp.ignore_cwd = True  # the startup file adds it, once started\n"
 KERNEL_STARTUP = """\
 def _dsv32_startup():
@@ -174,7 +177,7 @@ class _SandboxedKernelManager(KernelManager):
     sandbox_options: dict
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
-        kernel = [sandbox.PYTHON, "-P", "-s", "-m", "ipykernel_launcher", "-f", self.connection_file]
+        kernel = [sandbox.PYTHON, "-P", "-s", "-c", KERNEL_MAIN, "-f", self.connection_file]
         return sandbox.command_prefix(**self.sandbox_options) + kernel
 
 
