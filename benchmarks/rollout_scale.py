@@ -18,8 +18,8 @@
   difference after it (the group's set-up, ``collective_connect_seconds``, not in the sync time);
 - ``ray_episode_speedup``: 16 code-interpreter episodes (reference solutions, every tool call in
   the sandbox) one after another in this process, against 4 Ray actors of 0.5 CPU each on a local
-  cluster (its start-up and the actors' first imports, ``ray_startup_seconds``, not counted; this
-  process makes the same imports before its serial episodes); the rewards of both must agree;
+  cluster (its start-up and the actors' one-time costs, ``ray_startup_seconds``, not counted: imports, the
+  sandbox probe, the math-verify worker; this process pays the same before its serial episodes); the rewards of both must agree;
 - ``leftover_processes``: processes of the Ray cluster and of the server still running once both
   were shut down.
 """
@@ -133,14 +133,19 @@ def remote_engine(tmp: Path) -> dict:
 
 
 def _warm(_) -> int:
-    """What a process's first episode would otherwise pay: importing the agent, the environment and
-    its kernel client (done in this process before the serial episodes and on every actor before
-    the Ray ones, so neither side's timing holds it)."""
+    """What a process's first episode would otherwise pay once: importing the agent, the environment
+    and its kernel client, probing the sandbox's isolation, and starting the math-verify worker that
+    checks answers off the main thread. Run the way episodes run (on a worker thread here, in the
+    actor on Ray) before either side is timed, so neither side's timing holds it."""
     from dsv32.agent import run_episode  # noqa: F401
-    from dsv32.envs import get_env
+    from dsv32.envs import get_env, sandbox
     from dsv32.envs.interpreter import kernel  # noqa: F401  (jupyter_client, zmq)
+    from dsv32.envs.mathcheck import answers_equal
 
     get_env("code-interpreter")
+    sandbox.isolation()
+    if not answers_equal("\\frac{1}{2}", "0.5"):
+        raise RuntimeError("math-verify did not find 1/2 equal to 0.5")
     return os.getpid()
 
 
@@ -150,9 +155,10 @@ def ray_episodes(n: int) -> dict:
     from dsv32.rl.fanout import RayRunner, ThreadRunner, ray_processes, reference_backend, run_env_episodes
 
     tasks = (resolve_tasks("code-interpreter", "heldout") * 2)[:n]
-    _warm(None)
+    serial_runner = ThreadRunner(1)
+    serial_runner.map(_warm, [None])
     t = time.perf_counter()
-    serial = run_env_episodes(ThreadRunner(1), "code-interpreter", tasks, reference_backend)
+    serial = run_env_episodes(serial_runner, "code-interpreter", tasks, reference_backend)
     serial_s = time.perf_counter() - t
     t = time.perf_counter()
     runner = RayRunner(RayConfig(address="local", num_cpus=os.cpu_count() or 2, actors=4, cpus_per_actor=0.5))
