@@ -827,3 +827,13 @@ def test_a_python_started_through_a_relative_path_runs_sandboxed_programs_and_ke
     assert ".." in executable  # the case under test: the unnormalised path
     assert (code, stdout.strip()) == (0, "42")
     assert cell.strip() == "42" and restarts == 0
+
+
+def test_release_removes_the_process_s_sandbox_files_and_the_next_sandbox_makes_them_again(tmp_path, kind):
+    first = attack("print('one')", tmp_path / "a", kind)
+    folder = os.path.dirname(sandbox._etc_files()["/etc/passwd"])
+    sandbox.release()
+    assert first.stdout.strip() == "one" and not os.path.exists(folder)
+    second = attack("import pwd; print(pwd.getpwuid(0).pw_name)", tmp_path / "b", kind)
+    assert second.returncode == 0, second.stderr
+    assert os.path.isfile(sandbox._etc_files()["/etc/passwd"])

@@ -136,9 +136,19 @@ def test_a_call_to_an_actor_held_environment_waits_at_most_its_timeout(runner):
     assert time.monotonic() - t < 3
 
 
+def _sandbox_files(_) -> tuple[int, str]:
+    """This process's pid and the folder of its sandboxes' ``/etc`` files (made if not yet)."""
+    from dsv32.envs import sandbox
+
+    return os.getpid(), os.path.dirname(sandbox._etc_files()["/etc/passwd"])
+
+
 def test_the_runner_that_started_the_cluster_shuts_it_down_leaving_no_process_behind(runner):
     started = ray_processes()
     assert len(started) >= 3  # at least the GCS, the raylet and the actors
+    files = dict(runner.map(_sandbox_files, range(4)))
+    assert len(files) == 2 and all(os.path.isdir(f) for f in files.values())
     runner.close()
     assert not ray.is_initialized()
     assert still_running(started) == {}
+    assert [f for f in files.values() if os.path.exists(f)] == []  # killed actors leave no files

@@ -301,6 +301,16 @@ def _etc_files() -> dict[str, str]:
     return paths
 
 
+def release() -> None:
+    """Remove the files this process keeps for its sandboxes' life (the view's ``/etc`` files, made
+    on first use and otherwise removed at exit); the next sandbox makes them again. For a process
+    that is killed rather than exits (a Ray actor), call it first."""
+    if _etc_files.cache_info().currsize:
+        folder = os.path.dirname(next(iter(_etc_files().values())))
+        _etc_files.cache_clear()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _view_steps(network: bool, writable: Sequence[str], readable: Sequence[str], tmp_bytes: int) -> list:
     """The view (``_view.plan``) of a program started with this process's Python."""
     runtime = [*runtime_paths(), PYTHON]

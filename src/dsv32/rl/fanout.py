@@ -28,6 +28,7 @@ as the environment's failure). On threads it is ``make_env()`` itself.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
@@ -44,6 +45,7 @@ from dsv32.errors import DSV32Error
 from dsv32.rl.config import RayConfig, RLConfigError
 
 STARTUP_TIMEOUT = 120.0  # seconds placed actors may take to start their processes
+RELEASE_S = 10.0  # seconds close() waits for the actors to release their files before killing them
 
 
 class RayPlacementError(DSV32Error, RuntimeError):
@@ -101,6 +103,16 @@ class _EpisodeActor:
         env = self.envs.pop(key, None)
         if env is not None:
             env.close()
+
+    def release(self) -> None:
+        """Before the actor is killed (its exit handlers never run): close the environments it
+        still hosts and remove the files its sandboxes kept."""
+        from dsv32.envs import sandbox
+
+        for key in list(self.envs):  # one failing to close does not keep the others' files
+            with contextlib.suppress(Exception):
+                self.close(key)
+        sandbox.release()
 
 
 class ActorEnvironment(Environment):
@@ -240,7 +252,12 @@ class RayRunner:
         return ActorEnvironment(self.ray, actor, make_env, self.episode_timeout)
 
     def close(self) -> None:
-        """Kill the actors and free their CPUs; shut the cluster down when this runner started it."""
+        """Kill the actors and free their CPUs; shut the cluster down when this runner started it.
+        Each actor first closes what it hosts and removes its sandboxes' files (waited on at most
+        ``RELEASE_S`` seconds: an actor busy or gone is killed all the same)."""
+        if self.actors:  # a busy, dead or unreachable actor: killed below regardless
+            with contextlib.suppress(Exception):
+                self.ray.get([a.release.remote() for a in self.actors], timeout=RELEASE_S)
         for a in self.actors:
             self.ray.kill(a, no_restart=True)
         self.actors = []
