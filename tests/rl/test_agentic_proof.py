@@ -18,7 +18,7 @@ from dsv32.cli.posttrain_recipe import read_posttrain_recipe, refuse_shared
 from dsv32.envs.base import EnvError, Environment, EnvSpec, Reward, Task, register, tool_call, tool_schema
 from dsv32.recipe import RecipeError
 from dsv32.rl.agentic import AgenticReward, Episode, EpisodeSettings, episode_rows, rl_task, rows_to_rollouts
-from dsv32.rl.posttrain_report import STAGES, report_dict, report_markdown, rl_curve, wilson
+from dsv32.rl.posttrain_report import STAGES, paired_change, report_dict, report_markdown, rl_curve, wilson
 from dsv32.rl.rollout import SamplingConfig
 from dsv32.runlog import read_metrics
 
@@ -81,6 +81,25 @@ def test_report_says_when_the_intervals_separate_and_carries_transfer_and_curve(
     text = report_markdown(report)
     assert "+0.300 absolute; the two intervals do not overlap" in text
     assert "Transfer (never trained on): general-tools, 8 tasks" in text and "step 2: 0.550" in text
+
+
+def _outcomes(solved: str) -> dict:
+    return {"outcomes": [{"id": f"t{i}", "correct": c == "1"} for i, c in enumerate(solved)]}
+
+
+def test_the_paired_comparison_counts_the_tasks_only_one_stage_solved():
+    # 10 tasks: 7 only the second solved, 1 only the first; exact McNemar: 2 · P(X ≤ 1 | 8, 1/2)
+    paired = paired_change(_outcomes("1100000000"), _outcomes("0111111110"))
+    assert paired == {"solved_only_after": 7, "solved_only_before": 1, "mcnemar_p": round(2 * 9 / 256, 6)}
+    assert paired_change(_outcomes("10"), _outcomes("10"))["mcnemar_p"] == 1.0  # no discordant task
+    assert paired_change(_outcomes("10"), _outcomes("100")) is None  # not the same tasks
+    assert paired_change({}, _outcomes("1")) is None
+    evals = _evals()
+    evals["sft"] |= _outcomes("1100000000")
+    evals["rl"] |= _outcomes("0111111110")
+    report = report_dict(evals, 10, 1.0, DETAILS)
+    assert report["rl_vs_sft_paired"]["solved_only_after"] == 7
+    assert "GRPO solved 7 held-out tasks SFT had not and lost 1" in report_markdown(report)
 
 
 # --------------------------------------------------------------------------------------- the recipe
@@ -152,6 +171,10 @@ def test_the_proof_pipeline_evaluates_every_stage_on_the_same_held_out_tasks(tmp
     assert len(held_calls) == 4 and len(seen) == 4 + 3
     assert all(not set(ids) & set(held) for ids in seen if ids != tuple(held))
     assert [p["step"] for p in report["rl_curve"]["heldout"]] == [0, 1, 2]
+    for stage in STAGES:  # every held-out task's outcome, in the order of the held-out set
+        outcomes = json.loads((tmp_path / "p" / f"eval_{stage}.json").read_text())["outcomes"]
+        assert [o["id"] for o in outcomes] == held and all(isinstance(o["correct"], bool) for o in outcomes)
+    assert report["rl_vs_sft_paired"] is not None and "outcomes" not in report["details"]["evals"]["rl"]
     # rl_model.train_embeddings = false: GRPO moved the upper layers, never the (tied) embeddings
     from transformers import AutoModelForCausalLM
 

@@ -131,7 +131,9 @@ def run_proof(config: str | None, overrides: list[str], out: str | None, progres
         "model": sft_cfg.model.name,
         "task": f"code-interpreter {'/'.join(tasks_cfg.categories)}, "
         + (f"difficulty {tasks_cfg.difficulty}" if tasks_cfg.difficulty else "difficulties 1-5"),
-        "evals": {k: {x: y for x, y in v.items() if x != "samples"} for k, v in evals.items()},
+        "evals": {
+            k: {x: y for x, y in v.items() if x not in ("samples", "outcomes")} for k, v in evals.items()
+        },
         "cold_start": cold.to_dict(),
         "tasks": {
             "train": len(train),

@@ -254,6 +254,19 @@ def tool_calls_valid(trajectory: Trajectory) -> bool:
     )
 
 
+def episode_outcome(e: Episode) -> dict[str, Any]:
+    """One evaluated episode in a line: its task, whether it was solved and its tool use well
+    formed, its model calls, generated tokens and why it stopped (stages compare task by task)."""
+    return {
+        "id": e.task.id,
+        "correct": e.verifier >= 1.0,
+        "tool_call_valid": tool_calls_valid(e.trajectory),
+        "steps": e.trajectory.num_steps,
+        "tokens": e.generated_tokens,
+        "stop": e.trajectory.stop_reason,
+    }
+
+
 def episode_summary(episodes: Sequence[Episode]) -> dict[str, Any]:
     """Accuracy (verifier = 1), well-formed tool use, steps, tokens, stop reasons."""
     n = max(1, len(episodes))

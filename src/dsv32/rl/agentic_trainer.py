@@ -49,6 +49,7 @@ from dsv32.rl.agentic import (
     AgenticReward,
     EpisodeSettings,
     concat_rollouts,
+    episode_outcome,
     episode_rows,
     episode_summary,
     episode_versions,
@@ -170,6 +171,7 @@ def evaluate_agentic(
     every = [e for _, e in gathered]
     summary = episode_summary(every)
     summary["samples"] = [e.trajectory.messages[1:] for e in every[:2]]
+    summary["outcomes"] = [episode_outcome(e) for e in every]
     return summary
 
 

@@ -4,7 +4,8 @@ after cold-start SFT and after agentic GRPO, as ``report.json``, ``report.md`` a
 ``report.json`` keys: ``accuracy_{base,sft,rl}``, ``tool_call_valid_{base,sft,rl}`` (shares of
 held-out episodes, greedy), ``interval_{base,sft,rl}`` (the Wilson 95 % interval of each accuracy),
 ``heldout_tasks``, ``minutes`` (wall clock of the whole run), ``rl_gain`` (``accuracy_rl −
-accuracy_sft``) and ``intervals_overlap`` (whether the SFT and GRPO intervals overlap), ``transfer``
+accuracy_sft``), ``intervals_overlap`` (whether the SFT and GRPO intervals overlap) and
+``rl_vs_sft_paired`` (:func:`paired_change`: the tasks only one of the two solved), ``transfer``
 (the environment the policy never trained on: its accuracy and well-formed tool use per stage; None
 without ``[transfer]``), ``rl_curve`` (``train``: sampled reward, accuracy and well-formed tool use
 per GRPO step; ``heldout``: greedy held-out accuracy with its interval at step 0 — the SFT model —,
@@ -81,6 +82,26 @@ def rl_curve(rl_metrics: list[dict], heldout_evals: list[dict]) -> dict[str, lis
     return {"train": train, "heldout": held}
 
 
+def paired_change(before: dict, after: dict) -> dict[str, Any] | None:
+    """Task by task (the evaluations' ``outcomes``, matched by task id): how many tasks only
+    ``after`` solved, how many only ``before`` did, and the exact two-sided McNemar p-value of that
+    split (a binomial sign test on the discordant tasks; 1.0 when there are none). None when either
+    evaluation has no outcomes or they are not of the same tasks."""
+    a = {o["id"]: o["correct"] for o in before.get("outcomes") or []}
+    b = {o["id"]: o["correct"] for o in after.get("outcomes") or []}
+    if not a or a.keys() != b.keys():
+        return None
+    gained = sum(b[k] and not a[k] for k in a)
+    lost = sum(a[k] and not b[k] for k in a)
+    n = gained + lost
+    tail = sum(math.comb(n, k) for k in range(min(gained, lost) + 1)) / 2**n if n else 0.5
+    return {
+        "solved_only_after": gained,
+        "solved_only_before": lost,
+        "mcnemar_p": round(min(1.0, 2 * tail), 6),
+    }
+
+
 def report_dict(
     evals: dict[str, dict],
     heldout: int,
@@ -104,6 +125,7 @@ def report_dict(
         "minutes": round(minutes, 2),
         "rl_gain": round(out["accuracy_rl"] - out["accuracy_sft"], 4),
         "intervals_overlap": not (rl_lo > sft_hi or rl_hi < out["interval_sft"][0]),
+        "rl_vs_sft_paired": paired_change(evals["sft"], evals["rl"]),
         "transfer": transfer,
         "rl_curve": curve or {"train": [], "heldout": []},
         "details": details,
@@ -140,7 +162,15 @@ def report_markdown(report: dict[str, Any]) -> str:
     )
     if "rl_gain" in report:
         overlap = "overlap" if report["intervals_overlap"] else "do not overlap"
-        text += f"GRPO over SFT: {report['rl_gain']:+.3f} absolute; the two intervals {overlap}.\n\n"
+        text += f"GRPO over SFT: {report['rl_gain']:+.3f} absolute; the two intervals {overlap}"
+        paired = report.get("rl_vs_sft_paired")
+        if paired:
+            text += (
+                f"; task by task, GRPO solved {paired['solved_only_after']} held-out tasks SFT had not "
+                f"and lost {paired['solved_only_before']} SFT had solved (exact McNemar p = "
+                f"{paired['mcnemar_p']:.3g})"
+            )
+        text += ".\n\n"
     t = report.get("transfer")
     if t:
         text += (
