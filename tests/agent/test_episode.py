@@ -195,3 +195,39 @@ def test_parallel_threads_survive_a_reward_failure_in_one_of_them():
     )
     assert [t.stop_reason for t in traj.threads] == ["answer", "error"]
     assert traj.stop_reason == "answer" and reward.value == 1.0 and traj.total_steps == 4
+
+
+class Slow(Counter):
+    """A counter whose calls take 0.3 s and which says they never take longer than 5 s."""
+
+    def __init__(self, bound=5.0) -> None:
+        super().__init__()
+        self.bound = bound
+
+    def call(self, name: str, arguments: dict) -> str:
+        import time
+
+        time.sleep(0.3)
+        return super().call(name, arguments)
+
+    def call_bound_s(self, name: str):
+        return self.bound
+
+
+def test_an_environment_s_own_call_bound_replaces_the_agent_s_tool_timeout():
+    traj, reward = run_episode(ScriptedBackend(Slow().reference(TASK)), Slow(), TASK, tool_timeout_s=0.1)
+    assert [m["content"] for m in traj.messages if m["role"] == "tool"] == ["count = 2", "count = 3"]
+    assert reward.value == 1.0
+    # without a bound the agent's own 0.1 s apply: both calls are abandoned
+    traj, _ = run_episode(ScriptedBackend(Slow().reference(TASK)), Slow(None), TASK, tool_timeout_s=0.1)
+    assert all("timed out" in m["content"] for m in traj.messages if m["role"] == "tool")
+    for bad in (
+        "5",
+        -1.0,
+        0,
+        float("nan"),
+        True,
+    ):  # not a positive number of seconds: the environment's fault
+        traj, reward = run_episode(ScriptedBackend([answer("3")]), Slow(bad), TASK)
+        assert traj.stop_reason == "error" and "call_bound_s('increment') must be a positive" in traj.error
+        assert not reward.scored

@@ -50,9 +50,11 @@ def test_variables_survive_calls_through_the_agents_tool_threads(env):
 
 
 def test_a_call_past_the_tool_timeout_does_not_mix_with_the_next(env):
-    """The agent abandons the loop at 4 s; the kernel interrupts it at 5 s; the next call waits for
-    that and reads its own result only."""
+    """An agent that stops waiting before the kernel's limits (here: told no bound, so its own 4 s
+    apply) abandons the loop at 4 s; the kernel interrupts it at 5 s; the next call waits for that
+    and reads its own result only."""
     env.cell_timeout_s = 5
+    env.call_bound_s = lambda name: None
     loop = "import time\nfor i in range(100):\n    print('tick', i, flush=True)\n    time.sleep(0.2)"
     replies = [calls("x = 41"), calls(loop), calls("print('second'); x + 1"), calls("x"), {"content": "42"}]
     trajectory, _ = run_episode(ScriptedBackend(replies), env, TASK, tool_timeout_s=4)
@@ -373,3 +375,58 @@ def test_the_kernel_starts_without_the_debugger_and_still_imports_from_its_work_
         kernel.execute("open('helper.py', 'w').write('VALUE = 41')")
         assert kernel.execute("import helper; helper.VALUE + 1").text.strip() == "42"
         assert kernel.execute("get_ipython().__class__.__name__").text.strip() == "'ZMQInteractiveShell'"
+
+
+def test_a_slow_kernel_start_is_not_the_model_s_timeout():
+    """The agent waits for an interpreter call as long as the kernel's own limits allow: a tool
+    timeout shorter than a kernel start (0.2 s here) still gets the cell's output."""
+    e = InterpreterEnv(memory_mb=1024)
+    try:
+        assert e.call_bound_s("python") > 2 * 60  # a start and a restart fit
+        script = [calls("print(41 + 1)"), {"role": "assistant", "content": "\\boxed{42}"}]
+        trajectory, reward = run_episode(ScriptedBackend(script), e, TASK, tool_timeout_s=0.2)
+        assert tool_texts(trajectory) == ["42"] and reward.value == 1.0
+    finally:
+        e.close()
+
+
+def test_kernels_starting_together_take_turns_and_a_start_that_cannot_get_one_says_so(monkeypatch):
+    from dsv32.envs.interpreter import kernel as kernel_module
+
+    monkeypatch.setattr(kernel_module, "_STARTING", threading.BoundedSemaphore(2))
+    launch, lock, now, most = kernel_module.SandboxedKernel._launch, threading.Lock(), [0], [0]
+
+    def counting(self, *args):
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        try:
+            return launch(self, *args)
+        finally:
+            with lock:
+                now[0] -= 1
+
+    monkeypatch.setattr(kernel_module.SandboxedKernel, "_launch", counting)
+    kernels = [SandboxedKernel(start=False, startup_timeout_s=60) for _ in range(5)]
+    try:
+        results: list = [None] * 5
+        threads = [
+            threading.Thread(target=lambda i=i: results.__setitem__(i, kernels[i].execute(f"print({i} * 2)")))
+            for i in range(5)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert [r.text.strip() for r in results] == ["0", "2", "4", "6", "8"] and most[0] == 2
+    finally:
+        for k in kernels:
+            k.close()
+    held = threading.BoundedSemaphore(1)
+    held.acquire()  # every start slot taken, for longer than this kernel may wait
+    monkeypatch.setattr(kernel_module, "_STARTING", held)
+    with SandboxedKernel(start=False, startup_timeout_s=1.5) as k:
+        t = time.perf_counter()
+        text = k.execute("print(1)").text
+        assert "other kernels of this process were starting for all of 1.5 s" in text
+        assert time.perf_counter() - t < 10

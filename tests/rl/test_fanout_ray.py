@@ -117,6 +117,8 @@ def test_an_environment_held_by_an_actor_runs_model_code_in_the_sandbox_there(ru
     env = runner.environment(get_env("code-interpreter").factory)
     with env:
         assert env.name == "code-interpreter" and env.reset(task)[-1]["content"]
+        local = get_env("code-interpreter").factory()
+        assert env.call_bound_s("python") == local.call_bound_s("python")  # the actor's own bound
         code = f"import os; print(os.getpid(), 'visible' if os.path.exists({SOURCE!r}) else 'hidden')"
         out = env.call("python", {"code": code})
         assert "hidden" in out and "visible" not in out

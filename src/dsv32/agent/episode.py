@@ -6,7 +6,8 @@
    message is that prompt's (:func:`episode_messages`);
 2. the environment's schemas (``env.tools()``) become agent tools whose calls go to
    ``env.call(name, arguments)``, after the same validation as any tool (a bad call never reaches
-   the environment; the model reads the error);
+   the environment; the model reads the error), each waited on for the environment's own bound
+   (``env.call_bound_s(name)``) where it declares one, else for the agent's tool timeout;
 3. the agent runs (``agent_options`` are :class:`~dsv32.agent.loop.Agent`'s keywords);
 4. ``env.reward(trajectory)`` scores it.
 
@@ -27,6 +28,7 @@ returned and the totals count every thread. The caller owns ``env`` (this does n
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dsv32.agent.backends.base import Backend
@@ -34,7 +36,7 @@ from dsv32.agent.loop import Agent, combine_threads
 from dsv32.agent.tools import Tool, shown, tool
 from dsv32.agent.trajectory import Trajectory
 from dsv32.chat.templates import episode_system_message
-from dsv32.envs.base import Environment, Reward, Task
+from dsv32.envs.base import EnvError, Environment, Reward, Task
 
 
 def env_tools(env: Environment) -> list[Tool]:
@@ -46,7 +48,14 @@ def env_tools(env: Environment) -> list[Tool]:
         def call(_name: str = name, **arguments: Any) -> str:
             return env.call(_name, arguments)
 
-        tools.append(tool(call, schema=schema))
+        bound = env.call_bound_s(name)
+        if bound is not None and not (
+            isinstance(bound, (int, float)) and not isinstance(bound, bool) and 0 < bound < math.inf
+        ):
+            raise EnvError(
+                f"call_bound_s({name!r}) must be a positive number of seconds or None, got {bound!r}"
+            )
+        tools.append(tool(call, schema=schema, timeout_s=bound))
     return tools
 
 

@@ -230,6 +230,14 @@ class Environment(ABC):
     @abstractmethod
     def reference(self, task: Task) -> list[dict]: ...
 
+    def call_bound_s(self, name: str) -> float | None:
+        """The longest ``call(name, …)`` can take, for an environment that bounds its calls itself
+        (its own limits on starting a kernel, on a cell, on waiting for an earlier call): the agent
+        waits that long for the call instead of its generic tool timeout, so an environment slow to
+        start under load is not reported to the model as its code timing out. None (the default):
+        not bounded here, the agent's tool timeout applies."""
+        return None
+
     def state(self) -> dict:
         return {}
 

@@ -152,6 +152,9 @@ class ActorEnvironment(Environment):
     def call(self, name: str, arguments: dict) -> str:
         return self._call("call", name, arguments)
 
+    def call_bound_s(self, name: str) -> float | None:
+        return self._call("call_bound_s", name)
+
     def reward(self, trajectory):
         return self._call("reward", trajectory)
 

@@ -2,7 +2,11 @@
 and a math-verify check of the final ``\\boxed{}`` answer (paper §3.2.3, "Code Interpreter Agent").
 
 The kernel starts on the episode's first ``python`` call (an episode that never calls it costs no
-kernel) and lives until ``reset`` or ``close``. Cells run one at a time: a call that arrives while
+kernel) and lives until ``reset`` or ``close``; a start waits its turn when many episodes start
+kernels at once (:data:`~dsv32.envs.interpreter.kernel.CONCURRENT_STARTS`), and that wait is not
+the cell's time: the agent waits for a call as long as the kernel's own limits allow
+(:meth:`InterpreterEnv.call_bound_s`), so the model never reads a start under load as its code
+timing out. Cells run one at a time: a call that arrives while
 an earlier cell still runs (its caller stopped waiting, as the agent does at its tool timeout) waits
 for it at most ``busy_wait_s`` seconds, then answers that the kernel is busy without running.
 
@@ -16,7 +20,7 @@ import threading
 
 from dsv32.envs import sandbox
 from dsv32.envs.base import EnvError, Environment, Reward, Task, TrajectoryLike, tool_call, tool_schema
-from dsv32.envs.interpreter.kernel import SandboxedKernel
+from dsv32.envs.interpreter.kernel import SandboxedKernel, execute_bound_s
 from dsv32.envs.interpreter.verify import last_boxed, math_equal
 
 SYSTEM_PROMPT = (
@@ -94,6 +98,11 @@ class InterpreterEnv(Environment):
         )
         calls.append({"status": result.status, "seconds": round(result.seconds, 4)})
         return result.text
+
+    def call_bound_s(self, name: str) -> float:
+        """A call returns within the kernel's own limits (a busy wait, a start, the cell, a
+        restart): the agent waits for that, plus a second, rather than its generic timeout."""
+        return execute_bound_s(self.cell_timeout_s, self.busy_wait_s) + 1.0
 
     def reward(self, trajectory: TrajectoryLike) -> Reward:
         if self.task is None:

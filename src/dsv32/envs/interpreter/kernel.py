@@ -68,6 +68,7 @@ log = logging.getLogger(__name__)
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 INTERRUPT_GRACE_S = 5.0
+STARTUP_TIMEOUT_S = 60.0  # how long a kernel may take to start (the queue for a start included)
 STOP_S = 30.0  # how long close() waits for the kernel's thread to stop the kernel
 
 
@@ -163,11 +164,24 @@ del _dsv32_startup
 # The directories of kernels not closed yet: removed when this process exits (the kernels die with it).
 _UNREMOVED: set[str] = set()
 
+# At most this many kernels of this process start at once (a start is ~0.45 CPU-seconds, mostly
+# imports): a hundred episodes reaching their first cell together queue for a few cores instead of
+# thrashing them, so each start stays short and they finish in order. The queue's wait is part of
+# the start's ``startup_timeout_s``.
+CONCURRENT_STARTS = max(2, os.cpu_count() or 2)
+_STARTING = threading.BoundedSemaphore(CONCURRENT_STARTS)
+
 
 @atexit.register
 def _remove_unclosed() -> None:
     for path in list(_UNREMOVED):
         sandbox.remove_tree(path)
+
+
+def execute_bound_s(timeout_s: float, wait_s: float, startup_timeout_s: float = STARTUP_TIMEOUT_S) -> float:
+    """The longest :meth:`SandboxedKernel.execute` takes with these limits: waiting for an earlier
+    cell (``wait_s``), a start, the cell (``timeout_s``), an interrupt's grace, a restart."""
+    return wait_s + timeout_s + INTERRUPT_GRACE_S + 2 * (startup_timeout_s + STOP_S)
 
 
 class _SandboxedKernelManager(KernelManager):
@@ -335,7 +349,7 @@ class SandboxedKernel:
         workdir: str | None = None,
         memory_mb: int = 2048,
         cpu_s: float = 600,
-        startup_timeout_s: float = 60,
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
         kind: str | None = None,
         start: bool = True,
         disk_mb: int = sandbox.DISK_MB,
@@ -397,7 +411,7 @@ class SandboxedKernel:
         start = time.perf_counter()
         if (problem := _unencodable(code)) is not None:
             return CellResult(problem, "error", time.perf_counter() - start)
-        limit = timeout_s + INTERRUPT_GRACE_S + 2 * (self.startup_timeout_s + STOP_S)
+        limit = execute_bound_s(timeout_s, 0, self.startup_timeout_s)
         result = self._exclusive(lambda: self._run_cell(code, timeout_s, max_chars), wait_s, limit)
         if result is _BUSY:
             left = self._busy_until - time.monotonic()
@@ -451,6 +465,21 @@ class SandboxedKernel:
             raise sandbox.SandboxError(
                 f"the sandboxed Jupyter kernel was not started: {sandbox.over_quota(self.disk_mb)}"
             )
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not _STARTING.acquire(timeout=min(1.0, max(deadline - time.monotonic(), 0))):
+            if self._closed.is_set():  # in steps of a second, so that close() need not wait
+                raise sandbox.SandboxError("the sandboxed Jupyter kernel was closed while waiting to start")
+            if time.monotonic() >= deadline:
+                raise sandbox.SandboxError(
+                    f"the sandboxed Jupyter kernel was not started: {CONCURRENT_STARTS} other kernels of "
+                    f"this process were starting for all of {self.startup_timeout_s:g} s"
+                )
+        try:
+            self._launch(quota, deadline)
+        finally:
+            _STARTING.release()
+
+    def _launch(self, quota: int, deadline: float) -> None:
         self._run_dir = run_dir = tempfile.mkdtemp(prefix="dsv32-kernel-run-")
         _UNREMOVED.add(run_dir)
         profile = os.path.join(run_dir, "ipython", "profile_default")
@@ -481,12 +510,12 @@ class SandboxedKernel:
             [self.workdir, run_dir], quota, process.pid, lambda: sandbox.kill(process)
         )
         self._disk.start()
-        self._connect()
+        self._connect(deadline)
 
-    def _connect(self) -> None:
-        """A fresh client for the running kernel, ready within ``startup_timeout_s`` (a socket that
-        refused a message does not reconnect); on failure the kernel is stopped and
-        :class:`~dsv32.envs.sandbox.SandboxError` raised."""
+    def _connect(self, deadline: float | None = None) -> None:
+        """A fresh client for the running kernel, ready by ``deadline`` (default: within
+        ``startup_timeout_s``; a socket that refused a message does not reconnect); on failure the
+        kernel is stopped and :class:`~dsv32.envs.sandbox.SandboxError` raised."""
         if self.kc is not None:
             self.kc.stop_channels()
         if self._context is None:
@@ -501,7 +530,7 @@ class SandboxedKernel:
             raise sandbox.SandboxError(
                 f"the sandboxed Jupyter kernel could not be reached: {type(err).__name__}: {err}"
             ) from err
-        deadline = time.monotonic() + self.startup_timeout_s
+        deadline = deadline if deadline is not None else time.monotonic() + self.startup_timeout_s
         while True:  # in steps of a second, so that close() need not wait for the whole timeout
             try:
                 self.kc.wait_for_ready(timeout=min(1.0, max(deadline - time.monotonic(), 0)))
