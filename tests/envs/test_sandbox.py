@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -837,3 +838,37 @@ def test_release_removes_the_process_s_sandbox_files_and_the_next_sandbox_makes_
     second = attack("import pwd; print(pwd.getpwuid(0).pw_name)", tmp_path / "b", kind)
     assert second.returncode == 0, second.stderr
     assert os.path.isfile(sandbox._etc_files()["/etc/passwd"])
+
+
+def test_many_disk_watches_share_one_thread_and_each_still_catches_its_own_program(tmp_path):
+    """Fifty watches (a hundred kernels' worth would be the same): one watcher thread polls them
+    all; the one whose directory passes its quota is stopped, the others are not, and each is let
+    go when stopped."""
+    sleeper = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"])
+    try:
+        fired: list[int] = []
+        dirs = [tmp_path / f"w{i}" for i in range(50)]
+        watches = []
+        for i, d in enumerate(dirs):
+            d.mkdir()
+            watches.append(sandbox.DiskWatch([d], 1 << 20, sleeper.pid, lambda i=i: fired.append(i)))
+        for w in watches:
+            w.start()
+        names = [t.name for t in threading.enumerate()]
+        assert names.count("dsv32-disk-watch") == 1
+        (dirs[7] / "big").write_bytes(b"x" * (2 << 20))  # past its 1 MB quota
+        deadline = time.monotonic() + 10
+        while not fired and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert fired == [7] and watches[7].over and not any(w.over for i, w in enumerate(watches) if i != 7)
+        watches[7].join(5)
+        assert not watches[7].is_alive() and all(w.is_alive() for i, w in enumerate(watches) if i != 7)
+        for w in watches:
+            w.stop()
+        for w in watches:
+            w.join(5)
+        assert not any(w.is_alive() for w in watches) and fired == [7]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
