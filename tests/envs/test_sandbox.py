@@ -869,6 +869,7 @@ def test_many_disk_watches_share_one_thread_and_each_still_catches_its_own_progr
         for w in watches:
             w.join(5)
         assert not any(w.is_alive() for w in watches) and fired == [7]
+        assert not sandbox._WATCHER._any.is_set()  # no watch left: the watcher sleeps, it does not poll
     finally:
         sleeper.kill()
         sleeper.wait()

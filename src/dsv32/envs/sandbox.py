@@ -842,17 +842,20 @@ class _Watcher:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._watches: list[DiskWatch] = []
+        self._any = threading.Event()  # set while there are watches: no polls while none runs
         self._thread: threading.Thread | None = None
 
     def add(self, watch: DiskWatch) -> None:
         with self._lock:
             self._watches.append(watch)
+            self._any.set()
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, daemon=True, name="dsv32-disk-watch")
                 self._thread.start()
 
     def _run(self) -> None:
         while True:
+            self._any.wait()
             time.sleep(DISK_POLL_S)
             with self._lock:
                 watches = list(self._watches)
@@ -868,6 +871,8 @@ class _Watcher:
                 if not alive:
                     with self._lock:
                         self._watches.remove(watch)
+                        if not self._watches:
+                            self._any.clear()
                     watch._done.set()
 
 

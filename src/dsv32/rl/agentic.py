@@ -255,12 +255,13 @@ def tool_calls_valid(trajectory: Trajectory) -> bool:
 
 
 def episode_outcome(e: Episode) -> dict[str, Any]:
-    """One evaluated episode in a line: its task, whether it was solved and its tool use well
-    formed, its model calls, generated tokens and why it stopped (stages compare task by task)."""
+    """One episode in a line: its task, whether it was solved, used a tool and used it well formed,
+    its model calls, generated tokens and why it stopped (stages compare task by task)."""
     return {
         "id": e.task.id,
         "correct": e.verifier >= 1.0,
         "tool_call_valid": tool_calls_valid(e.trajectory),
+        "used_tool": any(s.tool_calls for s in e.trajectory.steps),
         "steps": e.trajectory.num_steps,
         "tokens": e.generated_tokens,
         "stop": e.trajectory.stop_reason,
@@ -268,20 +269,23 @@ def episode_outcome(e: Episode) -> dict[str, Any]:
 
 
 def episode_summary(episodes: Sequence[Episode]) -> dict[str, Any]:
-    """Accuracy (verifier = 1), well-formed tool use, steps, tokens, stop reasons."""
+    """Accuracy (verifier = 1), well-formed tool use, steps, tokens, stop reasons, and each
+    episode's :func:`episode_outcome` (``outcomes``, in order)."""
+    outcomes = [episode_outcome(e) for e in episodes]
     n = max(1, len(episodes))
     stops: dict[str, int] = {}
-    for e in episodes:
-        stops[e.trajectory.stop_reason] = stops.get(e.trajectory.stop_reason, 0) + 1
+    for o in outcomes:
+        stops[o["stop"]] = stops.get(o["stop"], 0) + 1
     return {
         "episodes": len(episodes),
-        "accuracy": sum(e.verifier >= 1.0 for e in episodes) / n,
-        "tool_call_valid": sum(tool_calls_valid(e.trajectory) for e in episodes) / n,
-        "used_tool": sum(any(s.tool_calls for s in e.trajectory.steps) for e in episodes) / n,
-        "mean_steps": sum(e.trajectory.num_steps for e in episodes) / n,
-        "mean_generated_tokens": sum(e.generated_tokens for e in episodes) / n,
+        "accuracy": sum(o["correct"] for o in outcomes) / n,
+        "tool_call_valid": sum(o["tool_call_valid"] for o in outcomes) / n,
+        "used_tool": sum(o["used_tool"] for o in outcomes) / n,
+        "mean_steps": sum(o["steps"] for o in outcomes) / n,
+        "mean_generated_tokens": sum(o["tokens"] for o in outcomes) / n,
         "stop_reasons": stops,
         "not_scored": sum(not e.scored for e in episodes),
+        "outcomes": outcomes,
     }
 
 

@@ -56,7 +56,6 @@ from dsv32.rl.agentic import (
     rl_task,
     rows_to_rollouts,
     run_episodes,
-    tool_calls_valid,
 )
 from dsv32.rl.agentic_config import AgenticConfig
 from dsv32.rl.engines import InProcessEngine, RolloutEngine, build_engine, check_staleness, prepare_engine
@@ -171,7 +170,6 @@ def evaluate_agentic(
     every = [e for _, e in gathered]
     summary = episode_summary(every)
     summary["samples"] = [e.trajectory.messages[1:] for e in every[:2]]
-    summary["outcomes"] = [episode_outcome(e) for e in every]
     return summary
 
 
@@ -233,11 +231,7 @@ def agentic_step(
                 row_adv.append(a)
                 row_tasks.append(rl_task(e))
                 sequence_ids.append(key)
-            outputs.append(
-                {"key": key, "reward": float(r[i]), "domain": e.domain, "correct": e.verifier >= 1.0,
-                 "truncated": e.trajectory.stop_reason != "answer",
-                 "tool_call_valid": tool_calls_valid(e.trajectory), "steps": e.trajectory.num_steps}
-            )  # fmt: skip
+            outputs.append({"key": key, "reward": float(r[i]), "domain": e.domain, **episode_outcome(e)})
         if rows:
             with_kept = truncates(cfg.rl.sampling)
             batches.append(
@@ -291,7 +285,7 @@ def agentic_step(
         "accuracy": sum(correct) / max(1, len(correct)),
         "rows": len(lengths),
         "length_mean": sum(lengths) / len(lengths),
-        "truncated_frac": sum(o["truncated"] for o in episodes_out) / max(1, len(episodes_out)),
+        "truncated_frac": sum(o["stop"] != "answer" for o in episodes_out) / max(1, len(episodes_out)),
         "rollout_s": round(t_rollout, 2),
         "update_s": round(time.time() - t1, 2),
     }
