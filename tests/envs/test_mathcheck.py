@@ -5,6 +5,7 @@ import threading
 
 import pytest
 
+from dsv32.envs import mathcheck
 from dsv32.envs.interpreter.verify import math_equal as interpreter_equal
 from dsv32.envs.mathcheck import answers_equal, boxes, last_boxed
 from dsv32.envs.search.answers import extract as search_extract
@@ -70,6 +71,37 @@ def test_a_hostile_answer_in_a_worker_thread_is_bounded(judge):
     worker.start()
     worker.join(timeout=120)
     assert not worker.is_alive() and verdicts == [False]
+
+
+def test_many_threads_checking_at_once_share_a_bounded_pool():
+    # A lockstep batch of episodes ends together: every episode's answer is checked at the same
+    # moment. They queue for the pool's workers (a check's timeout counts from when a worker has it)
+    # instead of each starting a worker and timing out on the CPU the others' SymPy imports take.
+    pool = mathcheck._WorkerPool(size=2)
+    started, original = [], mathcheck._Worker.__init__
+
+    def counting_init(self):
+        started.append(self)
+        original(self)
+
+    cases = [(f"{n}", f"{n}", True) for n in range(10)] + [(f"{n}", f"{n + 1}", False) for n in range(10)]
+    verdicts: dict[int, bool] = {}
+    mp = pytest.MonkeyPatch()
+    mp.setattr(mathcheck._Worker, "__init__", counting_init)
+    try:
+        threads = [
+            threading.Thread(target=lambda i=i, c=c: verdicts.__setitem__(i, pool.check(c[0], c[1], 5.0)))
+            for i, c in enumerate(cases)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        mp.undo()
+        pool.close()
+    assert verdicts == {i: equal for i, (_, _, equal) in enumerate(cases)}
+    assert 1 <= len(started) <= 2
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,8 @@ therefore picks the guard by thread:
   standard library and math-verify) with math-verify's
   timeouts disabled (``None``), and the caller waits at most ``timeout_seconds`` for the whole check.
   A worker that overruns is killed and the answer counts as not equal; workers start on first use
-  (about a second: SymPy import), one per concurrent caller, and are reused.
+  (about a second: SymPy import), one per concurrent caller up to the CPU count (further callers
+  wait for a free one; the timeout counts from when the worker has the check), and are reused.
 - ``timeout_seconds=None``: no timeout at all, in-process in every thread — guard it yourself.
 
 Errors: called with ``raise_on_error=False`` (its default), math-verify turns every parsing or
@@ -195,37 +196,59 @@ class _Worker:
 
 
 class _WorkerPool:
-    """Idle workers, shared by all threads; a caller takes one (or starts one) and returns it after."""
+    """Workers shared by all threads, at most ``size`` of them: a caller takes an idle one, starts one
+    while fewer than ``size`` exist, or waits for one to come back. A check's timeout counts from
+    when its worker has it, so a hundred episodes ending together queue for two workers instead of
+    starting a hundred (each a SymPy import) and timing out on the CPU they took from each other."""
 
-    def __init__(self) -> None:
+    def __init__(self, size: int | None = None) -> None:
+        self.size = size if size is not None else max(2, os.cpu_count() or 2)
         self._idle: list[_Worker] = []
         self._all: set[_Worker] = set()
-        self._lock = threading.Lock()
+        self._starting = 0  # workers being started (they count toward size)
+        self._cond = threading.Condition()
+
+    def _take(self) -> _Worker:
+        with self._cond:
+            while not self._idle and len(self._all) + self._starting >= self.size:
+                self._cond.wait()
+            if self._idle:
+                return self._idle.pop()
+            self._starting += 1
+        try:
+            worker = _Worker()
+        except BaseException:
+            with self._cond:
+                self._starting -= 1
+                self._cond.notify()
+            raise
+        with self._cond:
+            self._starting -= 1
+            self._all.add(worker)
+        return worker
 
     def check(self, pred: str, gold: str, timeout_seconds: float) -> bool:
-        with self._lock:
-            worker = self._idle.pop() if self._idle else None
-        if worker is None:
-            worker = _Worker()
-            with self._lock:
-                self._all.add(worker)
+        worker = self._take()
         verdict = worker.ask(pred, gold, timeout_seconds)
         if verdict is None:
             logger.warning(
                 "math-verify check ran past %.1f s (or its worker died): scored as not equal", timeout_seconds
             )
-            with self._lock:
-                self._all.discard(worker)
             worker.kill()
+            with self._cond:
+                self._all.discard(worker)
+                self._cond.notify()
             return False
-        with self._lock:
+        with self._cond:
             self._idle.append(worker)
+            self._cond.notify()
         return verdict
 
     def close(self) -> None:
         """Kill every worker (registered at interpreter exit)."""
-        with self._lock:
+        with self._cond:
             workers, self._all, self._idle = list(self._all), set(), []
+            self._cond.notify_all()
         for worker in workers:
             worker.kill()
 
