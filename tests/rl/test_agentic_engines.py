@@ -56,6 +56,15 @@ def _records(episodes):
     ]
 
 
+def _same_samples(a, b) -> None:
+    """The same prompts, tokens and kept sets at every call; log-probs equal up to the rounding of
+    batched matmuls (the in-process engine prefills later calls from each episode's kept prefix)."""
+    assert [[(p, t, k) for p, t, _, k in e] for e in a] == [[(p, t, k) for p, t, _, k in e] for e in b]
+    for ea, eb in zip(a, b, strict=True):
+        for (_, _, la, _), (_, _, lb, _) in zip(ea, eb, strict=True):
+            assert torch.allclose(torch.tensor(la), torch.tensor(lb), atol=1e-5)
+
+
 def test_multi_turn_episodes_sampled_remotely_equal_the_in_process_ones_at_every_turn(
     tool_user, server, tmp_path
 ):
@@ -69,7 +78,7 @@ def test_multi_turn_episodes_sampled_remotely_equal_the_in_process_ones_at_every
 
     local, remote = episodes(InProcessEngine(tool_user.model)), episodes(engine)
     assert max(len(e.records) for e in local) >= 2  # multi-turn: a tool call, then the answer
-    assert _records(local) == _records(remote)  # every turn: the same tokens, log-probs, kept sets
+    _same_samples(_records(local), _records(remote))  # every turn: the same tokens, log-probs, kept sets
     assert {r.weight_version for e in remote for r in e.records} == {3}
     assert [e.verifier for e in local] == [e.verifier for e in remote]
 

@@ -52,6 +52,35 @@ class NativeBackend:
     def drop_rows(self, keep: torch.Tensor) -> None:
         self.cache.reorder(keep)
 
+    # prefix reuse (dsv32.engine.prefix): rows' entries out of the cache and a batch cache built from them
+    def can_reuse_prefix(self) -> bool:
+        return not self.return_routing  # kept positions' routing is not recorded again
+
+    def fresh(self) -> NativeBackend:
+        return NativeBackend(self.model)
+
+    def export_rows(self, positions: list[int], lengths: list[int], width: int) -> list[dict]:
+        """Batch rows ``positions``' entries: the last ``lengths[i]`` of the ``width`` cached columns."""
+        if self.cache.length != width:
+            raise ValueError(f"the cache holds {self.cache.length} columns, not {width}")
+        return [
+            {name: t[:, r : r + 1, width - n : width].clone() for name, t in self.cache.tensors().items()}
+            for r, n in zip(positions, lengths)
+        ]
+
+    def prefill_kept(
+        self, kept: list, C: int, chunk: torch.Tensor, attention_mask: torch.Tensor, max_len: int
+    ) -> torch.Tensor:
+        """Row ``j``'s first ``kept[j][1]`` positions from entries ``kept[j][0]``, right-aligned in
+        ``C`` columns, then ``chunk`` ``[B, T]`` run after them (``attention_mask`` ``[B, C + T]``)."""
+        self.cache = self.model.new_cache(chunk.shape[0], max_len)
+        for j, (kv, c) in enumerate(kept):
+            if c:
+                for name, dst in self.cache.tensors().items():
+                    dst[:, j, C - c : C] = kv[name][:, 0, :c]
+        self.cache.length = C
+        return self._forward(chunk, attention_mask, logits_to_keep=1)
+
     def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs) -> torch.Tensor:
         out = self.model(
             input_ids,
@@ -82,6 +111,7 @@ class HFBackend:
         )
         self.cache_keyword = hf_cache_keyword(model)
         self.can_drop_rows = True
+        self._full_attention: bool | None = None
         gen, cfg = getattr(model, "generation_config", None), model.config
         self.eos_token_id = _first_set(getattr(gen, "eos_token_id", None), getattr(cfg, "eos_token_id", None))
         self.pad_token_id = _first_set(getattr(gen, "pad_token_id", None), getattr(cfg, "pad_token_id", None))
@@ -101,6 +131,69 @@ class HFBackend:
         store = hf_index_keys(self.cache)  # DSA: the indexer keys beside K/V are per row too
         for layer, keys in store.items():
             store[layer] = keys[keep]
+
+    # prefix reuse (dsv32.engine.prefix)
+    def can_reuse_prefix(self) -> bool:
+        """Every cache layer is a full-attention one (a sliding window's entries cannot be cut per row)."""
+        if self._full_attention is None:
+            from transformers.cache_utils import DynamicLayer
+
+            from dsv32.engine.hfcache import GrowingCache
+
+            layers = GrowingCache(self.model.config).layers
+            self._full_attention = all(
+                isinstance(layer, DynamicLayer) and not layer.is_sliding for layer in layers
+            )
+        return self._full_attention
+
+    def fresh(self) -> HFBackend:
+        return HFBackend(self.model)
+
+    def export_rows(self, positions: list[int], lengths: list[int], width: int) -> list[dict]:
+        """Batch rows ``positions``' entries: the last ``lengths[i]`` of the ``width`` cached columns
+        (K/V of every layer and, with DSA attached, the indexer keys)."""
+        if self.cache.get_seq_length() != width:
+            raise ValueError(f"the cache holds {self.cache.get_seq_length()} columns, not {width}")
+        layers, index = self.cache.layers, hf_index_keys(self.cache)
+        return [
+            {
+                "keys": [layer.keys[r : r + 1, :, width - n :].clone() for layer in layers],
+                "values": [layer.values[r : r + 1, :, width - n :].clone() for layer in layers],
+                "index": {i: keys[r : r + 1, width - n :].clone() for i, keys in index.items()},
+            }
+            for r, n in zip(positions, lengths)
+        ]
+
+    def prefill_kept(
+        self, kept: list, C: int, chunk: torch.Tensor, attention_mask: torch.Tensor, max_len: int
+    ) -> torch.Tensor:
+        """As :meth:`NativeBackend.prefill_kept`, over a fresh :class:`~dsv32.engine.hfcache.GrowingCache`."""
+        from dsv32.engine.hfcache import GrowingCache
+
+        B = chunk.shape[0]
+        sample = next(kv for kv, c in kept if c)
+        self.cache = GrowingCache(self.model.config)
+
+        def batched(parts: list, like: torch.Tensor, dim: int) -> torch.Tensor:
+            shape = list(like.shape)
+            shape[0], shape[dim] = B, C
+            out = like.new_zeros(shape)
+            for j, (part, c) in enumerate(parts):
+                if c:
+                    out[j].narrow(dim - 1, C - c, c).copy_(part[0].narrow(dim - 1, 0, c))
+            return out
+
+        for i, layer in enumerate(self.cache.layers):
+            keys = batched([(kv["keys"][i] if c else None, c) for kv, c in kept], sample["keys"][i], 2)
+            values = batched([(kv["values"][i] if c else None, c) for kv, c in kept], sample["values"][i], 2)
+            layer.lazy_initialization(keys, values)
+            layer.keys, layer.values = keys, values
+        if sample["index"]:
+            self.cache.__dict__[INDEX_KEYS_ATTR] = {
+                i: batched([(kv["index"][i] if c else None, c) for kv, c in kept], like, 1)
+                for i, like in sample["index"].items()
+            }
+        return self._forward(chunk, attention_mask, **self.prefill_kwargs)
 
     def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs) -> torch.Tensor:
         T = input_ids.shape[1]

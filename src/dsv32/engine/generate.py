@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from dsv32.engine.backends import backend_for, eos_ids
+from dsv32.engine.prefix import PrefixCache
 from dsv32.engine.sampling import SamplingParams, sample_next
 
 
@@ -102,6 +103,7 @@ def generate(
     generator: torch.Generator | Sequence[torch.Generator] | None = None,
     return_routing: bool = False,
     return_kept: bool = False,
+    prefix: PrefixCache | None = None,
 ) -> GenerationOutput:
     """Generate up to ``max_new_tokens`` per prompt (``temperature`` below 1e-5: greedy) with ``model``, a
     :class:`~dsv32.model.DeepseekV32` or a transformers causal LM (``LlamaForCausalLM``, Qwen2/3, ...).
@@ -148,7 +150,15 @@ def generate(
     if per_row and len(generator) != B:
         raise ValueError(f"generator: {len(generator)} generators for {B} prompts (one per prompt, or one)")
 
-    logits = backend.prefill(ids, mask, max_len=P + max_new_tokens)  # [B, V]
+    if prefix is not None and return_routing:
+        raise ValueError(
+            "a prefix cache does not record the routing of kept positions: pass return_routing=False"
+        )
+    if prefix is not None:
+        rows_ids = [ids[i][mask[i].bool()].tolist() for i in range(B)]
+        logits = prefix.prefill(backend, rows_ids, ids, mask, max_len=P + max_new_tokens)
+    else:
+        logits = backend.prefill(ids, mask, max_len=P + max_new_tokens)  # [B, V]
     rows = torch.arange(B, device=device)  # batch rows still in the model's batch
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     lengths = torch.zeros(B, dtype=torch.long, device=device)
@@ -172,10 +182,24 @@ def generate(
         if backend.can_drop_rows:
             still = ~finished[rows]
             if not bool(still.all()):
+                if prefix is not None:
+                    _keep(
+                        prefix,
+                        backend,
+                        (~still).nonzero().squeeze(1).tolist(),
+                        rows,
+                        rows_ids,
+                        tokens,
+                        lengths,
+                        mask,
+                    )
                 backend.drop_rows(still.nonzero().squeeze(1))
                 rows = rows[still]
         logits = backend.step(tok[rows], mask[rows])
 
+    if prefix is not None:
+        _keep(prefix, backend, list(range(len(rows))), rows, rows_ids, tokens, lengths, mask)
+        prefix.commit()
     new = torch.stack(tokens, dim=1)
     return GenerationOutput(
         sequences=torch.cat((ids, new), dim=1),
@@ -186,6 +210,16 @@ def generate(
         routing=backend.recorded_routing(),
         kept_token_ids=_stack_kept(kept) if return_kept else None,
     )
+
+
+def _keep(prefix, backend, positions, rows, prompts, tokens, lengths, mask) -> None:
+    """Keep the entries of the rows at ``positions`` of the model's batch (``rows`` maps them to
+    batch rows): each holds its prompt and its reply so far except the token sampled last."""
+    batch_rows = [int(rows[p]) for p in positions]
+    steps = torch.stack(tokens, dim=1)[batch_rows].tolist()
+    n = lengths[batch_rows].tolist()
+    ids = [prompts[r] + s[: k - 1] for r, s, k in zip(batch_rows, steps, n)]
+    prefix.capture(backend, positions, batch_rows, ids, mask.shape[1] - 1)
 
 
 def _sample_by_generator(

@@ -4,7 +4,10 @@ Episodes run through :class:`dsv32.agent.Agent` in threads, one per episode; eac
 episode goes to one :class:`LockstepBatcher`, which waits until every live episode has a call
 pending (or has finished) and then samples all of them in one batched call of its rollout engine
 (:mod:`dsv32.rl.engines`; default the policy's model in process) — G episodes × tasks decode
-together, tools run in parallel between calls.
+together, tools run in parallel between calls. With the in-process engine each episode's KV entries
+are kept between its calls (:mod:`dsv32.engine.prefix`): a call prefills only the reply's end, the
+tool results and what reopens the turn, and the G episodes of a task prefill their shared first
+prompt once.
 
 With a generator per episode (the G episodes of a task share one), each task's group draws from its
 own generator: the in-process engine samples all groups in one call with a generator per row,
@@ -35,6 +38,7 @@ import torch
 from dsv32.agent.backends.base import Completion, Usage
 from dsv32.agent.backends.formats import V32Format
 from dsv32.agent.errors import BackendError
+from dsv32.engine.prefix import PrefixCache
 from dsv32.rl.engines import InProcessEngine, RolloutEngine, run_calls, split_calls
 from dsv32.rl.rollout import SamplingConfig, truncates
 
@@ -67,9 +71,12 @@ class LockstepBatcher:
         generator: torch.Generator | Sequence[torch.Generator] | None = None,
         keep_routing: bool = False,
         engine: RolloutEngine | None = None,
+        reuse_prefix: bool = True,
     ) -> None:
         """``generator``: one for every call, or one per episode (``episodes`` of them; the
-        episodes of a group share one object)."""
+        episodes of a group share one object). ``reuse_prefix``: the in-process engine keeps each
+        episode's KV entries between its calls (:mod:`dsv32.engine.prefix`; not with
+        ``keep_routing``)."""
         if generator is not None and not isinstance(generator, torch.Generator):
             generator = list(generator)
             if len(generator) != episodes:
@@ -82,11 +89,15 @@ class LockstepBatcher:
         self.live = episodes  # episodes that have not left yet
         self.pending: dict[int, list[int]] = {}  # episode → its pending prompt
         self.results: dict[int, StepRecord | BaseException] = {}
+        in_process = self.engine.name == "in_process" and not keep_routing
+        self.prefix = PrefixCache() if reuse_prefix and in_process else None
 
     def leave(self) -> None:
         """An episode has finished: the others no longer wait for its calls."""
         with self.cond:
             self.live -= 1
+            if self.live == 0 and self.prefix is not None:
+                self.prefix.clear()  # the last episode is done: its entries are not needed
             self._maybe_run()
 
     # ------------------------------------------------------------------ calls
@@ -114,6 +125,8 @@ class LockstepBatcher:
             records = self._generate(keys, prompts)
             self.results.update(zip(keys, records))
         except (RuntimeError, ValueError) as err:
+            if self.prefix is not None:
+                self.prefix.clear()
             self.results.update({k: err for k in keys})
         self.cond.notify_all()
 
@@ -153,6 +166,7 @@ class LockstepBatcher:
             turn=self.calls,
             return_routing=self.keep_routing,
             return_kept=truncates(s),
+            **({"prefix": self.prefix} if self.prefix is not None else {}),
         )
 
     def _records(self, prompts: list[list[int]], out) -> list[StepRecord]:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from dsv32.engine import generate
+from dsv32.engine.prefix import PrefixCache
 from dsv32.rl.engines.base import EngineOutput, turn_generator
 
 
@@ -35,7 +36,10 @@ class InProcessEngine:
         turn: int,
         return_kept: bool,
         return_routing: bool,
+        prefix: PrefixCache | None = None,
     ) -> EngineOutput:
+        """:func:`dsv32.engine.generate` over the batch; ``prefix``: a
+        :class:`~dsv32.engine.prefix.PrefixCache` the calls of one batch of episodes share."""
         out = generate(
             self.model,
             list(prompts),
@@ -48,6 +52,7 @@ class InProcessEngine:
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
+            prefix=prefix,
         )
         # one copy from the device for the whole batch, not one per row
         lengths, tokens, logps = out.lengths.tolist(), out.tokens.tolist(), out.logprobs.tolist()

@@ -1,0 +1,168 @@
+"""Prefix reuse across batched calls: a multi-turn rollout's next call prefills only what is new.
+
+An agent's next prompt is its previous prompt, the reply, the tool results and what reopens the
+turn, so a batched call of many episodes (:class:`dsv32.rl.agentic_backend.LockstepBatcher`) would
+otherwise run every conversation through the model again at every call. A :class:`PrefixCache`
+keeps, after each :func:`~dsv32.engine.generate` call it is given to, the KV entries of every row
+(its prompt and its reply except the last token, which was sampled but never run), by token ids.
+The next call matches each prompt to the kept row sharing its longest prefix, and prefills the
+batch from those entries:
+
+- ``k_i``: the tokens of prompt ``i`` whose entries are kept (at most ``len_i - 1``: the last prompt
+  token always runs, its logits start the reply); ``N = max(len_i - k_i)``: every row runs its last
+  ``N`` prompt tokens in one batched forward (a row with fewer new tokens re-runs some of its kept
+  ones); the first ``c_i = len_i - N`` come from the kept entries.
+- The layout is :func:`~dsv32.engine.generate`'s own: every row's tokens a right-aligned suffix of
+  ``P = max len_i`` columns, left padding masked, positions counted from the mask, so a row computes
+  what it computes without reuse, up to the floating-point rounding of batched matmuls.
+- Rows with many more new tokens than the others (an episode whose reply was re-tokenized
+  differently from how it was sampled, so its kept prefix ends early) do not set ``N`` for all:
+  their prompts except the last ``N`` tokens run first, in a smaller batch, and are kept.
+- Identical prompts that match nothing kept (the G episodes of a task at their first call) are
+  prefilled once: their unique prompts run first, and the duplicates reuse them.
+
+Kept rows live until the next call (a lockstep batch calls with every live episode each time) and
+belong to the weights that computed them: a cache lives for one batch of episodes, never across a
+weight update. Both kinds of model are handled (the native cache's MLA latents and indexer keys;
+transformers' K/V per layer and, with DSA attached, the indexer keys beside them); MoE routing of
+kept positions is not recorded again, so a call that asks for routing cannot take a prefix cache,
+and a model whose cache cannot be cut per row (sliding-window layers) runs without reuse.
+
+Counters: ``prompt_tokens`` (of every prompt given), ``prefilled_tokens`` (run through the model,
+shared runs once) and ``reused_tokens``, the difference: the prefill work saved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dsv32.engine.session import common_prefix
+
+
+@dataclass
+class KeptRow:
+    """One row's KV entries: exactly ``len(ids)`` positions (backend-specific tensors, batch 1)."""
+
+    ids: list[int]
+    kv: dict
+
+
+class PrefixCache:
+    """The kept rows of the last call (see the module docstring). Not thread-safe: one caller."""
+
+    def __init__(self, *, dedupe: bool = True) -> None:
+        self.dedupe = dedupe
+        self.rows: list[KeptRow] = []
+        self.prompt_tokens = 0
+        self.prefilled_tokens = 0
+        self._captured: dict[int, KeptRow] = {}
+
+    @property
+    def reused_tokens(self) -> int:
+        return self.prompt_tokens - self.prefilled_tokens
+
+    def clear(self) -> None:
+        self.rows, self._captured = [], {}
+
+    def nbytes(self) -> int:
+        """Memory the kept entries take."""
+        return sum(t.numel() * t.element_size() for r in self.rows for t in _tensors(r.kv))
+
+    # ------------------------------------------------------------------------------ prefill
+    def match(self, prompt: Sequence[int]) -> tuple[KeptRow | None, int]:
+        """The kept row sharing the longest prefix with ``prompt`` and how many of its tokens serve
+        (at most ``len(prompt) - 1``)."""
+        best, k = None, 0
+        for row in self.rows:
+            n = common_prefix(row.ids, prompt)
+            if n > k:
+                best, k = row, n
+        return best, min(k, len(prompt) - 1)
+
+    def prefill(self, backend, prompts: list[list[int]], ids: torch.Tensor, mask: torch.Tensor, max_len: int):
+        """Prefill the left-padded batch ``ids``/``mask`` (``prompts`` its rows as lists) on
+        ``backend`` from the kept rows; the next-token logits ``[B, V]``."""
+        self.prompt_tokens += sum(len(p) for p in prompts)
+        return self._prefill(backend, prompts, ids, mask, max_len)
+
+    def _prefill(self, backend, prompts, ids, mask, max_len):
+        if not backend.can_reuse_prefix():
+            self.clear()
+            self.prefilled_tokens += sum(len(p) for p in prompts)
+            return backend.prefill(ids, mask, max_len=max_len)
+        if self.dedupe:
+            self._prefill_duplicates(backend, prompts)
+        new = [len(p) - self.match(p)[1] for p in prompts]
+        N = _chunk(new)
+        if max(new) > N:  # the rows with more new tokens first run all but their last N
+            self._extend(backend, [p[: len(p) - N] for p, n in zip(prompts, new) if n > N])
+        matches = [self.match(p) for p in prompts]
+        P = ids.shape[1]
+        if N >= P:  # nothing to reuse for the longest row: an ordinary prefill
+            self.prefilled_tokens += sum(len(p) for p in prompts)
+            return backend.prefill(ids, mask, max_len=max_len)
+        C = P - N
+        kept = [(row.kv, len(p) - N) if len(p) > N else (None, 0) for p, (row, _) in zip(prompts, matches)]
+        self.prefilled_tokens += sum(min(len(p), N) for p in prompts)
+        return backend.prefill_kept(kept, C, ids[:, C:], mask, max_len=max_len)
+
+    def _extend(self, backend, prompts: list[list[int]]) -> None:
+        """Run ``prompts`` whole (from what is kept of them) on a fresh cache and keep them."""
+        from dsv32.engine.generate import pad_prompts
+
+        fresh = backend.fresh()
+        ids, mask = pad_prompts(prompts, backend.pad_token_id or 0, backend.device)
+        self._prefill(fresh, prompts, ids, mask, max_len=ids.shape[1] + 1)
+        kvs = fresh.export_rows(list(range(len(prompts))), [len(p) for p in prompts], ids.shape[1])
+        self.rows += [KeptRow(list(p), kv) for p, kv in zip(prompts, kvs)]
+
+    def _prefill_duplicates(self, backend, prompts: list[list[int]]) -> None:
+        """Prompts that occur more than once and match nothing kept: run each once (all but its last
+        token) and keep it, so their copies reuse it."""
+        seen: dict[tuple[int, ...], int] = {}
+        for p in prompts:
+            if len(p) > 1:
+                seen[tuple(p)] = seen.get(tuple(p), 0) + 1
+        unique = [list(p[:-1]) for p, n in seen.items() if n > 1 and self.match(p)[1] < len(p) - 1]
+        if unique:
+            self._extend(backend, unique)
+
+    # ------------------------------------------------------------------------------ capture
+    def capture(
+        self, backend, positions: Sequence[int], rows: Sequence[int], ids: Sequence[list[int]], width: int
+    ) -> None:
+        """Keep the entries of batch rows ``rows`` (at ``positions`` of the backend's batch) holding
+        the tokens ``ids`` (one list per row), the cache ``width`` columns wide."""
+        if not backend.can_reuse_prefix():
+            return
+        kvs = backend.export_rows(list(positions), [len(i) for i in ids], width)
+        for row, tokens, kv in zip(rows, ids, kvs):
+            self._captured[row] = KeptRow(list(tokens), kv)
+
+    def commit(self) -> None:
+        """The rows captured in this call become the kept rows (the previous ones are released)."""
+        self.rows = [self._captured[r] for r in sorted(self._captured)]
+        self._captured = {}
+
+
+def _chunk(new: list[int]) -> int:
+    """How many trailing tokens every row runs in the batched prefill, given each row's new tokens:
+    the ``N`` that minimizes ``B·N`` plus the rows above it run first (``|S|·(max − N)``, one padded
+    forward of the stragglers ``S``; theirs is planned the same way)."""
+    B, top = len(new), max(new)
+    return min(sorted(set(new)), key=lambda n: B * n + sum(1 for m in new if m > n) * (top - n))
+
+
+def _tensors(kv: dict) -> list[torch.Tensor]:
+    out = []
+    for value in kv.values():
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+        elif isinstance(value, dict):
+            out += _tensors(value)
+        else:
+            out += [t for t in value if isinstance(t, torch.Tensor)]
+    return out
