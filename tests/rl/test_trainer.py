@@ -367,3 +367,37 @@ def test_all_rows_of_an_output_are_in_the_same_mini_batch():
     )
     assert matched == [0, 1, 2]
     assert sorted(r["opsm_masked_frac"] for r in records) == [0.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-native"])
+def test_a_micro_batch_runs_only_the_columns_its_rows_use(name, monkeypatch):
+    # Rows of a wide batch (a long prompt and a long episode elsewhere in it) go through the model
+    # trimmed to their own columns: the same log-probs, 0 past the rows' end, a narrower forward.
+    from dsv32.rl import policy as policy_module
+    from dsv32.rl.agentic import Row, rows_to_rollouts
+
+    policy = load_policy(name, device="cpu")
+    g = torch.Generator().manual_seed(1)
+    shapes = [(3, 5), (4, 3), (20, 4), (2, 30)]  # (prompt, tokens): the last two widen the batch
+    rows = []
+    for p, n in shapes:
+        prompt = torch.randint(5, 90, (p,), generator=g).tolist()
+        tokens = torch.randint(5, 90, (n,), generator=g).tolist()
+        rows.append(Row(prompt, tokens, [True] * n, [0.0] * n))
+    batch = rows_to_rollouts(rows, [Task(id="t", domain="toy", prompt="p")] * 4, 0, "cpu", with_kept=False)
+    widths = []
+    hook = policy.model.register_forward_pre_hook(
+        lambda m, args, kwargs: widths.append((kwargs.get("input_ids", args[0] if args else None)).shape[1]),
+        with_kwargs=True,
+    )
+    short = torch.tensor([0, 1])
+    with torch.no_grad():
+        trimmed = policy.action_logprobs(**batch.rows(short))
+        monkeypatch.setattr(policy_module, "_used_columns", lambda mask, start: (0, mask.shape[1]))
+        full = policy.action_logprobs(**batch.rows(short))
+    hook.remove()
+    assert widths[0] < widths[1] == batch.sequences.shape[1] - 1
+    assert trimmed.shape == full.shape
+    mask = batch.action_mask[short]
+    assert torch.allclose(trimmed[mask], full[mask], atol=1e-5)
+    assert not bool(trimmed[:, 5:].any())  # past the longer row's 5 tokens

@@ -113,8 +113,23 @@ class Policy:
         ``sequences``/``attention_mask`` ``[B, L]`` (left-padded prompts, then actions);
         ``kept_ids`` ``[B, L - start, K]`` (−1 padded) renormalizes over the kept sets;
         ``routing`` ``[num_moe_layers, B, L - 1, k]`` forces the experts (native model only).
-        Only the last ``L - start`` positions go through the LM head.
+        Only the last ``L - start`` positions go through the LM head, and only the columns some row
+        of this batch uses go through the model: leading columns that are padding in every row and
+        trailing ones past the longest row are cut (their log-probs are 0; positions are counted
+        from the mask, so no row's values change).
         """
+        L = sequences.shape[1]
+        lead, end = _used_columns(attention_mask, start)
+        if lead or end < L:
+            logp = self.action_logprobs(
+                sequences[:, lead:end],
+                attention_mask[:, lead:end],
+                start - lead,
+                kept_ids=None if kept_ids is None else kept_ids[:, : end - start],
+                routing=None if routing is None else routing[:, :, lead : end - 1],
+                temperature=temperature,
+            )
+            return torch.nn.functional.pad(logp, (0, L - end))
         ids = sequences[:, :-1]
         mask = attention_mask[:, :-1]
         T = sequences.shape[1] - start
@@ -128,6 +143,17 @@ class Policy:
                 input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=T, use_cache=False
             )
         return token_logprobs(out.logits, sequences[:, start:], kept_ids, temperature)
+
+
+def _used_columns(attention_mask: torch.Tensor, start: int) -> tuple[int, int]:
+    """``(lead, end)``: columns ``[lead, end)`` hold every real token of the batch; ``lead <= start``
+    and ``end > start`` (at least one action column)."""
+    used = attention_mask.bool().any(0)
+    if not bool(used.any()):
+        return 0, attention_mask.shape[1]
+    first = int(used.int().argmax())
+    last = attention_mask.shape[1] - int(used.flip(0).int().argmax())
+    return min(first, start), max(last, start + 1)
 
 
 def load_policy(name: str, *, thinking: bool = False, device: str = "auto") -> Policy:

@@ -107,6 +107,9 @@ def grpo_update(
             outputs = local_of[chosen]
             outputs = outputs[outputs >= 0]  # this rank's outputs of the mini-batch, in its order
             mb = _rows_of(outputs, output_of_row, n_outputs)
+            # rows of similar length share a micro-batch (each goes through the model trimmed to the
+            # columns its rows use); the sums do not depend on how the rows are split
+            mb = mb[torch.argsort(batch.attention_mask[mb].sum(1), stable=True)]
             totals = OutputTotals.of(mask[mb], ids[mb])
             n_out, n_tok = distributed.all_sum([totals.outputs, int(mask[mb].sum())])
             totals = replace(totals, outputs=int(n_out))  # Eq. 8 averages over the global mini-batch
@@ -274,7 +277,8 @@ def _batch_logprobs(policy: Policy, batch: Rollouts, cfg: GRPOConfig, temperatur
     current policy's recomputed "old" ones."""
     kept = batch.kept_ids if cfg.keep_sampling_mask else None
     routing = batch.routing if cfg.keep_routing else None
-    idx_all = torch.arange(len(batch), device=batch.sequences.device)
+    # rows of similar length together: each chunk goes through the model trimmed to its columns
+    idx_all = torch.argsort(batch.attention_mask.sum(1), stable=True)
     chunks = idx_all.split(cfg.micro_batch)
     n = int(distributed.all_max([len(chunks)])[0])  # as many forwards on every rank, agreed first
     out = []
@@ -284,7 +288,9 @@ def _batch_logprobs(policy: Policy, batch: Rollouts, cfg: GRPOConfig, temperatur
             continue
         idx = chunks[k]
         out.append(policy.action_logprobs(**_rows(batch, idx, kept, routing), temperature=temperature))
-    return torch.cat(out)
+    logp = torch.empty_like(batch.sampling_logprobs, dtype=out[0].dtype)
+    logp[idx_all] = torch.cat(out)
+    return logp
 
 
 __all__ = [
