@@ -366,10 +366,11 @@ def token_logprobs(
         raise ValueError(f"token id {bad} is outside the logits' vocabulary of {logits.shape[-1]}")
     z = _scaled_logits(logits, temperature)
     z_token = z.gather(-1, tokens.long()[..., None]).squeeze(-1)  # [B, T]
-    lse_full = z.logsumexp(-1)  # [B, T]
     if kept_ids is None:
-        return z_token - lse_full
+        return z_token - z.logsumexp(-1)
     lse_kept, has_record = _kept_logsumexp(z, kept_ids)
+    # the full softmax's normalizer only where there is no record (a pass over V per position)
+    lse = lse_kept.masked_scatter(~has_record, z[~has_record].logsumexp(-1))
     in_kept = (kept_ids == tokens[..., None]).any(-1) | ~has_record
     if not bool(in_kept.all()):
         b, t = (~in_kept).nonzero()[0].tolist()
@@ -377,7 +378,7 @@ def token_logprobs(
             f"token {int(tokens[b, t])} at [{b}, {t}] is not in its kept set: kept_ids does not belong to "
             "these tokens (check the alignment of the sampling record)"
         )
-    return z_token - torch.where(has_record, lse_kept, lse_full)
+    return z_token - lse
 
 
 def kept_log_mass(logits: torch.Tensor, kept_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
