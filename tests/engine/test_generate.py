@@ -4,23 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_helpers import tiny_native
 
 from dsv32.engine import generate, kept_logprobs
-from dsv32.model import DeepseekV32, ModelConfig
 
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    cfg = ModelConfig(
-        vocab_size=96, hidden_size=48, intermediate_size=64, moe_intermediate_size=24, num_hidden_layers=3,
-        first_k_dense_replace=1, num_attention_heads=4, n_routed_experts=8, n_group=4, topk_group=2,
-        num_experts_per_tok=2, q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=8, qk_rope_head_dim=8,
-        v_head_dim=8, index_n_heads=4, index_head_dim=16, index_topk=8, rope_scaling=None, eos_token_id=1,
-    )  # fmt: skip
-    m = DeepseekV32(cfg).eval()
-    m.init_weights(std=0.3)  # peaky logits so that greedy decoding is not decided by rounding
-    return m
+    return tiny_native()
 
 
 def test_ragged_batch_equals_generating_each_prompt_alone(model):

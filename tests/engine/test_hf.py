@@ -8,35 +8,16 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from engine_helpers import hf_families, tiny_hf  # noqa: E402
+
 from dsv32.engine import generate, kept_logprobs, pad_prompts  # noqa: E402
 
-FAMILIES = {
-    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-}
+FAMILIES = hf_families()
 PROMPTS = [[5, 9, 12, 40, 7, 3, 22, 18, 30], [8, 4, 2], [60, 61, 62, 63, 64, 65]]
 
 
 def tiny(kind: str = "llama", seed: int = 0):
-    config_cls, model_cls = FAMILIES[kind]
-    torch.manual_seed(seed)
-    config = config_cls(
-        vocab_size=257,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        initializer_range=0.2,  # peaky logits: greedy choices are not decided by rounding
-        eos_token_id=None,
-        pad_token_id=None,
-        bos_token_id=None,
-        **({"sliding_window": None} if kind == "mistral" else {}),
-    )
-    return model_cls(config).eval()
+    return tiny_hf(kind, seed)
 
 
 @pytest.fixture(scope="module")

@@ -8,32 +8,14 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from engine_helpers import tiny_hf, tiny_native  # noqa: E402
+
 from dsv32.engine import generate  # noqa: E402
 from dsv32.engine.prefix import PrefixCache  # noqa: E402
-from dsv32.model import DeepseekV32, ModelConfig  # noqa: E402
 
 
 def tiny_llama():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=257, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, eos_token_id=None,
-        pad_token_id=None, bos_token_id=None,
-    )  # fmt: skip
-    return transformers.LlamaForCausalLM(config).eval()
-
-
-def tiny_native():
-    torch.manual_seed(0)
-    cfg = ModelConfig(
-        vocab_size=96, hidden_size=48, intermediate_size=64, moe_intermediate_size=24, num_hidden_layers=3,
-        first_k_dense_replace=1, num_attention_heads=4, n_routed_experts=8, n_group=4, topk_group=2,
-        num_experts_per_tok=2, q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=8, qk_rope_head_dim=8,
-        v_head_dim=8, index_n_heads=4, index_head_dim=16, index_topk=8, rope_scaling=None, eos_token_id=1,
-    )  # fmt: skip
-    m = DeepseekV32(cfg).eval()
-    m.init_weights(std=0.3)
-    return m
+    return tiny_hf("llama", max_position_embeddings=512)
 
 
 def tiny_dsa_llama():
@@ -121,13 +103,7 @@ def test_routing_cannot_come_from_a_kept_prefix():
 
 
 def test_a_sliding_window_model_runs_without_reuse():
-    torch.manual_seed(0)
-    config = transformers.MistralConfig(
-        vocab_size=257, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, sliding_window=8, eos_token_id=None,
-        pad_token_id=None, bos_token_id=None,
-    )  # fmt: skip
-    model = transformers.MistralForCausalLM(config).eval()
+    model = tiny_hf("mistral", sliding_window=8)
     prefix = PrefixCache()
     outs = conversation(model, 2, prefix, eos=3, sample=False)
     assert prefix.reused_tokens == 0 and not prefix.rows
