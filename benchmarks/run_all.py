@@ -205,6 +205,19 @@ def rollout_scale_table(result: dict) -> tuple[str, str]:
     return f"float32, {r['cpus']} CPUs", table
 
 
+def rollout_prefix_table(result: dict) -> tuple[str, str]:
+    """``rollout_prefix.json``: multi-turn batched sampling, every prompt prefilled vs prefix reuse."""
+    r = result
+    table = _table(
+        ["episodes × calls", "prompt tokens", "prefilled with reuse", "full prefill", "prefix reuse",
+         "speed-up", "same tokens", "others' CPU"],
+        [[f"{r['episodes']} × {r['turns']}", str(r["prompt_tokens"]), str(r["prefilled_tokens_with_reuse"]),
+          _s(r["full_prefill_s"]["median"]), _s(r["prefix_reuse_s"]["median"]), _x(r["speedup"]),
+          str(r["same_tokens"]), _others(r)]],
+    )  # fmt: skip
+    return f"{r['dtype']}, {r['threads']} threads", table
+
+
 def attention_gqa_table(result: dict) -> tuple[str, str]:
     """``attention_gqa.json``: the GQA layout's sparse attention, C kernel against torch and dense."""
     prefill = _table(
@@ -377,6 +390,7 @@ FORMATS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "envs_search_swe": (("envs_search_swe.json",), envs_search_swe_table),
     "serve_load": (("serve_load.json",), serve_load_table),
     "rollout_scale": (("rollout_scale.json",), rollout_scale_table),
+    "rollout_prefix": (("rollout_prefix.json",), rollout_prefix_table),
 }
 
 
