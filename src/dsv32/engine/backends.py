@@ -268,3 +268,21 @@ def eos_ids(eos_token_id: int | Sequence[int] | None, device: torch.device) -> t
     return torch.as_tensor(
         [] if eos_token_id is None else eos_token_id, dtype=torch.long, device=device
     ).flatten()
+
+
+def pad_prompts(
+    prompts: Sequence[Sequence[int]] | torch.Tensor, pad_token_id: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad ragged prompts → ``(input_ids [B, P], attention_mask [B, P])``."""
+    if isinstance(prompts, torch.Tensor):
+        ids = prompts.to(device)
+        return ids, torch.ones_like(ids)
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    P = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), P), pad_token_id, dtype=torch.long, device=device)
+    mask = torch.zeros(len(prompts), P, dtype=torch.long, device=device)
+    for i, p in enumerate(prompts):
+        ids[i, P - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
+        mask[i, P - len(p) :] = 1
+    return ids, mask

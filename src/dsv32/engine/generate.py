@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dsv32.engine.backends import backend_for, eos_ids
+from dsv32.engine.backends import backend_for, eos_ids, pad_prompts
 from dsv32.engine.prefix import PrefixCache
 from dsv32.engine.sampling import SamplingParams, sample_next
 
@@ -47,24 +47,6 @@ class GenerationOutput:
     lengths: torch.Tensor
     routing: torch.Tensor | None = None
     kept_token_ids: torch.Tensor | None = None
-
-
-def pad_prompts(
-    prompts: Sequence[Sequence[int]] | torch.Tensor, pad_token_id: int, device: torch.device | str = "cpu"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad ragged prompts → ``(input_ids [B, P], attention_mask [B, P])``."""
-    if isinstance(prompts, torch.Tensor):
-        ids = prompts.to(device)
-        return ids, torch.ones_like(ids)
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
-    P = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), P), pad_token_id, dtype=torch.long, device=device)
-    mask = torch.zeros(len(prompts), P, dtype=torch.long, device=device)
-    for i, p in enumerate(prompts):
-        ids[i, P - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
-        mask[i, P - len(p) :] = 1
-    return ids, mask
 
 
 def _check_prompts(model, ids: torch.Tensor, mask: torch.Tensor, length: int) -> None:

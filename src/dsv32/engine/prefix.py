@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dsv32.engine.backends import pad_prompts
 from dsv32.engine.session import common_prefix
 
 
@@ -111,8 +112,6 @@ class PrefixCache:
 
     def _extend(self, backend, prompts: list[list[int]]) -> None:
         """Run ``prompts`` whole (from what is kept of them) on a fresh cache and keep them."""
-        from dsv32.engine.generate import pad_prompts
-
         fresh = backend.fresh()
         ids, mask = pad_prompts(prompts, backend.pad_token_id or 0, backend.device)
         self._prefill(fresh, prompts, ids, mask, max_len=ids.shape[1] + 1)
