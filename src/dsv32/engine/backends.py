@@ -16,6 +16,7 @@ later steps only compute rows that are still generating (``can_drop_rows`` says 
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Sequence
 
@@ -53,6 +54,7 @@ class NativeBackend:
         self.cache.reorder(keep)
 
     # prefix reuse (dsv32.engine.prefix): rows' entries out of the cache and a batch cache built from them
+    @property
     def can_reuse_prefix(self) -> bool:
         return not self.return_routing  # kept positions' routing is not recorded again
 
@@ -111,7 +113,6 @@ class HFBackend:
         )
         self.cache_keyword = hf_cache_keyword(model)
         self.can_drop_rows = True
-        self._full_attention: bool | None = None
         gen, cfg = getattr(model, "generation_config", None), model.config
         self.eos_token_id = _first_set(getattr(gen, "eos_token_id", None), getattr(cfg, "eos_token_id", None))
         self.pad_token_id = _first_set(getattr(gen, "pad_token_id", None), getattr(cfg, "pad_token_id", None))
@@ -133,18 +134,12 @@ class HFBackend:
             store[layer] = keys[keep]
 
     # prefix reuse (dsv32.engine.prefix)
+    @functools.cached_property
     def can_reuse_prefix(self) -> bool:
         """Every cache layer is a full-attention one (a sliding window's entries cannot be cut per row)."""
-        if self._full_attention is None:
-            from transformers.cache_utils import DynamicLayer
+        from dsv32.engine.hfcache import full_attention
 
-            from dsv32.engine.hfcache import GrowingCache
-
-            layers = GrowingCache(self.model.config).layers
-            self._full_attention = all(
-                isinstance(layer, DynamicLayer) and not layer.is_sliding for layer in layers
-            )
-        return self._full_attention
+        return full_attention(self.model.config)
 
     def fresh(self) -> HFBackend:
         return HFBackend(self.model)
@@ -174,24 +169,24 @@ class HFBackend:
         sample = next(kv for kv, c in kept if c)
         self.cache = GrowingCache(self.model.config)
 
-        def batched(parts: list, like: torch.Tensor, dim: int) -> torch.Tensor:
+        def batched(get, like: torch.Tensor, dim: int) -> torch.Tensor:
+            """``[B, ..., C (at dim), ...]``: row j's first c_j entries ``get(kv_j)`` right-aligned."""
             shape = list(like.shape)
             shape[0], shape[dim] = B, C
             out = like.new_zeros(shape)
-            for j, (part, c) in enumerate(parts):
+            for j, (kv, c) in enumerate(kept):
                 if c:
-                    out[j].narrow(dim - 1, C - c, c).copy_(part[0].narrow(dim - 1, 0, c))
+                    out[j].narrow(dim - 1, C - c, c).copy_(get(kv)[0].narrow(dim - 1, 0, c))
             return out
 
         for i, layer in enumerate(self.cache.layers):
-            keys = batched([(kv["keys"][i] if c else None, c) for kv, c in kept], sample["keys"][i], 2)
-            values = batched([(kv["values"][i] if c else None, c) for kv, c in kept], sample["values"][i], 2)
+            keys = batched(lambda kv, i=i: kv["keys"][i], sample["keys"][i], 2)
+            values = batched(lambda kv, i=i: kv["values"][i], sample["values"][i], 2)
             layer.lazy_initialization(keys, values)
             layer.keys, layer.values = keys, values
         if sample["index"]:
             self.cache.__dict__[INDEX_KEYS_ATTR] = {
-                i: batched([(kv["index"][i] if c else None, c) for kv, c in kept], like, 1)
-                for i, like in sample["index"].items()
+                i: batched(lambda kv, i=i: kv["index"][i], like, 1) for i, like in sample["index"].items()
             }
         return self._forward(chunk, attention_mask, **self.prefill_kwargs)
 

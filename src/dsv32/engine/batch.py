@@ -58,14 +58,16 @@ def _native_merge(model, a, b, capacity: int):
     return merged
 
 
+_SLIDING = (
+    "continuous batching needs full-attention KV caches; this model has sliding-window layers: "
+    "serve it with --max-batch 1"
+)
+
+
 def _hf_layers(cache) -> list:
     layers = list(cache.layers)
-    for layer in layers:
-        if getattr(layer, "is_sliding", False):
-            raise BatchError(
-                "continuous batching needs full-attention KV caches; this model has sliding-window layers: "
-                "serve it with --max-batch 1"
-            )
+    if any(getattr(layer, "is_sliding", False) for layer in layers):
+        raise BatchError(_SLIDING)
     return layers
 
 
@@ -103,9 +105,10 @@ def _hf_trim(cache, drop: int) -> None:
 def check_batchable(model) -> None:
     """Raise :class:`BatchError` when ``model``'s KV caches cannot join a running batch (sliding window)."""
     if isinstance(backend_for(model), HFBackend):
-        from dsv32.engine.hfcache import GrowingCache
+        from dsv32.engine.hfcache import full_attention
 
-        _hf_layers(GrowingCache(model.config))
+        if not full_attention(model.config):
+            raise BatchError(_SLIDING)
 
 
 # ---------------------------------------------------------------------------------- the batch

@@ -136,6 +136,7 @@ def generate(
         raise ValueError(
             "a prefix cache does not record the routing of kept positions: pass return_routing=False"
         )
+    keep_rows = prefix is not None and backend.can_reuse_prefix  # this call's rows are kept for the next
     if prefix is not None:
         rows_ids = [ids[i][mask[i].bool()].tolist() for i in range(B)]
         logits = prefix.prefill(backend, rows_ids, ids, mask, max_len=P + max_new_tokens)
@@ -164,23 +165,16 @@ def generate(
         if backend.can_drop_rows:
             still = ~finished[rows]
             if not bool(still.all()):
-                if prefix is not None:
-                    _keep(
-                        prefix,
-                        backend,
-                        (~still).nonzero().squeeze(1).tolist(),
-                        rows,
-                        rows_ids,
-                        tokens,
-                        lengths,
-                        mask,
-                    )
+                if keep_rows:
+                    gone = (~still).nonzero().squeeze(1).tolist()
+                    _keep(prefix, backend, gone, rows, rows_ids, tokens, lengths, mask)
                 backend.drop_rows(still.nonzero().squeeze(1))
                 rows = rows[still]
         logits = backend.step(tok[rows], mask[rows])
 
-    if prefix is not None:
+    if keep_rows:
         _keep(prefix, backend, list(range(len(rows))), rows, rows_ids, tokens, lengths, mask)
+    if prefix is not None:
         prefix.commit()
     new = torch.stack(tokens, dim=1)
     return GenerationOutput(

@@ -60,3 +60,10 @@ class GrowingCache(DynamicCache):
     def __init__(self, config) -> None:
         super().__init__(config=config)
         self.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in self.layers]
+
+
+def full_attention(config) -> bool:
+    """Every layer of the engine's cache for a model of ``config`` is a full-attention one: rows of
+    its cache can be cut, merged and padded (continuous batching, prefix reuse); a sliding window's
+    cannot."""
+    return not any(getattr(layer, "is_sliding", False) for layer in GrowingCache(config).layers)

@@ -9,9 +9,10 @@ The next call matches each prompt to the kept row sharing its longest prefix, an
 batch from those entries:
 
 - ``k_i``: the tokens of prompt ``i`` whose entries are kept (at most ``len_i - 1``: the last prompt
-  token always runs, its logits start the reply); ``N = max(len_i - k_i)``: every row runs its last
-  ``N`` prompt tokens in one batched forward (a row with fewer new tokens re-runs some of its kept
-  ones); the first ``c_i = len_i - N`` come from the kept entries.
+  token always runs, its logits start the reply); every row runs its last ``N`` prompt tokens in one
+  batched forward (a row with fewer new tokens re-runs some of its kept ones); the first
+  ``c_i = len_i - N`` come from the kept entries. ``N`` is at least the new tokens of most rows (see
+  the next point).
 - The layout is :func:`~dsv32.engine.generate`'s own: every row's tokens a right-aligned suffix of
   ``P = max len_i`` columns, left padding masked, positions counted from the mask, so a row computes
   what it computes without reuse, up to the floating-point rounding of batched matmuls.
@@ -90,24 +91,25 @@ class PrefixCache:
         return self._prefill(backend, prompts, ids, mask, max_len)
 
     def _prefill(self, backend, prompts, ids, mask, max_len):
-        if not backend.can_reuse_prefix():
+        N = ids.shape[1]  # without reuse every row runs all of its tokens
+        if backend.can_reuse_prefix:
+            if self.dedupe:
+                self._prefill_duplicates(backend, prompts)
+            matches = [self.match(p) for p in prompts]
+            new = [len(p) - k for p, (_, k) in zip(prompts, matches)]
+            N = _chunk(new)
+            stragglers = [i for i, n in enumerate(new) if n > N]
+            if stragglers:  # the rows with more new tokens first run all but their last N
+                self._extend(backend, [prompts[i][: len(prompts[i]) - N] for i in stragglers])
+                for i in stragglers:
+                    matches[i] = self.match(prompts[i])
+        else:
             self.clear()
-            self.prefilled_tokens += sum(len(p) for p in prompts)
-            return backend.prefill(ids, mask, max_len=max_len)
-        if self.dedupe:
-            self._prefill_duplicates(backend, prompts)
-        new = [len(p) - self.match(p)[1] for p in prompts]
-        N = _chunk(new)
-        if max(new) > N:  # the rows with more new tokens first run all but their last N
-            self._extend(backend, [p[: len(p) - N] for p, n in zip(prompts, new) if n > N])
-        matches = [self.match(p) for p in prompts]
-        P = ids.shape[1]
-        if N >= P:  # nothing to reuse for the longest row: an ordinary prefill
-            self.prefilled_tokens += sum(len(p) for p in prompts)
-            return backend.prefill(ids, mask, max_len=max_len)
-        C = P - N
-        kept = [(row.kv, len(p) - N) if len(p) > N else (None, 0) for p, (row, _) in zip(prompts, matches)]
         self.prefilled_tokens += sum(min(len(p), N) for p in prompts)
+        C = ids.shape[1] - N
+        if C <= 0:  # nothing to reuse for the longest row: an ordinary prefill
+            return backend.prefill(ids, mask, max_len=max_len)
+        kept = [(row.kv, len(p) - N) if len(p) > N else (None, 0) for p, (row, _) in zip(prompts, matches)]
         return backend.prefill_kept(kept, C, ids[:, C:], mask, max_len=max_len)
 
     def _extend(self, backend, prompts: list[list[int]]) -> None:
@@ -134,9 +136,8 @@ class PrefixCache:
         self, backend, positions: Sequence[int], rows: Sequence[int], ids: Sequence[list[int]], width: int
     ) -> None:
         """Keep the entries of batch rows ``rows`` (at ``positions`` of the backend's batch) holding
-        the tokens ``ids`` (one list per row), the cache ``width`` columns wide."""
-        if not backend.can_reuse_prefix():
-            return
+        the tokens ``ids`` (one list per row), the cache ``width`` columns wide (a backend that
+        :attr:`can_reuse_prefix`)."""
         kvs = backend.export_rows(list(positions), [len(i) for i in ids], width)
         for row, tokens, kv in zip(rows, ids, kvs):
             self._captured[row] = KeptRow(list(tokens), kv)
@@ -155,13 +156,8 @@ def _chunk(new: list[int]) -> int:
     return min(sorted(set(new)), key=lambda n: B * n + sum(1 for m in new if m > n) * (top - n))
 
 
-def _tensors(kv: dict) -> list[torch.Tensor]:
-    out = []
-    for value in kv.values():
-        if isinstance(value, torch.Tensor):
-            out.append(value)
-        elif isinstance(value, dict):
-            out += _tensors(value)
-        else:
-            out += [t for t in value if isinstance(t, torch.Tensor)]
-    return out
+def _tensors(kv) -> list[torch.Tensor]:
+    """The tensors of a kept row's entries (nested dicts and lists)."""
+    if isinstance(kv, torch.Tensor):
+        return [kv]
+    return [t for v in (kv.values() if isinstance(kv, dict) else kv) for t in _tensors(v)]

@@ -120,16 +120,10 @@ class Policy:
         """
         L = sequences.shape[1]
         lead, end = _used_columns(attention_mask, start)
-        if lead or end < L:
-            logp = self.action_logprobs(
-                sequences[:, lead:end],
-                attention_mask[:, lead:end],
-                start - lead,
-                kept_ids=None if kept_ids is None else kept_ids[:, : end - start],
-                routing=None if routing is None else routing[:, :, lead : end - 1],
-                temperature=temperature,
-            )
-            return torch.nn.functional.pad(logp, (0, L - end))
+        sequences, attention_mask = sequences[:, lead:end], attention_mask[:, lead:end]
+        kept_ids = None if kept_ids is None else kept_ids[:, : end - start]
+        routing = None if routing is None else routing[:, :, lead : end - 1]
+        start -= lead
         ids = sequences[:, :-1]
         mask = attention_mask[:, :-1]
         T = sequences.shape[1] - start
@@ -142,7 +136,8 @@ class Policy:
             out = self.model(
                 input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=T, use_cache=False
             )
-        return token_logprobs(out.logits, sequences[:, start:], kept_ids, temperature)
+        logp = token_logprobs(out.logits, sequences[:, start:], kept_ids, temperature)
+        return torch.nn.functional.pad(logp, (0, L - end))  # 0 past the longest row
 
 
 def _used_columns(attention_mask: torch.Tensor, start: int) -> tuple[int, int]:

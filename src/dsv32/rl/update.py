@@ -107,9 +107,7 @@ def grpo_update(
             outputs = local_of[chosen]
             outputs = outputs[outputs >= 0]  # this rank's outputs of the mini-batch, in its order
             mb = _rows_of(outputs, output_of_row, n_outputs)
-            # rows of similar length share a micro-batch (each goes through the model trimmed to the
-            # columns its rows use); the sums do not depend on how the rows are split
-            mb = mb[torch.argsort(batch.attention_mask[mb].sum(1), stable=True)]
+            mb = _by_length(batch, mb)  # the sums do not depend on how the rows are split
             totals = OutputTotals.of(mask[mb], ids[mb])
             n_out, n_tok = distributed.all_sum([totals.outputs, int(mask[mb].sum())])
             totals = replace(totals, outputs=int(n_out))  # Eq. 8 averages over the global mini-batch
@@ -263,6 +261,12 @@ def _abs_log_ratio(logp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) ->
     return float((logp - old).abs()[m].mean()) if bool(m.any()) else 0.0
 
 
+def _by_length(batch: Rollouts, idx: torch.Tensor) -> torch.Tensor:
+    """Rows ``idx`` shortest first: rows of similar length share a micro-batch, which goes through
+    the model trimmed to the columns its rows use (:meth:`Policy.action_logprobs`)."""
+    return idx[torch.argsort(batch.attention_mask[idx].sum(1), stable=True)]
+
+
 def _rows(batch: Rollouts, idx, kept, routing) -> dict:
     rows = batch.rows(idx)
     rows["kept_ids"] = None if kept is None else kept[idx]
@@ -277,8 +281,7 @@ def _batch_logprobs(policy: Policy, batch: Rollouts, cfg: GRPOConfig, temperatur
     current policy's recomputed "old" ones."""
     kept = batch.kept_ids if cfg.keep_sampling_mask else None
     routing = batch.routing if cfg.keep_routing else None
-    # rows of similar length together: each chunk goes through the model trimmed to its columns
-    idx_all = torch.argsort(batch.attention_mask.sum(1), stable=True)
+    idx_all = _by_length(batch, torch.arange(len(batch), device=batch.sequences.device))
     chunks = idx_all.split(cfg.micro_batch)
     n = int(distributed.all_max([len(chunks)])[0])  # as many forwards on every rank, agreed first
     out = []
