@@ -401,3 +401,43 @@ def test_a_micro_batch_runs_only_the_columns_its_rows_use(name, monkeypatch):
     mask = batch.action_mask[short]
     assert torch.allclose(trimmed[mask], full[mask], atol=1e-5)
     assert not bool(trimmed[:, 5:].any())  # past the longer row's 5 tokens
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-native"])
+def test_only_the_action_positions_go_through_the_head(name):
+    # Multi-turn rows: actions, then tool text (not actions), then actions again. With the action
+    # mask the head sees exactly the action positions, and log-probs and gradients are those of the
+    # full head at those positions (0 elsewhere).
+    from dsv32.rl.agentic import Row, rows_to_rollouts
+
+    policy = load_policy(name, device="cpu")
+    g = torch.Generator().manual_seed(2)
+    rows = []
+    for p, flags in [(4, [1, 1, 0, 0, 0, 1, 1]), (6, [1, 0, 1]), (3, [1, 1, 1, 1, 0, 0, 1, 1, 1])]:
+        prompt = torch.randint(5, 90, (p,), generator=g).tolist()
+        tokens = torch.randint(5, 90, (len(flags),), generator=g).tolist()
+        rows.append(Row(prompt, tokens, [bool(f) for f in flags], [0.0] * len(flags)))
+    batch = rows_to_rollouts(rows, [Task(id="t", domain="toy", prompt="p")] * 3, 0, "cpu", with_kept=False)
+    seen = []
+    head = policy.model.get_output_embeddings() if name == "tiny-llama" else policy.model.lm_head
+    hook = head.register_forward_hook(lambda m, args, logits: seen.append(logits.shape[:-1]))
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    every = torch.arange(3)
+    out = {}
+    for key, kwargs in (("masked", batch.rows(every)), ("full", {**batch.rows(every), "action_mask": None})):
+        policy.model.zero_grad()
+        logp = policy.action_logprobs(**kwargs)
+        (logp * batch.action_mask).sum().backward()
+        out[key] = (logp.detach(), [None if p.grad is None else p.grad.clone() for p in params])
+    hook.remove()
+    mask = batch.action_mask
+    assert seen[0] == (int(mask.sum()),) and seen[1] == (3, batch.sequences.shape[1] - batch.start)
+    masked, full = out["masked"][0], out["full"][0]
+    assert torch.allclose(masked[mask], full[mask], atol=1e-5) and not bool(masked[~mask].any())
+    assert bool(
+        full[~mask & (batch.attention_mask[:, batch.start :] > 0)].ne(0).any()
+    )  # the full head scored them
+    grads = list(zip(out["masked"][1], out["full"][1], strict=True))
+    assert sum(a is not None for a, _ in grads) > 0
+    for a, b in grads:  # a parameter the loss does not reach (an expert nothing routed to) has none
+        assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, rtol=1e-4, atol=1e-6))

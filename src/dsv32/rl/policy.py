@@ -18,6 +18,7 @@ subspace (paper §3.1).
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -107,13 +108,18 @@ class Policy:
         kept_ids: torch.Tensor | None = None,
         routing: torch.Tensor | None = None,
         temperature: float = 1.0,
+        action_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """log π_θ of ``sequences[:, start:]`` given everything before, ``[B, L - start]``.
 
         ``sequences``/``attention_mask`` ``[B, L]`` (left-padded prompts, then actions);
         ``kept_ids`` ``[B, L - start, K]`` (−1 padded) renormalizes over the kept sets;
-        ``routing`` ``[num_moe_layers, B, L - 1, k]`` forces the experts (native model only).
-        Only the last ``L - start`` positions go through the LM head, and only the columns some row
+        ``routing`` ``[num_moe_layers, B, L - 1, k]`` forces the experts (native model only);
+        ``action_mask`` ``[B, L - start]``: only these positions go through the LM head (the
+        log-probs elsewhere are 0) — in a multi-turn row the tool results and the text that reopens
+        each turn sit between the actions, and the head (a ``[V, D]`` matmul per position, its
+        backward and a softmax over ``V``) is a large part of a small model's training step.
+        Without it the last ``L - start`` positions go through the head. Only the columns some row
         of this batch uses go through the model: leading columns that are padding in every row and
         trailing ones past the longest row are cut (their log-probs are 0; positions are counted
         from the mask, so no row's values change).
@@ -122,22 +128,51 @@ class Policy:
         lead, end = _used_columns(attention_mask, start)
         sequences, attention_mask = sequences[:, lead:end], attention_mask[:, lead:end]
         kept_ids = None if kept_ids is None else kept_ids[:, : end - start]
+        select = None if action_mask is None else action_mask[:, : end - start].bool()
         routing = None if routing is None else routing[:, :, lead : end - 1]
         start -= lead
         ids = sequences[:, :-1]
         mask = attention_mask[:, :-1]
         T = sequences.shape[1] - start
-        if self.kind == "native":
-            out = self.model(ids, attention_mask=mask, routing=routing, logits_to_keep=T)
-        else:
-            if routing is not None:
-                raise ValueError("Keep Routing needs the native MoE model; this policy is a dense HF model")
-            positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
-            out = self.model(
-                input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=T, use_cache=False
-            )
-        logp = token_logprobs(out.logits, sequences[:, start:], kept_ids, temperature)
+        if self.kind != "native" and routing is not None:
+            raise ValueError("Keep Routing needs the native MoE model; this policy is a dense HF model")
+        with _head_at(self.model, select):
+            if self.kind == "native":
+                out = self.model(ids, attention_mask=mask, routing=routing, logits_to_keep=T)
+            else:
+                positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
+                out = self.model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    logits_to_keep=T,
+                    use_cache=False,
+                )
+        targets = sequences[:, start:]
+        if select is None:
+            logp = token_logprobs(out.logits, targets, kept_ids, temperature)
+        else:  # out.logits [N, V]: the selected positions, row by row
+            kept = None if kept_ids is None else kept_ids[select][None]
+            picked = token_logprobs(out.logits[None], targets[select][None], kept, temperature)[0]
+            logp = picked.new_zeros(select.shape).index_put((select,), picked)
         return torch.nn.functional.pad(logp, (0, L - end))  # 0 past the longest row
+
+
+@contextmanager
+def _head_at(model: nn.Module, select: torch.Tensor | None):
+    """Within the block, ``model``'s output head computes logits only at ``select`` ``[B, T]`` of the
+    hidden states ``[B, T, D]`` it is handed, returning ``[N, V]`` (None: every position). A hook on
+    the head module, so the model's own forward (masks, positions, an FSDP root's gathering of the
+    head) runs unchanged; HF models and the native one both hand the head ``[B, T, D]``."""
+    if select is None:
+        yield
+        return
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else model.lm_head
+    handle = head.register_forward_pre_hook(lambda _module, args: (args[0][select], *args[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _used_columns(attention_mask: torch.Tensor, start: int) -> tuple[int, int]:

@@ -102,6 +102,7 @@ class Rollouts:
             "start": self.start,
             "kept_ids": None if self.kept_ids is None else self.kept_ids[idx],
             "routing": None if self.routing is None else self.routing[:, idx],
+            "action_mask": self.action_mask[idx],
         }
 
 
