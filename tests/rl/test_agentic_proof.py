@@ -132,6 +132,7 @@ def test_the_agentic_recipe_keeps_held_out_and_validation_prompts_out_of_trainin
         ("transfer.env='code-interpreter'", "does not train on"),
         ("transfer.set='nope'", "task sets"),
         ("tasks.system_prompt='tiny'", "system_prompt"),
+        ("tasks.rl_pool='hard'", "rl_pool"),
     ],
 )
 def test_bad_recipe_values_are_refused_before_anything_runs(tmp_path, override, message):
@@ -166,9 +167,12 @@ def test_the_proof_pipeline_evaluates_every_stage_on_the_same_held_out_tasks(tmp
         json.loads(line)["id"] for line in (tmp_path / "p" / "tasks_heldout.jsonl").read_text().splitlines()
     ]
     # base, sft, the trainer's evaluation after step 1, rl: the same held-out tasks each time; the
-    # transfer environment's own tasks after each stage
+    # transfer environment's own tasks after each stage; the training tasks once (rl_pool = "unsolved")
     held_calls = [ids for ids in seen if ids == tuple(held)]
-    assert len(held_calls) == 4 and len(seen) == 4 + 3
+    train_ids = tuple(
+        json.loads(x)["id"] for x in (tmp_path / "p" / "tasks_train.jsonl").read_text().splitlines()
+    )
+    assert len(held_calls) == 4 and len(seen) == 4 + 3 + 1 and seen.count(train_ids) == 1
     assert all(not set(ids) & set(held) for ids in seen if ids != tuple(held))
     assert [p["step"] for p in report["rl_curve"]["heldout"]] == [0, 1, 2]
     for stage in STAGES:  # every held-out task's outcome, in the order of the held-out set
@@ -201,6 +205,47 @@ def test_the_proof_pipeline_evaluates_every_stage_on_the_same_held_out_tasks(tmp
     for name in ("tasks_heldout.jsonl", "tasks_validation.jsonl"):
         prompts = [json.loads(line)["prompt"] for line in (tmp_path / "p" / name).read_text().splitlines()]
         assert not any(p in train for p in prompts)
+
+
+@pytest.mark.parametrize("solved", [{"train-0-0001"}, {"train-0-0000", "train-0-0001", "train-0-0002"}])
+def test_grpo_draws_only_from_the_training_tasks_sft_left_unsolved(tmp_path, capsys, monkeypatch, solved):
+    import dsv32.rl.agentic_trainer as trainer
+
+    real_eval, real_run = trainer.evaluate_agentic, trainer.run_episodes
+    train_ids = ["train-0-0000", "train-0-0001", "train-0-0002"]
+
+    def sft_solves(policy, items, settings, max_new_tokens):  # as if SFT solved `solved` greedily
+        out = real_eval(policy, items, settings, max_new_tokens)
+        for o in out["outcomes"]:
+            o["correct"] = o["id"] in solved
+        return out
+
+    drawn: list[str] = []
+
+    def recording(policy, jobs, sampling, *args, **kwargs):
+        if sampling.temperature > 0:  # GRPO's sampled episodes (every evaluation is greedy)
+            drawn.extend(job[1].id for job in jobs)
+        return real_run(policy, jobs, sampling, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "evaluate_agentic", sft_solves)
+    monkeypatch.setattr(trainer, "run_episodes", recording)
+    sets = ["sft.model.name=tiny-llama", "sft.train.freeze_layers=0", "sft.data.seq_len=1024", "sft.train.epochs=1",
+            "tasks.train=3", "tasks.coldstart=2", "tasks.validation=0", "tasks.heldout=1", "tasks.rl_pool='unsolved'",
+            "rl.grpo.steps=3", "rl.eval.every=0", "rl.grpo.prompts_per_step=1", "rl.grpo.group_size=2",
+            "rl.grpo.mini_batches=1", "rl.sampling.max_new_tokens=8", "transfer.tasks=1", "transfer.max_steps=1"]  # fmt: skip
+    argv = ["posttrain", "proof", SHIPPED, "--out", str(tmp_path / "p"), "--no-progress"]
+    assert main([*argv, *[a for s in sets for a in ("--set", s)]]) == 0
+    pool = [json.loads(line)["id"] for line in (tmp_path / "p" / "tasks_rl.jsonl").read_text().splitlines()]
+    expected = [t for t in train_ids if t not in solved] or train_ids  # all solved: nothing to filter on
+    assert pool == expected
+    assert len(drawn) == 3 * 2 and set(drawn) == set(pool[:3])  # 3 steps × G = 2, the pool in turn
+    passed = json.loads((tmp_path / "p" / "rl_pool_sft.json").read_text())
+    assert [o["id"] for o in passed["outcomes"]] == train_ids
+    report = json.loads((tmp_path / "p" / "report.json").read_text())
+    assert report["details"]["tasks"]["rl_pool"] == {
+        "rule": "unsolved", "train": 3, "solved_by_sft": len(solved), "pool": len(expected)
+    }  # fmt: skip
+    assert f"the {len(expected)} of 3 training tasks" in (tmp_path / "p" / "report.md").read_text()
 
 
 def test_the_smoke_recipe_still_runs_every_stage_on_a_tiny_model(tmp_path, capsys):

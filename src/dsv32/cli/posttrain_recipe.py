@@ -12,7 +12,8 @@
 - ``[transfer]`` (optional): an environment the policy never trains on, evaluated greedily at every
   stage (report only);
 - ``out_dir``: the run's root: ``tasks_train.jsonl``, ``tasks_heldout.jsonl``,
-  ``tasks_validation.jsonl``, ``sft/``, ``rl/``.
+  ``tasks_validation.jsonl``, ``tasks_rl.jsonl`` (the proof's GRPO pool, with ``rl_pool =
+  "unsolved"``), ``sft/``, ``rl/``.
 
 The policy of ``[rl]`` is the SFT stage's output (``out_dir/sft/model``) unless ``rl.policy.name``
 names another.
@@ -42,11 +43,14 @@ from dsv32.rl.agentic_config import AgenticConfig
 from dsv32.train.sft_config import SFTConfig
 
 SECTIONS = ("out_dir", "tasks", "sft", "rl", "rl_model", "transfer")
-TRAIN_FILE, HELDOUT_FILE, VALIDATION_FILE = (
+TRAIN_FILE, HELDOUT_FILE, VALIDATION_FILE, RL_POOL_FILE = (
     "tasks_train.jsonl",
     "tasks_heldout.jsonl",
     "tasks_validation.jsonl",
+    "tasks_rl.jsonl",
 )
+#: ``[tasks] rl_pool``: every training task, or those the SFT model does not solve greedily
+RL_POOLS = ("all", "unsolved")
 DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "configs" / "posttrain-smollm2.toml"
 
 
@@ -56,7 +60,10 @@ class ProofTasks(Checked):
     0; held-out: seed 1; validation: seed 2, never a training prompt), how many of the training tasks
     the cold start replays (``coldstart``; 0: all of them), and the system prompt of every stage
     (``prompt``, and the interpreter's own ``system_prompt``: ``full`` or ``short``).
-    ``difficulty`` 0 cycles the difficulties 1..5 through the tasks."""
+    ``difficulty`` 0 cycles the difficulties 1..5 through the tasks. ``rl_pool`` is what GRPO draws
+    from in the proof: ``all`` the training tasks, or the ``unsolved`` ones — those the cold-start
+    model does not solve greedily (one greedy pass over the training tasks after SFT: the usual
+    pass-rate filter before RL; a task the SFT model already solves teaches GRPO little)."""
 
     RANGES: ClassVar[dict] = {
         "train": at_least(1),
@@ -67,6 +74,7 @@ class ProofTasks(Checked):
         "categories": each(one_of(*CATEGORIES)),
         "prompt": one_of(*EPISODE_PROMPTS),
         "system_prompt": one_of(*SYSTEM_PROMPTS),
+        "rl_pool": one_of(*RL_POOLS),
     }
 
     train: int = 64
@@ -77,6 +85,7 @@ class ProofTasks(Checked):
     categories: list[str] = field(default_factory=lambda: ["multiplication"])
     prompt: str = "bare"
     system_prompt: str = "full"
+    rl_pool: str = "all"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -179,6 +188,16 @@ class PosttrainRecipe:
     def coldstart_tasks(self, train: list) -> list:
         """The training tasks the cold start replays: the first ``tasks.coldstart`` (0: all)."""
         return train[: self.tasks.coldstart or len(train)]
+
+    def use_rl_pool(self, pool: list) -> None:
+        """GRPO draws from ``pool`` (written to ``tasks_rl.jsonl``) instead of every training task."""
+        from dsv32.envs.base import save_tasks
+
+        path = self.root / RL_POOL_FILE
+        save_tasks(pool, path)
+        for e in self.rl.envs:
+            if e.tasks == str(self.train_file):
+                e.tasks = str(path)
 
     def write_tasks(self, train: list, heldout: list, validation: list | None = None) -> None:
         from dsv32.envs.base import save_tasks

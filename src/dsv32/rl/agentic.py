@@ -35,6 +35,7 @@ import torch
 
 from dsv32.agent import Trajectory, run_episode
 from dsv32.chat import EOS
+from dsv32.engine.memory import release_free_memory
 from dsv32.envs.base import Environment, Task
 from dsv32.rl.agentic_backend import LockstepBatcher, RecordingBackend, StepRecord
 from dsv32.rl.rewards.shaping import language_consistency, length_penalty
@@ -125,8 +126,11 @@ def run_episodes(
         finally:
             batcher.leave()
 
-    with ThreadPoolExecutor(max(1, len(jobs))) as pool:
-        return list(pool.map(one, range(len(jobs))))
+    try:
+        with ThreadPoolExecutor(max(1, len(jobs))) as pool:
+            return list(pool.map(one, range(len(jobs))))
+    finally:  # the batched calls freed their memory in the episode threads' malloc arenas
+        release_free_memory()
 
 
 # ---------------------------------------------------------------------------------------------- rewards

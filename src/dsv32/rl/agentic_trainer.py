@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from dsv32 import distributed
+from dsv32.engine.memory import release_free_memory
 from dsv32.envs.base import Environment, Task, get_env, resolve_tasks
 from dsv32.rl.agentic import (
     AgenticReward,
@@ -269,8 +270,11 @@ def agentic_step(
         generator=_generator(seed, step, 2), sequence_ids=torch.tensor(sequence_ids), global_ids=True,
         guard=guard,
     )  # fmt: skip
+    num_tokens = batch.num_tokens
+    del batch, adv, batches, advantages
+    release_free_memory()  # what the update freed, before the next step's rollouts
     # the step's outputs over every rank, in the step's order (item by item), and every row's length
-    parts = distributed.all_gather_objects((outputs, batch.num_tokens, staleness))
+    parts = distributed.all_gather_objects((outputs, num_tokens, staleness))
     outs = sorted((o for p in parts for o in p[0]), key=lambda o: o["key"])
     lengths = [n for p in parts for n in p[1]]  # every row's tokens (only their count and sum are used)
     episodes_out = [o for o in outs if "steps" in o]

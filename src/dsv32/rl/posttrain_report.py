@@ -193,6 +193,12 @@ def report_markdown(report: dict[str, Any]) -> str:
             + ", ".join(f"{r['reward_mean']:.2f}" for r in curve["train"])
             + ".\n\n"
         )
+    pool = (d.get("tasks") or {}).get("rl_pool")
+    if pool and pool["rule"] == "unsolved":
+        text += (
+            f"GRPO's task pool: the {pool['pool']} of {pool['train']} training tasks the SFT model does "
+            f"not solve greedily (it solves {pool['solved_by_sft']}).\n\n"
+        )
     text += (
         f"Stage minutes: {json.dumps(d['stage_minutes'])}. Cold start: {d['cold_start']['kept']} verified "
         f"conversations kept of {d['cold_start']['tasks']} tasks. Command: `{d['command']}`.\n"

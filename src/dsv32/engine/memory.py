@@ -1,0 +1,41 @@
+"""Handing freed memory back to the operating system.
+
+The agentic rollouts run each episode in a thread, and each batched model call runs in whichever
+episode thread completed the batch. glibc's malloc gives each thread an arena of its own (up to
+eight per core) and keeps what a call freed in that arena for later use, so after a few batched
+calls of 64–100 rows the process holds the peak of several arenas at once: on the agentic recipe's
+SmolLM2 runs, 9.3 GB resident with 0.8 GB of live tensors after one GRPO step. :func:`release_free_memory`
+(``malloc_trim``) returns the free pages of every arena; the rollouts, the evaluations and the GRPO
+update call it when they finish. It is a no-op where the C library has no ``malloc_trim`` (macOS,
+musl)."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import gc
+
+
+@functools.cache
+def _malloc_trim():
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is not None:
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+def release_free_memory() -> bool:
+    """Collect unreachable objects, then return every malloc arena's free pages to the OS; True when
+    the C library could do it (glibc), False where this is a no-op."""
+    gc.collect()
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
