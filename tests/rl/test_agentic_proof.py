@@ -133,6 +133,7 @@ def test_the_agentic_recipe_keeps_held_out_and_validation_prompts_out_of_trainin
         ("transfer.set='nope'", "task sets"),
         ("tasks.system_prompt='tiny'", "system_prompt"),
         ("tasks.rl_pool='hard'", "rl_pool"),
+        ("tasks.rl_pool_solved=1.0", "rl_pool_solved"),
     ],
 )
 def test_bad_recipe_values_are_refused_before_anything_runs(tmp_path, override, message):
@@ -207,8 +208,15 @@ def test_the_proof_pipeline_evaluates_every_stage_on_the_same_held_out_tasks(tmp
         assert not any(p in train for p in prompts)
 
 
-@pytest.mark.parametrize("solved", [{"train-0-0001"}, {"train-0-0000", "train-0-0001", "train-0-0002"}])
-def test_grpo_draws_only_from_the_training_tasks_sft_left_unsolved(tmp_path, capsys, monkeypatch, solved):
+@pytest.mark.parametrize(
+    ("solved", "share"),
+    [
+        ({"train-0-0001"}, 0.0),
+        ({"train-0-0001"}, 0.5),
+        ({"train-0-0000", "train-0-0001", "train-0-0002"}, 0.5),
+    ],
+)
+def test_grpo_draws_from_the_training_tasks_sft_left_unsolved(tmp_path, capsys, monkeypatch, solved, share):
     import dsv32.rl.agentic_trainer as trainer
 
     real_eval, real_run = trainer.evaluate_agentic, trainer.run_episodes
@@ -231,19 +239,27 @@ def test_grpo_draws_only_from_the_training_tasks_sft_left_unsolved(tmp_path, cap
     monkeypatch.setattr(trainer, "run_episodes", recording)
     sets = ["sft.model.name=tiny-llama", "sft.train.freeze_layers=0", "sft.data.seq_len=1024", "sft.train.epochs=1",
             "tasks.train=3", "tasks.coldstart=2", "tasks.validation=0", "tasks.heldout=1", "tasks.rl_pool='unsolved'",
-            "rl.grpo.steps=3", "rl.eval.every=0", "rl.grpo.prompts_per_step=1", "rl.grpo.group_size=2",
+            f"tasks.rl_pool_solved={share}", "rl.grpo.steps=3", "rl.eval.every=0", "rl.grpo.prompts_per_step=1", "rl.grpo.group_size=2",
             "rl.grpo.mini_batches=1", "rl.sampling.max_new_tokens=8", "transfer.tasks=1", "transfer.max_steps=1"]  # fmt: skip
     argv = ["posttrain", "proof", SHIPPED, "--out", str(tmp_path / "p"), "--no-progress"]
     assert main([*argv, *[a for s in sets for a in ("--set", s)]]) == 0
     pool = [json.loads(line)["id"] for line in (tmp_path / "p" / "tasks_rl.jsonl").read_text().splitlines()]
     expected = [t for t in train_ids if t not in solved] or train_ids  # all solved: nothing to filter on
     assert pool == expected
-    assert len(drawn) == 3 * 2 and set(drawn) == set(pool[:3])  # 3 steps × G = 2, the pool in turn
+    solved_file = tmp_path / "p" / "tasks_rl_solved.jsonl"
+    mixed = share > 0 and len(expected) < len(train_ids)
+    assert solved_file.exists() == mixed
+    if mixed:  # the solved tasks are a source of their own, drawn with weight share / (1 − share)
+        assert [json.loads(x)["id"] for x in solved_file.read_text().splitlines()] == sorted(solved)
+        assert len(drawn) == 3 * 2 and set(drawn) <= set(train_ids)
+    else:
+        assert len(drawn) == 3 * 2 and set(drawn) == set(pool[:3])  # 3 steps × G = 2, the pool in turn
     passed = json.loads((tmp_path / "p" / "rl_pool_sft.json").read_text())
     assert [o["id"] for o in passed["outcomes"]] == train_ids
     report = json.loads((tmp_path / "p" / "report.json").read_text())
     assert report["details"]["tasks"]["rl_pool"] == {
-        "rule": "unsolved", "train": 3, "solved_by_sft": len(solved), "pool": len(expected)
+        "rule": "unsolved", "train": 3, "solved_by_sft": len(solved), "pool": len(expected),
+        "solved_share": share if mixed else 0.0,
     }  # fmt: skip
     assert f"the {len(expected)} of 3 training tasks" in (tmp_path / "p" / "report.md").read_text()
 
@@ -424,3 +440,10 @@ def test_chain_tasks_take_two_cells_of_the_notebook_and_their_references_verify(
         assert env.reset(tasks[0])[0]["content"] == SHORT_SYSTEM_PROMPT.format()
     with pytest.raises(EnvError, match="system_prompt"):
         InterpreterEnv(system_prompt="tiny")
+
+
+def test_posttrain_rl_says_the_unsolved_pool_is_a_stage_of_the_proof(tmp_path, capsys):
+    code = main(["posttrain", "rl", SHIPPED, "--policy", "no-such-model", "--out", str(tmp_path / "r")])
+    out = capsys.readouterr()
+    assert code != 0 and "cannot load model 'no-such-model'" in out.err
+    assert "rl_pool = 'unsolved' is a stage of the proof" in out.out

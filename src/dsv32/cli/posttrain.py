@@ -112,9 +112,13 @@ def run_proof(config: str | None, overrides: list[str], out: str | None, progres
         (root / "rl_pool_sft.json").write_text(json.dumps(passed, indent=1) + "\n")
         solved = {o["id"] for o in passed["outcomes"] if o["correct"]}
         unsolved = [t for t in train if t.id not in solved]
-        recipe.use_rl_pool(unsolved or train)  # every task solved: nothing to filter on
+        if unsolved:
+            recipe.use_rl_pool(unsolved, [t for t in train if t.id in solved])
+        else:  # every task solved: nothing to filter on
+            recipe.use_rl_pool(train)
         pool = {"rule": "unsolved", "train": len(train), "solved_by_sft": len(solved),
-                "pool": len(unsolved or train)}  # fmt: skip
+                "pool": len(unsolved or train),
+                "solved_share": tasks_cfg.rl_pool_solved if unsolved else 0.0}  # fmt: skip
         print(
             f"rl pool: {pool['pool']} of {len(train)} training tasks (the SFT model solves "
             f"{len(solved)} greedily)",
@@ -373,6 +377,12 @@ def rl_recipe(args: argparse.Namespace):
         return cfg, heldout_count(cfg), None
     keys = {flag: key if flag == "out" else f"rl.{key}" for flag, key in RL_FLAGS.items()}
     recipe = read_posttrain_recipe(args.config, flag_overrides(args, keys))
+    if recipe.tasks.rl_pool != "all":
+        print(
+            f"dsv32 posttrain rl: [tasks] rl_pool = {recipe.tasks.rl_pool!r} is a stage of the proof "
+            "(after its SFT evaluation); this run draws from every training task",
+            flush=True,
+        )
     train, heldout = recipe.generate_tasks()
     evaluated = min(len(heldout), recipe.rl.agentic.eval_tasks)
     return recipe.rl, evaluated, lambda: recipe.write_tasks(train, heldout)

@@ -49,6 +49,7 @@ TRAIN_FILE, HELDOUT_FILE, VALIDATION_FILE, RL_POOL_FILE = (
     "tasks_validation.jsonl",
     "tasks_rl.jsonl",
 )
+RL_SOLVED_FILE = "tasks_rl_solved.jsonl"
 #: ``[tasks] rl_pool``: every training task, or those the SFT model does not solve greedily
 RL_POOLS = ("all", "unsolved")
 DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "configs" / "posttrain-smollm2.toml"
@@ -63,7 +64,9 @@ class ProofTasks(Checked):
     ``difficulty`` 0 cycles the difficulties 1..5 through the tasks. ``rl_pool`` is what GRPO draws
     from in the proof: ``all`` the training tasks, or the ``unsolved`` ones — those the cold-start
     model does not solve greedily (one greedy pass over the training tasks after SFT: the usual
-    pass-rate filter before RL; a task the SFT model already solves teaches GRPO little)."""
+    pass-rate filter before RL; a task the SFT model already solves teaches GRPO little), with
+    ``rl_pool_solved`` of each step's tasks (in expectation) still drawn from the solved ones: their
+    groups are what keeps a question GRPO is learning from spreading to the questions SFT solved."""
 
     RANGES: ClassVar[dict] = {
         "train": at_least(1),
@@ -75,6 +78,7 @@ class ProofTasks(Checked):
         "prompt": one_of(*EPISODE_PROMPTS),
         "system_prompt": one_of(*SYSTEM_PROMPTS),
         "rl_pool": one_of(*RL_POOLS),
+        "rl_pool_solved": Rule(lambda v: 0 <= v < 1, "in [0, 1)"),
     }
 
     train: int = 64
@@ -86,6 +90,7 @@ class ProofTasks(Checked):
     prompt: str = "bare"
     system_prompt: str = "full"
     rl_pool: str = "all"
+    rl_pool_solved: float = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -189,15 +194,25 @@ class PosttrainRecipe:
         """The training tasks the cold start replays: the first ``tasks.coldstart`` (0: all)."""
         return train[: self.tasks.coldstart or len(train)]
 
-    def use_rl_pool(self, pool: list) -> None:
-        """GRPO draws from ``pool`` (written to ``tasks_rl.jsonl``) instead of every training task."""
+    def use_rl_pool(self, pool: list, solved: list | None = None) -> None:
+        """GRPO draws from ``pool`` (written to ``tasks_rl.jsonl``) instead of every training task,
+        and ``tasks.rl_pool_solved`` of its tasks from ``solved`` (``tasks_rl_solved.jsonl``)."""
+        from dataclasses import replace
+
         from dsv32.envs.base import save_tasks
 
-        path = self.root / RL_POOL_FILE
+        path, share = self.root / RL_POOL_FILE, self.tasks.rl_pool_solved
         save_tasks(pool, path)
+        extra = []
         for e in self.rl.envs:
             if e.tasks == str(self.train_file):
                 e.tasks = str(path)
+                if solved and share > 0:  # the same environment, its own weight, no held-out set
+                    w = e.weight * share / (1 - share)
+                    extra.append(replace(e, tasks=str(self.root / RL_SOLVED_FILE), eval_tasks="", weight=w))
+        if extra:
+            save_tasks(solved, self.root / RL_SOLVED_FILE)
+            self.rl.envs += extra
 
     def write_tasks(self, train: list, heldout: list, validation: list | None = None) -> None:
         from dsv32.envs.base import save_tasks

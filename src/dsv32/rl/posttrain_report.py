@@ -197,7 +197,13 @@ def report_markdown(report: dict[str, Any]) -> str:
     if pool and pool["rule"] == "unsolved":
         text += (
             f"GRPO's task pool: the {pool['pool']} of {pool['train']} training tasks the SFT model does "
-            f"not solve greedily (it solves {pool['solved_by_sft']}).\n\n"
+            f"not solve greedily (it solves {pool['solved_by_sft']})"
+            + (
+                f", and {pool['solved_share']:.0%} of each step's tasks from the solved ones"
+                if pool.get("solved_share")
+                else ""
+            )
+            + ".\n\n"
         )
     text += (
         f"Stage minutes: {json.dumps(d['stage_minutes'])}. Cold start: {d['cold_start']['kept']} verified "
