@@ -3,10 +3,10 @@
 The agentic rollouts run each episode in a thread, and each batched model call runs in whichever
 episode thread completed the batch. glibc's malloc gives each thread an arena of its own (up to
 eight per core) and keeps what a call freed in that arena for later use, so after a few batched
-calls of 64–100 rows the process holds the peak of several arenas at once: on the agentic recipe's
-SmolLM2 runs, 9.3 GB resident with 0.8 GB of live tensors after one GRPO step. :func:`release_free_memory`
-(``malloc_trim``) returns the free pages of every arena; the rollouts, the evaluations and the GRPO
-update call it when they finish. It is a no-op where the C library has no ``malloc_trim`` (macOS,
+calls of 64–100 rows the process holds the peak of several arenas at once (with the agentic
+recipe's SmolLM2, 9.3 GB resident for 0.8 GB of live tensors after a GRPO step of 32 episodes;
+1.4 GB once released). :func:`release_free_memory` (``malloc_trim``) returns the free pages of every
+arena; the rollouts, the evaluations and the agentic GRPO step's update call it when they finish. It is a no-op where the C library has no ``malloc_trim`` (macOS,
 musl)."""
 
 from __future__ import annotations
