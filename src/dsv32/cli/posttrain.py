@@ -104,24 +104,16 @@ def run_proof(config: str | None, overrides: list[str], out: str | None, progres
     with timed("sft"):
         train_sft(sft_cfg, model=sm, resume=False, progress=progress)
     evaluate("sft")
-    pool = None
+    pool = {"rule": "all", "train": len(train), "pool": len(train)}
     if tasks_cfg.rl_pool == "unsolved":  # GRPO draws from the training tasks SFT left unsolved
         with timed("rl_pool"):
             items = [EnvItem(t, "code-interpreter", make_env) for t in train]
             passed = evaluate_agentic(policy, items, settings, max_new)
         (root / "rl_pool_sft.json").write_text(json.dumps(passed, indent=1) + "\n")
-        solved = {o["id"] for o in passed["outcomes"] if o["correct"]}
-        unsolved = [t for t in train if t.id not in solved]
-        if unsolved:
-            recipe.use_rl_pool(unsolved, [t for t in train if t.id in solved])
-        else:  # every task solved: nothing to filter on
-            recipe.use_rl_pool(train)
-        pool = {"rule": "unsolved", "train": len(train), "solved_by_sft": len(solved),
-                "pool": len(unsolved or train),
-                "solved_share": tasks_cfg.rl_pool_solved if unsolved else 0.0}  # fmt: skip
+        pool = recipe.use_rl_pool(train, {o["id"] for o in passed["outcomes"] if o["correct"]})
         print(
             f"rl pool: {pool['pool']} of {len(train)} training tasks (the SFT model solves "
-            f"{len(solved)} greedily)",
+            f"{pool['solved_by_sft']} greedily)",
             flush=True,
         )
     rl_cfg.rl.policy.name = str(root / "sft" / "model")
@@ -161,7 +153,7 @@ def run_proof(config: str | None, overrides: list[str], out: str | None, progres
             "heldout": len(heldout),
             "validation": len(validation),
             "shared_prompts": 0,  # generate_tasks / validation_tasks refuse any
-            "rl_pool": pool or {"rule": "all", "train": len(train), "pool": len(train)},
+            "rl_pool": pool,
         },
         "stage_minutes": minutes,
         "machine": machine(),

@@ -12,8 +12,8 @@
 - ``[transfer]`` (optional): an environment the policy never trains on, evaluated greedily at every
   stage (report only);
 - ``out_dir``: the run's root: ``tasks_train.jsonl``, ``tasks_heldout.jsonl``,
-  ``tasks_validation.jsonl``, ``tasks_rl.jsonl`` (the proof's GRPO pool, with ``rl_pool =
-  "unsolved"``), ``sft/``, ``rl/``.
+  ``tasks_validation.jsonl``, ``tasks_rl.jsonl`` and ``tasks_rl_solved.jsonl`` (the proof's GRPO
+  pool, with ``rl_pool = "unsolved"``), ``sft/``, ``rl/``.
 
 The policy of ``[rl]`` is the SFT stage's output (``out_dir/sft/model``) unless ``rl.policy.name``
 names another.
@@ -194,25 +194,30 @@ class PosttrainRecipe:
         """The training tasks the cold start replays: the first ``tasks.coldstart`` (0: all)."""
         return train[: self.tasks.coldstart or len(train)]
 
-    def use_rl_pool(self, pool: list, solved: list | None = None) -> None:
-        """GRPO draws from ``pool`` (written to ``tasks_rl.jsonl``) instead of every training task,
-        and ``tasks.rl_pool_solved`` of its tasks from ``solved`` (``tasks_rl_solved.jsonl``)."""
+    def use_rl_pool(self, train: list, solved_ids: set[str]) -> dict[str, Any]:
+        """GRPO draws from the ``train`` tasks not in ``solved_ids`` (``tasks_rl.jsonl``; all of them
+        when every task is solved) and ``tasks.rl_pool_solved`` of its tasks from the solved ones
+        (``tasks_rl_solved.jsonl``: the same environment, weight share / (1 − share), no held-out
+        set); returns the pool's summary for the report."""
         from dataclasses import replace
 
         from dsv32.envs.base import save_tasks
 
-        path, share = self.root / RL_POOL_FILE, self.tasks.rl_pool_solved
-        save_tasks(pool, path)
-        extra = []
-        for e in self.rl.envs:
-            if e.tasks == str(self.train_file):
-                e.tasks = str(path)
-                if solved and share > 0:  # the same environment, its own weight, no held-out set
-                    w = e.weight * share / (1 - share)
-                    extra.append(replace(e, tasks=str(self.root / RL_SOLVED_FILE), eval_tasks="", weight=w))
-        if extra:
+        pool = [t for t in train if t.id not in solved_ids] or train  # all solved: nothing to filter on
+        solved = [t for t in train if t.id in solved_ids] if len(pool) < len(train) else []
+        share = self.tasks.rl_pool_solved if solved else 0.0
+        save_tasks(pool, self.root / RL_POOL_FILE)
+        if share:
             save_tasks(solved, self.root / RL_SOLVED_FILE)
-            self.rl.envs += extra
+        for e in list(self.rl.envs):
+            if e.tasks == str(self.train_file):
+                e.tasks = str(self.root / RL_POOL_FILE)
+                if share:
+                    weight = e.weight * share / (1 - share)
+                    extra = replace(e, tasks=str(self.root / RL_SOLVED_FILE), eval_tasks="", weight=weight)
+                    self.rl.envs.append(extra)
+        return {"rule": "unsolved", "train": len(train), "solved_by_sft": len(solved_ids),
+                "pool": len(pool), "solved_share": share}  # fmt: skip
 
     def write_tasks(self, train: list, heldout: list, validation: list | None = None) -> None:
         from dsv32.envs.base import save_tasks
