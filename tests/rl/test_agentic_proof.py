@@ -68,12 +68,17 @@ def test_report_says_when_the_intervals_separate_and_carries_transfer_and_curve(
     evals["sft"]["accuracy"], evals["rl"]["accuracy"] = 0.40, 0.70
     transfer = {"env": "general-tools", "tasks": 8, **{f"accuracy_{s}": 0.0 for s in STAGES},
                 **{f"tool_call_valid_{s}": 0.125 for s in STAGES}}  # fmt: skip
-    metrics = [{"step": 1, "reward_mean": 0.5, "accuracy": 0.4, "tool_call_valid": 0.6}, {"step": 2}]
+    metrics = [
+        {"step": 1, "reward_mean": 0.5, "accuracy": 0.4, "tool_call_valid": 0.6, "kl": 2e-4},
+        {"step": 2},
+    ]
     points = [
         {**evals["sft"], "step": 0},
         {"step": 2, "accuracy": 0.55, "tool_call_valid": 0.9, "episodes": 100},
     ]
-    report = report_dict(evals, 100, 1.0, DETAILS, transfer=transfer, curve=rl_curve(metrics, points))
+    grpo = {"steps": 2, "prompts_per_step": 16, "group_size": 4, "lr": 1e-5, "kl_coef": 0.2}
+    details = DETAILS | {"grpo": grpo}
+    report = report_dict(evals, 100, 1.0, details, transfer=transfer, curve=rl_curve(metrics, points))
     assert not report["intervals_overlap"] and report["rl_gain"] == pytest.approx(0.3)
     assert [p["step"] for p in report["rl_curve"]["heldout"]] == [0, 2]
     assert report["rl_curve"]["heldout"][1]["interval"] == list(wilson(55, 100))
@@ -81,6 +86,13 @@ def test_report_says_when_the_intervals_separate_and_carries_transfer_and_curve(
     text = report_markdown(report)
     assert "+0.300 absolute; the two intervals do not overlap" in text
     assert "Transfer (never trained on): general-tools, 8 tasks" in text and "step 2: 0.550" in text
+    assert report["rl_curve"]["train"][0]["kl"] == 2e-4
+    assert "2 steps of 16 tasks × 4 episodes, lr 1e-05, KL toward the SFT model β = 0.2" in text
+    assert "(mean KL per step: 2.0e-04)" in text
+    no_kl = report_dict(
+        evals, 100, 1.0, DETAILS | {"grpo": grpo | {"kl_coef": 0.0}}, curve=rl_curve(metrics, points)
+    )
+    assert "lr 1e-05, no KL term." in report_markdown(no_kl)
 
 
 def _outcomes(solved: str) -> dict:
@@ -390,7 +402,8 @@ def test_the_first_update_is_on_policy_on_every_turn_of_two_call_episodes(two_ca
         assert bool(sel.any()) and float(diff[sel].max()) <= 1e-4, (k, float(diff[sel].max()))
 
 
-def test_agentic_grpo_with_the_format_term_trains_on_policy(two_call_policy, tmp_path):
+@pytest.mark.parametrize("kl_coef", [0.0, 0.3])
+def test_agentic_grpo_with_the_format_term_trains_on_policy(two_call_policy, tmp_path, kl_coef):
     import copy
 
     from dsv32.rl.agentic_config import load_agentic_config
@@ -400,7 +413,8 @@ def test_agentic_grpo_with_the_format_term_trains_on_policy(two_call_policy, tmp
             "agentic.eval_tasks": 0, "agentic.format_weight": 0.5, "agentic.length_weight": 0.1,
             "envs": [{"name": "two-call-test", "tasks": "train", "eval_tasks": ""}], "grpo.steps": 2,
             "grpo.prompts_per_step": 2, "grpo.group_size": 2, "grpo.mini_batches": 1, "grpo.lr": 1e-3,
-            "sampling.temperature": TEMPERATURE, "sampling.top_p": 0.9, "sampling.max_new_tokens": 128,
+            "grpo.kl_coef": kl_coef,
+            "sampling.temperature": 1.5 if kl_coef else TEMPERATURE, "sampling.top_p": 0.9, "sampling.max_new_tokens": 128,
             "sampling.max_total_tokens": 400}  # fmt: skip
     cfg = load_agentic_config(None, [f"{k}={json.dumps(v)}" for k, v in sets.items()])
     start = copy.deepcopy(two_call_policy.model.state_dict())
@@ -416,6 +430,11 @@ def test_agentic_grpo_with_the_format_term_trains_on_policy(two_call_policy, tmp
         assert r["first_update_abs_log_ratio"] <= 1e-4 and r["mean_steps"] >= 2
         # the reward holds the format term: above the verifier's share when the markup was well formed
         assert r["reward_mean"] > r["accuracy"] or r["tool_call_valid"] == 0
+    # the KL term toward the starting policy (sampled hotter, so that the rewards differ and the
+    # policy moves): nothing on the first step's on-policy update, then a positive penalty once the
+    # policy has moved; none at all without a coefficient
+    assert records[0]["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert (records[1]["kl"] > 1e-6 and records[1]["kl_loss"] > 0) if kl_coef else records[1]["kl"] == 0.0
 
 
 # --------------------------------------------------------------------------------------- the tasks

@@ -155,6 +155,10 @@ def run_proof(config: str | None, overrides: list[str], out: str | None, progres
             "shared_prompts": 0,  # generate_tasks / validation_tasks refuse any
             "rl_pool": pool,
         },
+        "grpo": {
+            k: getattr(rl_cfg.rl.grpo, k)
+            for k in ("steps", "prompts_per_step", "group_size", "lr", "kl_coef")
+        },
         "stage_minutes": minutes,
         "machine": machine(),
         "load_start": load_start,

@@ -59,17 +59,15 @@ def interval_of(summary: dict) -> tuple[float, float]:
     return wilson(round(summary["accuracy"] * n), n)
 
 
+#: What the curve keeps of each GRPO step's metrics record.
+TRAIN_CURVE_KEYS = ("step", "reward_mean", "accuracy", "tool_call_valid", "kl", "first_update_abs_log_ratio")
+
+
 def rl_curve(rl_metrics: list[dict], heldout_evals: list[dict]) -> dict[str, list[dict]]:
     """The learning curve: per GRPO step the sampled episodes' reward, accuracy and well-formed tool
-    use; the held-out greedy accuracy (with its interval) at the steps it was measured."""
-    train = [
-        {
-            k: r.get(k)
-            for k in ("step", "reward_mean", "accuracy", "tool_call_valid", "first_update_abs_log_ratio")
-        }
-        for r in rl_metrics
-        if "reward_mean" in r
-    ]
+    use, and the KL to the reference policy (mean per episode; 0 without a KL term); the held-out
+    greedy accuracy (with its interval) at the steps it was measured."""
+    train = [{k: r.get(k) for k in TRAIN_CURVE_KEYS} for r in rl_metrics if "reward_mean" in r]
     held = [
         {
             "step": e["step"],
@@ -202,6 +200,20 @@ def report_markdown(report: dict[str, Any]) -> str:
                 f", and {pool['solved_share']:.0%} of each step's tasks from the solved ones"
                 if pool.get("solved_share")
                 else ""
+            )
+            + ".\n\n"
+        )
+    g = d.get("grpo")
+    if g:
+        text += (
+            f"GRPO: {g['steps']} steps of {g['prompts_per_step']} tasks × {g['group_size']} episodes, "
+            f"lr {g['lr']:g}, "
+            + (
+                f"KL toward the SFT model β = {g['kl_coef']:g} (mean KL per step: "
+                + ", ".join(f"{r.get('kl') or 0.0:.1e}" for r in curve.get("train") or [])
+                + ")"
+                if g.get("kl_coef")
+                else "no KL term"
             )
             + ".\n\n"
         )
