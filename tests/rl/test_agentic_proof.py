@@ -180,9 +180,13 @@ def test_the_proof_pipeline_evaluates_every_stage_on_the_same_held_out_tasks(tmp
         json.loads(line)["id"] for line in (tmp_path / "p" / "tasks_heldout.jsonl").read_text().splitlines()
     ]
     # base, sft, the trainer's evaluation after step 1, rl: the same held-out tasks each time; the
-    # transfer environment's own tasks after each stage
+    # transfer environment's own tasks after each stage; the SFT model's greedy pass over the
+    # training tasks (the recipe's GRPO pool is the tasks it leaves unsolved)
     held_calls = [ids for ids in seen if ids == tuple(held)]
-    assert len(held_calls) == 4 and len(seen) == 4 + 3
+    train_ids = tuple(
+        json.loads(line)["id"] for line in (tmp_path / "p" / "tasks_train.jsonl").read_text().splitlines()
+    )
+    assert len(held_calls) == 4 and seen.count(train_ids) == 1 and len(seen) == 4 + 3 + 1
     assert all(not set(ids) & set(held) for ids in seen if ids != tuple(held))
     assert [p["step"] for p in report["rl_curve"]["heldout"]] == [0, 1, 2]
     for stage in STAGES:  # every held-out task's outcome, in the order of the held-out set
