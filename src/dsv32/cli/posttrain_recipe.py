@@ -21,7 +21,7 @@ names another.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -199,8 +199,6 @@ class PosttrainRecipe:
         when every task is solved) and ``tasks.rl_pool_solved`` of its tasks from the solved ones
         (``tasks_rl_solved.jsonl``: the same environment, weight share / (1 − share), no held-out
         set); returns the pool's summary for the report."""
-        from dataclasses import replace
-
         from dsv32.envs.base import save_tasks
 
         pool = [t for t in train if t.id not in solved_ids] or train  # all solved: nothing to filter on

@@ -6,8 +6,8 @@ eight per core) and keeps what a call freed in that arena for later use, so afte
 calls of 64–100 rows the process holds the peak of several arenas at once (with the agentic
 recipe's SmolLM2, 9.3 GB resident for 0.8 GB of live tensors after a GRPO step of 32 episodes;
 1.4 GB once released). :func:`release_free_memory` (``malloc_trim``) returns the free pages of every
-arena; the rollouts, the evaluations and the agentic GRPO step's update call it when they finish. It is a no-op where the C library has no ``malloc_trim`` (macOS,
-musl)."""
+arena; the rollouts, the evaluations and the agentic GRPO step's update call it when they finish.
+It is a no-op where the C library has no ``malloc_trim`` (macOS, musl)."""
 
 from __future__ import annotations
 

@@ -205,17 +205,13 @@ def report_markdown(report: dict[str, Any]) -> str:
         )
     g = d.get("grpo")
     if g:
+        kl = "no KL term"
+        if g["kl_coef"]:
+            per_step = ", ".join(f"{r.get('kl') or 0.0:.1e}" for r in curve.get("train") or [])
+            kl = f"KL toward the SFT model β = {g['kl_coef']:g} (mean KL per step: {per_step})"
         text += (
             f"GRPO: {g['steps']} steps of {g['prompts_per_step']} tasks × {g['group_size']} episodes, "
-            f"lr {g['lr']:g}, "
-            + (
-                f"KL toward the SFT model β = {g['kl_coef']:g} (mean KL per step: "
-                + ", ".join(f"{r.get('kl') or 0.0:.1e}" for r in curve.get("train") or [])
-                + ")"
-                if g.get("kl_coef")
-                else "no KL term"
-            )
-            + ".\n\n"
+            f"lr {g['lr']:g}, {kl}.\n\n"
         )
     text += (
         f"Stage minutes: {json.dumps(d['stage_minutes'])}. Cold start: {d['cold_start']['kept']} verified "
