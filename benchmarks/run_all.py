@@ -218,6 +218,19 @@ def rollout_prefix_table(result: dict) -> tuple[str, str]:
     return f"{r['dtype']}, {r['threads']} threads", table
 
 
+def rl_frozen_trunk_table(result: dict) -> tuple[str, str]:
+    """``rl_frozen_trunk.json``: one GRPO update, every forward through every layer vs from the frozen
+    trunk's states."""
+    r = result
+    table = _table(
+        ["rows (tokens)", "frozen layers", "every layer", "frozen trunk once", "speed-up",
+         "max |Δ log-prob|", "others' CPU"],
+        [[f"{r['rows']} ({r['tokens']})", f"{r['frozen_layers']} of {r['layers']}", _s(r["every_layer_s"]["median"]),
+          _s(r["frozen_trunk_s"]["median"]), _x(r["speedup"]), f"{r['max_abs_logprob_diff']:.1e}", _others(r)]],
+    )  # fmt: skip
+    return f"{r['dtype']}, {r['threads']} threads", table
+
+
 def attention_gqa_table(result: dict) -> tuple[str, str]:
     """``attention_gqa.json``: the GQA layout's sparse attention, C kernel against torch and dense."""
     prefill = _table(
@@ -391,6 +404,7 @@ FORMATS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "serve_load": (("serve_load.json",), serve_load_table),
     "rollout_scale": (("rollout_scale.json",), rollout_scale_table),
     "rollout_prefix": (("rollout_prefix.json",), rollout_prefix_table),
+    "rl_frozen_trunk": (("rl_frozen_trunk.json",), rl_frozen_trunk_table),
 }
 
 

@@ -441,3 +441,89 @@ def test_only_the_action_positions_go_through_the_head(name):
     assert sum(a is not None for a, _ in grads) > 0
     for a, b in grads:  # a parameter the loss does not reach (an expert nothing routed to) has none
         assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, rtol=1e-4, atol=1e-6))
+
+
+def _frozen_trunk_policy():
+    """tiny-llama (2 layers) with its embeddings (tied to the head) and lowest layer frozen."""
+    from dsv32.train.sft_model import freeze_lower_layers, vocab_matrices
+
+    policy = load_policy("tiny-llama", device="cpu")
+    freeze_lower_layers(policy.model, 1)
+    for p in vocab_matrices(policy.model):
+        p.requires_grad_(False)
+    return policy
+
+
+def test_a_frozen_trunk_is_found_and_a_forward_from_its_states_matches_the_full_one():
+    policy = load_policy("tiny-llama", device="cpu")
+    assert policy.frozen_trunk() == 0  # everything trains
+    policy = _frozen_trunk_policy()
+    assert policy.frozen_trunk() == 1
+    assert load_policy("tiny-native", device="cpu").frozen_trunk() == 0
+    batch, _, _ = _split_outputs_batch(policy)
+    lowest = policy.model.get_decoder().layers[0]
+    calls = []
+    hook = lowest.register_forward_hook(lambda m, args, out: calls.append(1))
+    rows = torch.tensor([1, 3, 4])  # a subset: trimmed to its own columns
+    states = policy.trunk_states(batch.sequences, batch.attention_mask, batch.start, 1)
+    assert states.shape[:2] == (len(batch), batch.sequences.shape[1] - 1) and len(calls) == 1
+    with_trunk = policy.action_logprobs(**batch.rows(rows), trunk=(states[rows], 1))
+    assert len(calls) == 1  # the lowest layer did not run again
+    hook.remove()
+    full = policy.action_logprobs(**batch.rows(rows))
+    mask = batch.action_mask[rows]
+    torch.testing.assert_close(with_trunk[mask], full[mask], rtol=1e-5, atol=1e-5)
+    assert not bool(with_trunk[~mask].any())
+    (with_trunk * mask).sum().backward()  # the gradient reaches the layer above the trunk only
+    assert policy.model.get_decoder().layers[1].self_attn.q_proj.weight.grad is not None
+    assert len(policy.model.get_decoder().layers) == 2  # the model's own layer list is back
+
+
+def _count_calls(module, calls: dict, key: str):
+    def count(*_):
+        calls[key] += 1
+
+    return module.register_forward_hook(count)
+
+
+@pytest.mark.parametrize("same_reference", [True, False])
+def test_an_update_over_a_frozen_trunk_equals_the_update_that_runs_every_layer(same_reference):
+    """With OPSM, an output split across micro-batches and a KL term: the gradient and metrics of the
+    update from the trunk's states are those of the update that runs every layer. A reference with the
+    same lowest layer starts from the policy's states too; one whose lowest layer differs runs its
+    own."""
+    import copy
+
+    from dsv32.rl.config import GRPOConfig
+    from dsv32.rl.policy import Policy
+    from dsv32.rl.trainer import grpo_update
+
+    policy = _frozen_trunk_policy()
+    batch, advantages, ids = _split_outputs_batch(policy)
+    ref = Policy(copy.deepcopy(policy.model).requires_grad_(False), policy.tokenizer, policy.kind)
+    if not same_reference:
+        with torch.no_grad():
+            ref.model.get_decoder().layers[0].mlp.up_proj.weight.mul_(-3.0)
+    policy_lowest, ref_lowest = (p.model.get_decoder().layers[0] for p in (policy, ref))
+    cfg = GRPOConfig(prompts_per_step=1, group_size=3, clip_grad=1e9, opsm_delta=0.1, keep_routing=False,
+                     mini_batches=1, micro_batch=2, kl_coef=0.5)  # fmt: skip
+    out = {}
+    for frozen_trunk in (False, True):
+        calls = {"policy": 0, "ref": 0}
+        hooks = [_count_calls(policy_lowest, calls, "policy"), _count_calls(ref_lowest, calls, "ref")]
+        opt = GradientRecorder(policy.model.parameters())
+        (record,) = grpo_update(
+            policy, opt, batch, advantages, cfg, temperature=1.0, ref=ref,
+            generator=torch.Generator().manual_seed(0), sequence_ids=ids, frozen_trunk=frozen_trunk,
+        )  # fmt: skip
+        for h in hooks:
+            h.remove()
+        out[frozen_trunk] = (opt.grads[0], record, calls)
+    (g0, r0, c0), (g1, r1, c1) = out[False], out[True]
+    torch.testing.assert_close(g1, g0, rtol=1e-4, atol=1e-7)
+    for k in ("opsm_masked_frac", "pg_loss", "kl", "kl_loss", "log_ratio_sampling", "clip_frac", "ratio_max"):
+        assert r1[k] == pytest.approx(r0[k], rel=1e-4, abs=1e-7), k
+    assert r0["kl"] > 1e-4 if not same_reference else r0["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert c0["policy"] > 3 and c0["ref"] == 3  # every forward ran the lowest layer: 6 rows, 2 at a time
+    assert c1["policy"] == 3  # with the trunk: once per row, in the trunk's own forwards
+    assert c1["ref"] == (0 if same_reference else 3)

@@ -109,6 +109,7 @@ class Policy:
         routing: torch.Tensor | None = None,
         temperature: float = 1.0,
         action_mask: torch.Tensor | None = None,
+        trunk: tuple[torch.Tensor, int] | None = None,
     ) -> torch.Tensor:
         """log π_θ of ``sequences[:, start:]`` given everything before, ``[B, L - start]``.
 
@@ -123,6 +124,10 @@ class Policy:
         of this batch uses go through the model: leading columns that are padding in every row and
         trailing ones past the longest row are cut (their log-probs are 0; positions are counted
         from the mask, so no row's values change).
+
+        ``trunk``: ``(states, depth)``, the rows' hidden states after the lowest ``depth`` layers
+        (:meth:`trunk_states`, ``[B, L - 1, D]``): the forward starts there and runs only the layers
+        above (HF models).
         """
         L = sequences.shape[1]
         lead, end = _used_columns(attention_mask, start)
@@ -136,17 +141,21 @@ class Policy:
         T = sequences.shape[1] - start
         if self.kind != "native" and routing is not None:
             raise ValueError("Keep Routing needs the native MoE model; this policy is a dense HF model")
-        with _head_at(self.model, select):
-            if self.kind == "native":
+        if trunk is not None and self.kind == "native":
+            raise ValueError("a trunk forward needs a Hugging Face model; this policy is the native one")
+        if self.kind == "native":
+            with _head_at(self.model, select):
                 out = self.model(ids, attention_mask=mask, routing=routing, logits_to_keep=T)
-            else:
-                positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
+        else:
+            positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
+            inputs = {"input_ids": ids}
+            depth = 0
+            if trunk is not None:
+                states, depth = trunk
+                inputs = {"inputs_embeds": states[:, lead : end - 1]}
+            with _head_at(self.model, select), _only_layers(self.model, depth, None):
                 out = self.model(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    position_ids=positions,
-                    logits_to_keep=T,
-                    use_cache=False,
+                    **inputs, attention_mask=mask, position_ids=positions, logits_to_keep=T, use_cache=False
                 )
         targets = sequences[:, start:]
         if select is None:
@@ -156,6 +165,89 @@ class Policy:
             picked = token_logprobs(out.logits[None], targets[select][None], kept, temperature)[0]
             logp = picked.new_zeros(select.shape).index_put((select,), picked)
         return torch.nn.functional.pad(logp, (0, L - end))  # 0 past the longest row
+
+    # ------------------------------------------------------------------ frozen trunk
+    def frozen_trunk(self) -> int:
+        """How many of the lowest decoder layers keep their weights, with the input embeddings (no
+        parameter of theirs requires a gradient): a row's hidden states after them do not change
+        while the policy trains, so one forward of those layers (:meth:`trunk_states`) can serve
+        every training forward of a rollout batch. 0 when the embeddings train, and for the native
+        model."""
+        layers = _decoder_layers(self.model) if self.kind != "native" else None
+        if layers is None or any(p.requires_grad for p in self.model.get_input_embeddings().parameters()):
+            return 0
+        depth = 0
+        for layer in layers:
+            if any(p.requires_grad for p in layer.parameters()):
+                break
+            depth += 1
+        return depth
+
+    def shares_trunk(self, other: Policy, depth: int) -> bool:
+        """True when ``other``'s input embeddings and lowest ``depth`` layers hold exactly this
+        policy's weights (a reference copied from it while they were frozen), so its forward can
+        start from this policy's :meth:`trunk_states`."""
+        if self.kind == "native" or other.kind == "native" or depth == 0:
+            return False
+        mine, theirs = _decoder_layers(self.model), _decoder_layers(other.model)
+        if mine is None or theirs is None or len(theirs) < depth:
+            return False
+        pairs = [(self.model.get_input_embeddings(), other.model.get_input_embeddings())]
+        pairs += list(zip(list(mine)[:depth], list(theirs)[:depth]))
+        return all(_same_weights(a, b) for a, b in pairs)
+
+    @torch.no_grad()
+    def trunk_states(self, sequences: torch.Tensor, attention_mask: torch.Tensor, start: int, depth: int):
+        """The hidden states after the embeddings and the lowest ``depth`` layers at every input
+        column, ``[B, L - 1, D]`` (inputs ``sequences[:, :-1]``, laid out as in
+        :meth:`action_logprobs`): what a forward with ``trunk=(states, depth)`` starts from. Columns
+        that are padding in every row are zero (masked out of attention like any padding)."""
+        if self.kind == "native":
+            raise ValueError("trunk states need a Hugging Face model; this policy is the native one")
+        B, L = sequences.shape
+        lead, end = _used_columns(attention_mask, start)
+        ids, mask = sequences[:, lead : end - 1], attention_mask[:, lead : end - 1]
+        positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
+        decoder = self.model.get_decoder()
+        captured = []
+        hook = decoder.norm.register_forward_pre_hook(lambda _module, args: captured.append(args[0]))
+        try:
+            with _only_layers(self.model, 0, depth):
+                decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+        finally:
+            hook.remove()
+        states = captured[0].new_zeros(B, L - 1, captured[0].shape[-1])
+        states[:, lead : end - 1] = captured[0]
+        return states
+
+
+def _same_weights(a: nn.Module, b: nn.Module) -> bool:
+    pa, pb = list(a.parameters()), list(b.parameters())
+    return len(pa) == len(pb) and all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(pa, pb))
+
+
+def _decoder_layers(model: nn.Module) -> nn.ModuleList | None:
+    """An HF causal LM's decoder layers (``get_decoder().layers``), None for another layout."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    return layers if isinstance(layers, nn.ModuleList) and hasattr(decoder, "norm") else None
+
+
+@contextmanager
+def _only_layers(model: nn.Module, first: int, stop: int | None):
+    """Within the block, ``model``'s decoder runs only its layers ``[first, stop)`` (the same modules):
+    a forward from the trunk's states (``first`` = depth) or of the trunk alone (``stop`` = depth).
+    HF decoders loop over their ``layers`` list; each layer keeps its own index and attention type."""
+    if first == 0 and stop is None:
+        yield
+        return
+    decoder = model.get_decoder()
+    every = decoder.layers
+    decoder.layers = nn.ModuleList(list(every)[first:stop])
+    try:
+        yield
+    finally:
+        decoder.layers = every
 
 
 @contextmanager

@@ -58,6 +58,7 @@ def grpo_update(
     sequence_ids: torch.Tensor | None = None,
     global_ids: bool = False,
     guard: UpdateGuard | None = None,
+    frozen_trunk: bool = True,
 ) -> list[dict]:
     """The mini-batch updates of one rollout batch; returns one metrics dict per optimizer step. The KL
     term (per-domain β of ``cfg``) is against the frozen ``ref`` policy; none without one. A step with
@@ -80,7 +81,13 @@ def grpo_update(
     batch of outputs (the same permutation on every rank): rank by rank, or, with ``global_ids``,
     ordered by ``sequence_ids``, which then number the outputs over all ranks (distinct between
     ranks; say item ``k``'s ``j``-th output is ``k·G + j``), so that one process and several order
-    the outputs alike however each rank lays out its rows."""
+    the outputs alike however each rank lays out its rows.
+
+    With ``frozen_trunk`` (one process, an HF policy whose embeddings and lowest layers are frozen:
+    :meth:`Policy.frozen_trunk`), those layers run once per row for the whole call
+    (:meth:`Policy.trunk_states`), and every forward of the call — the policy's, OPSM's no-grad ones
+    and the reference's when it holds the same lowest layers — runs only the layers above. False:
+    every forward runs every layer (the same values up to float rounding)."""
     B = len(batch)
     mask = batch.action_mask
     device = mask.device
@@ -91,13 +98,21 @@ def grpo_update(
     position, n_global = _global_positions(ids, n_outputs, global_ids)
     local_of = torch.full((n_global,), -1, dtype=torch.long, device=device)
     local_of[position.to(device)] = torch.arange(n_outputs, device=device)
-    ref_logprobs = _batch_logprobs(ref, batch, cfg, temperature) if ref is not None else None
+    trunk = _trunk(policy, batch, cfg.micro_batch) if frozen_trunk else None
+    ref_trunk = (
+        trunk if trunk is not None and ref is not None and policy.shares_trunk(ref, trunk[1]) else None
+    )
+    ref_logprobs = _batch_logprobs(ref, batch, cfg, temperature, ref_trunk) if ref is not None else None
     domains = [t.domain for t in batch.tasks]
     kl_coefs = sequence_kl_coefs(domains, cfg.domain_kl_coef, default=cfg.kl_coef).to(device)
     kept = batch.kept_ids if cfg.keep_sampling_mask else None
     routing = batch.routing if cfg.keep_routing else None
     sampling = batch.sampling_logprobs
-    old = _batch_logprobs(policy, batch, cfg, temperature) if cfg.old_logprobs == "recompute" else sampling
+    old = (
+        _batch_logprobs(policy, batch, cfg, temperature, trunk)
+        if cfg.old_logprobs == "recompute"
+        else sampling
+    )
     size = max(1, n_global // cfg.mini_batches)
     guard = guard if guard is not None else rl_guard(cfg.max_skipped_updates)
     records = []
@@ -127,6 +142,7 @@ def grpo_update(
                     routing,
                     temperature,
                     cfg.micro_batch,
+                    trunk,
                 )
             sums: dict[str, float] = dict.fromkeys(_SHARE_METRICS + _TOKEN_METRICS, 0.0)
             sums |= {"ratio_max": -math.inf, "ratio_min": math.inf}
@@ -138,7 +154,9 @@ def grpo_update(
                     continue
                 part, rest = parts[k], rests[k]
                 micro = mb[part]
-                logp = policy.action_logprobs(**_rows(batch, micro, kept, routing), temperature=temperature)
+                logp = policy.action_logprobs(
+                    **_rows(batch, micro, kept, routing, trunk), temperature=temperature
+                )
                 loss, m = grpo_loss(
                     logp,
                     old[micro],
@@ -221,7 +239,17 @@ def _rows_of(outputs: torch.Tensor, output_of_row: torch.Tensor, n_outputs: int)
 
 @torch.no_grad()
 def _log_ratio_rest(
-    policy: Policy, batch: Rollouts, mb, ids, advantages, parts, kept, routing, temperature: float, chunk: int
+    policy: Policy,
+    batch: Rollouts,
+    mb,
+    ids,
+    advantages,
+    parts,
+    kept,
+    routing,
+    temperature: float,
+    chunk: int,
+    trunk=None,
 ) -> list[torch.Tensor]:
     """For each micro-batch ``mb[part]``: per row, Σ log(π_sampling/π_θ) over the action tokens of the
     row's output that lie in the mini-batch's other micro-batches (:class:`OutputTotals`'s
@@ -243,7 +271,7 @@ def _log_ratio_rest(
             _idle_pass(policy, batch, kept, routing, temperature, grad=False)
             continue
         rows = mb[chunks[k]]
-        logp = policy.action_logprobs(**_rows(batch, rows, kept, routing), temperature=temperature)
+        logp = policy.action_logprobs(**_rows(batch, rows, kept, routing, trunk), temperature=temperature)
         diff = batch.sampling_logprobs[rows] - logp
         per_row[chunks[k]] = torch.where(batch.action_mask[rows], diff, 0.0).sum(-1).float()
     total = torch.zeros(n, device=device).index_add_(0, output, per_row)
@@ -267,18 +295,39 @@ def _by_length(batch: Rollouts, idx: torch.Tensor) -> torch.Tensor:
     return idx[torch.argsort(batch.attention_mask[idx].sum(1), stable=True)]
 
 
-def _rows(batch: Rollouts, idx, kept, routing) -> dict:
+def _rows(batch: Rollouts, idx, kept, routing, trunk=None) -> dict:
     rows = batch.rows(idx)
     rows["kept_ids"] = None if kept is None else kept[idx]
     rows["routing"] = None if routing is None else routing[:, idx]
+    if trunk is not None:
+        rows["trunk"] = (trunk[0][idx], trunk[1])
     return rows
 
 
+def _trunk(policy: Policy, batch: Rollouts, chunk: int) -> tuple[torch.Tensor, int] | None:
+    """``(states, depth)``: every row's hidden states after the policy's frozen trunk, computed
+    ``chunk`` rows at a time (similar lengths together); None when there is none to share, or under
+    ``torchrun`` (every rank's forwards gather the sharded layers in step with the others)."""
+    if distributed.world().active:
+        return None
+    depth = policy.frozen_trunk()
+    if depth == 0:
+        return None
+    out = None
+    for idx in _by_length(batch, torch.arange(len(batch), device=batch.sequences.device)).split(chunk):
+        states = policy.trunk_states(batch.sequences[idx], batch.attention_mask[idx], batch.start, depth)
+        out = states.new_empty(len(batch), *states.shape[1:]) if out is None else out
+        out[idx] = states
+    return out, depth
+
+
 @torch.no_grad()
-def _batch_logprobs(policy: Policy, batch: Rollouts, cfg: GRPOConfig, temperature: float) -> torch.Tensor:
+def _batch_logprobs(
+    policy: Policy, batch: Rollouts, cfg: GRPOConfig, temperature: float, trunk=None
+) -> torch.Tensor:
     """``policy``'s action log-probs of every row of ``batch`` (micro-batch by micro-batch), with the
     recorded sampling masks / routing when the config keeps them: the reference policy's, or the
-    current policy's recomputed "old" ones."""
+    current policy's recomputed "old" ones; from ``trunk``'s states when given."""
     kept = batch.kept_ids if cfg.keep_sampling_mask else None
     routing = batch.routing if cfg.keep_routing else None
     idx_all = _by_length(batch, torch.arange(len(batch), device=batch.sequences.device))
@@ -290,7 +339,7 @@ def _batch_logprobs(policy: Policy, batch: Rollouts, cfg: GRPOConfig, temperatur
             _idle_pass(policy, batch, kept, routing, temperature, grad=False)
             continue
         idx = chunks[k]
-        out.append(policy.action_logprobs(**_rows(batch, idx, kept, routing), temperature=temperature))
+        out.append(policy.action_logprobs(**_rows(batch, idx, kept, routing, trunk), temperature=temperature))
     logp = torch.empty_like(batch.sampling_logprobs, dtype=out[0].dtype)
     logp[idx_all] = torch.cat(out)
     return logp
