@@ -224,7 +224,7 @@ def rl_frozen_trunk_table(result: dict) -> tuple[str, str]:
     r = result
     table = _table(
         ["rows (tokens)", "frozen layers", "every layer", "frozen trunk once", "speed-up",
-         "max |Δ log-prob|", "others' CPU"],
+         "max abs Δ log-prob", "others' CPU"],
         [[f"{r['rows']} ({r['tokens']})", f"{r['frozen_layers']} of {r['layers']}", _s(r["every_layer_s"]["median"]),
           _s(r["frozen_trunk_s"]["median"]), _x(r["speedup"]), f"{r['max_abs_logprob_diff']:.1e}", _others(r)]],
     )  # fmt: skip
