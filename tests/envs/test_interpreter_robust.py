@@ -390,21 +390,61 @@ def test_a_slow_kernel_start_is_not_the_model_s_timeout():
         e.close()
 
 
+def test_a_start_gives_its_slot_back_once_the_kernel_answers(monkeypatch):
+    """The start slot covers the kernel's imports (up to its first answer on the shell channel), not
+    the client's IOPub check after it, which is mostly waiting."""
+    from jupyter_client.blocking.client import BlockingKernelClient
+
+    from dsv32.envs.interpreter import kernel as kernel_module
+
+    events: list[str] = []
+
+    class Slots(threading.BoundedSemaphore):
+        def release(self, n=1):
+            events.append("released")
+            super().release(n)
+
+    monkeypatch.setattr(kernel_module, "_STARTING", Slots(1))
+    answer, ready = kernel_module.SandboxedKernel._answer, BlockingKernelClient.wait_for_ready
+
+    def answering(self, timeout):
+        answer(self, timeout)
+        events.append("answered")
+
+    def checking(self, timeout=None):
+        events.append("ready check")
+        return ready(self, timeout)
+
+    monkeypatch.setattr(kernel_module.SandboxedKernel, "_answer", answering)
+    monkeypatch.setattr(BlockingKernelClient, "wait_for_ready", checking)
+    with SandboxedKernel() as k:
+        assert k.execute("print(6 * 7)").text.strip() == "42"
+        assert events[:3] == ["answered", "released", "ready check"] and events.count("released") == 1
+
+
 def test_kernels_starting_together_take_turns_and_a_start_that_cannot_get_one_says_so(monkeypatch):
     from dsv32.envs.interpreter import kernel as kernel_module
 
     monkeypatch.setattr(kernel_module, "_STARTING", threading.BoundedSemaphore(2))
     launch, lock, now, most = kernel_module.SandboxedKernel._launch, threading.Lock(), [0], [0]
 
-    def counting(self, *args):
+    def counting(self, quota, deadline, answered):  # a start counts from its launch to its first answer
         with lock:
             now[0] += 1
             most[0] = max(most[0], now[0])
-        try:
-            return launch(self, *args)
-        finally:
+        done = [False]
+
+        def counted():
             with lock:
-                now[0] -= 1
+                if not done[0]:
+                    done[0] = True
+                    now[0] -= 1
+            answered()
+
+        try:
+            return launch(self, quota, deadline, counted)
+        finally:
+            counted()
 
     monkeypatch.setattr(kernel_module.SandboxedKernel, "_launch", counting)
     kernels = [SandboxedKernel(start=False, startup_timeout_s=60) for _ in range(5)]

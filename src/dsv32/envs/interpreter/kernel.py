@@ -164,10 +164,12 @@ del _dsv32_startup
 # The directories of kernels not closed yet: removed when this process exits (the kernels die with it).
 _UNREMOVED: set[str] = set()
 
-# At most this many kernels of this process start at once (a start is ~0.45 CPU-seconds, mostly
+# At most this many kernels of this process start at once (a start is ~0.35 CPU-seconds, mostly
 # imports): a hundred episodes reaching their first cell together queue for a few cores instead of
-# thrashing them, so each start stays short and they finish in order. The queue's wait is part of
-# the start's ``startup_timeout_s``.
+# thrashing them, so each start stays short and they finish in order. A start holds its place until
+# the kernel first answers on its shell channel (its imports are done), not through the client's
+# IOPub check that follows, which is mostly waiting. The queue's wait is part of the start's
+# ``startup_timeout_s``.
 CONCURRENT_STARTS = max(2, os.cpu_count() or 2)
 _STARTING = threading.BoundedSemaphore(CONCURRENT_STARTS)
 
@@ -474,12 +476,19 @@ class SandboxedKernel:
                     f"the sandboxed Jupyter kernel was not started: {CONCURRENT_STARTS} other kernels of "
                     f"this process were starting for all of {self.startup_timeout_s:g} s"
                 )
-        try:
-            self._launch(quota, deadline)
-        finally:
-            _STARTING.release()
+        held = [True]
 
-    def _launch(self, quota: int, deadline: float) -> None:
+        def answered() -> None:  # the CPU-heavy part is over: the next start may begin
+            if held[0]:
+                held[0] = False
+                _STARTING.release()
+
+        try:
+            self._launch(quota, deadline, answered)
+        finally:
+            answered()
+
+    def _launch(self, quota: int, deadline: float, answered: Callable[[], None]) -> None:
         self._run_dir = run_dir = tempfile.mkdtemp(prefix="dsv32-kernel-run-")
         _UNREMOVED.add(run_dir)
         profile = os.path.join(run_dir, "ipython", "profile_default")
@@ -510,12 +519,14 @@ class SandboxedKernel:
             [self.workdir, run_dir], quota, process.pid, lambda: sandbox.kill(process)
         )
         self._disk.start()
-        self._connect(deadline)
+        self._connect(deadline, answered)
 
-    def _connect(self, deadline: float | None = None) -> None:
+    def _connect(self, deadline: float | None = None, answered: Callable[[], None] | None = None) -> None:
         """A fresh client for the running kernel, ready by ``deadline`` (default: within
         ``startup_timeout_s``; a socket that refused a message does not reconnect); on failure the
-        kernel is stopped and :class:`~dsv32.envs.sandbox.SandboxError` raised."""
+        kernel is stopped and :class:`~dsv32.envs.sandbox.SandboxError` raised. ``answered`` is
+        called once the kernel has answered a request on its shell channel, before the client's
+        readiness check (which also waits for IOPub)."""
         if self.kc is not None:
             self.kc.stop_channels()
         if self._context is None:
@@ -533,7 +544,12 @@ class SandboxedKernel:
         deadline = deadline if deadline is not None else time.monotonic() + self.startup_timeout_s
         while True:  # in steps of a second, so that close() need not wait for the whole timeout
             try:
-                self.kc.wait_for_ready(timeout=min(1.0, max(deadline - time.monotonic(), 0)))
+                step = min(1.0, max(deadline - time.monotonic(), 0))
+                if answered is not None:
+                    self._answer(step)
+                    answered, call = None, answered
+                    call()
+                self.kc.wait_for_ready(timeout=step)
                 return
             except RuntimeError:
                 if self._closed.is_set():
@@ -546,6 +562,16 @@ class SandboxedKernel:
                     continue
             self._stop()
             raise sandbox.SandboxError(f"the sandboxed Jupyter kernel did not start: {problem}")
+
+    def _answer(self, timeout: float) -> None:
+        """A ``kernel_info`` request answered on the shell channel within ``timeout`` (a request
+        sent before the kernel listens waits in its socket); RuntimeError, as the client's own
+        readiness check raises, when no answer came."""
+        self.kc.kernel_info()
+        try:
+            self.kc.get_shell_msg(timeout=timeout)
+        except queue.Empty:
+            raise RuntimeError("the kernel has not answered yet") from None
 
     def _stop(self) -> None:
         km, kc, run_dir, context, disk = self.km, self.kc, self._run_dir, self._context, self._disk
