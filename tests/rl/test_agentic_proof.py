@@ -18,7 +18,15 @@ from dsv32.cli.posttrain_recipe import read_posttrain_recipe, refuse_shared
 from dsv32.envs.base import EnvError, Environment, EnvSpec, Reward, Task, register, tool_call, tool_schema
 from dsv32.recipe import RecipeError
 from dsv32.rl.agentic import AgenticReward, Episode, EpisodeSettings, episode_rows, rl_task, rows_to_rollouts
-from dsv32.rl.posttrain_report import STAGES, paired_change, report_dict, report_markdown, rl_curve, wilson
+from dsv32.rl.posttrain_report import (
+    STAGES,
+    first_tasks,
+    paired_change,
+    report_dict,
+    report_markdown,
+    rl_curve,
+    wilson,
+)
 from dsv32.rl.rollout import SamplingConfig
 from dsv32.runlog import read_metrics
 
@@ -99,6 +107,19 @@ def _outcomes(solved: str) -> dict:
     return {"outcomes": [{"id": f"t{i}", "correct": c == "1"} for i, c in enumerate(solved)]}
 
 
+def test_the_curve_counts_an_evaluation_over_its_first_tasks():
+    summary = {"episodes": 4, "accuracy": 0.5, "tool_call_valid": 0.75, "outcomes": [
+        {"id": "a", "correct": True, "tool_call_valid": True}, {"id": "b", "correct": False, "tool_call_valid": False},
+        {"id": "c", "correct": True, "tool_call_valid": True}, {"id": "d", "correct": False, "tool_call_valid": True},
+    ]}  # fmt: skip
+    assert first_tasks(summary, 3) == {"episodes": 3, "accuracy": 2 / 3, "tool_call_valid": 2 / 3}
+    assert first_tasks(summary, 4) is summary and first_tasks(summary, 9) is summary
+    with pytest.raises(ValueError, match="n >= 1"):
+        first_tasks(summary, 0)
+    point = rl_curve([], [{**first_tasks(summary, 3), "step": 0}])["heldout"][0]
+    assert point["tasks"] == 3 and point["interval"] == list(wilson(2, 3))
+
+
 def test_the_paired_comparison_counts_the_tasks_only_one_stage_solved():
     # 10 tasks: 7 only the second solved, 1 only the first; exact McNemar: 2 · P(X ≤ 1 | 8, 1/2)
     paired = paired_change(_outcomes("1100000000"), _outcomes("0111111110"))
@@ -146,6 +167,8 @@ def test_the_agentic_recipe_keeps_held_out_and_validation_prompts_out_of_trainin
         ("tasks.system_prompt='tiny'", "system_prompt"),
         ("tasks.rl_pool='hard'", "rl_pool"),
         ("tasks.rl_pool_solved=1.0", "rl_pool_solved"),
+        ("tasks.curve=1000", "more than the .* held-out tasks"),
+        ("tasks.curve=-1", "curve"),
     ],
 )
 def test_bad_recipe_values_are_refused_before_anything_runs(tmp_path, override, message):
@@ -169,7 +192,7 @@ def test_the_proof_pipeline_evaluates_every_stage_on_the_same_held_out_tasks(tmp
     sets = ["sft.model.name=tiny-llama", "sft.train.freeze_layers=0", "sft.data.seq_len=1024", "sft.train.epochs=1",
             "tasks.train=3", "tasks.coldstart=2", "tasks.validation=1", "tasks.heldout=2", "rl.grpo.steps=2",
             "rl.eval.every=1", "rl.grpo.prompts_per_step=1", "rl.grpo.group_size=2", "rl.grpo.mini_batches=1",
-            "rl.sampling.max_new_tokens=16", "transfer.tasks=1", "transfer.max_steps=1"]  # fmt: skip
+            "rl.sampling.max_new_tokens=16", "transfer.tasks=1", "transfer.max_steps=1", "tasks.curve=1"]  # fmt: skip
     argv = ["posttrain", "proof", SHIPPED, "--out", str(tmp_path / "p"), "--no-progress"]
     assert main([*argv, *[a for s in sets for a in ("--set", s)]]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -179,16 +202,28 @@ def test_the_proof_pipeline_evaluates_every_stage_on_the_same_held_out_tasks(tmp
     held = [
         json.loads(line)["id"] for line in (tmp_path / "p" / "tasks_heldout.jsonl").read_text().splitlines()
     ]
-    # base, sft, the trainer's evaluation after step 1, rl: the same held-out tasks each time; the
-    # transfer environment's own tasks after each stage; the SFT model's greedy pass over the
-    # training tasks (the recipe's GRPO pool is the tasks it leaves unsolved)
+    # base, sft, rl: the same held-out tasks each time; the trainer's evaluation after step 1: the
+    # first of them (tasks.curve = 1); the transfer environment's own tasks after each stage; the SFT
+    # model's greedy pass over the training tasks (the recipe's GRPO pool is the tasks it leaves
+    # unsolved)
     held_calls = [ids for ids in seen if ids == tuple(held)]
     train_ids = tuple(
         json.loads(line)["id"] for line in (tmp_path / "p" / "tasks_train.jsonl").read_text().splitlines()
     )
-    assert len(held_calls) == 4 and seen.count(train_ids) == 1 and len(seen) == 4 + 3 + 1
-    assert all(not set(ids) & set(held) for ids in seen if ids != tuple(held))
-    assert [p["step"] for p in report["rl_curve"]["heldout"]] == [0, 1, 2]
+    assert len(held_calls) == 3 and seen.count(tuple(held[:1])) == 1
+    assert seen.count(train_ids) == 1 and len(seen) == 4 + 3 + 1
+    assert all(not set(ids) & set(held) for ids in seen if not set(ids) <= set(held))
+    curve = report["rl_curve"]["heldout"]
+    assert [p["step"] for p in curve] == [0, 1, 2] and {p["tasks"] for p in curve} == {1}
+    for point, stage in ((curve[0], "sft"), (curve[2], "rl")):  # the stage's outcome on the first task
+        first = json.loads((tmp_path / "p" / f"eval_{stage}.json").read_text())["outcomes"][0]
+        assert point["accuracy"] == float(first["correct"]) and point["interval"] == list(
+            wilson(int(first["correct"]), 1)
+        )
+    assert (
+        "Held-out accuracy during GRPO (the first 1 held-out tasks)"
+        in (tmp_path / "p" / "report.md").read_text()
+    )
     for stage in STAGES:  # every held-out task's outcome, in the order of the held-out set
         outcomes = json.loads((tmp_path / "p" / f"eval_{stage}.json").read_text())["outcomes"]
         assert [o["id"] for o in outcomes] == held and all(isinstance(o["correct"], bool) for o in outcomes)

@@ -33,7 +33,7 @@ def run_proof(config: str | None, overrides: list[str], out: str | None, progres
     from dsv32.rl.agentic import EpisodeSettings
     from dsv32.rl.agentic_trainer import EnvItem, episode_settings, evaluate_agentic, train_agentic
     from dsv32.rl.policy import Policy
-    from dsv32.rl.posttrain_report import machine, report_dict, rl_curve, write_report
+    from dsv32.rl.posttrain_report import first_tasks, machine, report_dict, rl_curve, write_report
     from dsv32.runlog import read_metrics
     from dsv32.synth.coldstart import build_coldstart
     from dsv32.train.sft import train_sft
@@ -121,7 +121,7 @@ def run_proof(config: str | None, overrides: list[str], out: str | None, progres
         for p in vocab_matrices(sm.model):
             p.requires_grad_(False)
     if rl_cfg.rl.eval.every:  # the held-out curve: the trainer evaluates every `eval.every` steps
-        rl_cfg.agentic.eval_tasks = len(heldout)
+        rl_cfg.agentic.eval_tasks = tasks_cfg.curve_tasks  # the first ones of the held-out file
     with timed("rl"):
         train_agentic(
             rl_cfg,
@@ -134,10 +134,10 @@ def run_proof(config: str | None, overrides: list[str], out: str | None, progres
     evaluate("rl")
     during = read_metrics(root / "rl" / "eval.jsonl") if (root / "rl" / "eval.jsonl").exists() else []
     rl_metrics = read_metrics(root / "rl" / "metrics.jsonl")
-    points = [
-        {**evals["sft"], "step": 0},
+    points = [  # every point counts the same (first) held-out tasks
+        {**first_tasks(evals["sft"], tasks_cfg.curve_tasks), "step": 0},
         *during,
-        {**evals["rl"], "step": rl_cfg.rl.grpo.steps},
+        {**first_tasks(evals["rl"], tasks_cfg.curve_tasks), "step": rl_cfg.rl.grpo.steps},
     ]
     details = {
         "model": sft_cfg.model.name,

@@ -66,7 +66,10 @@ class ProofTasks(Checked):
     model does not solve greedily (one greedy pass over the training tasks after SFT: the usual
     pass-rate filter before RL; a task the SFT model already solves teaches GRPO little), with
     ``rl_pool_solved`` of each step's tasks (in expectation) still drawn from the solved ones: their
-    groups are what keeps a question GRPO is learning from spreading to the questions SFT solved."""
+    groups are what keeps a question GRPO is learning from spreading to the questions SFT solved.
+    ``curve``: the held-out curve during GRPO (``rl.eval.every``) is measured on the first ``curve``
+    held-out tasks (0: all of them); its step-0 and last points are the SFT and GRPO evaluations
+    counted over the same tasks."""
 
     RANGES: ClassVar[dict] = {
         "train": at_least(1),
@@ -79,6 +82,7 @@ class ProofTasks(Checked):
         "system_prompt": one_of(*SYSTEM_PROMPTS),
         "rl_pool": one_of(*RL_POOLS),
         "rl_pool_solved": Rule(lambda v: 0 <= v < 1, "in [0, 1)"),
+        "curve": at_least(0),
     }
 
     train: int = 64
@@ -91,6 +95,7 @@ class ProofTasks(Checked):
     system_prompt: str = "full"
     rl_pool: str = "all"
     rl_pool_solved: float = 0.0
+    curve: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -98,6 +103,13 @@ class ProofTasks(Checked):
             raise RecipeError(
                 f"[tasks] coldstart = {self.coldstart} is more than the {self.train} training tasks"
             )
+        if self.curve > self.heldout:
+            raise RecipeError(f"[tasks] curve = {self.curve} is more than the {self.heldout} held-out tasks")
+
+    @property
+    def curve_tasks(self) -> int:
+        """How many held-out tasks (the first ones) the held-out curve during GRPO counts."""
+        return self.curve or self.heldout
 
     @property
     def env_options(self) -> dict[str, Any]:

@@ -9,7 +9,8 @@ accuracy_sft``), ``intervals_overlap`` (whether the SFT and GRPO intervals overl
 (the environment the policy never trained on: its accuracy and well-formed tool use per stage; None
 without ``[transfer]``), ``rl_curve`` (``train``: sampled reward, accuracy and well-formed tool use
 per GRPO step; ``heldout``: greedy held-out accuracy with its interval at step 0 — the SFT model —,
-every ``eval.every`` steps and after the last), and ``details`` (per-stage summaries, timings, the
+every ``eval.every`` steps and after the last, each over the same ``tasks``: the first
+``tasks.curve`` held-out tasks, or all), and ``details`` (per-stage summaries, timings, the
 machine).
 """
 
@@ -63,10 +64,26 @@ def interval_of(summary: dict) -> tuple[float, float]:
 TRAIN_CURVE_KEYS = ("step", "reward_mean", "accuracy", "tool_call_valid", "kl", "first_update_abs_log_ratio")
 
 
+def first_tasks(summary: dict, n: int) -> dict:
+    """An evaluation counted over its first ``n`` tasks (its ``outcomes`` are in task order):
+    ``episodes``, ``accuracy`` and ``tool_call_valid``; the whole summary when it has no more."""
+    outcomes = summary.get("outcomes") or []
+    if n >= len(outcomes):
+        return summary
+    if n <= 0:
+        raise ValueError(f"an evaluation over its first n tasks needs n >= 1, got {n}")
+    part = outcomes[:n]
+    return {
+        "episodes": n,
+        "accuracy": sum(bool(o["correct"]) for o in part) / n,
+        "tool_call_valid": sum(bool(o["tool_call_valid"]) for o in part) / n,
+    }
+
+
 def rl_curve(rl_metrics: list[dict], heldout_evals: list[dict]) -> dict[str, list[dict]]:
     """The learning curve: per GRPO step the sampled episodes' reward, accuracy and well-formed tool
     use, and the KL to the reference policy (mean per episode; 0 without a KL term); the held-out
-    greedy accuracy (with its interval) at the steps it was measured."""
+    greedy accuracy (with its interval, over ``tasks`` tasks) at the steps it was measured."""
     train = [{k: r.get(k) for k in TRAIN_CURVE_KEYS} for r in rl_metrics if "reward_mean" in r]
     held = [
         {
@@ -74,6 +91,7 @@ def rl_curve(rl_metrics: list[dict], heldout_evals: list[dict]) -> dict[str, lis
             "accuracy": e["accuracy"],
             "tool_call_valid": e["tool_call_valid"],
             "interval": list(interval_of(e)),
+            "tasks": e["episodes"],
         }
         for e in sorted(heldout_evals, key=lambda e: e["step"])
     ]
@@ -180,8 +198,11 @@ def report_markdown(report: dict[str, Any]) -> str:
         )
     curve = report.get("rl_curve") or {}
     if curve.get("heldout"):
+        counted = {h.get("tasks") for h in curve["heldout"]} - {None, report["heldout_tasks"]}
         text += (
-            "Held-out accuracy during GRPO: "
+            "Held-out accuracy during GRPO"
+            + (f" (the first {counted.pop()} held-out tasks)" if len(counted) == 1 else "")
+            + ": "
             + ", ".join(f"step {h['step']}: {h['accuracy']:.3f}" for h in curve["heldout"])
             + ".\n\n"
         )
@@ -264,6 +285,8 @@ def plot_report(report: dict[str, Any], sft_metrics: list[dict], rl_metrics: lis
     points = (report.get("rl_curve") or {}).get("heldout") or []
     if points:
         ys = [h["accuracy"] for h in points]
+        counted = points[0].get("tasks", report["heldout_tasks"])
+        part = f", first {counted} tasks" if counted != report["heldout_tasks"] else ""
         ax.errorbar(
             [h["step"] for h in points],
             ys,
@@ -271,7 +294,7 @@ def plot_report(report: dict[str, Any], sft_metrics: list[dict], rl_metrics: lis
             fmt="s-",
             color="tab:purple",
             capsize=3,
-            label="held-out accuracy (greedy)",
+            label=f"held-out accuracy (greedy{part})",
         )
     ax.set_xlabel("GRPO step")
     ax.set_ylim(0, max(1.05, *(r["reward_mean"] + 0.05 for r in rl_metrics)) if rl_metrics else 1.05)
