@@ -9,13 +9,17 @@ Each sandboxed number has its unconfined baseline measured in the same run:
   ``subprocess.run(["true"])``; ``sandbox_python``: the same for ``python -c pass``;
 - ``kernel``: start of the sandboxed Jupyter kernel and one ``1 + 1`` cell round trip, against an
   unconfined ``jupyter_client`` kernel (TCP, no sandbox);
+- ``kernel_starts``: 32 sandboxed kernels started together (one ``print`` cell each, then closed),
+  each start holding its turn until the kernel first answers (the library's way) against holding it
+  through ``jupyter_client``'s readiness check as well (its IOPub wait), the two alternated twice;
 - ``general_call``: one general-tools tool call (a sandboxed process loads the bundle and runs the
   function on SQLite), against calling the same function in-process;
 - ``episodes_per_minute``: the ``reference`` backend through ``dsv32.agent.run_episode`` on the
   code-interpreter and general-tools task sets with 1, 2 and 4 episodes in parallel.
 
 ``ratios``: each sandboxed median over its baseline's (``sandbox_true/<kind>``, ``sandbox_python/<kind>``,
-``kernel_start``, ``kernel_round_trip``, ``general_call``).
+``kernel_start``, ``kernel_round_trip``, ``general_call``); ``kernel_starts_speedup``: the held
+turn's wall time over the released one's.
 
 BM25 search queries and SWE test runs are measured by ``benchmarks/envs_search_swe.py``.
 Means and medians in milliseconds; the machine's load average is recorded with them.
@@ -94,6 +98,43 @@ def kernel_costs(n: int) -> dict:
     return out
 
 
+def concurrent_starts(kernels: int, rounds: int = 2) -> dict:
+    """Wall time of ``kernels`` starts at once (thread per kernel), a start's turn released when the
+    kernel answers vs when the client's readiness check is over too; the best of ``rounds`` each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dsv32.envs.interpreter import kernel as kernel_module
+
+    connect = kernel_module.SandboxedKernel._connect
+
+    def held_to_ready(self, deadline=None, answered=None):  # the turn ends with _start, after readiness
+        return connect(self, deadline, None)
+
+    def one(i: int) -> str:
+        with kernel_module.SandboxedKernel() as k:
+            return k.execute(f"print({i})").text.strip()
+
+    walls: dict[str, list[float]] = {"released_at_answer_s": [], "held_to_ready_s": []}
+    for _ in range(rounds):
+        for mode in walls:
+            kernel_module.SandboxedKernel._connect = held_to_ready if mode == "held_to_ready_s" else connect
+            try:
+                start = time.perf_counter()
+                with ThreadPoolExecutor(kernels) as pool:
+                    texts = list(pool.map(one, range(kernels)))
+                walls[mode].append(time.perf_counter() - start)
+            finally:
+                kernel_module.SandboxedKernel._connect = connect
+            if texts != [str(i) for i in range(kernels)]:
+                raise RuntimeError(f"a kernel answered wrongly: {texts}")
+    return {
+        "kernels": kernels,
+        "concurrent_starts": kernel_module.CONCURRENT_STARTS,
+        **{mode: round(min(w), 2) for mode, w in walls.items()},
+        "rounds": rounds,
+    }
+
+
 def general_costs(n: int) -> dict:
     from dsv32.envs.general import GeneralToolEnv
 
@@ -155,6 +196,9 @@ def overhead_ratios(result: dict) -> dict:
     ratios["general_call"] = (
         general["sandboxed_call"]["median_ms"] / general["baseline_in_process"]["median_ms"]
     )
+    if "kernel_starts" in result:
+        starts = result["kernel_starts"]
+        ratios["kernel_starts_speedup"] = starts["held_to_ready_s"] / starts["released_at_answer_s"]
     return ratios
 
 
@@ -196,6 +240,7 @@ def main() -> None:
         "load_average_before": os.getloadavg(),
         "sandbox": sandbox_costs(n),
         "kernel": kernel_costs(n),
+        "kernel_starts": concurrent_starts(16 if args.quick else 32),
         "general": general_costs(n),
     }
     result["ratios"] = overhead_ratios(result)

@@ -319,6 +319,11 @@ def envs_table(result: dict) -> tuple[str, str]:
          f"{_median_ms(general['baseline_in_process'])} (in-process)",
          _x(general["sandboxed_call"]["median_ms"] / general["baseline_in_process"]["median_ms"])],
     ]  # fmt: skip
+    if "kernel_starts" in result:  # the start turn released at the first answer vs held to readiness
+        starts = result["kernel_starts"]
+        rows.append([f"{starts['kernels']} kernel starts at once (turn released at the first answer)",
+                     f"{starts['released_at_answer_s']:.3g} s", f"{starts['held_to_ready_s']:.3g} s (turn held to readiness)",
+                     _x(starts["released_at_answer_s"] / starts["held_to_ready_s"])])  # fmt: skip
     overhead = _table(["what", "sandboxed (median)", "baseline (median)", "ratio"], rows)
     envs = sorted({k.split("/")[0] for k in result["episodes"]})
     rates = _table(
