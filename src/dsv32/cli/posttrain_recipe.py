@@ -68,7 +68,7 @@ class ProofTasks(Checked):
     ``rl_pool_solved`` of each step's tasks (in expectation) still drawn from the solved ones: their
     groups are what keeps a question GRPO is learning from spreading to the questions SFT solved.
     ``curve``: the held-out curve during GRPO (``rl.eval.every``) is measured on the first ``curve``
-    held-out tasks (0: all of them); its step-0 and last points are the SFT and GRPO evaluations
+    held-out tasks (0, or fewer held-out tasks: all of them); its step-0 and last points are the SFT and GRPO evaluations
     counted over the same tasks."""
 
     RANGES: ClassVar[dict] = {
@@ -103,13 +103,12 @@ class ProofTasks(Checked):
             raise RecipeError(
                 f"[tasks] coldstart = {self.coldstart} is more than the {self.train} training tasks"
             )
-        if self.curve > self.heldout:
-            raise RecipeError(f"[tasks] curve = {self.curve} is more than the {self.heldout} held-out tasks")
 
     @property
     def curve_tasks(self) -> int:
-        """How many held-out tasks (the first ones) the held-out curve during GRPO counts."""
-        return self.curve or self.heldout
+        """How many held-out tasks (the first ones) the held-out curve during GRPO counts: ``curve``,
+        all of them when there are fewer (a smaller ``heldout`` for a quick run) or ``curve`` is 0."""
+        return min(self.curve, self.heldout) if self.curve else self.heldout
 
     @property
     def env_options(self) -> dict[str, Any]:
