@@ -68,8 +68,8 @@ class ProofTasks(Checked):
     ``rl_pool_solved`` of each step's tasks (in expectation) still drawn from the solved ones: their
     groups are what keeps a question GRPO is learning from spreading to the questions SFT solved.
     ``curve``: the held-out curve during GRPO (``rl.eval.every``) is measured on the first ``curve``
-    held-out tasks (0, or fewer held-out tasks: all of them); its step-0 and last points are the SFT and GRPO evaluations
-    counted over the same tasks."""
+    held-out tasks (0, or fewer held-out tasks: all of them); its step-0 and last points are the SFT
+    and GRPO evaluations counted over the same tasks."""
 
     RANGES: ClassVar[dict] = {
         "train": at_least(1),
