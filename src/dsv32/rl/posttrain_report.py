@@ -67,11 +67,11 @@ TRAIN_CURVE_KEYS = ("step", "reward_mean", "accuracy", "tool_call_valid", "kl", 
 def first_tasks(summary: dict, n: int) -> dict:
     """An evaluation counted over its first ``n`` tasks (its ``outcomes`` are in task order):
     ``episodes``, ``accuracy`` and ``tool_call_valid``; the whole summary when it has no more."""
+    if n <= 0:
+        raise ValueError(f"an evaluation over its first n tasks needs n >= 1, got {n}")
     outcomes = summary.get("outcomes") or []
     if n >= len(outcomes):
         return summary
-    if n <= 0:
-        raise ValueError(f"an evaluation over its first n tasks needs n >= 1, got {n}")
     part = outcomes[:n]
     return {
         "episodes": n,
@@ -96,6 +96,13 @@ def rl_curve(rl_metrics: list[dict], heldout_evals: list[dict]) -> dict[str, lis
         for e in sorted(heldout_evals, key=lambda e: e["step"])
     ]
     return {"train": train, "heldout": held}
+
+
+def curve_subset(report: dict[str, Any]) -> int | None:
+    """How many held-out tasks (the first ones) the held-out curve counts, when not all of them."""
+    points = (report.get("rl_curve") or {}).get("heldout") or []
+    counted = {h.get("tasks", report["heldout_tasks"]) for h in points}
+    return counted.pop() if len(counted) == 1 and report["heldout_tasks"] not in counted else None
 
 
 def paired_change(before: dict, after: dict) -> dict[str, Any] | None:
@@ -198,10 +205,10 @@ def report_markdown(report: dict[str, Any]) -> str:
         )
     curve = report.get("rl_curve") or {}
     if curve.get("heldout"):
-        counted = {h.get("tasks") for h in curve["heldout"]} - {None, report["heldout_tasks"]}
+        subset = curve_subset(report)
         text += (
             "Held-out accuracy during GRPO"
-            + (f" (the first {counted.pop()} held-out tasks)" if len(counted) == 1 else "")
+            + (f" (the first {subset} held-out tasks)" if subset else "")
             + ": "
             + ", ".join(f"step {h['step']}: {h['accuracy']:.3f}" for h in curve["heldout"])
             + ".\n\n"
@@ -285,8 +292,7 @@ def plot_report(report: dict[str, Any], sft_metrics: list[dict], rl_metrics: lis
     points = (report.get("rl_curve") or {}).get("heldout") or []
     if points:
         ys = [h["accuracy"] for h in points]
-        counted = points[0].get("tasks", report["heldout_tasks"])
-        part = f", first {counted} tasks" if counted != report["heldout_tasks"] else ""
+        subset = curve_subset(report)
         ax.errorbar(
             [h["step"] for h in points],
             ys,
@@ -294,7 +300,7 @@ def plot_report(report: dict[str, Any], sft_metrics: list[dict], rl_metrics: lis
             fmt="s-",
             color="tab:purple",
             capsize=3,
-            label=f"held-out accuracy (greedy{part})",
+            label=f"held-out accuracy (greedy{f', first {subset} tasks' if subset else ''})",
         )
     ax.set_xlabel("GRPO step")
     ax.set_ylim(0, max(1.05, *(r["reward_mean"] + 0.05 for r in rl_metrics)) if rl_metrics else 1.05)

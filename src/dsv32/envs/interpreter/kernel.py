@@ -476,11 +476,12 @@ class SandboxedKernel:
                     f"the sandboxed Jupyter kernel was not started: {CONCURRENT_STARTS} other kernels of "
                     f"this process were starting for all of {self.startup_timeout_s:g} s"
                 )
-        held = [True]
+        held = True
 
         def answered() -> None:  # the CPU-heavy part is over: the next start may begin
-            if held[0]:
-                held[0] = False
+            nonlocal held
+            if held:
+                held = False
                 _STARTING.release()
 
         try:
@@ -542,14 +543,17 @@ class SandboxedKernel:
                 f"the sandboxed Jupyter kernel could not be reached: {type(err).__name__}: {err}"
             ) from err
         deadline = deadline if deadline is not None else time.monotonic() + self.startup_timeout_s
-        while True:  # in steps of a second, so that close() need not wait for the whole timeout
+
+        def step() -> float:  # in steps of a second, so that close() need not wait for the whole timeout
+            return min(1.0, max(deadline - time.monotonic(), 0))
+
+        while True:
             try:
-                step = min(1.0, max(deadline - time.monotonic(), 0))
                 if answered is not None:
-                    self._answer(step)
-                    answered, call = None, answered
-                    call()
-                self.kc.wait_for_ready(timeout=step)
+                    self._answer(step())
+                    answered()
+                    answered = None
+                self.kc.wait_for_ready(timeout=step())
                 return
             except RuntimeError:
                 if self._closed.is_set():
