@@ -4,10 +4,11 @@ logged step), its metadata files and step checkpoints it can resume from exactly
 A checkpoint is ``out_dir/checkpoints/step_NNNNNN/`` with ``weights.safetensors`` (all parameters, or
 only the trainable ones), ``optimizer.pt`` (optimizer state and the RNG states of torch, CUDA, Python
 and NumPy, plain tensors and numbers: it loads with ``torch.load(weights_only=True)``) and
-``state.json`` (the step, the run's identity and whatever the trainer adds). It is written to a
-temporary folder, synced to disk and renamed (:func:`durable_replace`), so neither a killed run nor a
-power loss leaves a half-written checkpoint; after each save the newest ``keep`` checkpoints up to
-that step stay (a checkpoint past it is never removed).
+``state.json`` (the step, the run's identity and whatever the trainer adds). Every trainer's
+checkpoint, whatever its files, is published the same way: written into a staging folder
+(:func:`stage_checkpoint`), synced to disk and renamed into place (:func:`publish_checkpoint`), so
+neither a killed run nor a power loss leaves a half-written checkpoint; after each save the newest
+``keep`` checkpoints up to that step stay (a checkpoint past it is never removed).
 
 Resuming (:meth:`StepCheckpoints.begin`) takes the newest checkpoint and checks, before anything is
 written, that it belongs to this run: the run's identity (what determines the training: model, data,
@@ -235,6 +236,59 @@ def _load_blob(path: Path, device) -> Any:
         return torch.load(path, map_location=device, weights_only=True)
 
 
+def step_folder(root: str | Path, step: int) -> Path:
+    """Where the checkpoint of ``step`` is published in ``root`` (``checkpoints/``)."""
+    return Path(root) / f"step_{step:06d}"
+
+
+def staging_folder(root: str | Path, step: int) -> Path:
+    """Where the checkpoint of ``step`` is written before it is published (:func:`stage_checkpoint`)."""
+    return Path(root) / f".tmp_step_{step:06d}"
+
+
+def complete_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of every published checkpoint in ``root`` (a ``step_NNNNNN`` folder with its
+    ``state.json``), oldest first."""
+    found = []
+    for p in Path(root).glob("step_*"):
+        digits = p.name[len("step_") :]
+        if digits.isdigit() and (p / "state.json").is_file():
+            found.append((int(digits), p))
+    return sorted(found)
+
+
+def stage_checkpoint(root: str | Path, step: int) -> Path:
+    """A fresh, empty staging folder for the checkpoint of ``step`` in ``root`` (a leftover of an
+    interrupted save of that step is removed): the trainer writes its files there, ``state.json``
+    last, then hands it to :func:`publish_checkpoint`."""
+    staged = staging_folder(root, step)
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir(parents=True)
+    return staged
+
+
+def publish_checkpoint(staged: str | Path, step: int, *, keep: int) -> Path:
+    """Publish a staged checkpoint folder as ``step_NNNNNN`` beside it (:func:`step_folder`) and
+    return that folder. Every file and folder of ``staged`` is synced to disk before the rename and
+    the parent folder after it (:func:`durable_replace`; a file system that refuses to sync a
+    directory is left to its own guarantees, :func:`fsync_path`). A checkpoint of the same step
+    already there (a finished run re-run, an unreadable one redone) is moved aside first and deleted
+    once the new one is in place. Then only the newest ``keep`` (at least 1) checkpoints up to
+    ``step`` stay: the one just published and any past it are never removed."""
+    staged = Path(staged)
+    root = staged.parent
+    final, aside = step_folder(root, step), root / f".old_step_{step:06d}"
+    if final.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(final, aside)  # reaches the disk with the sync of ``root`` before the next rename
+    durable_replace(staged, final)
+    shutil.rmtree(aside, ignore_errors=True)
+    upto = [p for s, p in complete_checkpoints(root) if s <= step]
+    for old in upto[: -max(1, keep)]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
 class StepCheckpoints:
     """``out_dir/checkpoints/step_NNNNNN/`` (see the module docstring). ``trainable_only``: save and
     restore only the parameters with ``requires_grad`` (a frozen base is not copied every time);
@@ -252,12 +306,7 @@ class StepCheckpoints:
 
     def complete(self) -> list[tuple[int, Path]]:
         """``(step, folder)`` of every complete checkpoint, oldest first."""
-        found = []
-        for p in self.root.glob("step_*"):
-            digits = p.name[len("step_") :]
-            if digits.isdigit() and (p / "state.json").is_file():
-                found.append((int(digits), p))
-        return sorted(found)
+        return complete_checkpoints(self.root)
 
     def latest(self) -> Path | None:
         done = self.complete()
@@ -266,9 +315,7 @@ class StepCheckpoints:
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, **state) -> Path:
         from safetensors.torch import save_file, save_model
 
-        final, tmp = self.root / f"step_{step:06d}", self.root / f".tmp_step_{step:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        tmp = stage_checkpoint(self.root, step)
         if self.trainable_only:
             tensors = {
                 n: p.detach().contiguous().cpu() for n, p in model.named_parameters() if p.requires_grad
@@ -278,18 +325,7 @@ class StepCheckpoints:
             save_model(model, str(tmp / "weights.safetensors"))
         torch.save({"optimizer": optimizer.state_dict(), "rng": rng_state()}, tmp / "optimizer.pt")
         (tmp / "state.json").write_text(json.dumps({"step": step, "run": self.run, **state}))
-        if final.exists():  # the same step again (a finished run re-run, an unreadable one redone)
-            old = self.root / f".old_step_{step:06d}"
-            shutil.rmtree(old, ignore_errors=True)
-            durable_replace(final, old)
-            durable_replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            durable_replace(tmp, final)
-        upto = [p for s, p in self.complete() if s <= step]
-        for old in upto[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        return final
+        return publish_checkpoint(tmp, step, keep=self.keep)
 
     def state(self, path: Path) -> dict:
         file = Path(path) / "state.json"

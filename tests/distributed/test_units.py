@@ -1,5 +1,6 @@
 """The distributed helpers that need no process group: the split of a step over the ranks, the
-launch environment, and the trainers that refuse to run on several processes."""
+launch environment, and the trainers that refuse to run on several processes; and, in a process
+group of one, how a DCP checkpoint is published."""
 
 from __future__ import annotations
 
@@ -166,3 +167,61 @@ def test_the_demo_refuses_a_launch_of_several_processes(monkeypatch):
 
     with pytest.raises(DistError, match="dsv32 demo runs in one process"):
         run_demo()
+
+
+@pytest.fixture
+def one_process_group():
+    """A gloo process group of this process alone: the distributed checkpoint's DCP path, in-process."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_a_dcp_checkpoint_is_published_where_a_folder_cannot_be_synced(
+    tmp_path, monkeypatch, one_process_group
+):
+    """A file system that refuses to sync a directory (EINVAL, as some network mounts answer): the
+    checkpoint is still published (renamed into place, pruned to ``keep``) and resumes."""
+    import errno
+    import json
+    import os
+    import stat
+
+    import torch
+
+    from dsv32.distributed import ShardedCheckpoints
+    from dsv32.distributed.checkpoint import is_dcp
+
+    real_fsync, refused = os.fsync, []
+
+    def fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            refused.append(fd)
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+    def model_and_optimizer(seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(4, 3)
+        return model, torch.optim.AdamW(model.parameters(), lr=0.1)
+
+    model, opt = model_and_optimizer(0)
+    model(torch.ones(1, 4)).sum().backward()
+    opt.step()
+    run = {"model": {"name": "m"}}
+    assert world().active and world().size == 1
+    ckpts = ShardedCheckpoints(tmp_path, keep=1, run=run)
+    for step in (1, 2, 2):  # the same step again replaces the published one
+        path = ckpts.save(step, model, opt)
+    assert refused
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000002"] == [path.name]
+    assert is_dcp(path) and (path / "rng_rank00000.pt").is_file()
+    state = json.loads((path / "state.json").read_text())
+    assert (state["step"], state["world_size"], state["run"]) == (2, 1, run)
+    fresh, fresh_opt = model_and_optimizer(1)
+    assert ShardedCheckpoints(tmp_path, run=run).begin(fresh, fresh_opt, resume=True, steps=3) == 2
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))

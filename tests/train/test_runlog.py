@@ -284,3 +284,68 @@ def test_metadata_is_synced_with_its_folder(tmp_path, monkeypatch):
     tmp = Path(replaced[1])
     _synced_before_and_after(events, tmp, tmp_path / "config.json", [tmp])
     assert read_json(tmp_path / "config.json", RunLogError) == {"a": 1}
+
+
+def _refuse_folder_syncs(monkeypatch, code):
+    """``os.fsync`` that answers ``code`` for a directory (as some network mounts do); the folders
+    refused, in order."""
+    import os
+    import stat
+
+    real_fsync, refused = os.fsync, []
+
+    def fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            refused.append(os.readlink(f"/proc/self/fd/{fd}"))
+            raise OSError(code, os.strerror(code))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return refused
+
+
+def _stage(root, step, payload=b"data"):
+    from dsv32.runlog import stage_checkpoint
+
+    staged = stage_checkpoint(root, step)
+    (staged / "payload.bin").write_bytes(payload)
+    (staged / "state.json").write_text(json.dumps({"step": step}))
+    return staged
+
+
+@pytest.mark.parametrize("code", ["EINVAL", "ENOTSUP", "EBADF"])
+def test_a_checkpoint_is_published_where_a_folder_cannot_be_synced(tmp_path, monkeypatch, code):
+    import errno
+
+    from dsv32.runlog import publish_checkpoint
+
+    refused = _refuse_folder_syncs(monkeypatch, getattr(errno, code))
+    root = tmp_path / "checkpoints"
+    for step, payload in [(1, b"one"), (2, b"two"), (2, b"again")]:
+        path = publish_checkpoint(_stage(root, step, payload), step, keep=1)
+    assert str(root) in refused
+    assert path == root / "step_000002" and _names(tmp_path) == ["step_000002"]
+    assert (path / "payload.bin").read_bytes() == b"again"
+
+
+def test_a_folder_sync_that_fails_otherwise_stops_the_publish(tmp_path, monkeypatch):
+    import errno
+
+    from dsv32.runlog import publish_checkpoint
+
+    _refuse_folder_syncs(monkeypatch, errno.EIO)
+    staged = _stage(tmp_path / "checkpoints", 1)
+    with pytest.raises(OSError, match="Input/output error"):
+        publish_checkpoint(staged, 1, keep=1)
+    assert _names(tmp_path) == [".tmp_step_000001"]  # nothing published, the staged folder is left
+
+
+def test_publishing_keeps_the_newest_up_to_the_step_and_never_the_one_just_published(tmp_path):
+    from dsv32.runlog import complete_checkpoints, publish_checkpoint
+
+    root = tmp_path / "checkpoints"
+    for step in (9, 1, 2, 3):  # 9: a later step of an earlier run
+        publish_checkpoint(_stage(root, step), step, keep=2)
+    assert [s for s, _ in complete_checkpoints(root)] == [2, 3, 9]  # 9 is past step 3: never pruned
+    publish_checkpoint(_stage(root, 4), 4, keep=0)  # keep at least the one just published
+    assert _names(tmp_path) == ["step_000004", "step_000009"]

@@ -9,19 +9,20 @@ identity, resume checks, keep count and discard — whose checkpoints, in a dist
 - ``state.json``: the step — which is also the data position, since every trainer derives a step's
   samples from ``(seed, step)`` — the run identity, ``world_size`` and the trainer's own state.
 
-The folder is written under a temporary name and renamed once every rank has finished, so a run
-killed while saving leaves no checkpoint that looks complete. The world size is not part of the run
-identity: a checkpoint loads at any world size. DCP reshards on load (2 processes → 1 → 2 …); a
-rank with no RNG file of its own (more ranks than wrote the checkpoint) takes rank 0's. A
-single-process checkpoint (``weights.safetensors`` + ``optimizer.pt``) loads into a distributed run
-through the full state dict, and a single process reads a DCP checkpoint without a process group.
+The ranks write these files into a staging folder (:func:`dsv32.runlog.stage_checkpoint`); once
+every rank has finished, rank 0 publishes it with :func:`dsv32.runlog.publish_checkpoint`, as every
+trainer's checkpoints are published (synced to disk, renamed into place, older ones pruned to
+``keep``), so neither a run killed while saving nor a power loss leaves a checkpoint that looks
+complete. The world size is not part of the run identity: a checkpoint loads at any world size.
+DCP reshards on load (2 processes → 1 → 2 …); a rank with no RNG file of its own (more ranks than
+wrote the checkpoint) takes rank 0's. A single-process checkpoint (``weights.safetensors`` +
+``optimizer.pt``) loads into a distributed run through the full state dict, and a single process
+reads a DCP checkpoint without a process group.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import warnings
 from pathlib import Path
 
@@ -34,8 +35,13 @@ from dsv32.runlog import (
     StepCheckpoints,
     UnreadableCheckpoint,
     _load_blob,
+    fsync_path,
+    publish_checkpoint,
     rng_state,
     set_rng_state,
+    stage_checkpoint,
+    staging_folder,
+    step_folder,
 )
 
 DCP_DIR = "dcp"
@@ -59,32 +65,20 @@ class ShardedCheckpoints(StepCheckpoints):
             return super().save(step, model, optimizer, **state)
         import torch.distributed.checkpoint as dcp
 
-        final, tmp = self.root / f"step_{step:06d}", self.root / f".tmp_step_{step:06d}"
         if w.main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
+            stage_checkpoint(self.root, step)
         barrier()
-        dcp.save(self._state_dicts(model, optimizer), checkpoint_id=tmp / DCP_DIR)
+        tmp = staging_folder(self.root, step)
+        dcp.save(self._state_dicts(model, optimizer), checkpoint_id=tmp / DCP_DIR)  # DCP syncs its files
         torch.save(rng_state(), tmp / _rng_file(w.rank))
+        fsync_path(tmp / _rng_file(w.rank))  # by its writer: ranks on other hosts may share the folder
         barrier()
         if w.main:
-            _write_synced(
-                tmp / "state.json", json.dumps({"step": step, "run": self.run, "world_size": w.size, **state})
-            )
-            if final.exists():  # the same step again (a finished run re-run)
-                old = self.root / f".old_step_{step:06d}"
-                shutil.rmtree(old, ignore_errors=True)
-                final.rename(old)
-                tmp.rename(final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                tmp.rename(final)
-            _sync_dir(self.root)
-            upto = [p for s, p in self.complete() if s <= step]
-            for old in upto[: -self.keep]:
-                shutil.rmtree(old, ignore_errors=True)
+            state = {"step": step, "run": self.run, "world_size": w.size, **state}
+            (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
+            publish_checkpoint(tmp, step, keep=self.keep)
         barrier()
-        return final
+        return step_folder(self.root, step)
 
     def load(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
         path = Path(path)
@@ -168,18 +162,3 @@ class ShardedCheckpoints(StepCheckpoints):
             raise CheckpointError(f"{path} does not fit this model and optimizer ({err})") from err
         set_rng_state(blob["rng"])
         return step
-
-
-def _write_synced(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _sync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
