@@ -7,9 +7,9 @@ test, and any disagreement not listed in :data:`EXCEPTIONS` fails it.
 - BFCL single-turn: the pipeline of BFCL's ``eval_runner`` for a function-calling model (the reply's
   calls decoded as its OpenAI handler decodes them, its format and relevance rules, and its
   ``ast_checker``, imported here on its own path) against ``BFCL.score``;
-- reasoning-gym: the family's ``score_answer`` on the answer as reasoning-gym's ``extract_answer``
-  gives it (stripped; None when there is none), from a dataset built here, against
-  ``ReasoningGym.score`` of a reply that boxes it.
+- reasoning-gym: the family's ``score_answer`` on what reasoning-gym's ``extract_answer`` reads from a
+  reply holding the answer between ``<answer>`` tags, from a dataset built here, against
+  ``ReasoningGym.score`` of the same reply with a ``\\boxed{}`` in the tags' place.
 
 A sample of each runs in the fast suite; every problem runs under ``-m slow``. The table of pairs
 and its reproduction command are in docs/eval.md ("Agreement with the official scorers").
@@ -274,39 +274,67 @@ def _bfcl_pairs(per_category: int | None) -> list[Pair]:
 
 
 # --------------------------------------------------------------------------------------- reasoning-gym
-def _rgym_variants(gold: str) -> dict[str, str | None]:
-    out = {
+#: Where a candidate reply puts its answer: the box of dsv32's prompt, reasoning-gym's answer tags.
+OPEN, CLOSE = "\u27e6", "\u27e7"
+
+
+def _rgym_variants(gold: str) -> dict[str, str]:
+    """Candidate replies written with ``OPEN`` … ``CLOSE`` where the answer goes: the harness reads
+    them as ``\\boxed{`` … ``}``, reasoning-gym's evaluation as ``<answer>`` … ``</answer>``."""
+    box = {
         "reference": gold,
         "wrapped in \\text{}": f"\\text{{{gold}}}",
         "wrapped in $...$": f"${gold}$",
+        "wrapped in \\(...\\)": f"\\({gold}\\)",
+        "wrapped in \\mathrm{}": f"\\mathrm{{{gold}}}",
+        "wrapped in \\textbf{}": f"\\textbf{{{gold}}}",
+        "in Markdown bold": f"**{gold}**",
+        "in quotes": f'"{gold}"',
         "spaces around": f"  {gold} ",
+        "newlines around": f"\n{gold}\n",
         "trailing period": f"{gold}.",
         "upper case": gold.upper(),
         "lower case": gold.lower(),
         "a sentence around it": f"The answer is {gold}",
         "wrong value": "12345 surely wrong",
         "empty box": "",
-        "no box": None,
+        "boxed twice": f"\\boxed{{{gold}}}",
+        "boxed twice, spaces inside": f" \\boxed{{ {gold} }} ",
+        "boxed three times": f"\\boxed{{\\boxed{{{gold}}}}}",
+        "\\fbox{} inside the box": f"\\fbox{{{gold}}}",
+        "a box in a sentence in the box": f"The answer is \\boxed{{{gold}}}",
+        "a box in \\text{} in the box": f"\\text{{\\boxed{{{gold}}}}}",
+        "answer tags in the box": f"<answer>{gold}</answer>",
+        "an opening answer tag in the box": f"<answer>{gold}",
+        "a closing answer tag in the box": f"{gold}</answer>",
     }
     number = gold.lstrip("-")
     if number.isdigit():
-        out |= {"as a decimal": f"{gold}.0", "with a plus sign": f"+{gold}",
+        box |= {"as a decimal": f"{gold}.0", "with a plus sign": f"+{gold}",
                 "sign flipped": number if gold.startswith("-") else f"-{gold}",
                 "as \\frac{}{1}": f"\\frac{{{gold}}}{{1}}"}  # fmt: skip
     if "/" in gold:
         num, den = gold.strip("$").split("/")
-        out |= {"unsimplified fraction": f"{2 * int(num)}/{2 * int(den)}",
+        box |= {"unsimplified fraction": f"{2 * int(num)}/{2 * int(den)}",
                 "as a decimal": str(int(num) / int(den)), "as \\frac": f"\\frac{{{num}}}{{{den}}}",
                 "as \\dfrac": f"\\dfrac{{{num}}}{{{den}}}", "sign flipped": f"-{num}/{den}"}  # fmt: skip
     if gold.endswith("i") and " " in gold:  # complex: "a + bi" / "a - bi"
         real, sign, imag = gold.split(" ", 2)
-        out |= {"terms swapped": f"{imag if sign == '+' else '-' + imag} + {real}",
+        box |= {"terms swapped": f"{imag if sign == '+' else '-' + imag} + {real}",
                 "without spaces": gold.replace(" ", ""), "integers for .0": gold.replace(".0", "")}  # fmt: skip
-    return out
+    out = {case: f"Step by step: done. {OPEN}{answer}{CLOSE}" for case, answer in box.items()}
+    return out | {
+        "no box": f"The answer is {gold}",
+        "an earlier wrong box": f"First {OPEN}12345{CLOSE}, then {OPEN}{gold}{CLOSE}",
+        "a later wrong box": f"First {OPEN}{gold}{CLOSE}, then {OPEN}12345{CLOSE}",
+        "a box cut off after it": f"So {OPEN}{gold}{CLOSE}. Checking: {OPEN}12345",
+        "only a cut-off box": f"So {OPEN}{gold}",
+    }
 
 
 def _rgym_pairs(per_family: int) -> list[Pair]:
     import reasoning_gym
+    from reasoning_gym.utils import extract_answer
 
     bench = ReasoningGym(per_family=per_family)
     pairs = []
@@ -314,11 +342,11 @@ def _rgym_pairs(per_family: int) -> list[Pair]:
         dataset = reasoning_gym.create_dataset(family, size=per_family, seed=bench.seed)
         for p, entry in zip(bench.problems([family]), dataset):
             assert p.data["entry"]["question"] == entry["question"]
-            for case, answer in _rgym_variants(str(entry["answer"])).items():
-                text = "Step by step: done." + ("" if answer is None else f" \\boxed{{{answer}}}")
-                extracted = None if answer is None else answer.strip()  # as extract_answer(strip=True)
-                official = float(dataset.score_answer(extracted, entry))
-                harness = bench.score(p, {"role": "assistant", "content": text}).value
+            for case, reply in _rgym_variants(str(entry["answer"])).items():
+                tagged = reply.replace(OPEN, "<answer>").replace(CLOSE, "</answer>")
+                official = float(dataset.score_answer(extract_answer(tagged), entry))
+                boxed = reply.replace(OPEN, "\\boxed{").replace(CLOSE, "}")
+                harness = bench.score(p, {"role": "assistant", "content": boxed}).value
                 pairs.append(Pair("reasoning-gym", f"{family}: {case}", p.id, official, harness))
     return pairs
 

@@ -5,17 +5,23 @@ any of reasoning-gym's ~100 may be named), generated with seed :data:`SEED` (the
 run and machine for a given reasoning-gym version). Prompt: the paper's math template (§4.1),
 ``{question}\\nPlease reason step by step, and put your final answer within \\boxed{}.``
 
-Score (the headline): the content of the last ``\\boxed{}``, stripped of surrounding whitespace (as
-reasoning-gym's own ``extract_answer`` reads its answer tags), else None, given to the family's own
-``score_answer``: the verdict reasoning-gym gives that answer. Reasoning-gym gives partial credit for
-answers that merely contain the right one; the harness records that value, and pass@k counts only a
-score of 1.
+Score (the headline): the family's own ``score_answer`` on the answer reasoning-gym's evaluation would
+hand it. There, ``reasoning_gym.utils.extract_answer`` reads the text between the last complete
+``<answer>`` … ``</answer>`` pair of the completion (non-greedily: up to the first closing tag after the
+opening one, an unclosed last pair ignored), stripped of surrounding whitespace, None without one; the
+text is not unwrapped further. Here the box takes the tags' place (:func:`official_answer`): the answer
+is what the model wrote in its last complete outermost ``\\boxed{}`` (or ``\\fbox{}``), as
+``extract_answer`` reads it between answer tags. So ``\\boxed{\\boxed{7}}`` answers ``\\boxed{7}``, as
+``<answer>\\boxed{7}</answer>`` does, and a box cut off after a complete one leaves the complete one as
+the answer. Reasoning-gym gives partial credit for answers that merely contain the right one; the
+harness records that value, and pass@k counts only a score of 1.
 
 Secondary metric ``lenient`` (``results.json`` ``secondary``, never the headline): the best of the
-headline, ``score_answer`` on the boxed content with a whole ``\\text{...}`` unwrapped, and, for the
-arithmetic families, math-verify equality with the reference answer (``\\frac{3}{4}`` for ``3/4``).
-It reads answers more generously than the task means (an unsimplified fraction equals the simplified
-one), so it shows how much of a gap is notation.
+headline, ``score_answer`` on the boxed content as :func:`dsv32.eval.answers.last_boxed` reads it (a
+box boxed again unwrapped) with a whole ``\\text{...}`` unwrapped, and, for the arithmetic families,
+math-verify equality with the reference answer (``\\frac{3}{4}`` for ``3/4``). It reads answers more
+generously than the task means (an unsimplified fraction equals the simplified one), so it shows how
+much of a gap is notation.
 
 Families were chosen whose verifiers compare strings or numbers in Python (none of them ``eval`` or
 sympy-parse the model's text) and whose reference answers score 1.
@@ -26,6 +32,7 @@ from __future__ import annotations
 import re
 
 from dsv32.chat.templates import MATH_PROMPT
+from dsv32.envs.mathcheck import boxes
 from dsv32.eval.answers import last_boxed, math_equal
 from dsv32.eval.errors import EvalError
 from dsv32.eval.types import Benchmark, Problem, Score
@@ -37,6 +44,34 @@ PER_FAMILY = 50
 SEED = 1234
 LENIENT = "lenient"
 _TEXT = re.compile(r"^\\text\s*\{(.*)\}$", re.S)
+_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")  # as dsv32.envs.mathcheck finds boxes
+
+
+def outermost_box(text: str | None) -> str | None:
+    """The raw content of the last complete box that is not inside another box, nothing unwrapped or
+    stripped; None when there is none. A box left open holds the rest of the text, so boxes after it
+    are inside it: ``\\boxed{5} then \\boxed{6`` reads ``5``, ``\\boxed{6 \\boxed{5}`` reads None."""
+    text = text or ""
+    answer, end = None, -1
+    for start, content in boxes(text):
+        if start < end:  # inside the last complete outermost box
+            continue
+        if content is None:
+            break
+        answer, end = content, _BOX_OPEN.match(text, start).end() + len(content)
+    return answer
+
+
+def official_answer(text: str | None) -> str | None:
+    """What reasoning-gym's evaluation would give ``score_answer`` had the model written its box's
+    content between answer tags: ``extract_answer("<answer>" + content + "</answer>")`` of
+    :func:`outermost_box` (stripped; answer tags inside the box read as they would between tags)."""
+    content = outermost_box(text)
+    if content is None:
+        return None
+    from reasoning_gym.utils import extract_answer
+
+    return extract_answer(f"<answer>{content}</answer>")
 
 
 def boxed_answer(text: str | None) -> str | None:
@@ -87,7 +122,7 @@ class ReasoningGym(Benchmark):
 
     def score(self, problem: Problem, message: dict) -> Score:
         content = message.get("content")
-        answer = last_boxed(content)
+        answer = official_answer(content)
         family, entry = problem.data["family"], problem.data["entry"]
         dataset = self._dataset(family)
         value = float(dataset.score_answer(answer, entry))  # None (no box) too: the family decides
