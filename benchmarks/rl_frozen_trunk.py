@@ -27,12 +27,12 @@ from pathlib import Path
 import torch
 from _timing import Meter, add_max_wait, interleaved, spread, wait_budget  # beside this script
 
-from dsv32.rl.agentic import Row, rows_to_rollouts
-from dsv32.rl.config import GRPOConfig
-from dsv32.rl.policy import Policy, load_policy
-from dsv32.rl.tasks import Task
-from dsv32.rl.trainer import grpo_update
-from dsv32.train.sft_model import freeze_lower_layers, vocab_matrices
+from dsv32.rl.agentic.episodes.episodes import Row, rows_to_rollouts
+from dsv32.rl.grpo.config import GRPOConfig
+from dsv32.rl.grpo.policy import Policy, load_policy
+from dsv32.rl.grpo.tasks import Task
+from dsv32.rl.grpo.trainer import grpo_update
+from dsv32.train.sft.model import freeze_lower_layers, vocab_matrices
 
 FROZEN = 22
 

@@ -30,12 +30,12 @@ from pathlib import Path
 import torch
 
 from dsv32.engine.models import ByteTokenizer, tiny_native_config
-from dsv32.rl.config import GRPOConfig
-from dsv32.rl.loss import group_advantages
-from dsv32.rl.policy import Policy
-from dsv32.rl.rollout import SamplingConfig, rollout
-from dsv32.rl.tasks import Task
-from dsv32.rl.trainer import grpo_update
+from dsv32.rl.grpo.config import GRPOConfig
+from dsv32.rl.grpo.loss import group_advantages
+from dsv32.rl.grpo.policy import Policy
+from dsv32.rl.grpo.rollout import SamplingConfig, rollout
+from dsv32.rl.grpo.tasks import Task
+from dsv32.rl.grpo.trainer import grpo_update
 
 PROMPTS = ["ab", "xyz", "hello", "q", "rl", "moe", "keep", "route"]
 

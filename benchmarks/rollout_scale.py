@@ -58,12 +58,12 @@ def start_server(model: str) -> tuple[subprocess.Popen, str]:
 
 
 def remote_engine(tmp: Path) -> dict:
-    from dsv32.rl.config import load_rl_config
+    from dsv32.rl.grpo.config import load_rl_config
     from dsv32.rl.engines import CollectiveWeightSync, FileWeightSync, RemoteEngine
-    from dsv32.rl.policy import load_policy
-    from dsv32.rl.rewards import RewardResult
-    from dsv32.rl.rollout import rollout
-    from dsv32.rl.trainer import _generator, build_tasks, grpo_step, make_optimizer
+    from dsv32.rl.grpo.policy import load_policy
+    from dsv32.rl.grpo.rewards import RewardResult
+    from dsv32.rl.grpo.rollout import rollout
+    from dsv32.rl.grpo.trainer import _generator, build_tasks, grpo_step, make_optimizer
     from dsv32.serve import ServerThread, create_app, load_served
 
     class Letters:  # a reward with spread: the share of ASCII letters in the completion
@@ -151,8 +151,8 @@ def _warm(_) -> int:
 
 def ray_episodes(n: int) -> dict:
     from dsv32.envs import resolve_tasks
-    from dsv32.rl.config import RayConfig
-    from dsv32.rl.fanout import RayRunner, ThreadRunner, ray_processes, reference_backend, run_env_episodes
+    from dsv32.rl.grpo.config import RayConfig
+    from dsv32.rl.agentic.episodes.fanout import RayRunner, ThreadRunner, ray_processes, reference_backend, run_env_episodes
 
     tasks = (resolve_tasks("code-interpreter", "heldout") * 2)[:n]
     serial_runner = ThreadRunner(1)
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="8 episodes instead of 16")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
-    from dsv32.rl.fanout import still_running
+    from dsv32.rl.agentic.episodes.fanout import still_running
 
     with tempfile.TemporaryDirectory(prefix="dsv32-rollout-scale-") as tmp:
         result = remote_engine(Path(tmp))

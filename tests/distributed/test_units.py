@@ -64,8 +64,8 @@ def test_a_one_process_command_names_every_trainer_that_runs_on_several(monkeypa
 
 
 def test_agentic_grpo_checks_that_its_items_split_sample_in_process_and_run_no_ray():
-    from dsv32.rl.agentic_config import load_agentic_config
-    from dsv32.rl.agentic_trainer import check_agentic_world
+    from dsv32.rl.agentic.episodes.config import load_agentic_config
+    from dsv32.rl.agentic.episodes.trainer import check_agentic_world
 
     cfg = load_agentic_config(None, ["grpo.prompts_per_step=6"])
     check_agentic_world(cfg, World())  # one process: anything goes
@@ -83,8 +83,8 @@ def test_agentic_grpo_checks_that_its_items_split_sample_in_process_and_run_no_r
 
 
 def test_grpo_checks_that_its_groups_split_and_that_it_samples_in_process():
-    from dsv32.rl.config import RLConfig
-    from dsv32.rl.trainer import check_world
+    from dsv32.rl.grpo.config import RLConfig
+    from dsv32.rl.grpo.trainer import check_world
 
     cfg = RLConfig()
     cfg.grpo.prompts_per_step = 6
@@ -109,9 +109,9 @@ def test_a_group_samples_the_same_whatever_else_is_in_the_batch():
     import torch
 
     pytest.importorskip("transformers")
-    from dsv32.rl.policy import load_policy
-    from dsv32.rl.rollout import SamplingConfig, rollout
-    from dsv32.rl.tasks import Task
+    from dsv32.rl.grpo.policy import load_policy
+    from dsv32.rl.grpo.rollout import SamplingConfig, rollout
+    from dsv32.rl.grpo.tasks import Task
 
     policy = load_policy("tiny-llama", device="cpu")
     tasks = [Task(id=f"t{i}", domain="toy", prompt=p) for i, p in enumerate(["ab", "hello there", "q"])]
@@ -163,7 +163,7 @@ def test_the_demo_refuses_a_launch_of_several_processes(monkeypatch):
     """It trains both stages on one model in one process (a sharded model keeps its first trainable set)."""
     for var, value in LAUNCH.items():
         monkeypatch.setenv(var, value)
-    from dsv32.train.pipeline import run_demo
+    from dsv32.train.dsa.pipeline import run_demo
 
     with pytest.raises(DistError, match="dsv32 demo runs in one process"):
         run_demo()

@@ -76,7 +76,7 @@ def run_stage_job(job: dict) -> dict | None:
 
 def run_sft_job(job: dict) -> dict | None:
     from dsv32.train.sft import load_sft_config, train_sft
-    from dsv32.train.sft_model import prepare_sft_model
+    from dsv32.train.sft.model import prepare_sft_model
 
     cfg = load_sft_config(None, [f"{k}={json.dumps(v)}" for k, v in job["sets"].items()])
     sm = prepare_sft_model(job["model"], device="cpu")
@@ -92,7 +92,7 @@ class LetterReward:
     """Share of the first 8 generated characters that are lowercase ASCII letters."""
 
     def score_many(self, samples, max_workers=1):
-        from dsv32.rl.rewards import RewardResult
+        from dsv32.rl.grpo.rewards import RewardResult
 
         out = []
         for s in samples:
@@ -102,7 +102,7 @@ class LetterReward:
 
 
 def rl_config(job: dict):
-    from dsv32.rl.config import SourceConfig, load_rl_config
+    from dsv32.rl.grpo.config import SourceConfig, load_rl_config
 
     cfg = load_rl_config(None, [f"out_dir={job['out']}", *job["sets"]])
     cfg.sources[0].kind, cfg.sources[0].path, cfg.sources[0].domain = "jsonl", job["tasks"], "toy"
@@ -112,8 +112,8 @@ def rl_config(job: dict):
 
 
 def run_rl_job(job: dict) -> dict | None:
-    from dsv32.rl.policy import load_policy
-    from dsv32.rl.trainer import train_grpo
+    from dsv32.rl.grpo.policy import load_policy
+    from dsv32.rl.grpo.trainer import train_grpo
 
     policy = load_policy(job["model"], device="cpu")
     policy.model.to(DTYPES[job.get("dtype", "float32")])
@@ -186,7 +186,7 @@ def train_tool_user(out: Path) -> None:
     its episodes take several model calls."""
     from dsv32.synth.coldstart import add_reasoning
     from dsv32.train.sft import load_sft_config, train_sft
-    from dsv32.train.sft_model import prepare_sft_model
+    from dsv32.train.sft.model import prepare_sft_model
 
     tasks = register_echo()
     env = EchoEnv.make()()
@@ -204,9 +204,9 @@ def train_tool_user(out: Path) -> None:
 
 
 def run_agentic_job(job: dict) -> dict | None:
-    from dsv32.rl.agentic_config import load_agentic_config
-    from dsv32.rl.agentic_trainer import train_agentic
-    from dsv32.rl.policy import load_policy
+    from dsv32.rl.agentic.episodes.config import load_agentic_config
+    from dsv32.rl.agentic.episodes.trainer import train_agentic
+    from dsv32.rl.grpo.policy import load_policy
 
     register_echo()
     policy = load_policy(job["model"], thinking=True, device="cpu")

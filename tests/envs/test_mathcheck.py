@@ -11,7 +11,7 @@ from dsv32.envs.mathcheck import answers_equal, boxes, last_boxed
 from dsv32.envs.search.answers import extract as search_extract
 from dsv32.eval.answers import choice_letter
 from dsv32.eval.answers import math_equal as eval_equal
-from dsv32.rl.rewards import extract_boxed, math_reward
+from dsv32.rl.grpo.rewards import extract_boxed, math_reward
 
 HOSTILE = "9^{9^{9^{9}}}"  # SymPy's integer power holds the interpreter lock for minutes
 

@@ -8,8 +8,8 @@ import pytest
 
 from dsv32.dsa.hf import DSAConfig, DSAError
 from dsv32.recipe import Checked
-from dsv32.rl.config import GRPOConfig, RLConfigError, SourceConfig
-from dsv32.train.config import DataConfig, StageConfig, TrainConfigError
+from dsv32.rl.grpo.config import GRPOConfig, RLConfigError, SourceConfig
+from dsv32.train.dsa.config import DataConfig, StageConfig, TrainConfigError
 from dsv32.train.sft import SFTConfigError, SFTTrainConfig
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "dsv32"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from dsv32.rl.config import load_rl_config
+from dsv32.rl.grpo.config import load_rl_config
 
 
 def jsonl_recipe(tmp_path, rows: list[dict], sets: list[str], *, name: str = "toy", domain: str = "toy"):

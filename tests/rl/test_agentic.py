@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 from dsv32.envs.base import Environment, EnvSpec, Reward, Task, register, tool_call, tool_schema
-from dsv32.rl.agentic import (
+from dsv32.rl.agentic.episodes.episodes import (
     EpisodeSettings,
     Row,
     episode_rows,
@@ -21,12 +21,12 @@ from dsv32.rl.agentic import (
     rows_to_rollouts,
     run_episodes,
 )
-from dsv32.rl.agentic_backend import StepRecord
-from dsv32.rl.agentic_config import load_agentic_config
-from dsv32.rl.agentic_trainer import train_agentic
-from dsv32.rl.loss import grpo_loss, token_logprobs
-from dsv32.rl.policy import Policy
-from dsv32.rl.rollout import SamplingConfig
+from dsv32.rl.agentic.episodes.batcher import StepRecord
+from dsv32.rl.agentic.episodes.config import load_agentic_config
+from dsv32.rl.agentic.episodes.trainer import train_agentic
+from dsv32.rl.grpo.loss import grpo_loss, token_logprobs
+from dsv32.rl.grpo.policy import Policy
+from dsv32.rl.grpo.rollout import SamplingConfig
 from dsv32.runlog import read_metrics
 
 
@@ -72,7 +72,7 @@ def _tool_user(name: str, tmp_path_factory) -> Policy:
     """A tiny model taught (SFT, memorized) to call ``f`` and then answer ``5``: multi-turn episodes."""
     from dsv32.synth.coldstart import add_reasoning
     from dsv32.train.sft import load_sft_config, train_sft
-    from dsv32.train.sft_model import prepare_sft_model
+    from dsv32.train.sft.model import prepare_sft_model
 
     tmp = tmp_path_factory.mktemp(name)
     env = EchoEnv()
@@ -143,7 +143,7 @@ def test_rollout_layout_of_rows():
         )
     ]
     rows.append(Row([3], [8], [True], [-3.0], [torch.full((1, 1), -1, dtype=torch.int32)]))
-    from dsv32.rl.tasks import Task as RLTask
+    from dsv32.rl.grpo.tasks import Task as RLTask
 
     t = RLTask("x", "d", "p")
     batch = rows_to_rollouts(rows, [t, t], 0, "cpu", with_kept=False)
@@ -154,7 +154,7 @@ def test_rollout_layout_of_rows():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device (CUDA)")
 def test_kept_sets_sampled_on_the_gpu_join_the_cpu_context_of_a_row():
-    from dsv32.rl.tasks import Task as RLTask
+    from dsv32.rl.grpo.tasks import Task as RLTask
 
     def on_gpu(rows):
         return torch.tensor(rows, dtype=torch.int32, device="cuda")
@@ -279,7 +279,7 @@ def test_mixed_run_trains_on_policy_and_resumes_exactly(llama_policy, tmp_path):
 def test_the_update_sees_each_episode_as_one_output(llama_policy, tmp_path, monkeypatch):
     """Every row carries its output's place in the step as sequence id (an episode in several rows is
     one output o_i of the loss); single-turn samples are outputs of their own."""
-    import dsv32.rl.agentic_trainer as trainer
+    import dsv32.rl.agentic.episodes.trainer as trainer
 
     seen = []
 
@@ -330,7 +330,7 @@ def test_single_turn_rewards_read_completions_in_the_policys_mode(
 ):
     """The single-turn domains' prompts are rendered in the policy's mode (``agentic.thinking``), so
     their rewards read the completions in that mode, whatever ``policy.thinking`` says."""
-    import dsv32.rl.agentic_trainer as trainer
+    import dsv32.rl.agentic.episodes.trainer as trainer
 
     seen = {}
 

@@ -17,7 +17,7 @@ from dsv32.cli import main
 from dsv32.cli.posttrain_recipe import read_posttrain_recipe, refuse_shared
 from dsv32.envs.base import EnvError, Environment, EnvSpec, Reward, Task, register, tool_call, tool_schema
 from dsv32.recipe import RecipeError
-from dsv32.rl.agentic import AgenticReward, Episode, EpisodeSettings, episode_rows, rl_task, rows_to_rollouts
+from dsv32.rl.agentic.episodes.episodes import AgenticReward, Episode, EpisodeSettings, episode_rows, rl_task, rows_to_rollouts
 from dsv32.rl.posttrain_report import (
     STAGES,
     first_tasks,
@@ -27,7 +27,7 @@ from dsv32.rl.posttrain_report import (
     rl_curve,
     wilson,
 )
-from dsv32.rl.rollout import SamplingConfig
+from dsv32.rl.grpo.rollout import SamplingConfig
 from dsv32.runlog import read_metrics
 
 KEYS = {f"{m}_{s}" for m in ("accuracy", "tool_call_valid", "interval") for s in STAGES} | {
@@ -181,7 +181,7 @@ def test_bad_recipe_values_are_refused_before_anything_runs(tmp_path, override, 
 
 # --------------------------------------------------------------------------------------- the pipeline
 def test_the_proof_pipeline_evaluates_every_stage_on_the_same_held_out_tasks(tmp_path, capsys, monkeypatch):
-    import dsv32.rl.agentic_trainer as trainer
+    import dsv32.rl.agentic.episodes.trainer as trainer
 
     seen: list[tuple[str, ...]] = []
     real = trainer.evaluate_agentic
@@ -233,7 +233,7 @@ def test_the_proof_pipeline_evaluates_every_stage_on_the_same_held_out_tasks(tmp
     # rl_model.train_embeddings = false: GRPO moved the upper layers, never the (tied) embeddings
     from transformers import AutoModelForCausalLM
 
-    from dsv32.train.sft_model import vocab_matrices
+    from dsv32.train.sft.model import vocab_matrices
 
     sft, rl = (AutoModelForCausalLM.from_pretrained(tmp_path / "p" / d / "model") for d in ("sft", "rl"))
     assert torch.equal(sft.get_input_embeddings().weight, rl.get_input_embeddings().weight)
@@ -267,7 +267,7 @@ def test_the_proof_pipeline_evaluates_every_stage_on_the_same_held_out_tasks(tmp
     ],
 )
 def test_grpo_draws_from_the_training_tasks_sft_left_unsolved(tmp_path, capsys, monkeypatch, solved, share):
-    import dsv32.rl.agentic_trainer as trainer
+    import dsv32.rl.agentic.episodes.trainer as trainer
 
     real_eval, real_run = trainer.evaluate_agentic, trainer.run_episodes
     train_ids = ["train-0-0000", "train-0-0001", "train-0-0002"]
@@ -392,10 +392,10 @@ TEMPERATURE = 0.5
 def two_call_policy(tmp_path_factory):
     """A tiny model taught (SFT, memorized) to call ``f`` twice and then answer ``5``."""
     from dsv32.envs.base import replay
-    from dsv32.rl.policy import Policy
+    from dsv32.rl.grpo.policy import Policy
     from dsv32.synth.coldstart import add_reasoning
     from dsv32.train.sft import load_sft_config, train_sft
-    from dsv32.train.sft_model import prepare_sft_model
+    from dsv32.train.sft.model import prepare_sft_model
 
     tmp = tmp_path_factory.mktemp("two")
     env = TwoCallEnv()
@@ -412,7 +412,7 @@ def two_call_policy(tmp_path_factory):
 
 
 def test_the_first_update_is_on_policy_on_every_turn_of_two_call_episodes(two_call_policy):
-    from dsv32.rl.agentic import run_episodes
+    from dsv32.rl.agentic.episodes.episodes import run_episodes
 
     policy = two_call_policy
     sampling = SamplingConfig(temperature=TEMPERATURE, top_p=0.9, top_k=0, max_new_tokens=128)
@@ -447,8 +447,8 @@ def test_the_first_update_is_on_policy_on_every_turn_of_two_call_episodes(two_ca
 def test_agentic_grpo_with_the_format_term_trains_on_policy(two_call_policy, tmp_path, kl_coef):
     import copy
 
-    from dsv32.rl.agentic_config import load_agentic_config
-    from dsv32.rl.agentic_trainer import train_agentic
+    from dsv32.rl.agentic.episodes.config import load_agentic_config
+    from dsv32.rl.agentic.episodes.trainer import train_agentic
 
     sets = {"out_dir": str(tmp_path / "run"), "agentic.prompt": "bare", "agentic.max_steps": 4,
             "agentic.eval_tasks": 0, "agentic.format_weight": 0.5, "agentic.length_weight": 0.1,

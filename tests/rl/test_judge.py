@@ -10,7 +10,7 @@ import re
 import pytest
 from rl_helpers import jsonl_recipe
 
-from dsv32.rl.rewards import (
+from dsv32.rl.grpo.rewards import (
     GenerativeRewardModel,
     JudgeError,
     RewardSample,
@@ -60,7 +60,7 @@ def test_a_failed_request_is_unscored_and_a_reply_without_a_score_is_a_scored_fa
 
 def test_unscored_samples_get_zero_advantage_and_each_step_logs_the_judge_counts(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
-    import dsv32.rl.trainer as trainer
+    import dsv32.rl.grpo.trainer as trainer
 
     calls = itertools.count()
 

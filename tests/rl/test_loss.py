@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsv32.engine.sampling import SamplingParams, kept_mask
-from dsv32.rl.loss import (
+from dsv32.rl.grpo.loss import (
     OutputTotals,
     group_advantages,
     grpo_loss,

@@ -11,11 +11,11 @@ pytest.importorskip("transformers")
 
 from rl_helpers import jsonl_recipe
 
-import dsv32.rl.update as update
-from dsv32.rl.policy import load_policy
-from dsv32.rl.rewards import RewardResult
-from dsv32.rl.trainer import RLResult, make_optimizer, run_steps, train_grpo
-from dsv32.rl.update import NonFiniteUpdateError
+import dsv32.rl.grpo.update as update
+from dsv32.rl.grpo.policy import load_policy
+from dsv32.rl.grpo.rewards import RewardResult
+from dsv32.rl.grpo.trainer import RLResult, make_optimizer, run_steps, train_grpo
+from dsv32.rl.grpo.update import NonFiniteUpdateError
 
 
 class LengthReward:

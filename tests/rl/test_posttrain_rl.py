@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 import dsv32
 from dsv32.cli import build_parser, main
 from dsv32.cli.posttrain import rl_recipe
-from dsv32.rl.agentic_config import work_plan
+from dsv32.rl.agentic.episodes.config import work_plan
 from dsv32.runlog import read_metrics
 
 SHIPPED = Path(dsv32.__file__).parent / "configs" / "posttrain-smollm2.toml"
@@ -70,7 +70,7 @@ def test_the_plan_counts_episodes_evaluations_and_token_bounds(tmp_path):
 
 
 def _v32_policy(model: str, path: Path) -> str:
-    from dsv32.train.sft_model import prepare_sft_model, save_sft_model
+    from dsv32.train.sft.model import prepare_sft_model, save_sft_model
 
     return str(save_sft_model(prepare_sft_model(model, "cpu"), path))
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from dsv32.recipe import RecipeError
-from dsv32.rl.config import RLConfigError, load_rl_config
-from dsv32.rl.rewards import GenerativeRewardModel, RewardSample, RewardSpec, compose_rewards
-from dsv32.rl.rewards_setup import reward_setup
+from dsv32.rl.grpo.config import RLConfigError, load_rl_config
+from dsv32.rl.grpo.rewards import GenerativeRewardModel, RewardSample, RewardSpec, compose_rewards
+from dsv32.rl.grpo.rewards.setup import reward_setup
 
 
 @pytest.mark.parametrize(

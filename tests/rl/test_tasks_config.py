@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dsv32.rl.config import RLConfigError, load_rl_config
-from dsv32.rl.tasks import ArithmeticWordProblems, JsonlTasks, MixedTasks, Task, TaskError
+from dsv32.rl.grpo.config import RLConfigError, load_rl_config
+from dsv32.rl.grpo.tasks import ArithmeticWordProblems, JsonlTasks, MixedTasks, Task, TaskError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -152,8 +152,8 @@ def test_jsonl_task_fields_of_the_wrong_type_name_file_and_line(tmp_path, row, m
 
 
 def test_every_task_is_checked_against_the_rewards_before_the_policy_loads(tmp_path, monkeypatch):
-    import dsv32.rl.trainer as trainer
-    from dsv32.rl.config import rl_config_from_dict
+    import dsv32.rl.grpo.trainer as trainer
+    from dsv32.rl.grpo.config import rl_config_from_dict
 
     def no_model(*args, **kwargs):
         raise AssertionError("the policy loaded before the tasks were checked")
@@ -176,8 +176,8 @@ def test_every_task_is_checked_against_the_rewards_before_the_policy_loads(tmp_p
 
 
 def test_reward_setup_keeps_judged_domains_only_with_a_judge():
-    from dsv32.rl.rewards_setup import reward_setup
-    from dsv32.rl.tasks import Task
+    from dsv32.rl.grpo.rewards.setup import reward_setup
+    from dsv32.rl.grpo.tasks import Task
 
     plain = reward_setup({}, max_tokens=64)
     assert sorted(plain.specs) == ["exact", "math"] and plain.unjudged == ("general",)
@@ -192,7 +192,7 @@ def test_reward_setup_keeps_judged_domains_only_with_a_judge():
 def test_a_rollout_temperature_the_engine_decodes_greedily_is_refused():
     """The engine is greedy below 1e-5, where the loss's logits / T would not be what was sampled."""
     from dsv32.recipe import RecipeError
-    from dsv32.rl.rollout import SamplingConfig
+    from dsv32.rl.grpo.rollout import SamplingConfig
 
     with pytest.raises(RecipeError, match=r"temperature = 1e-06: must be 0 \(greedy\) or >= 1e-05"):
         SamplingConfig(temperature=1e-6)
@@ -202,14 +202,14 @@ def test_a_rollout_temperature_the_engine_decodes_greedily_is_refused():
 
 @pytest.mark.parametrize("betas", [[0.9], [0.9, 0.99, 0.999], [0.9, 1.0]])
 def test_grpo_betas_are_two_numbers_in_0_1(betas):
-    from dsv32.rl.config import GRPOConfig
+    from dsv32.rl.grpo.config import GRPOConfig
 
     with pytest.raises(RLConfigError, match="betas"):
         GRPOConfig(betas=betas)
 
 
 def test_env_options_are_checked_against_the_environment_when_the_recipe_is_read():
-    from dsv32.rl.agentic_config import agentic_config_from_dict
+    from dsv32.rl.agentic.episodes.config import agentic_config_from_dict
 
     cfg = agentic_config_from_dict({"envs": [{"name": "code-interpreter", "options": {"cell_timeout_s": 5}}]})
     assert cfg.envs[0].options == {"cell_timeout_s": 5}
@@ -219,7 +219,7 @@ def test_env_options_are_checked_against_the_environment_when_the_recipe_is_read
 
 @pytest.mark.parametrize("answer", ["", "   ", "\n"])
 def test_an_empty_reference_answer_is_a_missing_answer(tmp_path, answer):
-    from dsv32.rl.rewards_setup import reward_setup
+    from dsv32.rl.grpo.rewards.setup import reward_setup
 
     setup = reward_setup({}, max_tokens=64)
     path = tmp_path / "emptyans.jsonl"

@@ -12,12 +12,12 @@ pytest.importorskip("transformers")
 
 from rl_helpers import jsonl_recipe
 
-from dsv32.rl.loss import kept_log_mass
-from dsv32.rl.policy import load_policy
-from dsv32.rl.rewards import RewardResult
-from dsv32.rl.rollout import SamplingConfig, rollout
-from dsv32.rl.tasks import Task
-from dsv32.rl.trainer import train_grpo
+from dsv32.rl.grpo.loss import kept_log_mass
+from dsv32.rl.grpo.policy import load_policy
+from dsv32.rl.grpo.rewards import RewardResult
+from dsv32.rl.grpo.rollout import SamplingConfig, rollout
+from dsv32.rl.grpo.tasks import Task
+from dsv32.rl.grpo.trainer import train_grpo
 
 TASKS = [Task(id=f"t{i}", domain="toy", prompt=p) for i, p in enumerate(["ab", "xyz", "hello", "q"])]
 
@@ -235,7 +235,7 @@ def test_resuming_with_other_settings_or_tasks_is_refused_before_anything_is_wri
 
 
 def test_a_resumed_run_logs_each_held_out_evaluation_once(tmp_path):
-    from dsv32.rl.config import SourceConfig
+    from dsv32.rl.grpo.config import SourceConfig
 
     over = {"grpo.steps": 4, "save_every": 2, "eval.every": 1, "eval.problems": 2, "eval.max_new_tokens": 4}
     cfg = _recipe(tmp_path, **over)
@@ -275,7 +275,7 @@ def _split_outputs_batch(policy):
     """Six rows of three outputs (ids 1, 0, 2, 1, 2, 1: output 0 in one row, 1 in three, 2 in two),
     with sampling log-probs set so that Eq. 9 at δ = 0.1 masks output 2 (divergence 0.15 on every
     token) and keeps output 1 (0.15 on its first, 2-token row only: 0.3 / 14 over the output)."""
-    from dsv32.rl.agentic import Row, rows_to_rollouts
+    from dsv32.rl.agentic.episodes.episodes import Row, rows_to_rollouts
 
     g = torch.Generator().manual_seed(0)
     ids = torch.tensor([1, 0, 2, 1, 2, 1])
@@ -298,8 +298,8 @@ def _split_outputs_batch(policy):
 
 
 def _update(policy, batch, advantages, ids, **over):
-    from dsv32.rl.config import GRPOConfig
-    from dsv32.rl.trainer import grpo_update
+    from dsv32.rl.grpo.config import GRPOConfig
+    from dsv32.rl.grpo.trainer import grpo_update
 
     cfg = GRPOConfig(prompts_per_step=1, group_size=3, clip_grad=1e9, opsm_delta=0.1, keep_routing=False,
                      **{"mini_batches": 1, "micro_batch": 6} | over)  # fmt: skip
@@ -313,7 +313,7 @@ def _update(policy, batch, advantages, ids, **over):
 
 def _loss_gradient(policy, batch, advantages, ids, rows):
     """The gradient of grpo_loss over ``rows`` in one forward, with their sequence ids."""
-    from dsv32.rl.loss import grpo_loss
+    from dsv32.rl.grpo.loss import grpo_loss
 
     policy.model.zero_grad(set_to_none=True)
     logp = policy.action_logprobs(**batch.rows(rows))
@@ -374,7 +374,7 @@ def test_a_micro_batch_runs_only_the_columns_its_rows_use(name, monkeypatch):
     # Rows of a wide batch (a long prompt and a long episode elsewhere in it) go through the model
     # trimmed to their own columns: the same log-probs, 0 past the rows' end, a narrower forward.
     from dsv32.rl import policy as policy_module
-    from dsv32.rl.agentic import Row, rows_to_rollouts
+    from dsv32.rl.agentic.episodes.episodes import Row, rows_to_rollouts
 
     policy = load_policy(name, device="cpu")
     g = torch.Generator().manual_seed(1)
@@ -408,7 +408,7 @@ def test_only_the_action_positions_go_through_the_head(name):
     # Multi-turn rows: actions, then tool text (not actions), then actions again. With the action
     # mask the head sees exactly the action positions, and log-probs and gradients are those of the
     # full head at those positions (0 elsewhere).
-    from dsv32.rl.agentic import Row, rows_to_rollouts
+    from dsv32.rl.agentic.episodes.episodes import Row, rows_to_rollouts
 
     policy = load_policy(name, device="cpu")
     g = torch.Generator().manual_seed(2)
@@ -445,7 +445,7 @@ def test_only_the_action_positions_go_through_the_head(name):
 
 def _frozen_trunk_policy():
     """tiny-llama (2 layers) with its embeddings (tied to the head) and lowest layer frozen."""
-    from dsv32.train.sft_model import freeze_lower_layers, vocab_matrices
+    from dsv32.train.sft.model import freeze_lower_layers, vocab_matrices
 
     policy = load_policy("tiny-llama", device="cpu")
     freeze_lower_layers(policy.model, 1)
@@ -494,9 +494,9 @@ def test_an_update_over_a_frozen_trunk_equals_the_update_that_runs_every_layer(s
     own."""
     import copy
 
-    from dsv32.rl.config import GRPOConfig
-    from dsv32.rl.policy import Policy
-    from dsv32.rl.trainer import grpo_update
+    from dsv32.rl.grpo.config import GRPOConfig
+    from dsv32.rl.grpo.policy import Policy
+    from dsv32.rl.grpo.trainer import grpo_update
 
     policy = _frozen_trunk_policy()
     batch, advantages, ids = _split_outputs_batch(policy)

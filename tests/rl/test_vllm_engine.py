@@ -17,9 +17,9 @@ import torch
 from remote_helpers import running
 
 from dsv32.rl.engines import FileWeightSync, RemoteEngine, StaleSampleError, check_staleness
-from dsv32.rl.policy import load_policy
-from dsv32.rl.rollout import SamplingConfig, rollout
-from dsv32.rl.tasks import Task
+from dsv32.rl.grpo.policy import load_policy
+from dsv32.rl.grpo.rollout import SamplingConfig, rollout
+from dsv32.rl.grpo.tasks import Task
 from dsv32.serve import free_port
 
 pytestmark = pytest.mark.vllm
@@ -126,8 +126,8 @@ def policy_logprobs(policy, rows):
 def test_dsv32_rl_train_with_vllm_as_engine_syncs_before_each_step(policy, vllm, tmp_path):
     from rl_helpers import jsonl_recipe
 
-    from dsv32.rl.rewards import RewardResult
-    from dsv32.rl.trainer import train_grpo
+    from dsv32.rl.grpo.rewards import RewardResult
+    from dsv32.rl.grpo.trainer import train_grpo
 
     class Letters:
         def score_many(self, samples, max_workers=1):

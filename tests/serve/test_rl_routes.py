@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 from dsv32.engine.weight_files import save_weights
 from dsv32.rl.engines import FileWeightSync, RemoteEngine
-from dsv32.rl.policy import load_policy
+from dsv32.rl.grpo.policy import load_policy
 
 
 @pytest.fixture(scope="module")

@@ -30,14 +30,14 @@ def run_proof(config: str | None, overrides: list[str], out: str | None, progres
     from dsv32.cli.posttrain_recipe import read_posttrain_recipe
     from dsv32.envs.base import get_env, resolve_tasks
     from dsv32.envs.interpreter import InterpreterEnv
-    from dsv32.rl.agentic import EpisodeSettings
-    from dsv32.rl.agentic_trainer import EnvItem, episode_settings, evaluate_agentic, train_agentic
-    from dsv32.rl.policy import Policy
+    from dsv32.rl.agentic.episodes.episodes import EpisodeSettings
+    from dsv32.rl.agentic.episodes.trainer import EnvItem, episode_settings, evaluate_agentic, train_agentic
+    from dsv32.rl.grpo.policy import Policy
     from dsv32.rl.posttrain_report import first_tasks, machine, report_dict, rl_curve, write_report
     from dsv32.runlog import read_metrics
     from dsv32.synth.coldstart import build_coldstart
     from dsv32.train.sft import train_sft
-    from dsv32.train.sft_model import prepare_sft_model, vocab_matrices
+    from dsv32.train.sft.model import prepare_sft_model, vocab_matrices
 
     recipe = read_posttrain_recipe(config, overrides, out)
     root, tasks_cfg, sft_cfg, rl_cfg = recipe.root, recipe.tasks, recipe.sft, recipe.rl
@@ -325,8 +325,8 @@ def add_rl(psub: argparse._SubParsersAction) -> None:
 
     def run(args: argparse.Namespace) -> int:
         from dsv32 import distributed
-        from dsv32.rl.agentic_config import work_plan
-        from dsv32.rl.agentic_trainer import check_agentic_world, train_agentic, v32_policy
+        from dsv32.rl.agentic.episodes.config import work_plan
+        from dsv32.rl.agentic.episodes.trainer import check_agentic_world, train_agentic, v32_policy
 
         cfg, heldout, write = rl_recipe(args)
         w = distributed.setup()  # under torchrun: every rank checks, rank 0 alone prints and writes
@@ -365,8 +365,8 @@ def rl_recipe(args: argparse.Namespace):
     then set ``rl.*`` and whose generated tasks ``write()`` saves into ``out_dir``."""
     from dsv32.cli.posttrain_recipe import is_posttrain_recipe, read_posttrain_recipe
     from dsv32.recipe import read_recipe
-    from dsv32.rl.agentic_config import heldout_count, load_agentic_config
-    from dsv32.rl.config import RLConfigError
+    from dsv32.rl.agentic.episodes.config import heldout_count, load_agentic_config
+    from dsv32.rl.grpo.config import RLConfigError
 
     if args.config is None or not is_posttrain_recipe(read_recipe(args.config, error=RLConfigError)):
         cfg = load_agentic_config(args.config, flag_overrides(args, RL_FLAGS))

@@ -39,8 +39,8 @@ from dsv32.recipe import (
     in_range,
     one_of,
 )
-from dsv32.rl.agentic_config import AgenticConfig
-from dsv32.train.sft_config import SFTConfig
+from dsv32.rl.agentic.episodes.config import AgenticConfig
+from dsv32.train.sft.config import SFTConfig
 
 SECTIONS = ("out_dir", "tasks", "sft", "rl", "rl_model", "transfer")
 TRAIN_FILE, HELDOUT_FILE, VALIDATION_FILE, RL_POOL_FILE = (
@@ -256,8 +256,8 @@ def read_posttrain_recipe(
     """Read and check every section (nothing is loaded or written); ``path`` None: the shipped
     recipe; ``out`` replaces ``out_dir``."""
     from dsv32.recipe import read_recipe
-    from dsv32.rl.agentic_config import agentic_config_from_dict
-    from dsv32.train.sft_config import sft_config_from_dict
+    from dsv32.rl.agentic.episodes.config import agentic_config_from_dict
+    from dsv32.train.sft.config import sft_config_from_dict
 
     path = str(path or DEFAULT_RECIPE)
     data = read_recipe(path, overrides)

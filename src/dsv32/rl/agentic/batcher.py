@@ -40,7 +40,7 @@ from dsv32.agent.backends.formats import V32Format
 from dsv32.agent.errors import BackendError
 from dsv32.engine.prefix import PrefixCache
 from dsv32.rl.engines import InProcessEngine, RolloutEngine, run_calls, split_calls
-from dsv32.rl.rollout import SamplingConfig, truncates
+from dsv32.rl.grpo.rollout import SamplingConfig, truncates
 
 
 @dataclass

@@ -1,8 +1,8 @@
-"""The recipe of agentic GRPO: an RL recipe (:mod:`dsv32.rl.config`) plus ``[agentic]`` (how episodes
+"""The recipe of agentic GRPO: an RL recipe (:mod:`dsv32.rl.grpo.config`) plus ``[agentic]`` (how episodes
 run and are rewarded) and ``[[envs]]`` (the environments in the mix, with weights and domains).
 
     [agentic]                     # episodes
-    prompt = "env"                # env | bare | reasoning_agent | agent (see dsv32.rl.agentic)
+    prompt = "env"                # env | bare | reasoning_agent | agent (see dsv32.rl.agentic.episodes.episodes)
     max_steps = 4                 # model calls per episode
     context = "none"              # or summary | discard_75 | discard_all (with context_window)
     length_weight = 0.0           # R = verifier + w_len · length penalty + w_lang · language
@@ -29,8 +29,8 @@ from typing import Any, ClassVar
 from dsv32.chat.templates import EPISODE_PROMPTS
 from dsv32.envs.base import EnvError, get_env
 from dsv32.recipe import NON_NEGATIVE, POSITIVE, Checked, Rule, at_least, build_section, one_of, read_recipe
-from dsv32.rl.config import RLConfig, RLConfigError, rl_config_from_dict
-from dsv32.rl.rewards.shaping import LENGTH_SHAPES
+from dsv32.rl.grpo.config import RLConfig, RLConfigError, rl_config_from_dict
+from dsv32.rl.grpo.rewards.shaping import LENGTH_SHAPES
 
 
 @dataclass

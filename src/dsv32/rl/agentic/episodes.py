@@ -12,7 +12,7 @@ where ``format`` is 1 when the episode's tool use is well formed (:func:`tool_ca
 called a tool, every reply parsed as V3.2 and every call named a known tool with valid arguments),
 else 0 — the verifier rewards the answer, not the markup.
 
-Every model call is recorded with the prompt ids it saw (:mod:`dsv32.rl.agentic_backend`). Rows:
+Every model call is recorded with the prompt ids it saw (:mod:`dsv32.rl.agentic.episodes.batcher`). Rows:
 consecutive calls whose prompt starts with the previous row's ids (the V3.2 encoding only appends
 within a task: the reply, the tool results, ``<think>``) share one row — prompt, turn 1, tool
 results, turn 2, ... — with ``action_mask`` 1 exactly on the sampled tokens, so tool results and
@@ -21,7 +21,7 @@ A call whose prompt does not extend the row (a context reset of §4.4, a reply r
 differently from how it was sampled) starts a new row; the context it re-renders is its prompt,
 masked. Every row of an episode gets the episode's advantage ``A = R − mean(group)``; in the loss the
 rows of an episode are one output o_i (the trainer passes the episode as the rows' sequence id, see
-:func:`dsv32.rl.loss.grpo_loss`).
+:func:`dsv32.rl.grpo.loss.grpo_loss`).
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from dsv32.agent import Trajectory, run_episode
 from dsv32.chat import EOS
 from dsv32.engine.memory import release_free_memory
 from dsv32.envs.base import Environment, Task
-from dsv32.rl.agentic_backend import LockstepBatcher, RecordingBackend, StepRecord
-from dsv32.rl.rewards.shaping import language_consistency, length_penalty
-from dsv32.rl.rollout import Rollouts, SamplingConfig, layout_rollouts
-from dsv32.rl.tasks import Task as RLTask
+from dsv32.rl.agentic.episodes.batcher import LockstepBatcher, RecordingBackend, StepRecord
+from dsv32.rl.grpo.rewards.shaping import language_consistency, length_penalty
+from dsv32.rl.grpo.rollout import Rollouts, SamplingConfig, layout_rollouts
+from dsv32.rl.grpo.tasks import Task as RLTask
 
 
 def tool_prompt(prompt: str) -> str:
@@ -93,9 +93,9 @@ def run_episodes(
     """Run one episode per ``(make_env, task, domain)`` job, all at once (threads, batched model
     calls); returns them in job order. ``generator``: one for all, or one per job (the jobs of a
     group sharing one object: the group's episodes then do not depend on the other jobs, see
-    :class:`~dsv32.rl.agentic_backend.LockstepBatcher`). ``engine``: the :class:`~dsv32.rl.engines.RolloutEngine` that
+    :class:`~dsv32.rl.agentic.episodes.batcher.LockstepBatcher`). ``engine``: the :class:`~dsv32.rl.engines.RolloutEngine` that
     samples (default: the policy's model in process); ``runner``: where the environments live
-    (:mod:`dsv32.rl.fanout`: default in this process, or on Ray actors)."""
+    (:mod:`dsv32.rl.agentic.episodes.fanout`: default in this process, or on Ray actors)."""
     if settings.context == "parallel_fewest_step":
         raise ValueError("parallel_fewest_step picks one of several threads: GRPO's group already samples G")
     stop = [policy.tokenizer.convert_tokens_to_ids(EOS)]
@@ -205,7 +205,7 @@ def episode_rows(records: Sequence[StepRecord]) -> list[Row]:
 def rows_to_rollouts(
     rows: Sequence[Row], tasks: Sequence[RLTask], pad: int, device, *, with_kept: bool
 ) -> Rollouts:
-    """Rows → the :class:`~dsv32.rl.rollout.Rollouts` layout the GRPO update reads (prompts
+    """Rows → the :class:`~dsv32.rl.grpo.rollout.Rollouts` layout the GRPO update reads (prompts
     left-padded to a shared ``start``, everything after right-padded)."""
     batch = layout_rollouts(
         tasks, [r.prompt for r in rows], [r.tokens for r in rows], [r.actions for r in rows],

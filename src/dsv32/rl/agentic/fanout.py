@@ -17,7 +17,7 @@ in a fresh environment per task, the environment closed after it, so its tools r
 code through :mod:`dsv32.envs.sandbox` in whichever process (thread or actor) holds the episode.
 Nothing below :mod:`dsv32.rl` knows which runner it is on.
 
-``environment(make_env)`` is what agentic GRPO (:func:`dsv32.rl.agentic.run_episodes`) uses: the
+``environment(make_env)`` is what agentic GRPO (:func:`dsv32.rl.agentic.episodes.episodes.run_episodes`) uses: the
 agent loop and the batched model calls stay in the trainer, and on Ray the environment itself —
 ``make_env()``, its tools (model-written code, confined by :mod:`dsv32.envs.sandbox` inside the
 actor) and its verifier — lives on one of the actors (:class:`ActorEnvironment`, episodes spread
@@ -42,7 +42,7 @@ from typing import Any
 
 from dsv32.envs.base import EnvError, Environment, Task
 from dsv32.errors import DSV32Error
-from dsv32.rl.config import RayConfig, RLConfigError
+from dsv32.rl.grpo.config import RayConfig, RLConfigError
 
 STARTUP_TIMEOUT = 120.0  # seconds placed actors may take to start their processes
 RELEASE_S = 10.0  # seconds close() waits for the actors to release their files before killing them
@@ -182,7 +182,7 @@ def _import_ray():
 
 
 class RayRunner:
-    """``map`` on Ray actors as ``cfg`` (:class:`~dsv32.rl.config.RayConfig`) says."""
+    """``map`` on Ray actors as ``cfg`` (:class:`~dsv32.rl.grpo.config.RayConfig`) says."""
 
     name = "ray"
 

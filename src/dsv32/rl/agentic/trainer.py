@@ -1,14 +1,14 @@
 """Mixed agentic GRPO (paper §3): one RL stage over environments (multi-turn, tools) and, optionally,
-the single-turn domains of :mod:`dsv32.rl.trainer`, with per-domain weights and KL strengths.
+the single-turn domains of :mod:`dsv32.rl.grpo.trainer`, with per-domain weights and KL strengths.
 
 One step:
 
 1. draw ``prompts_per_step`` items from the mix (``[[envs]]`` by weight, plus ``[[sources]]`` when
-   ``agentic.single_turn``); G episodes per environment task (:func:`dsv32.rl.agentic.run_episodes`,
-   all batched), G samples per single-turn prompt (:func:`dsv32.rl.rollout.rollout`);
+   ``agentic.single_turn``); G episodes per environment task (:func:`dsv32.rl.agentic.episodes.episodes.run_episodes`,
+   all batched), G samples per single-turn prompt (:func:`dsv32.rl.grpo.rollout.rollout`);
 2. rewards (verifier + length + language for episodes, the domain reward for single-turn), group
    advantages ``A = R − mean(group)``, spread over every row of an episode;
-3. the mini-batch updates of :func:`dsv32.rl.update.grpo_update` (clipped ratio, unbiased KL with
+3. the mini-batch updates of :func:`dsv32.rl.grpo.update.grpo_update` (clipped ratio, unbiased KL with
    per-domain β, OPSM, Keep Sampling Mask, Keep Routing) over the joint batch, with each row's episode
    as its sequence id: an episode laid out in several rows is one output o_i of Eq. 8 (its tokens
    weigh 1/|o_i| together, Eq. 9 decides on all of them), however its rows fall into mini- and
@@ -22,9 +22,9 @@ order the mini-batches are drawn over. A checkpoint holds the policy, the optimi
 Under ``torchrun`` (:mod:`dsv32.distributed`) rank ``r`` of ``W`` takes the ``r``-th of ``W`` equal
 parts of the step's items (``prompts_per_step`` must be a multiple of ``W``) and runs their
 episodes and samples with an unsharded replica of the policy (refreshed from the FSDP-sharded policy
-before each step and each held-out evaluation, as :func:`dsv32.rl.trainer.train_grpo` does); the
+before each step and each held-out evaluation, as :func:`dsv32.rl.grpo.trainer.train_grpo` does); the
 policy and the reference model are sharded with FSDP2, the updates are those of one process over the
-global batch (:func:`dsv32.rl.update.grpo_update` with the outputs' global ids) and the metrics are
+global batch (:func:`dsv32.rl.grpo.update.grpo_update` with the outputs' global ids) and the metrics are
 gathered over the ranks. The held-out episodes are split over the ranks. Rank 0 alone writes.
 
 Outputs under ``out_dir``: ``metrics.jsonl``, ``eval.jsonl`` (greedy held-out accuracy and
@@ -46,7 +46,7 @@ import torch
 from dsv32 import distributed
 from dsv32.engine.memory import release_free_memory
 from dsv32.envs.base import Environment, Task, get_env, resolve_tasks
-from dsv32.rl.agentic import (
+from dsv32.rl.agentic.episodes.episodes import (
     AgenticReward,
     EpisodeSettings,
     concat_rollouts,
@@ -58,15 +58,15 @@ from dsv32.rl.agentic import (
     rows_to_rollouts,
     run_episodes,
 )
-from dsv32.rl.agentic_config import AgenticConfig
+from dsv32.rl.agentic.episodes.config import AgenticConfig
 from dsv32.rl.engines import InProcessEngine, RolloutEngine, build_engine, check_staleness, prepare_engine
-from dsv32.rl.fanout import episode_runner
-from dsv32.rl.loss import group_advantages
-from dsv32.rl.policy import Policy, load_policy
-from dsv32.rl.rewards_setup import build_reward_fn, reward_setup, score
-from dsv32.rl.rollout import SamplingConfig, rollout, truncates
-from dsv32.rl.tasks import MixedTasks
-from dsv32.rl.trainer import (
+from dsv32.rl.agentic.episodes.fanout import episode_runner
+from dsv32.rl.grpo.loss import group_advantages
+from dsv32.rl.grpo.policy import Policy, load_policy
+from dsv32.rl.grpo.rewards.setup import build_reward_fn, reward_setup, score
+from dsv32.rl.grpo.rollout import SamplingConfig, rollout, truncates
+from dsv32.rl.grpo.tasks import MixedTasks
+from dsv32.rl.grpo.trainer import (
     RLResult,
     _generator,
     build_tasks,
@@ -82,7 +82,7 @@ from dsv32.rl.trainer import (
     task_files,
     update_means,
 )
-from dsv32.rl.update import rl_guard
+from dsv32.rl.grpo.update import rl_guard
 from dsv32.runlog import append_metrics
 
 logger = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ def agentic_reward(cfg: AgenticConfig) -> AgenticReward:
 def v32_policy(cfg: AgenticConfig) -> Policy:
     """The recipe's policy, checked to speak V3.2 (episodes are V3.2 conversations)."""
     from dsv32.chat import missing_special_tokens
-    from dsv32.rl.config import RLConfigError
+    from dsv32.rl.grpo.config import RLConfigError
 
     policy = load_policy(cfg.rl.policy.name, thinking=cfg.agentic.thinking, device=cfg.rl.policy.device)
     if not hasattr(policy.tokenizer, "get_added_vocab") or missing_special_tokens(policy.tokenizer):
@@ -191,9 +191,9 @@ def agentic_step(
     """One joint rollout batch and its updates; returns the step's metrics. ``engine`` samples with
     weights version ``step`` under the rules of ``dsv32 rl train`` (synced first when it lags by more
     than ``[engine] max_off_policy_steps``, a sample of another version refused); ``runner``: where
-    the environments live (:func:`dsv32.rl.fanout.episode_runner`; default this process);
+    the environments live (:func:`dsv32.rl.agentic.episodes.fanout.episode_runner`; default this process);
     ``sampler`` (default: ``policy``): the unsharded replica that samples under ``torchrun``
-    (:func:`~dsv32.rl.trainer.sampling_replica`), refreshed from ``policy`` first; this rank runs
+    (:func:`~dsv32.rl.grpo.trainer.sampling_replica`), refreshed from ``policy`` first; this rank runs
     its part of the step's items."""
     G, t0, seed = g.group_size, time.time(), cfg.rl.seed
     max_lag = cfg.rl.engine.max_off_policy_steps
@@ -337,7 +337,7 @@ def _eval(policy, held, cfg: AgenticConfig, step: int, path: Path) -> dict:
 
 def check_agentic_world(cfg: AgenticConfig, w: distributed.World) -> None:
     """:class:`~dsv32.distributed.DistError` when an agentic GRPO recipe cannot run over ``w``'s
-    processes: :func:`~dsv32.rl.trainer.check_world`'s rules (the step's items split evenly, the
+    processes: :func:`~dsv32.rl.grpo.trainer.check_world`'s rules (the step's items split evenly, the
     rollouts sample in process), and the environments run in each process (no ``[ray]``)."""
     check_world(cfg.rl, w)
     if w.active and cfg.rl.ray.address:

@@ -26,7 +26,7 @@ from dsv32.rl.engines.weight_sync import CollectiveWeightSync, FileWeightSync, w
 
 
 def build_engine(cfg, model, out_dir: str | Path) -> RolloutEngine:
-    """The engine of a recipe's ``[engine]`` section (:class:`~dsv32.rl.config.EngineConfig`);
+    """The engine of a recipe's ``[engine]`` section (:class:`~dsv32.rl.grpo.config.EngineConfig`);
     ``model`` is the trainer's (the in-process engine samples with it)."""
     if cfg.kind == "in_process":
         return InProcessEngine(model)

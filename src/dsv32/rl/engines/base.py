@@ -114,7 +114,7 @@ def run_calls(calls: Sequence[tuple[list[int], Any]], call: Callable[[tuple[list
 
 
 class RolloutEngine(Protocol):
-    """What :func:`dsv32.rl.rollout.rollout` samples with (in-process or over HTTP)."""
+    """What :func:`dsv32.rl.grpo.rollout.rollout` samples with (in-process or over HTTP)."""
 
     name: str
 

@@ -25,7 +25,7 @@ from dsv32.recipe import (
     one_of,
     read_recipe,
 )
-from dsv32.rl.rollout import SamplingConfig
+from dsv32.rl.grpo.rollout import SamplingConfig
 
 
 class RLConfigError(RecipeError):

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from dsv32.engine.models import ByteTokenizer, ModelLoadError, load_model
-from dsv32.rl.loss import token_logprobs
-from dsv32.rl.tasks import Task
+from dsv32.rl.grpo.loss import token_logprobs
+from dsv32.rl.grpo.tasks import Task
 
 logger = logging.getLogger(__name__)
 

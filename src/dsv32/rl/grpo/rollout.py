@@ -23,8 +23,8 @@ import torch
 from dsv32.engine.sampling import GREEDY_BELOW
 from dsv32.recipe import NON_NEGATIVE, OPEN_UNIT, Checked, Rule, at_least
 from dsv32.rl.engines import InProcessEngine, RolloutEngine, WarnOnce, run_calls, split_calls
-from dsv32.rl.policy import Policy
-from dsv32.rl.tasks import Task, TaskError
+from dsv32.rl.grpo.policy import Policy
+from dsv32.rl.grpo.tasks import Task, TaskError
 
 TurnHook = Callable[[Task, str, int], "str | None"]
 """``hook(task, completion_so_far, turn) -> text to append, or None to end the episode``."""

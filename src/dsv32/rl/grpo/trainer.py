@@ -12,7 +12,7 @@ One step:
 
 Exact resume: tasks and sampling noise of step ``s`` are functions of ``(seed, s)`` — each task's
 group draws from a generator of its own, seeded by ``(seed, s, its index in the step)``
-(:func:`~dsv32.rl.rollout.rollout`'s ``group_generators``); a checkpoint holds the policy, the optimizer and the step.
+(:func:`~dsv32.rl.grpo.rollout.rollout`'s ``group_generators``); a checkpoint holds the policy, the optimizer and the step.
 
 Under ``torchrun`` (:mod:`dsv32.distributed`) rank ``r`` of ``W`` takes the ``r``-th of ``W`` equal
 parts of the step's tasks (whole groups: ``prompts_per_step`` must be a multiple of ``W``) and
@@ -39,15 +39,15 @@ from typing import Any
 import torch
 
 from dsv32 import distributed
-from dsv32.rl.config import GRPOConfig, RLConfig, RLConfigError
+from dsv32.rl.grpo.config import GRPOConfig, RLConfig, RLConfigError
 from dsv32.rl.engines import InProcessEngine, RolloutEngine, build_engine, check_staleness, prepare_engine
-from dsv32.rl.loss import group_advantages
-from dsv32.rl.policy import Policy, load_policy
-from dsv32.rl.rewards import RewardFunction
-from dsv32.rl.rewards_setup import RewardSetup, build_reward_fn, judge_counts, reward_setup, score
-from dsv32.rl.rollout import SamplingConfig, TurnHook, check_context, generation_budget, rollout
-from dsv32.rl.tasks import ArithmeticWordProblems, JsonlTasks, MixedTasks, Task
-from dsv32.rl.update import UpdateGuard, check_finite_policy, grpo_update, rl_guard
+from dsv32.rl.grpo.loss import group_advantages
+from dsv32.rl.grpo.policy import Policy, load_policy
+from dsv32.rl.grpo.rewards import RewardFunction
+from dsv32.rl.grpo.rewards.setup import RewardSetup, build_reward_fn, judge_counts, reward_setup, score
+from dsv32.rl.grpo.rollout import SamplingConfig, TurnHook, check_context, generation_budget, rollout
+from dsv32.rl.grpo.tasks import ArithmeticWordProblems, JsonlTasks, MixedTasks, Task
+from dsv32.rl.grpo.update import UpdateGuard, check_finite_policy, grpo_update, rl_guard
 from dsv32.runlog import (
     RUN_OUTPUTS,
     append_metrics,
@@ -370,7 +370,7 @@ def run_steps(
     instead of evaluating that step again."""
     from tqdm.auto import tqdm
 
-    from dsv32.rl.plot import plot_rl_metrics
+    from dsv32.rl.grpo.plot import plot_rl_metrics
 
     out, steps, eval_every, save_every = result.out_dir, cfg.grpo.steps, cfg.eval.every, cfg.save_every
     w = distributed.world()

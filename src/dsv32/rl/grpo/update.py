@@ -14,10 +14,10 @@ from dataclasses import replace
 import torch
 
 from dsv32 import distributed
-from dsv32.rl.config import GRPOConfig
-from dsv32.rl.loss import OutputTotals, grpo_loss, output_index, sequence_kl_coefs
-from dsv32.rl.policy import Policy
-from dsv32.rl.rollout import Rollouts
+from dsv32.rl.grpo.config import GRPOConfig
+from dsv32.rl.grpo.loss import OutputTotals, grpo_loss, output_index, sequence_kl_coefs
+from dsv32.rl.grpo.policy import Policy
+from dsv32.rl.grpo.rollout import Rollouts
 from dsv32.training_guard import NonFiniteUpdateError, UpdateGuard, check_finite_weights
 
 #: What a user can change when GRPO updates stay non-finite (the guard's message ends with it).
@@ -70,7 +70,7 @@ def grpo_update(
     outputs, so all rows of an output are in the same optimizer step. Within a mini-batch, rows go
     through the model ``micro_batch`` at a time, and an output's rows may fall in different
     micro-batches: each micro-batch's :func:`grpo_loss` gets the mini-batch's
-    :class:`~dsv32.rl.loss.OutputTotals` (|o_i| and the number of outputs counted over the whole
+    :class:`~dsv32.rl.grpo.loss.OutputTotals` (|o_i| and the number of outputs counted over the whole
     mini-batch), so its loss is its exact share of the mini-batch's Eq. 8 and the summed gradient,
     like the metrics, does not depend on how the rows are split. Eq. 9 decides M_i on the divergence
     over all of o_i's tokens under the current π_θ: for an output with negative advantage (the only

@@ -13,7 +13,7 @@ Pure Python: no torch.
 """
 
 from dsv32.envs.mathcheck import answers_equal
-from dsv32.rl.rewards.compose import (
+from dsv32.rl.grpo.rewards.compose import (
     COMPONENTS,
     RewardFunction,
     RewardResult,
@@ -22,7 +22,7 @@ from dsv32.rl.rewards.compose import (
     compose_rewards,
     default_reward_specs,
 )
-from dsv32.rl.rewards.judge import (
+from dsv32.rl.grpo.rewards.judge import (
     DEFAULT_RUBRIC,
     GenerativeRewardModel,
     JudgeError,
@@ -31,7 +31,7 @@ from dsv32.rl.rewards.judge import (
     RewardModelError,
     parse_score,
 )
-from dsv32.rl.rewards.outcome import (
+from dsv32.rl.grpo.rewards.outcome import (
     answer_part,
     exact_match_reward,
     extract_boxed,
@@ -40,7 +40,7 @@ from dsv32.rl.rewards.outcome import (
     math_reward,
     normalize_answer,
 )
-from dsv32.rl.rewards.shaping import (
+from dsv32.rl.grpo.rewards.shaping import (
     LENGTH_SHAPES,
     char_script,
     dominant_scripts,

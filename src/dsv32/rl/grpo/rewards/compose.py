@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from dsv32.recipe import NON_NEGATIVE, POSITIVE, Checked, Rule, at_least, check_fields, one_of
-from dsv32.rl.rewards.judge import GenerativeRewardModel, Judgement, RewardModelError
-from dsv32.rl.rewards.outcome import answer_part, exact_match_reward, format_reward, math_reward
-from dsv32.rl.rewards.shaping import LENGTH_SHAPES, language_consistency, length_penalty
+from dsv32.rl.grpo.rewards.judge import GenerativeRewardModel, Judgement, RewardModelError
+from dsv32.rl.grpo.rewards.outcome import answer_part, exact_match_reward, format_reward, math_reward
+from dsv32.rl.grpo.rewards.shaping import LENGTH_SHAPES, language_consistency, length_penalty
 
 COMPONENTS: dict[str, str] = {
     "math": "1 if the last \\boxed{} of the answer equals the sample's answer (math-verify), else 0",
@@ -40,7 +40,7 @@ class RewardSpec(Checked):
     """How one domain is scored. ``weights`` maps component names (:data:`COMPONENTS`) to weights.
 
     ``max_tokens`` is the generation budget L_max (required with ``"length"``), ``length_shape`` and
-    ``cache_tokens`` as in :func:`~dsv32.rl.rewards.shaping.length_penalty`. ``thinking``: completions
+    ``cache_tokens`` as in :func:`~dsv32.rl.grpo.rewards.shaping.length_penalty`. ``thinking``: completions
     read ``reasoning</think>answer``; the outcome and the judge see the answer only, and ``format``
     requires the closed reasoning. ``require_boxed``: ``format`` requires one ``\\boxed{}``.
     ``rubric_key``: the sample field holding the judge's rubric (the judge's default rubric if a mapping

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from dsv32.rl.config import RLConfigError
-from dsv32.rl.rewards import (
+from dsv32.rl.grpo.config import RLConfigError
+from dsv32.rl.grpo.rewards import (
     GenerativeRewardModel,
     RewardFunction,
     RewardResult,
@@ -27,12 +27,12 @@ from dsv32.rl.rewards import (
     compose_rewards,
     default_reward_specs,
 )
-from dsv32.rl.rewards.compose import OUTCOME_COMPONENTS
-from dsv32.rl.tasks import Task
+from dsv32.rl.grpo.rewards.compose import OUTCOME_COMPONENTS
+from dsv32.rl.grpo.tasks import Task
 
 
 def local_judge(policy, max_new_tokens: int = 512) -> Callable[[list[dict]], str]:
-    """A judge callable over a local :class:`~dsv32.rl.policy.Policy` (greedy, its chat template)."""
+    """A judge callable over a local :class:`~dsv32.rl.grpo.policy.Policy` (greedy, its chat template)."""
     from dsv32.engine import generate
 
     def judge(messages: list[dict]) -> str:
@@ -162,7 +162,7 @@ def build_reward_fn(
         local = judge_cfg.pop("local", None)
         key_env = judge_cfg.pop("api_key_env", "OPENAI_API_KEY")
         if local:
-            from dsv32.rl.policy import load_policy
+            from dsv32.rl.grpo.policy import load_policy
 
             grm = GenerativeRewardModel(judge=local_judge(load_policy(local)), **judge_cfg)
         else:
@@ -171,7 +171,7 @@ def build_reward_fn(
 
 
 def score(reward_fn: RewardFunction, batch, max_workers: int = 1) -> list[RewardResult]:
-    """Rewards of every row of a :class:`~dsv32.rl.rollout.Rollouts`."""
+    """Rewards of every row of a :class:`~dsv32.rl.grpo.rollout.Rollouts`."""
     samples = [
         RewardSample(
             domain=task.domain,
