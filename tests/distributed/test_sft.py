@@ -19,7 +19,7 @@ import worker
 from launch import run_jobs
 from safetensors.torch import load_file
 
-from dsv32.train.sft_model import input_embeddings, prepare_sft_model
+from dsv32.train.sft.model import input_embeddings, prepare_sft_model
 
 # tiny-llama ties its head to the embedding, tiny-native does not; batch_size 2 × grad_accum 2
 # (whole micro-batches per rank) and batch_size 2 × grad_accum 1 (a micro-batch split by rows).

@@ -147,8 +147,8 @@ def test_interpreter_references_become_sft_conversations(tmp_path):
     """The real code interpreter: the kernel's output is in the transcript and SFT can tokenize it."""
     from dsv32.chat import add_v32_special_tokens
     from dsv32.envs.interpreter import InterpreterEnv, generate
-    from dsv32.train.sft_data import encode_file
-    from dsv32.train.sft_model import byte_level_tokenizer
+    from dsv32.train.sft.data import encode_file
+    from dsv32.train.sft.model import byte_level_tokenizer
 
     tasks = generate(2, seed=5, difficulty=1, categories=("multiplication",))
     report = build_coldstart(InterpreterEnv, tasks, tmp_path / "c.jsonl", prompt="env", workers=2)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dsv32.train.config import DataConfig, StageConfig, TrainConfigError, load_run_config
-from dsv32.train.data import is_held_out, list_documents, load_token_data, sequence_order
-from dsv32.train.pipeline import config_from_cli, demo_config
+from dsv32.train.dsa.config import DataConfig, StageConfig, TrainConfigError, load_run_config
+from dsv32.train.dsa.data import is_held_out, list_documents, load_token_data, sequence_order
+from dsv32.train.dsa.pipeline import config_from_cli, demo_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,7 +67,7 @@ def test_overrides_defaults_and_errors(tmp_path):
 
 
 def test_sparse_and_eval_pick_up_the_previous_stage(tmp_path, caplog):
-    with caplog.at_level("WARNING", logger="dsv32.train.pipeline"):
+    with caplog.at_level("WARNING", logger="dsv32.train.dsa.pipeline"):
         cfg, _ = config_from_cli("sparse", {"set": [f"out_dir={json.dumps(str(tmp_path))}"]})
     assert "no warmup/model under" in caplog.text and "untrained indexers" in caplog.text
     assert cfg.model.name == "smollm2"
@@ -161,7 +161,7 @@ def test_jsonl_records_are_numbered_as_text_lines_and_read_from_their_own_bytes(
 
 
 def test_a_bad_data_source_fails_before_the_model_is_loaded(tmp_path, monkeypatch):
-    from dsv32.train import pipeline
+    from dsv32.train.dsa import pipeline
 
     bad = tmp_path / "docs.jsonl"
     bad.write_bytes(b'{"text": "a"}\n{"text": "\xff"}\n')
@@ -198,7 +198,7 @@ def test_a_recipe_that_is_not_utf8_is_named_with_its_line(tmp_path):
     ],
 )
 def test_dsa_shapes_that_rope_cannot_rotate_are_recipe_errors(tmp_path, dsa, message):
-    from dsv32.train.config import run_config_from_dict
+    from dsv32.train.dsa.config import run_config_from_dict
 
     with pytest.raises(TrainConfigError, match=re.escape(f"[dsa] {message}")):
         run_config_from_dict({"dsa": dsa, "out_dir": str(tmp_path / "out")})
@@ -206,7 +206,7 @@ def test_dsa_shapes_that_rope_cannot_rotate_are_recipe_errors(tmp_path, dsa, mes
 
 
 def test_stage_betas_and_unwritable_out_dirs_are_recipe_errors(tmp_path):
-    from dsv32.train.config import run_config_from_dict
+    from dsv32.train.dsa.config import run_config_from_dict
 
     with pytest.raises(TrainConfigError, match=r"\[warmup\] betas = \[0\.9\]: must be two numbers"):
         run_config_from_dict({"warmup": {"betas": [0.9]}})
@@ -227,7 +227,7 @@ def test_tiny_models_without_a_tokenizer_are_refused_by_the_commands(tmp_path):
 def test_a_single_text_file_is_split_by_position_and_trains(tmp_path):
     """One file cannot be split by its name: each 20,000-character block holds out its last
     eval_percent % instead, deterministically."""
-    from dsv32.train.data import SPLIT_BLOCK_CHARS, position_split
+    from dsv32.train.dsa.data import SPLIT_BLOCK_CHARS, position_split
 
     text = "".join(f"line {i}: some text of the corpus\n" for i in range(3000))  # ~100K characters
     corpus = tmp_path / "corpus.txt"
@@ -269,8 +269,8 @@ def test_a_multi_document_source_keeps_its_split_by_name(tmp_path):
 
 
 def test_stage_seeds_are_range_checked_when_the_recipe_is_read():
-    from dsv32.train.config import MAX_SEED
-    from dsv32.train.trainer import _query_rows
+    from dsv32.train.dsa.config import MAX_SEED
+    from dsv32.train.dsa.trainer import _query_rows
 
     for bad in (2**62, -1):
         with pytest.raises(TrainConfigError, match=rf"\[warmup\] seed = {bad}: must be in \[0, {MAX_SEED}\]"):

@@ -11,8 +11,8 @@ pytest.importorskip("transformers")
 
 from dsv32.dsa import DSAConfig, get_dsa, oracle_topk
 from dsv32.train import ModelSpec, load_dsa_model
-from dsv32.train.evaluate import EvalPoint, evaluate_dsa
-from dsv32.train.report import report_dict, write_report
+from dsv32.train.dsa.evaluate import EvalPoint, evaluate_dsa
+from dsv32.train.dsa.report import report_dict, write_report
 
 
 def test_eval_grid_report_and_consistency(tmp_path):
@@ -79,8 +79,8 @@ def test_without_the_untrained_baseline_no_untrained_recall_is_reported():
 
 
 def test_the_report_names_the_indexer_it_evaluated(tmp_path):
-    from dsv32.train.pipeline import STAGE_LABELS, indexer_label
-    from dsv32.train.report import INDEXER, markdown_report
+    from dsv32.train.dsa.pipeline import STAGE_LABELS, indexer_label
+    from dsv32.train.dsa.report import INDEXER, markdown_report
 
     for stage in ("warmup", "sparse"):
         (tmp_path / stage / "model").mkdir(parents=True)

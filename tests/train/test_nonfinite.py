@@ -10,10 +10,10 @@ from safetensors.torch import load_file
 
 pytest.importorskip("transformers")
 
-import dsv32.train.trainer as trainer
+import dsv32.train.dsa.trainer as trainer
 from dsv32.dsa import DSAConfig
 from dsv32.train import ModelSpec, StageConfig, TokenData, load_dsa_model, train_stage
-from dsv32.train.config import TrainConfigError, load_run_config
+from dsv32.train.dsa.config import TrainConfigError, load_run_config
 from dsv32.training_guard import NonFiniteUpdateError
 
 DSA = DSAConfig(index_n_heads=2, index_head_dim=16, index_topk=8)

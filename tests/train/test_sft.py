@@ -16,7 +16,7 @@ from dsv32.cli import main
 from dsv32.engine.models import load_model
 from dsv32.runlog import read_metrics
 from dsv32.train.sft import load_sft_config, loss_sum, train_sft
-from dsv32.train.sft_data import (
+from dsv32.train.sft.data import (
     IGNORE,
     SFTDataError,
     collate,
@@ -26,7 +26,7 @@ from dsv32.train.sft_data import (
     make_rows,
     pack,
 )
-from dsv32.train.sft_model import byte_level_tokenizer, prepare_sft_model
+from dsv32.train.sft.model import byte_level_tokenizer, prepare_sft_model
 
 TOOLS = [
     {
@@ -234,7 +234,7 @@ def test_packed_training_and_the_saved_model_speak_v32(tmp_path):
 
 
 def test_packing_on_a_native_model_is_a_typed_error(tmp_path):
-    from dsv32.train.sft_model import SFTModelError
+    from dsv32.train.sft.model import SFTModelError
 
     with pytest.raises(SFTModelError, match="packing needs a Hugging Face model"):
         train_sft(_cfg(tmp_path, "tiny-native", **{"data.packing": True}), progress=False)
@@ -275,7 +275,7 @@ def test_frozen_lower_layers_keep_their_weights(tmp_path):
 
 
 def test_new_token_lr_moves_only_the_added_rows(tmp_path):
-    from dsv32.train.sft_model import input_embeddings
+    from dsv32.train.sft.model import input_embeddings
 
     sm = prepare_sft_model("tiny-llama", device="cpu")
     assert sm.base_vocab == 257 and len(sm.tokenizer) == 264
@@ -306,7 +306,7 @@ def test_the_shipped_recipes_load(tmp_path):
 def test_new_token_lr_moves_the_added_rows_of_a_padded_embedding(tmp_path, monkeypatch):
     """Embeddings with more rows than the tokenizer has tokens (padded to a multiple): the added
     tokens take ids inside the existing rows, and those rows are the ones that learn."""
-    import dsv32.train.sft_model as sft_model
+    import dsv32.train.sft.model as sft_model
 
     def padded(name, **kwargs):
         loaded = load_model(name, **kwargs)
@@ -327,7 +327,7 @@ def test_new_token_lr_moves_the_added_rows_of_a_padded_embedding(tmp_path, monke
 def test_new_token_lr_leaves_nothing_on_the_model(tmp_path):
     """After SFT with ``new_token_lr`` the model trains every embedding row again (a later GRPO
     stage on the same model is not held to the new rows)."""
-    from dsv32.train.sft_model import input_embeddings
+    from dsv32.train.sft.model import input_embeddings
 
     sm = prepare_sft_model("tiny-llama", device="cpu")
     train_sft(_cfg(tmp_path, **{"train.new_token_lr": 1e-2, "train.steps": 1}), model=sm, progress=False)

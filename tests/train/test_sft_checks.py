@@ -41,7 +41,7 @@ def test_a_seq_len_past_the_models_positions_is_refused_before_anything_is_writt
 def test_dropped_overlong_conversations_are_reported(tmp_path, caplog):
     rows = [_conversation(i) for i in range(4)] + [{"messages": [
         {"role": "user", "content": "long " * 80}, {"role": "assistant", "reasoning_content": "r", "content": "ok"}]}]  # fmt: skip
-    with caplog.at_level("WARNING", logger="dsv32.train.sft_data"):
+    with caplog.at_level("WARNING", logger="dsv32.train.sft.data"):
         result = train_sft(_cfg(tmp_path, rows, **{"data.seq_len": 128}), progress=False, save_model=False)
     assert result.data["dropped"] == 1 and result.data["conversations"] == 5
     assert "dropped 1 of 5 (longer than seq_len)" in result.summary()
@@ -51,7 +51,7 @@ def test_dropped_overlong_conversations_are_reported(tmp_path, caplog):
 def test_a_truncation_that_leaves_no_assistant_token_drops_the_conversation(tmp_path, caplog):
     long_prompt = {"messages": [{"role": "system", "content": "S" * 200}, *_conversation(9)["messages"]]}
     rows = [_conversation(i) for i in range(4)] + [long_prompt]
-    with caplog.at_level("WARNING", logger="dsv32.train.sft_data"):
+    with caplog.at_level("WARNING", logger="dsv32.train.sft.data"):
         result = train_sft(
             _cfg(tmp_path, rows, **{"data.seq_len": 128, "data.overlong": "truncate"}),
             progress=False,
@@ -86,8 +86,8 @@ def test_the_same_data_under_another_path_resumes(tmp_path):
 @pytest.mark.parametrize("first", [[{"role": "system", "content": "You are a bot."}], []])
 def test_an_assistant_turn_before_any_user_message_names_the_line(tmp_path, first):
     from dsv32.chat import add_v32_special_tokens
-    from dsv32.train.sft_data import SFTDataError, encode_file
-    from dsv32.train.sft_model import byte_level_tokenizer
+    from dsv32.train.sft.data import SFTDataError, encode_file
+    from dsv32.train.sft.model import byte_level_tokenizer
 
     tokenizer = byte_level_tokenizer()
     add_v32_special_tokens(tokenizer)

@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("transformers")
 
 from dsv32.train.sft import load_sft_config, train_sft
-from dsv32.train.sft_model import input_embeddings, prepare_sft_model
+from dsv32.train.sft.model import input_embeddings, prepare_sft_model
 
 
 def _cfg(tmp_path, model: str, out: str, **over):

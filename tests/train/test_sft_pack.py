@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from dsv32.train.sft_data import pack
+from dsv32.train.sft.data import pack
 
 
 def best_fit_decreasing(lengths: list[int], seq_len: int) -> list[list[int]]:

@@ -11,8 +11,8 @@ pytest.importorskip("transformers")
 
 from dsv32.chat import add_v32_special_tokens
 from dsv32.train.sft import loss_sum
-from dsv32.train.sft_data import collate, encode_example
-from dsv32.train.sft_model import SFTModel, SFTModelError, byte_level_tokenizer, prepare_sft_model
+from dsv32.train.sft.data import collate, encode_example
+from dsv32.train.sft.model import SFTModel, SFTModelError, byte_level_tokenizer, prepare_sft_model
 
 ROWS = [
     {"messages": [{"role": "user", "content": "hello there " * 3},

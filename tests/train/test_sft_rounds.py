@@ -11,8 +11,8 @@ pytest.importorskip("transformers")
 
 from dsv32.chat import add_v32_special_tokens
 from dsv32.train.sft import load_sft_config
-from dsv32.train.sft_data import IGNORE, encode_file, round_rows
-from dsv32.train.sft_model import byte_level_tokenizer
+from dsv32.train.sft.data import IGNORE, encode_file, round_rows
+from dsv32.train.sft.model import byte_level_tokenizer
 
 TWO_ROUNDS = {
     "messages": [
@@ -43,7 +43,7 @@ def _encode(tokenizer, tmp_path, train_on):
 
 
 def test_all_counts_the_earlier_reasoning_it_cannot_train(tokenizer, tmp_path, caplog):
-    with caplog.at_level("WARNING", logger="dsv32.train.sft_data"):
+    with caplog.at_level("WARNING", logger="dsv32.train.sft.data"):
         (example,), counts = _encode(tokenizer, tmp_path, "all")
     trained = _trained(tokenizer, example)
     assert "FIRST-THOUGHT" not in trained and "SECOND-THOUGHT" in trained and "6" in trained

@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 from dsv32.dsa import DSAConfig
 from dsv32.train import ModelSpec, StageConfig, TokenData, load_dsa_model, read_metrics, train_stage
-from dsv32.train.trainer import lr_factor
+from dsv32.train.dsa.trainer import lr_factor
 
 DSA = DSAConfig(index_n_heads=2, index_head_dim=16, index_topk=8)
 
@@ -226,7 +226,7 @@ def test_dsa_stages_take_no_resume():
 
 def test_the_logged_learning_rates_are_the_ones_the_optimizer_used(tmp_path, monkeypatch):
     from dsv32.train import TrainConfigError
-    from dsv32.train.config import load_run_config
+    from dsv32.train.dsa.config import load_run_config
 
     with pytest.raises(
         TrainConfigError, match=r"\[warmup\] indexer_lr = 0.5: the warm-up trains only the indexer"
@@ -258,8 +258,8 @@ def test_the_logged_learning_rates_are_the_ones_the_optimizer_used(tmp_path, mon
 def test_the_demo_and_dsa_sparse_train_at_the_same_top_k(tmp_path, monkeypatch):
     """The sparse stage's top-k is ``sparse.index_topk``, else the model's DSA config — in ``dsv32 demo``
     as in ``dsv32 dsa sparse`` — never the evaluation's first top-k."""
-    import dsv32.train.pipeline as pipeline
-    from dsv32.train.config import load_run_config
+    import dsv32.train.dsa.pipeline as pipeline
+    from dsv32.train.dsa.config import load_run_config
 
     (tmp_path / "doc.txt").write_text("text")
     cfg = load_run_config(

@@ -26,7 +26,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     }
 
     def run(args: argparse.Namespace) -> int:
-        from dsv32.train.pipeline import config_from_cli, run_eval, run_stage
+        from dsv32.train.dsa.pipeline import config_from_cli, run_eval, run_stage
 
         cfg, out = config_from_cli(args.dsa_cmd, vars(args))
         if args.dsa_cmd == "eval":
@@ -66,7 +66,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     recipe_args(demo)
 
     def run_demo(args: argparse.Namespace) -> int:
-        from dsv32.train.pipeline import config_from_cli, run_demo
+        from dsv32.train.dsa.pipeline import config_from_cli, run_demo
 
         cfg, _ = config_from_cli("demo", vars(args))
         run_demo(cfg, progress=not args.no_progress)

@@ -79,7 +79,7 @@ class DataConfig(Checked, error=TrainConfigError):
     goes to the held-out split when a hash of its name falls under ``eval_percent`` — deterministic
     and independent of the other documents. When that leaves a split without one sequence (a single
     file, a few documents), every document is split by position instead: the last ``eval_percent`` %
-    of each block of 20,000 characters is held out (:func:`dsv32.train.data.position_split`).
+    of each block of 20,000 characters is held out (:func:`dsv32.train.dsa.data.position_split`).
     Documents are joined with the tokenizer's end-of-text token and cut into sequences; at most
     ``max_train_tokens`` / ``max_eval_tokens`` are tokenized (None: as needed by the run).
     """

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from dsv32.train.config import DataConfig, TrainConfigError
+from dsv32.train.dsa.config import DataConfig, TrainConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from dsv32.dsa.hf import (
     save_dsa,
 )
 from dsv32.engine.models import is_native_checkpoint, load_hf, load_native, resolve_device, tiny_native_config
-from dsv32.train.config import ModelSpec, TrainConfigError
+from dsv32.train.dsa.config import ModelSpec, TrainConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def _dtype(name: str) -> torch.dtype:
 
 
 def load_dsa_model(spec: ModelSpec, dsa: DSAConfig | None = None) -> DSAModel:
-    """Load ``spec.name`` (see :class:`~dsv32.train.config.ModelSpec`) in fp32 on ``spec.device``; HF
+    """Load ``spec.name`` (see :class:`~dsv32.train.dsa.config.ModelSpec`) in fp32 on ``spec.device``; HF
     models get DSA attached with ``dsa`` unless they were saved with it. With ``model.dtype =
     "bfloat16"`` forwards run under autocast."""
     device = resolve_device(spec.device)

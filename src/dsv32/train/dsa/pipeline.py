@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 
 from dsv32 import distributed
-from dsv32.train.config import RunConfig, StageConfig, TrainConfigError
-from dsv32.train.data import Document, TokenData, list_documents, load_token_data
-from dsv32.train.models import DSAModel, load_dsa_model
-from dsv32.train.trainer import StageResult, train_stage
+from dsv32.train.dsa.config import RunConfig, StageConfig, TrainConfigError
+from dsv32.train.dsa.data import Document, TokenData, list_documents, load_token_data
+from dsv32.train.dsa.models import DSAModel, load_dsa_model
+from dsv32.train.dsa.trainer import StageResult, train_stage
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ def demo_config() -> RunConfig:
     deviation from the paper and why."""
     from importlib.resources import files
 
-    from dsv32.train.config import load_run_config
+    from dsv32.train.dsa.config import load_run_config
 
     return load_run_config(files("dsv32") / "configs" / "smollm2-demo.toml")
 
@@ -128,8 +128,8 @@ def run_stage(
 
 def run_eval(cfg: RunConfig, out_dir: str | Path | None = None, progress: bool = True) -> dict:
     """``dsv32 dsa eval``: evaluate ``cfg.model`` and write the report under ``out_dir``."""
-    from dsv32.train.evaluate import evaluate_dsa
-    from dsv32.train.report import report_dict, write_report
+    from dsv32.train.dsa.evaluate import evaluate_dsa
+    from dsv32.train.dsa.report import report_dict, write_report
 
     out = Path(out_dir or Path(cfg.out_dir) / "eval")
     docs = list_documents(cfg.data)
@@ -154,8 +154,8 @@ def run_eval(cfg: RunConfig, out_dir: str | Path | None = None, progress: bool =
 
 def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
     """The main job. Returns the report dict (also ``<out_dir>/dsa_report.json``)."""
-    from dsv32.train.evaluate import evaluate_dsa
-    from dsv32.train.report import report_dict, write_report
+    from dsv32.train.dsa.evaluate import evaluate_dsa
+    from dsv32.train.dsa.report import report_dict, write_report
 
     distributed.require_one_process("dsv32 demo")  # runs both stages on one model in one process
     cfg = cfg or demo_config()
@@ -243,7 +243,7 @@ def indexer_label(source: str) -> str:
     (``<out>/<stage>/model``, beside the stage's ``stage.json``) by that stage, anything else as the
     model's own."""
     from dsv32.jsonl import read_json
-    from dsv32.train.report import INDEXER
+    from dsv32.train.dsa.report import INDEXER
 
     stage_file = Path(source).parent / "stage.json"
     if Path(source).name != "model" or not stage_file.is_file():
@@ -281,7 +281,7 @@ def config_from_cli(command: str, args: dict) -> tuple[RunConfig, Path | None]:
     Without ``--model``, ``sparse`` starts from ``<out_dir>/warmup/model`` and ``eval`` reads
     ``<out_dir>/sparse/model`` (else the warm-up's) when they exist."""
     from dsv32.recipe import apply_override, out_dir_problem
-    from dsv32.train.config import load_run_config, run_config_from_dict
+    from dsv32.train.dsa.config import load_run_config, run_config_from_dict
 
     if args.get("config"):
         cfg = load_run_config(args["config"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dsv32.train.evaluate import EvalPoint
+from dsv32.train.dsa.evaluate import EvalPoint
 
 #: How the tables name the evaluated indexer when the caller does not say which it is.
 INDEXER = "the model's indexer"

@@ -47,9 +47,9 @@ from dsv32.runlog import (
     truncate_metrics,
     write_json,
 )
-from dsv32.train.config import StageConfig, TrainConfigError
-from dsv32.train.data import TokenData, sequence_order
-from dsv32.train.models import DSAModel
+from dsv32.train.dsa.config import StageConfig, TrainConfigError
+from dsv32.train.dsa.data import TokenData, sequence_order
+from dsv32.train.dsa.models import DSAModel
 from dsv32.training_guard import UpdateGuard, check_finite_weights
 
 logger = logging.getLogger(__name__)
@@ -201,7 +201,7 @@ def train_stage(
     written before every check has passed."""
     from tqdm.auto import tqdm
 
-    from dsv32.train.plot import plot_metrics
+    from dsv32.train.dsa.plot import plot_metrics
 
     out = Path(out_dir)
     w = distributed.setup()

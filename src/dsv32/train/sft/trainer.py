@@ -3,10 +3,10 @@
     L(θ) = − Σ_{t ∈ A} log π_θ(x_t | x_<t) / |A|,     A = the assistant tokens of the step's rows
 
 (reasoning, content, DSML tool calls, end tokens; never prompts or tool results — see
-:mod:`dsv32.train.sft_data`), averaged over every loss token of the optimizer step, whatever the
+:mod:`dsv32.train.sft.data`), averaged over every loss token of the optimizer step, whatever the
 micro-batching (as TRL's ``SFTTrainer`` with ``num_items_in_batch``). Models: Hugging Face causal LMs
 and native V3.2 checkpoints; tokenizers without the V3.2 special tokens get them, and the
-embeddings grow (:mod:`dsv32.train.sft_model`).
+embeddings grow (:mod:`dsv32.train.sft.model`).
 
 The schedule: linear warm-up over ``warmup_steps``, then cosine decay to ``min_lr_ratio`` × ``lr``.
 Rows are shuffled per epoch by ``(seed, epoch)``; step ``s`` takes rows ``[s·R, (s+1)·R)`` of that
@@ -43,17 +43,9 @@ from dsv32.runlog import (
     truncate_metrics,
     write_json,
 )
-from dsv32.train.sft_config import (
-    SFTConfig,
-    SFTConfigError,
-    SFTDataConfig,
-    SFTModelConfig,
-    SFTTrainConfig,
-    load_sft_config,
-    sft_config_from_dict,
-)
-from dsv32.train.sft_data import IGNORE, Example, collate, encode_file, make_rows
-from dsv32.train.sft_model import (
+from dsv32.train.sft.config import SFTConfig, SFTConfigError, SFTTrainConfig
+from dsv32.train.sft.data import IGNORE, Example, collate, encode_file, make_rows
+from dsv32.train.sft.model import (
     SFTModel,
     check_packing,
     freeze_lower_layers,
@@ -65,20 +57,7 @@ from dsv32.train.sft_model import (
     vocab_matrices,
 )
 
-__all__ = [
-    "SFTConfig",
-    "SFTConfigError",
-    "SFTDataConfig",
-    "SFTModelConfig",
-    "SFTResult",
-    "SFTTrainConfig",
-    "eval_loss",
-    "load_sft_config",
-    "loss_sum",
-    "run_identity",
-    "sft_config_from_dict",
-    "train_sft",
-]
+__all__ = ["SFTResult", "eval_loss", "loss_sum", "run_identity", "train_sft"]
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +204,7 @@ def train_sft(
     ``stop_after`` stops after that step with a checkpoint, as if the run had been killed."""
     from tqdm.auto import tqdm
 
-    from dsv32.train.sft_plot import plot_sft
+    from dsv32.train.sft.plot import plot_sft
 
     tc = cfg.train
     w = distributed.setup()
