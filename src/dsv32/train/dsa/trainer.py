@@ -50,6 +50,7 @@ from dsv32.runlog import (
 from dsv32.train.dsa.config import StageConfig, TrainConfigError
 from dsv32.train.dsa.data import TokenData, sequence_order
 from dsv32.train.dsa.models import DSAModel
+from dsv32.train.schedule import warmup_cosine
 from dsv32.training_guard import UpdateGuard, check_finite_weights
 
 logger = logging.getLogger(__name__)
@@ -68,11 +69,7 @@ class StageResult:
 def lr_factor(step: int, cfg: StageConfig) -> float:
     """Linear warm-up over ``warmup_steps`` then cosine decay to ``min_lr_ratio`` at the last step
     (``step`` counts from 0)."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    span = max(1, cfg.steps - cfg.warmup_steps - 1)
-    progress = min(1.0, (step - cfg.warmup_steps) / span)
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return warmup_cosine(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
 
 
 def _param_groups(dm: DSAModel, cfg: StageConfig) -> list[dict]:

@@ -43,6 +43,7 @@ from dsv32.runlog import (
     truncate_metrics,
     write_json,
 )
+from dsv32.train.schedule import warmup_cosine
 from dsv32.train.sft.config import SFTConfig, SFTConfigError, SFTTrainConfig
 from dsv32.train.sft.data import IGNORE, Example, collate, encode_file, make_rows
 from dsv32.train.sft.model import (
@@ -89,10 +90,7 @@ class SFTResult:
 
 def lr_factor(step: int, total: int, cfg: SFTTrainConfig) -> float:
     """Warm-up then cosine to ``min_lr_ratio`` (``step`` from 0)."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps - 1))
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return warmup_cosine(step, total, cfg.warmup_steps, cfg.min_lr_ratio)
 
 
 def total_steps(cfg: SFTTrainConfig, rows: int) -> int:
