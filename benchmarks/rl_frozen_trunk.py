@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from _timing import Meter, add_max_wait, interleaved, spread, wait_budget  # beside this script
 
-from dsv32.rl.agentic.episodes.episodes import Row, rows_to_rollouts
+from dsv32.rl.agentic.episodes import Row, rows_to_rollouts
 from dsv32.rl.grpo.config import GRPOConfig
 from dsv32.rl.grpo.policy import Policy, load_policy
 from dsv32.rl.grpo.tasks import Task

@@ -152,7 +152,7 @@ def _warm(_) -> int:
 def ray_episodes(n: int) -> dict:
     from dsv32.envs import resolve_tasks
     from dsv32.rl.grpo.config import RayConfig
-    from dsv32.rl.agentic.episodes.fanout import RayRunner, ThreadRunner, ray_processes, reference_backend, run_env_episodes
+    from dsv32.rl.agentic.fanout import RayRunner, ThreadRunner, ray_processes, reference_backend, run_env_episodes
 
     tasks = (resolve_tasks("code-interpreter", "heldout") * 2)[:n]
     serial_runner = ThreadRunner(1)
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="8 episodes instead of 16")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
-    from dsv32.rl.agentic.episodes.fanout import still_running
+    from dsv32.rl.agentic.fanout import still_running
 
     with tempfile.TemporaryDirectory(prefix="dsv32-rollout-scale-") as tmp:
         result = remote_engine(Path(tmp))

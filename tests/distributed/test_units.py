@@ -64,8 +64,8 @@ def test_a_one_process_command_names_every_trainer_that_runs_on_several(monkeypa
 
 
 def test_agentic_grpo_checks_that_its_items_split_sample_in_process_and_run_no_ray():
-    from dsv32.rl.agentic.episodes.config import load_agentic_config
-    from dsv32.rl.agentic.episodes.trainer import check_agentic_world
+    from dsv32.rl.agentic.config import load_agentic_config
+    from dsv32.rl.agentic.trainer import check_agentic_world
 
     cfg = load_agentic_config(None, ["grpo.prompts_per_step=6"])
     check_agentic_world(cfg, World())  # one process: anything goes

@@ -204,8 +204,8 @@ def train_tool_user(out: Path) -> None:
 
 
 def run_agentic_job(job: dict) -> dict | None:
-    from dsv32.rl.agentic.episodes.config import load_agentic_config
-    from dsv32.rl.agentic.episodes.trainer import train_agentic
+    from dsv32.rl.agentic.config import load_agentic_config
+    from dsv32.rl.agentic.trainer import train_agentic
     from dsv32.rl.grpo.policy import load_policy
 
     register_echo()

@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 from dsv32.envs.base import Environment, EnvSpec, Reward, Task, register, tool_call, tool_schema
-from dsv32.rl.agentic.episodes.episodes import (
+from dsv32.rl.agentic.episodes import (
     EpisodeSettings,
     Row,
     episode_rows,
@@ -21,9 +21,9 @@ from dsv32.rl.agentic.episodes.episodes import (
     rows_to_rollouts,
     run_episodes,
 )
-from dsv32.rl.agentic.episodes.batcher import StepRecord
-from dsv32.rl.agentic.episodes.config import load_agentic_config
-from dsv32.rl.agentic.episodes.trainer import train_agentic
+from dsv32.rl.agentic.batcher import StepRecord
+from dsv32.rl.agentic.config import load_agentic_config
+from dsv32.rl.agentic.trainer import train_agentic
 from dsv32.rl.grpo.loss import grpo_loss, token_logprobs
 from dsv32.rl.grpo.policy import Policy
 from dsv32.rl.grpo.rollout import SamplingConfig
@@ -279,7 +279,7 @@ def test_mixed_run_trains_on_policy_and_resumes_exactly(llama_policy, tmp_path):
 def test_the_update_sees_each_episode_as_one_output(llama_policy, tmp_path, monkeypatch):
     """Every row carries its output's place in the step as sequence id (an episode in several rows is
     one output o_i of the loss); single-turn samples are outputs of their own."""
-    import dsv32.rl.agentic.episodes.trainer as trainer
+    import dsv32.rl.agentic.trainer as trainer
 
     seen = []
 
@@ -330,7 +330,7 @@ def test_single_turn_rewards_read_completions_in_the_policys_mode(
 ):
     """The single-turn domains' prompts are rendered in the policy's mode (``agentic.thinking``), so
     their rewards read the completions in that mode, whatever ``policy.thinking`` says."""
-    import dsv32.rl.agentic.episodes.trainer as trainer
+    import dsv32.rl.agentic.trainer as trainer
 
     seen = {}
 

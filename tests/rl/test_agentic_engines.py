@@ -20,8 +20,8 @@ import test_agentic
 from remote_helpers import serve_subprocess
 from test_agentic import SAMPLING, SETTINGS, TASKS, EchoEnv, _cfg, _tool_user
 
-from dsv32.rl.agentic.episodes.episodes import run_episodes
-from dsv32.rl.agentic.episodes.trainer import train_agentic
+from dsv32.rl.agentic.episodes import run_episodes
+from dsv32.rl.agentic.trainer import train_agentic
 from dsv32.rl.engines import FileWeightSync, InProcessEngine, RemoteEngine
 from dsv32.runlog import read_metrics
 
@@ -185,7 +185,7 @@ class PidEnv(EchoEnv):
 def test_environments_on_ray_actors_give_the_rewards_of_the_thread_path(tool_user, tmp_path):
     ray = pytest.importorskip("ray")
     from dsv32.rl.grpo.config import RayConfig
-    from dsv32.rl.agentic.episodes.fanout import RayRunner, ray_processes, still_running
+    from dsv32.rl.agentic.fanout import RayRunner, ray_processes, still_running
 
     for module in (sys.modules[__name__], test_agentic):
         ray.cloudpickle.register_pickle_by_value(module)
@@ -218,7 +218,7 @@ def test_environments_on_ray_actors_give_the_rewards_of_the_thread_path(tool_use
 
 def test_a_recipe_with_ray_runs_agentic_grpo_on_actors_and_shuts_them_down(tool_user, tmp_path, monkeypatch):
     ray = pytest.importorskip("ray")
-    from dsv32.rl.agentic.episodes.fanout import RayRunner, ray_processes
+    from dsv32.rl.agentic.fanout import RayRunner, ray_processes
 
     hosted = []  # the episodes whose environment an actor held
     place = RayRunner.environment

@@ -17,7 +17,7 @@ from dsv32.cli import main
 from dsv32.cli.posttrain_recipe import read_posttrain_recipe, refuse_shared
 from dsv32.envs.base import EnvError, Environment, EnvSpec, Reward, Task, register, tool_call, tool_schema
 from dsv32.recipe import RecipeError
-from dsv32.rl.agentic.episodes.episodes import AgenticReward, Episode, EpisodeSettings, episode_rows, rl_task, rows_to_rollouts
+from dsv32.rl.agentic.episodes import AgenticReward, Episode, EpisodeSettings, episode_rows, rl_task, rows_to_rollouts
 from dsv32.rl.posttrain_report import (
     STAGES,
     first_tasks,
@@ -181,7 +181,7 @@ def test_bad_recipe_values_are_refused_before_anything_runs(tmp_path, override, 
 
 # --------------------------------------------------------------------------------------- the pipeline
 def test_the_proof_pipeline_evaluates_every_stage_on_the_same_held_out_tasks(tmp_path, capsys, monkeypatch):
-    import dsv32.rl.agentic.episodes.trainer as trainer
+    import dsv32.rl.agentic.trainer as trainer
 
     seen: list[tuple[str, ...]] = []
     real = trainer.evaluate_agentic
@@ -267,7 +267,7 @@ def test_the_proof_pipeline_evaluates_every_stage_on_the_same_held_out_tasks(tmp
     ],
 )
 def test_grpo_draws_from_the_training_tasks_sft_left_unsolved(tmp_path, capsys, monkeypatch, solved, share):
-    import dsv32.rl.agentic.episodes.trainer as trainer
+    import dsv32.rl.agentic.trainer as trainer
 
     real_eval, real_run = trainer.evaluate_agentic, trainer.run_episodes
     train_ids = ["train-0-0000", "train-0-0001", "train-0-0002"]
@@ -412,7 +412,7 @@ def two_call_policy(tmp_path_factory):
 
 
 def test_the_first_update_is_on_policy_on_every_turn_of_two_call_episodes(two_call_policy):
-    from dsv32.rl.agentic.episodes.episodes import run_episodes
+    from dsv32.rl.agentic.episodes import run_episodes
 
     policy = two_call_policy
     sampling = SamplingConfig(temperature=TEMPERATURE, top_p=0.9, top_k=0, max_new_tokens=128)
@@ -447,8 +447,8 @@ def test_the_first_update_is_on_policy_on_every_turn_of_two_call_episodes(two_ca
 def test_agentic_grpo_with_the_format_term_trains_on_policy(two_call_policy, tmp_path, kl_coef):
     import copy
 
-    from dsv32.rl.agentic.episodes.config import load_agentic_config
-    from dsv32.rl.agentic.episodes.trainer import train_agentic
+    from dsv32.rl.agentic.config import load_agentic_config
+    from dsv32.rl.agentic.trainer import train_agentic
 
     sets = {"out_dir": str(tmp_path / "run"), "agentic.prompt": "bare", "agentic.max_steps": 4,
             "agentic.eval_tasks": 0, "agentic.format_weight": 0.5, "agentic.length_weight": 0.1,

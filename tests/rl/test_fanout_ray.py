@@ -14,7 +14,7 @@ import dsv32
 from dsv32.agent import ScriptedBackend
 from dsv32.envs import resolve_tasks
 from dsv32.rl.grpo.config import RayConfig, RLConfigError, load_rl_config
-from dsv32.rl.agentic.episodes.fanout import (
+from dsv32.rl.agentic.fanout import (
     RayPlacementError,
     RayRunner,
     ThreadRunner,
@@ -129,7 +129,7 @@ def test_a_call_to_an_actor_held_environment_waits_at_most_its_timeout(runner):
     import time
 
     from dsv32.envs import EnvError
-    from dsv32.rl.agentic.episodes.fanout import ActorEnvironment
+    from dsv32.rl.agentic.fanout import ActorEnvironment
 
     env = ActorEnvironment(ray, runner.actors[1], SlowEnv, timeout=1)
     t = time.monotonic()

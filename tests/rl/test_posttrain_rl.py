@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 import dsv32
 from dsv32.cli import build_parser, main
 from dsv32.cli.posttrain import rl_recipe
-from dsv32.rl.agentic.episodes.config import work_plan
+from dsv32.rl.agentic.config import work_plan
 from dsv32.runlog import read_metrics
 
 SHIPPED = Path(dsv32.__file__).parent / "configs" / "posttrain-smollm2.toml"

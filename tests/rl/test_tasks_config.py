@@ -209,7 +209,7 @@ def test_grpo_betas_are_two_numbers_in_0_1(betas):
 
 
 def test_env_options_are_checked_against_the_environment_when_the_recipe_is_read():
-    from dsv32.rl.agentic.episodes.config import agentic_config_from_dict
+    from dsv32.rl.agentic.config import agentic_config_from_dict
 
     cfg = agentic_config_from_dict({"envs": [{"name": "code-interpreter", "options": {"cell_timeout_s": 5}}]})
     assert cfg.envs[0].options == {"cell_timeout_s": 5}

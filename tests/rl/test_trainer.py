@@ -275,7 +275,7 @@ def _split_outputs_batch(policy):
     """Six rows of three outputs (ids 1, 0, 2, 1, 2, 1: output 0 in one row, 1 in three, 2 in two),
     with sampling log-probs set so that Eq. 9 at δ = 0.1 masks output 2 (divergence 0.15 on every
     token) and keeps output 1 (0.15 on its first, 2-token row only: 0.3 / 14 over the output)."""
-    from dsv32.rl.agentic.episodes.episodes import Row, rows_to_rollouts
+    from dsv32.rl.agentic.episodes import Row, rows_to_rollouts
 
     g = torch.Generator().manual_seed(0)
     ids = torch.tensor([1, 0, 2, 1, 2, 1])
@@ -374,7 +374,7 @@ def test_a_micro_batch_runs_only_the_columns_its_rows_use(name, monkeypatch):
     # Rows of a wide batch (a long prompt and a long episode elsewhere in it) go through the model
     # trimmed to their own columns: the same log-probs, 0 past the rows' end, a narrower forward.
     from dsv32.rl import policy as policy_module
-    from dsv32.rl.agentic.episodes.episodes import Row, rows_to_rollouts
+    from dsv32.rl.agentic.episodes import Row, rows_to_rollouts
 
     policy = load_policy(name, device="cpu")
     g = torch.Generator().manual_seed(1)
@@ -408,7 +408,7 @@ def test_only_the_action_positions_go_through_the_head(name):
     # Multi-turn rows: actions, then tool text (not actions), then actions again. With the action
     # mask the head sees exactly the action positions, and log-probs and gradients are those of the
     # full head at those positions (0 elsewhere).
-    from dsv32.rl.agentic.episodes.episodes import Row, rows_to_rollouts
+    from dsv32.rl.agentic.episodes import Row, rows_to_rollouts
 
     policy = load_policy(name, device="cpu")
     g = torch.Generator().manual_seed(2)

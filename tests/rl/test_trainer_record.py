@@ -29,7 +29,7 @@ pytest.importorskip("transformers")
 from test_agentic import _cfg, _tool_user
 from test_trainer import LetterReward, _recipe
 
-from dsv32.rl.agentic.episodes.trainer import train_agentic
+from dsv32.rl.agentic.trainer import train_agentic
 from dsv32.rl.grpo.policy import load_policy
 from dsv32.rl.grpo.trainer import train_grpo
 from dsv32.runlog import read_metrics

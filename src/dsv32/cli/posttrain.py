@@ -30,8 +30,8 @@ def run_proof(config: str | None, overrides: list[str], out: str | None, progres
     from dsv32.cli.posttrain_recipe import read_posttrain_recipe
     from dsv32.envs.base import get_env, resolve_tasks
     from dsv32.envs.interpreter import InterpreterEnv
-    from dsv32.rl.agentic.episodes.episodes import EpisodeSettings
-    from dsv32.rl.agentic.episodes.trainer import EnvItem, episode_settings, evaluate_agentic, train_agentic
+    from dsv32.rl.agentic.episodes import EpisodeSettings
+    from dsv32.rl.agentic.trainer import EnvItem, episode_settings, evaluate_agentic, train_agentic
     from dsv32.rl.grpo.policy import Policy
     from dsv32.rl.posttrain_report import first_tasks, machine, report_dict, rl_curve, write_report
     from dsv32.runlog import read_metrics
@@ -325,8 +325,8 @@ def add_rl(psub: argparse._SubParsersAction) -> None:
 
     def run(args: argparse.Namespace) -> int:
         from dsv32 import distributed
-        from dsv32.rl.agentic.episodes.config import work_plan
-        from dsv32.rl.agentic.episodes.trainer import check_agentic_world, train_agentic, v32_policy
+        from dsv32.rl.agentic.config import work_plan
+        from dsv32.rl.agentic.trainer import check_agentic_world, train_agentic, v32_policy
 
         cfg, heldout, write = rl_recipe(args)
         w = distributed.setup()  # under torchrun: every rank checks, rank 0 alone prints and writes
@@ -365,7 +365,7 @@ def rl_recipe(args: argparse.Namespace):
     then set ``rl.*`` and whose generated tasks ``write()`` saves into ``out_dir``."""
     from dsv32.cli.posttrain_recipe import is_posttrain_recipe, read_posttrain_recipe
     from dsv32.recipe import read_recipe
-    from dsv32.rl.agentic.episodes.config import heldout_count, load_agentic_config
+    from dsv32.rl.agentic.config import heldout_count, load_agentic_config
     from dsv32.rl.grpo.config import RLConfigError
 
     if args.config is None or not is_posttrain_recipe(read_recipe(args.config, error=RLConfigError)):

@@ -39,7 +39,7 @@ from dsv32.recipe import (
     in_range,
     one_of,
 )
-from dsv32.rl.agentic.episodes.config import AgenticConfig
+from dsv32.rl.agentic.config import AgenticConfig
 from dsv32.train.sft.config import SFTConfig
 
 SECTIONS = ("out_dir", "tasks", "sft", "rl", "rl_model", "transfer")
@@ -256,7 +256,7 @@ def read_posttrain_recipe(
     """Read and check every section (nothing is loaded or written); ``path`` None: the shipped
     recipe; ``out`` replaces ``out_dir``."""
     from dsv32.recipe import read_recipe
-    from dsv32.rl.agentic.episodes.config import agentic_config_from_dict
+    from dsv32.rl.agentic.config import agentic_config_from_dict
     from dsv32.train.sft.config import sft_config_from_dict
 
     path = str(path or DEFAULT_RECIPE)

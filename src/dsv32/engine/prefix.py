@@ -1,7 +1,7 @@
 """Prefix reuse across batched calls: a multi-turn rollout's next call prefills only what is new.
 
 An agent's next prompt is its previous prompt, the reply, the tool results and what reopens the
-turn, so a batched call of many episodes (:class:`dsv32.rl.agentic.episodes.batcher.LockstepBatcher`) would
+turn, so a batched call of many episodes (:class:`dsv32.rl.agentic.batcher.LockstepBatcher`) would
 otherwise run every conversation through the model again at every call. A :class:`PrefixCache`
 keeps, after each :func:`~dsv32.engine.generate` call it is given to, the KV entries of every row
 (its prompt and its reply except the last token, which was sampled but never run), by token ids.

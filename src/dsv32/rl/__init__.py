@@ -10,7 +10,7 @@
 - :mod:`~dsv32.rl.grpo.update` — the mini-batch updates of one rollout batch (:func:`grpo_update`);
 - :mod:`~dsv32.rl.grpo.trainer` — the loop: :func:`train_grpo` (``dsv32 rl train``);
 - :mod:`~dsv32.rl.engines` — where rollouts are sampled (in process, or a remote HTTP engine with
-  file weight sync and weight versions); :mod:`~dsv32.rl.agentic.episodes.fanout` — environment episodes on threads
+  file weight sync and weight versions); :mod:`~dsv32.rl.agentic.fanout` — environment episodes on threads
   or Ray actors.
 """
 

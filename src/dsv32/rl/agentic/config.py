@@ -2,7 +2,7 @@
 run and are rewarded) and ``[[envs]]`` (the environments in the mix, with weights and domains).
 
     [agentic]                     # episodes
-    prompt = "env"                # env | bare | reasoning_agent | agent (see dsv32.rl.agentic.episodes.episodes)
+    prompt = "env"                # env | bare | reasoning_agent | agent (see dsv32.rl.agentic.episodes)
     max_steps = 4                 # model calls per episode
     context = "none"              # or summary | discard_75 | discard_all (with context_window)
     length_weight = 0.0           # R = verifier + w_len · length penalty + w_lang · language

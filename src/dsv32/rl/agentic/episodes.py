@@ -12,7 +12,7 @@ where ``format`` is 1 when the episode's tool use is well formed (:func:`tool_ca
 called a tool, every reply parsed as V3.2 and every call named a known tool with valid arguments),
 else 0 — the verifier rewards the answer, not the markup.
 
-Every model call is recorded with the prompt ids it saw (:mod:`dsv32.rl.agentic.episodes.batcher`). Rows:
+Every model call is recorded with the prompt ids it saw (:mod:`dsv32.rl.agentic.batcher`). Rows:
 consecutive calls whose prompt starts with the previous row's ids (the V3.2 encoding only appends
 within a task: the reply, the tool results, ``<think>``) share one row — prompt, turn 1, tool
 results, turn 2, ... — with ``action_mask`` 1 exactly on the sampled tokens, so tool results and
@@ -37,7 +37,7 @@ from dsv32.agent import Trajectory, run_episode
 from dsv32.chat import EOS
 from dsv32.engine.memory import release_free_memory
 from dsv32.envs.base import Environment, Task
-from dsv32.rl.agentic.episodes.batcher import LockstepBatcher, RecordingBackend, StepRecord
+from dsv32.rl.agentic.batcher import LockstepBatcher, RecordingBackend, StepRecord
 from dsv32.rl.grpo.rewards.shaping import language_consistency, length_penalty
 from dsv32.rl.grpo.rollout import Rollouts, SamplingConfig, layout_rollouts
 from dsv32.rl.grpo.tasks import Task as RLTask
@@ -93,9 +93,9 @@ def run_episodes(
     """Run one episode per ``(make_env, task, domain)`` job, all at once (threads, batched model
     calls); returns them in job order. ``generator``: one for all, or one per job (the jobs of a
     group sharing one object: the group's episodes then do not depend on the other jobs, see
-    :class:`~dsv32.rl.agentic.episodes.batcher.LockstepBatcher`). ``engine``: the :class:`~dsv32.rl.engines.RolloutEngine` that
+    :class:`~dsv32.rl.agentic.batcher.LockstepBatcher`). ``engine``: the :class:`~dsv32.rl.engines.RolloutEngine` that
     samples (default: the policy's model in process); ``runner``: where the environments live
-    (:mod:`dsv32.rl.agentic.episodes.fanout`: default in this process, or on Ray actors)."""
+    (:mod:`dsv32.rl.agentic.fanout`: default in this process, or on Ray actors)."""
     if settings.context == "parallel_fewest_step":
         raise ValueError("parallel_fewest_step picks one of several threads: GRPO's group already samples G")
     stop = [policy.tokenizer.convert_tokens_to_ids(EOS)]

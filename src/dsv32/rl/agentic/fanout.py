@@ -17,7 +17,7 @@ in a fresh environment per task, the environment closed after it, so its tools r
 code through :mod:`dsv32.envs.sandbox` in whichever process (thread or actor) holds the episode.
 Nothing below :mod:`dsv32.rl` knows which runner it is on.
 
-``environment(make_env)`` is what agentic GRPO (:func:`dsv32.rl.agentic.episodes.episodes.run_episodes`) uses: the
+``environment(make_env)`` is what agentic GRPO (:func:`dsv32.rl.agentic.episodes.run_episodes`) uses: the
 agent loop and the batched model calls stay in the trainer, and on Ray the environment itself —
 ``make_env()``, its tools (model-written code, confined by :mod:`dsv32.envs.sandbox` inside the
 actor) and its verifier — lives on one of the actors (:class:`ActorEnvironment`, episodes spread
