@@ -22,10 +22,10 @@ import pytest
 from disk_helpers import FILL, allocated
 
 from dsv32.envs import sandbox
-from dsv32.envs.sandbox import SandboxError
+from dsv32.envs.sandbox import SandboxError, launch, view, watch
 from dsv32.paths import cache_dir
 
-CONFINING = [k for k in ("bwrap", "unshare") if sandbox._works(k)]
+CONFINING = [k for k in ("bwrap", "unshare") if launch._works(k)]
 if not CONFINING:
     pytest.skip("no confining sandbox works here (no bwrap, no user namespaces)", allow_module_level=True)
 
@@ -321,12 +321,12 @@ def test_the_program_cannot_forge_its_exit_status_or_trace_the_confine_stage(tmp
 
 
 def test_mount_points_with_escaped_and_non_ascii_names_are_read_back_exactly():
-    from dsv32.envs import _confine
+    from dsv32.envs.sandbox import confine
 
     # mountinfo escapes space, tab, newline and backslash as octal and writes other bytes raw
-    assert _confine._unescape(b"/tmp/mnt\\040sp\\011t\\134b-\xc3\xa9") == "/tmp/mnt sp\tt\\b-é"
-    assert _confine._unescape(b"/data/\xff") == os.fsdecode(b"/data/\xff")  # not UTF-8: still that path
-    assert os.path.isdir(_confine._mount_points()[0])
+    assert confine._unescape(b"/tmp/mnt\\040sp\\011t\\134b-\xc3\xa9") == "/tmp/mnt sp\tt\\b-é"
+    assert confine._unescape(b"/data/\xff") == os.fsdecode(b"/data/\xff")  # not UTF-8: still that path
+    assert os.path.isdir(confine._mount_points()[0])
 
 
 def test_other_episodes_and_host_sockets_are_out_of_reach(tmp_path, kind, neighbour):
@@ -388,7 +388,7 @@ def test_dev_is_read_only_but_a_private_dev_shm(kind, tmp_path):
     r = attack(code, tmp_path / "w", kind)
     assert r.returncode == 0, r.stderr
     assert "/dev/planted Read-only file system" in r.stdout, r.stdout
-    shm = "written" if kind == "unshare" or sandbox._bwrap_sizes_tmpfs() else "Read-only file system"
+    shm = "written" if kind == "unshare" or launch._bwrap_sizes_tmpfs() else "Read-only file system"
     assert f"/dev/shm/planted {shm}" in r.stdout, r.stdout
     assert not os.path.exists("/dev/shm/planted")
 
@@ -399,7 +399,7 @@ def test_the_project_source_and_the_task_files_read_are_hidden(kind, tmp_path):
     (read as empty, or refused where devices may not be opened)."""
     from dsv32.envs.base import load_tasks
 
-    shipped = Path(sandbox.__file__).parent / "swe" / "tasks.jsonl"
+    shipped = Path(sandbox.__file__).parents[1] / "swe" / "tasks.jsonl"
     user = Path("/var/tmp") / f"dsv32-test-tasks-{uuid.uuid4().hex}.jsonl"
     user.write_text('{"id": "t", "prompt": "p", "answer": "the secret answer"}\n')
     try:
@@ -426,15 +426,15 @@ def test_the_project_source_and_the_task_files_read_are_hidden(kind, tmp_path):
     assert "dsv32.envs.swe importable: False" in r.stdout, r.stdout  # (single files bound in may remain)
     confine = os.path.realpath(sandbox.CONFINE)
     for project in sandbox.project_dirs():
-        shown = [v for v in sandbox.isolation(kind).visible if sandbox._under(v, [project])]
+        shown = [v for v in sandbox.isolation(kind).visible if view.under(v, [project])]
         # at most the confine stage (one file) and a Python installation (a virtual environment)
-        assert all(v == confine or sandbox._under(v, sandbox._installations()) for v in shown), shown
+        assert all(v == confine or view.under(v, view._installations()) for v in shown), shown
 
 
 def test_multiprocessing_works_and_dev_shm_is_bounded(kind, tmp_path):
     """A Lock and a Pool of 2 work (their semaphores live in /dev/shm); /dev/shm holds at most
     min(64 MB, memory_mb): the third 24 MB file does not fit."""
-    if kind == "bwrap" and not sandbox._bwrap_sizes_tmpfs():
+    if kind == "bwrap" and not launch._bwrap_sizes_tmpfs():
         pytest.skip("this bubblewrap cannot size a tmpfs: its sandbox's /dev/shm is read-only")
     code = (
         "import errno, multiprocessing as mp\n"
@@ -456,7 +456,7 @@ def test_the_bwrap_dev_shm_is_sized_or_read_only(tmp_path, monkeypatch, sizes):
     """bubblewrap 0.10+ gets --size before the /dev/shm tmpfs; an older one no tmpfs there at all,
     so /dev/shm is the fresh /dev's empty directory, remounted read-only with /dev. The unshare
     confine stage gets the same size."""
-    monkeypatch.setattr(sandbox, "_bwrap_sizes_tmpfs", lambda: sizes)
+    monkeypatch.setattr(launch, "_bwrap_sizes_tmpfs", lambda: sizes)
     argv = sandbox.command_prefix(cwd=tmp_path, memory_mb=32, timeout_s=5, kind="bwrap")
     shm = ["--perms", "1777", "--size", str(32 << 20), "--tmpfs", "/dev/shm"]
     at = [i for i in range(len(argv)) if argv[i : i + len(shm)] == shm]
@@ -545,7 +545,7 @@ def test_a_flood_of_empty_files_counts(tmp_path, kind):
 def package_copy(folder: Path) -> Path:
     """This package copied into ``folder``, readable by every user (the checkout may lie in a
     directory only its owner may enter, such as a clone under ``mktemp -d``)."""
-    shutil.copytree(Path(sandbox.__file__).parents[1], folder / "dsv32")
+    shutil.copytree(Path(sandbox.__file__).parents[2], folder / "dsv32")
     for path in [folder, *folder.rglob("*")]:
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
     return folder
@@ -628,7 +628,7 @@ def test_files_the_program_writes_are_the_host_s_to_read_and_remove(tmp_path, ki
 
 
 def test_no_nested_user_namespaces(tmp_path, kind):
-    if kind == "bwrap" and not sandbox._bwrap_has("--disable-userns"):
+    if kind == "bwrap" and not launch.bwrap_has("--disable-userns"):
         pytest.skip("this bubblewrap has no --disable-userns")
     code = (
         "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
@@ -832,12 +832,12 @@ def test_a_python_started_through_a_relative_path_runs_sandboxed_programs_and_ke
 
 def test_release_removes_the_process_s_sandbox_files_and_the_next_sandbox_makes_them_again(tmp_path, kind):
     first = attack("print('one')", tmp_path / "a", kind)
-    folder = os.path.dirname(sandbox._etc_files()["/etc/passwd"])
+    folder = os.path.dirname(launch._etc_files()["/etc/passwd"])
     sandbox.release()
     assert first.stdout.strip() == "one" and not os.path.exists(folder)
     second = attack("import pwd; print(pwd.getpwuid(0).pw_name)", tmp_path / "b", kind)
     assert second.returncode == 0, second.stderr
-    assert os.path.isfile(sandbox._etc_files()["/etc/passwd"])
+    assert os.path.isfile(launch._etc_files()["/etc/passwd"])
 
 
 def test_many_disk_watches_share_one_thread_and_each_still_catches_its_own_program(tmp_path):
@@ -869,7 +869,7 @@ def test_many_disk_watches_share_one_thread_and_each_still_catches_its_own_progr
         for w in watches:
             w.join(5)
         assert not any(w.is_alive() for w in watches) and fired == [7]
-        assert not sandbox._WATCHER._any.is_set()  # no watch left: the watcher sleeps, it does not poll
+        assert not watch._WATCHER._any.is_set()  # no watch left: the watcher sleeps, it does not poll
     finally:
         sleeper.kill()
         sleeper.wait()

@@ -3,6 +3,7 @@
 import logging
 
 from dsv32.envs import sandbox
+from dsv32.envs.sandbox import launch
 
 
 def _warnings(caplog) -> list[str]:
@@ -14,18 +15,18 @@ def _warnings(caplog) -> list[str]:
 
 
 def test_rlimits_asked_for_logs_no_warning(caplog, monkeypatch):
-    sandbox._warn_once.cache_clear()
+    launch._warn_once.cache_clear()
     monkeypatch.delenv("DSV32_SANDBOX", raising=False)
-    with caplog.at_level(logging.WARNING, logger=sandbox.log.name):
+    with caplog.at_level(logging.WARNING, logger=launch.log.name):
         assert sandbox.isolation("rlimits").kind == "rlimits"
     assert _warnings(caplog) == []
 
 
 def test_rlimits_as_the_fallback_logs_the_warning(caplog, monkeypatch):
-    sandbox._warn_once.cache_clear()
+    launch._warn_once.cache_clear()
     monkeypatch.delenv("DSV32_SANDBOX", raising=False)
-    monkeypatch.setattr(sandbox, "_works", lambda kind: kind == "rlimits")
-    with caplog.at_level(logging.WARNING, logger=sandbox.log.name):
+    monkeypatch.setattr(launch, "_works", lambda kind: kind == "rlimits")
+    with caplog.at_level(logging.WARNING, logger=launch.log.name):
         assert sandbox.isolation().kind == "rlimits"
     assert len(_warnings(caplog)) == 1
-    sandbox._warn_once.cache_clear()
+    launch._warn_once.cache_clear()

@@ -1,4 +1,4 @@
-"""The stages around a sandboxed program: ``python -I -S _confine.py SPEC_JSON ARGV...``.
+"""The stages around a sandboxed program: ``python -I -S confine.py SPEC_JSON ARGV...``.
 
 With ``"launch"`` in the spec (the host runs as root) it is first the **launcher**, in the host's
 namespaces: it takes a sandbox user id of its own (``"uids"``: ``[lock dir, base, count]``; a free
@@ -21,7 +21,7 @@ other sandbox shares: the kernel exempts only host root from ``RLIMIT_NPROC``.
 The **inner stage** runs inside the namespaces and, in this order:
 
 1. with ``"view"`` (the ``unshare`` isolation; bubblewrap builds the same view itself): opens each
-   bind source, then builds the view (``_view.py``) on a fresh tmpfs, binding from those
+   bind source, then builds the view (``view.py``) on a fresh tmpfs, binding from those
    descriptors, pivots into it, remounts every mount point read-only but ``"writable"``, the private
    ``/tmp`` and ``/dev/shm``, and sets ``user.max_user_namespaces`` to 0 in its own user namespace
    (no nested user namespaces: their capabilities would open kernel attack surface);
@@ -35,7 +35,8 @@ The **inner stage** runs inside the namespaces and, in this order:
    the program's end on the status fd (``exit N`` / ``signal N``).
 
 Any failure exits with code 126 and a one-line reason on stderr (the sandbox never runs a program
-half-confined). Standard library only, no imports of ``dsv32``: it starts with ``-I -S`` in ~20 ms.
+half-confined). Standard library only, no imports of ``dsv32`` nor of this package's other files:
+it is bound into the sandbox alone and starts with ``-I -S`` in ~20 ms.
 """
 
 import ctypes
@@ -45,6 +46,7 @@ import os
 import resource
 import stat
 import sys
+from collections.abc import Iterable
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
@@ -64,8 +66,8 @@ _LOCKED = {
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 28, 38
 SECBIT_ALL_LOCKED_NOROOT = 0x2F  # NOROOT, NO_SETUID_FIXUP and their locks; KEEP_CAPS off
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
-NEW_ROOT = "/tmp"
-STAGE = "/tmp"  # where a root launcher binds what bubblewrap binds (in its own mount namespace)  # where the view is built (in this mount namespace only) before it becomes "/"
+NEW_ROOT = "/tmp"  # where the view is built (in this mount namespace only) before it becomes "/"
+STAGE = "/tmp"  # where a root launcher binds what bubblewrap binds (in its own mount namespace)
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
              "stderr": "/proc/self/fd/2", "ptmx": "pts/ptmx"}  # fmt: skip
@@ -112,6 +114,38 @@ def _die_with_parent() -> None:
     _check(_libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0), "set the parent-death signal")
 
 
+def _become(uid: int) -> None:
+    """Switch to ``uid`` (and its group, no supplementary groups) and die with the parent again: a
+    change of user clears the parent-death signal."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    _die_with_parent()
+
+
+def _hold(paths: Iterable[str]) -> dict[str, int]:
+    """A path descriptor of each of ``paths``, opened before anything is mounted or any id changes."""
+    return {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in paths}
+
+
+def _place(target: str, directory: bool) -> None:
+    """An empty directory or file at ``target`` to mount on (nothing when it is there already)."""
+    if os.path.lexists(target):
+        return
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if directory:
+        os.mkdir(target)
+    else:
+        os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o444))
+
+
+def _bind(fd: int, target: str) -> None:
+    """Bind what the held descriptor ``fd`` names onto ``target`` (made to mount on) and close ``fd``."""
+    _place(target, stat.S_ISDIR(os.fstat(fd).st_mode))
+    _mount(f"/proc/self/fd/{fd}", target, MS_BIND | MS_REC)
+    os.close(fd)
+
+
 # ---------------------------------------------------------------------------------- the launcher
 def take_uid(lock_dir: str, base: int, count: int) -> tuple[int, int]:
     """A sandbox user id no other launcher holds, and the descriptor of its held lock."""
@@ -148,12 +182,6 @@ def _relay(pid: int) -> None:
     os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 
 
-def _become(uid: int) -> None:
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
-
-
 def launch_bwrap(spec: dict, uid: int, argv: list[str]) -> None:
     """Start ``argv`` (bubblewrap, its options, the inner stage, the program) as ``uid`` (never
     returns). bubblewrap reaches each bind source by its path, as ``uid``: a child of this process
@@ -167,18 +195,15 @@ def launch_bwrap(spec: dict, uid: int, argv: list[str]) -> None:
             sources = list(dict.fromkeys(argv[i + 1] for i in spec["binds"]))
             _check(_libc.unshare(CLONE_NEWNS), "unshare the mount namespace")
             _mount(None, "/", MS_REC | MS_PRIVATE)
-            held = {source: os.open(source, os.O_PATH | os.O_CLOEXEC) for source in sources}
+            held = _hold(sources)
             _mount("tmpfs", STAGE, MS_NOSUID | MS_NODEV, "tmpfs", "mode=0755,size=64k")
             staged = {}
             for n, source in enumerate(sources):
                 staged[source] = f"{STAGE}/{n}"
-                _place(staged[source], stat.S_ISDIR(os.fstat(held[source]).st_mode))
-                _mount(f"/proc/self/fd/{held[source]}", staged[source], MS_BIND | MS_REC)
-                os.close(held[source])
+                _bind(held[source], staged[source])
             for i in spec["binds"]:
                 argv[i + 1] = staged[argv[i + 1]]
             _become(uid)
-            _die_with_parent()  # (a change of user clears it)
             os.execv(argv[0], argv)  # (an absolute path: this user may not import what execvp needs)
         except (OSError, ConfineError) as err:
             sys.stderr.write(f"sandbox: cannot start bwrap: {err}\n")
@@ -222,22 +247,6 @@ def launch_namespaces(spec: dict, uid: int) -> None:
 
 
 # ------------------------------------------------------------------------------- the inner stage
-def open_sources(steps: list[list]) -> dict[str, int]:
-    """A path descriptor of each bind source, opened before anything is mounted or any id changes."""
-    return {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for op, path, _ in steps if op in ("ro", "rw")}
-
-
-def _place(target: str, directory: bool) -> None:
-    """An empty directory or file at ``target`` to mount on (nothing when it is there already)."""
-    if os.path.lexists(target):
-        return
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    if directory:
-        os.mkdir(target)
-    else:
-        os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o444))
-
-
 def _tmpfs(target: str, mode: str, size: int) -> None:
     _place(target, True)
     options = f"mode={mode},size={max(size, 4096)},nr_inodes={max(size >> 14, 64)}"
@@ -245,17 +254,14 @@ def _tmpfs(target: str, mode: str, size: int) -> None:
 
 
 def build_view(steps: list[list], held: dict[str, int]) -> None:
-    """Carry out the view's ``steps`` (see ``_view.plan``) on a fresh tmpfs and pivot into it."""
+    """Carry out the view's ``steps`` (see ``view.plan``) on a fresh tmpfs and pivot into it."""
     _mount(None, "/", MS_REC | MS_PRIVATE)
     root = NEW_ROOT
     _mount("tmpfs", root, MS_NOSUID | MS_NODEV, "tmpfs", "mode=0755,size=4m,nr_inodes=4096")
     for op, path, arg in steps:
         target = root + path
         if op in ("ro", "rw"):
-            fd = held.pop(path)
-            _place(target, stat.S_ISDIR(os.fstat(fd).st_mode))
-            _mount(f"/proc/self/fd/{fd}", target, MS_BIND | MS_REC)
-            os.close(fd)
+            _bind(held.pop(path), target)
         elif op == "dir":
             os.makedirs(target, mode=0o755, exist_ok=True)
         elif op == "symlink":
@@ -346,10 +352,9 @@ def confine(spec: dict) -> None:
     """The inner stage's set-up (steps 1 and 2 of the module doc)."""
     view = spec.get("view")
     if view is not None:
-        held = open_sources(view)
+        held = _hold(path for op, path, _ in view if op in ("ro", "rw"))
         if spec.get("become_root"):  # uid 0 inside: the sandbox user outside
             _become(0)
-            _die_with_parent()  # (a change of user clears it)
         build_view(view, held)
         read_only_except([*spec["writable"], "/tmp", "/dev/shm"])
         no_nested_user_namespaces()

@@ -1,6 +1,6 @@
 """The filesystem a sandboxed program sees: an allowlist, built from an empty root.
 
-:func:`plan` lists the steps that build it, in order, as ``[op, path, arg]`` lists; ``_confine.py``
+:func:`plan` lists the steps that build it, in order, as ``[op, path, arg]`` lists; ``confine.py``
 carries them out under ``unshare`` and :func:`bwrap_args` turns them into bubblewrap options, so
 both isolations show the same view:
 
@@ -9,9 +9,9 @@ both isolations show the same view:
   subordinate id ranges, private TLS keys) with a synthetic ``passwd`` and ``group`` naming only the
   sandbox's users, read-only;
 - the Python a program is started with: its installation, its interpreter's directory and the
-  import path it starts with, but nothing of this project's source (``sandbox.runtime_paths``),
-  plus the ``readable`` paths a caller names, read-only; symlinks on the way to them kept as
-  symlinks;
+  import path it starts with, but nothing of this project's source (:func:`runtime_paths`,
+  :func:`project_dirs`), plus the ``readable`` paths a caller names, read-only; symlinks on the way
+  to them kept as symlinks;
 - the work dir and ``writable`` paths, read-write;
 - a fresh ``/proc``; a minimal ``/dev`` (``null``, ``zero``, ``full``, ``random``, ``urandom``,
   ``tty``, the ``fd`` links) with a private ``/dev/shm``; a private ``/tmp``.
@@ -19,15 +19,28 @@ both isolations show the same view:
 Nothing else exists inside: not the home, ``/root``, ``/var``, ``/srv``, ``/opt``, ``/mnt``,
 ``/run``, the cache directory, any run's output directory, nor the host's sockets there. A task file
 the host read (``base.TASK_FILES``) that lies in a visible path has ``/dev/null`` bound over it.
-Standard library only.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
 
+log = logging.getLogger(__name__)
+
+# The confine stage: the one file of this package a sandbox runs (see confine.py), bound in alone.
+CONFINE = str(Path(__file__).with_name("confine.py"))
+# This Python by a normalised path: the one to run inside a sandbox. ``sys.executable`` keeps the path
+# the interpreter was started by (``benchmarks/../.venv/bin/python``), and such a path need not exist
+# in the sandbox's view, which holds real paths only; ``launch.popen`` and ``run.run`` replace it.
+PYTHON = os.path.abspath(sys.executable)
 EXPAND_MAX = 4096  # the most entries of private directories shown one by one, in one view
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # Entries of /etc that stay out of the view: password hashes, host keys, privilege rules, id ranges.
@@ -43,8 +56,18 @@ PASSWD = "root:x:0:0:root:/nonexistent:/bin/sh\nnobody:x:65534:65534:nobody:/non
 GROUP = "root:x:0:\nnogroup:x:65534:\n"  # the program is uid 0 in its namespace (no capabilities)
 
 
-def _under(path: str, roots: Sequence[str]) -> bool:
+def under(path: str, roots: Sequence[str]) -> bool:
+    """Whether ``path`` is one of ``roots`` or lies inside one."""
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def outermost(paths: Sequence[str]) -> list[str]:
+    """``paths`` without those inside another one of them (binding the outer one binds them)."""
+    kept: list[str] = []
+    for p in sorted(set(paths), key=len):
+        if not under(p, kept):
+            kept.append(p)
+    return kept
 
 
 def _chain(path: str, links: dict[str, str], depth: int = 0) -> str | None:
@@ -116,8 +139,8 @@ def plan(
             if real is not None and os.path.exists(real):
                 shown[op].append(real)
     system = [s[1] for s in steps] + ["/etc"]
-    rw = _outermost(shown["rw"])
-    ro = [p for p in _outermost(shown["ro"]) if not _under(p, rw) and not _under(p, system)]
+    rw = outermost(shown["rw"])
+    ro = [p for p in outermost(shown["ro"]) if not under(p, rw) and not under(p, system)]
     # a read-only path inside a writable one is already there; a writable one in a read-only one is
     # mounted after it (parents first)
     budget = [EXPAND_MAX]
@@ -128,11 +151,11 @@ def plan(
     # the private /tmp before the links and binds: a work dir under the host's /tmp is bound into it
     steps += [["proc", "/proc", None], ["dev", "/dev", tmp_bytes], ["tmpfs", "/tmp", tmp_bytes]]
     for path, target in sorted(links.items(), key=lambda item: item[0].count("/")):
-        if not _under(path, [*system, *ro, *rw]):
+        if not under(path, [*system, *ro, *rw]):
             steps.append(["symlink", path, target])
     steps += binds
     visible = [*system, *ro, *rw]
-    steps += [["mask", m, None] for m in sorted(masks) if _under(m, visible)]
+    steps += [["mask", m, None] for m in sorted(masks) if under(m, visible)]
     return steps
 
 
@@ -154,14 +177,6 @@ def _expand(path: str, budget: list[int]) -> list[list]:
         child = os.path.join(path, name)
         steps += [["symlink", child, os.readlink(child)]] if os.path.islink(child) else _expand(child, budget)
     return steps
-
-
-def _outermost(paths: Sequence[str]) -> list[str]:
-    kept: list[str] = []
-    for p in sorted(set(paths), key=len):
-        if not _under(p, kept):
-            kept.append(p)
-    return kept
 
 
 def visible(steps: Sequence[Sequence]) -> tuple[str, ...]:
@@ -202,3 +217,72 @@ def bwrap_args(steps: Sequence[Sequence], files: dict[str, str], sizes_tmpfs: bo
         elif op == "mask":
             argv += ["--ro-bind", "/dev/null", path]
     return argv
+
+
+# ------------------------------------------------------------------- this Python, as the view shows it
+@cache
+def _interpreter_path() -> tuple[str, ...]:
+    """The import path this process's interpreter starts with (``sys.path[1:]`` of a fresh one: this
+    process's own also holds its script's directory). Asked once (~30 ms)."""
+    probe = "import json, sys; print(json.dumps(sys.path[1:]))"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", probe], cwd="/", env=env, capture_output=True, timeout=60
+        )
+        return tuple(json.loads(done.stdout))
+    except (OSError, subprocess.TimeoutExpired, ValueError) as err:
+        log.warning("sandbox: could not read the interpreter's import path (%s); using this process's", err)
+        return tuple(sys.path[1:])
+
+
+@cache
+def project_dirs() -> tuple[str, ...]:
+    """Where this project's source is, as real paths: the ``dsv32`` package this process runs and
+    any other on the interpreter's import path (an editable install's), each as its source checkout
+    (the folder above ``src/dsv32`` holding ``pyproject.toml``, with its git history) when it is one,
+    else the package folder. They hold the task sets and their answers, so a sandboxed program does
+    not see them (:func:`runtime_paths` leaves them out of the view)."""
+    packages = [str(Path(__file__).resolve().parents[2])]
+    packages += [os.path.join(p, "dsv32") for p in _interpreter_path() if p]
+    found = []
+    for package in packages:
+        package = os.path.realpath(package)
+        if not os.path.isfile(os.path.join(package, "__init__.py")):
+            continue
+        source, checkout = os.path.dirname(package), os.path.dirname(os.path.dirname(package))
+        is_checkout = os.path.basename(source) == "src" and os.path.isfile(
+            os.path.join(checkout, "pyproject.toml")
+        )
+        found.append(checkout if is_checkout else package)
+    return tuple(outermost(found))
+
+
+def _project_source(path: str) -> bool:
+    """Whether ``path`` is inside the project's source (:func:`project_dirs`) and not a Python
+    installation there (a virtual environment in the checkout is one)."""
+    if not under(path, project_dirs()):
+        return False
+    return not any(under(path, [p]) for p in _installations() if under(p, project_dirs()))
+
+
+@cache
+def _installations() -> tuple[str, ...]:
+    return tuple(
+        os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)
+    )
+
+
+@cache
+def runtime_paths() -> tuple[str, ...]:
+    """What a program started with this process's Python needs to see: the interpreter's directory,
+    this package's confine stage (the one file) and the import path that interpreter starts with
+    (standard library, site-packages, the directories ``.pth`` files add) as real paths — but
+    nothing of the project's source (:func:`project_dirs`: a source directory an editable install
+    adds is left out)."""
+    path = [os.path.realpath(p) for p in _interpreter_path() if p]
+    path = [p for p in path if not _project_source(p)]
+    paths = [os.path.dirname(os.path.realpath(PYTHON)), os.path.realpath(CONFINE), *path]
+    paths += _installations()  # shared libraries
+    real = [os.path.realpath(p) for p in paths if p]
+    return tuple(p for p in dict.fromkeys(real) if os.path.exists(p))
