@@ -8,9 +8,10 @@ Nothing a cell writes runs when the kernel (re)starts: the work dir is writable,
 connection file and the IPython dir (profile config, startup files) live in a fresh directory for
 each start, made by this process and removed when that kernel stops; the kernel's Python runs with
 ``-P`` and ``-s``, so neither the work dir (the current directory) nor the user site under ``HOME``
-(also the work dir) is on its import path while it starts. Once it has started, the work dir joins
-the import path where IPython puts it (after the standard library), so cells import the modules they
-wrote. One cell at a time:
+(also the work dir) is on its import path while it starts. Once it has started, ``bootstrap.py`` (a
+copy in that fresh directory, run by the profile's startup file) puts the work dir on the import path
+where IPython puts it (after the standard library), so cells import the modules they wrote. One cell
+at a time:
 
 - :meth:`SandboxedKernel.execute` returns what a notebook shows: stdout/stderr, the last
   expression's value (``text/plain``), and errors as ``Name: message`` with the last frames of a
@@ -49,6 +50,7 @@ import logging
 import os
 import queue
 import re
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -63,6 +65,7 @@ import zmq
 from jupyter_client import KernelManager
 
 from dsv32.envs import sandbox
+from dsv32.envs.interpreter import bootstrap
 
 log = logging.getLogger(__name__)
 
@@ -73,15 +76,13 @@ STOP_S = 30.0  # how long close() waits for the kernel's thread to stop the kern
 
 
 # What reaches this process is bounded twice. The kernel cuts the text of each message (a stream, a
-# value, a display) to its first and last KERNEL_KEEP characters (counting the rest) and sends no
+# value, a display) to its first and last bootstrap.KEEP characters (counting the rest) and sends no
 # other formats than text, so a print loop or a huge value sends small messages; its own memory stays
-# bounded too (a stream is sent every KERNEL_FLUSH characters, and IPython does not keep cells'
+# bounded too (a stream is sent every bootstrap.FLUSH characters, and IPython does not keep cells'
 # output for its history). For whatever a cell sends past that, this process's sockets refuse a
 # message over MAX_MESSAGE_BYTES and queue at most QUEUED_MESSAGES: host memory stays bounded
 # whatever the kernel does. A cell whose messages were refused ends when its execute_reply is in and
 # the kernel stays quiet for REPLY_QUIET_S.
-KERNEL_KEEP = 32768
-KERNEL_FLUSH = 16 << 20
 MAX_MESSAGE_BYTES = 8 << 20
 QUEUED_MESSAGES = 8
 REPLY_QUIET_S = 2.0
@@ -91,74 +92,12 @@ REPLY_QUIET_S = 2.0
 # kernel's start-up CPU) for a debug channel nothing here opens; marked missing, it is not imported.
 KERNEL_MAIN = "import sys; sys.modules['debugpy'] = None; from ipykernel import kernelapp; kernelapp.launch_new_instance()"
 KERNEL_CONFIG = "c.InteractiveShellApp.ignore_cwd = True  # the startup file adds it, once started\n"
-KERNEL_STARTUP = """\
-def _dsv32_startup():
-    import sys
-
-    KEEP, FLUSH = @KEEP@, @FLUSH@
-
-    if "" not in sys.path:  # where IPython puts the current directory: after the standard library
-        at = [i for i, p in enumerate(sys.path) if p.endswith(("site-packages", "dist-packages"))]
-        sys.path.insert(at[0] if at else 0, "")
-
-    def cut(content, holder, key):  # the first and last KEEP characters, and a count of the rest
-        text = holder.get(key)
-        if isinstance(text, str) and len(text) > 2 * KEEP:
-            holder[key], content["dsv32_cut"] = text[:KEEP] + text[-KEEP:], len(text) - 2 * KEEP
-
-    def cut_stream(msg):
-        if isinstance(msg.get("content"), dict):
-            cut(msg["content"], msg["content"], "text")
-        return msg
-
-    def cut_data(msg):  # only text/plain is read: other formats (images) are not sent
-        content = msg.get("content")
-        if isinstance(content, dict) and isinstance(content.get("data"), dict):
-            data = content["data"]
-            content["data"] = {"text/plain": data["text/plain"]} if "text/plain" in data else {}
-            cut(content, content["data"], "text/plain")
-        return msg
-
-    def flushing(stream, write):  # a stream sent every FLUSH characters: its buffer stays bounded
-        pending = 0
-
-        def write_and_flush(text):
-            nonlocal pending
-            written = write(text)
-            pending += len(text)
-            if pending > FLUSH:
-                pending = 0
-                stream.flush()  # waits for the IOPub thread to send it
-            return written
-
-        return write_and_flush
-
-    for stream in (sys.stdout, sys.stderr):  # hooks apply in the thread that sends: the IOPub thread
-        try:
-            stream.pub_thread.schedule(lambda stream=stream: stream.register_hook(cut_stream))
-            stream.write = flushing(stream, stream.write)
-        except AttributeError:
-            pass
-    shell = get_ipython()  # noqa: F821 (a startup file runs in the shell's namespace)
-
-    class Forget(dict):  # IPython 9 keeps every cell's output in memory for its history: not here
-        def __contains__(self, key):
-            return False
-
-        def __getitem__(self, key):
-            return []
-
-    shell.history_manager.outputs = Forget()
-    for publisher in (shell.displayhook, shell.display_pub):  # these send from the cell's thread
-        try:
-            publisher.register_hook(cut_data)
-        except AttributeError:
-            pass
 
 
-_dsv32_startup()
-del _dsv32_startup
-""".replace("@KEEP@", str(KERNEL_KEEP)).replace("@FLUSH@", str(KERNEL_FLUSH))
+def _startup_file(bootstrap_copy: str) -> str:
+    """The profile's startup file: it runs the copy of ``bootstrap.py`` at ``bootstrap_copy`` in a
+    namespace of its own (a startup file runs in the cells' namespace) and installs it."""
+    return f"__import__('runpy').run_path({bootstrap_copy!r})['install'](get_ipython())\n"
 
 
 # The directories of kernels not closed yet: removed when this process exits (the kernels die with it).
@@ -496,8 +435,9 @@ class SandboxedKernel:
         os.makedirs(os.path.join(profile, "startup"))
         with open(os.path.join(profile, "ipython_kernel_config.py"), "w") as f:
             f.write(KERNEL_CONFIG)
+        bootstrap_copy = shutil.copyfile(bootstrap.__file__, os.path.join(run_dir, "bootstrap.py"))
         with open(os.path.join(profile, "startup", "00-dsv32.py"), "w") as f:
-            f.write(KERNEL_STARTUP)
+            f.write(_startup_file(bootstrap_copy))
         env = {"IPYTHONDIR": os.path.join(run_dir, "ipython"), "MPLBACKEND": "Agg"}
         km = _SandboxedKernelManager(
             transport="ipc",
@@ -744,10 +684,10 @@ def _add_text(output: _Output, text: object, cut: object, end: str = "") -> None
     """A message's text; one the kernel cut (``dsv32_cut``: the count) is its head and tail around
     what it cut."""
     text = str(text)
-    if type(cut) is int and cut > 0 and len(text) == 2 * KERNEL_KEEP:
-        output.add(text[:KERNEL_KEEP])
+    if type(cut) is int and cut > 0 and len(text) == 2 * bootstrap.KEEP:
+        output.add(text[: bootstrap.KEEP])
         output.skip(cut)
-        output.add(text[KERNEL_KEEP:] + end)
+        output.add(text[bootstrap.KEEP :] + end)
     else:
         output.add(text + end)
 
