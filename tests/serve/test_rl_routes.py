@@ -174,11 +174,108 @@ def test_pause_wait_lets_running_requests_finish(server, served):
         ({"token_ids": [1], "model": "other"}, 404, "other"),
         ({"token_ids": [1], "sampling_params": {"max_tokens": 5000}}, 400, "positions"),
         ({"token_ids": [1], "sampling_params": {"top_p": 0}}, 400, "top_p"),
+        ({"token_ids": [1], "sampling_params": {"seed": 2**70}}, 400, "sampling_params.seed"),
+        ({"token_ids": [1], "sampling_params": {"seed": -(2**63) - 1}}, 400, "sampling_params.seed"),
+        ({"token_ids": [1], "sampling_params": {"top_k": -5}}, 400, "sampling_params.top_k"),
+        ({"token_ids": [1], "sampling_params": {"temperature": 2.5}}, 400, "sampling_params.temperature"),
+        ({"token_ids": ["1", "2"]}, 400, "token_ids[0] is '1'"),
+        ({"token_ids": [[1], [2.0]]}, 400, "token_ids[1][0] is 2.0"),
+        ({"token_ids": [1, True]}, 400, "token_ids[1] is True"),
+        ({"token_ids": [1, [2]]}, 400, "token_ids[1] is [2]"),
+        ({"token_ids": "12"}, 400, "a list of token ids"),
+        ({"token_ids": [1], "sampling_params": {"stop_token_ids": ["2"]}}, 400, "stop_token_ids"),
+        ({"token_ids": [1], "sampling_params": {"max_tokens": "4"}}, 400, "max_tokens"),
+        ({"token_ids": [[1, 2], [3]], "pad_token_id": 10**9}, 400, "pad_token_id must be in"),
+        ({"token_ids": [[1, 2], [3]], "pad_token_id": "0"}, 400, "pad_token_id"),
     ],
 )
 def test_generate_refuses_bad_requests_with_openai_errors(server, body, status, needle):
     r = httpx.post(server.root + "/inference/v1/generate", json=body, timeout=60)
-    assert r.status_code == status and needle in r.json()["error"]["message"]
+    error = r.json()["error"]
+    assert r.status_code == status and needle in error["message"], error
+    assert set(error) == {"message", "type", "param", "code"}
+    assert httpx.get(server.root + "/health").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("seed", 2**70),
+        ("seed", "7"),
+        ("top_k", -5),
+        ("temperature", 2.5),
+        ("temperature", -0.1),
+        ("temperature", True),
+        ("top_p", 0),
+        ("top_p", 1.5),
+        ("max_tokens", 0),
+    ],
+)
+def test_the_rl_route_bounds_sampling_as_the_openai_routes_do_with_the_same_message(
+    server, served, field, value
+):
+    generate = httpx.post(
+        server.root + "/inference/v1/generate",
+        json={"token_ids": [1], "sampling_params": {field: value}},
+        timeout=60,
+    )
+    completion = httpx.post(
+        server.root + "/v1/completions",
+        json={"model": served.name, "prompt": [1], field: value},
+        timeout=60,
+    )
+    assert generate.status_code == completion.status_code == 400
+    rl, openai = generate.json()["error"]["message"], completion.json()["error"]["message"]
+    assert rl == openai.replace(f"request: {field}:", f"request: sampling_params.{field}:"), (rl, openai)
+
+
+@pytest.mark.parametrize("top_k", [-1, 0, 3])
+def test_top_k_minus_one_and_zero_are_off_on_the_rl_route(server, top_k):
+    body = {
+        "token_ids": [104, 105],
+        "sampling_params": {"max_tokens": 3, "top_k": top_k, "seed": 5, "return_sampling_mask": True},
+    }
+    r = httpx.post(server.root + "/inference/v1/generate", json=body, timeout=60)
+    assert r.status_code == 200
+    mask = r.json()["choices"][0]["sampling_mask"]
+    assert (mask is None) == (top_k <= 0)
+
+
+def test_a_ragged_batch_without_pad_token_id_is_padded_with_the_id_the_reply_states(server, served):
+    prompts = [[104, 105, 106], [120]]
+    params = {"max_tokens": 4, "temperature": 1.0, "seed": 3}
+    r = httpx.post(
+        server.root + "/inference/v1/generate",
+        json={"token_ids": prompts, "sampling_params": params},
+        timeout=60,
+    ).json()
+    assert r["pad_token_id"] == served.eos_ids[0]  # tiny-llama has no pad id: the first stop id
+    explicit = httpx.post(
+        server.root + "/inference/v1/generate",
+        json={"token_ids": prompts, "sampling_params": params, "pad_token_id": r["pad_token_id"]},
+        timeout=60,
+    ).json()
+    assert [c["token_ids"] for c in r["choices"]] == [c["token_ids"] for c in explicit["choices"]]
+    # the padding is masked out: another pad id samples the same tokens with the same log-probs
+    other = httpx.post(
+        server.root + "/inference/v1/generate",
+        json={"token_ids": prompts, "sampling_params": params, "pad_token_id": 0},
+        timeout=60,
+    ).json()
+    assert other["pad_token_id"] == 0
+    assert [c["token_ids"] for c in other["choices"]] == [c["token_ids"] for c in r["choices"]]
+    assert [c["logprobs"] for c in other["choices"]] == [c["logprobs"] for c in r["choices"]]
+    no_stops = params | {"stop_token_ids": []}
+    r = httpx.post(
+        server.root + "/inference/v1/generate",
+        json={"token_ids": prompts, "sampling_params": no_stops},
+        timeout=60,
+    ).json()
+    assert r["pad_token_id"] == 0
+    one = httpx.post(
+        server.root + "/inference/v1/generate", json={"token_ids": prompts[0]}, timeout=60
+    ).json()
+    assert "pad_token_id" not in one  # one prompt: nothing is padded
 
 
 def test_a_batched_generate_is_seeded_and_returns_kept_sets(server):

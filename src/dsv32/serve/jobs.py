@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 
 from dsv32.engine.sampling import SamplingParams
+from dsv32.engine.wire import engine_top_k
 from dsv32.serve.errors import ServeError, context_length_exceeded, invalid
 from dsv32.serve.protocol import SamplingFields
 from dsv32.serve.runtime import Forced, ServedModel
@@ -47,7 +48,7 @@ def token_budget(
 
 
 def sampling_params(req: SamplingFields) -> SamplingParams:
-    return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=max(req.top_k, 0))
+    return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=engine_top_k(req.top_k))
 
 
 class JobEvents:

@@ -4,7 +4,8 @@ Field names, types and ranges are OpenAI's (``temperature`` in [0, 2], ``top_p``
 ``top_logprobs`` in [0, 20], at most 4 ``stop`` strings, ...), plus what vLLM adds and dsv32 honours:
 ``top_k`` (0 or -1 = off), ``ignore_eos`` (decode to ``max_tokens``, for benchmarks) and
 ``chat_template_kwargs`` (``{"thinking": true}`` switches a V3.2 model
-to thinking mode). Unknown fields are rejected, so a misspelt parameter is an error instead of being
+to thinking mode). The sampling bounds (``temperature``, ``top_p``, ``top_k``, ``seed``, ``max_tokens``)
+are :mod:`dsv32.engine.wire`'s, which the RL route shares. Unknown fields are rejected, so a misspelt parameter is an error instead of being
 ignored. Assistant messages accept their reasoning as ``reasoning_content`` or ``reasoning``.
 Validation failures become 400 responses (see :mod:`dsv32.serve.app`), and so does a string that
 UTF-8 cannot encode (:func:`check_text`: a lone surrogate such as ``"\\ud800"``, which JSON's ``\\u``
@@ -18,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dsv32.chat.validate import unencodable
+from dsv32.engine.wire import MaxTokens, Seed, Temperature, TopK, TopP
 from dsv32.serve.errors import invalid
 
 
@@ -130,15 +132,16 @@ class StreamOptions(_Strict):
 
 
 class SamplingFields(_Strict):
-    """Sampling fields shared by both endpoints."""
+    """Sampling fields shared by both endpoints; their bounds are the RL route's too
+    (:mod:`dsv32.engine.wire`)."""
 
     model: str
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1)
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: TopK = 0
     n: int = Field(1, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=-(2**63), lt=2**63)  # a signed 64-bit integer, as vLLM takes it
+    seed: Seed | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -170,8 +173,8 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
@@ -211,7 +214,7 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int = Field(16, ge=1)
+    max_tokens: MaxTokens = 16
     logprobs: int | None = Field(None, ge=0, le=5)
 
     @field_validator("prompt")

@@ -4,14 +4,18 @@
   "sampling_params": {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids",
   "logprobs", "return_sampling_mask", "return_routed_experts"}}`` → ``{"choices": [{"index",
   "token_ids", "logprobs": {"content": [{"token_id", "logprob"}]}, "sampling_mask",
-  "routed_experts", "finish_reason"}], "usage", "weight_version"}``. ``logprobs`` are the sampling
+  "routed_experts", "finish_reason"}], "usage", "weight_version"}``; the format is one typed model
+  shared with the remote engine (:mod:`dsv32.engine.wire`), and the sampling bounds are those of the
+  OpenAI routes. ``logprobs`` are the sampling
   log-probs (of the truncated, renormalized distribution sampled from); ``sampling_mask``: per
   generated token the ids kept by top-k/top-p (only when sampling truncates); ``routed_experts``:
   for a native MoE model, per position of the row (prompt, then generated, the last token excluded)
-  and per MoE layer, the experts it was routed to. ``token_ids`` may also be a list of prompts (with
-  ``pad_token_id``): one batch, run as one :func:`dsv32.engine.generate` call seeded with ``seed``;
-  its ``routed_experts`` then cover every column of the batch's layout (prompts left-padded to the
-  longest, padding included: the experts the padding took shape the batch's expert matmuls). A
+  and per MoE layer, the experts it was routed to. ``token_ids`` may also be a list of prompts: one
+  batch, run as one :func:`dsv32.engine.generate` call seeded with ``seed``, its prompts left-padded
+  to the longest with ``pad_token_id`` — the request's, else the model's pad id, else the first stop
+  id, else 0; the reply's ``pad_token_id`` states which. Padding is masked out, so it changes no
+  token or log-prob; its ``routed_experts`` cover every column of the batch's layout (padding
+  included: the experts the padding took shape the batch's expert matmuls). A
   generate runs alone on the model: the continuous batch of the OpenAI endpoints waits for it.
 - ``POST /pause?mode=abort|wait|keep`` — stop generating: ``abort`` fails the running and queued
   requests, ``wait`` stops admitting and lets the running ones finish (``timeout`` seconds, default
@@ -23,7 +27,8 @@
 - ``POST /init_weight_transfer_engine {"master_address", "master_port", "backend", "timeout"}`` —
   join the trainer's two-party ``torch.distributed`` group as rank 1
   (:mod:`dsv32.engine.weight_transfer`; ``backend`` gloo or nccl, default by the model's device;
-  every wait at most ``timeout`` seconds). Returns once the group is formed.
+  every wait at most ``timeout`` seconds, at most 600). Returns once the group is formed; a group
+  that cannot be formed in time is a 503.
 - ``POST /update_weights {"weight_version", "names", "dtypes", "shapes"}`` (no ``path``) — the
   weights come over that group: the announced tensors are checked against the model's
   ``state_dict()`` (keys and shapes; a mismatch is a 400 and nothing changes), the reply
@@ -37,70 +42,42 @@
   group's state (``backend``, ``receiving``, ``error`` of the last transfer).
 
 Weight files are read from the server's own filesystem: these routes take the API key when one is
-set, and are meant for a trainer on the same machine or a shared disk.
+set, and are meant for a trainer on the same machine or a shared disk. A malformed body is a 400 in
+OpenAI's error JSON, as on the OpenAI routes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import uuid
 from typing import Any
 
 import torch
 from fastapi import Depends, FastAPI, Query
-from pydantic import BaseModel, ConfigDict, Field
 
 from dsv32.engine import generate, weight_transfer
-from dsv32.engine.batch import RunningBatch
+from dsv32.engine.backends import backend_for
 from dsv32.engine.weight_files import WeightFileError, load_weights
+from dsv32.engine.wire import (
+    ChoiceLogprobs,
+    GenerateChoice,
+    GenerateRequest,
+    GenerateResponse,
+    InitTransferRequest,
+    TokenLogprob,
+    UpdateWeightsRequest,
+    Usage,
+    engine_top_k,
+)
 from dsv32.model import DeepseekV32
 from dsv32.serve.errors import ServeError, invalid, unknown_model
+from dsv32.serve.protocol import check_text
 from dsv32.serve.runtime import ServedModel
-from dsv32.serve.scheduler import Failed, Scheduler
+from dsv32.serve.scheduler import PAUSE_MODES, Scheduler
 
 MAX_ROWS = 1024
 WAIT_LIMIT = 600.0
-
-
-class GenerateParams(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    max_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = -1
-    seed: int | None = None
-    stop_token_ids: list[int] | None = None
-    logprobs: int | None = None
-    return_sampling_mask: bool = False
-    return_routed_experts: bool = False
-
-
-class GenerateRequest(BaseModel):
-    model: str | None = None
-    token_ids: list[int] | list[list[int]]
-    sampling_params: GenerateParams = Field(default_factory=GenerateParams)
-    pad_token_id: int | None = None
-    stream: bool = False
-
-
-class UpdateWeightsRequest(BaseModel):
-    path: str | None = None
-    weight_version: int
-    names: list[str] | None = None
-    dtypes: list[str] | None = None
-    shapes: list[list[int]] | None = None
-
-
-class InitTransferRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    master_address: str
-    master_port: int = Field(ge=1, le=65535)
-    backend: str | None = None
-    timeout: float = Field(60.0, gt=0, le=WAIT_LIMIT)
 
 
 class RLControl:
@@ -127,36 +104,13 @@ class RLControl:
             return self._pause(mode, timeout)
 
     def _pause(self, mode: str, timeout: float) -> dict[str, Any]:
-        sch = self.scheduler
         self.resumed.clear()
-        with sch.cond:
-            sch.admitting = False
-            if mode != "wait":
-                sch.stepping = False
-        aborted = 0
-        if mode == "wait":
-            deadline = time.monotonic() + timeout
-            while sch.rows and time.monotonic() < deadline:
-                time.sleep(0.01)
-            if sch.rows:
-                self._resume()
-                raise ServeError(
-                    f"pause(mode=wait): {len(sch.rows)} running rows did not finish within {timeout:g} s",
-                    status=503,
-                    type="server_error",
-                )
-            with sch.cond:
-                sch.stepping = False
-        with sch.model_lock:  # the step in progress (or an RL generate) is over
-            if mode == "abort":
-                with sch.cond:
-                    jobs = {id(r.job): r.job for r in sch.rows} | {id(j): j for j in sch.waiting}
-                    sch.waiting.clear()
-                for job in jobs.values():
-                    job.emit(Failed("the request was aborted: the server was paused (mode=abort)"))
-                aborted = len(jobs)
-                sch.rows = []
-                sch.batch = RunningBatch(self.served.model)
+        try:
+            aborted = self.scheduler.pause(mode, timeout)
+        except ServeError:  # wait ran out of time: the scheduler generates again
+            self.mode = None
+            self.resumed.set()
+            raise
         self.mode = mode
         return {"paused": True, "mode": mode, "aborted": aborted}
 
@@ -166,10 +120,7 @@ class RLControl:
         return {"paused": False}
 
     def _resume(self) -> None:
-        sch = self.scheduler
-        with sch.cond:
-            sch.admitting = sch.stepping = True
-            sch.cond.notify()
+        self.scheduler.resume()
         self.mode = None
         self.resumed.set()
 
@@ -222,6 +173,10 @@ class RLControl:
         self._not_receiving()
         device = next(self.served.model.parameters()).device
         backend = body.backend or weight_transfer.backend_for(device)
+        if backend == "nccl" and device.type != "cuda":
+            raise invalid(
+                f"the nccl backend needs the model on CUDA; it is on {device.type}: use gloo", "backend"
+            )
         self.group = None
         try:
             self.group = weight_transfer.transfer_group(
@@ -280,14 +235,14 @@ class RLControl:
                 f"the server stayed paused for {WAIT_LIMIT:g} s", status=503, type="server_error"
             )
         served, p = self.served, body.sampling_params
-        batched = bool(body.token_ids) and isinstance(body.token_ids[0], list)
-        prompts = [list(x) for x in body.token_ids] if batched else [list(body.token_ids)]
-        self._check(prompts, p)
+        prompts = body.prompts
+        self._check(prompts, body)
         model = served.model
         native = isinstance(model, DeepseekV32)
         truncating = p.temperature >= 1e-5 and (p.top_p < 1.0 or p.top_k > 0)
         generator = None if p.seed is None else torch.Generator().manual_seed(p.seed)
         eos = served.eos_ids if p.stop_token_ids is None else p.stop_token_ids
+        pad = self._pad_id(body.pad_token_id, eos)
         with self.scheduler.model_lock:
             version = self.version
             out = generate(
@@ -296,16 +251,30 @@ class RLControl:
                 max_new_tokens=p.max_tokens,
                 temperature=p.temperature,
                 top_p=p.top_p,
-                top_k=max(0, p.top_k),
+                top_k=engine_top_k(p.top_k),
                 eos_token_id=eos,
-                pad_token_id=body.pad_token_id,
+                pad_token_id=pad,
                 generator=generator,
                 return_routing=p.return_routed_experts and native,
                 return_kept=p.return_sampling_mask and truncating,
             )
-        return self._reply(prompts, out, set(eos), version, batched)
+        reply = self._reply(prompts, out, set(eos), version, body.batched)
+        if body.batched:
+            reply.pad_token_id = pad
+        return reply.model_dump(exclude_unset=True)
 
-    def _check(self, prompts: list[list[int]], p: GenerateParams) -> None:
+    def _pad_id(self, requested: int | None, eos: list[int]) -> int:
+        """The id a batch is left-padded with: the request's, else the model's, else the first stop
+        id, else 0 (the rule of :func:`dsv32.engine.generate`)."""
+        if requested is not None:
+            return requested
+        own = backend_for(self.served.model).pad_token_id
+        if own is not None:
+            return int(own)
+        return int(eos[0]) if eos else 0
+
+    def _check(self, prompts: list[list[int]], body: GenerateRequest) -> None:
+        p = body.sampling_params
         if not prompts or len(prompts) > MAX_ROWS:
             raise invalid(f"token_ids must hold 1 to {MAX_ROWS} prompts", "token_ids")
         vocab = self.served.vocab_size
@@ -322,39 +291,41 @@ class RLControl:
                 )
         if p.stop_token_ids is not None and any(not 0 <= t < vocab for t in p.stop_token_ids):
             raise invalid(f"stop_token_ids must be in [0, {vocab})", "sampling_params.stop_token_ids")
+        if body.pad_token_id is not None and not 0 <= body.pad_token_id < vocab:
+            raise invalid(f"pad_token_id must be in [0, {vocab})", "pad_token_id")
 
-    def _reply(self, prompts, out, eos: set[int], version: int | None, batched: bool) -> dict[str, Any]:
+    def _reply(self, prompts, out, eos: set[int], version: int | None, batched: bool) -> GenerateResponse:
         lengths, tokens, logps = out.lengths.tolist(), out.tokens.tolist(), out.logprobs.tolist()
         P = max(len(x) for x in prompts)
         choices = []
         for j, n in enumerate(lengths):
             ids = tokens[j][:n]
-            choice: dict[str, Any] = {
-                "index": j,
-                "token_ids": ids,
-                "logprobs": {"content": [{"token_id": t, "logprob": lp} for t, lp in zip(ids, logps[j][:n])]},
-                "finish_reason": "stop" if n and ids[-1] in eos else "length",
-                "sampling_mask": None,
-                "routed_experts": None,
-            }
+            sampling_mask = routed_experts = None
             if out.kept_token_ids is not None:
-                choice["sampling_mask"] = [
-                    [k for k in row if k >= 0] for row in out.kept_token_ids[j, :n].tolist()
-                ]
+                sampling_mask = [[k for k in row if k >= 0] for row in out.kept_token_ids[j, :n].tolist()]
             if out.routing is not None:  # a batch: every column of the padded layout, padding included
                 lo = 0 if batched else P - len(prompts[j])
                 hi = out.routing.shape[2] if batched else lo + len(prompts[j]) + n - 1
-                choice["routed_experts"] = out.routing[:, j, lo:hi].permute(1, 0, 2).tolist()
-            choices.append(choice)
-        usage = {"prompt_tokens": sum(map(len, prompts)), "completion_tokens": sum(lengths)}
-        return {
-            "id": f"gen-{uuid.uuid4().hex}",
-            "object": "generate",
-            "model": self.served.name,
-            "choices": choices,
-            "usage": usage,
-            "weight_version": version,
-        }
+                routed_experts = out.routing[:, j, lo:hi].permute(1, 0, 2).tolist()
+            content = [TokenLogprob(token_id=t, logprob=lp) for t, lp in zip(ids, logps[j][:n])]
+            choices.append(
+                GenerateChoice(
+                    index=j,
+                    token_ids=ids,
+                    logprobs=ChoiceLogprobs(content=content),
+                    finish_reason="stop" if n and ids[-1] in eos else "length",
+                    sampling_mask=sampling_mask,
+                    routed_experts=routed_experts,
+                )
+            )
+        return GenerateResponse(
+            id=f"gen-{uuid.uuid4().hex}",
+            object="generate",
+            model=self.served.name,
+            choices=choices,
+            usage=Usage(prompt_tokens=sum(map(len, prompts)), completion_tokens=sum(lengths)),
+            weight_version=version,
+        )
 
 
 def register_rl_routes(app: FastAPI, served: ServedModel, scheduler: Scheduler, authorize) -> RLControl:
@@ -364,6 +335,7 @@ def register_rl_routes(app: FastAPI, served: ServedModel, scheduler: Scheduler, 
 
     @app.post("/inference/v1/generate", dependencies=auth)
     async def rl_generate(body: GenerateRequest) -> dict[str, Any]:
+        check_text(body)
         if body.model is not None and body.model != served.name:
             raise unknown_model(body.model, served.name)
         if body.stream:
@@ -372,7 +344,7 @@ def register_rl_routes(app: FastAPI, served: ServedModel, scheduler: Scheduler, 
 
     @app.post("/pause", dependencies=auth)
     async def pause(
-        mode: str = Query("abort", pattern="^(abort|wait|keep)$"),
+        mode: str = Query("abort", pattern=f"^({'|'.join(PAUSE_MODES)})$"),
         timeout: float = Query(WAIT_LIMIT, gt=0, le=WAIT_LIMIT),
     ) -> dict[str, Any]:
         return await asyncio.to_thread(control.pause, mode, timeout)
@@ -387,6 +359,7 @@ def register_rl_routes(app: FastAPI, served: ServedModel, scheduler: Scheduler, 
 
     @app.post("/update_weights", dependencies=auth)
     async def update_weights(body: UpdateWeightsRequest) -> dict[str, Any]:
+        check_text(body)
         if body.path is None:
             if body.names is None:
                 raise invalid("give path (a weight file) or names, dtypes and shapes (a transfer)", "path")
@@ -395,6 +368,7 @@ def register_rl_routes(app: FastAPI, served: ServedModel, scheduler: Scheduler, 
 
     @app.post("/init_weight_transfer_engine", dependencies=auth)
     async def init_weight_transfer_engine(body: InitTransferRequest) -> dict[str, Any]:
+        check_text(body)
         return await asyncio.to_thread(control.init_transfer, body)
 
     @app.get("/weight_info", dependencies=auth)

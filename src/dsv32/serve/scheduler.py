@@ -13,7 +13,8 @@ Each loop iteration:
 
 Jobs arrive from the server's event loop (:meth:`Scheduler.submit`, which answers 503 when
 ``max_queue`` jobs are already waiting) and get their events through ``job.emit``, a callable that
-is safe to call from this thread. Setting ``job.cancelled`` (a client went away) frees the job's
+is safe to call from this thread. :meth:`Scheduler.pause` and :meth:`Scheduler.resume` stop and restart
+generation for the RL routes (abort, let finish, or hold what runs). Setting ``job.cancelled`` (a client went away) frees the job's
 rows at the next iteration. A row that cannot be sampled fails its own job; a request that cannot join
 the batch (its prefill, or the checks that its cache can be merged, fail) fails alone; a failure
 inside a step or a merge is reported to every job in the batch, which is reset. The thread keeps
@@ -36,12 +37,14 @@ import torch
 from dsv32.engine.batch import RunningBatch, check_batchable, sample_rows
 from dsv32.engine.sampling import SamplingParams
 from dsv32.serve.detok import IncrementalText
-from dsv32.serve.errors import queue_full, shutting_down
+from dsv32.serve.errors import ServeError, queue_full, shutting_down
 from dsv32.serve.metrics import Metrics
 from dsv32.serve.runtime import Forced, ServedModel
 from dsv32.serve.tokenbytes import TokenBytes
 
 logger = logging.getLogger(__name__)
+
+PAUSE_MODES = ("abort", "wait", "keep")
 
 
 @dataclass
@@ -166,6 +169,53 @@ class Scheduler:
         self.close()
         if self.thread is not None:
             self.thread.join(timeout=30)
+
+    # ------------------------------------------------------------------ pausing (the RL routes)
+    def pause(self, mode: str, timeout: float) -> int:
+        """Stop generating; returns once no model step runs, with the number of jobs aborted.
+
+        - ``abort``: every running and waiting job fails (the batch is emptied);
+        - ``wait``: no job is admitted, the running rows finish — within ``timeout`` seconds, else
+          generation resumes and a 503 :class:`ServeError` says how many rows still run;
+        - ``keep``: running rows and waiting jobs are held where they are until :meth:`resume`.
+        """
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode {mode!r}; known: {list(PAUSE_MODES)}")
+        with self.cond:
+            self.admitting = False
+            if mode != "wait":
+                self.stepping = False
+        if mode == "wait":
+            deadline = time.monotonic() + timeout
+            while self.rows and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if running := len(self.rows):
+                self.resume()
+                raise ServeError(
+                    f"pause(mode=wait): {running} running rows did not finish within {timeout:g} s",
+                    status=503,
+                    type="server_error",
+                )
+            with self.cond:
+                self.stepping = False
+        aborted = 0
+        with self.model_lock:  # the step in progress (or an RL generate) is over
+            if mode == "abort":
+                with self.cond:
+                    jobs = {id(r.job): r.job for r in self.rows} | {id(j): j for j in self.waiting}
+                    self.waiting.clear()
+                for job in jobs.values():
+                    job.emit(Failed("the request was aborted: the server was paused (mode=abort)"))
+                aborted = len(jobs)
+                self.rows = []
+                self.batch = RunningBatch(self.served.model)
+        return aborted
+
+    def resume(self) -> None:
+        """Admit and step again (after :meth:`pause`); held rows go on where they stopped."""
+        with self.cond:
+            self.admitting = self.stepping = True
+            self.cond.notify()
 
     # ------------------------------------------------------------------ the thread
     def _loop(self) -> None:
