@@ -31,7 +31,7 @@ from dsv32.rl.agentic.episodes import Row, rows_to_rollouts
 from dsv32.rl.grpo.config import GRPOConfig
 from dsv32.rl.grpo.policy import Policy, load_policy
 from dsv32.rl.grpo.tasks import Task
-from dsv32.rl.grpo.trainer import grpo_update
+from dsv32.rl.grpo.update import grpo_update
 from dsv32.train.sft.model import freeze_lower_layers, vocab_matrices
 
 FROZEN = 22

@@ -35,7 +35,7 @@ from dsv32.rl.grpo.loss import group_advantages
 from dsv32.rl.grpo.policy import Policy
 from dsv32.rl.grpo.rollout import SamplingConfig, rollout
 from dsv32.rl.grpo.tasks import Task
-from dsv32.rl.grpo.trainer import grpo_update
+from dsv32.rl.grpo.update import grpo_update
 
 PROMPTS = ["ab", "xyz", "hello", "q", "rl", "moe", "keep", "route"]
 

@@ -58,12 +58,13 @@ def start_server(model: str) -> tuple[subprocess.Popen, str]:
 
 
 def remote_engine(tmp: Path) -> dict:
-    from dsv32.rl.grpo.config import load_rl_config
     from dsv32.rl.engines import CollectiveWeightSync, FileWeightSync, RemoteEngine
+    from dsv32.rl.grpo.build import step_generator
+    from dsv32.rl.grpo.config import load_rl_config
     from dsv32.rl.grpo.policy import load_policy
     from dsv32.rl.grpo.rewards import RewardResult
     from dsv32.rl.grpo.rollout import rollout
-    from dsv32.rl.grpo.trainer import _generator, build_tasks, grpo_step, make_optimizer
+    from dsv32.rl.grpo.single_turn import SingleTurnTrainer
     from dsv32.serve import ServerThread, create_app, load_served
 
     class Letters:  # a reward with spread: the share of ASCII letters in the completion
@@ -81,14 +82,14 @@ def remote_engine(tmp: Path) -> dict:
     proc, url = start_server("smollm2")
     try:
         engine = RemoteEngine(url, sync=FileWeightSync(tmp / "weights"))
-        mix = build_tasks(cfg)
-        optimizer = make_optimizer(policy, cfg.grpo)
-        grpo_step(policy, None, optimizer, mix, Letters(), cfg, cfg.grpo, 0, None, engine=engine)
+        trainer = SingleTurnTrainer(cfg, policy=policy, reward_fn=Letters(), engine=engine, progress=False)
+        mix = trainer.tasks
+        trainer.step(0)
         sync_s = engine.sync(policy.model, 1)  # the weights after the update
         policy.model.eval()
         with torch.no_grad():
             batch = rollout(
-                policy, mix.sample(1, 4), 2, cfg.sampling, generator=_generator(0, 1, 1), engine=engine
+                policy, mix.sample(1, 4), 2, cfg.sampling, generator=step_generator(0, 1, 1), engine=engine
             )
             logp = policy.action_logprobs(**batch.rows(torch.arange(len(batch))), temperature=1.0)
         ratio = float((logp - batch.sampling_logprobs)[batch.action_mask].abs().max())
@@ -151,8 +152,14 @@ def _warm(_) -> int:
 
 def ray_episodes(n: int) -> dict:
     from dsv32.envs import resolve_tasks
+    from dsv32.rl.agentic.fanout import (
+        RayRunner,
+        ThreadRunner,
+        ray_processes,
+        reference_backend,
+        run_env_episodes,
+    )
     from dsv32.rl.grpo.config import RayConfig
-    from dsv32.rl.agentic.fanout import RayRunner, ThreadRunner, ray_processes, reference_backend, run_env_episodes
 
     tasks = (resolve_tasks("code-interpreter", "heldout") * 2)[:n]
     serial_runner = ThreadRunner(1)

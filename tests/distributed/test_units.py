@@ -83,8 +83,8 @@ def test_agentic_grpo_checks_that_its_items_split_sample_in_process_and_run_no_r
 
 
 def test_grpo_checks_that_its_groups_split_and_that_it_samples_in_process():
+    from dsv32.rl.grpo.build import check_world
     from dsv32.rl.grpo.config import RLConfig
-    from dsv32.rl.grpo.trainer import check_world
 
     cfg = RLConfig()
     cfg.grpo.prompts_per_step = 6

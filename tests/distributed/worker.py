@@ -113,7 +113,7 @@ def rl_config(job: dict):
 
 def run_rl_job(job: dict) -> dict | None:
     from dsv32.rl.grpo.policy import load_policy
-    from dsv32.rl.grpo.trainer import train_grpo
+    from dsv32.rl.grpo.single_turn import train_grpo
 
     policy = load_policy(job["model"], device="cpu")
     policy.model.to(DTYPES[job.get("dtype", "float32")])

@@ -12,6 +12,8 @@ import torch
 pytest.importorskip("transformers")
 
 from dsv32.envs.base import Environment, EnvSpec, Reward, Task, register, tool_call, tool_schema
+from dsv32.rl.agentic.batcher import StepRecord
+from dsv32.rl.agentic.config import load_agentic_config
 from dsv32.rl.agentic.episodes import (
     EpisodeSettings,
     Row,
@@ -21,8 +23,6 @@ from dsv32.rl.agentic.episodes import (
     rows_to_rollouts,
     run_episodes,
 )
-from dsv32.rl.agentic.batcher import StepRecord
-from dsv32.rl.agentic.config import load_agentic_config
 from dsv32.rl.agentic.trainer import train_agentic
 from dsv32.rl.grpo.loss import grpo_loss, token_logprobs
 from dsv32.rl.grpo.policy import Policy
@@ -279,7 +279,7 @@ def test_mixed_run_trains_on_policy_and_resumes_exactly(llama_policy, tmp_path):
 def test_the_update_sees_each_episode_as_one_output(llama_policy, tmp_path, monkeypatch):
     """Every row carries its output's place in the step as sequence id (an episode in several rows is
     one output o_i of the loss); single-turn samples are outputs of their own."""
-    import dsv32.rl.agentic.trainer as trainer
+    import dsv32.rl.grpo.trainer as trainer
 
     seen = []
 

@@ -12,8 +12,8 @@ from rl_helpers import jsonl_recipe
 from dsv32.rl.grpo.policy import load_policy
 from dsv32.rl.grpo.rewards import RewardResult
 from dsv32.rl.grpo.rollout import SamplingConfig, rollout
+from dsv32.rl.grpo.single_turn import evaluate, train_grpo
 from dsv32.rl.grpo.tasks import Task, TaskError
-from dsv32.rl.grpo.trainer import evaluate, train_grpo
 
 LONG = "What is 2+3? " + "blah " * 300  # ~1500 tokens of tiny-llama's byte vocabulary; window 1024
 

@@ -61,6 +61,7 @@ def test_a_failed_request_is_unscored_and_a_reply_without_a_score_is_a_scored_fa
 def test_unscored_samples_get_zero_advantage_and_each_step_logs_the_judge_counts(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     import dsv32.rl.grpo.trainer as trainer
+    from dsv32.rl.grpo.single_turn import train_grpo
 
     calls = itertools.count()
 
@@ -92,7 +93,7 @@ def test_unscored_samples_get_zero_advantage_and_each_step_logs_the_judge_counts
     ]
     rows = [{"prompt": p} for p in ("Write a haiku.", "Name a color.")]
     cfg = jsonl_recipe(tmp_path, rows, sets, name="gen", domain="general")
-    (record,) = trainer.train_grpo(cfg, reward_fn=reward_fn, progress=False).metrics
+    (record,) = train_grpo(cfg, reward_fn=reward_fn, progress=False).metrics
     assert (record["judge_requests"], record["judge_failures"], record["judge_parse_failures"]) == (8, 2, 1)
     assert record["unscored"] == 2
     # group 1: 0.0, (failed), 0.2, 0.3 → mean 1/6 over the three scored; group 2: 0.4, (failed), 0 (no

@@ -14,7 +14,7 @@ from rl_helpers import jsonl_recipe
 import dsv32.rl.grpo.update as update
 from dsv32.rl.grpo.policy import load_policy
 from dsv32.rl.grpo.rewards import RewardResult
-from dsv32.rl.grpo.trainer import RLResult, make_optimizer, run_steps, train_grpo
+from dsv32.rl.grpo.single_turn import SingleTurnTrainer, train_grpo
 from dsv32.rl.grpo.update import NonFiniteUpdateError
 
 
@@ -87,20 +87,18 @@ def test_non_finite_updates_in_a_row_stop_the_run_with_the_weights_untouched(tmp
 def test_no_checkpoint_is_written_from_non_finite_weights(tmp_path):
     cfg = _cfg(tmp_path, **{"grpo.steps": 3, "save_every": 1})
     policy = load_policy("tiny-llama", device="cpu")
-    optimizer = make_optimizer(policy, cfg.grpo)
+    trainer = SingleTurnTrainer(cfg, policy=policy, reward_fn=LengthReward(), progress=False)
 
-    def step_fn(step: int) -> dict:
+    def step(step: int) -> dict:
         if step == 1:  # weights broken by something other than an update
             with torch.no_grad():
-                next(policy.model.parameters()).view(-1)[0] = float("nan")
+                next(trainer.policy.model.parameters()).view(-1)[0] = float("nan")
         return {"step": step + 1, "reward_mean": 0.0, "accuracy": 0.0}
 
+    trainer.step = step
     out = tmp_path / "run"
     with pytest.raises(NonFiniteUpdateError, match="no checkpoint or model is written"):
-        run_steps(
-            policy, optimizer, RLResult(out, 0, 0.0), step_fn, None, cfg,
-            resume=False, progress=False, stop_after=None, evaluate_before=False,
-        )  # fmt: skip
+        trainer.fit(resume=False, evaluate_before=False)
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000001"]
     assert not (out / "model").exists()
 

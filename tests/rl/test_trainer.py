@@ -16,8 +16,8 @@ from dsv32.rl.grpo.loss import kept_log_mass
 from dsv32.rl.grpo.policy import load_policy
 from dsv32.rl.grpo.rewards import RewardResult
 from dsv32.rl.grpo.rollout import SamplingConfig, rollout
+from dsv32.rl.grpo.single_turn import train_grpo
 from dsv32.rl.grpo.tasks import Task
-from dsv32.rl.grpo.trainer import train_grpo
 
 TASKS = [Task(id=f"t{i}", domain="toy", prompt=p) for i, p in enumerate(["ab", "xyz", "hello", "q"])]
 
@@ -299,7 +299,7 @@ def _split_outputs_batch(policy):
 
 def _update(policy, batch, advantages, ids, **over):
     from dsv32.rl.grpo.config import GRPOConfig
-    from dsv32.rl.grpo.trainer import grpo_update
+    from dsv32.rl.grpo.update import grpo_update
 
     cfg = GRPOConfig(prompts_per_step=1, group_size=3, clip_grad=1e9, opsm_delta=0.1, keep_routing=False,
                      **{"mini_batches": 1, "micro_batch": 6} | over)  # fmt: skip
@@ -373,7 +373,7 @@ def test_all_rows_of_an_output_are_in_the_same_mini_batch():
 def test_a_micro_batch_runs_only_the_columns_its_rows_use(name, monkeypatch):
     # Rows of a wide batch (a long prompt and a long episode elsewhere in it) go through the model
     # trimmed to their own columns: the same log-probs, 0 past the rows' end, a narrower forward.
-    from dsv32.rl import policy as policy_module
+    from dsv32.rl.grpo import policy as policy_module
     from dsv32.rl.agentic.episodes import Row, rows_to_rollouts
 
     policy = load_policy(name, device="cpu")
@@ -496,7 +496,7 @@ def test_an_update_over_a_frozen_trunk_equals_the_update_that_runs_every_layer(s
 
     from dsv32.rl.grpo.config import GRPOConfig
     from dsv32.rl.grpo.policy import Policy
-    from dsv32.rl.grpo.trainer import grpo_update
+    from dsv32.rl.grpo.update import grpo_update
 
     policy = _frozen_trunk_policy()
     batch, advantages, ids = _split_outputs_batch(policy)

@@ -31,7 +31,7 @@ from test_trainer import LetterReward, _recipe
 
 from dsv32.rl.agentic.trainer import train_agentic
 from dsv32.rl.grpo.policy import load_policy
-from dsv32.rl.grpo.trainer import train_grpo
+from dsv32.rl.grpo.single_turn import train_grpo
 from dsv32.runlog import read_metrics
 
 RECORD = Path(__file__).parent / "data" / "trainer_record.json"

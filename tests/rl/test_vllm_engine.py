@@ -127,7 +127,7 @@ def test_dsv32_rl_train_with_vllm_as_engine_syncs_before_each_step(policy, vllm,
     from rl_helpers import jsonl_recipe
 
     from dsv32.rl.grpo.rewards import RewardResult
-    from dsv32.rl.grpo.trainer import train_grpo
+    from dsv32.rl.grpo.single_turn import train_grpo
 
     class Letters:
         def score_many(self, samples, max_workers=1):

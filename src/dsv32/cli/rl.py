@@ -19,7 +19,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
     def run(args: argparse.Namespace) -> int:
         from dsv32.rl import load_rl_config
-        from dsv32.rl.grpo.trainer import run_eval, train_grpo
+        from dsv32.rl.grpo.single_turn import run_eval, train_grpo
 
         keys = {"policy": "policy.name", "steps": "grpo.steps", "out": "out_dir"}  # eval has no --steps
         cfg = load_rl_config(args.config, flag_overrides(args, keys))

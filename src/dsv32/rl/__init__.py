@@ -14,7 +14,14 @@
   or Ray actors.
 """
 
-from dsv32.rl.grpo.config import GRPOConfig, PolicyConfig, RLConfig, RLConfigError, SourceConfig, load_rl_config
+from dsv32.rl.grpo.config import (
+    GRPOConfig,
+    PolicyConfig,
+    RLConfig,
+    RLConfigError,
+    SourceConfig,
+    load_rl_config,
+)
 from dsv32.rl.grpo.loss import (
     OutputTotals,
     group_advantages,

@@ -1,8 +1,13 @@
-"""Trainer → engine weight sync.
+"""Trainer → engine weight sync: every strategy is a :class:`WeightSync`, one ``push(client, model,
+version)`` that returns once the engine behind ``client`` (an
+:class:`~dsv32.rl.engines.http.EngineClient`) has the weights; the engine then reports the version.
 
 The ``file`` backend writes version-stamped safetensors of the whole ``state_dict()``
 (:mod:`dsv32.engine.weight_files`: every key, tied head included, written atomically) into a
-directory the engine can read, and keeps only the newest.
+directory the engine can read, and keeps only the newest: ``dsv32 serve`` loads the file on
+``POST /update_weights {"path", "weight_version"}``; vLLM (its dev mode) reloads a checkpoint
+directory of that one file in place (``/collective_rpc`` ``reload_weights``) between a pause and a
+resume, and takes the version from ``/update_weight_version``.
 
 The ``collective`` backend (:class:`CollectiveWeightSync`) broadcasts the same tensors over a
 two-party ``torch.distributed`` group with the engine (:mod:`dsv32.engine.weight_transfer`): NCCL when
@@ -21,22 +26,70 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import torch
 
 from dsv32.engine import weight_transfer
 from dsv32.engine.weight_files import save_weights, weights_file
+from dsv32.engine.wire import InitTransferRequest, TransferState, UpdateWeightsRequest, WeightInfo
 from dsv32.rl.engines.base import EngineError
+from dsv32.rl.engines.http import EngineClient
+
+
+class WeightSync(Protocol):
+    """How a remote engine gets the trainer's weights."""
+
+    name: str
+
+    def push(self, client: EngineClient, model: torch.nn.Module, version: int) -> None:
+        """Give the engine behind ``client`` ``model``'s whole ``state_dict()`` as ``version``;
+        returns once the engine has taken them (the caller then checks the version it reports). A
+        sync the engine's ``client.api`` cannot take is an :class:`EngineError` before anything is
+        sent."""
+        ...
 
 
 class FileWeightSync:
-    """Writes version-stamped weight files under ``directory`` and keeps only the newest
-    ``keep`` of them."""
+    """Writes version-stamped weight files under ``directory`` (which the engine must be able to
+    read) and keeps only the newest ``keep`` of them."""
+
+    name = "file"
 
     def __init__(self, directory: str | Path, keep: int = 1) -> None:
         self.directory = Path(directory)
         self.keep = keep
+
+    def push(self, client: EngineClient, model: torch.nn.Module, version: int) -> None:
+        if client.api == "vllm":
+            self._push_vllm(client, model, version)
+        else:
+            path, _ = self.write(model, version)
+            body = UpdateWeightsRequest(path=str(Path(path).resolve()), weight_version=version)
+            reply = client.request("POST", "/update_weights", body)
+            if reply.get("weight_version") != version:
+                raise EngineError(
+                    f"weight sync to {client.url}: pushed version {version}, the engine answered {reply}"
+                )
+        self.prune()
+
+    def _push_vllm(self, client: EngineClient, model: torch.nn.Module, version: int) -> None:
+        """vLLM (its dev mode, ``VLLM_SERVER_DEV_MODE=1``): the weights written as a checkpoint
+        directory of one safetensors file, then — generation paused, running requests let finish —
+        every worker reloads them in place from it (``/collective_rpc`` ``reload_weights`` with
+        ``weights_path``), the version is set (``/update_weight_version``) and generation resumes."""
+        folder, _ = self.write_checkpoint(model, version)
+        client.pause("wait")
+        try:
+            client.request(
+                "POST",
+                "/collective_rpc",
+                {"method": "reload_weights", "kwargs": {"weights_path": str(folder.resolve())}},
+            )
+            client.request("POST", "/update_weight_version", {"new_version": str(version)})
+        finally:
+            client.resume()
 
     def write(self, model: torch.nn.Module, version: int) -> tuple[Path, float]:
         t = time.perf_counter()
@@ -77,18 +130,20 @@ class CollectiveWeightSync:
         self.backend, self.timeout = backend, timeout
         self.group = None
 
-    def connect(self, engine, device) -> None:
-        """Form the group with ``engine`` (a :class:`~dsv32.rl.engines.RemoteEngine`): this process
-        is rank 0 and hosts the store; the engine joins as rank 1."""
+    def connect(self, client: EngineClient, device) -> None:
+        """Form the group with the engine behind ``client``: this process is rank 0 and hosts the
+        store; the engine joins as rank 1."""
         backend = self.backend or weight_transfer.backend_for(device)
-        host = _address_towards(engine.url)
+        host = _address_towards(client.url)
         port = _free_port(host)
         answer: dict = {}
 
         def ask() -> None:
-            body = {"master_address": host, "master_port": port, "backend": backend, "timeout": self.timeout}
+            body = InitTransferRequest(
+                master_address=host, master_port=port, backend=backend, timeout=self.timeout
+            )
             try:
-                answer["reply"] = engine._request(
+                answer["reply"] = client.request(
                     "POST", "/init_weight_transfer_engine", body, timeout=self.timeout + 10
                 )
             except EngineError as err:
@@ -100,46 +155,47 @@ class CollectiveWeightSync:
             group = weight_transfer.transfer_group(host, port, 0, backend, self.timeout)
         except weight_transfer.TransferError as err:
             asking.join(self.timeout + 15)
-            raise EngineError(f"weight transfer to {engine.url}: {answer.get('error') or err}") from None
+            raise EngineError(f"weight transfer to {client.url}: {answer.get('error') or err}") from None
         asking.join(self.timeout + 15)
         if "reply" not in answer:
             raise EngineError(
-                f"weight transfer to {engine.url}: the engine did not join: "
+                f"weight transfer to {client.url}: the engine did not join: "
                 f"{answer.get('error') or 'no answer in time'}"
             )
         self.group = group
 
-    def push(self, engine, model: torch.nn.Module, version: int) -> None:
+    def push(self, client: EngineClient, model: torch.nn.Module, version: int) -> None:
         """Send ``model``'s whole ``state_dict()`` as ``version``; returns once the engine serves it."""
+        if client.api != "dsv32":
+            raise EngineError(
+                "the collective weight sync speaks dsv32 serve's /init_weight_transfer_engine; a vLLM "
+                "engine is not driven by it (see docs/rl.md, 'Scaling out')"
+            )
         state = model.state_dict()
         if self.group is None:
-            self.connect(engine, next(iter(state.values())).device)
-        engine._request(
-            "POST", "/update_weights", {"weight_version": version, **weight_transfer.tensor_specs(state)}
-        )  # a refusal (keys, shapes) is an EngineError here, before anything is sent
+            self.connect(client, next(iter(state.values())).device)
+        announce = UpdateWeightsRequest(weight_version=version, **weight_transfer.tensor_specs(state))
+        client.request("POST", "/update_weights", announce)  # a refusal (keys, shapes): nothing is sent
         try:
             weight_transfer.send(self.group, state, self.timeout)
         except weight_transfer.TransferError as err:
             self.group = None  # the engine drops its end too: the next sync forms a new group
-            raise EngineError(f"weight transfer to {engine.url}: {err}") from None
+            raise EngineError(f"weight transfer to {client.url}: {err}") from None
         deadline = time.monotonic() + self.timeout
         while True:
-            info = engine._request("GET", "/weight_info")
-            transfer = info.get("transfer") or {}
-            if info.get("weight_version") == version and not transfer.get("receiving"):
+            info = client.typed(WeightInfo, "GET", "/weight_info")
+            transfer = info.transfer or TransferState()
+            if info.weight_version == version and not transfer.receiving:
                 return
-            if transfer.get("error"):
+            if transfer.error:
                 self.group = None
-                raise EngineError(f"weight transfer to {engine.url}: the engine reports {transfer['error']}")
+                raise EngineError(f"weight transfer to {client.url}: the engine reports {transfer.error}")
             if time.monotonic() > deadline:
                 raise EngineError(
-                    f"weight transfer to {engine.url}: version {version} sent, the engine still reports "
-                    f"{info.get('weight_version')} after {self.timeout:g} s"
+                    f"weight transfer to {client.url}: version {version} sent, the engine still reports "
+                    f"{info.weight_version} after {self.timeout:g} s"
                 )
             time.sleep(0.02)
-
-    def prune(self) -> None:
-        pass
 
 
 def _address_towards(url: str) -> str:
@@ -161,7 +217,7 @@ def _free_port(host: str) -> int:
 
 def weight_sync(
     kind: str, directory: str | Path, *, device: str | torch.device = "cpu", timeout: float = 60.0
-) -> FileWeightSync | CollectiveWeightSync:
+) -> WeightSync:
     """The backend of ``[engine] sync``: ``file``; ``collective`` (NCCL for weights on CUDA, gloo on
     CPUs); ``nccl``, the collective backend where ``device`` is CUDA."""
     if kind == "file":
