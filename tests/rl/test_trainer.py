@@ -373,8 +373,8 @@ def test_all_rows_of_an_output_are_in_the_same_mini_batch():
 def test_a_micro_batch_runs_only_the_columns_its_rows_use(name, monkeypatch):
     # Rows of a wide batch (a long prompt and a long episode elsewhere in it) go through the model
     # trimmed to their own columns: the same log-probs, 0 past the rows' end, a narrower forward.
-    from dsv32.rl.grpo import policy as policy_module
     from dsv32.rl.agentic.episodes import Row, rows_to_rollouts
+    from dsv32.rl.grpo import policy as policy_module
 
     policy = load_policy(name, device="cpu")
     g = torch.Generator().manual_seed(1)
