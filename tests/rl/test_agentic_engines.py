@@ -184,8 +184,8 @@ class PidEnv(EchoEnv):
 
 def test_environments_on_ray_actors_give_the_rewards_of_the_thread_path(tool_user, tmp_path):
     ray = pytest.importorskip("ray")
-    from dsv32.rl.grpo.config import RayConfig
     from dsv32.rl.agentic.fanout import RayRunner, ray_processes, still_running
+    from dsv32.rl.grpo.config import RayConfig
 
     for module in (sys.modules[__name__], test_agentic):
         ray.cloudpickle.register_pickle_by_value(module)

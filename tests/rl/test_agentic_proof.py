@@ -17,7 +17,15 @@ from dsv32.cli import main
 from dsv32.cli.posttrain_recipe import read_posttrain_recipe, refuse_shared
 from dsv32.envs.base import EnvError, Environment, EnvSpec, Reward, Task, register, tool_call, tool_schema
 from dsv32.recipe import RecipeError
-from dsv32.rl.agentic.episodes import AgenticReward, Episode, EpisodeSettings, episode_rows, rl_task, rows_to_rollouts
+from dsv32.rl.agentic.episodes import (
+    AgenticReward,
+    Episode,
+    EpisodeSettings,
+    episode_rows,
+    rl_task,
+    rows_to_rollouts,
+)
+from dsv32.rl.grpo.rollout import SamplingConfig
 from dsv32.rl.posttrain_report import (
     STAGES,
     first_tasks,
@@ -27,7 +35,6 @@ from dsv32.rl.posttrain_report import (
     rl_curve,
     wilson,
 )
-from dsv32.rl.grpo.rollout import SamplingConfig
 from dsv32.runlog import read_metrics
 
 KEYS = {f"{m}_{s}" for m in ("accuracy", "tool_call_valid", "interval") for s in STAGES} | {

@@ -13,7 +13,6 @@ import pytest
 import dsv32
 from dsv32.agent import ScriptedBackend
 from dsv32.envs import resolve_tasks
-from dsv32.rl.grpo.config import RayConfig, RLConfigError, load_rl_config
 from dsv32.rl.agentic.fanout import (
     RayPlacementError,
     RayRunner,
@@ -23,6 +22,7 @@ from dsv32.rl.agentic.fanout import (
     run_env_episodes,
     still_running,
 )
+from dsv32.rl.grpo.config import RayConfig, RLConfigError, load_rl_config
 
 ray = pytest.importorskip("ray")
 
