@@ -131,37 +131,13 @@ def grpo_loss(
     ``pg_loss``, ``kl_loss``, ``log_ratio_sampling``) are this part's share, which sum over the parts
     to the whole batch's; the per-token ones are over this part's tokens.
     """
-    if logprobs.dim() != 2 or not logprobs.is_floating_point():
-        raise ValueError(f"logprobs must be a floating [B, T] tensor, got {list(logprobs.shape)}")
-    B, T = logprobs.shape
-    per_token = {"old_logprobs": old_logprobs, "mask": mask, "ref_logprobs": ref_logprobs}
-    for name, x in {**per_token, "sampling_logprobs": sampling_logprobs}.items():
-        _check_shape(name, x, (B, T), "[B, T] like logprobs")
-    _check_shape("advantages", advantages, (B,), "[B], one per row")
-    _check_shape("sequence_ids", sequence_ids, (B,), "[B], one per row")
-    if sequence_ids is not None and sequence_ids.is_floating_point():
-        raise ValueError(f"sequence_ids must be integers, got {sequence_ids.dtype}")
-    if totals is not None:
-        _check_shape("totals.tokens", totals.tokens, (B,), "[B], one per row")
-        _check_shape("totals.log_ratio_rest", totals.log_ratio_rest, (B,), "[B], one per row")
-    if kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {kl_estimator!r}")
-    if not clip_eps >= 0:  # NaN included
-        raise ValueError(f"clip_eps must be a number >= 0, got {clip_eps}")
-    if opsm_delta is not None and opsm_delta != opsm_delta:  # NaN would silently turn the mask off
-        raise ValueError("opsm_delta is NaN; give a number, or None to turn the mask off")
+    beta = _checked_inputs(
+        logprobs, old_logprobs, advantages, mask, ref_logprobs, sampling_logprobs, clip_eps, kl_coef,
+        kl_estimator, opsm_delta, sequence_ids, totals,
+    )  # fmt: skip
+    B, _ = logprobs.shape
     dtype, device = logprobs.dtype, logprobs.device
-    beta = torch.as_tensor(kl_coef, dtype=dtype, device=device)
-    if beta.dim() == 0:
-        beta = beta.expand(B)
-    _check_shape("kl_coef", beta, (B,), "a float or [B], one per row")
-    if not bool((beta >= 0).all()):  # NaN included
-        raise ValueError("kl_coef must be >= 0 and not NaN (it is a penalty strength β)")
     use_kl = bool((beta != 0).any())
-    if use_kl and ref_logprobs is None:
-        raise ValueError("kl_coef is nonzero but ref_logprobs was not given: pass log π_ref or set kl_coef=0")
-    if not bool(torch.isfinite(advantages).all()):
-        raise ValueError("advantages contain inf or NaN")
 
     # Outputs: row b is a piece of output index[b]; per-output values are sums of per-row ones.
     index, n_out = output_index(sequence_ids, B, device)
@@ -191,7 +167,6 @@ def grpo_loss(
             raise ValueError("totals.tokens counts fewer tokens of an output than these rows hold")
         has_tokens = lengths > 0
         n_seqs = torch.tensor(max(totals.outputs, 1), dtype=dtype, device=device)
-    n_tokens = int(mask_f.sum())
     A = advantages.to(dtype)[:, None]  # [B, 1]
 
     def output_mean(x: torch.Tensor) -> torch.Tensor:
@@ -231,28 +206,78 @@ def grpo_loss(
     J_seq = pg_seq - beta_out * kl_seq if use_kl else pg_seq
     loss = -(J_seq * has_tokens).sum() / n_seqs
 
-    with torch.no_grad():
-
-        def batch_mean(per_seq: torch.Tensor) -> float:
-            return float((per_seq * has_tokens).sum() / n_seqs)
-
-        clipped = mask & (pg_clipped < pg_unclipped)
-        r_tokens = r[mask]
-        # each masked output counts by the share of its tokens that is here (all of it without totals)
-        here = torch.where(has_tokens, local_lengths / lengths.clamp_min(1), 0.0)
-        metrics = {
-            "clip_frac": float(clipped.sum()) / max(n_tokens, 1),
-            "opsm_masked_frac": float((opsm_masked * here).sum()) / int(n_seqs),
-            "ratio_mean": float(r_tokens.mean()) if n_tokens else 1.0,
-            "ratio_max": float(r_tokens.max()) if n_tokens else 1.0,
-            "ratio_min": float(r_tokens.min()) if n_tokens else 1.0,
-            "kl": batch_mean(kl_seq),
-            "pg_loss": -batch_mean(pg_seq),
-            "kl_loss": batch_mean(beta_out * kl_seq) if use_kl else 0.0,
-            "log_ratio_sampling": batch_mean(log_ratio_sampling),
-            "tokens": float(n_tokens),
-        }
+    metrics = _loss_metrics(
+        mask, r, pg_clipped < pg_unclipped, has_tokens, n_seqs, local_lengths, lengths, opsm_masked,
+        pg_seq, kl_seq, beta_out if use_kl else None, log_ratio_sampling,
+    )  # fmt: skip
     return loss, metrics
+
+
+@torch.no_grad()
+def _loss_metrics(
+    mask, r, clipped, has_tokens, n_seqs, local_lengths, lengths, opsm_masked, pg_seq, kl_seq, beta_out,
+    log_ratio_sampling,
+) -> dict[str, float]:  # fmt: skip
+    """:func:`grpo_loss`'s metrics (Python floats) from its per-token ``[B, T]`` and per-output
+    ``[n_out]`` terms; ``beta_out`` None: no KL term."""
+    n_tokens = int(mask.sum())
+
+    def batch_mean(per_seq: torch.Tensor) -> float:
+        return float((per_seq * has_tokens).sum() / n_seqs)
+
+    r_tokens = r[mask]
+    # each masked output counts by the share of its tokens that is here (all of it without totals)
+    here = torch.where(has_tokens, local_lengths / lengths.clamp_min(1), 0.0)
+    return {
+        "clip_frac": float((mask & clipped).sum()) / max(n_tokens, 1),
+        "opsm_masked_frac": float((opsm_masked * here).sum()) / int(n_seqs),
+        "ratio_mean": float(r_tokens.mean()) if n_tokens else 1.0,
+        "ratio_max": float(r_tokens.max()) if n_tokens else 1.0,
+        "ratio_min": float(r_tokens.min()) if n_tokens else 1.0,
+        "kl": batch_mean(kl_seq),
+        "pg_loss": -batch_mean(pg_seq),
+        "kl_loss": batch_mean(beta_out * kl_seq) if beta_out is not None else 0.0,
+        "log_ratio_sampling": batch_mean(log_ratio_sampling),
+        "tokens": float(n_tokens),
+    }
+
+
+def _checked_inputs(
+    logprobs, old_logprobs, advantages, mask, ref_logprobs, sampling_logprobs, clip_eps, kl_coef,
+    kl_estimator, opsm_delta, sequence_ids, totals,
+) -> torch.Tensor:  # fmt: skip
+    """:func:`grpo_loss`'s arguments checked (a ``ValueError`` that names the bad one); returns β as
+    a ``[B]`` tensor."""
+    if logprobs.dim() != 2 or not logprobs.is_floating_point():
+        raise ValueError(f"logprobs must be a floating [B, T] tensor, got {list(logprobs.shape)}")
+    B, T = logprobs.shape
+    per_token = {"old_logprobs": old_logprobs, "mask": mask, "ref_logprobs": ref_logprobs}
+    for name, x in {**per_token, "sampling_logprobs": sampling_logprobs}.items():
+        _check_shape(name, x, (B, T), "[B, T] like logprobs")
+    _check_shape("advantages", advantages, (B,), "[B], one per row")
+    _check_shape("sequence_ids", sequence_ids, (B,), "[B], one per row")
+    if sequence_ids is not None and sequence_ids.is_floating_point():
+        raise ValueError(f"sequence_ids must be integers, got {sequence_ids.dtype}")
+    if totals is not None:
+        _check_shape("totals.tokens", totals.tokens, (B,), "[B], one per row")
+        _check_shape("totals.log_ratio_rest", totals.log_ratio_rest, (B,), "[B], one per row")
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {kl_estimator!r}")
+    if not clip_eps >= 0:  # NaN included
+        raise ValueError(f"clip_eps must be a number >= 0, got {clip_eps}")
+    if opsm_delta is not None and opsm_delta != opsm_delta:  # NaN would silently turn the mask off
+        raise ValueError("opsm_delta is NaN; give a number, or None to turn the mask off")
+    beta = torch.as_tensor(kl_coef, dtype=logprobs.dtype, device=logprobs.device)
+    if beta.dim() == 0:
+        beta = beta.expand(B)
+    _check_shape("kl_coef", beta, (B,), "a float or [B], one per row")
+    if not bool((beta >= 0).all()):  # NaN included
+        raise ValueError("kl_coef must be >= 0 and not NaN (it is a penalty strength β)")
+    if bool((beta != 0).any()) and ref_logprobs is None:
+        raise ValueError("kl_coef is nonzero but ref_logprobs was not given: pass log π_ref or set kl_coef=0")
+    if not bool(torch.isfinite(advantages).all()):
+        raise ValueError("advantages contain inf or NaN")
+    return beta
 
 
 def group_advantages(

@@ -9,7 +9,7 @@ lives in :mod:`dsv32.training_guard` (every trainer shares it); its names are re
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -89,8 +89,7 @@ def grpo_update(
     and the reference's when it holds the same lowest layers — runs only the layers above. False:
     every forward runs every layer (the same values up to float rounding)."""
     B = len(batch)
-    mask = batch.action_mask
-    device = mask.device
+    device = batch.action_mask.device
     ids = torch.arange(B, device=device) if sequence_ids is None else sequence_ids.to(device)
     if ids.shape != (B,):
         raise ValueError(f"sequence_ids must have shape [{B}] (one per row), got {list(ids.shape)}")
@@ -104,96 +103,138 @@ def grpo_update(
     )
     ref_logprobs = _batch_logprobs(ref, batch, cfg, temperature, ref_trunk) if ref is not None else None
     domains = [t.domain for t in batch.tasks]
-    kl_coefs = sequence_kl_coefs(domains, cfg.domain_kl_coef, default=cfg.kl_coef).to(device)
-    kept = batch.kept_ids if cfg.keep_sampling_mask else None
-    routing = batch.routing if cfg.keep_routing else None
-    sampling = batch.sampling_logprobs
     old = (
         _batch_logprobs(policy, batch, cfg, temperature, trunk)
         if cfg.old_logprobs == "recompute"
-        else sampling
+        else batch.sampling_logprobs
+    )
+    u = _Update(
+        policy=policy,
+        optimizer=optimizer,
+        batch=batch,
+        advantages=advantages,
+        cfg=cfg,
+        temperature=temperature,
+        ids=ids,
+        output_of_row=output_of_row,
+        n_outputs=n_outputs,
+        ref_logprobs=ref_logprobs,
+        kl_coefs=sequence_kl_coefs(domains, cfg.domain_kl_coef, default=cfg.kl_coef).to(device),
+        kept=batch.kept_ids if cfg.keep_sampling_mask else None,
+        routing=batch.routing if cfg.keep_routing else None,
+        old=old,
+        trunk=trunk,
+        guard=guard if guard is not None else rl_guard(cfg.max_skipped_updates),
     )
     size = max(1, n_global // cfg.mini_batches)
-    guard = guard if guard is not None else rl_guard(cfg.max_skipped_updates)
     records = []
     for _ in range(cfg.epochs):
         order = torch.randperm(n_global, generator=generator).to(device)
         for chosen in order.split(size):
             outputs = local_of[chosen]
-            outputs = outputs[outputs >= 0]  # this rank's outputs of the mini-batch, in its order
-            mb = _rows_of(outputs, output_of_row, n_outputs)
-            mb = _by_length(batch, mb)  # the sums do not depend on how the rows are split
-            totals = OutputTotals.of(mask[mb], ids[mb])
-            n_out, n_tok = distributed.all_sum([totals.outputs, int(mask[mb].sum())])
-            totals = replace(totals, outputs=int(n_out))  # Eq. 8 averages over the global mini-batch
-            mb_tokens = max(1, int(n_tok))
-            parts = [p for p in torch.arange(len(mb), device=device).split(cfg.micro_batch) if len(p)]
-            n_parts = int(distributed.all_max([len(parts)])[0])  # every rank runs as many forwards
-            rests: list = [None] * len(parts)
-            if cfg.opsm_delta is not None:
-                rests = _log_ratio_rest(
-                    policy,
-                    batch,
-                    mb,
-                    ids[mb],
-                    advantages[mb],
-                    parts,
-                    kept,
-                    routing,
-                    temperature,
-                    cfg.micro_batch,
-                    trunk,
-                )
-            sums: dict[str, float] = dict.fromkeys(_SHARE_METRICS + _TOKEN_METRICS, 0.0)
-            sums |= {"ratio_max": -math.inf, "ratio_min": math.inf}
-            finite = torch.ones((), dtype=torch.bool, device=device)
-            for k in range(n_parts):
-                distributed.set_gradient_sync(policy.model, k == n_parts - 1)  # one reduce per update
-                if k >= len(parts):  # this rank has no rows left: a forward/backward that adds nothing
-                    _idle_pass(policy, batch, kept, routing, temperature, grad=True)
-                    continue
-                part, rest = parts[k], rests[k]
-                micro = mb[part]
-                logp = policy.action_logprobs(
-                    **_rows(batch, micro, kept, routing, trunk), temperature=temperature
-                )
-                loss, m = grpo_loss(
-                    logp,
-                    old[micro],
-                    advantages[micro],
-                    mask[micro],
-                    ref_logprobs=None if ref_logprobs is None else ref_logprobs[micro],
-                    sampling_logprobs=sampling[micro],
-                    clip_eps=cfg.clip_eps,
-                    kl_coef=kl_coefs[micro] if ref_logprobs is not None else 0.0,
-                    kl_estimator=cfg.kl_estimator,
-                    opsm_delta=cfg.opsm_delta,
-                    sequence_ids=ids[micro],
-                    totals=totals.part(part, rest),
-                )
-                loss.backward()  # already this micro-batch's share of the mini-batch's loss
-                finite &= torch.isfinite(loss.detach())
-                m["abs_log_ratio"] = _abs_log_ratio(logp.detach(), old[micro], mask[micro])
-                for key in _SHARE_METRICS:
-                    sums[key] += m[key]
-                for key in _TOKEN_METRICS:  # means over this micro-batch's tokens: weight by them
-                    sums[key] += m[key] * m["tokens"] / mb_tokens
-                sums["ratio_max"] = max(sums["ratio_max"], m["ratio_max"])
-                sums["ratio_min"] = min(sums["ratio_min"], m["ratio_min"])
-            keys = _SHARE_METRICS + _TOKEN_METRICS
-            sums |= dict(zip(keys, distributed.all_sum([sums[key] for key in keys])))
-            high, low = distributed.all_max([sums["ratio_max"], -sums["ratio_min"]])
-            sums["ratio_max"], sums["ratio_min"] = high, -low
-            params = [p for g in optimizer.param_groups for p in g["params"]]
-            norm = distributed.clip_grad_norm(params, cfg.clip_grad or math.inf)
-            sums["grad_norm"] = norm
-            ok = guard.allows(distributed.all_true(bool(finite)) and math.isfinite(norm), norm)
-            if ok:  # a NaN/inf step would poison the weights and AdamW's moments for good
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            sums["skipped_updates"] = 0.0 if ok else 1.0
-            records.append(sums)
+            records.append(_mini_batch(u, outputs[outputs >= 0]))  # this rank's outputs, in its order
     return records
+
+
+@dataclass
+class _Update:
+    """What every mini-batch of one :func:`grpo_update` call reads: the batch, each row's output
+    (``ids``, ``output_of_row``), π_ref's and π_old's log-probs, the per-row β, the kept sets and
+    routing replayed (None: off), the frozen trunk's states."""
+
+    policy: Policy
+    optimizer: torch.optim.Optimizer
+    batch: Rollouts
+    advantages: torch.Tensor
+    cfg: GRPOConfig
+    temperature: float
+    ids: torch.Tensor
+    output_of_row: torch.Tensor
+    n_outputs: int
+    ref_logprobs: torch.Tensor | None
+    kl_coefs: torch.Tensor
+    kept: torch.Tensor | None
+    routing: torch.Tensor | None
+    old: torch.Tensor
+    trunk: tuple[torch.Tensor, int] | None
+    guard: UpdateGuard
+
+
+def _mini_batch(u: _Update, outputs: torch.Tensor) -> dict:
+    """One optimizer step over this rank's ``outputs`` of a mini-batch: its rows through the model
+    ``micro_batch`` at a time, the gradients summed, clipped and applied unless non-finite."""
+    batch, cfg, ids = u.batch, u.cfg, u.ids
+    mask, device = batch.action_mask, batch.action_mask.device
+    mb = _rows_of(outputs, u.output_of_row, u.n_outputs)
+    mb = _by_length(batch, mb)  # the sums do not depend on how the rows are split
+    totals = OutputTotals.of(mask[mb], ids[mb])
+    n_out, n_tok = distributed.all_sum([totals.outputs, int(mask[mb].sum())])
+    totals = replace(totals, outputs=int(n_out))  # Eq. 8 averages over the global mini-batch
+    mb_tokens = max(1, int(n_tok))
+    parts = [p for p in torch.arange(len(mb), device=device).split(cfg.micro_batch) if len(p)]
+    n_parts = int(distributed.all_max([len(parts)])[0])  # every rank runs as many forwards
+    rests: list = [None] * len(parts)
+    if cfg.opsm_delta is not None:
+        rests = _log_ratio_rest(
+            u.policy, batch, mb, ids[mb], u.advantages[mb], parts, u.kept, u.routing, u.temperature,
+            cfg.micro_batch, u.trunk,
+        )  # fmt: skip
+    sums: dict[str, float] = dict.fromkeys(_SHARE_METRICS + _TOKEN_METRICS, 0.0)
+    sums |= {"ratio_max": -math.inf, "ratio_min": math.inf}
+    finite = torch.ones((), dtype=torch.bool, device=device)
+    for k in range(n_parts):
+        distributed.set_gradient_sync(u.policy.model, k == n_parts - 1)  # one reduce per update
+        if k >= len(parts):  # this rank has no rows left: a forward/backward that adds nothing
+            _idle_pass(u.policy, batch, u.kept, u.routing, u.temperature, grad=True)
+            continue
+        finite &= _micro_batch(u, mb[parts[k]], totals.part(parts[k], rests[k]), sums, mb_tokens)
+    keys = _SHARE_METRICS + _TOKEN_METRICS
+    sums |= dict(zip(keys, distributed.all_sum([sums[key] for key in keys])))
+    high, low = distributed.all_max([sums["ratio_max"], -sums["ratio_min"]])
+    sums["ratio_max"], sums["ratio_min"] = high, -low
+    params = [p for g in u.optimizer.param_groups for p in g["params"]]
+    norm = distributed.clip_grad_norm(params, cfg.clip_grad or math.inf)
+    sums["grad_norm"] = norm
+    ok = u.guard.allows(distributed.all_true(bool(finite)) and math.isfinite(norm), norm)
+    if ok:  # a NaN/inf step would poison the weights and AdamW's moments for good
+        u.optimizer.step()
+    u.optimizer.zero_grad(set_to_none=True)
+    sums["skipped_updates"] = 0.0 if ok else 1.0
+    return sums
+
+
+def _micro_batch(
+    u: _Update, micro: torch.Tensor, totals: OutputTotals, sums: dict, mb_tokens: int
+) -> torch.Tensor:
+    """The forward and backward of rows ``micro`` (their share of the mini-batch's loss), their
+    metrics added to ``sums``; returns whether the loss was finite."""
+    batch, cfg, mask = u.batch, u.cfg, u.batch.action_mask
+    logp = u.policy.action_logprobs(
+        **_rows(batch, micro, u.kept, u.routing, u.trunk), temperature=u.temperature
+    )
+    loss, m = grpo_loss(
+        logp,
+        u.old[micro],
+        u.advantages[micro],
+        mask[micro],
+        ref_logprobs=None if u.ref_logprobs is None else u.ref_logprobs[micro],
+        sampling_logprobs=batch.sampling_logprobs[micro],
+        clip_eps=cfg.clip_eps,
+        kl_coef=u.kl_coefs[micro] if u.ref_logprobs is not None else 0.0,
+        kl_estimator=cfg.kl_estimator,
+        opsm_delta=cfg.opsm_delta,
+        sequence_ids=u.ids[micro],
+        totals=totals,
+    )
+    loss.backward()  # already this micro-batch's share of the mini-batch's loss
+    m["abs_log_ratio"] = _abs_log_ratio(logp.detach(), u.old[micro], mask[micro])
+    for key in _SHARE_METRICS:
+        sums[key] += m[key]
+    for key in _TOKEN_METRICS:  # means over this micro-batch's tokens: weight by them
+        sums[key] += m[key] * m["tokens"] / mb_tokens
+    sums["ratio_max"] = max(sums["ratio_max"], m["ratio_max"])
+    sums["ratio_min"] = min(sums["ratio_min"], m["ratio_min"])
+    return torch.isfinite(loss.detach())
 
 
 def _global_positions(ids: torch.Tensor, n_outputs: int, global_ids: bool) -> tuple[torch.Tensor, int]:
