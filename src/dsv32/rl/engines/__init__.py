@@ -1,6 +1,7 @@
-"""Rollout engines behind one interface (:class:`RolloutEngine`): the in-process engine (the
-reference) and a remote engine over HTTP (``dsv32 serve`` or vLLM), with the weight sync beside
-them. See docs/rl.md, "Scaling out"."""
+"""Rollout engines behind one interface (:class:`RolloutEngine`, whose capabilities every engine
+declares): the in-process engine (the reference) and a remote engine over HTTP (``dsv32 serve`` or
+vLLM, the wire format typed in :mod:`dsv32.engine.wire`), with the weight syncs beside them (one
+``push`` each, :class:`WeightSync`). See docs/rl.md, "Scaling out"."""
 
 from __future__ import annotations
 
@@ -20,14 +21,16 @@ from dsv32.rl.engines.base import (
     run_calls,
     split_calls,
 )
+from dsv32.rl.engines.http import EngineClient
 from dsv32.rl.engines.in_process import InProcessEngine
 from dsv32.rl.engines.remote import RemoteEngine
-from dsv32.rl.engines.weight_sync import CollectiveWeightSync, FileWeightSync, weight_sync
+from dsv32.rl.engines.weight_sync import CollectiveWeightSync, FileWeightSync, WeightSync, weight_sync
 
 
 def build_engine(cfg, model, out_dir: str | Path) -> RolloutEngine:
     """The engine of a recipe's ``[engine]`` section (:class:`~dsv32.rl.grpo.config.EngineConfig`);
-    ``model`` is the trainer's (the in-process engine samples with it)."""
+    ``model`` is the trainer's (the in-process engine samples with it). Nothing is sent to a remote
+    engine yet: its first use (or :meth:`RolloutEngine.connect`) reaches it."""
     if cfg.kind == "in_process":
         return InProcessEngine(model)
     device = next(model.parameters()).device if isinstance(model, torch.nn.Module) else "cpu"
@@ -39,6 +42,7 @@ def build_engine(cfg, model, out_dir: str | Path) -> RolloutEngine:
 
 __all__ = [
     "CollectiveWeightSync",
+    "EngineClient",
     "EngineError",
     "EngineOutput",
     "FileWeightSync",
@@ -48,6 +52,7 @@ __all__ = [
     "StaleSampleError",
     "WarnOnce",
     "WeightFileError",
+    "WeightSync",
     "build_engine",
     "check_staleness",
     "load_weights",

@@ -7,6 +7,9 @@ the engine can return them. It also reports the *weight version* it samples with
 stamps each :meth:`RolloutEngine.sync` with the number of GRPO steps behind the weights, and a sample
 whose version lags the trainer's by more than ``max_off_policy_steps`` is refused
 (:func:`check_staleness`).
+
+What an engine can do is declared on it (:class:`RolloutEngine`), never guessed from its name or
+its type: ``shares_weights`` says whether it samples with the trainer's own model object.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
+from dsv32.engine.prefix import PrefixCache
 from dsv32.errors import DSV32Error
 
 logger = logging.getLogger(__name__)
@@ -89,14 +93,15 @@ def split_calls(
     """The engine calls that sample ``rows`` of a batch, as ``(rows, generator)`` pairs.
     ``generator``: None or one for all rows (one call), or one per row, the rows that share a
     generator object being one group: the in-process engine samples every group in one call (a
-    generator per row, :func:`dsv32.engine.generate`); another engine, which sees one seed per
-    request, gets one call per group (rows in order, groups in order of their first row). Either way
-    a group samples the same whatever else is in the batch."""
+    generator per row, :func:`dsv32.engine.generate`) — as does any engine that
+    :attr:`~RolloutEngine.shares_weights`; another engine, which sees one seed per request, gets one
+    call per group (rows in order, groups in order of their first row). Either way a group samples
+    the same whatever else is in the batch."""
     rows = list(rows)
     if generator is None or isinstance(generator, torch.Generator):
         return [(rows, generator)]
     generator = list(generator)
-    if engine.name == "in_process":
+    if engine.shares_weights:
         return [(rows, generator)]
     groups: dict[int, tuple[list[int], torch.Generator]] = {}
     for row, g in zip(rows, generator, strict=True):
@@ -114,9 +119,27 @@ def run_calls(calls: Sequence[tuple[list[int], Any]], call: Callable[[tuple[list
 
 
 class RolloutEngine(Protocol):
-    """What :func:`dsv32.rl.grpo.rollout.rollout` samples with (in-process or over HTTP)."""
+    """What :func:`dsv32.rl.grpo.rollout.rollout` samples with (in-process or over HTTP). Every
+    engine declares each attribute and takes each keyword below; constructing one sends nothing
+    (:meth:`connect`, or the first call that needs the engine, reaches it)."""
 
     name: str
+    """How logs and messages call the engine (``"in_process"``, ``"remote"``); nothing branches on it."""
+
+    shares_weights: bool
+    """Whether the engine samples with the trainer's own model object. Then: :meth:`sync` only stamps
+    the version (the weights are the trainer's already), one call samples rows with a generator per
+    row (:func:`split_calls`), a ``prefix`` cache may be passed to :meth:`generate`, and a sample is
+    never stale (no staleness metrics)."""
+
+    synced: int | None
+    """The version this engine object last pushed with :meth:`sync` (None before its first): a run
+    takes an engine's served version for its own only when it pushed it (:func:`prepare_engine`)."""
+
+    def connect(self) -> None:
+        """Reach the engine, once (later calls return at once); an :class:`EngineError` that says why
+        when it cannot be reached. :meth:`generate` and :meth:`weight_version` connect first."""
+        ...
 
     def generate(
         self,
@@ -128,14 +151,18 @@ class RolloutEngine(Protocol):
         top_k: int,
         eos: list[int],
         pad: int,
-        generator: torch.Generator | None,
+        generator: torch.Generator | Sequence[torch.Generator] | None,
         turn: int,
         return_kept: bool,
         return_routing: bool,
+        prefix: PrefixCache | None = None,
     ) -> EngineOutput:
         """Sample a continuation of every prompt. ``generator`` seeds the rollout and ``turn`` counts
         its calls: turn ``t`` samples with :func:`turn_generator` (an engine in another process
-        receives its seed, :func:`turn_seed`)."""
+        receives its seed, :func:`turn_seed`). A generator per row (rows that share one draw from it
+        together) only where :attr:`shares_weights`; elsewhere :func:`split_calls` makes one call
+        per generator. ``prefix``: a :class:`~dsv32.engine.prefix.PrefixCache` the calls of one batch
+        of episodes share, only where :attr:`shares_weights` (elsewhere an :class:`EngineError`)."""
         ...
 
     def sync(self, model: torch.nn.Module, version: int) -> float:
@@ -183,11 +210,10 @@ def prepare_engine(
     ``max_off_policy_steps`` behind (so a run never takes another run's weights for its own, even
     with the same version number; an engine that shares the trainer's model is always current).
     Returns the seconds the sync took (0 without one)."""
-    if getattr(engine, "shares_weights", False):
+    if engine.shares_weights:
         return engine.sync(model, step)
     served = engine.weight_version()
-    pushed = getattr(engine, "synced", None)
-    if served is None or served != pushed or served > step or step - served > max_off_policy_steps:
+    if served is None or served != engine.synced or served > step or step - served > max_off_policy_steps:
         return engine.sync(model, step)
     return 0.0
 

@@ -13,7 +13,8 @@ from dsv32.rl.engines.base import EngineOutput, turn_generator
 
 class InProcessEngine:
     """Samples with ``model`` itself: its weights are always the trainer's, so :meth:`sync` only
-    records the version."""
+    records the version (see :class:`~dsv32.rl.engines.base.RolloutEngine` for what
+    ``shares_weights`` allows)."""
 
     name = "in_process"
     shares_weights = True
@@ -21,6 +22,10 @@ class InProcessEngine:
     def __init__(self, model: torch.nn.Module, version: int = 0) -> None:
         self.model = model
         self.version = version
+        self.synced: int | None = None
+
+    def connect(self) -> None:
+        pass
 
     def generate(
         self,
@@ -67,7 +72,7 @@ class InProcessEngine:
     def sync(self, model: torch.nn.Module, version: int) -> float:
         if model is not self.model:
             raise ValueError("the in-process engine samples with the trainer's model itself")
-        self.version = version
+        self.version = self.synced = version
         return 0.0
 
     def weight_version(self) -> int:

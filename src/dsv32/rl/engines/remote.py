@@ -1,6 +1,7 @@
 """A rollout engine in another process, over HTTP: ``dsv32 serve`` or vLLM.
 
-Wire format (``POST {url}/inference/v1/generate``, vLLM's token-in/token-out endpoint)::
+Wire format (``POST {url}/inference/v1/generate``, vLLM's token-in/token-out endpoint), typed once in
+:mod:`dsv32.engine.wire` for this client and ``dsv32 serve`` alike::
 
     {"model": ..., "token_ids": [...], "stream": false,
      "sampling_params": {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids",
@@ -11,7 +12,9 @@ Wire format (``POST {url}/inference/v1/generate``, vLLM's token-in/token-out end
 
 vLLM's replies differ in two places, both read here: ``routed_experts`` is a base64 ``.npy`` array,
 and the version is per choice, ``weight_versions: [{"version", "start", "end"}]`` spans (the oldest
-counts). A version that is not a step number counts as none.
+counts). A version that is not a step number counts as none. A reply that does not fit the model is
+an :class:`~dsv32.rl.engines.base.EngineError` naming the fields that are wrong, and a request the
+engine would refuse (a temperature above 2, say) is one before it is sent.
 
 With ``api="dsv32"`` one request carries the whole batch (``token_ids`` a list of prompts, with
 ``pad_token_id``): ``dsv32 serve`` runs it as one :func:`dsv32.engine.generate` call seeded with
@@ -22,83 +25,89 @@ engine samples (its ``routed_experts`` cover the batch's padded layout, as in pr
 ``sampling_mask`` and ``routed_experts`` are optional in a reply: without them the batch has no kept
 sets / routing (the trainer then applies no Keep Sampling Mask / Keep Routing and says so once).
 
-Weights (:meth:`RemoteEngine.sync`) go by file or, to ``dsv32 serve``, over a process group
-(:class:`~dsv32.rl.engines.weight_sync.CollectiveWeightSync`); to vLLM by file, reloaded in place
-through its dev-mode ``/collective_rpc`` (:meth:`RemoteEngine._sync_vllm`). By file: the trainer writes them (:mod:`.weight_sync`) where
-the engine can read them and calls ``POST /update_weights {"path", "weight_version"}``; the engine
-pauses, loads, resumes and reports ``GET /weight_info → {"weight_version"}``, which is checked.
+Weights (:meth:`RemoteEngine.sync`) go through the engine's
+:class:`~dsv32.rl.engines.weight_sync.WeightSync`: by file, or, to ``dsv32 serve``, over a process
+group (:class:`~dsv32.rl.engines.weight_sync.CollectiveWeightSync`); to vLLM by file, reloaded in
+place through its dev-mode ``/collective_rpc``. By file: the trainer writes them where the engine can
+read them and calls ``POST /update_weights {"path", "weight_version"}``; the engine pauses, loads,
+resumes and reports ``GET /weight_info → {"weight_version"}``, which is checked.
+
+Constructing a :class:`RemoteEngine` sends nothing: :meth:`RemoteEngine.connect` (or the first
+:meth:`~RemoteEngine.generate` or :meth:`~RemoteEngine.weight_version`) asks ``GET /v1/models`` for
+the model it serves, and an engine that cannot be reached is an ``EngineError`` naming that request.
 """
 
 from __future__ import annotations
 
-import json
+import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any
 
 import torch
 
+from dsv32.engine.prefix import PrefixCache
+from dsv32.engine.wire import (
+    GenerateChoice,
+    GenerateParams,
+    GenerateRequest,
+    GenerateResponse,
+    ModelList,
+    WeightInfo,
+    as_version,
+)
 from dsv32.rl.engines.base import SEED_MOD, EngineError, EngineOutput, turn_seed
-from dsv32.rl.engines.weight_sync import CollectiveWeightSync, FileWeightSync
+from dsv32.rl.engines.http import EngineClient, wire_body
+from dsv32.rl.engines.weight_sync import WeightSync
 
 
 class RemoteEngine:
     """Samples over HTTP from the server at ``url`` (its root, e.g. ``http://127.0.0.1:8000``).
-    ``sync``: the :class:`FileWeightSync` weights are written with (None: :meth:`sync` is refused)."""
+    ``api``: ``"dsv32"`` (one batched request per call) or ``"vllm"`` (one request per row);
+    ``sync``: the :class:`~dsv32.rl.engines.weight_sync.WeightSync` that pushes weights (None:
+    :meth:`sync` is refused); ``model``: the name to ask for (None: the first one ``/v1/models``
+    lists). Nothing is sent before :meth:`connect` or the first call."""
 
     name = "remote"
+    shares_weights = False
 
     def __init__(
         self,
         url: str,
         *,
         api: str = "dsv32",
-        sync: FileWeightSync | CollectiveWeightSync | None = None,
+        sync: WeightSync | None = None,
         timeout: float = 600.0,
         model: str | None = None,
         api_key: str | None = None,
     ) -> None:
-        if api not in ("dsv32", "vllm"):
-            raise EngineError(f"unknown engine api {api!r}; known: 'dsv32', 'vllm'")
-        self.url = url.rstrip("/")
-        if self.url.endswith("/v1"):
-            self.url = self.url[:-3]
-        self.api = api
-        self.weights = sync
-        self.timeout = timeout
-        self.api_key = api_key
-        self.model = model or self._served_model()
+        self.client = EngineClient(url, api=api, timeout=timeout, api_key=api_key)
+        self.weight_sync = sync
+        self.model = model
         self.synced: int | None = None  # the version this engine object last pushed
+        self._connected = False
+        self._connecting = threading.Lock()
 
-    # ------------------------------------------------------------------ HTTP
-    def _request(self, method: str, path: str, body: dict | None = None, timeout: float | None = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
-                text = resp.read().decode()
-        except urllib.error.HTTPError as err:
-            detail = err.read().decode(errors="replace")[:500]
-            raise EngineError(f"{method} {self.url}{path}: HTTP {err.code}: {detail}") from None
-        except (urllib.error.URLError, OSError) as err:  # refused, unreachable, timed out
-            raise EngineError(f"{method} {self.url}{path}: {getattr(err, 'reason', err)}") from None
-        try:
-            return json.loads(text) if text else {}
-        except json.JSONDecodeError:
-            raise EngineError(f"{method} {self.url}{path}: the reply is not JSON: {text[:200]!r}") from None
+    @property
+    def url(self) -> str:
+        return self.client.url
 
-    def _served_model(self) -> str:
-        cards = self._request("GET", "/v1/models", timeout=min(self.timeout, 30.0)).get("data") or []
-        if not cards:
-            raise EngineError(f"{self.url}/v1/models lists no model")
-        return cards[0]["id"]
+    @property
+    def api(self) -> str:
+        return self.client.api
+
+    def connect(self) -> None:
+        """Ask the engine which model it serves (``GET /v1/models``), once; the first one listed is
+        used unless a ``model`` was given. An engine that cannot be reached, or lists no model, is an
+        :class:`EngineError`."""
+        with self._connecting:
+            if self._connected:
+                return
+            reply = self.client.typed(ModelList, "GET", "/v1/models", timeout=min(self.client.timeout, 30.0))
+            if not reply.data:
+                raise EngineError(f"{self.url}/v1/models lists no model")
+            self.model = self.model or reply.data[0].id
+            self._connected = True
 
     # ------------------------------------------------------------------ the engine
     def generate(
@@ -111,98 +120,76 @@ class RemoteEngine:
         top_k: int,
         eos: list[int],
         pad: int,
-        generator: torch.Generator | None,
+        generator: torch.Generator | Sequence[torch.Generator] | None,
         turn: int,
         return_kept: bool,
         return_routing: bool,
+        prefix: PrefixCache | None = None,
     ) -> EngineOutput:
-        seed = turn_seed(generator, turn)
-        params = {
-            "max_tokens": max_new_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
-            "top_k": top_k if top_k > 0 else -1,
-            "stop_token_ids": list(eos),
-            "logprobs": 0,
-            "return_sampling_mask": return_kept,
-            "return_routed_experts": return_routing,
-        }
+        if prefix is not None:
+            raise EngineError(
+                "a prefix cache needs an engine that samples with the trainer's model (shares_weights); "
+                "a remote engine keeps its own caches"
+            )
+        seed = turn_seed(_one_generator(generator), turn)
+        self.connect()
+        params = dict(
+            max_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k if top_k > 0 else -1,
+            stop_token_ids=list(eos),
+            logprobs=0,
+            return_sampling_mask=return_kept,
+            return_routed_experts=return_routing,
+        )
         if self.api == "dsv32":
-            body = self._body(list(map(list, prompts)), params | {"seed": seed}) | {"pad_token_id": pad}
-            reply = self._request("POST", "/inference/v1/generate", body)
-            choices = reply.get("choices") or []
-            versions = [_version(reply.get("weight_version"))] * len(prompts)
+            body = self._body([list(p) for p in prompts], params, seed, pad_token_id=pad)
+            reply = self.client.typed(GenerateResponse, "POST", "/inference/v1/generate", body)
+            choices: list[GenerateChoice | None] = list(reply.choices)
+            versions = [as_version(reply.weight_version)] * len(prompts)
         else:
+            bodies = [
+                self._body(list(p), params, None if seed is None else (seed + i) % SEED_MOD)
+                for i, p in enumerate(prompts)
+            ]
 
-            def one(i: int) -> dict:
-                row_seed = None if seed is None else (seed + i) % SEED_MOD
-                return self._request(
-                    "POST", "/inference/v1/generate", self._body(prompts[i], params | {"seed": row_seed})
-                )
+            def one(body: GenerateRequest) -> GenerateResponse:
+                return self.client.typed(GenerateResponse, "POST", "/inference/v1/generate", body)
 
             with ThreadPoolExecutor(min(16, max(1, len(prompts)))) as pool:
-                replies = list(pool.map(one, range(len(prompts))))
-            choices = [(r.get("choices") or [None])[0] for r in replies]
-            versions = [_choice_version(c, r.get("weight_version")) for c, r in zip(choices, replies)]
+                replies = list(pool.map(one, bodies))
+            choices = [r.choices[0] if r.choices else None for r in replies]
+            versions = [_choice_version(c, r.weight_version) for c, r in zip(choices, replies)]
         if len(choices) != len(prompts) or any(c is None for c in choices):
             raise EngineError(f"the engine returned {len(choices)} choices for {len(prompts)} prompts")
         return _output(prompts, choices, versions, return_kept, return_routing, self.api == "dsv32")
 
-    def _body(self, token_ids: list, params: dict) -> dict:
-        return {"model": self.model, "token_ids": token_ids, "sampling_params": params, "stream": False}
+    def _body(self, token_ids: list, params: dict, seed: int | None, **extra) -> GenerateRequest:
+        sampling = wire_body(GenerateParams, **params, seed=seed)
+        return wire_body(
+            GenerateRequest,
+            model=self.model,
+            token_ids=token_ids,
+            sampling_params=sampling,
+            stream=False,
+            **extra,
+        )
 
     def weight_version(self) -> int | None:
         """The version the engine reports (None: none yet, or one that is not a step number)."""
-        return _version(self._request("GET", "/weight_info").get("weight_version"))
+        self.connect()
+        return as_version(self.client.typed(WeightInfo, "GET", "/weight_info").weight_version)
 
     def sync(self, model: torch.nn.Module, version: int) -> float:
-        """Write ``model``'s weights as ``version``, have the engine load them, and check the version it
-        then reports; returns the seconds the whole sync took."""
-        if self.weights is None:
-            raise EngineError("this remote engine has no weight sync: give it a FileWeightSync")
-        t = time.perf_counter()
-        if self.api == "vllm" and isinstance(self.weights, FileWeightSync):
-            return self._sync_vllm(model, version, t)
-        if isinstance(self.weights, CollectiveWeightSync):
-            if self.api != "dsv32":
-                raise EngineError(
-                    "the collective weight sync speaks dsv32 serve's /init_weight_transfer_engine; a vLLM "
-                    "engine is not driven by it (see docs/rl.md, 'Scaling out')"
-                )
-            self.weights.push(self, model, version)
-            return self._confirm(version, t)
-        path, _ = self.weights.write(model, version)
-        reply = self._request(
-            "POST", "/update_weights", {"path": str(Path(path).resolve()), "weight_version": version}
-        )
-        if reply.get("weight_version") != version:
+        """Push ``model``'s weights as ``version`` with this engine's weight sync, and check the
+        version the engine then reports; returns the seconds the whole sync took."""
+        if self.weight_sync is None:
             raise EngineError(
-                f"weight sync to {self.url}: pushed version {version}, the engine answered {reply}"
+                "this remote engine has no weight sync: give it a FileWeightSync or a CollectiveWeightSync"
             )
-        self.weights.prune()
-        return self._confirm(version, t)
-
-    def _sync_vllm(self, model: torch.nn.Module, version: int, t: float) -> float:
-        """vLLM (its dev mode, ``VLLM_SERVER_DEV_MODE=1``): the weights written as a checkpoint
-        directory of one safetensors file, then — generation paused, running requests let finish —
-        every worker reloads them in place from it (``/collective_rpc`` ``reload_weights`` with
-        ``weights_path``), the version is set (``/update_weight_version``) and generation resumes;
-        ``/weight_info`` must then report the version."""
-        folder, _ = self.weights.write_checkpoint(model, version)
-        self.pause("wait")
-        try:
-            self._request(
-                "POST",
-                "/collective_rpc",
-                {"method": "reload_weights", "kwargs": {"weights_path": str(folder.resolve())}},
-            )
-            self._request("POST", "/update_weight_version", {"new_version": str(version)})
-        finally:
-            self.resume()
-        self.weights.prune()
-        return self._confirm(version, t)
-
-    def _confirm(self, version: int, t: float) -> float:
+        t = time.perf_counter()
+        self.weight_sync.push(self.client, model, version)
         served = self.weight_version()
         if served != version:
             raise EngineError(
@@ -211,68 +198,74 @@ class RemoteEngine:
         self.synced = version
         return time.perf_counter() - t
 
-    def pause(self, mode: str = "wait") -> None:
-        self._request("POST", f"/pause?mode={mode}")
-
-    def resume(self) -> None:
-        self._request("POST", "/resume")
-
     def close(self) -> None:
         pass
 
 
-def _version(v) -> int | None:
-    """A reported weight version as the trainer's step number; None when absent or not a number."""
-    try:
-        return None if v is None else int(v)
-    except (TypeError, ValueError):
-        return None
+def _one_generator(generator: torch.Generator | Sequence[torch.Generator] | None) -> torch.Generator | None:
+    """The one generator of a call: an engine in another process receives one seed per request."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return generator
+    distinct = {id(g): g for g in generator}
+    if len(distinct) != 1:
+        raise EngineError(
+            f"a remote engine samples one call with one generator, got {len(distinct)}: split the rows "
+            "with split_calls (one call per generator)"
+        )
+    return next(iter(distinct.values()))
 
 
-def _choice_version(choice: dict | None, default) -> int | None:
+def _choice_version(choice: GenerateChoice | None, default: int | str | None) -> int | None:
     """vLLM reports ``weight_versions`` spans per choice (``[{"version", "start", "end"}]``, tokens
     ``[start, end)`` sampled by ``version``): the oldest counts. Else the reply's ``weight_version``."""
-    spans = (choice or {}).get("weight_versions")
+    spans = choice.weight_versions if choice is not None else None
     if spans:
-        found = [_version(span.get("version")) for span in spans]
+        found = [as_version(span.version) for span in spans]
         return None if None in found else min(found)
-    return _version(default)
+    return as_version(default)
 
 
-def _experts(value) -> torch.Tensor:
-    """``routed_experts`` as nested lists, or vLLM's base64 ``.npy`` bytes → ``[positions, layers, k]``."""
-    if isinstance(value, str):
-        import base64
-        import io
+def _experts(value: list | str) -> torch.Tensor:
+    """``routed_experts`` as nested lists, or vLLM's base64 ``.npy`` bytes → ``[positions, layers, k]``;
+    anything else is an :class:`EngineError`."""
+    try:
+        if isinstance(value, str):
+            import base64
+            import io
 
-        import numpy as np
+            import numpy as np
 
-        value = np.load(io.BytesIO(base64.b64decode(value)), allow_pickle=False).astype(np.int64)
-    return torch.as_tensor(value, dtype=torch.long)
+            value = np.load(io.BytesIO(base64.b64decode(value)), allow_pickle=False).astype(np.int64)
+        experts = torch.as_tensor(value, dtype=torch.long)
+    except (ValueError, TypeError, RuntimeError, OSError) as err:
+        raise EngineError(f"the engine's routed_experts cannot be read: {err}") from None
+    if experts.numel() and experts.dim() != 3:
+        raise EngineError(
+            f"the engine's routed_experts have shape {list(experts.shape)}, not [positions, layers, k]"
+        )
+    return experts
 
 
-def _logprobs(choice: dict, n: int) -> list[float]:
-    lp = choice.get("logprobs")
-    if isinstance(lp, dict):
-        lp = [e["logprob"] for e in lp.get("content") or []]
-    if not isinstance(lp, list) or len(lp) != n:
+def _output(
+    prompts,
+    choices: list[GenerateChoice],
+    versions,
+    return_kept: bool,
+    return_routing: bool,
+    batch_layout: bool,
+) -> EngineOutput:
+    tokens = [list(c.token_ids) for c in choices]
+    logprobs = [c.sampling_logprobs() for c in choices]
+    if any(lp is None for lp in logprobs):
         raise EngineError(
             "the engine returned no sampling log-probs for every generated token (ask for logprobs=0; "
             "a vLLM server needs --max-logprobs >= 0)"
         )
-    return [float(x) for x in lp]
-
-
-def _output(
-    prompts, choices, versions, return_kept: bool, return_routing: bool, batch_layout: bool
-) -> EngineOutput:
-    tokens = [list(map(int, c.get("token_ids") or [])) for c in choices]
-    logprobs = [_logprobs(c, len(t)) for c, t in zip(choices, tokens)]
     kept = None
-    if return_kept and all(c.get("sampling_mask") is not None for c in choices):
+    if return_kept and all(c.sampling_mask is not None for c in choices):
         kept = []
         for c, t in zip(choices, tokens):
-            sets = c["sampling_mask"]
+            sets = c.sampling_mask
             if len(sets) != len(t):
                 raise EngineError(f"the engine returned {len(sets)} kept sets for {len(t)} tokens")
             K = max((len(s) for s in sets), default=1)
@@ -281,8 +274,8 @@ def _output(
                 k[j, : len(s)] = torch.tensor(s, dtype=torch.int32)
             kept.append(k)
     routing = None
-    if return_routing and all(c.get("routed_experts") is not None for c in choices):
-        routing = _routing(prompts, tokens, [c["routed_experts"] for c in choices], batch_layout)
+    if return_routing and all(c.routed_experts is not None for c in choices):
+        routing = _routing(prompts, tokens, [c.routed_experts for c in choices], batch_layout)
     # rows sampled across a sync (one request per row): the oldest version counts
     version = None if any(v is None for v in versions) else min(versions)
     return EngineOutput(tokens=tokens, logprobs=logprobs, kept=kept, routing=routing, weight_version=version)

@@ -35,7 +35,7 @@ from dsv32.engine import weight_transfer
 from dsv32.engine.weight_files import save_weights, weights_file
 from dsv32.engine.wire import InitTransferRequest, TransferState, UpdateWeightsRequest, WeightInfo
 from dsv32.rl.engines.base import EngineError
-from dsv32.rl.engines.http import EngineClient
+from dsv32.rl.engines.http import EngineClient, wire_body
 
 
 class WeightSync(Protocol):
@@ -66,7 +66,7 @@ class FileWeightSync:
             self._push_vllm(client, model, version)
         else:
             path, _ = self.write(model, version)
-            body = UpdateWeightsRequest(path=str(Path(path).resolve()), weight_version=version)
+            body = wire_body(UpdateWeightsRequest, path=str(Path(path).resolve()), weight_version=version)
             reply = client.request("POST", "/update_weights", body)
             if reply.get("weight_version") != version:
                 raise EngineError(
@@ -127,6 +127,8 @@ class CollectiveWeightSync:
             raise EngineError(
                 f"unknown transfer backend {backend!r}; known: {list(weight_transfer.BACKENDS)}"
             )
+        if not 0 < timeout <= 600:
+            raise EngineError(f"the weight transfer timeout must be in (0, 600] seconds, got {timeout:g}")
         self.backend, self.timeout = backend, timeout
         self.group = None
 
@@ -137,11 +139,11 @@ class CollectiveWeightSync:
         host = _address_towards(client.url)
         port = _free_port(host)
         answer: dict = {}
+        body = wire_body(
+            InitTransferRequest, master_address=host, master_port=port, backend=backend, timeout=self.timeout
+        )
 
         def ask() -> None:
-            body = InitTransferRequest(
-                master_address=host, master_port=port, backend=backend, timeout=self.timeout
-            )
             try:
                 answer["reply"] = client.request(
                     "POST", "/init_weight_transfer_engine", body, timeout=self.timeout + 10
@@ -174,7 +176,9 @@ class CollectiveWeightSync:
         state = model.state_dict()
         if self.group is None:
             self.connect(client, next(iter(state.values())).device)
-        announce = UpdateWeightsRequest(weight_version=version, **weight_transfer.tensor_specs(state))
+        announce = wire_body(
+            UpdateWeightsRequest, weight_version=version, **weight_transfer.tensor_specs(state)
+        )
         client.request("POST", "/update_weights", announce)  # a refusal (keys, shapes): nothing is sent
         try:
             weight_transfer.send(self.group, state, self.timeout)
