@@ -13,10 +13,24 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "dsv32"
 # `errors`, `jsonl`, `paths`, `recipe`, `runlog` and `training_guard` may be imported by anything.
 LAYERS = {
     "cli": {
+        "posttrain",
         "train",
         "rl",
         "synth",
         "serve",
+        "eval",
+        "agent",
+        "engine",
+        "envs",
+        "model",
+        "dsa",
+        "chat",
+        "distributed",
+    },
+    "posttrain": {
+        "train",
+        "rl",
+        "synth",
         "eval",
         "agent",
         "engine",

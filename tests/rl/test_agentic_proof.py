@@ -14,8 +14,17 @@ pytest.importorskip("transformers")
 
 from dsv32.agent.trajectory import Step, ToolRecord, Trajectory
 from dsv32.cli import main
-from dsv32.cli.posttrain_recipe import read_posttrain_recipe, refuse_shared
 from dsv32.envs.base import EnvError, Environment, EnvSpec, Reward, Task, register, tool_call, tool_schema
+from dsv32.posttrain.recipe import read_posttrain_recipe, refuse_shared
+from dsv32.posttrain.report import (
+    STAGES,
+    first_tasks,
+    paired_change,
+    report_dict,
+    report_markdown,
+    rl_curve,
+    wilson,
+)
 from dsv32.recipe import RecipeError
 from dsv32.rl.agentic.episodes import (
     AgenticReward,
@@ -26,15 +35,6 @@ from dsv32.rl.agentic.episodes import (
     rows_to_rollouts,
 )
 from dsv32.rl.grpo.rollout import SamplingConfig
-from dsv32.rl.posttrain_report import (
-    STAGES,
-    first_tasks,
-    paired_change,
-    report_dict,
-    report_markdown,
-    rl_curve,
-    wilson,
-)
 from dsv32.runlog import read_metrics
 
 KEYS = {f"{m}_{s}" for m in ("accuracy", "tool_call_valid", "interval") for s in STAGES} | {

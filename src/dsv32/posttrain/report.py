@@ -41,6 +41,15 @@ def machine() -> dict[str, Any]:
     }
 
 
+def peak_memory_mb() -> float:
+    """This process's peak resident memory (the kernels and sandboxes are other processes)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)
+
+
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """The Wilson score interval of a binomial proportion (95 % for ``z`` = 1.96): unlike the normal
     approximation it stays inside [0, 1] and is not empty at 0 or n successes."""
