@@ -4,16 +4,17 @@ process, file weight sync with the served version checked, stale samples refused
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 
-from remote_helpers import serve_subprocess
-from rl_helpers import jsonl_recipe
+from helpers.remote import serve_subprocess
+from helpers.rl import LETTER_TASKS, LetterReward, jsonl_recipe
+from helpers.tolerances import ON_POLICY
 
-from dsv32.rl.grpo.config import GRPOConfig
 from dsv32.rl.engines import (
     CollectiveWeightSync,
     EngineError,
@@ -24,23 +25,13 @@ from dsv32.rl.engines import (
     check_staleness,
     prepare_engine,
 )
+from dsv32.rl.engines.base import turn_seed
+from dsv32.rl.grpo.build import make_optimizer
+from dsv32.rl.grpo.config import GRPOConfig
 from dsv32.rl.grpo.policy import load_policy
-from dsv32.rl.grpo.rewards import RewardResult
 from dsv32.rl.grpo.rollout import SamplingConfig, rollout
-from dsv32.rl.grpo.tasks import Task
-from dsv32.rl.grpo.trainer import build_tasks, grpo_step, make_optimizer
+from dsv32.rl.grpo.single_turn import SingleTurnTrainer
 from dsv32.rl.grpo.update import grpo_update
-
-PROMPTS = ["ab", "xyz", "hello", "q"]
-
-
-class LetterReward:
-    def score_many(self, samples, max_workers=1):
-        out = []
-        for s in samples:
-            share = sum("a" <= ch <= "z" for ch in s.completion[:8]) / 8
-            out.append(RewardResult(total=share, components={"letter": share}, correct=share >= 0.5))
-        return out
 
 
 @pytest.fixture(scope="module")
@@ -74,17 +65,13 @@ def _recipe(tmp_path, **over):
         "sampling.top_p=0.9",
         "eval.problems=0",
     ]
-    rows = [{"prompt": p, "domain": "toy"} for p in PROMPTS]
+    rows = [{"prompt": t.prompt, "domain": "toy"} for t in LETTER_TASKS]
     return jsonl_recipe(tmp_path, rows, [*sets, *[f"{k}={v}" for k, v in over.items()]])
 
 
 def _two_steps(policy, cfg, engine):
-    tasks = build_tasks(cfg)
-    optimizer = make_optimizer(policy, cfg.grpo)
-    records = [
-        grpo_step(policy, None, optimizer, tasks, LetterReward(), cfg, cfg.grpo, s, None, engine=engine)
-        for s in range(2)
-    ]
+    trainer = SingleTurnTrainer(cfg, policy=policy, reward_fn=LetterReward(), engine=engine, progress=False)
+    records = [trainer.step(s) for s in range(2)]
     return records, policy.model.state_dict()
 
 
@@ -101,7 +88,7 @@ def test_a_grpo_step_with_dsv32_serve_as_engine_equals_the_in_process_step(nativ
     assert [p.name for p in (tmp_path / "weights").iterdir()] == ["weights-v000001.safetensors"]
     for ref, got in zip(ref_records, records):
         # on-policy: the engine sampled with the trainer's weights
-        assert got["first_update_abs_log_ratio"] <= 1e-4
+        assert got["first_update_abs_log_ratio"] <= ON_POLICY
         same = {k: v for k, v in ref.items() if isinstance(v, float) and not k.endswith("_s")}
         assert {k: got[k] for k in same} == pytest.approx(same, abs=1e-5)
     assert ref_records[0]["length_mean"] > 0
@@ -118,7 +105,7 @@ def test_the_remote_batch_carries_kept_sets_and_routing_as_in_process(native_ser
     policy = _perturbed("tiny-native", seed=2)
     engine = RemoteEngine(native_server, sync=FileWeightSync(tmp_path))
     engine.sync(policy.model, 7)
-    tasks = [Task(id=f"t{i}", domain="toy", prompt=p) for i, p in enumerate(PROMPTS)]
+    tasks = LETTER_TASKS
     params = SamplingConfig(temperature=0.8, top_p=0.7, top_k=20, max_new_tokens=8)
 
     def batch(e):
@@ -163,7 +150,7 @@ def test_a_stale_sample_is_refused_or_with_staleness_allowed_masked_by_opsm(nati
     with torch.no_grad():
         for p in policy.model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    tasks = [Task(id=f"t{i}", domain="toy", prompt=p) for i, p in enumerate(PROMPTS)]
+    tasks = LETTER_TASKS
     params = SamplingConfig(temperature=1.0, max_new_tokens=6)
     batch = rollout(policy, tasks, 2, params, generator=torch.Generator().manual_seed(0), engine=engine)
     assert batch.weight_versions == [0] * 8
@@ -201,16 +188,18 @@ def test_the_trainer_logs_staleness_when_the_recipe_allows_it(native_server, tmp
     assert records[1]["staleness_max"] == 1 and engine.weight_version() == 0
 
 
-def test_an_unreachable_engine_is_a_clear_error():
+def test_an_unreachable_engine_is_a_clear_error_at_connect_not_at_construction():
     from dsv32.serve import free_port
 
-    with pytest.raises(EngineError, match="/v1/models"):
-        RemoteEngine(f"http://127.0.0.1:{free_port()}", timeout=5)
+    engine = RemoteEngine(f"http://127.0.0.1:{free_port()}", timeout=5)  # sends nothing
+    for first_use in (engine.connect, engine.weight_version):
+        with pytest.raises(EngineError, match=r"GET http://127\.0\.0\.1:\d+/v1/models: .*refused"):
+            first_use()
 
 
 def test_engine_settings_are_checked_and_nccl_sync_needs_cuda(tmp_path):
-    from dsv32.rl.grpo.config import RLConfigError, load_rl_config
     from dsv32.rl.engines import build_engine
+    from dsv32.rl.grpo.config import RLConfigError, load_rl_config
 
     cfg = load_rl_config(None, ["engine.kind=remote", "engine.url=http://127.0.0.1:1", "engine.sync=nccl"])
     assert cfg.engine.url == "http://127.0.0.1:1"
@@ -229,6 +218,7 @@ def test_vllm_shaped_replies_are_read_versions_from_spans_routing_from_base64():
 
     import numpy as np
 
+    from dsv32.engine.wire import GenerateChoice
     from dsv32.rl.engines.remote import _choice_version, _output
 
     experts = np.arange(2 * 3 * 1, dtype=np.uint16).reshape(3, 2, 1)  # 2 prompt + 2 generated − 1 positions
@@ -241,10 +231,15 @@ def test_vllm_shaped_replies_are_read_versions_from_spans_routing_from_base64():
         "sampling_mask": None,
         "weight_versions": [{"version": "4", "start": 0, "end": 1}, {"version": "3", "start": 1, "end": 2}],
     }
-    assert _choice_version(choice, None) == 3  # a row sampled across a sync: its oldest version
-    assert _choice_version({"weight_versions": [{"version": "policy-a", "start": 0, "end": 2}]}, 7) is None
-    assert _choice_version({}, "7") == 7
-    out = _output([[1, 2, 3], [1, 2]], [choice | {"token_ids": [5, 6]}, choice], [3, 3], True, True, False)
+
+    def typed(c: dict) -> GenerateChoice:
+        return GenerateChoice.model_validate(c)
+
+    assert _choice_version(typed(choice), None) == 3  # a row sampled across a sync: its oldest version
+    spans = [{"version": "policy-a", "start": 0, "end": 2}]
+    assert _choice_version(typed({"token_ids": [], "weight_versions": spans}), 7) is None
+    assert _choice_version(typed({"token_ids": []}), "7") == 7
+    out = _output([[1, 2, 3], [1, 2]], [typed(choice), typed(choice)], [3, 3], True, True, False)
     assert out.kept is None  # no sampling mask returned: none is made up
     assert out.logprobs == [[-0.5, -1.5], [-0.5, -1.5]] and out.weight_version == 3
     assert out.routing.shape == (2, 2, 4, 1)  # [layers, B, P + N − 1, k]
@@ -253,8 +248,160 @@ def test_vllm_shaped_replies_are_read_versions_from_spans_routing_from_base64():
     )  # the shorter prompt is left-padded
 
 
+# ------------------------------------------------------------------ the wire format, without a server
+class FakeEngine:
+    """Answers a :class:`RemoteEngine`'s client in place of a server, and keeps what was sent."""
+
+    def __init__(self, generate_reply: dict | None = None) -> None:
+        self.sent: list[tuple[str, str, dict | None]] = []
+        self.generate_reply = generate_reply
+
+    def __call__(self, method, path, body=None, timeout=None):
+        if hasattr(body, "model_dump"):
+            body = body.model_dump(exclude_unset=True)
+        self.sent.append((method, path, body))
+        if path == "/v1/models":
+            return {"object": "list", "data": [{"id": "served", "object": "model"}]}
+        if path == "/weight_info":
+            return {"weight_version": 3, "path": None, "model": "served", "transfer": None}
+        assert self.generate_reply is not None, f"nothing should reach {path}"
+        return self.generate_reply
+
+
+def _fake_remote(reply: dict | None, **kw) -> tuple[RemoteEngine, FakeEngine]:
+    engine = RemoteEngine("http://127.0.0.1:1", **kw)
+    engine.client.request = fake = FakeEngine(reply)
+    return engine, fake
+
+
+GEN = dict(max_new_tokens=3, temperature=0.7, top_p=0.9, top_k=0, eos=[2], pad=0, turn=1)
+GEN |= dict(return_kept=True, return_routing=False)
+REPLY = {
+    "id": "gen-1",
+    "object": "generate",
+    "model": "served",
+    "choices": [
+        {
+            "index": i,
+            "token_ids": [5, 2],
+            "logprobs": {"content": [{"token_id": 5, "logprob": -0.5}, {"token_id": 2, "logprob": -1.0}]},
+            "finish_reason": "stop",
+            "sampling_mask": [[5, 6], [2]],
+            "routed_experts": None,
+        }
+        for i in range(2)
+    ],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 4},
+    "weight_version": 3,
+    "pad_token_id": 0,
+}
+
+
+def test_the_remote_engine_sends_the_wire_format_and_reads_the_reply_typed():
+    engine, fake = _fake_remote(REPLY)
+    g = torch.Generator().manual_seed(7)
+    out = engine.generate([[1, 2], [3]], generator=g, **GEN)
+    assert [p for _, p, _ in fake.sent] == ["/v1/models", "/inference/v1/generate"]
+    sent = fake.sent[1][2]
+    expected = {
+        "model": "served",
+        "token_ids": [[1, 2], [3]],
+        "sampling_params": {
+            "max_tokens": 3,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "top_k": -1,
+            "stop_token_ids": [2],
+            "logprobs": 0,
+            "return_sampling_mask": True,
+            "return_routed_experts": False,
+            "seed": turn_seed(g, 1),
+        },
+        "stream": False,
+        "pad_token_id": 0,
+    }
+    assert json.dumps(sent) == json.dumps(expected)  # key for key, in order
+    assert out.tokens == [[5, 2], [5, 2]] and out.logprobs == [[-0.5, -1.0]] * 2
+    assert out.kept[0].tolist() == [[5, 6], [2, -1]] and out.weight_version == 3
+    vllm, fake = _fake_remote(REPLY, api="vllm", model="served")
+    vllm.generate([[1, 2], [3]], generator=g, **GEN)
+    bodies = [b for _, p, b in fake.sent if p == "/inference/v1/generate"]
+    assert [b["token_ids"] for b in bodies] == [[1, 2], [3]] and all("pad_token_id" not in b for b in bodies)
+    assert [b["sampling_params"]["seed"] for b in bodies] == [turn_seed(g, 1), turn_seed(g, 1) + 1]
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda r: r.pop("choices"), r"choices: Field required"),
+        (
+            lambda r: r["choices"][1]["token_ids"].__setitem__(1, "2"),
+            r"choices\[1\]\.token_ids\[1\]: .*integer",
+        ),
+        (
+            lambda r: r["choices"][0].update(logprobs={"content": [{"token_id": 5}]}),
+            r"logprob: Field required",
+        ),
+        (lambda r: r["choices"][0].update(logprobs=None), "no sampling log-probs"),
+        (lambda r: r["choices"][0].update(sampling_mask=[[5]]), "1 kept sets for 2 tokens"),
+        (lambda r: r.update(weight_version=[3]), r"weight_version"),
+        (lambda r: r["choices"].pop(), "1 choices for 2 prompts"),
+    ],
+)
+def test_a_malformed_engine_reply_is_an_engine_error_naming_what_is_wrong(change, needle):
+    reply = copy.deepcopy(REPLY)
+    change(reply)
+    engine, _ = _fake_remote(reply)
+    with pytest.raises(EngineError, match=needle):
+        engine.generate([[1, 2], [3]], generator=None, **GEN)
+
+
+def test_malformed_routed_experts_are_an_engine_error():
+    reply = copy.deepcopy(REPLY)
+    for c in reply["choices"]:
+        c["routed_experts"] = "not base64 npy"
+    engine, _ = _fake_remote(reply)
+    with pytest.raises(EngineError, match="routed_experts cannot be read"):
+        engine.generate([[1, 2], [3]], generator=None, **(GEN | {"return_routing": True}))
+
+
+def test_a_request_the_engine_would_refuse_is_an_engine_error_before_it_is_sent():
+    engine, fake = _fake_remote(None)
+    with pytest.raises(EngineError, match=r"sampling_params.*temperature|temperature.*2"):
+        engine.generate([[1, 2]], generator=None, **(GEN | {"temperature": 3.0}))
+    with pytest.raises(EngineError, match="prefix cache"):
+        engine.generate([[1, 2]], generator=None, prefix=object(), **GEN)
+    per_row = [torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)]
+    with pytest.raises(EngineError, match="split_calls"):
+        engine.generate([[1, 2], [3]], generator=per_row, **GEN)
+    assert [p for _, p, _ in fake.sent] == ["/v1/models"]
+
+
+def test_every_engine_declares_the_protocols_capabilities_and_keywords():
+    import inspect
+
+    from dsv32.rl.engines import RolloutEngine, WeightSync, split_calls
+
+    engines = [InProcessEngine(torch.nn.Linear(1, 1)), RemoteEngine("http://127.0.0.1:1")]
+    protocol = list(inspect.signature(RolloutEngine.generate).parameters)[1:]  # without self
+    for engine in engines:
+        assert isinstance(engine.name, str) and isinstance(engine.shares_weights, bool)
+        assert engine.synced is None
+        for method in ("connect", "generate", "sync", "weight_version", "close"):
+            assert callable(getattr(engine, method))
+        assert list(inspect.signature(engine.generate).parameters) == protocol
+    assert [e.shares_weights for e in engines] == [True, False]
+    push = list(inspect.signature(WeightSync.push).parameters)[1:]
+    for sync in (FileWeightSync("unused"), CollectiveWeightSync()):
+        assert list(inspect.signature(sync.push).parameters) == push and isinstance(sync.name, str)
+    # rows with their own generators: one call where the engine shares the trainer's model
+    gens = [torch.Generator(), torch.Generator()]
+    assert len(split_calls(engines[0], [0, 1], gens)) == 1
+    assert len(split_calls(engines[1], [0, 1], gens)) == 2
+
+
 def test_dsv32_rl_train_with_a_remote_engine_syncs_as_the_recipe_allows(native_server, tmp_path):
-    from dsv32.rl.grpo.trainer import train_grpo
+    from dsv32.rl.grpo.single_turn import train_grpo
 
     cfg = _recipe(
         tmp_path,
@@ -282,7 +429,7 @@ def test_a_new_run_syncs_even_when_the_engine_serves_its_version_number(native_s
 
 # ------------------------------------------------------------------ collective weight sync (gloo here)
 def _sample(policy, engine):
-    tasks = [Task(id=f"t{i}", domain="toy", prompt=p) for i, p in enumerate(PROMPTS)]
+    tasks = LETTER_TASKS
     params = SamplingConfig(temperature=1.0, top_p=0.9, max_new_tokens=6)
     g = torch.Generator().manual_seed(9)
     return rollout(policy, tasks, 2, params, generator=g, keep_routing=True, engine=engine)
@@ -298,7 +445,7 @@ def test_a_collective_sync_gives_the_engine_the_trainers_weights(native_server, 
     sync = CollectiveWeightSync(timeout=20)
     engine = RemoteEngine(native_server, sync=sync)
     assert engine.sync(policy.model, 4) > 0
-    info = engine._request("GET", "/weight_info")
+    info = engine.client.request("GET", "/weight_info")
     assert info["weight_version"] == 4 and info["transfer"] == {
         "backend": "gloo",
         "receiving": False,
@@ -326,10 +473,10 @@ def test_a_collective_sync_with_the_wrong_tensors_is_refused_and_the_weights_kep
     name = specs["names"][0]
     bad = dict(specs, shapes=[[s[0] + 1, *s[1:]] if i == 0 else s for i, s in enumerate(specs["shapes"])])
     with pytest.raises(EngineError, match=rf"HTTP 400.*{name}: shape"):
-        engine._request("POST", "/update_weights", {"weight_version": 3, **bad})
+        engine.client.request("POST", "/update_weights", {"weight_version": 3, **bad})
     missing = {k: v[1:] for k, v in specs.items()}
     with pytest.raises(EngineError, match=rf"HTTP 400.*missing \['{name}'\]"):
-        engine._request("POST", "/update_weights", {"weight_version": 3, **missing})
+        engine.client.request("POST", "/update_weights", {"weight_version": 3, **missing})
     assert engine.weight_version() == 2
     _same_samples(before, _sample(policy, engine))
 
@@ -344,21 +491,21 @@ def test_a_transfer_whose_sender_is_gone_times_out_keeping_the_weights(native_se
     engine.sync(policy.model, 6)
     before = _sample(policy, engine)
     # announced, then never sent: the engine's receive gives up after the group's timeout
-    engine._request(
+    engine.client.request(
         "POST", "/update_weights", {"weight_version": 7, **tensor_specs(policy.model.state_dict())}
     )
     t = time.monotonic()
-    while (info := engine._request("GET", "/weight_info"))["transfer"]["receiving"]:
+    while (info := engine.client.request("GET", "/weight_info"))["transfer"]["receiving"]:
         assert time.monotonic() - t < 15
         time.sleep(0.1)
     assert "Timed out" in info["transfer"]["error"] and info["weight_version"] == 6
     assert info["transfer"]["backend"] is None  # the group is closed
     _same_samples(before, _sample(policy, engine))
     with pytest.raises(EngineError, match="no weight transfer group"):
-        engine._request(
+        engine.client.request(
             "POST", "/update_weights", {"weight_version": 7, **tensor_specs(policy.model.state_dict())}
         )
-    engine.weights.group = None  # the trainer's end forms a new group on its next sync
+    engine.weight_sync.group = None  # the trainer's end forms a new group on its next sync
     engine.sync(policy.model, 7)
     assert engine.weight_version() == 7
 
@@ -374,7 +521,7 @@ def test_a_collective_sync_to_an_engine_that_is_gone_fails_within_its_timeout():
     with serve_subprocess("tiny-native") as url:
         engine = RemoteEngine(url, sync=sync)
         engine.sync(policy.model, 0)
-        engine._request("POST", "/update_weights", {"weight_version": 1, **tensor_specs(state)})
+        engine.client.request("POST", "/update_weights", {"weight_version": 1, **tensor_specs(state)})
     t = time.monotonic()  # the engine accepted the transfer, then its process ended
     with pytest.raises(TransferError, match="sending"):
         send(sync.group, state, 3)
@@ -384,8 +531,8 @@ def test_a_collective_sync_to_an_engine_that_is_gone_fails_within_its_timeout():
 
 
 def test_the_recipe_chooses_the_collective_sync_and_nccl_needs_cuda(tmp_path):
-    from dsv32.rl.grpo.config import load_rl_config
     from dsv32.rl.engines.weight_sync import weight_sync
+    from dsv32.rl.grpo.config import load_rl_config
 
     cfg = load_rl_config(
         None, ["engine.kind=remote", "engine.url=http://127.0.0.1:1", "engine.sync=collective"]
@@ -393,7 +540,7 @@ def test_the_recipe_chooses_the_collective_sync_and_nccl_needs_cuda(tmp_path):
     assert isinstance(weight_sync(cfg.engine.sync, tmp_path), CollectiveWeightSync)
     with pytest.raises(EngineError, match=r"nccl.*needs the trainer's weights on CUDA"):
         weight_sync("nccl", tmp_path, device="cpu")
-    vllm = RemoteEngine.__new__(RemoteEngine)  # no server needed: refused before any request
-    vllm.__dict__.update(api="vllm", weights=CollectiveWeightSync(), url="http://127.0.0.1:1")
+    # no server needed: refused before any request
+    vllm = RemoteEngine("http://127.0.0.1:1", api="vllm", sync=CollectiveWeightSync())
     with pytest.raises(EngineError, match="speaks dsv32 serve"):
         vllm.sync(torch.nn.Linear(1, 1), 0)
