@@ -89,7 +89,7 @@ class LockstepBatcher:
         self.live = episodes  # episodes that have not left yet
         self.pending: dict[int, list[int]] = {}  # episode → its pending prompt
         self.results: dict[int, StepRecord | BaseException] = {}
-        in_process = self.engine.name == "in_process" and not keep_routing
+        in_process = self.engine.shares_weights and not keep_routing
         self.prefix = PrefixCache() if reuse_prefix and in_process else None
 
     def leave(self) -> None:
@@ -166,7 +166,7 @@ class LockstepBatcher:
             turn=self.calls,
             return_routing=self.keep_routing,
             return_kept=truncates(s),
-            **({"prefix": self.prefix} if self.prefix is not None else {}),
+            prefix=self.prefix,
         )
 
     def _records(self, prompts: list[list[int]], out) -> list[StepRecord]:
