@@ -13,8 +13,11 @@ the layers, what each package owns and where each equation of the paper lives ar
                     sampling that records what RL needs (log-probs, kept sets, routing).
 - ``dsv32.envs``    verifiable environments for agents and the sandbox for model-written code.
 - ``dsv32.agent``   the thinking-with-tools loop, tools and backends; drives ``envs``.
-- ``dsv32.train``   DSA continued pre-training (dense warm-up, sparse stage, evaluation).
-- ``dsv32.rl``      stable GRPO (pure loss functions, rewards, rollouts, the training loop).
+- ``dsv32.train``   LM training: DSA continued pre-training (``train.dsa``: dense warm-up, sparse stage,
+                    evaluation) and supervised fine-tuning (``train.sft``).
+- ``dsv32.rl``      stable GRPO: the objective, rollouts and the one GRPO trainer (``rl.grpo``), agentic
+                    episodes (``rl.agentic``), rollout engines (``rl.engines``).
+- ``dsv32.posttrain`` the post-training pipeline: cold start, SFT, GRPO, evaluations and the report.
 - ``dsv32.synth``   agentic task and data synthesis.
 - ``dsv32.serve``   an OpenAI-compatible HTTP server over a local model.
 - ``dsv32.eval``    benchmarks, metrics and reports.
