@@ -46,7 +46,8 @@ from dsv32.jsonl import read_json, read_log
 logger = logging.getLogger(__name__)
 
 #: What a run writes besides its checkpoints; :meth:`StepCheckpoints.discard` removes these names only.
-RUN_OUTPUTS = ("metrics.jsonl", "eval.jsonl", "model", "config.json", "data.json", "stage.json")
+#: ``trackers``: the experiment trackers' files (:mod:`dsv32.trackers`).
+RUN_OUTPUTS = ("metrics.jsonl", "eval.jsonl", "model", "config.json", "data.json", "stage.json", "trackers")
 
 _START_OVER = "start over with --no-resume (this discards that run) or choose another --out"
 

@@ -10,7 +10,8 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src" / "dsv32"
 
 # Each package with the packages it may import (transitively downward). The leaf modules
-# `errors`, `jsonl`, `paths`, `recipe`, `runlog` and `training_guard` may be imported by anything.
+# `errors`, `jsonl`, `paths`, `recipe`, `runlog`, `trackers` and `training_guard` may be imported by
+# anything.
 LAYERS = {
     "cli": {
         "posttrain",
@@ -53,7 +54,7 @@ LAYERS = {
     "chat": set(),
     "distributed": set(),
 }
-LEAVES = {"errors", "jsonl", "paths", "recipe", "runlog", "training_guard"}
+LEAVES = {"errors", "jsonl", "paths", "recipe", "runlog", "trackers", "training_guard"}
 
 
 def _module_name(path: Path) -> str:

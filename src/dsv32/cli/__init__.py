@@ -68,6 +68,16 @@ def flag_overrides(args: argparse.Namespace, keys: dict[str, str]) -> list[str]:
     return [*args.set, *(f"{keys[flag]}={value}" for flag, value in given if value is not None)]
 
 
+def report_to_arg(p: argparse.ArgumentParser) -> None:
+    """``--report-to`` of a training command: the recipe's ``report_to`` (:mod:`dsv32.trackers`)."""
+    p.add_argument(
+        "--report-to",
+        metavar="TRACKERS",
+        help="mirror metrics.jsonl into tensorboard, wandb, mlflow, trackio (comma-separated) or none; "
+        "offline, under <out>/trackers/",
+    )
+
+
 def number_type(kind, test, allowed: str):
     def parse(text: str):
         try:

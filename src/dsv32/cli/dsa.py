@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dsv32.cli import command
+from dsv32.cli import command, report_to_arg
 
 
 def recipe_args(p: argparse.ArgumentParser) -> None:
@@ -53,6 +53,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         q.add_argument("--seq-len", type=int, help="tokens per sequence")
         q.add_argument("--topk", type=int, help="keys per query (DSA top-k)")
         if name != "eval":
+            report_to_arg(q)
             q.add_argument("--steps", type=int)
             q.add_argument("--lr", type=float)
             q.add_argument(
@@ -64,6 +65,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
     demo = sub.add_parser("demo", help="the main job: SmolLM2 → DSA → warm-up → sparse stage → eval report")
     recipe_args(demo)
+    report_to_arg(demo)
 
     def run_demo(args: argparse.Namespace) -> int:
         from dsv32.train.dsa.pipeline import config_from_cli, run_demo

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dsv32.cli import command, flag_overrides
+from dsv32.cli import command, flag_overrides, report_to_arg
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -21,7 +21,8 @@ def add(sub: argparse._SubParsersAction) -> None:
         from dsv32.rl import load_rl_config
         from dsv32.rl.grpo.single_turn import run_eval, train_grpo
 
-        keys = {"policy": "policy.name", "steps": "grpo.steps", "out": "out_dir"}  # eval has no --steps
+        # eval has no --steps or --report-to
+        keys = {"policy": "policy.name", "steps": "grpo.steps", "out": "out_dir", "report_to": "report_to"}
         cfg = load_rl_config(args.config, flag_overrides(args, keys))
         if args.rl_cmd == "eval":
             run_eval(cfg, progress=not args.no_progress)
@@ -45,4 +46,5 @@ def add(sub: argparse._SubParsersAction) -> None:
         if name == "train":
             q.add_argument("--steps", type=int)
             q.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
+            report_to_arg(q)
         command(q, run)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dsv32.cli import command, flag_overrides, positive_int
+from dsv32.cli import command, flag_overrides, positive_int, report_to_arg
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -21,12 +21,13 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     p.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
     p.add_argument("--no-progress", action="store_true")
+    report_to_arg(p)
 
     def run(args: argparse.Namespace) -> int:
         from dsv32.train.sft import load_sft_config, train_sft
 
         keys = {"data": "data.path", "eval_data": "data.eval_path", "model": "model.name", "steps": "train.steps",
-                "out": "out_dir"}  # fmt: skip
+                "out": "out_dir", "report_to": "report_to"}  # fmt: skip
         cfg = load_sft_config(args.config, flag_overrides(args, keys))
         from dsv32.distributed import is_main
 

@@ -113,7 +113,7 @@ def check_world(cfg: RLConfig, w: distributed.World) -> None:
 #: Fields that do not change what is trained: they may differ when a run is resumed (``grpo.steps``
 #: may grow; it is checked on its own). ``""``: the top level.
 BOOKKEEPING = {
-    "": ("out_dir", "save_every", "log_every"),
+    "": ("out_dir", "save_every", "log_every", "report_to"),
     "policy": ("device",),
     "grpo": ("steps", "max_skipped_updates"),
     "eval": ("every", "batch_size"),

@@ -26,6 +26,7 @@ from dsv32.recipe import (
     read_recipe,
 )
 from dsv32.rl.grpo.rollout import SamplingConfig
+from dsv32.trackers import REPORT_TO
 
 
 class RLConfigError(RecipeError):
@@ -245,6 +246,8 @@ class RLConfig:
     seed: int = 0
     save_every: int = 0
     log_every: int = 1
+    #: experiment trackers: "none" or a comma-separated list of tensorboard, wandb, mlflow, trackio
+    report_to: str = "none"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -258,7 +261,8 @@ _SECTIONS = {
     "engine": EngineConfig,
     "ray": RayConfig,
 }
-TOP_KEYS = ("out_dir", "seed", "save_every", "log_every", "sources", "rewards")  # beside the sections
+_SCALARS = ("out_dir", "seed", "save_every", "log_every", "report_to")
+TOP_KEYS = (*_SCALARS, "sources", "rewards")  # beside the sections
 
 
 @dataclass
@@ -269,12 +273,14 @@ class _TopLevel(Checked, error=RLConfigError):
         "out_dir": OUT_DIR,
         "save_every": NON_NEGATIVE,
         "log_every": at_least(1),
+        "report_to": REPORT_TO,
     }
 
     out_dir: str = "runs/rl"
     seed: int = 0
     save_every: int = 0
     log_every: int = 1
+    report_to: str = "none"
 
 
 def _build(cls, data: Any, where: str):
@@ -306,7 +312,7 @@ def rl_config_from_dict(data: dict[str, Any], extra: tuple[str, ...] = (), where
     rewards = data.get("rewards", {})
     if not isinstance(rewards, dict) or not all(isinstance(v, dict) for v in rewards.values()):
         raise RLConfigError("[rewards] must be a table of per-domain tables")
-    scalars = {k: data[k] for k in ("out_dir", "seed", "save_every", "log_every") if k in data}
+    scalars = {k: data[k] for k in _SCALARS if k in data}
     kwargs |= check_fields(
         _TopLevel, {**dataclasses.asdict(_TopLevel()), **scalars}, "top level", RLConfigError
     )

@@ -54,7 +54,8 @@ from dsv32.rl.grpo.metrics import StepSamples, step_record
 from dsv32.rl.grpo.policy import Policy
 from dsv32.rl.grpo.rewards.setup import judge_counts
 from dsv32.rl.grpo.update import check_finite_policy, grpo_update, rl_guard
-from dsv32.runlog import RUN_OUTPUTS, append_metrics, read_metrics, truncate_metrics, write_json
+from dsv32.runlog import RUN_OUTPUTS, read_metrics, truncate_metrics, write_json
+from dsv32.trackers import Trackers, open_trackers, require
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,8 @@ class GRPOTrainer:
         self.out = Path(rl.out_dir)
         self.world = distributed.setup()
         self.check_world(self.world)  # before anything loads
+        require(rl.report_to)  # a tracker that is not installed stops the run before the model loads
+        self.trackers = Trackers()  # opened by fit
         torch.manual_seed(rl.seed)
         self.prepare()
         self.policy = policy or self.load_policy()
@@ -122,6 +125,7 @@ class GRPOTrainer:
         self.guard = rl_guard(self.grpo.max_skipped_updates)
         self.owns_engine = engine is None
         self.engine = engine if engine is not None else build_engine(rl.engine, self.sampler.model, self.out)
+        self.engine.connect()  # an unreachable engine fails here, before the first step
 
     # ------------------------------------------------------------------ what a kind of run provides
     def check_world(self, w: distributed.World) -> None:
@@ -206,7 +210,7 @@ class GRPOTrainer:
         res = self.held_out() or {}
         res |= {"step": step, "seconds": round(time.time() - t, 1)}
         if distributed.is_main():
-            append_metrics(path, res)
+            self.trackers.append(path, res, prefix="eval/")
             if self.progress:
                 shown = {k: res[k] for k in ("accuracy", "reward", "tool_call_valid") if k in res}
                 logger.info(
@@ -238,16 +242,27 @@ class GRPOTrainer:
         ckpts = distributed.ShardedCheckpoints(self.out, keep=1, run=self.identity())
         step, logged = self._begin(ckpts, resume, result)
         eval_path = self.out / "eval.jsonl"
-        if not step and evaluate_before and evaluates:
-            result.eval_before = self.evaluate(0, eval_path)
+        self.trackers = open_trackers(
+            self.rl.report_to,
+            self.out,
+            config=self.recipe.to_dict(),
+            name=self.desc,
+            main=self.world.main,
+            resumed_step=step,
+        )
         steps = self.rl.grpo.steps
         last = steps if stop_after is None else min(steps, stop_after)
-        start = time.time()
-        step = self._loop(ckpts, step, last, logged, result, on_step, start)
-        result.steps, result.seconds = step, time.time() - start
-        if result.steps >= steps:
-            if evaluates and evaluate_after:
+        try:
+            if not step and evaluate_before and evaluates:
+                result.eval_before = self.evaluate(0, eval_path)
+            start = time.time()
+            step = self._loop(ckpts, step, last, logged, result, on_step, start)
+            result.steps, result.seconds = step, time.time() - start
+            if result.steps >= steps and evaluates and evaluate_after:
                 result.eval_after = logged.get(result.steps) or self.evaluate(result.steps, eval_path)
+        finally:
+            self.trackers.close()
+        if result.steps >= steps:
             self._save_model(self.out / "model")
             result.model_dir = self.out / "model"
         if self.world.main:
@@ -306,7 +321,7 @@ class GRPOTrainer:
                 record["world_size"] = w.size
                 logs = step % self.rl.log_every == 0 or step == last or record.get("skipped_updates")
                 if logs and w.main:
-                    append_metrics(self.out / "metrics.jsonl", record)
+                    self.trackers.append(self.out / "metrics.jsonl", record)
                 result.metrics.append(record)
                 if on_step is not None:
                     on_step(record)

@@ -35,6 +35,7 @@ from dsv32.recipe import (
     one_of,
     read_recipe,
 )
+from dsv32.trackers import REPORT_TO
 
 STAGES = ("warmup", "sparse")
 #: Largest stage seed: the trainer derives torch generator seeds from it (``seed · 1000033 + …``),
@@ -216,8 +217,11 @@ class EvalConfig(Checked, error=TrainConfigError):
 
 
 @dataclass
-class RunConfig:
-    """A whole recipe: model, DSA shape, data, the two stages, evaluation, and the output folder."""
+class RunConfig(Checked, error=TrainConfigError):
+    """A whole recipe: model, DSA shape, data, the two stages, evaluation, the output folder and the
+    experiment trackers."""
+
+    RANGES: ClassVar[dict[str, Rule]] = {"report_to": REPORT_TO}
 
     model: ModelSpec = field(default_factory=ModelSpec)
     dsa: DSAConfig = field(default_factory=DSAConfig)
@@ -226,6 +230,9 @@ class RunConfig:
     sparse: StageConfig = field(default_factory=lambda: StageConfig(stage="sparse", weight_decay=0.1))
     eval: EvalConfig = field(default_factory=EvalConfig)
     out_dir: str = "runs/dsa"
+    #: experiment trackers of the training stages: "none" or a comma-separated list of tensorboard,
+    #: wandb, mlflow, trackio (:mod:`dsv32.trackers`)
+    report_to: str = "none"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -237,7 +244,7 @@ def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
     base = RunConfig().to_dict()
     sections = {"model": ModelSpec, "dsa": DSAConfig, "data": DataConfig, "warmup": StageConfig}
     sections |= {"sparse": StageConfig, "eval": EvalConfig}
-    check_sections(data, [*sections, "out_dir"], TrainConfigError)
+    check_sections(data, [*sections, "out_dir", "report_to"], TrainConfigError)
     kwargs: dict[str, Any] = {}
     for name, cls in sections.items():
         given = data.get(name, {})
@@ -254,7 +261,11 @@ def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
         raise TrainConfigError(f"out_dir = {out_dir!r}: must be a non-empty string (a directory)")
     if not OUT_DIR.ok(out_dir):
         raise TrainConfigError(f"out_dir = {out_dir!r}: must be {OUT_DIR.allowed}: {OUT_DIR.why(out_dir)}")
-    return RunConfig(**kwargs, out_dir=out_dir)
+    report_to = data.get("report_to", base["report_to"])
+    if not REPORT_TO.ok(report_to):
+        why = REPORT_TO.why(report_to)
+        raise TrainConfigError(f"report_to = {report_to!r}: must be {REPORT_TO.allowed} ({why})")
+    return RunConfig(**kwargs, out_dir=out_dir, report_to=report_to)
 
 
 def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:

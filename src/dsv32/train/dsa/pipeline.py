@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from dsv32 import distributed
+from dsv32.trackers import require
 from dsv32.train.dsa.config import RunConfig, StageConfig, TrainConfigError
 from dsv32.train.dsa.data import Document, TokenData, list_documents, load_token_data
 from dsv32.train.dsa.models import DSAModel, load_dsa_model
@@ -115,6 +116,7 @@ def run_stage(
     # under torchrun: join the process group (and pick this rank's GPU) before the model loads; a
     # step that does not split over the ranks fails on every rank before anything is read
     distributed.rank_share(stage_cfg.grad_accum, stage_cfg.batch_size, distributed.setup())
+    require(cfg.report_to)  # a tracker that is not installed stops the run before the model loads
     docs = list_documents(cfg.data)
     dm = load_dsa_model(cfg.model, cfg.dsa)
     check_lengths(cfg, dm)
@@ -123,7 +125,10 @@ def run_stage(
         "%s: %s, %d train sequences of %d tokens from %r", stage, dm.source, data.train_sequences().shape[0],
         data.seq_len, data.source,
     )  # fmt: skip
-    return train_stage(dm, data, stage_cfg, out, progress=progress, resume=resume, run=run_identity(cfg))
+    return train_stage(
+        dm, data, stage_cfg, out, progress=progress, resume=resume, run=run_identity(cfg),
+        report_to=cfg.report_to, config=cfg.to_dict(),
+    )  # fmt: skip
 
 
 def run_eval(cfg: RunConfig, out_dir: str | Path | None = None, progress: bool = True) -> dict:
@@ -159,6 +164,7 @@ def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
 
     distributed.require_one_process("dsv32 demo")  # runs both stages on one model in one process
     cfg = cfg or demo_config()
+    require(cfg.report_to)
     out = Path(cfg.out_dir)
     timings: dict[str, float] = {}
     t = time.time()
@@ -178,8 +184,9 @@ def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
 
     t = time.time()
     warm = train_stage(
-        dm, data, cfg.warmup, out / "warmup", resume=False, progress=progress, run=run_identity(cfg)
-    )
+        dm, data, cfg.warmup, out / "warmup", resume=False, progress=progress, run=run_identity(cfg),
+        report_to=cfg.report_to, config=cfg.to_dict(),
+    )  # fmt: skip
     timings["warmup"] = time.time() - t
     t = time.time()
     points = evaluate_dsa(
@@ -195,8 +202,9 @@ def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
 
     t = time.time()
     sparse = train_stage(
-        dm, data, cfg.sparse, out / "sparse", resume=False, progress=progress, run=run_identity(cfg)
-    )
+        dm, data, cfg.sparse, out / "sparse", resume=False, progress=progress, run=run_identity(cfg),
+        report_to=cfg.report_to, config=cfg.to_dict(),
+    )  # fmt: skip
     timings["sparse"] = time.time() - t
     t = time.time()
     head = points[0]
@@ -306,6 +314,8 @@ def config_from_cli(command: str, args: dict) -> tuple[RunConfig, Path | None]:
         for key in keys:
             section, name = key.split(".")
             data[section][name] = [value] if name in ("seq_lens", "topks") else value
+    if args.get("report_to") is not None:
+        data["report_to"] = args["report_to"]
     for item in args.get("set") or []:
         apply_override(data, item, TrainConfigError)
     for section in ("warmup", "sparse"):  # keep a stage's lr unset → the paper's default for its stage

@@ -43,10 +43,10 @@ from dsv32.runlog import (
     RUN_OUTPUTS,
     CheckpointError,
     OtherRunCheckpoint,
-    append_metrics,
     truncate_metrics,
     write_json,
 )
+from dsv32.trackers import open_trackers, require
 from dsv32.train.dsa.config import StageConfig, TrainConfigError
 from dsv32.train.dsa.data import TokenData, sequence_order
 from dsv32.train.dsa.models import DSAModel
@@ -188,19 +188,24 @@ def train_stage(
     stop_after: int | None = None,
     save_model: bool = True,
     run: dict | None = None,
+    report_to: str = "none",
+    config: dict | None = None,
 ) -> StageResult:
     """Run one stage (``cfg.stage``) on ``dm`` in place. ``resume``: continue from the latest
     checkpoint in ``out_dir`` if it belongs to this run, else start over (discarding the previous
     run there); ``stop_after``: stop (with a checkpoint) after that step, as if the run were
     interrupted; ``save_model``: write ``out_dir/model`` at the end; ``run``: what else determines
     the run (model, DSA and data settings as recipe sections; default: the model's and the data's
-    names), compared with a checkpoint's before resuming from it (:mod:`dsv32.runlog`). Nothing is
-    written before every check has passed."""
+    names), compared with a checkpoint's before resuming from it (:mod:`dsv32.runlog`);
+    ``report_to``: experiment trackers that mirror ``metrics.jsonl`` (:mod:`dsv32.trackers`), with
+    ``config`` (default: the stage's settings) logged once. Nothing is written before every check
+    has passed."""
     from tqdm.auto import tqdm
 
     from dsv32.train.dsa.plot import plot_metrics
 
     out = Path(out_dir)
+    require(report_to)
     w = distributed.setup()
     shares = distributed.rank_share(cfg.grad_accum, cfg.batch_size, w)
     if cfg.stage == "warmup":
@@ -257,6 +262,10 @@ def train_stage(
         desc=f"dsa {cfg.stage}",
         disable=not (progress and w.main),
         dynamic_ncols=True,
+    )
+    config = config or {"model": dm.source, cfg.stage: asdict(cfg)}
+    trackers = open_trackers(
+        report_to, out, config=config, name=f"dsa-{cfg.stage}", main=w.main, resumed_step=step
     )
     try:
         while step < last:
@@ -317,7 +326,7 @@ def train_stage(
             if step % cfg.log_every == 0 or step == last or not applied:
                 record["layer_loss"] = [round(layer_sums[i], 5) for i in sorted(layer_sums)]
                 if w.main:
-                    append_metrics(metrics_path, record)
+                    trackers.append(metrics_path, record)
             records.append(record)
             postfix = {"L_I": f"{record['loss_indexer']:.4f}"}
             if "loss_lm" in record:
@@ -329,6 +338,7 @@ def train_stage(
                 ckpts.save(step, dm.model, optimizer, stage=cfg.stage, skipped_streak=guard.streak)
     finally:
         bar.close()
+        trackers.close()
         _restore(dm)
     result = StageResult(cfg.stage, out, step, time.time() - start, records)
     if w.main:

@@ -1,5 +1,5 @@
-"""The ``dsv32 sft`` recipe: ``[model]``, ``[data]``, ``[train]`` and ``out_dir``, every field type- and
-range-checked (:mod:`dsv32.recipe`)."""
+"""The ``dsv32 sft`` recipe: ``[model]``, ``[data]``, ``[train]``, ``out_dir`` and ``report_to``, every
+field type- and range-checked (:mod:`dsv32.recipe`)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from dsv32.recipe import (
     one_of,
     read_recipe,
 )
+from dsv32.trackers import REPORT_TO
 
 
 class SFTConfigError(RecipeError):
@@ -122,6 +123,8 @@ class SFTConfig:
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     train: SFTTrainConfig = field(default_factory=SFTTrainConfig)
     out_dir: str = "runs/sft"
+    #: experiment trackers: "none" or a comma-separated list of tensorboard, wandb, mlflow, trackio
+    report_to: str = "none"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -129,17 +132,19 @@ class SFTConfig:
 
 @dataclass
 class _TopLevel(Checked, error=SFTConfigError):
-    RANGES: ClassVar[dict[str, Rule]] = {"out_dir": OUT_DIR}
+    RANGES: ClassVar[dict[str, Rule]] = {"out_dir": OUT_DIR, "report_to": REPORT_TO}
     out_dir: str = "runs/sft"
+    report_to: str = "none"
 
 
 _SECTIONS = {"model": SFTModelConfig, "data": SFTDataConfig, "train": SFTTrainConfig}
+_TOP_KEYS = ("out_dir", "report_to")
 
 
 def sft_config_from_dict(data: dict[str, Any], where: str = "") -> SFTConfig:
     """Nested dicts (TOML) → :class:`SFTConfig`, every field checked (:mod:`dsv32.recipe`); ``where``:
     the table that holds it when another recipe embeds it (``sft`` of the post-training recipe)."""
-    check_sections(data, [*_SECTIONS, "out_dir"], SFTConfigError, where)
+    check_sections(data, [*_SECTIONS, *_TOP_KEYS], SFTConfigError, where)
     base = SFTConfig().to_dict()
     kwargs = {}
     for name, cls in _SECTIONS.items():
@@ -147,9 +152,7 @@ def sft_config_from_dict(data: dict[str, Any], where: str = "") -> SFTConfig:
         if not isinstance(given, dict):
             raise SFTConfigError(f"[{name}] must be a table")
         kwargs[name] = build_section(cls, {**base[name], **given}, name, error=SFTConfigError)
-    top = check_fields(
-        _TopLevel, {"out_dir": data.get("out_dir", base["out_dir"])}, "top level", SFTConfigError
-    )
+    top = check_fields(_TopLevel, {k: data.get(k, base[k]) for k in _TOP_KEYS}, "top level", SFTConfigError)
     return SFTConfig(**kwargs, **top)
 
 

@@ -37,12 +37,12 @@ import torch
 from dsv32 import distributed
 from dsv32.runlog import (
     RUN_OUTPUTS,
-    append_metrics,
     file_digest,
     read_metrics,
     truncate_metrics,
     write_json,
 )
+from dsv32.trackers import open_trackers, require
 from dsv32.train.schedule import warmup_cosine
 from dsv32.train.sft.config import SFTConfig, SFTConfigError, SFTTrainConfig
 from dsv32.train.sft.data import IGNORE, Example, collate, encode_file, make_rows
@@ -205,6 +205,7 @@ def train_sft(
     from dsv32.train.sft.plot import plot_sft
 
     tc = cfg.train
+    require(cfg.report_to)  # a tracker that is not installed stops the run before the model loads
     w = distributed.setup()
     distributed.rank_share(tc.grad_accum, tc.batch_size, w)  # a step that does not split fails here
     torch.manual_seed(tc.seed)
@@ -246,6 +247,9 @@ def train_sft(
     start = time.time()
     bar = tqdm(total=total, initial=step, desc="sft", disable=not (progress and w.main), dynamic_ncols=True)
     sm.model.train()
+    trackers = open_trackers(
+        cfg.report_to, out, config=cfg.to_dict(), name="sft", main=w.main, resumed_step=step
+    )
     try:
         while step < last:
             record = _step(sm, optimizer, examples, rows, cfg, step, total)
@@ -255,13 +259,14 @@ def train_sft(
             if held and ((tc.eval_every and step % tc.eval_every == 0) or step == total):
                 record["eval_loss"] = eval_loss(sm, held[0], held_rows, cfg)
             if w.main and (step % tc.log_every == 0 or step == last or "eval_loss" in record):
-                append_metrics(metrics_path, record)
+                trackers.append(metrics_path, record)
             bar.set_postfix(loss=f"{record['loss']:.4f}")
             bar.update(1)
             if (tc.save_every and step % tc.save_every == 0) or step == last:
                 ckpts.save(step, sm.model, optimizer)
     finally:
         bar.close()
+        trackers.close()
         sm.model.eval()
     distributed.barrier()  # rank 0's metrics.jsonl is complete
     result = SFTResult(out, step, time.time() - start, data_info, read_metrics(metrics_path))
