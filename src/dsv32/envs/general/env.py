@@ -154,3 +154,17 @@ class GeneralToolEnv(Environment):
         if self.workdir is not None:
             sandbox.remove_tree(self.workdir)
             self.workdir = None
+
+
+class SynthGeneralEnv(GeneralToolEnv):
+    """The ``general-tools`` runtime under its own name for synthesized environments — the bundles of
+    ``dsv32 synth envs`` (programmatic) and ``dsv32 synth general`` (the LLM loop) — so an RL recipe
+    mixes them with the hand-written generators under a domain key of their own. It ships no task
+    set: a set is a directory the synthesizer wrote, and its tasks are that directory's JSONL files
+    (``tasks = "DIR/train.jsonl"``, ``eval_tasks = "DIR/heldout.jsonl"``)."""
+
+    name = "synth-general"
+    description = (
+        "synthesized general-agent environments (dsv32 synth envs / synth general bundles); tasks from "
+        "the set's JSONL files"
+    )
