@@ -1,11 +1,13 @@
 """``dsv32 synth general|search|filter``: agentic task synthesis (paper §3.2.3) at scale — concurrent
 episodes, resume after interruption (run the same command again), dedup, tokens and cost per kept
-task, provenance on every item. See docs/synth.md."""
+task, provenance on every item; ``dsv32 synth envs``: general-agent environments drawn from a domain
+vocabulary without a model, in the same bundle format. See docs/synth.md."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from dsv32.cli import command, positive_int
 
@@ -80,6 +82,38 @@ def run_filter(args: argparse.Namespace) -> int:
     return _print(summary, args.out)
 
 
+def run_envs(args: argparse.Namespace) -> int:
+    import sys
+    import time
+
+    from dsv32.synth.programmatic import cached_set, generate, sandbox_check, tasks_of
+    from dsv32.synth.records import SynthError
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    options = {"seed": args.seed, "tasks_per_env": args.tasks_per_env, "heldout": args.heldout_domain or None,
+               "heldout_fraction": args.heldout_fraction, "workers": args.workers, "progress": progress}  # fmt: skip
+    start = time.perf_counter()
+    if args.out is None:
+        out = cached_set(args.n, **options)
+    else:
+        out = args.out
+        generate(out, args.n, **options)
+    seconds = time.perf_counter() - start
+    manifest = json.loads((Path(out) / "manifest.json").read_text(encoding="utf-8"))
+    summary = {"out": str(Path(out).absolute()), "seconds": round(seconds, 1), **manifest["counts"],
+               "split": manifest["split"]}  # fmt: skip
+    if args.sandbox:
+        rows = [t.to_dict() for t in tasks_of(out)]
+        checked = sandbox_check(rows, args.sandbox, seed=args.seed)
+        summary["sandbox"] = {"checked": len(checked), "failed": [r for r in checked if not r["ok"]]}
+    print(json.dumps(summary, indent=1))
+    if args.sandbox and summary["sandbox"]["failed"]:
+        raise SynthError(f"{len(summary['sandbox']['failed'])} bundle(s) failed in the sandbox (see above)")
+    return 0
+
+
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "synth", help="synthesize agentic tasks (general environments, search QA) and filter by pass@k"
@@ -140,6 +174,26 @@ def add(sub: argparse._SubParsersAction) -> None:
         "--env-option", action="append", default=[], metavar="KEY=VALUE", help="environment argument"
     )
     f.add_argument("--seed", type=int, help="sample i uses seed + i")
+
+    e = ssub.add_parser(
+        "envs", help="general-agent environments drawn from a domain vocabulary (no model): db, tools, tasks"
+    )
+    e.add_argument("--n", type=positive_int, required=True, help="environments to write")
+    e.add_argument("--seed", type=int, default=0, help="the same seed gives byte-identical bundles")
+    e.add_argument("--out", help="output directory (default: the cache, reused when present)")
+    e.add_argument("--tasks-per-env", type=positive_int, default=2, help="tasks per environment (1-4)")
+    e.add_argument(
+        "--heldout-domain",
+        action="append",
+        metavar="DOMAIN",
+        help="hold out this domain (repeat; default: drawn)",
+    )
+    e.add_argument("--heldout-fraction", type=float, default=0.2, help="share of domains held out when drawn")
+    e.add_argument(
+        "--sandbox", type=int, default=10, metavar="K", help="also play K tasks in the sandbox (0: none)"
+    )
+    e.add_argument("--workers", type=positive_int, default=1, help="processes writing and checking bundles")
+    command(e, run_envs)
 
     for q, run in ((g, run_general), (s, run_search), (f, run_filter)):
         q.add_argument("--out", required=True, help="output directory (run again to resume)")
