@@ -15,6 +15,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "dsv32"
 LAYERS = {
     "cli": {
         "posttrain",
+        "interop",
         "train",
         "rl",
         "synth",
@@ -46,6 +47,7 @@ LAYERS = {
     "synth": {"agent", "engine", "envs", "model", "dsa", "chat"},
     "serve": {"agent", "engine", "envs", "model", "dsa", "chat"},
     "eval": {"agent", "engine", "envs", "model", "dsa", "chat"},
+    "interop": {"agent", "engine", "envs", "model", "dsa", "chat"},
     "agent": {"engine", "envs", "model", "dsa", "chat"},
     "engine": {"model", "dsa", "chat"},
     "envs": {"model", "dsa", "chat"},

@@ -1,4 +1,4 @@
-"""``dsv32 envs list|show|run|build-swe``: the verifiable environments and their task sets.
+"""``dsv32 envs list|show|run|serve|build-swe``: the verifiable environments and their task sets.
 
 ``run`` plays tasks of an environment with a backend through :func:`dsv32.agent.run_episode` and
 prints one line per task, then the summary as JSON; with ``--out DIR`` it writes ``summary.json``,
@@ -9,6 +9,10 @@ through the same tools and verifier: every shipped environment must score 1.0), 
 (``--base-url``, ``--model``) and ``local CKPT`` (``--backend local smollm2``, a native V3.2
 checkpoint or a Hugging Face model directory). ``--parallel K`` runs K episodes at once, each with
 its own environment (the local backend runs one at a time: it holds one model).
+
+``serve`` puts an environment behind OpenEnv's HTTP/WebSocket protocol
+(:func:`dsv32.interop.openenv.build_app`; extra ``openenv``): one sandboxed environment per
+WebSocket session, at most ``--max-sessions`` at once, on ``--host`` (127.0.0.1 by default).
 
 ``build-swe`` mines code-repository tasks from a PyPI package's sdist
 (:func:`dsv32.envs.swe.build_swe_tasks`) into a JSONL file that ``run swe --tasks FILE`` plays.
@@ -174,6 +178,38 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _options(pairs: list[str]) -> dict:
+    """``KEY=VALUE`` pairs as factory keywords; a VALUE that is JSON is read as JSON, else as text."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise EnvsCliError(f"--option {pair!r}: expected KEY=VALUE, e.g. --option cell_timeout_s=10")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from dsv32.interop.openenv import build_app, serve
+
+    app = build_app(
+        args.name, tasks=args.tasks, max_sessions=args.max_sessions, options=_options(args.option),
+        session_timeout_s=args.session_timeout,
+    )  # fmt: skip
+    catalog = app.state.catalog
+    print(
+        f"serving {args.name} ({len(catalog.tasks)} tasks of {catalog.task_set}) over OpenEnv on "
+        f"http://{args.host}:{args.port} (WebSocket sessions at /ws, at most {args.max_sessions}; schemas at "
+        "/schema, docs at /docs)",
+        flush=True,
+    )
+    serve(app, args.host, args.port)
+    return 0
+
+
 def _build_swe(args: argparse.Namespace) -> int:
     from dsv32.envs.swe import build_swe_tasks
 
@@ -216,6 +252,22 @@ def add(sub: argparse._SubParsersAction) -> None:
         "--max-new-tokens", type=positive_int, default=512, help="openai/local: tokens per reply"
     )
     command(run, _run)
+    srv = esub.add_parser("serve", help="serve an environment over OpenEnv's HTTP/WebSocket protocol")
+    srv.add_argument("name")
+    srv.add_argument("--port", type=positive_int, default=8000, help="port to listen on (default 8000)")
+    srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    srv.add_argument(
+        "--max-sessions", type=positive_int, default=4, help="WebSocket sessions at once (default 4)"
+    )
+    srv.add_argument("--tasks", help="a task set name or a JSONL file (default: the first set)")
+    srv.add_argument(
+        "--session-timeout", type=float, help="close a session idle this many seconds (default: never)"
+    )
+    srv.add_argument(
+        "--option", action="append", default=[], metavar="KEY=VALUE",
+        help="an option of the environment (repeatable; VALUE read as JSON when it is JSON)",
+    )  # fmt: skip
+    command(srv, _serve)
     build = esub.add_parser("build-swe", help="mine code-repository tasks from a PyPI package's sdist")
     build.add_argument("--package", required=True, help="NAME==VERSION, e.g. inflection==0.5.1")
     build.add_argument("--n", type=positive_int, default=50, help="tasks to keep at most (default 50)")
