@@ -39,7 +39,7 @@ CASES += [
      "unknown sections ['colour']; accepted: agentic, engine, envs, eval, grpo, log_every, out_dir, policy, ray, "
      "report_to, rewards, sampling, save_every, seed, sources"),
     (["posttrain", "rl", "{shipped}", "--set", "colour=blue", "--out", "{out}"],
-     "unknown sections ['colour']; accepted: out_dir, rl, rl_model, sft, tasks, transfer"),
+     "unknown sections ['colour']; accepted: out_dir, report_to, rl, rl_model, sft, tasks, transfer"),
     (["posttrain", "rl", "{shipped}", "--set", "rl.colour=blue", "--out", "{out}"],
      "unknown sections ['colour'] in [rl]; accepted: agentic, engine, envs, eval, grpo, log_every"),
     (["posttrain", "rl", "{shipped}", "--group-size", "1", "--out", "{out}"], "[grpo] group_size = 1"),
@@ -67,7 +67,7 @@ CASES += [
     (["posttrain", "proof", "--set", "sft.train.lr=0", "--out", "{out}"], "[train] lr = 0: must be > 0"),
     (["posttrain", "proof", "--set", "rl.grpo.group_size=1", "--out", "{out}"], "[grpo] group_size = 1"),
     (["posttrain", "proof", "--set", "colour=blue", "--out", "{out}"],
-     "unknown sections ['colour']; accepted: out_dir, rl, rl_model, sft, tasks, transfer"),
+     "unknown sections ['colour']; accepted: out_dir, report_to, rl, rl_model, sft, tasks, transfer"),
     (["posttrain", "proof", "--set", "rl.agentic.colour=blue", "--out", "{out}"], "unknown keys in [agentic]"),
     (["posttrain", "proof", "{tmp}/broken.toml", "--out", "{out}"], "is not valid TOML"),
 ]  # fmt: skip

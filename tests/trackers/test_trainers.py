@@ -163,7 +163,8 @@ def test_a_missing_tracker_stops_every_trainer_before_its_model_loads(tmp_path, 
 
 
 def test_the_training_commands_take_report_to(tmp_path, capsys, no_tensorboard):
-    for command in (["dsa", "warmup"], ["dsa", "sparse"], ["demo"], ["sft"], ["rl", "train"]):
+    commands = [["dsa", "warmup"], ["dsa", "sparse"], ["demo"], ["sft"], ["rl", "train"], ["posttrain", "rl"]]
+    for command in [*commands, ["posttrain", "proof"]]:
         with pytest.raises(SystemExit):
             main([*command, "--help"])
         assert "--report-to" in capsys.readouterr().out, command
@@ -174,3 +175,26 @@ def test_the_training_commands_take_report_to(tmp_path, capsys, no_tensorboard):
     assert "pip install 'dsv32[tensorboard]'" in capsys.readouterr().err
     assert main(["sft", "--report-to", "tensorbord", "--data", __file__, "--out", str(tmp_path / "sft")]) == 2
     assert "unknown 'tensorbord'" in capsys.readouterr().err
+
+
+def test_the_post_training_proof_mirrors_both_stages(tmp_path, capsys):
+    read.skip_unless_installed("tensorboard")
+    sets = ["sft.model.name=tiny-llama", "sft.train.freeze_layers=0", "sft.data.seq_len=1024", "sft.train.epochs=1",
+            "tasks.train=2", "tasks.heldout=2", "rl.grpo.steps=2", "rl.grpo.prompts_per_step=1", "rl.eval.every=1",
+            "rl.grpo.group_size=2", "rl.grpo.mini_batches=1", "rl.sampling.max_new_tokens=16"]  # fmt: skip
+    argv = ["posttrain", "proof", "--out", str(tmp_path / "p"), "--no-progress", "--report-to", "tensorboard"]
+    assert main([*argv, *[a for s in sets for a in ("--set", s)]]) == 0
+    for stage, logs in (("sft", None), ("rl", {"metrics.jsonl": "", "eval.jsonl": "eval/"})):
+        out = tmp_path / "p" / stage
+        want = read.expected(out, logs)
+        read.assert_same(read.tensorboard(out / "trackers" / "tensorboard"), want, rel=1e-6)
+    assert "eval/accuracy" in want
+
+
+def test_posttrain_rl_checks_its_tracker_before_the_policy_loads(tmp_path, capsys, no_tensorboard):
+    code = main(["posttrain", "rl", "--out", str(tmp_path / "rl"), "--report-to", "tensorboard"])
+    assert code == 2 and "pip install 'dsv32[tensorboard]'" in capsys.readouterr().err
+    assert not (tmp_path / "rl").exists()
+    code = main(["posttrain", "proof", "--out", str(tmp_path / "p"), "--report-to", "tensorboard"])
+    assert code == 2 and "tensorboard not installed" in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()

@@ -7,7 +7,7 @@ import argparse
 import json
 
 from dsv32.chat.templates import EPISODE_PROMPTS as PROMPTS
-from dsv32.cli import command, non_negative_int, positive_int
+from dsv32.cli import command, non_negative_int, positive_int, report_to_arg
 
 
 def add_cold_start(psub: argparse._SubParsersAction) -> None:
@@ -83,6 +83,7 @@ RL_FLAGS = {
     "prompts_per_step": "grpo.prompts_per_step",
     "group_size": "grpo.group_size",
     "eval_tasks": "agentic.eval_tasks",
+    "report_to": "report_to",
     "out": "out_dir",
 }
 
@@ -106,6 +107,7 @@ def add_rl(psub: argparse._SubParsersAction) -> None:
     q.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     q.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
     q.add_argument("--no-progress", action="store_true")
+    report_to_arg(q)
 
     def run(args: argparse.Namespace) -> int:
         from dsv32.posttrain.rl import run_rl
@@ -135,11 +137,13 @@ def add_proof(psub: argparse._SubParsersAction) -> None:
     q.add_argument("--out", help="output directory (default: the recipe's out_dir)")
     q.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     q.add_argument("--no-progress", action="store_true")
+    report_to_arg(q)
 
     def run(args: argparse.Namespace) -> int:
         from dsv32.posttrain.pipeline import run_proof
 
-        report = run_proof(args.config, args.set, args.out, progress=not args.no_progress)
+        sets = [*args.set, *([f"report_to={args.report_to}"] if args.report_to is not None else [])]
+        report = run_proof(args.config, sets, args.out, progress=not args.no_progress)
         print(json.dumps({k: v for k, v in report.items() if k != "details"}))
         return 0
 

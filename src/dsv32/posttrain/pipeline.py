@@ -36,6 +36,7 @@ from dsv32.rl.agentic.trainer import EnvItem, episode_settings
 from dsv32.rl.grpo.policy import Policy
 from dsv32.runlog import read_metrics
 from dsv32.synth.coldstart import ColdStartReport, build_coldstart
+from dsv32.trackers import require
 from dsv32.train.sft import train_sft
 from dsv32.train.sft.model import SFTModel, prepare_sft_model, vocab_matrices
 
@@ -47,6 +48,8 @@ def run_proof(config: str | None, overrides: list[str], out: str | None, progres
     """The proof run (``report.{json,md,png}`` under the recipe's ``out_dir``, or ``out``); returns the
     report. Every recipe section is checked before anything is loaded or written."""
     recipe = read_posttrain_recipe(config, overrides, out)
+    for report_to in recipe.trackers:  # the stages' trackers are installed, before the model loads
+        require(report_to)
     run = ProofRun.prepare(recipe, progress)
     run.evaluate("base")
     run.cold_start()

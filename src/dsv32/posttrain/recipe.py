@@ -13,7 +13,9 @@
   stage (report only);
 - ``out_dir``: the run's root: ``tasks_train.jsonl``, ``tasks_heldout.jsonl``,
   ``tasks_validation.jsonl``, ``tasks_rl.jsonl`` and ``tasks_rl_solved.jsonl`` (the proof's GRPO
-  pool, with ``rl_pool = "unsolved"``), ``sft/``, ``rl/``.
+  pool, with ``rl_pool = "unsolved"``), ``sft/``, ``rl/``;
+- ``report_to``: the experiment trackers of the SFT and GRPO stages (:mod:`dsv32.trackers`; each
+  stage writes under its own ``trackers/``), unless ``[sft]`` or ``[rl]`` names its own.
 
 The policy of ``[rl]`` is the SFT stage's output (``out_dir/sft/model``) unless ``rl.policy.name``
 names another.
@@ -34,15 +36,17 @@ from dsv32.recipe import (
     Rule,
     at_least,
     build_section,
+    check_fields,
     check_sections,
     each,
     in_range,
     one_of,
 )
 from dsv32.rl.agentic.config import AgenticConfig
+from dsv32.trackers import REPORT_TO
 from dsv32.train.sft.config import SFTConfig
 
-SECTIONS = ("out_dir", "tasks", "sft", "rl", "rl_model", "transfer")
+SECTIONS = ("out_dir", "report_to", "tasks", "sft", "rl", "rl_model", "transfer")
 TRAIN_FILE, HELDOUT_FILE, VALIDATION_FILE, RL_POOL_FILE = (
     "tasks_train.jsonl",
     "tasks_heldout.jsonl",
@@ -150,6 +154,15 @@ class ProofTransfer(Checked):
 
 
 @dataclass
+class ProofTop(Checked):
+    """The recipe's top-level ``report_to`` (checked like a section)."""
+
+    RANGES: ClassVar[dict] = {"report_to": REPORT_TO}
+
+    report_to: str = "none"
+
+
+@dataclass
 class PosttrainRecipe:
     path: str
     root: Path
@@ -158,6 +171,11 @@ class PosttrainRecipe:
     rl: AgenticConfig
     transfer: ProofTransfer | None = None
     rl_model: RLModel = field(default_factory=RLModel)
+
+    @property
+    def trackers(self) -> tuple[str, str]:
+        """The ``report_to`` of the SFT and the GRPO stage."""
+        return self.sft.report_to, self.rl.rl.report_to
 
     @property
     def train_file(self) -> Path:
@@ -264,11 +282,13 @@ def read_posttrain_recipe(
     check_sections(data, SECTIONS)
     root = Path(out or data.get("out_dir", "runs/posttrain"))
     tasks = build_section(ProofTasks, {**asdict(ProofTasks()), **data.get("tasks", {})}, "tasks")
-    sft_data = data.get("sft", {})
+    top = check_fields(ProofTop, {k: v for k, v in data.items() if k == "report_to"}, "top level")
+    report_to = top.get("report_to", ProofTop.report_to)
+    sft_data = {"report_to": report_to, **data.get("sft", {})}
     sft = sft_config_from_dict(
         {**sft_data, "out_dir": str(root / "sft"), "data": {**sft_data.get("data", {}), "path": path}}, "sft"
     )
-    rl_data = dict(data.get("rl", {}))
+    rl_data = {"report_to": report_to, **data.get("rl", {})}
     envs = rl_data.get("envs", [{"name": "code-interpreter"}])
     if isinstance(envs, list) and all(isinstance(e, dict) for e in envs):  # else refused as it is
         files = {"tasks": str(root / TRAIN_FILE), "eval_tasks": str(root / HELDOUT_FILE)}

@@ -14,6 +14,7 @@ from dsv32.rl.agentic.config import AgenticConfig, heldout_count, load_agentic_c
 from dsv32.rl.agentic.trainer import AgenticResult, check_agentic_world, train_agentic, v32_policy
 from dsv32.rl.grpo.config import RLConfigError
 from dsv32.runlog import StepCheckpoints
+from dsv32.trackers import require
 
 #: How the messages of ``dsv32 posttrain rl`` begin.
 COMMAND = "dsv32 posttrain rl"
@@ -60,6 +61,7 @@ def run_rl(run: RLRecipe, *, resume: bool = True, progress: bool = True) -> Agen
     cfg, heldout, write = run
     w = distributed.setup()
     check_agentic_world(cfg, w)
+    require(cfg.rl.report_to)  # before the policy loads
     plan = work_plan(cfg, heldout, resumed_step(cfg, resume))
     if w.main:
         print(f"{COMMAND}: {plan}", flush=True)
