@@ -4,8 +4,8 @@
     python benchmarks/rollout_scale.py --json    # the same, and only the JSON line on stdout
     python benchmarks/rollout_scale.py --quick   # 8 episodes instead of 16
 
-- ``remote_onpolicy_max_abs_log_ratio``: SmolLM2 as the policy, ``dsv32 serve smollm2`` in another
-  process as its engine. One GRPO step (sync, rollouts, update), then the weights are synced again
+- ``remote_onpolicy_max_abs_log_ratio``: SmolLM2 as the policy, ``dsv32 serve smollm2
+  --enable-rl-routes`` in another process as its engine. One GRPO step (sync, rollouts, update), then the weights are synced again
   and the next batch is sampled by the server: max over its tokens of |log π_θ − log π_sampling|,
   π_θ from the trainer (the kept sets applied), i.e. the ratio of the first update after a sync;
 - ``weight_sync_seconds``: that sync (write the safetensors, ``/update_weights``, version check);
@@ -46,7 +46,8 @@ def start_server(model: str) -> tuple[subprocess.Popen, str]:
 
     port = free_port()
     cmd = [sys.executable, "-c", "import sys; from dsv32.cli import main; sys.exit(main())", "serve", model,
-           "--port", str(port), "--device", "cpu", "--threads", str(torch.get_num_threads())]  # fmt: skip
+           "--port", str(port), "--device", "cpu", "--threads", str(torch.get_num_threads()),
+           "--enable-rl-routes"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -98,7 +99,7 @@ def remote_engine(tmp: Path) -> dict:
         proc.terminate()
         proc.wait(timeout=60)
     served = load_served("smollm2", device="cpu")
-    with ServerThread(create_app(served)) as server:
+    with ServerThread(create_app(served, rl_routes=True)) as server:
         RemoteEngine(server.base_url, sync=FileWeightSync(tmp / "weights2")).sync(policy.model, 1)
         theirs, ours = served.model.state_dict(), policy.model.state_dict()
         diff = max(float((theirs[k] - ours[k]).abs().max()) for k in ours)
@@ -106,7 +107,7 @@ def remote_engine(tmp: Path) -> dict:
         collective = CollectiveWeightSync(timeout=120)
         engine = RemoteEngine(server.base_url, sync=collective)
         t = time.perf_counter()
-        collective.connect(engine, "cpu")
+        collective.connect(engine.client, "cpu")
         connect_s = time.perf_counter() - t
         with torch.no_grad():
             for p in policy.model.parameters():

@@ -27,7 +27,7 @@ def served(one_thread):
 def server(served):
     from dsv32.serve import ServerThread, create_app
 
-    app = create_app(served, max_batch=4)
+    app = create_app(served, max_batch=4, rl_routes=True)
     with ServerThread(app) as server:
         server.root = server.base_url.removesuffix("/v1")
         server.scheduler = app.state.scheduler
@@ -297,3 +297,87 @@ def test_a_batched_generate_is_seeded_and_returns_kept_sets(server):
         assert len(c["sampling_mask"]) == len(c["token_ids"])
         assert all(t in kept for t, kept in zip(c["token_ids"], c["sampling_mask"]))
         assert c["routed_experts"] is None  # a dense model has no routing
+
+
+def test_without_the_flag_the_control_routes_are_404_and_change_nothing(served, tmp_path):
+    from dsv32.serve import ServerThread, create_app
+    from dsv32.serve.rl_routes import CONTROL_ROUTES
+
+    before = {k: v.clone() for k, v in served.model.state_dict().items()}
+    weights = save_weights(_trainer_policy(seed=2).model, tmp_path / "v9.safetensors", 9)
+    bodies = {
+        "/update_weights": {"path": str(weights), "weight_version": 9},
+        "/init_weight_transfer_engine": {"master_address": "127.0.0.1", "master_port": 1},
+    }
+    with ServerThread(create_app(served, max_batch=2)) as plain:
+        root = plain.base_url.removesuffix("/v1")
+        version = httpx.get(root + "/weight_info").json()["weight_version"]
+        for method, path in CONTROL_ROUTES:
+            r = httpx.request(method, root + path + "?mode=keep", json=bodies.get(path), timeout=60)
+            assert r.status_code == 404, (path, r.text)
+            error = r.json()["error"]
+            assert error["code"] == "rl_routes_disabled" and "--enable-rl-routes" in error["message"]
+        assert httpx.get(root + "/is_paused").json()["is_paused"] is False
+        assert httpx.get(root + "/weight_info").json()["weight_version"] == version
+        body = {"token_ids": [104, 105], "sampling_params": {"max_tokens": 2, "temperature": 0}}
+        reply = httpx.post(root + "/inference/v1/generate", json=body, timeout=60)  # read-only: served
+        assert reply.status_code == 200 and len(reply.json()["choices"][0]["token_ids"]) == 2
+    assert all(torch.equal(v, before[k]) for k, v in served.model.state_dict().items())
+
+
+SECRET = "s3cr3t-ssh-key-material"
+
+
+def _bad_weight_files(tmp_path, policy) -> list:
+    """Files that are not weight files for the served model, each holding SECRET somewhere: text,
+    a safetensors header cut short, a dtype that is not one, a version that is not a number, keys the
+    model does not have."""
+    import json
+    import struct
+
+    def raw(name: str, header: dict | str, data: bytes = b"") -> str:
+        text = header if isinstance(header, str) else json.dumps(header)
+        path = tmp_path / name
+        path.write_bytes(struct.pack("<Q", len(text.encode())) + text.encode() + data)
+        return str(path)
+
+    (tmp_path / "text").write_text(SECRET * 20)
+    own = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    own[SECRET] = torch.zeros(1)
+    from safetensors.torch import save_file
+
+    save_file(own, str(tmp_path / "extra.safetensors"), metadata={"dsv32_weight_version": "3"})
+    tensor = {"dtype": SECRET, "shape": [1], "data_offsets": [0, 4]}
+    return [
+        str(tmp_path / "text"),
+        raw("cut", '{"' + SECRET),
+        raw("dtype", {"x": tensor, "__metadata__": {"dsv32_weight_version": "3"}}, b"\0" * 4),
+        raw("version", {"__metadata__": {"dsv32_weight_version": SECRET}}),
+        str(tmp_path / "extra.safetensors"),
+    ]
+
+
+def test_a_bad_weight_file_is_a_400_that_never_echoes_its_bytes_and_changes_nothing(server, served, tmp_path):
+    policy = _trainer_policy(seed=3)
+    RemoteEngine(server.base_url, sync=FileWeightSync(tmp_path / "sync")).sync(policy.model, 6)
+    before = {k: v.clone() for k, v in served.model.state_dict().items()}
+    for path in _bad_weight_files(tmp_path, policy):
+        r = httpx.post(server.root + "/update_weights", json={"path": path, "weight_version": 3}, timeout=60)
+        assert r.status_code == 400, (path, r.text)
+        message = r.json()["error"]["message"]
+        assert path in message and SECRET not in r.text, message
+    assert httpx.get(server.root + "/weight_info").json()["weight_version"] == 6
+    assert httpx.get(server.root + "/is_paused").json()["is_paused"] is False
+    assert all(torch.equal(v, before[k]) for k, v in served.model.state_dict().items())
+
+
+def test_serving_beyond_loopback_without_an_api_key_is_warned_of():
+    from dsv32.serve.server import exposure_warning, is_loopback
+
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("no-such-host.invalid")
+    assert exposure_warning("127.0.0.1", None, rl_routes=True) is None
+    assert exposure_warning("0.0.0.0", "key", rl_routes=True) is None
+    plain, rl = exposure_warning("0.0.0.0", None, rl_routes=False), exposure_warning("0.0.0.0", None, True)
+    assert "--api-key" in plain and "generate" in plain
+    assert "--api-key" in rl and "load any weight file" in rl

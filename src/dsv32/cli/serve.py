@@ -43,6 +43,13 @@ def add(sub: argparse._SubParsersAction) -> None:
         "a chatty model may then generate for minutes)",
     )
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 endpoints")
+    p.add_argument(
+        "--enable-rl-routes",
+        action="store_true",
+        help="serve the RL routes that pause the server and load weights (/pause, /resume, "
+        "/update_weights, /init_weight_transfer_engine): a rollout engine for dsv32 rl train and "
+        "posttrain rl; off by default (404)",
+    )
     p.add_argument("--served-model-name", help="the model id clients pass (default: MODEL)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument(
@@ -52,9 +59,15 @@ def add(sub: argparse._SubParsersAction) -> None:
     )
 
     def run(args: argparse.Namespace) -> int:
+        import sys
+
         from dsv32.serve import check_listen, create_app, load_served, serve_forever
+        from dsv32.serve.server import exposure_warning
 
         check_listen(args.host, args.port)  # before the model loads: fail in a second
+        warning = exposure_warning(args.host, args.api_key, args.enable_rl_routes)
+        if warning:
+            print(f"dsv32 serve: {warning}", file=sys.stderr, flush=True)
         if args.threads is not None:
             import torch
 
@@ -73,9 +86,11 @@ def add(sub: argparse._SubParsersAction) -> None:
             max_queue=args.max_queue,
             api_key=args.api_key,
             max_tokens_default=args.max_tokens_default,
+            rl_routes=args.enable_rl_routes,
         )
+        rl = ", RL routes on" if args.enable_rl_routes else ""
         print(
-            f"dsv32 serve: {served.name} ({served.prompt_format}) on http://{args.host}:{args.port}/v1",
+            f"dsv32 serve: {served.name} ({served.prompt_format}) on http://{args.host}:{args.port}/v1{rl}",
             flush=True,
         )
         serve_forever(app, args.host, args.port)

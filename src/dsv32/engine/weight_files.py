@@ -4,7 +4,9 @@ safetensors file stamped with a weight version.
 Every key is written, so a tied LM head travels with the embedding it shares storage with and cannot
 be left stale; the file is written under a temporary name and renamed into place, so a reader never
 sees half a file. :func:`load_weights` refuses a file whose keys or shapes differ from the model's
-(no silent partial update) and returns the version it carries.
+(no silent partial update) and returns the version it carries. A refusal names the file and what is
+wrong with it, never text read from it (a server that loads a path a client names must not become a
+way to read files: the safetensors parser's own messages quote the header, so they are not passed on).
 """
 
 from __future__ import annotations
@@ -45,16 +47,29 @@ def save_weights(model: torch.nn.Module, path: str | Path, version: int) -> Path
     return path
 
 
+def _unreadable(path: str | Path, err: Exception) -> WeightFileError:
+    """The error for a file that cannot be read as safetensors, without the parser's message (which
+    quotes the file's header)."""
+    if isinstance(err, OSError) and err.strerror:
+        why = err.strerror
+    else:
+        why = "not a safetensors file, or one cut short"
+    return WeightFileError(f"cannot read weights file {path}: {why}")
+
+
 def file_version(path: str | Path) -> int:
     """The weight version stamped in a file written by :func:`save_weights`."""
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
     except (OSError, ValueError, RuntimeError, SafetensorError) as err:  # missing, truncated, not safetensors
-        raise WeightFileError(f"cannot read weights file {path}: {err}") from err
+        raise _unreadable(path, err) from err
     if VERSION_KEY not in meta:
         raise WeightFileError(f"{path} carries no {VERSION_KEY} metadata: not a dsv32 weight-sync file")
-    return int(meta[VERSION_KEY])
+    try:
+        return int(meta[VERSION_KEY])
+    except ValueError:
+        raise WeightFileError(f"{path}: its {VERSION_KEY} metadata is not an integer") from None
 
 
 @torch.no_grad()
@@ -65,13 +80,13 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> int:
     try:
         tensors = load_file(str(path))
     except (OSError, ValueError, RuntimeError, SafetensorError) as err:  # e.g. cut short after its header
-        raise WeightFileError(f"cannot read weights file {path}: {err}") from err
+        raise _unreadable(path, err) from err
     own = model.state_dict()
-    missing, extra = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
-    if missing or extra:
+    missing, extra = sorted(set(own) - set(tensors)), set(tensors) - set(own)
+    if missing or extra:  # the model's names only: the file's own are text read from it
         raise WeightFileError(
-            f"weights file {path} does not match the served model: missing {missing[:5]}, "
-            f"unexpected {extra[:5]} ({len(missing)} missing, {len(extra)} unexpected)"
+            f"weights file {path} does not match the served model: missing {missing[:5]} "
+            f"({len(missing)} missing), and {len(extra)} key(s) the model does not have"
         )
     wrong = [k for k, v in tensors.items() if v.shape != own[k].shape]
     if wrong:

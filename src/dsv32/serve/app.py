@@ -66,11 +66,14 @@ def create_app(
     max_queue: int = 64,
     api_key: str | None = None,
     max_tokens_default: int | None = None,
+    rl_routes: bool = False,
 ) -> FastAPI:
     """The application; its scheduler thread runs while the app's lifespan does. A model whose KV
     caches cannot be batched (sliding window) with ``max_batch > 1`` is a
     :class:`~dsv32.engine.batch.BatchError` naming ``--max-batch 1``. A chat request without
-    ``max_tokens`` may generate ``max_tokens_default`` tokens, or (None) the rest of the window."""
+    ``max_tokens`` may generate ``max_tokens_default`` tokens, or (None) the rest of the window.
+    ``rl_routes``: also serve the RL routes that pause the server and load weights
+    (:data:`~dsv32.serve.rl_routes.CONTROL_ROUTES`; ``--enable-rl-routes``), a 404 otherwise."""
     metrics = Metrics()
     scheduler = Scheduler(served, max_batch=max_batch, max_queue=max_queue, metrics=metrics)
 
@@ -110,7 +113,7 @@ def create_app(
         body = ServeError(str(err.detail), status=err.status_code, type=kind).body()
         return JSONResponse(body, status_code=err.status_code)
 
-    register_rl_routes(app, served, scheduler, authorize)
+    register_rl_routes(app, served, scheduler, authorize, control_routes=rl_routes)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

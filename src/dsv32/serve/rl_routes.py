@@ -41,9 +41,15 @@
   loaded (None before any update: the weights the server started with carry no version) and the
   group's state (``backend``, ``receiving``, ``error`` of the last transfer).
 
-Weight files are read from the server's own filesystem: these routes take the API key when one is
-set, and are meant for a trainer on the same machine or a shared disk. A malformed body is a 400 in
-OpenAI's error JSON, as on the OpenAI routes.
+The routes that change what the server does — ``/pause``, ``/resume``, ``/update_weights`` and
+``/init_weight_transfer_engine`` (:data:`CONTROL_ROUTES`) — are served only when the application is
+made with ``rl_routes=True`` (``dsv32 serve --enable-rl-routes``, as vLLM keeps its weight routes to
+its development mode); otherwise each is a 404 whose message names the flag. The read-only ones stay:
+``/inference/v1/generate`` samples as the OpenAI routes do (token ids instead of text),
+``/is_paused`` and ``/weight_info`` report state. Weight files are read from the server's own
+filesystem: these routes take the API key when one is set, and are meant for a trainer on the same
+machine or a shared disk; a refused file's reply names the file and what is wrong with it, never its
+contents. A malformed body is a 400 in OpenAI's error JSON, as on the OpenAI routes.
 """
 
 from __future__ import annotations
@@ -78,6 +84,13 @@ from dsv32.serve.scheduler import PAUSE_MODES, Scheduler
 
 MAX_ROWS = 1024
 WAIT_LIMIT = 600.0
+#: The routes served only with ``rl_routes=True`` (``--enable-rl-routes``): (method, path).
+CONTROL_ROUTES = (
+    ("POST", "/pause"),
+    ("POST", "/resume"),
+    ("POST", "/update_weights"),
+    ("POST", "/init_weight_transfer_engine"),
+)
 
 
 class RLControl:
@@ -328,8 +341,27 @@ class RLControl:
         )
 
 
-def register_rl_routes(app: FastAPI, served: ServedModel, scheduler: Scheduler, authorize) -> RLControl:
-    """Add the RL endpoints to ``app`` (``authorize``: the app's API-key dependency)."""
+def rl_routes_off(method: str, path: str) -> ServeError:
+    return ServeError(
+        f"{method} {path} is not served: the routes that pause the server and load weights are off unless "
+        "dsv32 serve is started with --enable-rl-routes",
+        status=404,
+        code="rl_routes_disabled",
+    )
+
+
+def _refuse(method: str, path: str):
+    async def off() -> None:
+        raise rl_routes_off(method, path)
+
+    return off
+
+
+def register_rl_routes(
+    app: FastAPI, served: ServedModel, scheduler: Scheduler, authorize, *, control_routes: bool = False
+) -> RLControl:
+    """Add the RL endpoints to ``app`` (``authorize``: the app's API-key dependency); the routes of
+    :data:`CONTROL_ROUTES` only with ``control_routes``, else each answers 404 saying so."""
     control = RLControl(served, scheduler)
     auth = [Depends(authorize)]
 
@@ -342,6 +374,19 @@ def register_rl_routes(app: FastAPI, served: ServedModel, scheduler: Scheduler, 
             raise invalid("streaming is not supported on /inference/v1/generate", "stream")
         return await asyncio.to_thread(control.generate, body)
 
+    @app.get("/is_paused", dependencies=auth)
+    async def is_paused() -> dict[str, Any]:
+        return {"is_paused": control.mode is not None, "mode": control.mode}
+
+    @app.get("/weight_info", dependencies=auth)
+    async def weight_info() -> dict[str, Any]:
+        return control.info()
+
+    if not control_routes:
+        for method, path in CONTROL_ROUTES:
+            app.add_api_route(path, _refuse(method, path), methods=[method], dependencies=auth)
+        return control
+
     @app.post("/pause", dependencies=auth)
     async def pause(
         mode: str = Query("abort", pattern=f"^({'|'.join(PAUSE_MODES)})$"),
@@ -352,10 +397,6 @@ def register_rl_routes(app: FastAPI, served: ServedModel, scheduler: Scheduler, 
     @app.post("/resume", dependencies=auth)
     async def resume() -> dict[str, Any]:
         return await asyncio.to_thread(control.resume)
-
-    @app.get("/is_paused", dependencies=auth)
-    async def is_paused() -> dict[str, Any]:
-        return {"is_paused": control.mode is not None, "mode": control.mode}
 
     @app.post("/update_weights", dependencies=auth)
     async def update_weights(body: UpdateWeightsRequest) -> dict[str, Any]:
@@ -370,9 +411,5 @@ def register_rl_routes(app: FastAPI, served: ServedModel, scheduler: Scheduler, 
     async def init_weight_transfer_engine(body: InitTransferRequest) -> dict[str, Any]:
         check_text(body)
         return await asyncio.to_thread(control.init_transfer, body)
-
-    @app.get("/weight_info", dependencies=auth)
-    async def weight_info() -> dict[str, Any]:
-        return control.info()
 
     return control

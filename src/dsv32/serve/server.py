@@ -10,6 +10,7 @@ connections, and stops it (and its scheduler) on exit::
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import subprocess
 import threading
@@ -63,6 +64,33 @@ def check_listen(host: str, port: int) -> None:
             sock.bind(address)
         except OSError as err:
             raise ServerError(f"cannot listen on {host}:{port}: {err.strerror}") from err
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address ``host`` names is a loopback one (``127.0.0.1``, ``::1``, ``localhost``);
+    a name that does not resolve counts as not loopback."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+def exposure_warning(host: str, api_key: str | None, rl_routes: bool) -> str | None:
+    """What ``dsv32 serve`` warns of at start: listening beyond this machine without ``--api-key``
+    (anyone who reaches the port may generate, and with ``rl_routes`` pause the server and have it
+    load any weight file it can read); None when there is nothing to warn of."""
+    if api_key or is_loopback(host):
+        return None
+    reach = (
+        "pause it and have it load any weight file on this machine (--enable-rl-routes)"
+        if rl_routes
+        else "generate with the model"
+    )
+    return (
+        f"warning: listening on {host}, beyond this machine, without --api-key: anyone who can reach the "
+        f"port can {reach}; pass --api-key KEY (and put TLS in front)"
+    )
 
 
 class _Server(uvicorn.Server):
