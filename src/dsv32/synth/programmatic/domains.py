@@ -72,7 +72,7 @@ DOMAINS: tuple[Domain, ...] = (
     _domain(
         "airline",
         ("airport hub air_terminal", "Field Airport Airfield Gateway Aerodrome Port"),
-        ("aircraft:aircraft plane airframe", "Falcon Heron Kestrel Osprey Swallow Condor Petrel Swift"),
+        ("aircraft:aircraft plane airframe", "Falcon Heron Kestrel Osprey Swallow Condor Petrel Gannet"),
         ("flight departure flight_leg", "Shuttle Express Hop Connector"),
         ("country city region", "Norway Chile Kenya Japan Portugal Canada"),
         ("aircraft_type body_class family", "narrowbody widebody regional turboprop freighter jumbo"),

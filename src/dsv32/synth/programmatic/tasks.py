@@ -149,8 +149,8 @@ def _group_average(rng: random.Random, world: World, t: Tools) -> TaskDraw | Non
     prompt = _fill(rng, (
         'What is the average {m} of the {ip} of the {g} "{group}"? Round it to two decimals and reply '
         "with the number only.",
-        'Give the mean {m} over the {ip} that belong to the {g} named "{group}", to two decimals, as a '
-        "bare number.",
+        'Give the mean {m} over the {ip} that belong to the {g} named "{group}", to two decimals. Answer '
+        "with the bare number.",
     ), world, group=group["name"])  # fmt: skip
     body = _lookup(find, group["name"], g["name"], "group") + (
         f"    summary = tools.{stats.name}({stats.arg('group')}=group[{g['id']!r}])\n"

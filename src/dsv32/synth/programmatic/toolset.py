@@ -134,9 +134,9 @@ def words(world: World) -> dict[str, str]:
 
 
 def prose(world: World) -> dict[str, str]:
-    """The tokens as descriptions and prompts say them (``_`` as a space), and ``a_X``: token ``X``
-    with its article."""
-    out = {k: label(v) for k, v in words(world).items()}
+    """The tokens as descriptions and prompts say them (``_`` as a space, but statuses as the tools
+    take them), and ``a_X``: token ``X`` with its article."""
+    out = {k: v if k in ("open", "cancelled") else label(v) for k, v in words(world).items()}
     for k in ("g", "i", "e", "a"):
         out[f"a_{k}"] = ("an " if out[k][0] in "aeiou" else "a ") + out[k]
     return out

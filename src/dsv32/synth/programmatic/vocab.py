@@ -124,7 +124,7 @@ def label(column: str) -> str:
 def check_vocabulary(domains: tuple[Domain, ...]) -> None:
     """Raise :class:`SynthError` when the vocabulary breaks its rules: at least 20 domains with
     distinct names; identifiers that SQL and Python read as plain names; enough names and values to
-    draw from; and no table noun shared by two domains."""
+    draw from (a name's head never one of its adjectives); and no table noun shared by two domains."""
     if len(domains) < 20 or len({d.name for d in domains}) != len(domains):
         raise SynthError(f"the vocabulary needs at least 20 distinct domains, has {len(domains)}")
     owner: dict[str, str] = {}
@@ -138,8 +138,8 @@ def check_vocabulary(domains: tuple[Domain, ...]) -> None:
         if bad:
             raise SynthError(f"domain {d.name!r}: {bad} cannot be table, column or argument names")
         for e in (d.group, d.item, d.event):
-            if e.heads != PERSON and len(e.heads) < 4:
-                raise SynthError(f"domain {d.name!r}: an entity needs at least 4 name heads")
+            if e.heads != PERSON and (len(e.heads) < 4 or set(e.heads) & set(ADJECTIVES)):
+                raise SynthError(f"domain {d.name!r}: an entity needs at least 4 name heads, none an adjective")
         if len(d.place.values) < 4 or len(d.category.values) < 4:
             raise SynthError(f"domain {d.name!r}: places and categories need at least 4 values each")
         if not 0 < d.measure.low < d.measure.high or not 0 < d.amount.low < d.amount.high:
