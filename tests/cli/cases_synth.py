@@ -1,4 +1,4 @@
-"""Bad-input rows for ``dsv32 synth general|search|filter`` (read by test_bad_input.py)."""
+"""Bad-input rows for ``dsv32 synth general|search|filter|envs`` (read by test_bad_input.py)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ def files(tmp) -> dict[str, str]:
 _S = ["synth", "search", "--entities", "2"]
 _G = ["synth", "general", "--category", "trip planning"]
 _F = ["synth", "filter", "--env", "search", "--policy", URL]
+_E = ["synth", "envs", "--n", "2"]
 
 CASES = [
     ([*_G, "--generator", "nonsense", "--out", "{out}"], "backend 'nonsense': expected openai:MODEL@BASE_URL"),
@@ -70,4 +71,11 @@ CASES = [
     ([*_F, "--k", "1", "--out", "{tmp}/foreign"],
      "foreign holds a filter run with other settings (policy None -> 'm@http://127.0.0.1:9/v1'; "),
     ([*_G, "--generator", URL, "--out", "{tmp}/foreign"], "foreign holds a 'filter' run, not 'general'"),
+    (["synth", "envs", "--n", "0", "--out", "{out}"], "argument --n: '0' is not an integer >= 1"),
+    ([*_E, "--tasks-per-env", "9", "--out", "{out}"], "tasks per environment must be 1..4, got 9"),
+    ([*_E, "--heldout-domain", "moon base", "--out", "{out}"], "held-out domains ['moon base'] are not among"),
+    ([*_E, "--heldout-domain", "zoo", "--heldout-domain", "farm", "--out", "{tmp}/listed"],
+     "listed holds files that `dsv32 synth envs` did not write"),
+    ([*_E, "--heldout-fraction", "1", "--out", "{out}"], "the held-out fraction must be in (0, 1), got 1.0"),
+    ([*_E, "--sandbox", "-1", "--out", "{out}"], "argument --sandbox: '-1' is not an integer >= 0"),
 ]  # fmt: skip

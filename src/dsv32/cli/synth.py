@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from dsv32.cli import command, positive_int
+from dsv32.cli import command, non_negative_int, positive_int, probability
 
 SPEC_HELP = "openai:MODEL@BASE_URL[,key=value...] or local:NAME[,...] (keys: temperature, price_in, ...)"
 
@@ -188,9 +188,15 @@ def add(sub: argparse._SubParsersAction) -> None:
         metavar="DOMAIN",
         help="hold out this domain (repeat; default: drawn)",
     )
-    e.add_argument("--heldout-fraction", type=float, default=0.2, help="share of domains held out when drawn")
     e.add_argument(
-        "--sandbox", type=int, default=10, metavar="K", help="also play K tasks in the sandbox (0: none)"
+        "--heldout-fraction", type=probability, default=0.2, help="share of domains held out when drawn"
+    )
+    e.add_argument(
+        "--sandbox",
+        type=non_negative_int,
+        default=10,
+        metavar="K",
+        help="also play K tasks in the sandbox (0: none)",
     )
     e.add_argument("--workers", type=positive_int, default=1, help="processes writing and checking bundles")
     command(e, run_envs)
