@@ -98,7 +98,10 @@ ARG_NAMES = {
     "amount": ("{a}", "amount"),
     "date": ("{date}", "date", "day", "on_day"),
     "status": ("{st}", "status", "new_{st}"),
+    "status_filter": ("{st}", "status", "only_{st}", "with_{st}"),
 }
+# A role whose argument is named from another list in one kind of tool: a filter is not a new value.
+ARG_PATTERN = {("events_of_item", "status"): "status_filter"}
 
 
 @dataclass(frozen=True)
@@ -226,7 +229,10 @@ def draw_tools(rng: random.Random, world: World, kinds: list[str]) -> list[Tool]
             raise SynthError(f"no free name for a {tool_kind} tool in a {world.domain.name} environment")
         taken.add(name)
         noun = w["g"] if tool_kind == "find_group" else w["i"]
-        args = tuple((role, patterns[role].format(n=noun, **w)) for role, _ in kind.roles)
+        args = tuple(
+            (role, patterns[ARG_PATTERN.get((tool_kind, role), role)].format(n=noun, **w))
+            for role, _ in kind.roles
+        )
         bad = [a for _, a in args if keyword.iskeyword(a) or a == "db" or not a.isidentifier()]
         if bad or len({a for _, a in args}) != len(args):
             raise SynthError(f"tool {name}: argument names {[a for _, a in args]} cannot be used")
