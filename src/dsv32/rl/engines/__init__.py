@@ -37,7 +37,9 @@ def build_engine(cfg, model, out_dir: str | Path) -> RolloutEngine:
     sync = weight_sync(
         cfg.sync, cfg.sync_dir or Path(out_dir) / "weights", device=device, timeout=min(cfg.timeout, 120.0)
     )
-    return RemoteEngine(cfg.url, api=cfg.api, sync=sync, timeout=cfg.timeout)
+    return RemoteEngine(
+        cfg.url, api=cfg.api, sync=sync, timeout=cfg.timeout, retries=cfg.retries, backoff=cfg.retry_backoff
+    )
 
 
 __all__ = [

@@ -136,6 +136,10 @@ class RolloutEngine(Protocol):
     """The version this engine object last pushed with :meth:`sync` (None before its first): a run
     takes an engine's served version for its own only when it pushed it (:func:`prepare_engine`)."""
 
+    retried: int
+    """How many requests this engine sent again after a transient failure (``[engine] retries``),
+    over its life; 0 for an engine in process. The trainer records each step's as ``engine_retries``."""
+
     def connect(self) -> None:
         """Reach the engine, once (later calls return at once); an :class:`EngineError` that says why
         when it cannot be reached. :meth:`generate` and :meth:`weight_version` connect first."""

@@ -66,7 +66,9 @@ class RemoteEngine:
     ``api``: ``"dsv32"`` (one batched request per call) or ``"vllm"`` (one request per row);
     ``sync``: the :class:`~dsv32.rl.engines.weight_sync.WeightSync` that pushes weights (None:
     :meth:`sync` is refused); ``model``: the name to ask for (None: the first one ``/v1/models``
-    lists). Nothing is sent before :meth:`connect` or the first call."""
+    lists); ``retries``/``backoff``: a failed request sent again
+    (:class:`~dsv32.rl.engines.http.EngineClient`). Nothing is sent before :meth:`connect` or the
+    first call."""
 
     name = "remote"
     shares_weights = False
@@ -80,8 +82,12 @@ class RemoteEngine:
         timeout: float = 600.0,
         model: str | None = None,
         api_key: str | None = None,
+        retries: int = 0,
+        backoff: float = 1.0,
     ) -> None:
-        self.client = EngineClient(url, api=api, timeout=timeout, api_key=api_key)
+        self.client = EngineClient(
+            url, api=api, timeout=timeout, api_key=api_key, retries=retries, backoff=backoff
+        )
         self.weight_sync = sync
         self.model = model
         self.synced: int | None = None  # the version this engine object last pushed
@@ -95,6 +101,10 @@ class RemoteEngine:
     @property
     def api(self) -> str:
         return self.client.api
+
+    @property
+    def retried(self) -> int:
+        return self.client.retried
 
     def connect(self) -> None:
         """Ask the engine which model it serves (``GET /v1/models``), once; the first one listed is

@@ -146,7 +146,7 @@ class CollectiveWeightSync:
         def ask() -> None:
             try:
                 answer["reply"] = client.request(
-                    "POST", "/init_weight_transfer_engine", body, timeout=self.timeout + 10
+                    "POST", "/init_weight_transfer_engine", body, timeout=self.timeout + 10, retry=False
                 )
             except EngineError as err:
                 answer["error"] = err
@@ -179,7 +179,8 @@ class CollectiveWeightSync:
         announce = wire_body(
             UpdateWeightsRequest, weight_version=version, **weight_transfer.tensor_specs(state)
         )
-        client.request("POST", "/update_weights", announce)  # a refusal (keys, shapes): nothing is sent
+        # a refusal (keys, shapes): nothing is sent; never sent twice (the broadcast follows it)
+        client.request("POST", "/update_weights", announce, retry=False)
         try:
             weight_transfer.send(self.group, state, self.timeout)
         except weight_transfer.TransferError as err:

@@ -56,7 +56,11 @@ class GRPOConfig(Checked, error=RLConfigError):
       paper keeps KL weak or off for math); ``kl_estimator``: ``"unbiased"`` (Eq. 7) or ``"k3"``;
     - ``opsm_delta`` δ of the Off-Policy Sequence Mask (Eq. 9), None = off;
     - ``keep_sampling_mask`` renormalize π_θ / π_ref over the sampled kept sets; ``keep_routing``
-      replay the rollout's MoE routing (native model);
+      replay the rollout's MoE routing (native model); ``keep_indexing`` replay the indexer's
+      selections (a model with DSA in sparse mode; Keep Indexing, :mod:`dsv32.dsa.keep`);
+    - ``indexer_loss``: train the DSA indexer on the rollout batch by its KL loss (Eq. 4 over the
+      selected set, as in the sparse stage; paper §3) at ``indexer_lr``; False freezes it. Both
+      switches apply only to a model with DSA in sparse mode;
     - ``old_logprobs``: π_old of the ratio — ``"sampling"`` (the engine's log-probs, as in Eq. 9; no
       extra forward) or ``"recompute"`` (a no-grad training-side forward before the updates);
     - ``advantage_scale``: ``"none"`` (the paper: R − mean) or ``"std"`` (original GRPO);
@@ -84,6 +88,7 @@ class GRPOConfig(Checked, error=RLConfigError):
         "old_logprobs": one_of("sampling", "recompute"),
         "advantage_scale": one_of("none", "std"),
         "max_skipped_updates": at_least(1),
+        "indexer_lr": POSITIVE,
     }
 
     steps: int = 100
@@ -104,6 +109,9 @@ class GRPOConfig(Checked, error=RLConfigError):
     opsm_delta: float | None = None
     keep_sampling_mask: bool = True
     keep_routing: bool = True
+    keep_indexing: bool = True
+    indexer_loss: bool = True
+    indexer_lr: float = 7.3e-6  # the sparse stage's (paper §2.1.1)
     old_logprobs: str = "sampling"
     advantage_scale: str = "none"
     max_skipped_updates: int = 3
@@ -176,7 +184,10 @@ class EngineConfig(Checked, error=RLConfigError):
     - ``timeout``: seconds an engine request may take before it is an error;
     - ``max_off_policy_steps``: how many weight versions a sample may lag the trainer's (0: every
       sample must come from the weights being trained; more: stale samples are kept, their staleness
-      logged, and the Off-Policy Sequence Mask, ``grpo.opsm_delta``, guards them).
+      logged, and the Off-Policy Sequence Mask, ``grpo.opsm_delta``, guards them);
+    - ``retries``: how many more times a request to a remote engine is sent when it could not reach
+      the engine or got a 5xx (never a 4xx, a time-out or a version mismatch; 0: none), each retry
+      counted in the step's ``engine_retries``; ``retry_backoff``: seconds before the first, doubling.
     """
 
     RANGES: ClassVar[dict[str, Rule]] = {
@@ -185,6 +196,8 @@ class EngineConfig(Checked, error=RLConfigError):
         "sync": one_of("file", "collective", "nccl"),
         "timeout": POSITIVE,
         "max_off_policy_steps": NON_NEGATIVE,
+        "retries": NON_NEGATIVE,
+        "retry_backoff": NON_NEGATIVE,
     }
 
     kind: str = "in_process"
@@ -194,6 +207,8 @@ class EngineConfig(Checked, error=RLConfigError):
     sync_dir: str = ""
     timeout: float = 600.0
     max_off_policy_steps: int = 0
+    retries: int = 0
+    retry_backoff: float = 1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -165,6 +165,7 @@ class GRPOTrainer:
     def step(self, step: int) -> dict:
         """One rollout batch and its updates; returns the step's metrics record."""
         t0 = time.time()
+        retried = self.engine.retried
         self.policy.model.eval()
         refresh_replica(self.policy, self.sampler)
         max_lag = self.rl.engine.max_off_policy_steps
@@ -199,6 +200,7 @@ class GRPOTrainer:
         if not self.engine.shares_weights:
             staleness = [x for part in distributed.all_gather_objects(staleness) for x in part]
             extra |= {"sync_s": round(sync_s, 3), "staleness": staleness, "staleness_max": max(staleness)}
+            extra["engine_retries"] = round(distributed.all_sum([float(self.engine.retried - retried)])[0])
         lr = self.optimizer.param_groups[0]["lr"]
         return step_record(step, lr, outputs, rows, updates, self.grpo.group_size, extra)
 
