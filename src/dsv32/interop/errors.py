@@ -17,9 +17,11 @@ class MissingExtraError(InteropError, ImportError):
     """The optional library an interop module needs is not installed."""
 
 
-def require(module: str, extra: str) -> None:
-    """Raise :class:`MissingExtraError` naming the extra to install when ``module`` is absent."""
+def require(module: str, extra: str, distribution: str) -> None:
+    """Raise :class:`MissingExtraError` saying how to install ``module`` when it is absent: the extra
+    holds what the library imports, the library itself goes in without its own pins (docs/interop.md)."""
     if importlib.util.find_spec(module) is None:
         raise MissingExtraError(
-            f"{module!r} is not installed: pip install 'dsv32[{extra}]' (see docs/interop.md)"
+            f"{distribution} is not installed: pip install 'dsv32[{extra}]' && pip install --no-deps "
+            f"{distribution} (docs/interop.md says why)"
         )

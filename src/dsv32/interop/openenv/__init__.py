@@ -1,4 +1,4 @@
-"""OpenEnv both ways (extra ``openenv``: ``pip install 'dsv32[openenv]'``).
+"""OpenEnv both ways (extra ``openenv``, then ``pip install --no-deps openenv-core``).
 
 - Serving: :func:`build_app` (``dsv32 envs serve ENV``) puts any dsv32 environment behind
   openenv-core's HTTP/WebSocket server, one sandboxed environment per session; the wire types are in
@@ -11,7 +11,7 @@ See docs/interop.md.
 
 from dsv32.interop.errors import require
 
-require("openenv", "openenv")
+require("openenv", "openenv", "openenv-core")
 
 from dsv32.interop.openenv.adapter import OpenEnvEnvironment, openenv_tasks, register_openenv  # noqa: E402
 from dsv32.interop.openenv.models import (  # noqa: E402
