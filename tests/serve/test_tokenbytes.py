@@ -7,7 +7,7 @@ import pytest
 import v32_model
 
 from dsv32.engine.models import ByteTokenizer
-from dsv32.serve.tokenbytes import TokenBytes
+from dsv32.engine.tokenbytes import TokenBytes
 
 WAVE = "🌊"  # four UTF-8 bytes, none a character alone
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from dsv32.engine.backends import backend_for, eos_ids, pad_prompts
+from dsv32.engine.constraint import Constraint, allowed_rows
 from dsv32.engine.prefix import PrefixCache
 from dsv32.engine.sampling import SamplingParams, sample_next
 
@@ -86,6 +87,7 @@ def generate(
     return_routing: bool = False,
     return_kept: bool = False,
     prefix: PrefixCache | None = None,
+    constraints: Sequence[Constraint | None] | None = None,
 ) -> GenerationOutput:
     """Generate up to ``max_new_tokens`` per prompt (``temperature`` below 1e-5: greedy) with ``model``, a
     :class:`~dsv32.model.DeepseekV32` or a transformers causal LM (``LlamaForCausalLM``, Qwen2/3, ...).
@@ -99,7 +101,10 @@ def generate(
     ``generator`` makes sampling reproducible: one for the batch, or one per prompt — the rows that
     share a generator object draw from it together, in row order, exactly as a call with those rows
     alone would (so a group of rows samples the same whatever else is in the batch). ``return_routing`` (V3.2 only) records MoE routing (Keep
-    Routing); ``return_kept`` the kept token sets (Keep Sampling Mask). See :class:`GenerationOutput`.
+    Routing); ``return_kept`` the kept token sets (Keep Sampling Mask). ``constraints``: one per prompt
+    (None: free), each the grammar the row's tokens must follow (:mod:`dsv32.engine.constraint`); its
+    mask is applied before temperature/top-k/top-p, so the log-probs and kept sets are the constrained
+    distribution's. See :class:`GenerationOutput`.
     """
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
     if max_new_tokens < 1:
@@ -131,6 +136,10 @@ def generate(
     per_row = generator is not None and not isinstance(generator, torch.Generator)
     if per_row and len(generator) != B:
         raise ValueError(f"generator: {len(generator)} generators for {B} prompts (one per prompt, or one)")
+    if constraints is not None and len(constraints) != B:
+        raise ValueError(
+            f"constraints: {len(constraints)} for {B} prompts (one per prompt, None for a free one)"
+        )
 
     if prefix is not None and return_routing:
         raise ValueError(
@@ -147,11 +156,21 @@ def generate(
     lengths = torch.zeros(B, dtype=torch.long, device=device)
     tokens, logprobs, kept = [], [], []
     for step in range(max_new_tokens):
+        allowed = None
+        if constraints is not None:  # a finished row still in the batch samples freely (its token is padding)
+            live_constraints = [None if finished[i] else constraints[i] for i in rows.tolist()]
+            allowed = allowed_rows(live_constraints, logits.shape[-1], device)
         if per_row and not params.greedy:
-            tok, logp, keep = _sample_by_generator(logits, params, [generator[i] for i in rows.tolist()])
+            gens = [generator[i] for i in rows.tolist()]
+            tok, logp, keep = _sample_by_generator(logits, params, gens, allowed)
         else:
-            tok, logp, keep = sample_next(logits, params, None if per_row else generator)  # over `rows`
+            gen = None if per_row else generator
+            tok, logp, keep = sample_next(logits, params, gen, allowed)  # over `rows`
         live = ~finished  # rows for which this token is real (EOS included)
+        if constraints is not None:
+            for r, t in zip(rows.tolist(), tok.tolist()):
+                if not finished[r] and constraints[r] is not None:
+                    constraints[r].advance(t)
         tok = _scatter_rows(tok, rows, B, pad_token_id).masked_fill(finished, pad_token_id)
         tokens.append(tok)
         logprobs.append(_scatter_rows(logp, rows, B, 0.0).masked_fill(finished, 0.0))
@@ -199,7 +218,10 @@ def _keep(prefix, backend, positions, rows, prompts, tokens, lengths, mask) -> N
 
 
 def _sample_by_generator(
-    logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator]
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generators: list[torch.Generator],
+    allowed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`sample_next` of each set of rows that share a generator, on their own (their kept sets
     as wide as theirs alone), merged back in row order; kept ids −1-padded to the widest set."""
@@ -211,7 +233,9 @@ def _sample_by_generator(
     parts = []
     for rows in sets.values():
         idx = torch.tensor(rows, device=logits.device)
-        t, lp, k = sample_next(logits[idx], params, generators[rows[0]])
+        t, lp, k = sample_next(
+            logits[idx], params, generators[rows[0]], None if allowed is None else allowed[idx]
+        )
         tok[idx], logp[idx] = t, lp.float()
         parts.append((idx, k))
     K = max(k.shape[1] for _, k in parts)

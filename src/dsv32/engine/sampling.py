@@ -11,6 +11,12 @@ actually sampled from — π_old over the kept set — and the kept ids are retu
 trainer renormalizes π_θ over exactly the same action subspace:
 :func:`kept_logprobs` is that renormalization, the same computation the sampler makes.
 
+Under a constraint (:mod:`dsv32.engine.constraint`) the tokens a grammar does not allow are masked out
+(``allowed``) before anything else: greedy decoding and top-k/top-p then see the constrained
+distribution, and the kept set is the allowed tokens ∩ the top-k/top-p set of that distribution — a
+constrained step is a truncation like top-p, so the trainer's renormalization over the kept ids is
+again exactly the distribution sampled from.
+
 :func:`kept_mask` is the readable reference (a ``[B, V]`` mask from one full sort);
 :func:`truncate` is the fast path :func:`sample_next` uses (a partial ``topk``, widened only for the rows
 that need more tokens to reach ``top_p``), and returns the kept ids directly, most likely first.
@@ -72,11 +78,19 @@ def _top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids.masked_fill(torch.arange(width, device=ids.device) >= count[:, None], -1), count
 
 
-def kept_mask(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def kept_mask(
+    logits: torch.Tensor, params: SamplingParams, allowed: torch.Tensor | None = None
+) -> torch.Tensor:
     """Reference: boolean ``[B, V]``, the tokens that survive top-k (ties with the k-th included) and
     then top-p truncation of ``logits / temperature``. A token is kept if the probability mass strictly
     before it (in descending order) is below ``top_p``, so the most likely token always is. Greedy:
-    the argmax."""
+    the argmax. ``allowed`` ``[B, V]`` (a constraint): the other tokens are masked out first and never kept."""
+    if allowed is not None:
+        return _kept_mask(logits.float().masked_fill(~allowed, float("-inf")), params) & allowed
+    return _kept_mask(logits, params)
+
+
+def _kept_mask(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     B, V = logits.shape
     if params.greedy:
         return torch.zeros(B, V, dtype=torch.bool, device=logits.device).scatter(
@@ -148,8 +162,20 @@ def kept_logprobs(logits: torch.Tensor, kept_ids: torch.Tensor, temperature: flo
     return vals.log_softmax(dim=-1)
 
 
+def _only_allowed(ids: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kept ``ids``/``vals`` ``[B, K]`` without the masked-out entries (-inf), order kept, -1-padded."""
+    valid = (ids >= 0) & (vals > float("-inf"))
+    count = valid.sum(-1)
+    order = (~valid).to(torch.int8).argsort(dim=-1, stable=True)[:, : int(count.max())]
+    pad = torch.arange(order.shape[1], device=ids.device) >= count[:, None]
+    return ids.gather(-1, order).masked_fill(pad, -1), vals.gather(-1, order).masked_fill(pad, float("-inf"))
+
+
 def sample_next(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+    allowed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``logits`` ``[B, V]`` → ``(tokens [B], logprobs [B], kept_ids [B, K])``.
 
@@ -157,13 +183,21 @@ def sample_next(
     ``kept_logprobs(logits, kept_ids, temperature)`` at the token; ``kept_ids`` as :func:`truncate`.
     Greedy: the kept set is the argmax alone (``K = 1``) and ``logprobs`` are the untruncated model
     log-probs ``log_softmax(logits)`` (renormalizing over one token would always give 0).
+    ``allowed`` ``[B, V]`` bool (a constraint's mask): the other tokens are masked out before anything
+    else, so the kept ids are allowed tokens only and ``logprobs`` those of the constrained distribution.
     """
     logits = logits.float()
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
+        if not bool(torch.isfinite(logits).any(-1).all()):
+            raise ValueError("the constraint allows no token with a finite logit at this step")
     if params.greedy:
         tokens = logits.argmax(dim=-1)
         logp = logits.gather(-1, tokens[:, None]).squeeze(-1) - logits.logsumexp(dim=-1)
         return tokens, logp, tokens[:, None]
     kept_ids, kept_logits = truncate(logits, params)
+    if allowed is not None:
+        kept_ids, kept_logits = _only_allowed(kept_ids, kept_logits)
     logp = kept_logits.log_softmax(dim=-1)
     choice = torch.multinomial(logp.exp(), 1, generator=generator)
     return kept_ids.gather(-1, choice).squeeze(-1), logp.gather(-1, choice).squeeze(-1), kept_ids

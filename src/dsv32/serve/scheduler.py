@@ -40,7 +40,7 @@ from dsv32.serve.detok import IncrementalText
 from dsv32.serve.errors import ServeError, queue_full, shutting_down
 from dsv32.serve.metrics import Metrics
 from dsv32.serve.runtime import Forced, ServedModel
-from dsv32.serve.tokenbytes import TokenBytes
+from dsv32.engine.tokenbytes import TokenBytes
 
 logger = logging.getLogger(__name__)
 
