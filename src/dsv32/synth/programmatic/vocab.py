@@ -139,7 +139,9 @@ def check_vocabulary(domains: tuple[Domain, ...]) -> None:
             raise SynthError(f"domain {d.name!r}: {bad} cannot be table, column or argument names")
         for e in (d.group, d.item, d.event):
             if e.heads != PERSON and (len(e.heads) < 4 or set(e.heads) & set(ADJECTIVES)):
-                raise SynthError(f"domain {d.name!r}: an entity needs at least 4 name heads, none an adjective")
+                raise SynthError(
+                    f"domain {d.name!r}: an entity needs at least 4 name heads, none an adjective"
+                )
         if len(d.place.values) < 4 or len(d.category.values) < 4:
             raise SynthError(f"domain {d.name!r}: places and categories need at least 4 values each")
         if not 0 < d.measure.low < d.measure.high or not 0 < d.amount.low < d.amount.high:
