@@ -27,10 +27,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from dsv32.cli import add_backend, check_backend_flags, command, positive_int
+from dsv32.cli import add_backend, check_backend_flags, command, number_type, positive_float, positive_int
 from dsv32.errors import DSV32Error
 
 BACKENDS = ("reference", "scripted", "openai", "local")
+port_number = number_type(int, lambda v: 1 <= v <= 65535, "a port number (1 to 65535)")
 
 
 class EnvsCliError(DSV32Error, ValueError):
@@ -193,10 +194,14 @@ def _options(pairs: list[str]) -> dict:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from dsv32.envs import get_env
+
+    get_env(args.name)  # an unknown environment is named before the optional library is needed
+    options = _options(args.option)
     from dsv32.interop.openenv import build_app, serve
 
     app = build_app(
-        args.name, tasks=args.tasks, max_sessions=args.max_sessions, options=_options(args.option),
+        args.name, tasks=args.tasks, max_sessions=args.max_sessions, options=options,
         session_timeout_s=args.session_timeout,
     )  # fmt: skip
     catalog = app.state.catalog
@@ -254,14 +259,16 @@ def add(sub: argparse._SubParsersAction) -> None:
     command(run, _run)
     srv = esub.add_parser("serve", help="serve an environment over OpenEnv's HTTP/WebSocket protocol")
     srv.add_argument("name")
-    srv.add_argument("--port", type=positive_int, default=8000, help="port to listen on (default 8000)")
+    srv.add_argument("--port", type=port_number, default=8000, help="port to listen on (default 8000)")
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     srv.add_argument(
         "--max-sessions", type=positive_int, default=4, help="WebSocket sessions at once (default 4)"
     )
     srv.add_argument("--tasks", help="a task set name or a JSONL file (default: the first set)")
     srv.add_argument(
-        "--session-timeout", type=float, help="close a session idle this many seconds (default: never)"
+        "--session-timeout",
+        type=positive_float,
+        help="close a session idle this many seconds (default: never)",
     )
     srv.add_argument(
         "--option", action="append", default=[], metavar="KEY=VALUE",
