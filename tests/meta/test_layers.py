@@ -14,6 +14,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "dsv32"
 # anything.
 LAYERS = {
     "cli": {
+        "view",
         "posttrain",
         "interop",
         "train",
@@ -55,6 +56,7 @@ LAYERS = {
     "dsa": set(),
     "chat": set(),
     "distributed": set(),
+    "view": set(),
 }
 LEAVES = {"errors", "jsonl", "paths", "recipe", "runlog", "trackers", "training_guard"}
 

@@ -49,7 +49,8 @@ def _sft(tmp_path, report_to: str):
     data = tmp_path / "train.jsonl"
     tmp_path.mkdir(parents=True, exist_ok=True)
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    sets = {"model.name": "tiny-llama", "model.device": "cpu", "data.path": str(data), "data.eval_path": str(data),
+    sets = {"model.name": "tiny-llama", "model.device": "cpu", "data.path": str(data),
+            "data.eval_path": str(data),
             "data.seq_len": 128, "train.batch_size": 2, "train.steps": 2, "train.eval_every": 1,
             "out_dir": str(tmp_path / "run"), "report_to": report_to}  # fmt: skip
     cfg = load_sft_config(None, [f"{k}={json.dumps(v)}" for k, v in sets.items()])
@@ -177,10 +178,11 @@ def test_the_training_commands_take_report_to(tmp_path, capsys, no_tensorboard):
     assert "unknown 'tensorbord'" in capsys.readouterr().err
 
 
-def test_the_post_training_proof_mirrors_both_stages(tmp_path, capsys):
+def test_the_post_training_proof_mirrors_both_stages_and_its_run_has_a_page(tmp_path, capsys):
     read.skip_unless_installed("tensorboard")
-    sets = ["sft.model.name=tiny-llama", "sft.train.freeze_layers=0", "sft.data.seq_len=1024", "sft.train.epochs=1",
-            "tasks.train=2", "tasks.heldout=2", "rl.grpo.steps=2", "rl.grpo.prompts_per_step=1", "rl.eval.every=1",
+    sets = ["sft.model.name=tiny-llama", "sft.train.freeze_layers=0", "sft.data.seq_len=1024",
+            "sft.train.epochs=1", "tasks.train=2", "tasks.heldout=2", "rl.grpo.steps=2",
+            "rl.grpo.prompts_per_step=1", "rl.eval.every=1",
             "rl.grpo.group_size=2", "rl.grpo.mini_batches=1", "rl.sampling.max_new_tokens=16"]  # fmt: skip
     argv = ["posttrain", "proof", "--out", str(tmp_path / "p"), "--no-progress", "--report-to", "tensorboard"]
     assert main([*argv, *[a for s in sets for a in ("--set", s)]]) == 0
@@ -189,6 +191,11 @@ def test_the_post_training_proof_mirrors_both_stages(tmp_path, capsys):
         want = read.expected(out, logs)
         read.assert_same(read.tensorboard(out / "trackers" / "tensorboard"), want, rel=1e-6)
     assert "eval/accuracy" in want
+    from dsv32.view import render  # the run this proof wrote, as dsv32 view shows it
+
+    html = render(tmp_path / "p")
+    assert html.count('<tr class="sample"') == 2 and html.count("data:image/png;base64,") == 3
+    assert "SFT loss" in html and "GRPO reward" in html and "held-out during GRPO" in html
 
 
 def test_posttrain_rl_checks_its_tracker_before_the_policy_loads(tmp_path, capsys, no_tensorboard):

@@ -20,7 +20,7 @@ import tomllib
 from dsv32.errors import DSV32Error
 
 # The command groups, in the order ``dsv32 --help`` lists them: ``dsv32.cli.<name>.add(sub)``.
-GROUPS = ("model", "chat", "dsa", "rl", "agent", "serve", "envs", "synth", "eval", "sft", "posttrain")
+GROUPS = ("model", "chat", "dsa", "rl", "agent", "serve", "envs", "synth", "eval", "sft", "posttrain", "view")
 
 USAGE_EXIT = 2
 
