@@ -544,3 +544,20 @@ def test_the_recipe_chooses_the_collective_sync_and_nccl_needs_cuda(tmp_path):
     vllm = RemoteEngine("http://127.0.0.1:1", api="vllm", sync=CollectiveWeightSync())
     with pytest.raises(EngineError, match="speaks dsv32 serve"):
         vllm.sync(torch.nn.Linear(1, 1), 0)
+
+
+def test_the_remote_engine_returns_the_selections_recorded_in_process(native_server, tmp_path):
+    # Keep Indexing over the wire: the indexer's selections of every position, base64 int32 per choice
+    policy = _perturbed("tiny-native", seed=2)
+    engine = RemoteEngine(native_server, sync=FileWeightSync(tmp_path))
+    engine.sync(policy.model, 3)
+    params = SamplingConfig(temperature=0.8, top_p=0.7, top_k=20, max_new_tokens=8)
+
+    def batch(e):
+        g = torch.Generator().manual_seed(5)
+        return rollout(policy, LETTER_TASKS, 2, params, generator=g, keep_indexing=True, engine=e)
+
+    local, remote = batch(InProcessEngine(policy.model)), batch(engine)
+    assert torch.equal(local.sequences, remote.sequences)
+    assert local.indexing is not None and local.indexing.dtype == torch.int32
+    assert torch.equal(remote.indexing, local.indexing)

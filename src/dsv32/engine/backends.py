@@ -22,18 +22,23 @@ from collections.abc import Sequence
 
 import torch
 
-from dsv32.dsa.hf import INDEX_KEYS_ATTR, cut_index_keys
+from dsv32.dsa.hf import INDEX_KEYS_ATTR, cut_index_keys, get_dsa, has_dsa
+from dsv32.dsa.keep import IndexingError
 from dsv32.model import DeepseekV32
 
 
 class NativeBackend:
     """:class:`~dsv32.model.DeepseekV32`: the cache is allocated for ``max_len`` tokens at prefill."""
 
-    def __init__(self, model: DeepseekV32, return_routing: bool = False) -> None:
+    def __init__(
+        self, model: DeepseekV32, return_routing: bool = False, return_indexing: bool = False
+    ) -> None:
         self.model = model
         self.return_routing = return_routing
+        self.return_indexing = return_indexing
         self.cache = None
         self.routing: list[torch.Tensor] = []  # [num_moe_layers, B, T, k] per forward
+        self.indexing: list[torch.Tensor] = []  # [num_hidden_layers, B, T, index_topk] per forward
         cfg = model.config
         self.eos_token_id = cfg.eos_token_id
         self.pad_token_id = cfg.pad_token_id
@@ -41,7 +46,8 @@ class NativeBackend:
 
     @property
     def can_drop_rows(self) -> bool:
-        return not self.return_routing  # routing is recorded for every row and position
+        # routing and selections are recorded for every row and position
+        return not (self.return_routing or self.return_indexing)
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_len: int) -> torch.Tensor:
         self.cache = self.model.new_cache(input_ids.shape[0], max_len)
@@ -56,7 +62,8 @@ class NativeBackend:
     # prefix reuse (dsv32.engine.prefix): rows' entries out of the cache and a batch cache built from them
     @property
     def can_reuse_prefix(self) -> bool:
-        return not self.return_routing  # kept positions' routing is not recorded again
+        # kept positions' routing and selections are not recorded again
+        return not (self.return_routing or self.return_indexing)
 
     def fresh(self) -> NativeBackend:
         return NativeBackend(self.model)
@@ -89,30 +96,39 @@ class NativeBackend:
             attention_mask=attention_mask,
             cache=self.cache,
             return_routing=self.return_routing,
+            return_indexing=self.return_indexing,
             **kwargs,
         )
         if self.return_routing and out.routing is not None:
             self.routing.append(out.routing)
+        if self.return_indexing:
+            self.indexing.append(out.indexing)
         return out.logits[:, -1]
 
     def recorded_routing(self) -> torch.Tensor | None:
         """``[num_moe_layers, B, P + steps, k]``, or None (not asked for, or no MoE layer)."""
         return torch.cat(self.routing, dim=2) if self.routing else None
 
+    def recorded_indexing(self) -> torch.Tensor | None:
+        """``[num_hidden_layers, B, P + steps, index_topk]`` row positions, or None (not asked for)."""
+        return torch.cat(self.indexing, dim=2) if self.indexing else None
+
 
 class HFBackend:
     """A transformers causal LM with a :class:`~dsv32.engine.hfcache.GrowingCache` (a ``DynamicCache``
     that appends in place, passed as :func:`hf_cache_keyword`, ``use_cache=True``)."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, return_indexing: bool = False) -> None:
         self.model = model
         self.cache = None
+        self.return_indexing = return_indexing
+        self.indexing: list[torch.Tensor] = []  # [DSA layers, B, T, index_topk] per forward
         # transformers' models compute the LM head on the last position only with `logits_to_keep=1`
         self.prefill_kwargs = (
             {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
         )
         self.cache_keyword = hf_cache_keyword(model)
-        self.can_drop_rows = True
+        self.can_drop_rows = not return_indexing  # selections are recorded for every row and position
         gen, cfg = getattr(model, "generation_config", None), model.config
         self.eos_token_id = _first_set(getattr(gen, "eos_token_id", None), getattr(cfg, "eos_token_id", None))
         self.pad_token_id = _first_set(getattr(gen, "pad_token_id", None), getattr(cfg, "pad_token_id", None))
@@ -139,7 +155,7 @@ class HFBackend:
         """Every cache layer is a full-attention one (a sliding window's entries cannot be cut per row)."""
         from dsv32.engine.hfcache import full_attention
 
-        return full_attention(self.model.config)
+        return not self.return_indexing and full_attention(self.model.config)
 
     def fresh(self) -> HFBackend:
         return HFBackend(self.model)
@@ -194,7 +210,8 @@ class HFBackend:
         T = input_ids.shape[1]
         # position = number of real tokens before this one: padding does not shift a row's positions
         position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)[:, -T:]
-        out = self.model(
+        call = functools.partial(
+            self.model,
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
@@ -202,11 +219,21 @@ class HFBackend:
             **{self.cache_keyword: self.cache},
             **kwargs,
         )
+        if self.return_indexing:
+            with get_dsa(self.model).indexing(record=True) as handle:
+                out = call()
+                self.indexing.append(handle.stacked_indexing())
+        else:
+            out = call()
         self.cache = getattr(out, self.cache_keyword)
         return out.logits[:, -1]
 
     def recorded_routing(self) -> None:
         return None
+
+    def recorded_indexing(self) -> torch.Tensor | None:
+        """``[DSA layers, B, P + steps, index_topk]`` row positions, or None (not asked for)."""
+        return torch.cat(self.indexing, dim=2) if self.indexing else None
 
 
 def hf_cache_keyword(model) -> str:
@@ -233,10 +260,13 @@ def _first_set(*values):
     return next((v for v in values if v is not None), None)
 
 
-def backend_for(model, return_routing: bool = False) -> NativeBackend | HFBackend:
-    """The backend of ``model``: a :class:`~dsv32.model.DeepseekV32` or a transformers causal LM."""
+def backend_for(
+    model, return_routing: bool = False, return_indexing: bool = False
+) -> NativeBackend | HFBackend:
+    """The backend of ``model``: a :class:`~dsv32.model.DeepseekV32` or a transformers causal LM.
+    ``return_indexing`` needs DSA in sparse mode (the native model, or DSA attached)."""
     if isinstance(model, DeepseekV32):
-        return NativeBackend(model, return_routing)
+        return NativeBackend(model, return_routing, return_indexing)
     try:
         from transformers import PreTrainedModel
     except ImportError:  # transformers is an optional dependency
@@ -255,7 +285,13 @@ def backend_for(model, return_routing: bool = False) -> NativeBackend | HFBacken
             f"return_routing=True needs a MoE model with routing capture (dsv32.model.DeepseekV32); "
             f"{type(model).__name__} is a transformers model: pass return_routing=False"
         )
-    return HFBackend(model)
+    if return_indexing and not (has_dsa(model) and get_dsa(model).mode == "sparse"):
+        raise IndexingError(
+            f"return_indexing=True needs DSA in sparse mode; {type(model).__name__} has "
+            + (f"DSA in {get_dsa(model).mode!r} mode" if has_dsa(model) else "no DSA attached")
+            + ": attach_dsa(model, ...) in sparse mode, or pass return_indexing=False"
+        )
+    return HFBackend(model, return_indexing)
 
 
 def eos_ids(eos_token_id: int | Sequence[int] | None, device: torch.device) -> torch.Tensor:

@@ -74,7 +74,8 @@ class GenerateParams(_Request):
     """``sampling_params`` of a generate request (vLLM's names). ``logprobs``: any count asks for the
     sampled token's log-prob (of the truncated, renormalized distribution sampled from);
     ``return_sampling_mask``: the kept top-k/top-p set per generated token;
-    ``return_routed_experts``: the MoE routing (native V3.2 models)."""
+    ``return_routed_experts``: the MoE routing (native V3.2 models); ``return_indexer_topk``: the
+    keys each position's DSA layers attended to (Keep Indexing; a model with DSA in sparse mode)."""
 
     max_tokens: MaxTokens = 16
     temperature: Temperature = 1.0
@@ -84,6 +85,7 @@ class GenerateParams(_Request):
     logprobs: int | None = Field(None, ge=0)
     return_sampling_mask: bool = False
     return_routed_experts: bool = False
+    return_indexer_topk: bool = False
     seed: Seed | None = None
 
 
@@ -152,6 +154,10 @@ class GenerateChoice(_Reply):
     sampling_mask: list[list[int]] | None = None
     routed_experts: list[list[list[int]]] | str | None = None
     weight_versions: list[VersionSpan] | None = None
+    #: Keep Indexing: base64 of little-endian int32 ``[positions, DSA layers, index_topk]`` (row
+    #: positions of the selected keys, −1 empty; :func:`encode_topk`) laid out as ``routed_experts``
+    indexer_topk: str | None = None
+    indexer_topk_shape: list[int] | None = None
 
     def sampling_logprobs(self) -> list[float] | None:
         """The log-prob of every generated token, or None when the reply has none for each."""
@@ -220,6 +226,33 @@ class ModelCard(_Reply):
 
 class ModelList(_Reply):
     data: list[ModelCard] = Field(default_factory=list)
+
+
+def encode_topk(selection) -> tuple[str, list[int]]:
+    """An integer array ``[positions, layers, k]`` → (base64 of its little-endian int32 bytes, shape)."""
+    import base64
+
+    import numpy as np
+
+    a = np.ascontiguousarray(np.asarray(selection), dtype="<i4")
+    return base64.b64encode(a.tobytes()).decode("ascii"), list(a.shape)
+
+
+def decode_topk(data: str, shape: list[int]):
+    """:func:`encode_topk`'s output → an int32 numpy array of ``shape``; ``ValueError`` when the bytes
+    do not hold that shape."""
+    import base64
+    import binascii
+
+    import numpy as np
+
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except binascii.Error as err:
+        raise ValueError(f"indexer_topk is not base64: {err}") from err
+    if len(shape) != 3 or any(n < 0 for n in shape) or len(raw) != 4 * int(np.prod(shape)):
+        raise ValueError(f"indexer_topk holds {len(raw)} bytes, not int32 of shape {shape}")
+    return np.frombuffer(raw, dtype="<i4").reshape(shape).astype(np.int32)
 
 
 def as_version(value: int | str | None) -> int | None:

@@ -105,9 +105,16 @@ class MLA(nn.Module):
         *,
         key_padding_mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
-    ) -> torch.Tensor:
+        forced_topk: torch.Tensor | None = None,
+        return_topk: bool = False,
+    ):
         """``x`` ``[B, T, hidden]``; ``cos``/``sin`` ``[B, T, rope/2]`` at the tokens' positions;
-        ``key_padding_mask`` ``[B, S]`` over all keys (cache + new, True = real token) or None."""
+        ``key_padding_mask`` ``[B, S]`` over all keys (cache + new, True = real token) or None.
+
+        ``forced_topk`` ``[B, T, k]`` key columns (−1 empty) to attend to instead of the indexer's
+        selection when the layer selects (Keep Indexing: the indexer still scores, for its loss);
+        ``return_topk``: return ``(output, topk_indices)``, the selection attended to (None when
+        every query saw at most ``index_topk`` keys and the layer ran dense)."""
         B, T, _ = x.shape
         H, nope, rope = self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim
         if hasattr(self, "q_a_proj"):
@@ -137,7 +144,9 @@ class MLA(nn.Module):
         S = start + T
 
         topk_indices = None
-        if self.dsa_mode == "sparse" and self.index_topk < S:
+        if self.dsa_mode == "sparse" and self.index_topk < S and forced_topk is not None:
+            topk_indices = forced_topk.to(x.device, torch.long)  # Keep Indexing: the sampled selection
+        elif self.dsa_mode == "sparse" and self.index_topk < S:
             iq = self.indexer.project_queries(x_idx, q_input_idx, cos, sin)
             q_sel, w_sel = iq.q, iq.weights
             if self.indexer_fp8 is not None:
@@ -170,7 +179,8 @@ class MLA(nn.Module):
                 mask = nonempty_rows(selection_mask(topk_indices, S))
             attend = self._mha if start == 0 else self._mqa
             out = attend(q_nope, q_rope, kv_latent, k_rope, mask=mask)
-        return self.o_proj(out.reshape(B, T, H * self.v_head_dim))
+        out = self.o_proj(out.reshape(B, T, H * self.v_head_dim))
+        return (out, topk_indices) if return_topk else out
 
     def _indexer_kl_loss(self, q_nope, q_rope, kv_latent, k_rope, iq, index_keys, topk_indices, padding):
         """The indexer's KL loss against this layer's own attention (MHA form, a detached target): the

@@ -14,6 +14,15 @@ from torch import nn
 
 from dsv32.dsa import SPARSE_IMPLS
 from dsv32.dsa.fp8 import SCALE_FORMATS
+from dsv32.dsa.keep import (
+    IndexingError,
+    dense_positions,
+    key_positions,
+    pad_slots,
+    row_offsets,
+    to_columns,
+    to_positions,
+)
 from dsv32.model.attention import DSA_MODES, MLA
 from dsv32.model.cache import KVCache
 from dsv32.model.checkpoint import load_pretrained, save_pretrained
@@ -26,11 +35,14 @@ from dsv32.model.rope import RotaryEmbedding
 @dataclass
 class ModelOutput:
     """``logits`` ``[B, T, vocab]``; ``routing`` ``[num_moe_layers, B, T, k]`` expert indices when asked
-    for (Keep Routing); ``cache`` the KV cache that was filled, if any."""
+    for (Keep Routing); ``indexing`` ``[num_hidden_layers, B, T, index_topk]`` the keys each query
+    attended to, as row positions (``int32``, −1 empty; :mod:`dsv32.dsa.keep`) when asked for (Keep
+    Indexing); ``cache`` the KV cache that was filled, if any."""
 
     logits: torch.Tensor
     routing: torch.Tensor | None = None
     cache: KVCache | None = None
+    indexing: torch.Tensor | None = None
 
 
 class DecoderLayer(nn.Module):
@@ -45,15 +57,18 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, key_padding_mask, cache, forced_routing):
-        x = x + self.self_attn(
-            self.input_layernorm(x), cos, sin, key_padding_mask=key_padding_mask, cache=cache
-        )
+    def forward(self, x, cos, sin, key_padding_mask, cache, forced_routing, forced_topk=None):
+        """``(output, routing or None, the attention's selection or None)``."""
+        a, topk = self.self_attn(
+            self.input_layernorm(x), cos, sin, key_padding_mask=key_padding_mask, cache=cache,
+            forced_topk=forced_topk, return_topk=True,
+        )  # fmt: skip
+        x = x + a
         h = self.post_attention_layernorm(x)
         if isinstance(self.mlp, MoE):
             y, routing = self.mlp(h, forced_routing)
-            return x + y, routing
-        return x + self.mlp(h), None
+            return x + y, routing, topk
+        return x + self.mlp(h), None, topk
 
 
 class Backbone(nn.Module):
@@ -94,6 +109,8 @@ class DeepseekV32(nn.Module):
         cache: KVCache | None = None,
         routing: torch.Tensor | None = None,
         return_routing: bool = False,
+        indexing: torch.Tensor | None = None,
+        return_indexing: bool = False,
         logits_to_keep: int = 0,
     ) -> ModelOutput:
         """Run the model on ``input_ids`` ``[B, T]``.
@@ -106,6 +123,10 @@ class DeepseekV32(nn.Module):
             routing: ``[num_moe_layers, B, T, k]`` expert indices to force (Keep Routing); the gate
                 weights are still computed by the live router.
             return_routing: also return the expert indices chosen in this forward.
+            indexing: ``[num_hidden_layers, B, T, index_topk]`` selections to force (Keep Indexing), as
+                row positions (:mod:`dsv32.dsa.keep`); a layer whose queries see at most
+                ``index_topk`` keys runs dense as always. The indexer still scores (its loss).
+            return_indexing: also return the keys every query attended to (sparse mode only).
             logits_to_keep: if > 0, compute logits only for the last that many positions.
         """
         B, T = input_ids.shape
@@ -135,16 +156,21 @@ class DeepseekV32(nn.Module):
                 f"got {tuple(routing.shape)}"
             )
 
+        forced_cols, keep = self._check_indexing(indexing, return_indexing, key_padding_mask, B, T, start)
         cos, sin = self.model.rotary(position_ids)
         x = self.model.embed_tokens(input_ids)
-        chosen = []
-        for layer in self.model.layers:
+        chosen, selected = [], []
+        for i, layer in enumerate(self.model.layers):
             forced = None
             if routing is not None and isinstance(layer.mlp, MoE):
                 forced = routing[len(chosen)]
-            x, layer_routing = layer(x, cos, sin, key_padding_mask, cache, forced)
+            x, layer_routing, topk = layer(
+                x, cos, sin, key_padding_mask, cache, forced, None if forced_cols is None else forced_cols[i]
+            )
             if layer_routing is not None:
                 chosen.append(layer_routing)
+            if return_indexing:
+                selected.append(keep(topk))
         if cache is not None:
             cache.advance(T)
         x = self.model.norm(x)
@@ -155,7 +181,44 @@ class DeepseekV32(nn.Module):
             logits=logits,
             routing=torch.stack(chosen) if return_routing and chosen else None,
             cache=cache,
+            indexing=torch.stack(selected) if return_indexing else None,
         )
+
+    def _check_indexing(self, indexing, return_indexing: bool, key_padding_mask, B: int, T: int, start: int):
+        """Keep Indexing's inputs: the forced selections as key columns ``[layers, B, T, k]`` (or
+        None) and the function that turns a layer's selection (None: it ran dense) into its record."""
+        if indexing is None and not return_indexing:
+            return None, None
+        cfg = self.config
+        if any(layer.self_attn.dsa_mode != "sparse" for layer in self.model.layers):
+            raise IndexingError(
+                "Keep Indexing needs DSA in sparse mode (model.set_dsa_mode('sparse')): a dense-mode "
+                "layer selects nothing to record or force"
+            )
+        k = self.model.layers[0].self_attn.index_topk
+        if any(layer.self_attn.index_topk != k for layer in self.model.layers):
+            raise IndexingError("Keep Indexing needs one index_topk for every layer")
+        S = start + T
+        device = self.lm_head.weight.device
+        positions = key_positions(key_padding_mask, B, S, device)
+        forced = None
+        if indexing is not None:
+            want = (cfg.num_hidden_layers, B, T, k)
+            if tuple(indexing.shape) != want:
+                raise IndexingError(
+                    f"indexing must be [num_hidden_layers, B, T, index_topk] = {want}, got {tuple(indexing.shape)}"
+                )
+            offsets = row_offsets(key_padding_mask, B, device)
+            forced = to_columns(indexing.to(device), offsets, S)
+        query_pos = positions[:, start:]
+        query_real = None if key_padding_mask is None else key_padding_mask[:, start:]
+
+        def record(topk: torch.Tensor | None) -> torch.Tensor:
+            if topk is None:  # every query saw at most index_topk keys: all of them
+                return dense_positions(query_pos, query_real, k)
+            return pad_slots(to_positions(topk, positions), k)
+
+        return forced, record
 
     # ------------------------------------------------------------------ utilities
     def set_dsa_mode(self, mode: str, sparse_impl: str | None = None) -> None:

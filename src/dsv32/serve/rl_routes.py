@@ -62,6 +62,7 @@ from typing import Any
 import torch
 from fastapi import Depends, FastAPI, Query
 
+from dsv32.dsa.keep import sparse_dsa
 from dsv32.engine import generate, weight_transfer
 from dsv32.engine.backends import backend_for
 from dsv32.engine.weight_files import WeightFileError, load_weights
@@ -74,6 +75,7 @@ from dsv32.engine.wire import (
     TokenLogprob,
     UpdateWeightsRequest,
     Usage,
+    encode_topk,
     engine_top_k,
 )
 from dsv32.model import DeepseekV32
@@ -270,6 +272,7 @@ class RLControl:
                 generator=generator,
                 return_routing=p.return_routed_experts and native,
                 return_kept=p.return_sampling_mask and truncating,
+                return_indexing=p.return_indexer_topk and sparse_dsa(model),
             )
         reply = self._reply(prompts, out, set(eos), version, body.batched)
         if body.batched:
@@ -316,6 +319,11 @@ class RLControl:
             sampling_mask = routed_experts = None
             if out.kept_token_ids is not None:
                 sampling_mask = [[k for k in row if k >= 0] for row in out.kept_token_ids[j, :n].tolist()]
+            topk = shape = None
+            if out.indexing is not None:  # laid out as routed_experts; row positions need no shift
+                lo = 0 if batched else P - len(prompts[j])
+                hi = out.indexing.shape[2] if batched else lo + len(prompts[j]) + n - 1
+                topk, shape = encode_topk(out.indexing[:, j, lo:hi].permute(1, 0, 2).cpu().numpy())
             if out.routing is not None:  # a batch: every column of the padded layout, padding included
                 lo = 0 if batched else P - len(prompts[j])
                 hi = out.routing.shape[2] if batched else lo + len(prompts[j]) + n - 1
@@ -329,6 +337,8 @@ class RLControl:
                     finish_reason="stop" if n and ids[-1] in eos else "length",
                     sampling_mask=sampling_mask,
                     routed_experts=routed_experts,
+                    indexer_topk=topk,
+                    indexer_topk_shape=shape,
                 )
             )
         return GenerateResponse(

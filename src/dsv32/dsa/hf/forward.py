@@ -27,6 +27,15 @@ from dsv32.dsa.hf.growing import GrowingTensor
 from dsv32.dsa.hf.handle import DSAHandle
 from dsv32.dsa.hf.layer import HFIndexer, LayerView, query_rows_projection
 from dsv32.dsa.indexer import indexer_topk
+from dsv32.dsa.keep import (
+    IndexingError,
+    dense_positions,
+    key_positions,
+    pad_slots,
+    row_offsets,
+    to_columns,
+    to_positions,
+)
 from dsv32.dsa.loss import indexer_kl_loss_chunked, oracle_topk
 
 INDEX_KEYS_ATTR = "_dsa_index_keys"  # the cache attribute holding past indexer keys, {layer: [B, S, d]}
@@ -80,6 +89,8 @@ def dsa_forward(
     if sparse or observe or keep_keys:
         kept = cache if keep_keys else None
         topk_indices = _index(self, handle, hidden_states, p, attention_mask, kept, sparse, observe)
+    if handle.record_topk:
+        _record(self, handle, p, attention_mask, topk_indices)
     if topk_indices is None:
         return _dense_output(self, handle, p, attention_mask, **kwargs)
     return _sparse_output(self, handle, p, topk_indices), None
@@ -120,10 +131,16 @@ def _index(
     # Dense (warm-up): only the loss reads the queries, and only at its query rows.
     loss = observe and handle.collect_loss
     rows = None if sparse else handle.loss_query_rows
-    queries = query_rows_projection(indexer, x, icos, isin, rows) if sparse or loss else None
+    forced = None if handle.forced_topk is None else handle.forced_topk.get(self.layer_idx)
+    selects = sparse and forced is None and not handle.oracle
+    queries = query_rows_projection(indexer, x, icos, isin, rows) if selects or loss else None
     qt, kt = p.q.transpose(1, 2).detach(), p.k.transpose(1, 2).detach()
     topk_indices = None
-    if sparse and handle.oracle:
+    if sparse and forced is not None:  # Keep Indexing: the sampled selection (row positions)
+        B = hidden_states.shape[0]
+        offsets = row_offsets(padding, B, hidden_states.device)
+        topk_indices = to_columns(forced.to(hidden_states.device), offsets, S)
+    elif sparse and handle.oracle:
         topk_indices = oracle_topk(qt, kt, cfg.index_topk, scale=self.scaling, key_padding_mask=padding)
     elif sparse:
         topk_indices = indexer_topk(
@@ -157,6 +174,26 @@ def _index(
             )
         )
     return topk_indices
+
+
+def _record(self, handle: DSAHandle, p: _Projected, attention_mask, topk_indices) -> None:
+    """Keep Indexing: this layer's selection as row positions ``[B, T, k]`` (:mod:`dsv32.dsa.keep`)
+    into ``handle.recorded`` (every visible key where the layer ran dense)."""
+    cfg = handle.config
+    if cfg.mode != "sparse":
+        raise IndexingError(
+            f"layer {self.layer_idx}: Keep Indexing records selections in sparse mode; DSA is in "
+            f"{cfg.mode!r} mode (handle.set_mode('sparse'))"
+        )
+    B, _, T, _ = p.q.shape
+    S = p.k.shape[2]
+    padding = _key_padding(attention_mask, S)
+    positions = key_positions(padding, B, S, p.q.device)
+    if topk_indices is None:
+        real = None if padding is None else padding[:, S - T :]
+        handle.recorded[self.layer_idx] = dense_positions(positions[:, S - T :], real, cfg.index_topk)
+    else:
+        handle.recorded[self.layer_idx] = pad_slots(to_positions(topk_indices, positions), cfg.index_topk)
 
 
 def _dense_output(self, handle: DSAHandle, p: _Projected, attention_mask, **kwargs):

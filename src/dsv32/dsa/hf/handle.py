@@ -26,6 +26,11 @@ class DSAHandle:
     losses: dict[int, torch.Tensor] = field(default_factory=dict)
     observer: Callable[[LayerView], None] | None = None
     oracle: bool = False  # sparse mode selects the oracle top-k (evaluation: the indexer's upper bound)
+    # Keep Indexing (dsv32.dsa.keep): each forward's selections, by layer, when recording; and the
+    # selections to force instead of the indexer's ({layer: [B, T, k] row positions}) or None
+    record_topk: bool = False
+    recorded: dict[int, torch.Tensor] = field(default_factory=dict)
+    forced_topk: dict[int, torch.Tensor] | None = None
 
     @property
     def mode(self) -> str:
@@ -75,6 +80,30 @@ class DSAHandle:
             yield self
         finally:
             self.oracle = old
+
+    def stacked_indexing(self) -> torch.Tensor:
+        """The last forward's recorded selections ``[len(modules), B, T, k]`` (layers in order)."""
+        missing = sorted(set(self.modules) - set(self.recorded))
+        if missing:
+            raise DSAError(f"no selection was recorded for DSA layers {missing}: record in sparse mode")
+        return torch.stack([self.recorded[i] for i in sorted(self.modules)])
+
+    @contextmanager
+    def indexing(self, forced: torch.Tensor | None = None, record: bool = False) -> Iterator[DSAHandle]:
+        """Within the block, forwards force ``forced`` ``[len(modules), B, T, k]`` (row positions, DSA
+        layers in order) and/or record their selections (:meth:`stacked_indexing`)."""
+        if forced is not None and forced.shape[0] != len(self.modules):
+            raise DSAError(
+                f"indexing holds {forced.shape[0]} layers' selections; DSA is on {len(self.modules)} layers"
+            )
+        old = self.forced_topk, self.record_topk
+        self.forced_topk = None if forced is None else dict(zip(sorted(self.modules), forced.unbind(0)))
+        self.record_topk = record
+        self.recorded = {}
+        try:
+            yield self
+        finally:
+            self.forced_topk, self.record_topk = old
 
     @contextmanager
     def observing(self, observer: Callable[[LayerView], None]) -> Iterator[DSAHandle]:

@@ -46,7 +46,8 @@ from dsv32.rl.grpo.rollout import SamplingConfig, truncates
 @dataclass
 class StepRecord:
     """One model call: ``prompt`` ids, sampled ``tokens`` (``logprobs`` per token), ``kept``
-    ``[n, K]`` (−1 padded) or None, ``routing`` ``[layers, len(prompt) + n − 1, k]`` or None;
+    ``[n, K]`` (−1 padded) or None, ``routing`` ``[layers, len(prompt) + n − 1, k]`` or None,
+    ``indexing`` (the indexer's selections, row positions) laid out like ``routing``, or None;
     ``weight_version``: the engine's weights that sampled it."""
 
     prompt: list[int]
@@ -56,6 +57,7 @@ class StepRecord:
     routing: torch.Tensor | None
     ended: bool
     weight_version: int | None = None
+    indexing: torch.Tensor | None = None
 
 
 class LockstepBatcher:
@@ -72,11 +74,12 @@ class LockstepBatcher:
         keep_routing: bool = False,
         engine: RolloutEngine | None = None,
         reuse_prefix: bool = True,
+        keep_indexing: bool = False,
     ) -> None:
         """``generator``: one for every call, or one per episode (``episodes`` of them; the
         episodes of a group share one object). ``reuse_prefix``: the in-process engine keeps each
         episode's KV entries between its calls (:mod:`dsv32.engine.prefix`; not with
-        ``keep_routing``)."""
+        ``keep_routing`` or ``keep_indexing``, which record every position of each call)."""
         if generator is not None and not isinstance(generator, torch.Generator):
             generator = list(generator)
             if len(generator) != episodes:
@@ -85,11 +88,12 @@ class LockstepBatcher:
         self.engine = engine if engine is not None else InProcessEngine(policy.model)
         self.calls = 0  # batched calls so far (the engine's turn counter)
         self.generator, self.keep_routing = generator, keep_routing
+        self.keep_indexing = keep_indexing
         self.cond = threading.Condition()
         self.live = episodes  # episodes that have not left yet
         self.pending: dict[int, list[int]] = {}  # episode → its pending prompt
         self.results: dict[int, StepRecord | BaseException] = {}
-        in_process = self.engine.shares_weights and not keep_routing
+        in_process = self.engine.shares_weights and not (keep_routing or keep_indexing)
         self.prefix = PrefixCache() if reuse_prefix and in_process else None
 
     def leave(self) -> None:
@@ -167,6 +171,7 @@ class LockstepBatcher:
             return_routing=self.keep_routing,
             return_kept=truncates(s),
             prefix=self.prefix,
+            **({"return_indexing": True} if self.keep_indexing else {}),
         )
 
     def _records(self, prompts: list[list[int]], out) -> list[StepRecord]:
@@ -179,10 +184,15 @@ class LockstepBatcher:
             routing = None
             if out.routing is not None:  # [layers, B, P + N - 1, k] → this row, without its left padding
                 routing = out.routing[:, j, P - len(prompt) : P + n - 1].clone()
+            indexing = None
+            if self.keep_indexing and out.indexing is not None:  # row positions: only the columns move
+                indexing = out.indexing[:, j, P - len(prompt) : P + n - 1].clone()
             kept = out.kept[j].clone() if out.kept is not None else None
             ended = n > 0 and tokens[-1] in self.stop_ids
             records.append(
-                StepRecord(list(prompt), tokens, out.logprobs[j], kept, routing, ended, out.weight_version)
+                StepRecord(
+                    list(prompt), tokens, out.logprobs[j], kept, routing, ended, out.weight_version, indexing
+                )
             )
         return records
 

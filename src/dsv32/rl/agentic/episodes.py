@@ -89,19 +89,22 @@ def run_episodes(
     keep_routing: bool = False,
     engine=None,
     runner=None,
+    keep_indexing: bool = False,
 ) -> list[Episode]:
     """Run one episode per ``(make_env, task, domain)`` job, all at once (threads, batched model
     calls); returns them in job order. ``generator``: one for all, or one per job (the jobs of a
     group sharing one object: the group's episodes then do not depend on the other jobs, see
     :class:`~dsv32.rl.agentic.batcher.LockstepBatcher`). ``engine``: the :class:`~dsv32.rl.engines.RolloutEngine` that
-    samples (default: the policy's model in process); ``runner``: where the environments live
+    samples (default: the policy's model in process); ``keep_indexing``: record the indexer's
+    selections (Keep Indexing; DSA in sparse mode); ``runner``: where the environments live
     (:mod:`dsv32.rl.agentic.fanout`: default in this process, or on Ray actors)."""
     if settings.context == "parallel_fewest_step":
         raise ValueError("parallel_fewest_step picks one of several threads: GRPO's group already samples G")
     stop = [policy.tokenizer.convert_tokens_to_ids(EOS)]
     batcher = LockstepBatcher(
-        policy, sampling, stop, len(jobs), generator=generator, keep_routing=keep_routing, engine=engine
-    )
+        policy, sampling, stop, len(jobs), generator=generator, keep_routing=keep_routing, engine=engine,
+        keep_indexing=keep_indexing,
+    )  # fmt: skip
 
     def one(index: int) -> Episode:
         make_env, task, domain = jobs[index]
@@ -173,6 +176,7 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
     kept: list[torch.Tensor] = field(default_factory=list)
     routing: torch.Tensor | None = None
+    indexing: torch.Tensor | None = None
 
     @property
     def ids(self) -> list[int]:
@@ -199,6 +203,7 @@ def episode_rows(records: Sequence[StepRecord]) -> list[Row]:
         k = rec.kept if rec.kept is not None else torch.full((len(rec.tokens), 1), -1, dtype=torch.int32)
         row.kept.append(k.to(torch.int32))
         row.routing = rec.routing  # the last call's routing covers every position of the row
+        row.indexing = rec.indexing  # and so do its selections
     return [r for r in rows if any(r.actions)]
 
 
@@ -223,6 +228,16 @@ def rows_to_rollouts(
                 left = batch.start - len(r.prompt)
                 routing[:, i, left : left + r.routing.shape[1]] = r.routing
         batch.routing = routing
+    indexed = [r.indexing for r in rows if r.indexing is not None]
+    if indexed:
+        layers, _, topk = indexed[0].shape
+        width = batch.sequences.shape[1] - 1
+        indexing = torch.full((layers, len(rows), width, topk), -1, dtype=torch.int32, device=device)
+        for i, r in enumerate(rows):
+            if r.indexing is not None:
+                left = batch.start - len(r.prompt)
+                indexing[:, i, left : left + r.indexing.shape[1]] = r.indexing
+        batch.indexing = indexing
     return batch
 
 
@@ -313,6 +328,11 @@ def concat_rollouts(a: Rollouts, b: Rollouts, pad: int) -> Rollouts:
         routing = torch.cat([p["routing"] for p in parts], 1)
     elif a.routing is not None or b.routing is not None:
         raise ValueError("cannot join a batch with Keep Routing records to one without")
+    indexing = None
+    if a.indexing is not None and b.indexing is not None:
+        indexing = torch.cat([p["indexing"] for p in parts], 1)
+    elif a.indexing is not None or b.indexing is not None:
+        raise ValueError("cannot join a batch with Keep Indexing records to one without")
     return Rollouts(
         tasks=a.tasks + b.tasks,
         sequences=torch.cat([p["seq"] for p in parts]),
@@ -325,6 +345,7 @@ def concat_rollouts(a: Rollouts, b: Rollouts, pad: int) -> Rollouts:
         completions=a.completions + b.completions,
         num_tokens=a.num_tokens + b.num_tokens,
         truncated=a.truncated + b.truncated,
+        indexing=indexing,
     )
 
 
@@ -349,4 +370,12 @@ def _relayout(r: Rollouts, P: int, T: int, pad: int) -> dict[str, Any]:
         layers, _, _, k = r.routing.shape
         routing = torch.zeros(layers, B, P + T - 1, k, dtype=r.routing.dtype, device=dev)
         routing[:, :, off : off + r.routing.shape[2]] = r.routing
-    return {"seq": seq, "mask": mask, "action": action, "logp": logp, "kept": kept, "routing": routing}
+    indexing = None
+    if r.indexing is not None:
+        layers, _, _, k = r.indexing.shape
+        indexing = torch.full((layers, B, P + T - 1, k), -1, dtype=torch.int32, device=dev)
+        indexing[:, :, off : off + r.indexing.shape[2]] = r.indexing
+    return {
+        "seq": seq, "mask": mask, "action": action, "logp": logp, "kept": kept, "routing": routing,
+        "indexing": indexing,
+    }  # fmt: skip

@@ -133,7 +133,10 @@ def evaluate_agentic(
     episodes = run_episodes(
         policy, jobs, SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens), settings
     )
-    light = [replace(e, records=[replace(r, kept=None, routing=None) for r in e.records]) for e in episodes]
+    light = [
+        replace(e, records=[replace(r, kept=None, routing=None, indexing=None) for r in e.records])
+        for e in episodes
+    ]
     gathered = sorted(
         (x for part in distributed.all_gather_objects(list(zip(mine, light))) for x in part),
         key=lambda x: x[0],
@@ -229,6 +232,7 @@ class AgenticTrainer(GRPOTrainer):
         episodes = run_episodes(
             self.sampler, jobs, rl.sampling, self.settings, generator=[groups[i // G] for i in range(len(jobs))],
             keep_routing=self.grpo.keep_routing, engine=self.engine, runner=self.runner,
+            keep_indexing=self.grpo.keep_indexing,
         )  # fmt: skip
         staleness = check_staleness(episode_versions(episodes), step, rl.engine.max_off_policy_steps)
         for e in episodes:

@@ -46,7 +46,9 @@ class EngineOutput:
       engine did not return them;
     - ``routing`` ``[num_moe_layers, B, P + N - 1, k]`` in the layout of
       :func:`dsv32.engine.generate` (prompts left-padded to P, N the longest continuation), or None;
-    - ``weight_version``: the version of the weights that sampled (None: the engine did not say).
+    - ``weight_version``: the version of the weights that sampled (None: the engine did not say);
+    - ``indexing`` ``[DSA layers, B, P + N - 1, index_topk]`` ``int32`` the indexer's selections as
+      row positions (Keep Indexing, :mod:`dsv32.dsa.keep`), laid out like ``routing``, or None.
     """
 
     tokens: list[list[int]]
@@ -54,6 +56,7 @@ class EngineOutput:
     kept: list[torch.Tensor] | None
     routing: torch.Tensor | None
     weight_version: int | None
+    indexing: torch.Tensor | None = None
 
 
 SEED_MOD = 2**63 - 1
@@ -160,8 +163,10 @@ class RolloutEngine(Protocol):
         return_kept: bool,
         return_routing: bool,
         prefix: PrefixCache | None = None,
+        return_indexing: bool = False,
     ) -> EngineOutput:
-        """Sample a continuation of every prompt. ``generator`` seeds the rollout and ``turn`` counts
+        """Sample a continuation of every prompt. ``return_indexing``: also the indexer's selections
+        (a model with DSA in sparse mode; callers pass it only when they want them). ``generator`` seeds the rollout and ``turn`` counts
         its calls: turn ``t`` samples with :func:`turn_generator` (an engine in another process
         receives its seed, :func:`turn_seed`). A generator per row (rows that share one draw from it
         together) only where :attr:`shares_weights`; elsewhere :func:`split_calls` makes one call

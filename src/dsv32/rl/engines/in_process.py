@@ -43,6 +43,7 @@ class InProcessEngine:
         return_kept: bool,
         return_routing: bool,
         prefix: PrefixCache | None = None,
+        return_indexing: bool = False,
     ) -> EngineOutput:
         """:func:`dsv32.engine.generate` over the batch; ``prefix``: a
         :class:`~dsv32.engine.prefix.PrefixCache` the calls of one batch of episodes share."""
@@ -59,6 +60,7 @@ class InProcessEngine:
             top_p=top_p,
             top_k=top_k,
             prefix=prefix,
+            return_indexing=return_indexing,
         )
         # one copy from the device for the whole batch, not one per row
         lengths, tokens, logps = out.lengths.tolist(), out.tokens.tolist(), out.logprobs.tolist()
@@ -68,6 +70,7 @@ class InProcessEngine:
             kept=[out.kept_token_ids[j, :n] for j, n in enumerate(lengths)] if return_kept else None,
             routing=out.routing,
             weight_version=self.version,
+            indexing=out.indexing,
         )
 
     def sync(self, model: torch.nn.Module, version: int) -> float:

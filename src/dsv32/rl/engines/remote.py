@@ -55,6 +55,7 @@ from dsv32.engine.wire import (
     ModelList,
     WeightInfo,
     as_version,
+    decode_topk,
 )
 from dsv32.rl.engines.base import SEED_MOD, EngineError, EngineOutput, turn_seed
 from dsv32.rl.engines.http import EngineClient, wire_body
@@ -135,6 +136,7 @@ class RemoteEngine:
         return_kept: bool,
         return_routing: bool,
         prefix: PrefixCache | None = None,
+        return_indexing: bool = False,
     ) -> EngineOutput:
         if prefix is not None:
             raise EngineError(
@@ -153,6 +155,8 @@ class RemoteEngine:
             return_sampling_mask=return_kept,
             return_routed_experts=return_routing,
         )
+        if return_indexing:
+            params["return_indexer_topk"] = True
         if self.api == "dsv32":
             body = self._body([list(p) for p in prompts], params, seed, pad_token_id=pad)
             reply = self.client.typed(GenerateResponse, "POST", "/inference/v1/generate", body)
@@ -173,7 +177,10 @@ class RemoteEngine:
             versions = [_choice_version(c, r.weight_version) for c, r in zip(choices, replies)]
         if len(choices) != len(prompts) or any(c is None for c in choices):
             raise EngineError(f"the engine returned {len(choices)} choices for {len(prompts)} prompts")
-        return _output(prompts, choices, versions, return_kept, return_routing, self.api == "dsv32")
+        output = _output(prompts, choices, versions, return_kept, return_routing, self.api == "dsv32")
+        if return_indexing and all(c.indexer_topk is not None for c in choices):
+            output.indexing = _indexing(prompts, output.tokens, choices, self.api == "dsv32")
+        return output
 
     def _body(self, token_ids: list, params: dict, seed: int | None, **extra) -> GenerateRequest:
         sampling = wire_body(GenerateParams, **params, seed=seed)
@@ -289,6 +296,28 @@ def _output(
     # rows sampled across a sync (one request per row): the oldest version counts
     version = None if any(v is None for v in versions) else min(versions)
     return EngineOutput(tokens=tokens, logprobs=logprobs, kept=kept, routing=routing, weight_version=version)
+
+
+def _indexing(prompts, tokens, choices: list[GenerateChoice], batch_layout: bool) -> torch.Tensor:
+    """Per-choice base64 ``[positions, layers, k]`` selections (row positions) → ``[layers, B, P + N -
+    1, k]`` int32 laid out as :func:`_routing` lays out routing, −1 where nothing was recorded."""
+    P = max(len(p) for p in prompts)
+    N = max(1, max(len(t) for t in tokens))
+    rows = []
+    for i, c in enumerate(choices):
+        try:
+            rows.append(torch.from_numpy(decode_topk(c.indexer_topk, c.indexer_topk_shape or [])))
+        except ValueError as err:
+            raise EngineError(f"choice {i}: {err}") from err
+    layers, k = rows[0].shape[1], rows[0].shape[2]
+    out = torch.full((layers, len(prompts), P + N - 1, k), -1, dtype=torch.int32)
+    for i, (p, r) in enumerate(zip(prompts, rows)):
+        if r.shape[1:] != (layers, k):
+            raise EngineError(f"choice {i}: indexer_topk of shape {list(r.shape)}, others {[layers, k]}")
+        lo = 0 if batch_layout else P - len(p)
+        n = min(r.shape[0], P + N - 1 - lo)
+        out[:, i, lo : lo + n] = r.permute(1, 0, 2)[:, :n]
+    return out
 
 
 def _routing(prompts, tokens, rows: list[list], batch_layout: bool) -> torch.Tensor:

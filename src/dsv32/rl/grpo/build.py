@@ -17,6 +17,7 @@ import torch
 
 from dsv32 import distributed
 from dsv32.rl.grpo.config import GRPOConfig, RLConfig
+from dsv32.rl.grpo.indexing import is_indexer_parameter, sparse_dsa
 from dsv32.rl.grpo.policy import Policy
 from dsv32.runlog import file_digest
 
@@ -40,9 +41,12 @@ def lr_factor(step: int, g: GRPOConfig) -> float:
 
 
 def trained_grpo(g: GRPOConfig, policy: Policy) -> GRPOConfig:
-    """``g`` as it applies to ``policy``: Keep Routing off for a dense model (no routing to keep)."""
+    """``g`` as it applies to ``policy``: Keep Routing off for a dense model (no routing to keep),
+    Keep Indexing and the indexer loss off for a model without DSA in sparse mode (no selection)."""
     if g.keep_routing and policy.kind != "native":
-        return dataclasses.replace(g, keep_routing=False)
+        g = dataclasses.replace(g, keep_routing=False)
+    if (g.keep_indexing or g.indexer_loss) and not sparse_dsa(policy.model):
+        g = dataclasses.replace(g, keep_indexing=False, indexer_loss=False)
     return g
 
 
@@ -55,12 +59,23 @@ def reference_policy(policy: Policy, g: GRPOConfig) -> Policy | None:
 
 
 def make_optimizer(policy: Policy, g: GRPOConfig) -> torch.optim.AdamW:
-    """AdamW over the policy, with weight decay on its matrices only."""
-    params = list(policy.model.parameters())
+    """AdamW over the policy, with weight decay on its matrices only. With ``indexer_loss`` the DSA
+    indexer's parameters are groups of their own (``side = "indexer"``) at ``indexer_lr``."""
+    named = list(policy.model.named_parameters())
+    index = {id(p) for n, p in named if g.indexer_loss and is_indexer_parameter(n)}
+    params = [p for _, p in named if id(p) not in index]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": g.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
+    if index:
+        indexer = [p for _, p in named if id(p) in index]
+        groups += [
+            {"params": [p for p in indexer if p.dim() >= 2], "weight_decay": g.weight_decay},
+            {"params": [p for p in indexer if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        for group in groups[2:]:
+            group |= {"side": "indexer", "lr": g.indexer_lr}
     return torch.optim.AdamW(groups, lr=g.lr, betas=tuple(g.betas))
 
 

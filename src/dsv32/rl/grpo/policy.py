@@ -110,12 +110,15 @@ class Policy:
         temperature: float = 1.0,
         action_mask: torch.Tensor | None = None,
         trunk: tuple[torch.Tensor, int] | None = None,
+        indexing: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """log π_θ of ``sequences[:, start:]`` given everything before, ``[B, L - start]``.
 
         ``sequences``/``attention_mask`` ``[B, L]`` (left-padded prompts, then actions);
         ``kept_ids`` ``[B, L - start, K]`` (−1 padded) renormalizes over the kept sets;
         ``routing`` ``[num_moe_layers, B, L - 1, k]`` forces the experts (native model only);
+        ``indexing`` ``[DSA layers, B, L - 1, index_topk]`` forces the indexer's selections (row
+        positions, :mod:`dsv32.dsa.keep`; a model with DSA in sparse mode);
         ``action_mask`` ``[B, L - start]``: only these positions go through the LM head (the
         log-probs elsewhere are 0) — in a multi-turn row the tool results and the text that reopens
         each turn sit between the actions, and the head (a ``[V, D]`` matmul per position, its
@@ -135,6 +138,7 @@ class Policy:
         kept_ids = None if kept_ids is None else kept_ids[:, : end - start]
         select = None if action_mask is None else action_mask[:, : end - start].bool()
         routing = None if routing is None else routing[:, :, lead : end - 1]
+        indexing = None if indexing is None else indexing[:, :, lead : end - 1]  # row positions: unchanged
         start -= lead
         ids = sequences[:, :-1]
         mask = attention_mask[:, :-1]
@@ -145,7 +149,9 @@ class Policy:
             raise ValueError("a trunk forward needs a Hugging Face model; this policy is the native one")
         if self.kind == "native":
             with _head_at(self.model, select):
-                out = self.model(ids, attention_mask=mask, routing=routing, logits_to_keep=T)
+                out = self.model(
+                    ids, attention_mask=mask, routing=routing, indexing=indexing, logits_to_keep=T
+                )
         else:
             positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
             inputs = {"input_ids": ids}
@@ -153,7 +159,11 @@ class Policy:
             if trunk is not None:
                 states, depth = trunk
                 inputs = {"inputs_embeds": states[:, lead : end - 1]}
-            with _head_at(self.model, select), _only_layers(self.model, depth, None):
+            with (
+                _head_at(self.model, select),
+                _only_layers(self.model, depth, None),
+                _forcing(self.model, indexing),
+            ):
                 out = self.model(
                     **inputs, attention_mask=mask, position_ids=positions, logits_to_keep=T, use_cache=False
                 )
@@ -248,6 +258,18 @@ def _only_layers(model: nn.Module, first: int, stop: int | None):
         yield
     finally:
         decoder.layers = every
+
+
+@contextmanager
+def _forcing(model: nn.Module, indexing: torch.Tensor | None):
+    """Within the block, the DSA layers of an HF ``model`` attend to ``indexing`` (Keep Indexing)."""
+    if indexing is None:
+        yield
+        return
+    from dsv32.dsa.hf import get_dsa
+
+    with get_dsa(model).indexing(forced=indexing):
+        yield
 
 
 @contextmanager

@@ -71,6 +71,8 @@ class Rollouts:
     - ``sampling_logprobs`` ``[B, T]``: the engine's log-probs (0 off the actions);
     - ``kept_ids`` ``[B, T, K]`` −1-padded kept sets, or None (sampling without truncation);
     - ``routing`` ``[num_moe_layers, B, L - 1, k]`` recorded experts, or None;
+    - ``indexing`` ``[DSA layers, B, L - 1, index_topk]`` ``int32`` recorded selections as row positions
+      (Keep Indexing, :mod:`dsv32.dsa.keep`; −1 empty), or None;
     - ``completions``: decoded completion per row (appended tool text included); ``num_tokens``:
       generated tokens per row; ``truncated``: the episode hit a token budget before its end token;
     - ``weight_versions``: per row, the (oldest) weight version the engine sampled it with, or None;
@@ -90,6 +92,7 @@ class Rollouts:
     truncated: list[bool]
     weight_versions: list[int | None] | None = None
     staleness: list[int] | None = None
+    indexing: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.sequences.shape[0]
@@ -102,6 +105,7 @@ class Rollouts:
             "start": self.start,
             "kept_ids": None if self.kept_ids is None else self.kept_ids[idx],
             "routing": None if self.routing is None else self.routing[:, idx],
+            "indexing": None if self.indexing is None else self.indexing[:, idx],
             "action_mask": self.action_mask[idx],
         }
 
@@ -142,6 +146,7 @@ def rollout(
     hook: TurnHook | None = None,
     engine: RolloutEngine | None = None,
     group_generators: Sequence[torch.Generator] | None = None,
+    keep_indexing: bool = False,
 ) -> Rollouts:
     """Sample ``group_size`` completions for each task (one batched ``engine.generate`` per turn;
     default engine: the policy's own model, in process). An engine that returns no kept sets / no
@@ -151,7 +156,8 @@ def rollout(
     generator — in the in-process engine's one batched call (:func:`dsv32.engine.generate` with a
     generator per row), in concurrent engine calls of its own with another engine — so a group's samples do not
     depend on which other tasks share the batch: a batch split by whole groups over several processes
-    samples exactly what one process samples."""
+    samples exactly what one process samples. ``keep_indexing``: record the indexer's selections
+    (Keep Indexing; a policy with DSA in sparse mode), single-turn rollouts only."""
     if group_generators is not None and len(group_generators) != len(tasks):
         raise ValueError(f"group_generators: {len(group_generators)} generators for {len(tasks)} tasks")
     engine = engine if engine is not None else InProcessEngine(policy.model)
@@ -159,6 +165,8 @@ def rollout(
         raise ValueError("keep_routing needs the native MoE model (HF policies are dense)")
     if keep_routing and hook is not None and sampling.max_turns > 1:
         raise ValueError("Keep Routing is recorded for single-turn rollouts only")
+    if keep_indexing and hook is not None and sampling.max_turns > 1:
+        raise ValueError("Keep Indexing is recorded for single-turn rollouts only")
     rows = [t for t in tasks for _ in range(group_size)]
     rendered = [policy.prompt_ids(t) for t in tasks]
     check_context(policy, tasks, generation_budget(sampling), rendered)
@@ -174,6 +182,7 @@ def rollout(
     truncated = [False] * len(rows)
     routing = None
     routed: list[tuple[list[int], torch.Tensor | None]] = []  # (rows, the call's routing)
+    indexed: list[tuple[list[int], torch.Tensor | None]] = []  # (rows, the call's selections)
     versions: list[int | None] = [None] * len(rows)
     active = list(range(len(rows)))
     for turn in range(sampling.max_turns):
@@ -184,6 +193,8 @@ def rollout(
         calls = split_calls(engine, active, generator if per_row is None else per_row)
         kw = dict(params, eos=policy.eos_token_id, pad=policy.pad_token_id, turn=turn)
         kw |= dict(return_routing=keep_routing, return_kept=truncating)
+        if keep_indexing:
+            kw["return_indexing"] = True
 
         def generate(call, kw=kw):
             call_rows, gen = call
@@ -197,6 +208,8 @@ def rollout(
         outs = run_calls(calls, generate)  # applied in order below
         still = []
         for (call_rows, _), out in zip(calls, outs):
+            if keep_indexing:
+                indexed.append((call_rows, out.indexing))
             more, kept_sets = _apply_turn(
                 engine, out, call_rows, rows, tokens, actions, logps, kept, truncated, versions, routed,
                 sampling, policy, hook, turn, keep_routing, truncating,
@@ -212,6 +225,14 @@ def rollout(
             f"routing:{engine.name}",
             f"rollouts: the {engine.name} engine returned no routed experts: no Keep Routing",
         )
+    indexing = None
+    if keep_indexing and indexed and all(r is not None for _, r in indexed):
+        indexing = _place_routing(indexed, prompts, max(1, max(len(t) for t in tokens)), fill=-1)
+    elif keep_indexing:
+        _warn(
+            f"indexing:{engine.name}",
+            f"rollouts: the {engine.name} engine returned no indexer selections: no Keep Indexing",
+        )
     batch = layout_rollouts(
         rows, prompts, tokens, actions, logps, kept if truncating else None, pad, policy.device,
         completions=[policy.decode(t) for t in tokens], truncated=truncated,
@@ -219,15 +240,20 @@ def rollout(
     batch.weight_versions = versions
     if routing is not None:
         batch.routing = routing.to(policy.device)
+    if indexing is not None:
+        batch.indexing = indexing.to(policy.device)
     return batch
 
 
-def _place_routing(routed: list[tuple[list[int], torch.Tensor]], prompts, T: int) -> torch.Tensor:
-    """The routing of each engine call (its own layout: its prompts left-padded to its longest, width
-    ``P_call + N_call - 1``) placed into the batch's layout ``[layers, B, P + T - 1, k]``."""
+def _place_routing(
+    routed: list[tuple[list[int], torch.Tensor]], prompts, T: int, fill: int = 0
+) -> torch.Tensor:
+    """The routing (or the selections) of each engine call (its own layout: its prompts left-padded
+    to its longest, width ``P_call + N_call - 1``) placed into the batch's layout
+    ``[layers, B, P + T - 1, k]``; ``fill`` where nothing was recorded."""
     P = max(len(p) for p in prompts)
     first = routed[0][1]
-    out = first.new_zeros((first.shape[0], len(prompts), P + T - 1, first.shape[-1]))
+    out = first.new_full((first.shape[0], len(prompts), P + T - 1, first.shape[-1]), fill)
     for call_rows, r in routed:
         shift = P - max(len(prompts[i]) for i in call_rows)
         width = min(r.shape[2], out.shape[2] - shift)

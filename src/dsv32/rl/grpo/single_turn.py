@@ -103,6 +103,7 @@ def sample_prompts(
         rl.sampling,
         group_generators=[step_generator(rl.seed, step, stream, k) for k in keys],
         keep_routing=g.keep_routing,
+        keep_indexing=g.keep_indexing,
         hook=hook,
         engine=trainer.engine,
     )

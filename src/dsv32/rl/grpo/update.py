@@ -15,6 +15,7 @@ import torch
 
 from dsv32 import distributed
 from dsv32.rl.grpo.config import GRPOConfig
+from dsv32.rl.grpo.indexing import indexer_losses
 from dsv32.rl.grpo.loss import OutputTotals, grpo_loss, output_index, sequence_kl_coefs
 from dsv32.rl.grpo.policy import Policy
 from dsv32.rl.grpo.rollout import Rollouts
@@ -122,6 +123,7 @@ def grpo_update(
         kl_coefs=sequence_kl_coefs(domains, cfg.domain_kl_coef, default=cfg.kl_coef).to(device),
         kept=batch.kept_ids if cfg.keep_sampling_mask else None,
         routing=batch.routing if cfg.keep_routing else None,
+        indexing=batch.indexing if cfg.keep_indexing else None,
         old=old,
         trunk=trunk,
         guard=guard if guard is not None else rl_guard(cfg.max_skipped_updates),
@@ -139,8 +141,8 @@ def grpo_update(
 @dataclass
 class _Update:
     """What every mini-batch of one :func:`grpo_update` call reads: the batch, each row's output
-    (``ids``, ``output_of_row``), π_ref's and π_old's log-probs, the per-row β, the kept sets and
-    routing replayed (None: off), the frozen trunk's states."""
+    (``ids``, ``output_of_row``), π_ref's and π_old's log-probs, the per-row β, the kept sets,
+    routing and indexer selections replayed (None: off), the frozen trunk's states."""
 
     policy: Policy
     optimizer: torch.optim.Optimizer
@@ -155,6 +157,7 @@ class _Update:
     kl_coefs: torch.Tensor
     kept: torch.Tensor | None
     routing: torch.Tensor | None
+    indexing: torch.Tensor | None
     old: torch.Tensor
     trunk: tuple[torch.Tensor, int] | None
     guard: UpdateGuard
@@ -177,7 +180,7 @@ def _mini_batch(u: _Update, outputs: torch.Tensor) -> dict:
     if cfg.opsm_delta is not None:
         rests = _log_ratio_rest(
             u.policy, batch, mb, ids[mb], u.advantages[mb], parts, u.kept, u.routing, u.temperature,
-            cfg.micro_batch, u.trunk,
+            cfg.micro_batch, u.trunk, u.indexing,
         )  # fmt: skip
     sums: dict[str, float] = dict.fromkeys(_SHARE_METRICS + _TOKEN_METRICS, 0.0)
     sums |= {"ratio_max": -math.inf, "ratio_min": math.inf}
@@ -185,16 +188,29 @@ def _mini_batch(u: _Update, outputs: torch.Tensor) -> dict:
     for k in range(n_parts):
         distributed.set_gradient_sync(u.policy.model, k == n_parts - 1)  # one reduce per update
         if k >= len(parts):  # this rank has no rows left: a forward/backward that adds nothing
-            _idle_pass(u.policy, batch, u.kept, u.routing, u.temperature, grad=True)
+            _idle_pass(
+                u.policy, batch, u.kept, u.routing, u.temperature, grad=True, indexing=u.indexing,
+                indexer_loss=cfg.indexer_loss,
+            )  # fmt: skip
             continue
-        finite &= _micro_batch(u, mb[parts[k]], totals.part(parts[k], rests[k]), sums, mb_tokens)
+        share = len(parts[k]) / len(mb)  # of the mini-batch's rows (the indexer loss's weight)
+        finite &= _micro_batch(u, mb[parts[k]], totals.part(parts[k], rests[k]), sums, mb_tokens, share)
     keys = _SHARE_METRICS + _TOKEN_METRICS
     sums |= dict(zip(keys, distributed.all_sum([sums[key] for key in keys])))
     high, low = distributed.all_max([sums["ratio_max"], -sums["ratio_min"]])
     sums["ratio_max"], sums["ratio_min"] = high, -low
-    params = [p for g in u.optimizer.param_groups for p in g["params"]]
+    groups = u.optimizer.param_groups
+    params = [p for g in groups if g.get("side") != "indexer" for p in g["params"]]
     norm = distributed.clip_grad_norm(params, cfg.clip_grad or math.inf)
     sums["grad_norm"] = norm
+    indexer = [p for g in groups if g.get("side") == "indexer" for p in g["params"]]
+    if indexer:  # clipped on its own, as in the sparse stage: its loss is not the policy's
+        index_norm = distributed.clip_grad_norm(indexer, cfg.clip_grad or math.inf)
+        sums["grad_norm_indexer"] = index_norm
+        norm = max(norm, index_norm) if math.isfinite(index_norm) else index_norm
+        for g in groups:  # the policy's schedule, at the indexer's own rate
+            if g.get("side") == "indexer":
+                g["lr"] = groups[0]["lr"] * cfg.indexer_lr / cfg.lr
     ok = u.guard.allows(distributed.all_true(bool(finite)) and math.isfinite(norm), norm)
     if ok:  # a NaN/inf step would poison the weights and AdamW's moments for good
         u.optimizer.step()
@@ -204,14 +220,18 @@ def _mini_batch(u: _Update, outputs: torch.Tensor) -> dict:
 
 
 def _micro_batch(
-    u: _Update, micro: torch.Tensor, totals: OutputTotals, sums: dict, mb_tokens: int
+    u: _Update, micro: torch.Tensor, totals: OutputTotals, sums: dict, mb_tokens: int, share: float = 1.0
 ) -> torch.Tensor:
     """The forward and backward of rows ``micro`` (their share of the mini-batch's loss), their
-    metrics added to ``sums``; returns whether the loss was finite."""
+    metrics added to ``sums``; returns whether the loss was finite. With ``grpo.indexer_loss`` the
+    forward also gives each DSA layer's indexer loss (Eq. 4 over the selection attended to), whose
+    mean over the layers joins the backward weighted by ``share``, the micro-batch's part of the
+    mini-batch's rows (the two losses reach disjoint parameters: see :mod:`dsv32.rl.grpo.indexing`)."""
     batch, cfg, mask = u.batch, u.cfg, u.batch.action_mask
-    logp = u.policy.action_logprobs(
-        **_rows(batch, micro, u.kept, u.routing, u.trunk), temperature=u.temperature
-    )
+    with indexer_losses(u.policy.model, cfg.indexer_loss) as layer_losses:
+        logp = u.policy.action_logprobs(
+            **_rows(batch, micro, u.kept, u.routing, u.trunk, u.indexing), temperature=u.temperature
+        )
     loss, m = grpo_loss(
         logp,
         u.old[micro],
@@ -226,6 +246,10 @@ def _micro_batch(
         sequence_ids=u.ids[micro],
         totals=totals,
     )
+    if layer_losses:
+        index_loss = sum(layer_losses.values()) / len(layer_losses) * share
+        loss = loss + index_loss
+        sums["indexer_loss"] = sums.get("indexer_loss", 0.0) + float(index_loss.detach())
     loss.backward()  # already this micro-batch's share of the mini-batch's loss
     m["abs_log_ratio"] = _abs_log_ratio(logp.detach(), u.old[micro], mask[micro])
     for key in _SHARE_METRICS:
@@ -252,15 +276,30 @@ def _global_positions(ids: torch.Tensor, n_outputs: int, global_ids: bool) -> tu
     return torch.tensor([where[k] for k in mine], dtype=torch.long), len(every)
 
 
-def _idle_pass(policy: Policy, batch: Rollouts, kept, routing, temperature: float, grad: bool) -> None:
+def _idle_pass(
+    policy: Policy,
+    batch: Rollouts,
+    kept,
+    routing,
+    temperature: float,
+    grad: bool,
+    indexing=None,
+    indexer_loss: bool = False,
+) -> None:
     """A forward (and, with ``grad``, a backward) of this rank's first row whose result counts for
     nothing: under FSDP every rank must run as many forwards as the others, each gathering the
     parameters; its gradient is exactly zero (even for a non-finite log-prob)."""
     row = torch.zeros(1, dtype=torch.long, device=batch.sequences.device)
     with torch.set_grad_enabled(grad):
-        logp = policy.action_logprobs(**_rows(batch, row, kept, routing), temperature=temperature)
+        with indexer_losses(policy.model, grad and indexer_loss) as layer_losses:
+            logp = policy.action_logprobs(
+                **_rows(batch, row, kept, routing, None, indexing), temperature=temperature
+            )
         if grad:
-            logp.masked_fill(torch.ones_like(logp, dtype=torch.bool), 0.0).sum().backward()
+            nothing = logp.masked_fill(torch.ones_like(logp, dtype=torch.bool), 0.0).sum()
+            for v in layer_losses.values():  # the indexer's gradients exist, and are zero, too
+                nothing = nothing + v * 0.0
+            nothing.backward()
 
 
 #: Metrics of :func:`grpo_loss` given as a micro-batch's share of the mini-batch's value (summed), and
@@ -291,6 +330,7 @@ def _log_ratio_rest(
     temperature: float,
     chunk: int,
     trunk=None,
+    indexing=None,
 ) -> list[torch.Tensor]:
     """For each micro-batch ``mb[part]``: per row, Σ log(π_sampling/π_θ) over the action tokens of the
     row's output that lie in the mini-batch's other micro-batches (:class:`OutputTotals`'s
@@ -309,10 +349,12 @@ def _log_ratio_rest(
     chunks = list(need.nonzero().squeeze(1).split(chunk)) if bool(need.any()) else []
     for k in range(int(distributed.all_max([len(chunks)])[0])):  # as many forwards as every rank
         if k >= len(chunks):
-            _idle_pass(policy, batch, kept, routing, temperature, grad=False)
+            _idle_pass(policy, batch, kept, routing, temperature, grad=False, indexing=indexing)
             continue
         rows = mb[chunks[k]]
-        logp = policy.action_logprobs(**_rows(batch, rows, kept, routing, trunk), temperature=temperature)
+        logp = policy.action_logprobs(
+            **_rows(batch, rows, kept, routing, trunk, indexing), temperature=temperature
+        )
         diff = batch.sampling_logprobs[rows] - logp
         per_row[chunks[k]] = torch.where(batch.action_mask[rows], diff, 0.0).sum(-1).float()
     total = torch.zeros(n, device=device).index_add_(0, output, per_row)
@@ -336,10 +378,11 @@ def _by_length(batch: Rollouts, idx: torch.Tensor) -> torch.Tensor:
     return idx[torch.argsort(batch.attention_mask[idx].sum(1), stable=True)]
 
 
-def _rows(batch: Rollouts, idx, kept, routing, trunk=None) -> dict:
+def _rows(batch: Rollouts, idx, kept, routing, trunk=None, indexing=None) -> dict:
     rows = batch.rows(idx)
     rows["kept_ids"] = None if kept is None else kept[idx]
     rows["routing"] = None if routing is None else routing[:, idx]
+    rows["indexing"] = None if indexing is None else indexing[:, idx]
     if trunk is not None:
         rows["trunk"] = (trunk[0][idx], trunk[1])
     return rows
@@ -371,16 +414,18 @@ def _batch_logprobs(
     current policy's recomputed "old" ones; from ``trunk``'s states when given."""
     kept = batch.kept_ids if cfg.keep_sampling_mask else None
     routing = batch.routing if cfg.keep_routing else None
+    indexing = batch.indexing if cfg.keep_indexing else None
     idx_all = _by_length(batch, torch.arange(len(batch), device=batch.sequences.device))
     chunks = idx_all.split(cfg.micro_batch)
     n = int(distributed.all_max([len(chunks)])[0])  # as many forwards on every rank, agreed first
     out = []
     for k in range(n):
         if k >= len(chunks):
-            _idle_pass(policy, batch, kept, routing, temperature, grad=False)
+            _idle_pass(policy, batch, kept, routing, temperature, grad=False, indexing=indexing)
             continue
         idx = chunks[k]
-        out.append(policy.action_logprobs(**_rows(batch, idx, kept, routing, trunk), temperature=temperature))
+        rows = _rows(batch, idx, kept, routing, trunk, indexing)
+        out.append(policy.action_logprobs(**rows, temperature=temperature))
     logp = torch.empty_like(batch.sampling_logprobs, dtype=out[0].dtype)
     logp[idx_all] = torch.cat(out)
     return logp
