@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dsv32.dsa.keep import IndexingError
 from dsv32.engine.backends import backend_for, eos_ids, pad_prompts
 from dsv32.engine.constraint import Constraint, allowed_rows
 from dsv32.engine.prefix import PrefixCache
@@ -34,6 +35,9 @@ class GenerationOutput:
     - ``lengths`` ``[B]``: generated tokens per row, EOS included;
     - ``routing`` ``[num_moe_layers, B, P + N - 1, k]`` expert indices of every position that was
       run through the model (the last token never is), if requested (native model only);
+    - ``indexing`` ``[DSA layers, B, P + N - 1, index_topk]`` ``int32``, if requested (Keep Indexing):
+      the keys every position run through the model attended to, as positions within its row
+      (−1 empty; :mod:`dsv32.dsa.keep`), laid out like ``routing``;
     - ``kept_token_ids`` ``[B, N, K]`` ``int32``, if requested (Keep Sampling Mask): the token ids
       that survived top-k/top-p at each step, most likely first, -1-padded to K = the largest kept set
       in the batch (K <= ``top_k`` when it is set, plus the tokens tied with the k-th; 1 for greedy: the argmax; the whole vocabulary
@@ -48,6 +52,7 @@ class GenerationOutput:
     lengths: torch.Tensor
     routing: torch.Tensor | None = None
     kept_token_ids: torch.Tensor | None = None
+    indexing: torch.Tensor | None = None
 
 
 def _check_prompts(model, ids: torch.Tensor, mask: torch.Tensor, length: int) -> None:
@@ -87,6 +92,7 @@ def generate(
     return_routing: bool = False,
     return_kept: bool = False,
     prefix: PrefixCache | None = None,
+    return_indexing: bool = False,
     constraints: Sequence[Constraint | None] | None = None,
 ) -> GenerationOutput:
     """Generate up to ``max_new_tokens`` per prompt (``temperature`` below 1e-5: greedy) with ``model``, a
@@ -101,15 +107,16 @@ def generate(
     ``generator`` makes sampling reproducible: one for the batch, or one per prompt — the rows that
     share a generator object draw from it together, in row order, exactly as a call with those rows
     alone would (so a group of rows samples the same whatever else is in the batch). ``return_routing`` (V3.2 only) records MoE routing (Keep
-    Routing); ``return_kept`` the kept token sets (Keep Sampling Mask). ``constraints``: one per prompt
-    (None: free), each the grammar the row's tokens must follow (:mod:`dsv32.engine.constraint`); its
-    mask is applied before temperature/top-k/top-p, so the log-probs and kept sets are the constrained
-    distribution's. See :class:`GenerationOutput`.
+    Routing); ``return_kept`` the kept token sets (Keep Sampling Mask); ``return_indexing`` the indexer's
+    selections (Keep Indexing; DSA in sparse mode). ``constraints``: one per prompt (None: free), each
+    the grammar the row's tokens must follow (:mod:`dsv32.engine.constraint`); its mask is applied
+    before temperature/top-k/top-p, so the log-probs and kept sets are the constrained distribution's.
+    See :class:`GenerationOutput`.
     """
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    backend = backend_for(model, return_routing)
+    backend = backend_for(model, return_routing, return_indexing)
     device = backend.device
     eos = eos_ids(backend.eos_token_id if eos_token_id is None else eos_token_id, device)
     if pad_token_id is None:
@@ -144,6 +151,11 @@ def generate(
     if prefix is not None and return_routing:
         raise ValueError(
             "a prefix cache does not record the routing of kept positions: pass return_routing=False"
+        )
+    if prefix is not None and return_indexing:
+        raise IndexingError(
+            "a prefix cache does not record the selections of kept positions: pass return_indexing=False "
+            "or no prefix cache"
         )
     keep_rows = prefix is not None and backend.can_reuse_prefix  # this call's rows are kept for the next
     if prefix is not None:
@@ -204,6 +216,7 @@ def generate(
         lengths=lengths,
         routing=backend.recorded_routing(),
         kept_token_ids=_stack_kept(kept) if return_kept else None,
+        indexing=backend.recorded_indexing(),
     )
 
 
