@@ -21,11 +21,13 @@ the layers, what each package owns and where each equation of the paper lives ar
 - ``dsv32.synth``   agentic task and data synthesis.
 - ``dsv32.serve``   an OpenAI-compatible HTTP server over a local model.
 - ``dsv32.eval``    benchmarks, metrics and reports.
+- ``dsv32.view``    a run (episode, evaluation, post-training) as one self-contained HTML page.
 - ``dsv32.cli``     the ``dsv32`` command: one module per command group.
 
 Leaf modules any package may import: ``dsv32.errors`` (the root :class:`~dsv32.errors.DSV32Error`),
-``dsv32.paths`` (the cache directory), ``dsv32.recipe`` (TOML recipes with type and range checks)
-and ``dsv32.runlog`` (``metrics.jsonl`` and step checkpoints).
+``dsv32.paths`` (the cache directory), ``dsv32.recipe`` (TOML recipes with type and range checks),
+``dsv32.runlog`` (``metrics.jsonl`` and step checkpoints) and ``dsv32.trackers`` (``metrics.jsonl``
+mirrored into TensorBoard, W&B, MLflow or trackio).
 """
 
 __version__ = "0.1.0"
