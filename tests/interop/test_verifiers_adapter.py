@@ -15,8 +15,9 @@ import verifiers.v1 as vf
 
 from dsv32.agent import ScriptedBackend, run_episode
 from dsv32.envs import Task, get_env
+from dsv32.envs.base import _REGISTRY
 from dsv32.interop.errors import InteropError
-from dsv32.interop.verifiers import VerifiersEnvironment
+from dsv32.interop.verifiers import VerifiersEnvironment, register_verifiers
 
 
 class SumData(vf.TaskData):
@@ -58,6 +59,20 @@ def test_a_verifiers_rubric_scores_dsv32_episodes():
         assert env.tools() == []
     finally:
         env.close()
+    spec = register_verifiers("sums-test", SumTaskset(vf.TasksetConfig(id="sums")))
+    try:  # by name, as agentic GRPO builds its environments
+        named = get_env("sums-test")
+        env = named.factory()
+        task = named.task_sets["default"]()[0]
+        messages = env.reset(task)
+        assert messages == [
+            {"role": "system", "content": "Answer with the number."},
+            {"role": "user", "content": "What is 2 + 3?"},
+        ]
+    finally:
+        env.close()
+        _REGISTRY.pop("sums-test", None)  # the registry is the process's: leave it as it was
+    assert spec.name == "sums-test"
     with pytest.raises(InteropError, match="config applies"):
         VerifiersEnvironment(SumTaskset(vf.TasksetConfig(id="sums")), {"x": 1})
     with pytest.raises(InteropError, match="no-such-taskset"):

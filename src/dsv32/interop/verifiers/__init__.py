@@ -5,7 +5,8 @@ verifiers' v1 API).
   ``dsv32-envs`` (the plugin module ``dsv32_envs``, which verifiers imports by that id):
   :class:`DSV32Taskset`, :class:`DSV32Task` (the environment's tools as a per-rollout MCP server, the
   dsv32 verifier as its reward) and :class:`DSV32Harness` (verifiers' chat loop with those tools).
-- A verifiers taskset as a dsv32 environment: :class:`VerifiersEnvironment`.
+- A verifiers taskset as a dsv32 environment: :class:`VerifiersEnvironment` (:func:`register_verifiers`
+  names one for ``get_env``).
 
 See docs/interop.md.
 """
@@ -14,7 +15,7 @@ from dsv32.interop.errors import require
 
 require("verifiers", "verifiers", "verifiers")
 
-from dsv32.interop.verifiers.adapter import VerifiersEnvironment, open_taskset  # noqa: E402
+from dsv32.interop.verifiers.adapter import VerifiersEnvironment, open_taskset, register_verifiers  # noqa: E402
 from dsv32.interop.verifiers.messages import to_openai, to_verifiers, trace_of  # noqa: E402
 from dsv32.interop.verifiers.taskset import (  # noqa: E402
     TASKSET_ID,
@@ -42,6 +43,7 @@ __all__ = [
     "VerifiersEnvironment",
     "load_environment",
     "open_taskset",
+    "register_verifiers",
     "score_messages",
     "to_openai",
     "to_verifiers",

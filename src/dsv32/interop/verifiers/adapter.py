@@ -10,6 +10,7 @@ machinery, as one rollout would:
   the servers fetch the task and share ``trace.state`` through a channel this environment serves on
   127.0.0.1 (what verifiers' interception serves in a rollout);
 - ``tools`` / ``call``: the servers' tools and calls (a failing call is an ``error:`` text);
+- ``reset`` returns the task's system prompt (or :data:`SYSTEM_PROMPT`) and its prompt;
 - ``reward``: the tool servers go down, then the task's ``finalize`` and ``score`` run on a verifiers
   trace holding the episode's conversation; the reward is the trace's weighted reward sum, each
   reward function a component. A scoring failure raises (the episode is not scored).
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import secrets
 import threading
@@ -36,9 +38,12 @@ from verifiers.v1.runtimes import SubprocessConfig, provision_runtime
 from verifiers.v1.utils.decorators import invoke
 from verifiers.v1.utils.loaders import load_taskset, taskset_config_type
 
-from dsv32.envs.base import EnvError, Environment, Reward, Task, TrajectoryLike
+from dsv32.envs.base import EnvError, Environment, EnvSpec, Reward, Task, TrajectoryLike, register
 from dsv32.interop.errors import InteropError
 from dsv32.interop.verifiers.messages import fill_trace, new_trace, to_openai
+
+SYSTEM_PROMPT = "Solve the task. Use the tools when they help, then give your final answer."
+"""The system message of a task that brings none (a dsv32 episode starts with one)."""
 
 
 def open_taskset(taskset: str | vf.Taskset, config: dict | None = None) -> vf.Taskset:
@@ -228,7 +233,7 @@ class VerifiersEnvironment(Environment):
         except Exception as err:  # a tool server that does not start is the environment's failure
             self.close()
             raise InteropError(f"task {task.id!r}: the verifiers episode did not start: {err}") from err
-        messages = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
+        messages = [{"role": "system", "content": data.system_prompt or SYSTEM_PROMPT}]
         if isinstance(data.prompt, str):
             return [*messages, {"role": "user", "content": data.prompt}]
         return [*messages, *to_openai(data.prompt)]
@@ -291,3 +296,20 @@ class VerifiersEnvironment(Environment):
             with contextlib.suppress(Exception):  # a server already gone is closed
                 loop.run(episode.close(), self.start_timeout_s)
         loop.stop()
+
+
+def register_verifiers(
+    name: str,
+    taskset: str | vf.Taskset,
+    config: dict | None = None,
+    *,
+    task_set: str = "default",
+    **options: Any,
+) -> EnvSpec:
+    """Register a verifiers taskset as dsv32 environment ``name`` (its rows: task set ``task_set``), so
+    ``run_episode`` and agentic GRPO built in this process can name it; ``options`` go to
+    :class:`VerifiersEnvironment`."""
+    opened = open_taskset(taskset, config)
+    factory = functools.partial(VerifiersEnvironment, opened, **options)
+    return register(EnvSpec(name, f"verifiers taskset {opened.config.id or type(opened).__name__}", factory,
+                            {task_set: lambda: VerifiersEnvironment(opened).tasks()}))  # fmt: skip
