@@ -114,6 +114,14 @@ def openenv_tools(schemas: list[dict]) -> list[Tool]:
     return specs
 
 
+def _code(kind: str | None) -> ErrorCode:
+    """The error code of a failed call's kind (a kind this server does not know: environment_error)."""
+    try:
+        return ErrorCode(kind)
+    except ValueError:
+        return ErrorCode.ENVIRONMENT_ERROR
+
+
 def _failed(code: ErrorCode, message: str, **fields: Any) -> DSV32Observation:
     return DSV32Observation(error=ActionError(code=code, message=message), **fields)
 
@@ -202,7 +210,7 @@ class SessionEnvironment(OpenEnvEnvironmentBase[DSV32Action, DSV32Observation, D
         if action.reasoning_content:
             turn["reasoning_content"] = action.reasoning_content
         self.messages += [turn, {"role": "tool", "tool_call_id": call["id"], "content": output.content}]
-        error = None if output.ok else ActionError(code=ErrorCode(output.error), message=output.content)
+        error = None if output.ok else ActionError(code=_code(output.error), message=output.content)
         return DSV32Observation(
             task_id=self.task.id, tool_name=action.tool_name, result=output.content, error=error
         )
