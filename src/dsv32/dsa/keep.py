@@ -27,19 +27,6 @@ class IndexingError(DSV32Error, ValueError):
     mode, a call that cannot record every position)."""
 
 
-def sparse_dsa(model) -> bool:
-    """Whether ``model`` selects with DSA: an HF model with DSA attached in sparse mode, or a model
-    whose attention modules (``model.model.layers[i].self_attn``, the native V3.2 layout) are all in
-    sparse mode."""
-    from dsv32.dsa.hf import get_dsa, has_dsa
-
-    if has_dsa(model):
-        return get_dsa(model).mode == "sparse"
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    modes = [getattr(getattr(layer, "self_attn", None), "dsa_mode", None) for layer in layers or []]
-    return bool(modes) and all(m == "sparse" for m in modes)
-
-
 def key_positions(key_padding_mask: torch.Tensor | None, B: int, S: int, device) -> torch.Tensor:
     """``[B, S]`` the row position of every key column (padding columns: the next real one's)."""
     if key_padding_mask is None:

@@ -62,7 +62,7 @@ from typing import Any
 import torch
 from fastapi import Depends, FastAPI, Query
 
-from dsv32.dsa.keep import sparse_dsa
+from dsv32.dsa.hf import sparse_dsa
 from dsv32.engine import generate, weight_transfer
 from dsv32.engine.backends import backend_for
 from dsv32.engine.weight_files import WeightFileError, load_weights

@@ -40,7 +40,7 @@ from dsv32.dsa.hf.attach import attach_dsa, detach_dsa, random_indexers
 from dsv32.dsa.hf.config import CONFIG_FILE, MODES, SUPPORTED_MODEL_TYPES, WEIGHTS_FILE, DSAConfig, DSAError
 from dsv32.dsa.hf.forward import INDEX_KEYS_ATTR, cut_index_keys
 from dsv32.dsa.hf.growing import GrowingTensor
-from dsv32.dsa.hf.handle import DSAHandle, get_dsa, has_dsa
+from dsv32.dsa.hf.handle import DSAHandle, get_dsa, has_dsa, sparse_dsa
 from dsv32.dsa.hf.io import indexer_state_dict, load_dsa, read_dsa_config, save_dsa, without_indexers
 from dsv32.dsa.hf.layer import HFIndexer, LayerView
 
@@ -66,5 +66,6 @@ __all__ = [
     "random_indexers",
     "read_dsa_config",
     "save_dsa",
+    "sparse_dsa",
     "without_indexers",
 ]

@@ -143,3 +143,14 @@ def get_dsa(model: nn.Module) -> DSAHandle:
 
 def has_dsa(model: nn.Module) -> bool:
     return "_dsa_handle" in model.__dict__
+
+
+def sparse_dsa(model: nn.Module) -> bool:
+    """Whether ``model`` selects with DSA: an HF model with DSA attached in sparse mode, or a model
+    whose attention modules (``model.model.layers[i].self_attn``, the native V3.2 layout) are all in
+    sparse mode."""
+    if has_dsa(model):
+        return get_dsa(model).mode == "sparse"
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    modes = [getattr(getattr(layer, "self_attn", None), "dsa_mode", None) for layer in layers or []]
+    return bool(modes) and all(m == "sparse" for m in modes)

@@ -15,8 +15,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from dsv32.dsa.hf import get_dsa, has_dsa
-from dsv32.dsa.keep import sparse_dsa
+from dsv32.dsa.hf import get_dsa, has_dsa, sparse_dsa
 
 __all__ = ["indexer_losses", "is_indexer_parameter", "sparse_dsa"]
 
