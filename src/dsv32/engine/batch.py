@@ -227,25 +227,34 @@ def sample_rows(
     generators: Sequence[torch.Generator | None],
     logprobs: bool = False,
     errors: dict[int, Exception] | None = None,
+    allowed: torch.Tensor | None = None,
 ) -> tuple[list[int], torch.Tensor | None]:
-    """Sample row ``i`` of ``logits`` ``[B, V]`` with ``params[i]`` and ``generators[i]``.
+    """Sample row ``i`` of ``logits`` ``[B, V]`` with ``params[i]`` and ``generators[i]``, among the
+    tokens ``allowed[i]`` allows (a constraint's mask ``[B, V]``; None: every token).
 
     Returns ``(tokens, logprobs [B, V])``: the sampled ids and, when ``logprobs``, the model's
     untruncated ``log_softmax(logits)`` (what OpenAI-style ``logprobs`` report, independent of sampling
-    settings; None otherwise). One batched argmax serves the greedy rows; the ids reach the host in one
-    copy. With ``errors`` given, a row whose sampling raises gets its exception there (and token -1)
-    instead of failing every row.
+    settings and constraints; None otherwise). One batched argmax serves the greedy rows; the ids reach
+    the host in one copy. With ``errors`` given, a row whose sampling raises gets its exception there
+    (and token -1) instead of failing every row.
     """
     logits = logits.float()
+    raw = logits.log_softmax(-1) if logprobs else None
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
     tokens = logits.argmax(dim=-1)  # the greedy rows' tokens; the others are sampled below
     for i, (p, g) in enumerate(zip(params, generators, strict=True)):
-        if p.greedy:
+        if p.greedy and (allowed is None or bool(torch.isfinite(logits[i]).any())):
             continue
         try:
-            tokens[i] = sample_next(logits[i : i + 1], p, g)[0][0]
+            row = logits[i : i + 1]
+            if allowed is None:
+                tokens[i] = sample_next(row, p, g)[0][0]
+            else:
+                tokens[i] = sample_next(row, p, g, allowed[i : i + 1])[0][0]
         except Exception as err:  # one row's logits (NaN from the model) must not cost the others theirs
             if errors is None:
                 raise
             errors[i] = err
             tokens[i] = -1
-    return tokens.tolist(), logits.log_softmax(-1) if logprobs else None
+    return tokens.tolist(), raw

@@ -169,11 +169,6 @@ class Constraint:
         self.vocab_size = grammar.vocabulary.vocab_size
         self._bits = torch.zeros((self.vocab_size + 31) // 32, dtype=torch.int32)
 
-    @property
-    def done(self) -> bool:
-        """The grammar is complete and took its end token (or nothing more can follow)."""
-        return self.matcher.is_stopped()
-
     def allowed(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """``[V]`` bool: the tokens that may come next."""
         self.matcher.unsafe_compute_mask_ptr(self._bits.data_ptr(), self._bits.numel() * 4)
@@ -184,6 +179,8 @@ class Constraint:
 
     def advance(self, token: int) -> None:
         """Move past ``token``; a token the grammar does not allow here is a :class:`GrammarError`."""
+        if self.matcher.is_stopped() and int(token) in self.grammar.vocabulary.eos_ids:
+            return  # the grammar is complete and stopped: its end token ends the text
         if not self.matcher.consume_token(int(token)):
             raise GrammarError(
                 f"token {int(token)} is not allowed here by the grammar: {_message(self.matcher.get_error())}"

@@ -153,7 +153,7 @@ def create_app(
         top = (body.top_logprobs or 0) if body.logprobs else None
         job = JobEvents(
             scheduler, prompt.ids, body, max_tokens=max_tokens, top_logprobs=top,
-            skip_special_tokens=False, forced=prompt.forced, eos_text=served.v32,
+            skip_special_tokens=False, grammar=prompt.grammar, eos_text=served.v32,
         )  # fmt: skip
 
         def parser():

@@ -17,11 +17,12 @@ from collections.abc import AsyncIterator
 
 from starlette.requests import Request
 
+from dsv32.engine.constraint import Grammar
 from dsv32.engine.sampling import SamplingParams
 from dsv32.engine.wire import engine_top_k
 from dsv32.serve.errors import ServeError, context_length_exceeded, invalid
 from dsv32.serve.protocol import SamplingFields
-from dsv32.serve.runtime import Forced, ServedModel
+from dsv32.serve.runtime import ServedModel
 from dsv32.serve.scheduler import Chunk, Failed, Finished, Job, Scheduler
 
 _GONE = object()  # put into a job's queue when its client disconnected
@@ -63,7 +64,7 @@ class JobEvents:
         max_tokens: int,
         top_logprobs: int | None,
         skip_special_tokens: bool,
-        forced: Forced | None = None,
+        grammar: Grammar | None = None,
         eos_text: bool = True,
     ) -> None:
         if req.n > scheduler.max_batch:
@@ -85,7 +86,7 @@ class JobEvents:
             stops=list(req.stop or []),
             top_logprobs=top_logprobs,
             skip_special_tokens=skip_special_tokens,
-            forced=forced,
+            grammar=grammar,
             ignore_eos=req.ignore_eos,
             eos_text=eos_text,
         )

@@ -124,6 +124,8 @@ class ResponseFormat(_Strict):
     def _schema(self):
         if (self.type == "json_schema") != (self.json_schema is not None):
             raise ValueError("response_format takes json_schema exactly when its type is 'json_schema'")
+        if self.json_schema is not None and not isinstance(self.json_schema.get("schema", {}), dict):
+            raise ValueError("response_format.json_schema.schema must be a JSON Schema object")
         return self
 
 
@@ -202,6 +204,15 @@ class ChatCompletionRequest(SamplingFields):
         if self.response_format is None or self.response_format.type == "text":
             return None
         return self.response_format.model_dump(exclude_none=True)
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON Schema the answer must follow (None for plain text): any JSON object for
+        ``json_object`` (and a ``json_schema`` without ``schema``), else the ``json_schema``'s ``schema``."""
+        if self.response_format is None or self.response_format.type == "text":
+            return None
+        schema = (self.response_format.json_schema or {}).get("schema")
+        return {"type": "object"} if schema is None else schema
 
     @property
     def token_limit(self) -> int | None:

@@ -19,13 +19,15 @@ removed from the content of ``tool`` messages (:func:`dsv32.chat.strip_tool_resu
 special tokens on a V3.2 model, the tokenizer's own special tokens with a chat template — so a tool
 result cannot open a turn of its own. Other messages are the caller's and go in verbatim.
 
-``tool_choice`` on a V3.2 model: ``"none"`` leaves the tools out of the prompt; ``"required"`` and a
-named function force the opening of a tool-call block (and the function's name) as the answer's
-first tokens — right away in chat mode, right after ``</think>`` in thinking mode — and a named
-function is the only tool shown. On a chat-template model the same choices force the parser's
-opening of a call (``<tool_call>\n{"name": "`` for ``hermes``, with the name and ``", "arguments": ``
-for a named function) as the reply's first text; with thinking on they are refused (the reply may
-open with ``<think>``, before which nothing can be forced).
+``tool_choice``: ``"none"`` leaves the tools out of the prompt; ``"required"`` and a named function
+constrain the reply (:mod:`dsv32.agent.backends.grammars`, :mod:`dsv32.engine.constraint`) to calls
+of the offered tools — one named call, or one or more calls (one with ``parallel_tool_calls: false``)
+— with arguments valid under their schemas, written as the model's format writes them: a DSML block
+on a V3.2 model (right away in chat mode, after free reasoning and ``</think>`` in thinking mode),
+the tool-call parser's calls on a chat-template model (with thinking on they are refused: the reply
+may open with ``<think>``). A named function is the only tool shown. ``response_format``
+``json_object`` / ``json_schema`` constrains the answer to JSON (under the schema) the same way. A
+grammar the library cannot compile (an unsupported schema keyword) is a 400.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsv32.agent.backends import grammars
 from dsv32.agent.backends.formats import TemplateFormat
 from dsv32.agent.errors import AgentError
 from dsv32.chat import (
@@ -42,8 +45,8 @@ from dsv32.chat import (
     missing_special_tokens,
     strip_tool_results,
 )
-from dsv32.chat import protocol as P
 from dsv32.chat.validate import check_conversation
+from dsv32.engine.constraint import Grammar, GrammarError, Vocabulary, vocabulary
 from dsv32.engine.models import ByteTokenizer, LoadedModel, ModelLoadError, load_model
 from dsv32.serve.errors import invalid
 from dsv32.serve.protocol import ChatCompletionRequest, NamedToolChoice
@@ -52,19 +55,11 @@ from dsv32.serve.template_stream import TemplateStream
 
 
 @dataclass(frozen=True)
-class Forced:
-    """Text the completion must continue with once its raw text ends with ``trigger`` ("" = at once)."""
-
-    text: str
-    trigger: str
-
-
-@dataclass(frozen=True)
 class ChatPrompt:
     text: str
     ids: list[int]
     thinking_mode: str  # "thinking" / "chat" for V3.2 models
-    forced: Forced | None = None
+    grammar: Grammar | None = None  # what the reply must be (tool_choice, response_format)
 
 
 class ServedModel:
@@ -106,6 +101,37 @@ class ServedModel:
         # the ids the model embeds: a tokenizer may hold more (added tokens) or fewer (padded embeddings)
         self.vocab_size = int(getattr(self.model.config, "vocab_size", None) or len(self.tokenizer))
 
+    @property
+    def vocabulary(self) -> Vocabulary:
+        """The tokens as constrained decoding sees them (built on first use, about a second)."""
+        markup = grammars.V32_MARKUP if self.v32 else grammars.TEMPLATE_MARKUP
+        return vocabulary(self.tokenizer, self.vocab_size, self.eos_ids, markup)
+
+    def grammar(self, body, reasoning: bool, param: str) -> Grammar:
+        """The compiled grammar of a reply (see :func:`dsv32.agent.backends.grammars.reply`); a 400 naming
+        ``param`` when the library cannot compile it."""
+        try:
+            return Grammar(grammars.reply(body, reasoning=reasoning), self.vocabulary)
+        except GrammarError as err:
+            raise invalid(f"{param}: {err}", param) from err
+
+    def reply_grammar(self, req: ChatCompletionRequest, tools: list[dict], reasoning: bool) -> Grammar | None:
+        """The grammar ``tool_choice`` (``required``, a named function) or else ``response_format``
+        puts on the reply; None when neither does (``tool_choice`` ``auto``/``none``, plain text)."""
+        choice = req.tool_choice
+        if choice == "required" or isinstance(choice, NamedToolChoice):
+            many = choice == "required" and req.parallel_tool_calls is not False
+            if self.v32:
+                return self.grammar(lambda rules: grammars.dsml_calls(rules, tools, many), reasoning, "tools")
+            parser = self.format.tool_parser
+            return self.grammar(
+                lambda rules: grammars.template_calls(rules, parser, tools, many), reasoning, "tools"
+            )
+        schema = req.output_schema
+        if schema is None:
+            return None
+        return self.grammar(lambda rules: grammars.json_reply(rules, schema), reasoning, "response_format")
+
     def _eos_ids(self) -> list[int]:
         ids: set[int] = set()
         gen = getattr(self.model, "generation_config", None)
@@ -146,15 +172,12 @@ class ServedModel:
                 "chat_template_kwargs",
             )
         mode = "thinking" if req.thinking else "chat"
-        choice, forced = req.tool_choice, None
+        choice = req.tool_choice
         if choice == "none":
             tools = []
-        elif choice == "required" or isinstance(choice, NamedToolChoice):
-            opening = P.CALLS_START + "\n" + P.INVOKE_OPEN
-            if isinstance(choice, NamedToolChoice):
-                tools = [t for t in tools if t["function"]["name"] == choice.function.name]
-                opening += choice.function.name + '">\n'
-            forced = Forced(opening, P.THINK_END if mode == "thinking" else "")
+        elif isinstance(choice, NamedToolChoice):
+            tools = [t for t in tools if t["function"]["name"] == choice.function.name]
+        grammar = self.reply_grammar(req, tools, reasoning=mode == "thinking")
         try:
             conversation = attach_tools(strip_tool_results(messages), tools, req.output_format)
         except ConversationError as err:
@@ -163,7 +186,7 @@ class ServedModel:
             text = encode_messages(conversation, thinking_mode=mode)
         except ConversationError as err:
             raise invalid(*_request_position(err, len(conversation) - len(messages))) from err
-        return ChatPrompt(text, self.encode(text), mode, forced)
+        return ChatPrompt(text, self.encode(text), mode, grammar)
 
     def _template_prompt(
         self, req: ChatCompletionRequest, messages: list[dict], tools: list[dict]
@@ -173,8 +196,6 @@ class ServedModel:
                 f"model {self.name!r} has no chat template and does not speak the V3.2 format: use /v1/completions",
                 "messages",
             )
-        if req.output_format is not None:
-            raise invalid("response_format needs a V3.2-format model", "response_format")
         try:  # OpenAI's rules for any format: roles, content, tool calls and the results that answer them
             check_conversation(messages, "chat")
         except ConversationError as err:
@@ -186,26 +207,31 @@ class ServedModel:
                 m["content"] = ""  # a tool-calling turn without text: templates concatenate content
         kwargs = dict(req.chat_template_kwargs or {})
         thinking = bool(kwargs.get("thinking", kwargs.get("enable_thinking", False)))
-        choice, forced = req.tool_choice, None
+        choice = req.tool_choice
         if choice == "none":
             tools = []
         elif choice == "required" or isinstance(choice, NamedToolChoice):
             if thinking:
                 raise invalid(
-                    "tool_choice 'required' or a named function forces the opening of a call as the reply's "
-                    f"first text, and {self.name!r} with thinking on may open its reply with <think>: turn "
-                    "thinking off for a forced call",
+                    "tool_choice 'required' or a named function makes a call the reply's first text, and "
+                    f"{self.name!r} with thinking on may open its reply with <think>: turn thinking off for "
+                    "a forced call",
                     "tool_choice",
                 )
-            name = choice.function.name if isinstance(choice, NamedToolChoice) else None
-            if name is not None:
-                tools = [t for t in tools if t["function"]["name"] == name]
-            forced = Forced(self.format.tool_parser.opening(name), "")
+            if isinstance(choice, NamedToolChoice):
+                tools = [t for t in tools if t["function"]["name"] == choice.function.name]
+        elif req.output_schema is not None and thinking:
+            raise invalid(
+                f"response_format makes JSON the reply's first text, and {self.name!r} with thinking on may "
+                "open its reply with <think>: turn thinking off for a JSON reply",
+                "response_format",
+            )
+        grammar = self.reply_grammar(req, tools, reasoning=False)
         try:
             prompt = self.format.prompt(messages, tools, thinking, kwargs)
         except AgentError as err:
             raise invalid(str(err), "messages") from err
-        return ChatPrompt(prompt.text, prompt.ids, "thinking" if thinking else "chat", forced)
+        return ChatPrompt(prompt.text, prompt.ids, "thinking" if thinking else "chat", grammar)
 
     def stream(self, prompt: ChatPrompt) -> V32Stream | TemplateStream:
         """A parser of the reply to ``prompt`` (see :mod:`~dsv32.serve.stream`)."""

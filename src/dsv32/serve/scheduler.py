@@ -5,9 +5,10 @@ Each loop iteration:
 1. **admit** waiting jobs in arrival order while their ``n`` rows fit into ``max_batch`` (a job's
    prompt is prefilled once and its ``n`` rows join the running batch, see
    :class:`~dsv32.engine.batch.RunningBatch`);
-2. **sample** one token for every row, each with its own parameters and seeded generator (or take
-   the next forced token), decode it, check EOS / stop strings / ``max_tokens``, and send the row's
-   new text (and log-probs) to its job;
+2. **sample** one token for every row, each with its own parameters and seeded generator (and, for
+   a request with a grammar, only among the tokens its :class:`~dsv32.engine.constraint.Constraint`
+   allows), decode it, check EOS / stop strings / ``max_tokens``, and send the row's new text (and
+   log-probs) to its job;
 3. **remove** finished and cancelled rows — their slots are free for the next iteration's admission —
    and **step** the rest: one batched forward for all rows.
 
@@ -35,12 +36,13 @@ from typing import Any
 import torch
 
 from dsv32.engine.batch import RunningBatch, check_batchable, sample_rows
+from dsv32.engine.constraint import Grammar, GrammarError
 from dsv32.engine.sampling import SamplingParams
+from dsv32.engine.tokenbytes import TokenBytes
 from dsv32.serve.detok import IncrementalText
 from dsv32.serve.errors import ServeError, queue_full, shutting_down
 from dsv32.serve.metrics import Metrics
-from dsv32.serve.runtime import Forced, ServedModel
-from dsv32.engine.tokenbytes import TokenBytes
+from dsv32.serve.runtime import ServedModel
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +85,7 @@ class Job:
     stops: list[str] = field(default_factory=list)
     top_logprobs: int | None = None  # None: no log-probs
     skip_special_tokens: bool = True
-    forced: Forced | None = None
+    grammar: Grammar | None = None  # what every choice must be (each row gets its own constraint)
     ignore_eos: bool = False  # decode on past end tokens until max_tokens (vLLM's ignore_eos)
     eos_text: bool = True  # whether the end token that ends a row is decoded into its text
     cancelled: bool = False
@@ -91,7 +93,7 @@ class Job:
 
 
 class _Row:
-    def __init__(self, job: Job, index: int, tokenizer, forced_ids: list[int], device: torch.device) -> None:
+    def __init__(self, job: Job, index: int, tokenizer, device: torch.device) -> None:
         self.job = job
         self.index = index
         self.count = 0
@@ -102,14 +104,7 @@ class _Row:
                 (job.seed + index) % 2**64 if job.seed is not None else random.SystemRandom().randrange(2**62)
             )
             self.generator = torch.Generator(device=device).manual_seed(seed)
-        self.forced_ids = forced_ids
-        self.queue: list[int] = []  # forced tokens still to emit
-        self.forced_done = job.forced is None
-        self._maybe_force()
-
-    def _maybe_force(self) -> None:
-        if not self.forced_done and self.text.text.endswith(self.job.forced.trigger):
-            self.queue, self.forced_done = list(self.forced_ids), True
+        self.constraint = job.grammar.constraint() if job.grammar is not None else None
 
 
 def _fail(jobs: list[Job], message: str) -> None:
@@ -256,10 +251,7 @@ class Scheduler:
                 continue
             self.metrics.observe("queue_time_seconds", time.monotonic() - job.submitted)
             try:  # what only this job needs (its rows, its prefill, the merge checks) fails only this job
-                forced_ids = self.served.encode(job.forced.text) if job.forced else []
-                rows = [
-                    _Row(job, i, self.served.tokenizer, forced_ids, self.batch.device) for i in range(job.n)
-                ]
+                rows = [_Row(job, i, self.served.tokenizer, self.batch.device) for i in range(job.n)]
                 prefilled = self.batch.prefill(job.prompt_ids, job.n, job.max_tokens)
             except Exception as err:
                 logger.exception("a request could not join the batch")
@@ -275,7 +267,8 @@ class Scheduler:
         want_logprobs = any(r.job.top_logprobs is not None for r in rows)
         errors: dict[int, Exception] = {}
         generators = [r.generator for r in rows]
-        tokens, logprobs = sample_rows(self.batch.logits, params, generators, want_logprobs, errors)
+        allowed = self._allowed(rows, errors)
+        tokens, logprobs = sample_rows(self.batch.logits, params, generators, want_logprobs, errors, allowed)
         self.metrics.observe("batch_size", len(rows))
         failed: set[int] = set()  # a row that could not be sampled fails its own job only
         for i, err in errors.items():
@@ -290,10 +283,14 @@ class Scheduler:
             if row.job.cancelled or id(row.job) in failed:
                 continue
             advanced += 1
-            forced = bool(row.queue)
-            if forced:
-                tokens[i] = row.queue.pop(0)
-            if self._advance(row, tokens[i], None if logprobs is None else logprobs[i], forced):
+            if row.constraint is not None:
+                try:
+                    row.constraint.advance(tokens[i])
+                except GrammarError as err:
+                    row.job.emit(Failed(f"generation failed: {err}"))
+                    failed.add(id(row.job))
+                    continue
+            if self._advance(row, tokens[i], None if logprobs is None else logprobs[i]):
                 keep.append(i)
         self.metrics.count("generation_tokens_total", advanced)
         self.rows = [rows[i] for i in keep]
@@ -301,11 +298,29 @@ class Scheduler:
         if keep:
             self.batch.step([tokens[i] for i in keep])
 
-    def _advance(self, row: _Row, token: int, logprobs: torch.Tensor | None, forced: bool) -> bool:
+    def _allowed(self, rows: list[_Row], errors: dict[int, Exception]) -> torch.Tensor | None:
+        """``[B, V]``: the tokens each row's constraint allows (None when no row has one); a row whose
+        constraint fails gets its error in ``errors`` (and its job fails alone)."""
+        V = self.batch.logits.shape[-1]
+        masks: list[torch.Tensor | None] = []
+        for i, row in enumerate(rows):
+            mask = None
+            if row.constraint is not None:
+                try:
+                    mask = row.constraint.allowed()[:V]
+                except GrammarError as err:
+                    errors[i] = err
+            masks.append(mask)
+        if all(m is None for m in masks):
+            return None
+        free = torch.ones(V, dtype=torch.bool)
+        return torch.stack([free if m is None else m for m in masks]).to(self.batch.device)
+
+    def _advance(self, row: _Row, token: int, logprobs: torch.Tensor | None) -> bool:
         """Record ``token`` for ``row``; send its events; True while the row goes on."""
         job = row.job
         row.count += 1
-        ends = token in self.eos and not forced and not job.ignore_eos
+        ends = token in self.eos and not job.ignore_eos
         piece = row.text.push(token) if job.eos_text or not ends else ""
         reason = None
         if row.text.stopped or ends:
@@ -314,8 +329,6 @@ class Scheduler:
             reason = "length"
         if reason is not None:
             piece += row.text.flush()
-        else:
-            row._maybe_force()
         entries = (
             [self._logprob_entry(token, logprobs, job.top_logprobs)] if job.top_logprobs is not None else None
         )
