@@ -125,3 +125,18 @@ def test_a_schema_the_library_cannot_compile_is_a_grammar_error(tiny, schema, me
     with pytest.raises(GrammarError, match=message) as err:
         _grammar(tokenizer, model, schema)
     assert "\n" not in str(err.value) and not str(err.value).startswith("at ")
+
+
+def test_a_session_decodes_under_a_constraint(tiny):
+    from dsv32.engine.session import Session
+
+    model, tokenizer = tiny
+    grammar = _grammar(tokenizer, model)
+    session = Session(model)
+    for seed in range(3):
+        out = session.generate(
+            list(b"json: "), max_new_tokens=80, sampling=SamplingParams(1.0), stop_ids=[tokenizer.eos_token_id],
+            generator=torch.Generator().manual_seed(seed), constraint=grammar.constraint(),
+        )  # fmt: skip
+        assert out.finish_reason == "stop"
+        jsonschema.validate(json.loads(bytes(out.tokens[:-1]).decode()), SCHEMA)

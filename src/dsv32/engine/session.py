@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from dsv32.engine.backends import backend_for, crop_hf_cache, hf_index_keys
+from dsv32.engine.constraint import Constraint
 from dsv32.engine.sampling import SamplingParams, sample_next
 from dsv32.model import DeepseekV32
 
@@ -155,9 +156,11 @@ class Session:
         stop_ids: Sequence[int],
         generator: torch.Generator | None = None,
         on_token: Callable[[int], None] | None = None,
+        constraint: Constraint | None = None,
     ) -> SessionOutput:
         """Continue from ``prompt_ids`` (reusing the cache where it matches) until a token of
-        ``stop_ids`` or ``max_new_tokens``."""
+        ``stop_ids`` or ``max_new_tokens``; with ``constraint``, only among the tokens its grammar
+        allows (:mod:`dsv32.engine.constraint`)."""
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("the prompt needs at least one token")
@@ -174,8 +177,11 @@ class Session:
         tokens: list[int] = []
         finish = "length"
         for i in range(max_new_tokens):
-            token, _, _ = sample_next(logits[None].float(), sampling, generator)
+            allowed = None if constraint is None else constraint.allowed(logits.device)[None]
+            token, _, _ = sample_next(logits[None].float(), sampling, generator, allowed)
             token = int(token[0])
+            if constraint is not None:
+                constraint.advance(token)
             tokens.append(token)
             if on_token is not None:
                 on_token(token)
