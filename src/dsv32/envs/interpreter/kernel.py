@@ -52,7 +52,6 @@ import queue
 import re
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -100,7 +99,8 @@ def _startup_file(bootstrap_copy: str) -> str:
     return f"__import__('runpy').run_path({bootstrap_copy!r})['install'](get_ipython())\n"
 
 
-# The directories of kernels not closed yet: removed when this process exits (the kernels die with it).
+# The directories of kernels not closed yet: removed when this process exits (the kernels die with it);
+# a process killed outright leaves them, for the next process's sweep (``sandbox.leftovers``).
 _UNREMOVED: set[str] = set()
 
 # At most this many kernels of this process start at once (a start is ~0.35 CPU-seconds, mostly
@@ -300,7 +300,7 @@ class SandboxedKernel:
         self.disk_mb = disk_mb
         self._disk: sandbox.DiskWatch | None = None  # the running kernel's
         self._own_dir = workdir is None
-        self.workdir = os.path.realpath(workdir or tempfile.mkdtemp(prefix="dsv32-kernel-"))
+        self.workdir = os.path.realpath(workdir or sandbox.owned_tempdir("kernel"))
         if self._own_dir:
             _UNREMOVED.add(self.workdir)
         self.startup_timeout_s = startup_timeout_s
@@ -429,7 +429,7 @@ class SandboxedKernel:
             answered()
 
     def _launch(self, quota: int, deadline: float, answered: Callable[[], None]) -> None:
-        self._run_dir = run_dir = tempfile.mkdtemp(prefix="dsv32-kernel-run-")
+        self._run_dir = run_dir = sandbox.owned_tempdir("kernel-run")
         _UNREMOVED.add(run_dir)
         profile = os.path.join(run_dir, "ipython", "profile_default")
         os.makedirs(os.path.join(profile, "startup"))

@@ -57,8 +57,12 @@ The files, in the order they build on each other:
 - ``isolation.py``: :func:`isolation`, what applies here in words;
 - ``disk.py``: :func:`disk_usage`, the walk of a tree and the deleted files a program holds;
 - ``watch.py``: :class:`DiskWatch` and the one thread that polls every watch;
-- ``run.py``: :func:`run` (input, capped output, the limits, :class:`SandboxResult`) and
-  :func:`remove_tree`.
+- ``leftovers.py``: the temporary directories sandboxes use, each named after its owning process
+  (:func:`owned_tempdir`: pid and start time), :func:`remove_tree`, and :func:`sweep_leftovers`, which
+  removes those whose owner is gone (killed outright, so it removed nothing) and never one whose
+  owner lives — once per process before its first such directory, and when a Ray runner killed its
+  actors;
+- ``run.py``: :func:`run` (input, capped output, the limits, :class:`SandboxResult`).
 """
 
 from dsv32.envs.sandbox.disk import DISK_MB, ENTRY_BYTES, disk_usage, over_quota
@@ -81,7 +85,8 @@ from dsv32.envs.sandbox.launch import (
 # benchmarks/envs.py and tests/rl reach these two private names through the package
 from dsv32.envs.sandbox.launch import _etc_files as _etc_files
 from dsv32.envs.sandbox.launch import _works as _works
-from dsv32.envs.sandbox.run import SandboxResult, remove_tree, run
+from dsv32.envs.sandbox.leftovers import owned_tempdir, remove_tree, sweep_leftovers
+from dsv32.envs.sandbox.run import SandboxResult, run
 from dsv32.envs.sandbox.view import CONFINE, PYTHON, project_dirs, runtime_paths
 from dsv32.envs.sandbox.watch import DiskWatch
 
@@ -105,6 +110,7 @@ __all__ = [
     "kill",
     "over_quota",
     "own_user_ids",
+    "owned_tempdir",
     "popen",
     "process_bound",
     "project_dirs",
@@ -113,4 +119,5 @@ __all__ = [
     "run",
     "runtime_paths",
     "sandbox_uids",
+    "sweep_leftovers",
 ]

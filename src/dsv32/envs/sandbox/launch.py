@@ -21,13 +21,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
 from dsv32.envs.base import TASK_FILES, EnvError
 from dsv32.envs.sandbox import view
+from dsv32.envs.sandbox.leftovers import owned_tempdir, remove_tree
 from dsv32.envs.sandbox.view import CONFINE, PYTHON, runtime_paths
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def _uid_lock_dir() -> str:
 @cache
 def _etc_files() -> dict[str, str]:
     """Host files holding the view's synthetic ``/etc`` files (bubblewrap binds files in)."""
-    folder = tempfile.mkdtemp(prefix="dsv32-etc-")
+    folder = owned_tempdir("etc")
     os.chmod(folder, 0o755)
     files = {"/etc/passwd": view.PASSWD, "/etc/group": view.GROUP}
     paths = {}
@@ -192,12 +192,15 @@ def _works(kind: str) -> bool:
         return True
     if shutil.which(kind) is None:
         return False
-    with tempfile.TemporaryDirectory(prefix="dsv32-probe-") as tmp:
+    tmp = owned_tempdir("probe")
+    try:
         argv = [*command_prefix(cwd=tmp, memory_mb=256, timeout_s=10, kind=kind), "true"]
         try:
             done = subprocess.run(argv, capture_output=True, timeout=20, env={"PATH": os.defpath})
         except (OSError, subprocess.TimeoutExpired):
             return False
+    finally:
+        remove_tree(tmp)
     if done.returncode != 0:
         log.info("sandbox: %s does not work here: %s", kind, done.stderr.decode(errors="replace").strip())
     return done.returncode == 0

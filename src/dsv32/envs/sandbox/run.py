@@ -5,12 +5,9 @@ whatever a program left in a directory."""
 
 from __future__ import annotations
 
-import logging
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -19,9 +16,8 @@ from dataclasses import dataclass
 from dsv32.envs.sandbox.disk import DISK_MB, disk_usage, over_quota
 from dsv32.envs.sandbox.isolation import isolation
 from dsv32.envs.sandbox.launch import SandboxError, kill, popen
+from dsv32.envs.sandbox.leftovers import owned_tempdir, remove_tree
 from dsv32.envs.sandbox.watch import DiskWatch
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -74,7 +70,7 @@ def run(
         raise SandboxError("sandbox.run needs a program to run (argv is empty)")
     if disk_mb <= 0:
         raise SandboxError("sandbox limits must be positive (disk_mb)")
-    tmp = tempfile.mkdtemp(prefix="dsv32-sandbox-") if cwd is None else None
+    tmp = owned_tempdir("sandbox") if cwd is None else None
     workdir = tmp or str(cwd)
     kind = isolation(limits.pop("kind", None)).kind
     watched, quota = [workdir, *limits.get("writable", ())], disk_mb << 20
@@ -138,24 +134,6 @@ def run(
         os.close(status_r)
         if tmp is not None:
             remove_tree(tmp)
-
-
-def remove_tree(path: str | os.PathLike) -> None:
-    """Remove a directory a sandboxed program wrote into, whatever it left there — a tree deeper
-    than Python's recursion limit, directories it made unreadable — and never raise: a tree that
-    cannot be removed is logged and left."""
-    try:
-        shutil.rmtree(path)
-        return
-    except FileNotFoundError:
-        return
-    except (OSError, RecursionError):
-        pass
-    # coreutils walk any depth without recursion; chmod first so the owner may empty every directory
-    subprocess.run(["chmod", "-R", "u+rwx", "--", str(path)], capture_output=True, check=False)
-    done = subprocess.run(["rm", "-rf", "--", str(path)], capture_output=True, check=False)
-    if os.path.lexists(path):
-        log.warning("sandbox: could not remove %s: %s", path, done.stderr.decode(errors="replace").strip())
 
 
 def _program_status(fd: int, fallback: int) -> int:
