@@ -24,28 +24,49 @@ actor) and its verifier — lives on one of the actors (:class:`ActorEnvironment
 round-robin; an actor serves its episodes' calls one at a time). Each forwarded call waits at most
 ``episode_timeout`` seconds (then an :class:`~dsv32.envs.base.EnvError`, which the episode records
 as the environment's failure). On threads it is ``make_env()`` itself.
+
+An actor that dies (killed, out of memory, its node lost) fails only the episodes it held: each is
+recorded as the environment's failure (an :class:`ActorGone`, an ``EnvError``: not scored, no
+reward, the step goes on), and the runner starts a new actor in its place for the episodes that
+follow (:attr:`RayRunner.replaced` counts them). A dead actor's sandboxes leave their directories;
+:meth:`RayRunner.close` waits for its actors' processes to end and sweeps what they left
+(:func:`dsv32.envs.sandbox.sweep_leftovers`), so nothing stays behind.
+
+The answer-file masks (:data:`dsv32.envs.base.TASK_FILES`, the task files this process read, which
+every sandbox binds ``/dev/null`` over) live in each process; an actor never read the driver's task
+files, so every call to an actor carries the driver's masks and the actor adds them before it runs
+anything (:func:`add_masks`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
+import logging
 import os
 import threading
 import time
-import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from dsv32.envs.base import EnvError, Environment, Task
+from dsv32.envs.base import TASK_FILES, Environment
 from dsv32.errors import DSV32Error
+from dsv32.rl.agentic.actors import ActorEnvironment as ActorEnvironment
+from dsv32.rl.agentic.actors import ActorGone as ActorGone
+from dsv32.rl.agentic.actors import _EpisodeActor, _first_line, _GoneEnvironment
+from dsv32.rl.agentic.actors import add_masks as add_masks
+from dsv32.rl.agentic.processes import command_line as command_line
+from dsv32.rl.agentic.processes import processes_below as processes_below
+from dsv32.rl.agentic.processes import ray_processes as ray_processes
+from dsv32.rl.agentic.processes import still_running as still_running
 from dsv32.rl.grpo.config import RayConfig, RLConfigError
 
 STARTUP_TIMEOUT = 120.0  # seconds placed actors may take to start their processes
 RELEASE_S = 10.0  # seconds close() waits for the actors to release their files before killing them
+
+log = logging.getLogger(__name__)
 
 
 class RayPlacementError(DSV32Error, RuntimeError):
@@ -60,7 +81,14 @@ class ThreadRunner:
     def __init__(self, workers: int = 4) -> None:
         self.workers = max(1, workers)
 
-    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    def map(
+        self,
+        fn: Callable[[Any], Any],
+        items: Sequence[Any],
+        on_failure: Callable[[Any, ActorGone], Any] | None = None,
+    ) -> list[Any]:
+        """``[fn(item) ...]`` in order (``on_failure`` is for :meth:`RayRunner.map`'s dead actors;
+        a thread of this process has none)."""
         if not items:
             return []
         with ThreadPoolExecutor(min(self.workers, len(items))) as pool:
@@ -79,97 +107,6 @@ class ThreadRunner:
         self.close()
 
 
-class _EpisodeActor:
-    """One Ray actor: runs whatever function it is given (one episode at a time), and hosts the
-    environments of episodes whose agent loop runs elsewhere (:class:`ActorEnvironment`)."""
-
-    def __init__(self) -> None:
-        self.envs: dict[str, Environment] = {}
-
-    def ready(self) -> int:
-        return os.getpid()
-
-    def run(self, fn: Callable[[Any], Any], item: Any) -> Any:
-        return fn(item)
-
-    def open(self, key: str, make_env: Callable[[], Environment]) -> str:
-        env = self.envs[key] = make_env()
-        return env.name
-
-    def call(self, key: str, method: str, args: tuple) -> Any:
-        return getattr(self.envs[key], method)(*args)
-
-    def close(self, key: str) -> None:
-        env = self.envs.pop(key, None)
-        if env is not None:
-            env.close()
-
-    def release(self) -> None:
-        """Before the actor is killed (its exit handlers never run): close the environments it
-        still hosts and remove the files its sandboxes kept."""
-        from dsv32.envs import sandbox
-
-        for key in list(self.envs):  # one failing to close does not keep the others' files
-            with contextlib.suppress(Exception):
-                self.close(key)
-        sandbox.release()
-
-
-class ActorEnvironment(Environment):
-    """An environment that lives on a Ray actor: every method is forwarded to it, each reply
-    awaited at most ``timeout`` seconds."""
-
-    def __init__(self, ray, actor, make_env: Callable[[], Environment], timeout: float) -> None:
-        self.ray, self.actor, self.timeout = ray, actor, timeout
-        self.key = uuid.uuid4().hex
-        self.name = self._wait(actor.open.remote(self.key, make_env), "open")
-        self.closed = False
-
-    def _wait(self, ref, method: str) -> Any:
-        ray = self.ray
-        try:
-            return ray.get(ref, timeout=self.timeout)
-        except ray.exceptions.GetTimeoutError:
-            ray.cancel(ref, force=False)
-            raise EnvError(
-                f"the environment's {method} on a Ray actor did not answer within {self.timeout:g} s "
-                "([ray] episode_timeout)"
-            ) from None
-        except ray.exceptions.RayTaskError as err:  # the environment itself raised: its own error
-            raise err.as_instanceof_cause() from None
-        except ray.exceptions.RayError as err:  # the actor died, or its node
-            raise EnvError(f"the environment's {method} on a Ray actor failed: {err}") from None
-
-    def _call(self, method: str, *args: Any) -> Any:
-        return self._wait(self.actor.call.remote(self.key, method, args), method)
-
-    def reset(self, task: Task) -> list[dict]:
-        return self._call("reset", task)
-
-    def tools(self) -> list[dict]:
-        return self._call("tools")
-
-    def call(self, name: str, arguments: dict) -> str:
-        return self._call("call", name, arguments)
-
-    def call_bound_s(self, name: str) -> float | None:
-        return self._call("call_bound_s", name)
-
-    def reward(self, trajectory):
-        return self._call("reward", trajectory)
-
-    def reference(self, task: Task) -> list[dict]:
-        return self._call("reference", task)
-
-    def state(self) -> dict:
-        return self._call("state")
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._wait(self.actor.close.remote(self.key), "close")
-
-
 def _import_ray():
     try:
         import ray
@@ -182,7 +119,8 @@ def _import_ray():
 
 
 class RayRunner:
-    """``map`` on Ray actors as ``cfg`` (:class:`~dsv32.rl.grpo.config.RayConfig`) says."""
+    """``map`` on Ray actors as ``cfg`` (:class:`~dsv32.rl.grpo.config.RayConfig`) says. An actor that
+    dies is replaced (``replaced`` counts them; ``pids`` holds the live actors' process ids)."""
 
     name = "ray"
 
@@ -191,10 +129,14 @@ class RayRunner:
             raise RLConfigError("[ray] address is empty: episodes run in threads (ThreadRunner)")
         ray = self.ray = _import_ray()
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.cfg, self.episode_timeout = cfg, episode_timeout
         self.owns, self.actors, self.group = False, [], None
+        self.pids: list[int | None] = []
+        self.gone: set[int] = set()  # the processes of actors that died or were killed
+        self.replaced = 0
+        self.lock = threading.Lock()
+        self._next = 0
         if not ray.is_initialized():
             local = cfg.address == "local"
             ray.init(
@@ -217,17 +159,7 @@ class RayRunner:
                 f"within {cfg.placement_timeout:g} s; the cluster has {cpus:g} CPUs in all ([ray] actors × "
                 "cpus_per_actor must fit, beside other work on the cluster)"
             )
-        actor = ray.remote(num_cpus=cfg.cpus_per_actor, max_restarts=0)(_EpisodeActor)
-        self.actors = [
-            actor.options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self.group, placement_group_bundle_index=i
-                )
-            ).remote()
-            for i in range(cfg.actors)
-        ]
-        self.next_actor = itertools.cycle(self.actors)
-        self.lock = threading.Lock()
+        self.actors = [self._actor(i) for i in range(cfg.actors)]
         try:
             self.pids = ray.get([a.ready.remote() for a in self.actors], timeout=STARTUP_TIMEOUT)
         except ray.exceptions.GetTimeoutError:
@@ -236,34 +168,119 @@ class RayRunner:
                 f"the Ray episode actors were placed but did not start within {STARTUP_TIMEOUT:g} s"
             ) from None
 
-    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-        from ray.util import ActorPool
+    def _actor(self, bundle: int):
+        """A new episode actor on the CPUs of bundle ``bundle`` of the placement group."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        pool = ActorPool(self.actors)
-        for item in items:
-            pool.submit(lambda actor, value: actor.run.remote(fn, value), item)
-        out = []
-        while pool.has_next():
-            out.append(pool.get_next(timeout=self.episode_timeout))
-        return out
+        actor = self.ray.remote(num_cpus=self.cfg.cpus_per_actor, max_restarts=0)(_EpisodeActor)
+        strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=bundle)
+        return actor.options(scheduling_strategy=strategy).remote()
+
+    def _replace(self, actor) -> None:
+        """``actor`` died: kill what is left of it and start a new one on its CPUs (once, whichever
+        caller saw the death first). A new one that does not start within :data:`STARTUP_TIMEOUT`
+        leaves the slot empty: the other actors go on."""
+        ray = self.ray
+        with self.lock:
+            slot = next((i for i, a in enumerate(self.actors) if a is actor), None)
+            if slot is None:  # replaced already
+                return
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+            dead = self.pids[slot]
+            if dead is not None:
+                self.gone.add(dead)
+            new = self._actor(slot)
+            try:
+                pid = ray.get(new.ready.remote(), timeout=STARTUP_TIMEOUT)
+            except ray.exceptions.RayError as err:
+                with contextlib.suppress(Exception):
+                    ray.kill(new, no_restart=True)
+                self.actors[slot], self.pids[slot] = None, None
+                log.error("a Ray episode actor died and its replacement did not start: %s", _first_line(err))
+                return
+            self.actors[slot], self.pids[slot] = new, pid
+            self.replaced += 1
+        log.warning("a Ray episode actor (pid %s) died; a new one (pid %s) takes its episodes", dead, pid)
+        from dsv32.envs import sandbox
+
+        sandbox.sweep_leftovers()  # what the dead actor's sandboxes left, where its process is gone
+
+    def _live(self) -> list:
+        live = [a for a in self.actors if a is not None]
+        if not live:
+            raise RayPlacementError("every Ray episode actor died and none could be started again")
+        return live
+
+    def map(
+        self,
+        fn: Callable[[Any], Any],
+        items: Sequence[Any],
+        on_failure: Callable[[Any, ActorGone], Any] | None = None,
+    ) -> list[Any]:
+        """``[fn(item) ...]`` in order, one item at a time per actor. An item whose actor dies is
+        ``on_failure(item, error)`` (without it the :class:`ActorGone` is raised), and the actor is
+        replaced for the items that follow; ``fn`` raising is raised here."""
+        ray, masks = self.ray, sorted(TASK_FILES)
+        results: list[Any] = [None] * len(items)
+        pending = deque(enumerate(items))
+        running: dict[Any, tuple[int, Any]] = {}  # result ref → (item index, actor)
+        while pending or running:
+            with self.lock:
+                busy = [a for _, a in running.values()]
+                idle = [a for a in self._live() if all(a is not b for b in busy)]
+            for actor in idle[: len(pending)]:
+                i, item = pending.popleft()
+                running[actor.run.remote(fn, item, masks)] = (i, actor)
+            done, _ = ray.wait(list(running), num_returns=1, timeout=self.episode_timeout)
+            if not done:
+                raise TimeoutError(
+                    f"no episode finished within {self.episode_timeout:g} s ([ray] episode_timeout)"
+                )
+            i, actor = running.pop(done[0])
+            try:
+                results[i] = ray.get(done[0])
+            except ray.exceptions.RayActorError as err:
+                self._replace(actor)
+                failure = ActorGone(f"the Ray actor running item {i} died: {_first_line(err)}")
+                if on_failure is None:
+                    raise failure from None
+                results[i] = on_failure(items[i], failure)
+        return results
 
     def environment(self, make_env: Callable[[], Environment]) -> Environment:
         """``make_env()`` built on the next actor (round-robin), reached through an
-        :class:`ActorEnvironment`."""
-        with self.lock:
-            actor = next(self.next_actor)
-        return ActorEnvironment(self.ray, actor, make_env, self.episode_timeout)
+        :class:`ActorEnvironment`. An actor found dead here is replaced and the environment built on
+        the new one; if that dies too, the episode gets an environment whose every call is the
+        :class:`ActorGone` (the environment's failure, recorded as such)."""
+        error = None
+        for _ in range(2):
+            with self.lock:
+                live = self._live()
+                actor = live[self._next % len(live)]
+                self._next += 1
+            try:
+                return ActorEnvironment(
+                    self.ray, actor, make_env, self.episode_timeout, sorted(TASK_FILES), self._replace
+                )
+            except ActorGone as err:
+                error = err
+        return _GoneEnvironment(error)
 
     def close(self) -> None:
         """Kill the actors and free their CPUs; shut the cluster down when this runner started it.
         Each actor first closes what it hosts and removes its sandboxes' files (waited on at most
-        ``RELEASE_S`` seconds: an actor busy or gone is killed all the same)."""
-        if self.actors:  # a busy, dead or unreachable actor: killed below regardless
+        ``RELEASE_S`` seconds: an actor busy or gone is killed all the same); then, once the actors'
+        processes on this machine have ended, what sandboxes of dead actors left is swept."""
+        actors = [a for a in self.actors if a is not None]
+        if actors:  # a busy, dead or unreachable actor: killed below regardless
             with contextlib.suppress(Exception):
-                self.ray.get([a.release.remote() for a in self.actors], timeout=RELEASE_S)
-        for a in self.actors:
-            self.ray.kill(a, no_restart=True)
-        self.actors = []
+                self.ray.get([a.release.remote() for a in actors], timeout=RELEASE_S)
+        for a in actors:
+            with contextlib.suppress(Exception):
+                self.ray.kill(a, no_restart=True)
+        ours = {p for p in [*self.pids, *self.gone] if p is not None and "ray" in command_line(p)}
+        self.actors, self.pids = [], []
         if self.group is not None and self.ray.is_initialized():
             from ray.util.placement_group import remove_placement_group
 
@@ -272,61 +289,17 @@ class RayRunner:
         if self.owns and self.ray.is_initialized():
             self.ray.shutdown()
         self.owns = False
+        if ours or self.gone:
+            from dsv32.envs import sandbox
+
+            still_running(ours, wait=RELEASE_S)  # an actor killed a moment ago may still be exiting
+            sandbox.sweep_leftovers()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def processes_below(root: int | None = None) -> set[int]:
-    """Pids of every process below ``root`` (default: this process), read from ``/proc`` (Linux)."""
-    parents = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    out, frontier = set(), {root or os.getpid()}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - out
-        out |= frontier
-    return out
-
-
-def command_line(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ").strip()
-    except OSError:
-        return ""
-
-
-def ray_processes() -> set[int]:
-    """Ray's processes below this one (GCS, raylet, workers, actors) and everything they started."""
-    ours = {p for p in processes_below() if "ray" in command_line(p)}
-    return ours.union(*(processes_below(p) for p in ours))
-
-
-def still_running(pids: set[int], wait: float = 10.0) -> dict[int, str]:
-    """Those of ``pids`` still running (zombies excluded) after up to ``wait`` seconds: pid → command."""
-    deadline = time.monotonic() + wait
-
-    def alive() -> dict[int, str]:
-        out = {}
-        for pid in pids:
-            try:
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if state != "Z":
-                out[pid] = command_line(pid)[:200]
-        return out
-
-    while (left := alive()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
 
 
 def episode_runner(cfg: RayConfig, threads: int = 4) -> ThreadRunner | RayRunner:
@@ -374,6 +347,24 @@ def _run_env_episode(job: EnvEpisode) -> dict[str, Any]:
     }
 
 
+def _failed_env_episode(job: EnvEpisode, error: ActorGone) -> dict[str, Any]:
+    """The record of an episode whose actor died: the environment's failure, not scored."""
+    from dsv32.agent import Trajectory
+
+    note = f"the environment's episode failed: {error}"
+    trajectory = Trajectory(messages=[], stop_reason="error", error=note)
+    return {
+        "id": job.task.id,
+        "reward": 0.0,
+        "components": {},
+        "scored": False,
+        "reason": f"not scored: {note}",
+        "trajectory": trajectory,
+        "seconds": 0.0,
+        "pid": None,
+    }
+
+
 def run_env_episodes(
     runner: ThreadRunner | RayRunner,
     env: str,
@@ -382,6 +373,8 @@ def run_env_episodes(
     agent_options: dict | None = None,
 ) -> list[dict[str, Any]]:
     """One episode per task on ``runner``; per task (in order): ``id``, ``reward``, ``components``,
-    ``scored``, ``reason``, ``trajectory``, ``seconds`` and the ``pid`` of the process that ran it."""
+    ``scored``, ``reason``, ``trajectory``, ``seconds`` and the ``pid`` of the process that ran it.
+    An episode whose Ray actor died is ``scored`` False with reward 0 and the reason (``pid`` None)."""
     options = {"max_steps": 40, **(agent_options or {})}
-    return runner.map(_run_env_episode, [EnvEpisode(env, t, make_backend, options) for t in tasks])
+    jobs = [EnvEpisode(env, t, make_backend, options) for t in tasks]
+    return runner.map(_run_env_episode, jobs, on_failure=_failed_env_episode)
