@@ -16,6 +16,7 @@ import json
 import torch
 
 from dsv32 import distributed
+from dsv32.engine.lora import LoRAConfig, apply_lora, has_adapter
 from dsv32.rl.grpo.config import GRPOConfig, RLConfig
 from dsv32.rl.grpo.indexing import is_indexer_parameter, sparse_dsa
 from dsv32.rl.grpo.policy import Policy
@@ -42,18 +43,36 @@ def lr_factor(step: int, g: GRPOConfig) -> float:
 
 def trained_grpo(g: GRPOConfig, policy: Policy) -> GRPOConfig:
     """``g`` as it applies to ``policy``: Keep Routing off for a dense model (no routing to keep),
-    Keep Indexing and the indexer loss off for a model without DSA in sparse mode (no selection)."""
+    Keep Indexing and the indexer loss off for a model without DSA in sparse mode (no selection),
+    the indexer loss off for a policy that trains a LoRA adapter (the base model, indexer included,
+    stays frozen)."""
     if g.keep_routing and policy.kind != "native":
         g = dataclasses.replace(g, keep_routing=False)
     if (g.keep_indexing or g.indexer_loss) and not sparse_dsa(policy.model):
         g = dataclasses.replace(g, keep_indexing=False, indexer_loss=False)
+    if g.indexer_loss and has_adapter(policy.model):
+        g = dataclasses.replace(g, indexer_loss=False)
     return g
 
 
+def adapt_policy(policy: Policy, cfg: LoRAConfig, seed: int) -> bool:
+    """``[lora]`` applied to ``policy``'s model in place (:func:`dsv32.engine.lora.apply_lora`: only
+    the adapter trains), its initial weights a function of ``seed`` alone; True when it was (False:
+    ``cfg`` is off, full fine-tuning)."""
+    if not cfg.enabled:
+        return False
+    apply_lora(policy.model, cfg, seed=seed)
+    return True
+
+
 def reference_policy(policy: Policy, g: GRPOConfig) -> Policy | None:
-    """A frozen copy of ``policy`` for the KL term; None when no domain has a KL coefficient."""
+    """A frozen copy of ``policy`` for the KL term; None when no domain has a KL coefficient. A
+    policy that trains a LoRA adapter needs no copy: its reference is the same model with the
+    adapter switched off (``base_only``), which is the base model exactly."""
     if not (g.kl_coef > 0 or any(v > 0 for v in g.domain_kl_coef.values())):
         return None
+    if has_adapter(policy.model):
+        return dataclasses.replace(policy, base_only=True)
     frozen = copy.deepcopy(policy.model).eval().requires_grad_(False)
     return Policy(frozen, policy.tokenizer, policy.kind, policy.thinking)
 
@@ -62,6 +81,8 @@ def make_optimizer(policy: Policy, g: GRPOConfig) -> torch.optim.AdamW:
     """AdamW over the policy, with weight decay on its matrices only. With ``indexer_loss`` the DSA
     indexer's parameters are groups of their own (``side = "indexer"``) at ``indexer_lr``."""
     named = list(policy.model.named_parameters())
+    if has_adapter(policy.model):  # LoRA: the adapter alone
+        named = [(n, p) for n, p in named if p.requires_grad]
     index = {id(p) for n, p in named if g.indexer_loss and is_indexer_parameter(n)}
     params = [p for _, p in named if id(p) not in index]
     groups = [
@@ -94,7 +115,7 @@ def shard_for_training(policy: Policy, ref: Policy | None) -> Policy:
     """The sampling replica of ``policy`` (:func:`sampling_replica`, taken while it is whole), then
     ``ref`` and ``policy`` sharded with FSDP2 (nothing in one process); returns the replica."""
     sampler = sampling_replica(policy)
-    if ref is not None:
+    if ref is not None and ref.model is not policy.model:
         distributed.shard_model(ref.model)
     distributed.shard_model(policy.model)
     return sampler
@@ -112,6 +133,8 @@ def check_world(cfg: RLConfig, w: distributed.World) -> None:
     the step's groups must split evenly, and the rollouts run in process."""
     if not w.active:
         return
+    if cfg.lora.enabled:
+        raise distributed.DistError("[lora] runs in one process: start it without torchrun")
     n = cfg.grpo.prompts_per_step
     if n % w.size:
         raise distributed.DistError(
@@ -147,6 +170,8 @@ def run_identity(config: dict, files: dict[tuple[str, int], str]) -> dict:
     extends it) without :data:`BOOKKEEPING`, and the SHA-256 of each task file in ``files`` as
     ``<section>.<index>.sha256``."""
     identity = json.loads(json.dumps(config))
+    if not identity.get("lora", {}).get("enabled", True):
+        identity.pop("lora")  # off: the identity of a run from before [lora] existed
     for section, fields in BOOKKEEPING.items():
         table = identity.get(section, {}) if section else identity
         for f in fields:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from dsv32.engine.lora import LoRAConfig
 from dsv32.recipe import (
     BETAS,
     NON_NEGATIVE,
@@ -246,7 +247,8 @@ class RayConfig(Checked, error=RLConfigError):
 
 @dataclass
 class RLConfig:
-    """The recipe. ``save_every``: a checkpoint every N steps (0: only at the end); ``log_every``: a
+    """The recipe. ``lora``: train a LoRA adapter instead of the full weights (off by default; docs/rl.md,
+    "LoRA"). ``save_every``: a checkpoint every N steps (0: only at the end); ``log_every``: a
     ``metrics.jsonl`` row every N steps (and at the last, and for a step with a skipped update)."""
 
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -257,6 +259,7 @@ class RLConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
     out_dir: str = "runs/rl"
     seed: int = 0
     save_every: int = 0
@@ -275,6 +278,7 @@ _SECTIONS = {
     "eval": EvalConfig,
     "engine": EngineConfig,
     "ray": RayConfig,
+    "lora": LoRAConfig,
 }
 _SCALARS = ("out_dir", "seed", "save_every", "log_every", "report_to")
 TOP_KEYS = (*_SCALARS, "sources", "rewards")  # beside the sections

@@ -17,6 +17,7 @@ subspace (paper §3.1).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,13 +34,16 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Policy:
-    """``kind``: ``"hf"`` or ``"native"``; ``thinking``: for V3.2-format prompts, thinking mode."""
+    """``kind``: ``"hf"`` or ``"native"``; ``thinking``: for V3.2-format prompts, thinking mode;
+    ``base_only``: the training forward runs with the model's LoRA adapter switched off (the base
+    model: GRPO's reference when the policy trains an adapter, :func:`dsv32.engine.lora.adapter_disabled`)."""
 
     model: nn.Module
     tokenizer: object
     kind: str
     thinking: bool = False
     source: str = ""
+    base_only: bool = False
 
     # ------------------------------------------------------------------ prompts
     @property
@@ -132,6 +136,21 @@ class Policy:
         (:meth:`trunk_states`, ``[B, L - 1, D]``): the forward starts there and runs only the layers
         above (HF models).
         """
+        if self.base_only:
+            from dsv32.engine.lora import adapter_disabled
+
+            with adapter_disabled(self.model):
+                return dataclasses.replace(self, base_only=False).action_logprobs(
+                    sequences,
+                    attention_mask,
+                    start,
+                    kept_ids=kept_ids,
+                    routing=routing,
+                    temperature=temperature,
+                    action_mask=action_mask,
+                    trunk=trunk,
+                    indexing=indexing,
+                )
         L = sequences.shape[1]
         lead, end = _used_columns(attention_mask, start)
         sequences, attention_mask = sequences[:, lead:end], attention_mask[:, lead:end]

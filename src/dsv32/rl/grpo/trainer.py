@@ -22,7 +22,8 @@ step and the guard's streak. Under ``torchrun`` (:mod:`dsv32.distributed`) rank 
 the ``r``-th of ``W`` equal parts of the step's items and samples them with an unsharded replica of
 the policy; the policy and the reference are sharded with FSDP2 and the updates are those of one
 process over the global batch. Rank 0 alone writes. Outputs under ``out_dir``: ``metrics.jsonl``,
-``eval.jsonl`` (held-out results), ``config.json``, ``rl.png``, ``checkpoints/``, ``model/``.
+``eval.jsonl`` (held-out results), ``config.json``, ``rl.png``, ``checkpoints/``, ``model/`` (and
+``adapter/`` with ``[lora]``: docs/rl.md, "LoRA").
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from dsv32.engine.memory import release_free_memory
 from dsv32.rl.engines import RolloutEngine, build_engine, prepare_engine
 from dsv32.rl.grpo.build import (
     UPDATES,
+    adapt_policy,
     lr_factor,
     make_optimizer,
     reference_policy,
@@ -117,6 +119,7 @@ class GRPOTrainer:
         torch.manual_seed(rl.seed)
         self.prepare()
         self.policy = policy or self.load_policy()
+        self.lora = adapt_policy(self.policy, rl.lora, rl.seed)  # before anything reads its parameters
         self.reward_fn = self.build_reward_fn()
         self.grpo = trained_grpo(rl.grpo, self.policy)
         self.ref = reference_policy(self.policy, self.grpo)
@@ -241,7 +244,9 @@ class GRPOTrainer:
         again."""
         result = self.result_type(self.out, 0, 0.0)
         evaluates = self.has_held_out()
-        ckpts = distributed.ShardedCheckpoints(self.out, keep=1, run=self.identity())
+        ckpts = distributed.ShardedCheckpoints(
+            self.out, keep=1, trainable_only=self.lora, run=self.identity()
+        )  # LoRA: the adapter and its optimizer state
         step, logged = self._begin(ckpts, resume, result)
         eval_path = self.out / "eval.jsonl"
         self.trackers = open_trackers(
@@ -292,7 +297,7 @@ class GRPOTrainer:
             logger.info("rl: resumed from %s (step %d)", ckpts.resumed_from, step)
         elif w.main:
             out.mkdir(parents=True, exist_ok=True)
-            ckpts.discard((*RUN_OUTPUTS, "rl.png"))
+            ckpts.discard((*RUN_OUTPUTS, "rl.png", "adapter"))
         if w.main:
             write_json(out / "config.json", self.recipe.to_dict())
         distributed.barrier()
@@ -349,10 +354,18 @@ class GRPOTrainer:
         return step
 
     def _save_model(self, path: Path) -> None:
+        """The final model under ``path``; with LoRA, the base with the adapter merged in, and the
+        adapter alone beside it (``adapter/``, peft's save format)."""
         with distributed.full_parameters(self.policy.model) as writer:  # rank 0 writes the full model
             if writer:
                 path.mkdir(parents=True, exist_ok=True)
-                self.policy.model.save_pretrained(path)
+                if self.lora:
+                    from dsv32.engine.lora import merged_copy, save_adapter
+
+                    save_adapter(self.policy.model, path.parent / "adapter", base=self.policy.source)
+                    merged_copy(self.policy.model).save_pretrained(path)
+                else:
+                    self.policy.model.save_pretrained(path)
                 if hasattr(self.policy.tokenizer, "save_pretrained"):
                     self.policy.tokenizer.save_pretrained(path)
         distributed.barrier()
