@@ -375,3 +375,38 @@ def test_a_run_keeps_its_two_newest_checkpoints_by_default(tmp_path):
     result = train_sft(cfg, progress=False)
     names = sorted(p.name for p in (result.out_dir / "checkpoints").iterdir())
     assert names == ["step_000003", "step_000004"]
+
+
+SFT_LORA = {"lora.enabled": True, "lora.r": 4, "lora.target_modules": ["q_proj", "v_proj"], "train.lr": 1e-2}
+
+
+def test_lora_sft_checkpoints_the_adapter_resumes_exactly_and_exports_both_ways(tmp_path):
+    pytest.importorskip("peft")
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    from dsv32.engine.lora import is_adapter_parameter
+
+    full = train_sft(_cfg(tmp_path / "a", **SFT_LORA), progress=False)
+    cfg = _cfg(tmp_path / "b", **SFT_LORA)
+    train_sft(cfg, progress=False, stop_after=2)
+    (ckpt,) = (tmp_path / "b" / "run" / "checkpoints").glob("step_*")
+    saved = load_file(str(ckpt / "weights.safetensors"))
+    assert saved and all(is_adapter_parameter(n) and ("q_proj" in n or "v_proj" in n) for n in saved)
+    rest = train_sft(cfg, progress=False)
+    a, b = read_metrics(full.out_dir / "metrics.jsonl"), read_metrics(rest.out_dir / "metrics.jsonl")
+    assert [r["loss"] for r in a] == [r["loss"] for r in b] and a[-1]["loss"] < a[0]["loss"]
+    wa = load_model(str(full.model_dir), device="cpu").model
+    wb = load_model(str(rest.model_dir), device="cpu").model
+    sa, sb = wa.state_dict(), wb.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not any("lora" in k for k in sa)  # model/: merged full weights
+
+    base = load_model("tiny-llama", device="cpu").model
+    base.resize_token_embeddings(wa.get_input_embeddings().weight.shape[0])
+    with torch.no_grad():  # the base as SFT prepared it: the added V3.2 tokens' rows
+        base.get_input_embeddings().weight.copy_(wa.get_input_embeddings().weight)
+    adapted = PeftModel.from_pretrained(base, full.out_dir / "adapter")
+    x = torch.randint(0, 200, (1, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(adapted(x).logits, wa(x).logits, rtol=1e-4, atol=1e-5)

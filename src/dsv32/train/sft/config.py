@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from dsv32.engine.lora import LoRAConfig
 from dsv32.recipe import (
     BETAS,
     EXISTING_PATH,
@@ -122,6 +123,8 @@ class SFTConfig:
     model: SFTModelConfig = field(default_factory=SFTModelConfig)
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     train: SFTTrainConfig = field(default_factory=SFTTrainConfig)
+    #: a LoRA adapter instead of the full weights (off by default; docs/training.md)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
     out_dir: str = "runs/sft"
     #: experiment trackers: "none" or a comma-separated list of tensorboard, wandb, mlflow, trackio
     report_to: str = "none"
@@ -137,7 +140,7 @@ class _TopLevel(Checked, error=SFTConfigError):
     report_to: str = "none"
 
 
-_SECTIONS = {"model": SFTModelConfig, "data": SFTDataConfig, "train": SFTTrainConfig}
+_SECTIONS = {"model": SFTModelConfig, "data": SFTDataConfig, "train": SFTTrainConfig, "lora": LoRAConfig}
 _TOP_KEYS = ("out_dir", "report_to")
 
 

@@ -26,6 +26,7 @@ the V3.2 chat template).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -176,6 +177,8 @@ def run_identity(cfg: SFTConfig) -> dict:
         for f in fields:
             sections[name].pop(f)
     sections["data"]["sha256"] = file_digest(cfg.data.path)
+    if cfg.lora.enabled:  # off: the identity of a run from before [lora] existed
+        sections["lora"] = cfg.to_dict()["lora"]
     return sections
 
 
@@ -214,6 +217,8 @@ def train_sft(
     if cfg.data.packing:
         check_packing(sm)
     freeze_lower_layers(sm.model, tc.freeze_layers)
+    if cfg.lora.enabled:
+        _adapt(sm, cfg, w)
     shard_sft_model(sm)
     if tc.new_token_lr > 0 and not sm.added_tokens:
         logger.warning(
@@ -227,7 +232,9 @@ def train_sft(
     total = total_steps(tc, len(rows))
     out = Path(cfg.out_dir)
     optimizer = torch.optim.AdamW(_param_groups(sm, tc), lr=tc.lr, betas=tuple(tc.betas))
-    ckpts = distributed.ShardedCheckpoints(out, keep=tc.keep_checkpoints, run=run_identity(cfg))
+    ckpts = distributed.ShardedCheckpoints(
+        out, keep=tc.keep_checkpoints, trainable_only=cfg.lora.enabled, run=run_identity(cfg)
+    )  # LoRA: the adapter and its optimizer state
     metrics_path = out / "metrics.jsonl"
     step = ckpts.begin(sm.model, optimizer, resume=resume, steps=total)
     # only now, every check passed: bad input writes nothing
@@ -239,7 +246,7 @@ def train_sft(
             truncate_metrics(metrics_path, step)
         else:
             out.mkdir(parents=True, exist_ok=True)
-            ckpts.discard((*RUN_OUTPUTS, "sft.png"))
+            ckpts.discard((*RUN_OUTPUTS, "sft.png", "adapter"))
         write_json(out / "config.json", cfg.to_dict())
         write_json(out / "data.json", data_info)
     distributed.barrier()
@@ -274,11 +281,32 @@ def train_sft(
         plot_sft(metrics_path, out / "sft.png")
     if save_model and step >= total:
         with distributed.full_parameters(sm.model) as writer:  # rank 0 writes the full model
-            if writer:
+            if writer and cfg.lora.enabled:  # model/ merged, adapter/ in peft's format
+                from dsv32.engine.lora import merged_copy, save_adapter
+
+                save_adapter(sm.model, out / "adapter", base=cfg.model.name)
+                save_sft_model(dataclasses.replace(sm, model=merged_copy(sm.model)), out / "model")
+            elif writer:
                 save_sft_model(sm, out / "model")
         distributed.barrier()
         result.model_dir = out / "model"
     return result
+
+
+def _adapt(sm: SFTModel, cfg: SFTConfig, w: distributed.World) -> None:
+    """``[lora]`` on ``sm``'s model (:func:`dsv32.engine.lora.apply_lora`, seeded by ``train.seed``):
+    only the adapter trains. Refused under ``torchrun`` and with ``train.new_token_lr`` for added
+    tokens (their embedding rows would stay untrained)."""
+    from dsv32.engine.lora import apply_lora
+
+    if w.active:
+        raise SFTConfigError("[lora] runs in one process: start it without torchrun")
+    if new_token_rows(sm, cfg.train):
+        raise SFTConfigError(
+            "[lora] freezes the embeddings, so the V3.2 tokens this run added would not train: set "
+            "train.new_token_lr = 0 or train without [lora]"
+        )
+    apply_lora(sm.model, cfg.lora, seed=cfg.train.seed)
 
 
 def new_token_rows(sm: SFTModel, tc: SFTTrainConfig) -> bool:
