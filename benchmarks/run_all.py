@@ -205,6 +205,30 @@ def rollout_scale_table(result: dict) -> tuple[str, str]:
     return f"float32, {r['cpus']} CPUs", table
 
 
+def serve_soak_table(result: dict) -> tuple[str, str]:
+    """``serve_soak.json``: ``dsv32 serve`` under a mixed load with weight updates between phases."""
+    r = result
+    mb = r["rss_slope_mb_per_min"]
+    table = _table(
+        ["measure", "value"],
+        [
+            ["requests (completed / cancelled or abandoned by the client)",
+             f"{r['requests']} ({r['completed']} / {r['cancelled_by_client']})"],
+            ["5xx: seen by the clients / counted by the server", f"{r['client_5xx']} / {r['server_5xx']}"],
+            ["latency of completed requests, p50 / p99", f"{_s(r['latency_p50_s'])} / {_s(r['latency_p99_s'])}"],
+            ["weight updates between phases (pause, resume, file sync) that failed",
+             f"{sum('error' in u for u in r['weight_updates'])} of {len(r['weight_updates'])}"],
+            ["server RSS: start / after the first phase / end / peak",
+             " / ".join(_mb(r[k]) for k in ("rss_start_mb", "rss_after_first_phase_mb", "rss_end_mb", "rss_max_mb"))],
+            ["server RSS slope after the first phase", "—" if mb is None else f"{mb:.2f} MB/min"],
+            ["load average before / after (1 min)",
+             f"{r['machine']['loadavg_before'][0]:.1f} / {r['machine']['loadavg_after'][0]:.1f}"],
+        ],
+    )  # fmt: skip
+    what = f"{r['model']}, {r['seconds']:g} s, {r['clients']} clients, {r['machine']['cpus']} CPUs"
+    return what, table
+
+
 def rollout_prefix_table(result: dict) -> tuple[str, str]:
     """``rollout_prefix.json``: multi-turn batched sampling, every prompt prefilled vs prefix reuse."""
     r = result
@@ -407,6 +431,7 @@ FORMATS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "envs": (("envs.json",), envs_table),
     "envs_search_swe": (("envs_search_swe.json",), envs_search_swe_table),
     "serve_load": (("serve_load.json",), serve_load_table),
+    "serve_soak": (("serve_soak.json",), serve_soak_table),
     "rollout_scale": (("rollout_scale.json",), rollout_scale_table),
     "rollout_prefix": (("rollout_prefix.json",), rollout_prefix_table),
     "rl_frozen_trunk": (("rl_frozen_trunk.json",), rl_frozen_trunk_table),
