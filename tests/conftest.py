@@ -1,4 +1,4 @@
-"""Shared test setup: offline Hugging Face, deterministic CPU threads."""
+"""Shared test setup: offline Hugging Face, deterministic CPU threads, the trained tool user."""
 
 import os
 
@@ -18,3 +18,30 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def trained_tool_user(tmp_path_factory):
+    """The tool user (:func:`helpers.agentic.train_tool_user` on tiny-llama), trained once per session.
+    Never changed: tests take ``tool_user`` (a private copy) or ``tool_user_dir`` (saved weights)."""
+    from helpers.agentic import train_tool_user
+
+    return train_tool_user("tiny-llama", tmp_path_factory.mktemp("tool_user"))
+
+
+@pytest.fixture
+def tool_user(trained_tool_user):
+    """A deep copy of the trained tool user: what a test does to its weights, gradients or attributes
+    stays in that test."""
+    import copy
+
+    return copy.deepcopy(trained_tool_user)
+
+
+@pytest.fixture(scope="session")
+def tool_user_dir(trained_tool_user, tmp_path_factory):
+    """The trained tool user's weights and tokenizer saved as a checkpoint directory."""
+    path = tmp_path_factory.mktemp("tool_user_model")
+    trained_tool_user.model.save_pretrained(path)
+    trained_tool_user.tokenizer.save_pretrained(path)
+    return path

@@ -1,18 +1,12 @@
-"""The agent tests import their shared helpers (scripted replies, a counting backend) by name; ``stub``
-is a stub Chat Completions server, closed after the test; ``smollm2_tokenizer`` is SmolLM2's tokenizer
-and ``v32_tokenizer`` the same with the V3.2 special tokens."""
+"""``stub`` is a stub Chat Completions server, closed after the test; ``smollm2_tokenizer`` is SmolLM2's
+tokenizer and ``v32_tokenizer`` the same with the V3.2 special tokens."""
 
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from agent_helpers import Stub
+from helpers.agent import Stub
 
 
 @pytest.fixture

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import json
 
-from agent_helpers import chunk
-from test_episode import Counter
+from helpers.agent import Counter, chunk
 
 from dsv32.cli import main
 from dsv32.envs.base import EnvSpec, Task, register
@@ -24,7 +23,7 @@ def test_run_against_an_endpoint_streams_and_writes_the_trajectory(stub, tmp_pat
     stub.reply([chunk({"reasoning_content": "Got 5."}), chunk({"content": "It is 5."}, "stop")])
     out = tmp_path / "run"
     argv = ["agent", "run", "--base-url", stub.url, "--model", "m", "--task", "2+3?", "--out", str(out)]
-    assert main([*argv, "--tool", "agent_helpers:add", "--system", "Be exact."]) == 0
+    assert main([*argv, "--tool", "helpers.agent:add", "--system", "Be exact."]) == 0
     text = capsys.readouterr().out
     for piece in (
         "thinking: Use add.",

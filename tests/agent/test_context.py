@@ -4,7 +4,7 @@ the budget every trajectory reports."""
 from __future__ import annotations
 
 import pytest
-from agent_helpers import CountingBackend, add, answer, calls
+from helpers.agent import CountingBackend, add, answer, calls
 
 from dsv32.agent import Agent, tool
 from dsv32.agent.context import (

@@ -4,53 +4,10 @@ from __future__ import annotations
 
 import json
 
-from agent_helpers import CountingBackend, answer
+from helpers.agent import Counter, CountingBackend, answer
 
 from dsv32.agent import ScriptedBackend, Trajectory, run_episode
-from dsv32.envs.base import Environment, Reward, Task, tool_call, tool_schema
-
-
-class Counter(Environment):
-    """A counter the agent increments; the task is solved when the answer states the final count."""
-
-    name = "counter"
-
-    def __init__(self) -> None:
-        self.count, self.calls, self.resets = 0, [], 0
-
-    def reset(self, task: Task) -> list[dict]:
-        self.count, self.resets = 0, self.resets + 1
-        return [{"role": "system", "content": "Use the counter."}, {"role": "user", "content": task.prompt}]
-
-    def tools(self) -> list[dict]:
-        return [tool_schema("increment", "Add n to the counter.", {"n": {"type": "integer", "minimum": 1}})]
-
-    def call(self, name: str, arguments: dict) -> str:
-        self.calls.append((name, arguments))
-        self.count += arguments["n"]
-        return f"count = {self.count}"
-
-    def reward(self, trajectory) -> Reward:
-        ok = trajectory.final is not None and trajectory.final.strip() == str(self.count) == str(
-            self.task_answer
-        )
-        tools_seen = sum(m["role"] == "tool" for m in trajectory.messages)
-        return Reward(float(ok), {"tool_results": tools_seen}, "right count" if ok else "wrong count")
-
-    def reference(self, task: Task) -> list[dict]:
-        return [
-            {
-                "content": "",
-                "tool_calls": [
-                    tool_call("increment", {"n": 2}, "r1"),
-                    tool_call("increment", {"n": 1}, "r2"),
-                ],
-            },
-            {"content": str(task.answer)},
-        ]
-
-    task_answer = 3
-
+from dsv32.envs.base import Reward, Task, tool_call
 
 TASK = Task("t1", "Count to 3.", answer=3)
 

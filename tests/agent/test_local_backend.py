@@ -12,7 +12,8 @@ import json
 
 import pytest
 import torch
-from agent_helpers import add
+from helpers.agent import add
+from helpers.puppet import ForcedTokens
 
 from dsv32.agent import Agent, AgentError, BackendError, LocalBackend
 from dsv32.chat import attach_tools, encode_messages
@@ -39,27 +40,17 @@ def tiny_v32(v32_tokenizer):
     return DeepseekV32(config).eval()
 
 
-class Puppet:
+class Puppet(ForcedTokens):
     """Forces the next sampled tokens to be those of the scripted texts (one token per forward)."""
 
     def __init__(self, model, tokenizer) -> None:
-        self.tokenizer, self.queue = tokenizer, []
-        self.handle = model.lm_head.register_forward_hook(self.hook)
+        super().__init__(model)
+        self.tokenizer = tokenizer
 
     def say(self, text: str) -> list[int]:
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         self.queue += ids
         return ids
-
-    def hook(self, module, inputs, output):
-        if not self.queue:
-            return output
-        forced = torch.full_like(output, -1e4)
-        forced[:, -1, self.queue.pop(0)] = 1e4
-        return forced
-
-    def remove(self) -> None:
-        self.handle.remove()
 
 
 ADD_CALL = {"type": "function", "function": {"name": "add", "arguments": json.dumps({"a": 2, "b": 3})}}

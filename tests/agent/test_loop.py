@@ -6,7 +6,7 @@ import json
 import threading
 
 import pytest
-from agent_helpers import add, answer, calls
+from helpers.agent import add, answer, calls
 
 from dsv32.agent import Agent, AgentError, ScriptedBackend, Trajectory, tool
 

@@ -6,7 +6,7 @@ toolbox and the episode goes on."""
 from __future__ import annotations
 
 import pytest
-from agent_helpers import add, answer, calls, chunk
+from helpers.agent import add, answer, calls, chunk
 
 from dsv32.agent import Agent, AgentError, BackendError, OpenAIBackend, ScriptedBackend
 

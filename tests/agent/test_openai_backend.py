@@ -4,21 +4,9 @@ plain and streamed replies, ``reasoning`` vs ``reasoning_content``, retries, and
 from __future__ import annotations
 
 import pytest
-from agent_helpers import add, chunk
+from helpers.agent import add, chunk, completion
 
 from dsv32.agent import Agent, BackendError, OpenAIBackend
-
-
-def completion(message: dict, finish: str = "stop", usage: dict | None = None) -> dict:
-    return {
-        "id": "cmpl-1",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "m",
-        "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish}],
-        "usage": usage or {"prompt_tokens": 50, "completion_tokens": 5, "total_tokens": 55},
-    }
-
 
 TOOL_CALL = {
     "id": "call_1",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from agent_helpers import CountingBackend, add, answer, calls
+from helpers.agent import CountingBackend, add, answer, calls, completion
 
 from dsv32.agent import Agent, OpenAIBackend
 from dsv32.agent.backends.base import TokenEstimator
@@ -20,12 +20,6 @@ VLLM_REFUSAL = {
     "param": None,
     "code": 400,
 }
-
-
-def completion(message: dict, prompt_tokens: int = 50) -> dict:
-    finish = "tool_calls" if message.get("tool_calls") else "stop"
-    choice = {"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish}
-    return {"choices": [choice], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 5}}
 
 
 def rounds(n: int) -> list[dict]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_openai_backend import completion
+from helpers.agent import completion
 
 from dsv32.agent import AgentError, LocalBackend, OpenAIBackend
 from dsv32.engine.models import tiny_native_config

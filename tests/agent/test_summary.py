@@ -4,7 +4,7 @@ cut at its budget is recorded, and a request that cannot fit resets as ``discard
 
 from __future__ import annotations
 
-from agent_helpers import CountingBackend, answer, calls
+from helpers.agent import CountingBackend, answer, calls
 
 from dsv32.agent import Agent, tool
 from dsv32.agent.context import (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from agent_helpers import answer, calls
+from helpers.agent import answer, calls
 
 from dsv32.agent import Agent, ScriptedBackend, Trajectory, tool
 from dsv32.agent.trajectory import Step

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from agent_helpers import add, calls
+from helpers.agent import add, calls
 
 from dsv32.agent import Agent, OpenAIBackend, ScriptedBackend
 from dsv32.agent.backends.base import Completion, Usage, assistant_message

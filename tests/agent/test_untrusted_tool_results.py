@@ -6,7 +6,7 @@ messages and the recorded trajectory keep their text."""
 from __future__ import annotations
 
 import pytest
-from agent_helpers import answer, calls
+from helpers.agent import answer, calls
 
 from dsv32.agent import Agent, OpenAIBackend, ScriptedBackend
 from dsv32.agent.backends.formats import TemplateFormat, V32Format

@@ -5,8 +5,8 @@ the held-out episodes split over the ranks give the same result; a DCP checkpoin
 step 1 by 2 ranks resumes in 1 process and reproduces step 2; a step whose items do not split over
 the ranks fails on every rank with one line.
 
-Tolerances as for GRPO (``worker.TOL``): fp64 within 1e-10, fp32 within 1e-5 relative (1e-7
-absolute for values near 0). Measured here (torch 2.13, CPU): fp64 losses and weights ≤ 1.9e-16;
+Tolerances as for GRPO (``helpers.tolerances.PROCESSES``): fp64 within 1e-10, fp32 within 1e-5
+relative (1e-7 absolute for values near 0). Measured here (torch 2.13, CPU): fp64 losses and weights ≤ 1.9e-16;
 fp32 gradient norms ≤ 9.3e-6 relative, weights ≤ 2.6e-6 by the norm of each tensor's difference
 relative to its norm (docs/results.md)."""
 
@@ -19,10 +19,12 @@ import torch
 
 pytest.importorskip("transformers")
 
-import worker
-from launch import error_lines, run_jobs, run_ranks_alone
+from helpers import worker
+from helpers.launch import error_lines, run_jobs, run_ranks_alone
+from helpers.tolerances import PROCESSES
 
-TOL = worker.TOL
+pytestmark = pytest.mark.distributed
+
 DTYPES = ("float64", "float32")
 SETS = {
     "policy.name": "ignored",
@@ -32,7 +34,7 @@ SETS = {
     "agentic.length_weight": 0.1,
     "agentic.length_shape": "linear",  # rewards differ within a group: every step updates
     "agentic.single_turn": True,
-    "envs": [{"name": "echo-dist", "tasks": "train", "eval_tasks": "heldout", "weight": 1.0}],
+    "envs": [{"name": "echo-test", "tasks": "train", "eval_tasks": "heldout", "weight": 1.0}],
     "sources": [{"kind": "arithmetic", "weight": 1.0, "domain": "math"}],
     "grpo.steps": 2,
     "grpo.prompts_per_step": 4,
@@ -63,11 +65,9 @@ def _job(model: Path, out: Path, dtype: str, **extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("agentic")
+def runs(tmp_path_factory, tool_user_dir):
+    root, model = tmp_path_factory.mktemp("agentic"), tool_user_dir
     torch.set_num_threads(1)
-    worker.train_tool_user(root / "tool_user")
-    model = root / "tool_user" / "model"
     one, two = root / "one", root / "two"
     results = {
         f"one/{d}": worker.run_agentic_job(_job(model, one / d, d, eval=d == "float64")) for d in DTYPES
@@ -83,11 +83,11 @@ def runs(tmp_path_factory):
 
 #: fp32: a gradient norm sums the squares of every gradient element, so it carries more rounding
 #: than a loss (measured 9.3e-6 relative between 1 and 2 processes); it is held to 5e-5
-GRAD_NORM_REL = {"float64": TOL["float64"][0], "float32": 5e-5}
+GRAD_NORM_REL = {"float64": PROCESSES["float64"][0], "float32": 5e-5}
 
 
 def _close(x: float, y: float, dtype: str, key: str, step: int | None = None) -> None:
-    rel, abs_ = TOL[dtype]
+    rel, abs_ = PROCESSES[dtype]
     if key == "grad_norm":
         rel = GRAD_NORM_REL[dtype]
     assert abs(x - y) <= abs_ + rel * abs(x), (key, step, x, y)
@@ -103,7 +103,7 @@ def test_two_processes_compute_the_single_process_agentic_grpo_update(runs, dtyp
         for key in CLOSE:
             _close(x[key], y[key], dtype, key, x["step"])
     assert any(m["kl"] > 0 for m in one["metrics"][1:])  # the reference model takes part
-    assert all(set(m["reward_by_domain"]) == {"echo-dist", "math"} for m in one["metrics"])  # mixed steps
+    assert all(set(m["reward_by_domain"]) == {"echo-test", "math"} for m in one["metrics"])  # mixed steps
     assert one["metrics"][0]["mean_steps"] > 1  # episodes of several model calls
     if dtype == "float64":  # an episode in two rows: the ranks hold different numbers of rows
         assert any(m["rows"] > 8 for m in one["metrics"])

@@ -8,7 +8,7 @@ and weights (tolerance 1e-10). The native model computes its norms and attention
 dtype, so it runs in fp32: LM loss 4e-8 and gradient norms ≤ 7e-7 relative, indexer loss (a KL near
 zero, ~1e-4) 6e-9 absolute, weights ≤ 4.7e-6 by the norm of each tensor's difference relative to its
 norm (an indexer norm bias that starts at zero; the model's weights ≤ 4e-7) — tolerances in
-``worker.TOL``: 1e-5 relative plus 1e-7 absolute for the losses."""
+``helpers.tolerances.PROCESSES``: 1e-5 relative plus 1e-7 absolute for the losses."""
 
 from __future__ import annotations
 
@@ -19,11 +19,15 @@ import torch
 
 pytest.importorskip("transformers")
 
-import worker
-from launch import run_jobs
+from helpers import worker
+from helpers.launch import run_jobs
+from helpers.tolerances import PROCESSES
+from helpers.train import TINY_DSA
 from safetensors.torch import load_file
 
 from dsv32.train import read_metrics
+
+pytestmark = pytest.mark.distributed
 
 # (job name, model, dtype, stage config): whole micro-batches per rank (grad_accum 2) and a micro-batch
 # split by rows (batch_size 2, grad_accum 1), the online indexer loss and the warm-up's replay.
@@ -37,7 +41,6 @@ JOBS = [
     ("native", "tiny-native", "float32",
      {"stage": "sparse", "batch_size": 2, "grad_accum": 1, "lr": 1e-3, "index_topk": 8}),
 ]  # fmt: skip
-TOL = worker.TOL
 
 
 def _job(name, model, dtype, cfg, out, **extra):
@@ -80,7 +83,7 @@ def runs(tmp_path_factory):
 
 
 def _close(a, b, dtype, what):
-    rel, abs_ = TOL[dtype]
+    rel, abs_ = PROCESSES[dtype]
     assert abs(a - b) <= abs_ + rel * abs(a), f"{what}: {a} vs {b}"
 
 
@@ -103,7 +106,7 @@ def test_two_processes_compute_the_single_process_update(runs, name, model, dtyp
     assert [m["world_size"] for m in one["metrics"]] == [1, 1, 1]
     assert [m["world_size"] for m in two["metrics"]] == [2, 2, 2]
     _same_run(one, two, dtype)
-    before = worker.load_dsa_model(worker.ModelSpec(name=model), worker.DSA).model.to(worker.DTYPES[dtype])
+    before = worker.load_dsa_model(worker.ModelSpec(name=model), TINY_DSA).model.to(worker.DTYPES[dtype])
     moved = [n for n, p in before.named_parameters() if not torch.equal(p.detach(), two["weights"][n])]
     assert moved  # the run trained something
     # rank 0 alone wrote the log: one row per step

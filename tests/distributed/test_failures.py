@@ -16,9 +16,12 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from launch import WORKER, env, error_lines, run_ranks_alone, torchrun_args
+from helpers.launch import WORKER, env, error_lines, run_ranks_alone, torchrun_args
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="finds the ranks through /proc")
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.skipif(sys.platform != "linux", reason="finds the ranks through /proc"),
+]
 
 TIMEOUT_S = 30  # DSV32_DIST_TIMEOUT for these runs
 

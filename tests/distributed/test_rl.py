@@ -8,7 +8,8 @@ with one line.
 
 Measured here (torch 2.13, CPU): fp64 (8 mini-batches of one output: one rank idle in each) losses
 ≤ 3e-16 relative, weights ≤ 3.2e-13 (tolerance 1e-10); fp32 losses ≤ 4.6e-6 relative, weights
-≤ 3.3e-6 by the norm of each tensor's difference relative to its norm (tolerance 1e-5, ``worker.TOL``).
+≤ 3.3e-6 by the norm of each tensor's difference relative to its norm (tolerance 1e-5,
+``helpers.tolerances.PROCESSES``).
 OPSM's δ is 1e-3, not 0: on the first, on-policy update the divergence is rounding noise around 0,
 whose sign δ = 0 would turn into a mask that differs between any two batchings."""
 
@@ -22,12 +23,14 @@ import torch
 
 pytest.importorskip("transformers")
 
-import worker
-from launch import error_lines, run_jobs, run_ranks_alone
+from helpers import worker
+from helpers.launch import error_lines, run_jobs, run_ranks_alone
+from helpers.rl import LETTER_TASKS
+from helpers.tolerances import PROCESSES
 from safetensors.torch import load_file
 
-TOL = worker.TOL
-PROMPTS = ["ab", "xyz", "hello", "q"]
+pytestmark = pytest.mark.distributed
+
 SETS = [
     "policy.name=ignored", "grpo.prompts_per_step=4", "grpo.group_size=2", "grpo.mini_batches=2",
     "grpo.micro_batch=2", "grpo.lr=3e-3", "grpo.kl_coef=0.05", "grpo.opsm_delta=1e-3", "grpo.steps=3",
@@ -51,7 +54,7 @@ def _job(tasks: Path, out: Path, dtype: str, **extra) -> dict:
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("rl")
     tasks = root / "toy.jsonl"
-    tasks.write_text("".join(json.dumps({"prompt": p, "domain": "toy"}) + "\n" for p in PROMPTS))
+    tasks.write_text("".join(json.dumps({"prompt": t.prompt, "domain": "toy"}) + "\n" for t in LETTER_TASKS))
     one, two = root / "one", root / "two"
     torch.set_num_threads(1)
     results = {f"one/{d}": worker.run_rl_job(_job(tasks, one / d, d)) for d in DTYPES}
@@ -72,7 +75,7 @@ def runs(tmp_path_factory):
 
 
 def _close(x: float, y: float, dtype: str, what) -> None:
-    rel, abs_ = TOL[dtype]
+    rel, abs_ = PROCESSES[dtype]
     assert abs(x - y) <= abs_ + rel * abs(x), (what, x, y)
 
 

@@ -4,7 +4,7 @@ tokens' rows on their own learning rate (``new_token_lr``) and tied embeddings t
 Measured here (torch 2.13, CPU): the fp64 HF run agrees to ≤ 2e-16 relative (tolerance 1e-10); the
 native model computes its norms and attention in fp32 whatever its dtype, so it runs in fp32: loss
 and gradient norm ≤ 1.2e-7 relative, weights ≤ 8e-7 by the norm of each tensor's difference relative
-to its norm (tolerances in ``worker.TOL``: 1e-5)."""
+to its norm (tolerances in ``helpers.tolerances.PROCESSES``: 1e-5)."""
 
 from __future__ import annotations
 
@@ -15,17 +15,19 @@ import torch
 
 pytest.importorskip("transformers")
 
-import worker
-from launch import run_jobs
+from helpers import worker
+from helpers.launch import run_jobs
+from helpers.tolerances import PROCESSES
 from safetensors.torch import load_file
 
 from dsv32.train.sft.model import input_embeddings, prepare_sft_model
+
+pytestmark = pytest.mark.distributed
 
 # tiny-llama ties its head to the embedding, tiny-native does not; batch_size 2 × grad_accum 2
 # (whole micro-batches per rank) and batch_size 2 × grad_accum 1 (a micro-batch split by rows).
 MODELS = {"tiny-llama": {"train.grad_accum": 2}, "tiny-native": {"train.grad_accum": 1}}
 DTYPE = {"tiny-llama": "float64", "tiny-native": "float32"}
-TOL = worker.TOL
 
 
 def _sets(data, out, extra):
@@ -67,7 +69,7 @@ def test_two_processes_compute_the_single_process_sft_update(runs, name):
     root, results = runs
     one, two = results[f"one/{name}"], results[f"two/{name}"]
     assert [m["world_size"] for m in two["metrics"]] == [2, 2, 2]
-    rel, abs_ = TOL[DTYPE[name]]
+    rel, abs_ = PROCESSES[DTYPE[name]]
     for x, y in zip(one["metrics"], two["metrics"], strict=True):
         assert x["loss_tokens"] == y["loss_tokens"]
         for key in ("loss", "grad_norm"):

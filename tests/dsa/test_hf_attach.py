@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
-from dsv32.dsa import (  # noqa: E402
+from helpers.engine import hf_families
+
+from dsv32.dsa import (
     DSAError,
     attach_dsa,
     detach_dsa,
@@ -18,12 +20,7 @@ from dsv32.dsa import (  # noqa: E402
     save_dsa,
 )
 
-FAMILIES = {
-    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-}
+FAMILIES = hf_families()
 
 
 def tiny(kind: str = "llama", seed: int = 0, **extra):

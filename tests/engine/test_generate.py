@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import tiny_native
+from helpers.engine import tiny_native
 
 from dsv32.engine import generate, kept_logprobs
 

@@ -8,7 +8,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from engine_helpers import hf_families, tiny_hf  # noqa: E402
+from helpers.engine import hf_families, tiny_hf  # noqa: E402
 
 from dsv32.engine import generate, kept_logprobs, pad_prompts  # noqa: E402
 

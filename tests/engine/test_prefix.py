@@ -8,7 +8,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from engine_helpers import tiny_hf, tiny_native  # noqa: E402
+from helpers.engine import tiny_hf, tiny_native  # noqa: E402
 
 from dsv32.engine import generate  # noqa: E402
 from dsv32.engine.prefix import PrefixCache  # noqa: E402

@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from disk_helpers import FILL, allocated
+from helpers.disk import FILL, allocated
 
 from dsv32.agent import ScriptedBackend
 from dsv32.agent.episode import run_episode

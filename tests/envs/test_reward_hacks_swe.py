@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from swe_helpers import cached_package
+from helpers.swe import cached_package
 
 from dsv32.envs import Episode, Task
 from dsv32.envs.swe import SweEnv, mined_tasks, run_pytest

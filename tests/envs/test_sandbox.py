@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from disk_helpers import FILL, allocated
+from helpers.disk import FILL, allocated
 
 from dsv32.envs import sandbox
 from dsv32.envs.sandbox import SandboxError, launch, view, watch

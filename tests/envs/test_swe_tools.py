@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from swe_helpers import cached_package
+from helpers.swe import cached_package
 
 from dsv32.envs import EnvError, Episode, Task
 from dsv32.envs.swe import SweEnv, snapshot, testrun

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from eval_stub import StubEndpoint
+from helpers.eval_stub import StubEndpoint
 
 from dsv32.cli import main
 from dsv32.eval.bfcl.multi_turn import BFCLMultiTurn

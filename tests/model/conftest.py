@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from hf_reference import make_hf_model
+from helpers.hf_reference import make_hf_model
 
 
 @pytest.fixture(scope="session")

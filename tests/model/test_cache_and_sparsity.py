@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_helpers import record_indexer_topk, token_ids
+from helpers.model import record_indexer_topk, token_ids
 
 
 @pytest.mark.parametrize("prefill", [1, 4, 15])

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_reference import make_hf_model
-from model_helpers import tiny_config
+from helpers.hf_reference import make_hf_model
+from helpers.model import tiny_config
 from safetensors.torch import load_file, save_file
 
 from dsv32.model import (

@@ -7,7 +7,7 @@ import re
 
 import pytest
 import torch
-from model_helpers import tiny_config
+from helpers.model import tiny_config
 from safetensors.torch import load_file, save_file
 
 from dsv32.model import (

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from hf_reference import TINY, make_hf_model
+from helpers.hf_reference import TINY, make_hf_model
 
 from dsv32.model import ConfigError, DeepseekV32, ModelConfig
 from dsv32.model.rope import rope_inv_freq

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import torch
+from helpers.model import tiny_config
 
-from dsv32.model import DeepseekV32, ModelConfig
+from dsv32.model import DeepseekV32
 from dsv32.model.moe import Router
 
 
 def _cfg(**kw):
-    base = dict(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=2,
-                first_k_dense_replace=1, num_attention_heads=2, n_routed_experts=8, n_group=4, topk_group=2,
-                num_experts_per_tok=3, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
-                v_head_dim=8, index_n_heads=2, index_head_dim=16, index_topk=4, rope_scaling=None)  # fmt: skip
-    return ModelConfig(**{**base, **kw})
+    """The tiny config with 8 experts in 4 groups, 2 groups and 3 experts a token."""
+    return tiny_config(
+        **{"n_routed_experts": 8, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 3, **kw}
+    )
 
 
 def _direct_routing(x, weight, bias, cfg):

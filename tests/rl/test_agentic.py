@@ -4,18 +4,16 @@ mixed run with single-turn prompts, exact resume, deterministic batching."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 
-from dsv32.envs.base import Environment, EnvSpec, Reward, Task, register, tool_call, tool_schema
+from helpers.agentic import SAMPLING, SETTINGS, TASKS, TEMPERATURE, EchoEnv, agentic_config, train_tool_user
+from helpers.tolerances import ON_POLICY
+
 from dsv32.rl.agentic.batcher import StepRecord
-from dsv32.rl.agentic.config import load_agentic_config
 from dsv32.rl.agentic.episodes import (
-    EpisodeSettings,
     Row,
     episode_rows,
     episode_summary,
@@ -25,76 +23,9 @@ from dsv32.rl.agentic.episodes import (
 )
 from dsv32.rl.agentic.trainer import train_agentic
 from dsv32.rl.grpo.loss import grpo_loss, token_logprobs
-from dsv32.rl.grpo.policy import Policy
-from dsv32.rl.grpo.rollout import SamplingConfig
 from dsv32.runlog import read_metrics
 
-
-class EchoEnv(Environment):
-    """Tool ``f()`` returns ``RESULT-<task id>``; the answer is correct when it is ``5``."""
-
-    name = "echo-test"
-
-    def reset(self, task):
-        self.task = task
-        return [{"role": "system", "content": "s"}, {"role": "user", "content": task.prompt}]
-
-    def tools(self):
-        return [tool_schema("f", "A tool.", {}, [])]
-
-    def call(self, name, arguments):
-        return f"RESULT-{self.task.id}" if name == "f" else "error"
-
-    def reward(self, trajectory):
-        ok = (trajectory.final or "").strip() == "5"
-        return Reward(float(ok), {}, "")
-
-    def reference(self, task):
-        return [
-            {
-                "role": "assistant",
-                "content": "",
-                "reasoning_content": "a",
-                "tool_calls": [tool_call("f", {}, "r0")],
-            },
-            {"role": "assistant", "content": "5", "reasoning_content": "b"},
-        ]
-
-
-TASKS = [Task(f"t{i}", "q", "5", "echo") for i in range(4)]
-register(EnvSpec("echo-test", "test env", EchoEnv, {"train": lambda: TASKS, "heldout": lambda: TASKS[:2]}))
-
-
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _tool_user(name: str, tmp_path_factory) -> Policy:
-    """A tiny model taught (SFT, memorized) to call ``f`` and then answer ``5``: multi-turn episodes."""
-    from dsv32.synth.coldstart import add_reasoning
-    from dsv32.train.sft import load_sft_config, train_sft
-    from dsv32.train.sft.model import prepare_sft_model
-
-    tmp = tmp_path_factory.mktemp(name)
-    env = EchoEnv()
-    msgs = env.reset(TASKS[0])
-    reference = env.reference(TASKS[0])
-    conv = [*msgs, reference[0], {"role": "tool", "tool_call_id": "r0", "content": "RESULT-t0"}, reference[1]]
-    (tmp / "c.jsonl").write_text(json.dumps({"messages": add_reasoning(conv)}) + "\n")
-    sets = [f"model.name={name}", "model.device=cpu", f"data.path={tmp / 'c.jsonl'}", "train.steps=60",
-            "train.lr=1e-2", "train.batch_size=1", f"out_dir={tmp / 'sft'}", "data.seq_len=512"]  # fmt: skip
-    sm = prepare_sft_model(name, "cpu")
-    train_sft(load_sft_config(None, sets), model=sm, progress=False, save_model=False)
-    return Policy(sm.model, sm.tokenizer, sm.kind, thinking=True, source=name)
-
-
-@pytest.fixture(scope="module")
-def llama_policy(tmp_path_factory):
-    return _tool_user("tiny-llama", tmp_path_factory)
-
-
-SETTINGS = EpisodeSettings(prompt="bare", max_steps=3)
-TEMPERATURE = 0.5  # the memorized tiny model garbles the DSML markup at 1.0
-SAMPLING = SamplingConfig(temperature=TEMPERATURE, top_p=0.9, top_k=0, max_new_tokens=128)
 
 
 def _episodes(policy, n=6, seed=0, keep_routing=False):
@@ -166,32 +97,32 @@ def test_kept_sets_sampled_on_the_gpu_join_the_cpu_context_of_a_row():
 
 
 # --------------------------------------------------------------------------------------- on-policy
-def test_the_training_forward_reproduces_the_sampling_logprobs_of_every_turn(llama_policy):
-    episodes = _episodes(llama_policy)
+def test_the_training_forward_reproduces_the_sampling_logprobs_of_every_turn(tool_user):
+    episodes = _episodes(tool_user)
     summary = episode_summary(episodes)
     assert summary["tool_call_valid"] > 0.5, summary  # the memorized model calls the tool: multi-turn
-    rows, batch = _batch(llama_policy, episodes)
+    rows, batch = _batch(tool_user, episodes)
     multi = [r for r in rows if any(not a for a in r.actions)]
     assert multi, "no row holds two turns with a tool result between them"
     with torch.no_grad():
-        logp = llama_policy.action_logprobs(**batch.rows(torch.arange(len(batch))), temperature=TEMPERATURE)
+        logp = tool_user.action_logprobs(**batch.rows(torch.arange(len(batch))), temperature=TEMPERATURE)
     m = batch.action_mask
     diff = (logp - batch.sampling_logprobs)[m].abs()
-    assert diff.max() < 1e-4, float(diff.max())
+    assert diff.max() < ON_POLICY, float(diff.max())
     # every turn, not only the first: action tokens after a masked tool result are checked too
     after_tool = m & (torch.cumsum((~m).int(), -1) > 0)
     assert bool(after_tool.any())
 
 
-def test_tool_result_tokens_get_zero_gradient(llama_policy):
-    episodes = _episodes(llama_policy, n=4, seed=1)
-    rows, batch = _batch(llama_policy, episodes)
+def test_tool_result_tokens_get_zero_gradient(tool_user):
+    episodes = _episodes(tool_user, n=4, seed=1)
+    rows, batch = _batch(tool_user, episodes)
     idx = torch.arange(len(batch))
     r = batch.rows(idx)
     ids, mask = r["sequences"][:, :-1], r["attention_mask"][:, :-1]
     T = r["sequences"].shape[1] - batch.start
     positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
-    out = llama_policy.model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=T)
+    out = tool_user.model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=T)
     logits = out.logits
     logits.retain_grad()
     # the full softmax: the memorized model often keeps one token, whose renormalized log-prob is constant
@@ -204,79 +135,49 @@ def test_tool_result_tokens_get_zero_gradient(llama_policy):
     assert bool(context.any())
     assert per_position[context].max() == 0  # tool results, <think>: no gradient at all
     assert per_position[batch.action_mask].sum() > 0
-    llama_policy.model.zero_grad(set_to_none=True)
 
 
-def test_an_episode_whose_environment_fails_to_score_is_kept_but_not_scored(llama_policy):
+def test_an_episode_whose_environment_fails_to_score_is_kept_but_not_scored(tool_user):
     class Broken(EchoEnv):
         def reward(self, trajectory):
             raise RuntimeError("verifier crashed")
 
     jobs = [(Broken if i == 0 else EchoEnv, TASKS[0], "echo") for i in range(2)]
-    episodes = run_episodes(
-        llama_policy, jobs, SAMPLING, SETTINGS, generator=torch.Generator().manual_seed(0)
-    )
+    episodes = run_episodes(tool_user, jobs, SAMPLING, SETTINGS, generator=torch.Generator().manual_seed(0))
     assert [e.scored for e in episodes] == [False, True]
     assert episodes[0].records and "verifier crashed" in episodes[0].trajectory.error
     assert episode_summary(episodes)["not_scored"] == 1
 
 
-def test_batching_does_not_depend_on_thread_timing(llama_policy):
-    a = [e.records for e in _episodes(llama_policy, n=4, seed=3)]
-    b = [e.records for e in _episodes(llama_policy, n=4, seed=3)]
+def test_batching_does_not_depend_on_thread_timing(tool_user):
+    a = [e.records for e in _episodes(tool_user, n=4, seed=3)]
+    b = [e.records for e in _episodes(tool_user, n=4, seed=3)]
     assert [[r.tokens for r in recs] for recs in a] == [[r.tokens for r in recs] for recs in b]
 
 
 # --------------------------------------------------------------------------------------- the loop
-def _cfg(tmp_path, **over):
-    sets = {
-        "out_dir": str(tmp_path / "run"),
-        "agentic.prompt": "bare",
-        "agentic.max_steps": 3,
-        "agentic.eval_tasks": 2,
-        "agentic.length_weight": 0.1,
-        "agentic.single_turn": True,
-        "envs": [{"name": "echo-test", "tasks": "train", "eval_tasks": "heldout", "weight": 3.0}],
-        "sources": [{"kind": "arithmetic", "weight": 1.0, "domain": "math"}],
-        "grpo.steps": 2,
-        "grpo.prompts_per_step": 2,
-        "grpo.group_size": 2,
-        "grpo.mini_batches": 1,
-        "grpo.micro_batch": 8,
-        "grpo.lr": 1e-3,
-        "grpo.kl_coef": 0.01,
-        "grpo.domain_kl_coef": {"math": 0.0},
-        "sampling.temperature": TEMPERATURE,
-        "sampling.top_p": 0.9,
-        "sampling.max_new_tokens": 128,
-        "sampling.max_total_tokens": 400,
-    } | over
-    return load_agentic_config(None, [f"{k}={json.dumps(v)}" for k, v in sets.items()])
-
-
-def test_mixed_run_trains_on_policy_and_resumes_exactly(llama_policy, tmp_path):
+def test_mixed_run_trains_on_policy_and_resumes_exactly(tool_user, tmp_path):
     import copy
 
-    start = copy.deepcopy(llama_policy.model.state_dict())
-    full = train_agentic(_cfg(tmp_path / "a"), policy=llama_policy, progress=False)
-    llama_policy.model.load_state_dict(start)
-    cfg = _cfg(tmp_path / "b")
-    part = train_agentic(cfg, policy=llama_policy, progress=False, stop_after=1, evaluate_after=False)
-    llama_policy.model.load_state_dict(start)
-    rest = train_agentic(cfg, policy=llama_policy, progress=False)
-    llama_policy.model.load_state_dict(start)
+    start = copy.deepcopy(tool_user.model.state_dict())
+    full = train_agentic(agentic_config(tmp_path / "a"), policy=tool_user, progress=False)
+    tool_user.model.load_state_dict(start)
+    cfg = agentic_config(tmp_path / "b")
+    part = train_agentic(cfg, policy=tool_user, progress=False, stop_after=1, evaluate_after=False)
+    tool_user.model.load_state_dict(start)
+    rest = train_agentic(cfg, policy=tool_user, progress=False)
     assert part.steps == 1 and rest.steps == 2
     a, b = read_metrics(full.out_dir / "metrics.jsonl"), read_metrics(rest.out_dir / "metrics.jsonl")
     for ra, rb in zip(a, b):
         assert ra["reward_mean"] == rb["reward_mean"] and ra["pg_loss"] == rb["pg_loss"]
     for r in a:
-        assert r["first_update_abs_log_ratio"] < 1e-4  # on-policy: training forward = sampling
+        assert r["first_update_abs_log_ratio"] < ON_POLICY  # on-policy: training forward = sampling
         assert set(r["reward_by_domain"]) <= {"echo-test", "math"}
     assert full.eval_before["episodes"] == 2 and "tool_call_valid" in full.eval_after
     assert (full.out_dir / "rl.png").is_file() and (full.out_dir / "model").is_dir()
 
 
-def test_the_update_sees_each_episode_as_one_output(llama_policy, tmp_path, monkeypatch):
+def test_the_update_sees_each_episode_as_one_output(tool_user, tmp_path, monkeypatch):
     """Every row carries its output's place in the step as sequence id (an episode in several rows is
     one output o_i of the loss); single-turn samples are outputs of their own."""
     import dsv32.rl.grpo.trainer as trainer
@@ -289,13 +190,11 @@ def test_the_update_sees_each_episode_as_one_output(llama_policy, tmp_path, monk
 
     real = trainer.grpo_update
     monkeypatch.setattr(trainer, "grpo_update", spy)
-    start = {k: v.clone() for k, v in llama_policy.model.state_dict().items()}
     envs = [{"name": "echo-test", "tasks": "train", "weight": 1.0}]
-    cfg = _cfg(
+    cfg = agentic_config(
         tmp_path, **{"grpo.steps": 1, "grpo.prompts_per_step": 4, "envs": envs, "agentic.eval_tasks": 0}
     )
-    train_agentic(cfg, policy=llama_policy, progress=False, evaluate_before=False, evaluate_after=False)
-    llama_policy.model.load_state_dict(start)
+    train_agentic(cfg, policy=tool_user, progress=False, evaluate_before=False, evaluate_after=False)
     ((batch, advantages, ids),) = seen
     assert ids is not None and ids.shape == (len(batch),)
     episode = [i for i, t in enumerate(batch.tasks) if t.domain == "echo-test"]
@@ -313,21 +212,19 @@ def test_the_update_sees_each_episode_as_one_output(llama_policy, tmp_path, monk
         assert len({batch.tasks[i].domain for i in (ids // 2 == k).nonzero().squeeze(1).tolist()}) == 1
 
 
-def test_keep_routing_and_the_sampling_mask_hold_for_native_multi_turn(tmp_path_factory):
-    policy = _tool_user("tiny-native", tmp_path_factory)
+def test_keep_routing_and_the_sampling_mask_hold_for_native_multi_turn(tmp_path):
+    policy = train_tool_user("tiny-native", tmp_path)
     episodes = _episodes(policy, n=4, keep_routing=True)
     rows, batch = _batch(policy, episodes)
     assert batch.routing is not None and batch.kept_ids is not None
     with torch.no_grad():
         logp = policy.action_logprobs(**batch.rows(torch.arange(len(batch))), temperature=TEMPERATURE)
     diff = (logp - batch.sampling_logprobs)[batch.action_mask].abs()
-    assert diff.max() < 1e-4, float(diff.max())
+    assert diff.max() < ON_POLICY, float(diff.max())
 
 
 @pytest.mark.parametrize("thinking", [True, False])
-def test_single_turn_rewards_read_completions_in_the_policys_mode(
-    llama_policy, tmp_path, monkeypatch, thinking
-):
+def test_single_turn_rewards_read_completions_in_the_policys_mode(tool_user, tmp_path, monkeypatch, thinking):
     """The single-turn domains' prompts are rendered in the policy's mode (``agentic.thinking``), so
     their rewards read the completions in that mode, whatever ``policy.thinking`` says."""
     import dsv32.rl.agentic.trainer as trainer
@@ -339,8 +236,8 @@ def test_single_turn_rewards_read_completions_in_the_policys_mode(
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(trainer, "build_reward_fn", spy)
-    monkeypatch.setattr(llama_policy, "thinking", thinking)
-    cfg = _cfg(tmp_path, **{"policy.thinking": not thinking})
+    monkeypatch.setattr(tool_user, "thinking", thinking)
+    cfg = agentic_config(tmp_path, **{"policy.thinking": not thinking})
     with pytest.raises(RuntimeError, match="stop here"):
-        train_agentic(cfg, policy=llama_policy, progress=False)
+        train_agentic(cfg, policy=tool_user, progress=False)
     assert seen["thinking"] is thinking

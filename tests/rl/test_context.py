@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from rl_helpers import jsonl_recipe
+from helpers.rl import jsonl_recipe
 
 from dsv32.rl.grpo.policy import load_policy
 from dsv32.rl.grpo.rewards import RewardResult

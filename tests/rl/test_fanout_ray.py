@@ -26,6 +26,8 @@ from dsv32.rl.grpo.config import RayConfig, RLConfigError, load_rl_config
 
 ray = pytest.importorskip("ray")
 
+pytestmark = pytest.mark.ray
+
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the backends below travel by value
 
 SOURCE = str(Path(dsv32.__file__))  # the project's source: hidden from model-written code

@@ -8,7 +8,7 @@ import itertools
 import re
 
 import pytest
-from rl_helpers import jsonl_recipe
+from helpers.rl import jsonl_recipe
 
 from dsv32.rl.grpo.rewards import (
     GenerativeRewardModel,

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from rl_helpers import jsonl_recipe
+from helpers.rl import jsonl_recipe
 
 import dsv32.rl.grpo.update as update
 from dsv32.rl.grpo.policy import load_policy

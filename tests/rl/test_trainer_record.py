@@ -18,7 +18,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 from pathlib import Path
 
 import pytest
@@ -26,8 +25,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from test_agentic import _cfg, _tool_user
-from test_trainer import LetterReward, _recipe
+from helpers.agentic import agentic_config
+from helpers.record import fingerprint
+from helpers.rl import LetterReward, letter_recipe
+from helpers.tolerances import OTHER_CPU
 
 from dsv32.rl.agentic.trainer import train_agentic
 from dsv32.rl.grpo.policy import load_policy
@@ -38,14 +39,6 @@ RECORD = Path(__file__).parent / "data" / "trainer_record.json"
 TIMING = {"seconds", "rollout_s", "update_s", "sync_s"}
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def fingerprint() -> dict:
-    return {
-        "torch": torch.__version__,
-        "cpu": torch.backends.cpu.get_cpu_capability(),
-        "machine": platform.machine(),
-    }
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -88,9 +81,9 @@ def _same(want, got, exact: bool, where: str) -> None:
         for i, (a, b) in enumerate(zip(want, got)):
             _same(a, b, exact, f"{where}[{i}]")
     elif isinstance(want, float) and not exact:
-        assert math.isclose(want, got, rel_tol=1e-5, abs_tol=1e-9) or (
+        assert math.isclose(want, got, rel_tol=OTHER_CPU, abs_tol=1e-9) or (
             math.isnan(want) and math.isnan(got)
-        ), f"{where}: {got} != {want} (another CPU: 1e-5 relative)"
+        ), f"{where}: {got} != {want} (another CPU: {OTHER_CPU:g} relative)"
     elif isinstance(want, float) and math.isnan(want):
         assert isinstance(got, float) and math.isnan(got), where
     else:
@@ -105,7 +98,7 @@ def test_plain_grpo_steps_as_recorded(tmp_path):
         "sampling.top_k": 20,
         "seed": 3,
     }
-    cfg = _recipe(tmp_path, policy="tiny-native", **over)
+    cfg = letter_recipe(tmp_path, policy="tiny-native", **over)
     policy = load_policy("tiny-native", device="cpu")
     result = train_grpo(cfg, policy=policy, reward_fn=LetterReward(), progress=False)
     metrics = _numbers(read_metrics(result.out_dir / "metrics.jsonl"))
@@ -114,22 +107,12 @@ def test_plain_grpo_steps_as_recorded(tmp_path):
     _check("plain_grpo", got)
 
 
-@pytest.fixture(scope="module")
-def tool_user(tmp_path_factory):
-    return _tool_user("tiny-llama", tmp_path_factory)
-
-
 def test_agentic_grpo_steps_as_recorded(tool_user, tmp_path):
-    start = {k: v.clone() for k, v in tool_user.model.state_dict().items()}
     over = {"grpo.steps": 3, "grpo.group_size": 4, "sampling.temperature": 0.7, "sampling.top_p": 1.0}
-    cfg = _cfg(tmp_path, **over)
-    try:
-        result = train_agentic(cfg, policy=tool_user, progress=False)
-        episodes = read_metrics(result.out_dir / "metrics.jsonl")
-        evals = [{k: v for k, v in r.items() if k not in ("seconds", "samples")} for r in
-                 read_metrics(result.out_dir / "eval.jsonl")]  # fmt: skip
-        got = {"metrics": _numbers(episodes), "eval": evals, "digest": weights_digest(tool_user.model)}
-    finally:
-        tool_user.model.load_state_dict(start)
+    result = train_agentic(agentic_config(tmp_path, **over), policy=tool_user, progress=False)
+    episodes = read_metrics(result.out_dir / "metrics.jsonl")
+    evals = [{k: v for k, v in r.items() if k not in ("seconds", "samples")} for r in
+             read_metrics(result.out_dir / "eval.jsonl")]  # fmt: skip
+    got = {"metrics": _numbers(episodes), "eval": evals, "digest": weights_digest(tool_user.model)}
     assert len(got["metrics"]) == 3 and any("tool_call_valid" in r for r in got["metrics"])
     _check("agentic_grpo", got)

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 import torch
-from remote_helpers import running
+from helpers.remote import running
 
 from dsv32.rl.engines import FileWeightSync, RemoteEngine, StaleSampleError, check_staleness
 from dsv32.rl.grpo.policy import load_policy
@@ -124,7 +124,7 @@ def policy_logprobs(policy, rows):
 
 
 def test_dsv32_rl_train_with_vllm_as_engine_syncs_before_each_step(policy, vllm, tmp_path):
-    from rl_helpers import jsonl_recipe
+    from helpers.rl import jsonl_recipe
 
     from dsv32.rl.grpo.rewards import RewardResult
     from dsv32.rl.grpo.single_turn import train_grpo

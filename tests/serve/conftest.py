@@ -4,19 +4,14 @@ and stops at the end of the module that uses it."""
 from __future__ import annotations
 
 import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-import v32_model
+from helpers import v32_model
 
 
 @pytest.fixture(scope="module")
 def v32_served(one_thread):
-    """The tiny random V3.2 model with its scripts (see :mod:`v32_model`), as the server holds it."""
+    """The tiny random V3.2 model with its scripts (see :mod:`helpers.v32_model`), as the server holds it."""
     from dsv32.engine.models import LoadedModel
     from dsv32.serve import ServedModel
 

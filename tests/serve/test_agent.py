@@ -4,7 +4,7 @@ two tools, the agent runs them and sends the results back, and the model answers
 from __future__ import annotations
 
 import pytest
-import v32_model as V
+from helpers import v32_model as V
 
 agent = pytest.importorskip("dsv32.agent")
 

@@ -10,8 +10,8 @@ import time
 import httpx2 as httpx
 import openai
 import pytest
-import v32_model as V
-from serve_helpers import client_for
+from helpers import v32_model as V
+from helpers.serve import client_for
 
 from dsv32.serve import free_port
 

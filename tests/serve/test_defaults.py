@@ -5,7 +5,7 @@ says which, beside the window (``max_model_len``)."""
 from __future__ import annotations
 
 import httpx2 as httpx
-from serve_helpers import client_for
+from helpers.serve import client_for
 
 USER = [{"role": "user", "content": "hi"}]
 

@@ -10,7 +10,7 @@ import time
 
 import httpx2 as httpx
 import pytest
-from serve_helpers import client_for
+from helpers.serve import client_for, wait_for
 
 MODEL = "tiny-llama"
 
@@ -32,15 +32,6 @@ def _metrics(server) -> dict[str, float]:
         for line in text.splitlines()
         if line.startswith("dsv32_")
     }
-
-
-def _wait_for(condition, timeout: float = 60.0) -> float:
-    """Seconds until ``condition()`` held (at most ``timeout``)."""
-    start = time.monotonic()
-    while not condition():
-        assert time.monotonic() - start < timeout, "timed out"
-        time.sleep(0.01)
-    return time.monotonic() - start
 
 
 def _open_request(server, path: str, body: dict) -> socket.socket:
@@ -68,20 +59,20 @@ def test_a_disconnect_while_tokens_flow_frees_the_row_at_once(endless, path, str
     sock = _open_request(endless, path, body)
     try:
         # tokens are flowing: the row is in the batch and has decoded a few
-        _wait_for(
+        wait_for(
             lambda: _metrics(endless)["generation_tokens_total"] >= before["generation_tokens_total"] + 5
         )
         assert _metrics(endless)["running_rows"] == 1
     finally:
         sock.close()
-    seconds = _wait_for(lambda: _metrics(endless)["running_rows"] == 0)
+    seconds = wait_for(lambda: _metrics(endless)["running_rows"] == 0)
     print(f"row freed {seconds:.3f} s after the disconnect")
     after = _metrics(endless)
     # the row left long before its 900 tokens: it was cancelled, not finished
     assert after["generation_tokens_total"] - before["generation_tokens_total"] < 900
     assert seconds < 10
     key = f'requests_total{{endpoint="{path}",status="499"}}'
-    _wait_for(lambda: _metrics(endless).get(key, 0) == before.get(key, 0) + 1)
+    wait_for(lambda: _metrics(endless).get(key, 0) == before.get(key, 0) + 1)
     assert not any('status="200"' in k and path in k for k in after if after[k] != before.get(k, 0))
 
 
@@ -104,7 +95,7 @@ def test_closing_the_server_ends_requests_in_flight_with_503(one_thread):
     with server:
         asking = threading.Thread(target=ask, daemon=True)
         asking.start()
-        _wait_for(lambda: _metrics(server)["running_rows"] == 1)
+        wait_for(lambda: _metrics(server)["running_rows"] == 1)
         start = time.monotonic()
     asking.join(timeout=30)
     assert time.monotonic() - start < 10

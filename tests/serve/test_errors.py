@@ -4,13 +4,12 @@ never gives a 500 and never stops the server."""
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx2 as httpx
 import openai
 import pytest
-import v32_model as V
-from serve_helpers import client_for
+from helpers import v32_model as V
+from helpers.serve import client_for, wait_for
 
 MODEL = "tiny-v32"
 USER = [{"role": "user", "content": "hi"}]
@@ -175,13 +174,6 @@ def _metric(server, name: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"dsv32_{name}"))
 
 
-def _wait_for(condition, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def test_full_queue_is_503_and_a_disconnect_frees_the_slot(guarded):
     client = client_for(guarded, api_key="sekret")
     stream = client.completions.create(model="tiny-llama", prompt="abc", max_tokens=1000, stream=True)
@@ -190,13 +182,13 @@ def test_full_queue_is_503_and_a_disconnect_frees_the_slot(guarded):
         target=lambda: client.completions.create(model="tiny-llama", prompt="xyz", max_tokens=2), daemon=True
     )
     waiting.start()
-    _wait_for(lambda: _metric(guarded, "waiting_requests") == 1)
+    wait_for(lambda: _metric(guarded, "waiting_requests") == 1)
     status, body = _error(lambda: client.completions.create(model="tiny-llama", prompt="q", max_tokens=2))
     assert status == 503 and body["code"] == "queue_full"
     stream.close()  # the client goes away mid-stream: its row is freed and the waiting request runs
     waiting.join(timeout=60)
     assert not waiting.is_alive()
-    _wait_for(lambda: _metric(guarded, "running_rows") == 0)
+    wait_for(lambda: _metric(guarded, "running_rows") == 0)
     assert _metric(guarded, "generation_tokens_total") < 1000
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx2 as httpx
 import pytest
-from serve_helpers import client_for
+from helpers.serve import client_for
 
 MODEL = "smollm2"
 ASK = [{"role": "user", "content": "Name three colours."}]

@@ -15,8 +15,8 @@ import json
 import httpx2 as httpx
 import openai
 import pytest
-import torch
-from serve_helpers import client_for
+from helpers.puppet import ForcedTokens
+from helpers.serve import client_for
 
 MODEL = "smollm2"
 TOOLS = [{"type": "function", "function": {
@@ -27,22 +27,16 @@ CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}
 ANSWER = "It is sunny in Paris."
 
 
-class Puppet:
-    """Forces the next sampled tokens (one per forward) to be the queued ones."""
+class Puppet(ForcedTokens):
+    """Forces the next sampled tokens (one per forward) to be the queued ones: ``ids``, then ``text``'s
+    tokens, then EOS."""
 
     def __init__(self, served) -> None:
-        self.served, self.queue = served, []
-        self.handle = served.model.lm_head.register_forward_hook(self.hook)
+        super().__init__(served.model)
+        self.served = served
 
     def say(self, text: str = "", ids: list[int] | None = None) -> None:
         self.queue += (ids or []) + self.served.encode(text) + [self.served.eos_ids[0]]
-
-    def hook(self, module, inputs, output):
-        if not self.queue:
-            return output
-        forced = torch.full_like(output, -1e4)
-        forced[:, -1, self.queue.pop(0)] = 1e4
-        return forced
 
 
 @pytest.fixture(scope="module")

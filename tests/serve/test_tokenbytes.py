@@ -4,7 +4,7 @@ split one character join into it, on byte-level BPE, SentencePiece byte fallback
 from __future__ import annotations
 
 import pytest
-import v32_model
+from helpers import v32_model
 
 from dsv32.engine.models import ByteTokenizer
 from dsv32.engine.tokenbytes import TokenBytes

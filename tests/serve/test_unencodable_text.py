@@ -8,8 +8,8 @@ import json
 
 import httpx2 as httpx
 import pytest
-import v32_model as V
-from serve_helpers import client_for
+from helpers import v32_model as V
+from helpers.serve import client_for
 
 MODEL = "tiny-v32"
 BAD = "ok \ud800 here"

@@ -8,8 +8,8 @@ import json
 
 import httpx2 as httpx
 import pytest
-import v32_model as V
-from serve_helpers import client_for
+from helpers import v32_model as V
+from helpers.serve import client_for
 
 from dsv32.chat import ASSISTANT, EOS, USER, encode_messages
 

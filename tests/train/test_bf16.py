@@ -9,20 +9,16 @@ import torch
 
 pytest.importorskip("transformers")
 
-from dsv32.dsa import DSAConfig
-from dsv32.train import ModelSpec, StageConfig, TokenData, load_dsa_model, train_stage
+from helpers.train import TINY_DSA, token_data
 
-DSA = DSAConfig(index_n_heads=2, index_head_dim=16, index_topk=8)
+from dsv32.train import ModelSpec, StageConfig, load_dsa_model, train_stage
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-native"])
 @pytest.mark.parametrize("loss_queries", [None, 10])
 def test_warmup_and_sparse_steps_train_under_bf16_autocast(tmp_path, name, loss_queries):
-    g = torch.Generator().manual_seed(0)
-    data = TokenData.from_sequences(
-        torch.randint(0, 257, (8, 32), generator=g), torch.randint(0, 257, (4, 32), generator=g)
-    )
-    dm = load_dsa_model(ModelSpec(name=name, dtype="bfloat16"), DSA)
+    data = token_data(n=8)
+    dm = load_dsa_model(ModelSpec(name=name, dtype="bfloat16"), TINY_DSA)
     assert dm.autocast_dtype == torch.bfloat16
     for stage in ("warmup", "sparse"):
         cfg = StageConfig(

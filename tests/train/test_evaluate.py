@@ -9,6 +9,8 @@ import torch
 
 pytest.importorskip("transformers")
 
+from helpers.train import TINY_DSA
+
 from dsv32.dsa import DSAConfig, get_dsa, oracle_topk
 from dsv32.train import ModelSpec, load_dsa_model
 from dsv32.train.dsa.evaluate import EvalPoint, evaluate_dsa
@@ -16,9 +18,7 @@ from dsv32.train.dsa.report import report_dict, write_report
 
 
 def test_eval_grid_report_and_consistency(tmp_path):
-    dm = load_dsa_model(
-        ModelSpec(name="tiny-llama"), DSAConfig(index_n_heads=2, index_head_dim=16, index_topk=8)
-    )
+    dm = load_dsa_model(ModelSpec(name="tiny-llama"), TINY_DSA)
     g = torch.Generator().manual_seed(0)
     seqs = {48: torch.randint(0, 257, (2, 48), generator=g), 24: torch.randint(0, 257, (2, 24), generator=g)}
     points = evaluate_dsa(dm, seqs, [8, 64], progress=False)
@@ -67,9 +67,7 @@ def test_native_model_eval_reports_perplexities_only():
 
 
 def test_without_the_untrained_baseline_no_untrained_recall_is_reported():
-    dm = load_dsa_model(
-        ModelSpec(name="tiny-llama"), DSAConfig(index_n_heads=2, index_head_dim=16, index_topk=8)
-    )
+    dm = load_dsa_model(ModelSpec(name="tiny-llama"), TINY_DSA)
     seqs = {24: torch.randint(0, 257, (1, 24), generator=torch.Generator().manual_seed(2))}
     short, full = evaluate_dsa(dm, seqs, [8, 64], untrained=False, progress=False)
     assert short.attention_recall_untrained is None and full.attention_recall_untrained is None

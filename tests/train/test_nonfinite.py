@@ -10,20 +10,12 @@ from safetensors.torch import load_file
 
 pytest.importorskip("transformers")
 
+from helpers.train import TINY_DSA, token_data
+
 import dsv32.train.dsa.trainer as trainer
-from dsv32.dsa import DSAConfig
-from dsv32.train import ModelSpec, StageConfig, TokenData, load_dsa_model, train_stage
+from dsv32.train import ModelSpec, StageConfig, load_dsa_model, train_stage
 from dsv32.train.dsa.config import TrainConfigError, load_run_config
 from dsv32.training_guard import NonFiniteUpdateError
-
-DSA = DSAConfig(index_n_heads=2, index_head_dim=16, index_topk=8)
-
-
-def token_data():
-    g = torch.Generator().manual_seed(0)
-    return TokenData.from_sequences(
-        torch.randint(0, 257, (12, 32), generator=g), torch.randint(0, 257, (4, 32), generator=g)
-    )
 
 
 def inf_grads(dm, steps: set[int] | None, name: str) -> None:
@@ -62,7 +54,7 @@ def lines(out):
     ],
 )
 def test_a_non_finite_gradient_skips_its_step_and_is_counted(tmp_path, name, param):
-    dm = load_dsa_model(ModelSpec(name="tiny-llama"), DSA)
+    dm = load_dsa_model(ModelSpec(name="tiny-llama"), TINY_DSA)
     inf_grads(dm, {2}, param)
     result = train_stage(dm, token_data(), stage(name), tmp_path, progress=False)
     assert [m["skipped_updates"] for m in result.metrics] == [0, 1, 0, 0]
@@ -75,7 +67,7 @@ def test_a_non_finite_gradient_skips_its_step_and_is_counted(tmp_path, name, par
 
 
 def test_non_finite_steps_in_a_row_stop_the_stage_with_the_weights_untouched(tmp_path):
-    dm = load_dsa_model(ModelSpec(name="tiny-llama"), DSA)
+    dm = load_dsa_model(ModelSpec(name="tiny-llama"), TINY_DSA)
     inf_grads(dm, None, "model.layers.0.self_attn.indexer.wq_b.weight")
     before = {k: v.clone() for k, v in dm.model.state_dict().items()}
     cfg = stage("warmup", steps=5, max_skipped_updates=3, save_every=0, log_every=5)
@@ -99,7 +91,7 @@ def test_no_checkpoint_or_model_is_written_from_non_finite_weights(tmp_path, mon
         return out
 
     monkeypatch.setattr(trainer, "_online_micro", micro)
-    dm = load_dsa_model(ModelSpec(name="tiny-llama"), DSA)
+    dm = load_dsa_model(ModelSpec(name="tiny-llama"), TINY_DSA)
     with pytest.raises(NonFiniteUpdateError, match=r"after step 2 .* no checkpoint or model is written"):
         train_stage(dm, token_data(), stage("sparse"), tmp_path, progress=False)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001"]
@@ -109,12 +101,12 @@ def test_no_checkpoint_or_model_is_written_from_non_finite_weights(tmp_path, mon
 def test_a_streak_of_skipped_steps_survives_a_resume(tmp_path):
     cfg = stage("warmup", steps=6, max_skipped_updates=3)
     param = "model.layers.0.self_attn.indexer.wk.weight"
-    dm = load_dsa_model(ModelSpec(name="tiny-llama"), DSA)
+    dm = load_dsa_model(ModelSpec(name="tiny-llama"), TINY_DSA)
     inf_grads(dm, None, param)
     train_stage(dm, token_data(), cfg, tmp_path, progress=False, stop_after=2)  # killed after step 2
     state = json.loads((tmp_path / "checkpoints" / "step_000002" / "state.json").read_text())
     assert state["skipped_streak"] == 2
-    dm = load_dsa_model(ModelSpec(name="tiny-llama"), DSA)
+    dm = load_dsa_model(ModelSpec(name="tiny-llama"), TINY_DSA)
     inf_grads(dm, None, param)
     with pytest.raises(NonFiniteUpdateError, match="3 optimizer steps in a row"):
         train_stage(dm, token_data(), cfg, tmp_path, progress=False)  # the streak goes on: step 3
@@ -126,10 +118,10 @@ def test_max_skipped_updates_is_checked_and_may_change_on_resume(tmp_path):
         load_run_config(None, ["sparse.max_skipped_updates=0"])
     assert load_run_config(None).warmup.max_skipped_updates == 3
     data = token_data()
-    train_stage(load_dsa_model(ModelSpec(name="tiny-llama"), DSA), data, stage("warmup"), tmp_path,
+    train_stage(load_dsa_model(ModelSpec(name="tiny-llama"), TINY_DSA), data, stage("warmup"), tmp_path,
                 progress=False, stop_after=2)  # fmt: skip
     resumed = train_stage(
-        load_dsa_model(ModelSpec(name="tiny-llama"), DSA), data, stage("warmup", max_skipped_updates=7),
+        load_dsa_model(ModelSpec(name="tiny-llama"), TINY_DSA), data, stage("warmup", max_skipped_updates=7),
         tmp_path, progress=False,
     )  # fmt: skip
     assert [m["step"] for m in resumed.metrics] == [3, 4]

@@ -26,7 +26,7 @@ from dsv32.train.sft.data import (
     make_rows,
     pack,
 )
-from dsv32.train.sft.model import byte_level_tokenizer, prepare_sft_model
+from dsv32.train.sft.model import prepare_sft_model
 
 TOOLS = [
     {
@@ -81,15 +81,6 @@ def short_conversation(a: int, b: int) -> dict:
             {"role": "assistant", "content": f"\\boxed{{{a * b}}}", "reasoning_content": "ok"},
         ]
     }  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from dsv32.chat import add_v32_special_tokens
-
-    tok = byte_level_tokenizer()
-    add_v32_special_tokens(tok)
-    return tok
 
 
 def _write(path, rows):

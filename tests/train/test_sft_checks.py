@@ -84,13 +84,8 @@ def test_the_same_data_under_another_path_resumes(tmp_path):
 
 
 @pytest.mark.parametrize("first", [[{"role": "system", "content": "You are a bot."}], []])
-def test_an_assistant_turn_before_any_user_message_names_the_line(tmp_path, first):
-    from dsv32.chat import add_v32_special_tokens
+def test_an_assistant_turn_before_any_user_message_names_the_line(tmp_path, tokenizer, first):
     from dsv32.train.sft.data import SFTDataError, encode_file
-    from dsv32.train.sft.model import byte_level_tokenizer
-
-    tokenizer = byte_level_tokenizer()
-    add_v32_special_tokens(tokenizer)
 
     bad = {"messages": [*first, {"role": "assistant", "reasoning_content": "r", "content": "hello"}]}
     path = tmp_path / "c.jsonl"

@@ -9,10 +9,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from dsv32.chat import add_v32_special_tokens
 from dsv32.train.sft import load_sft_config
 from dsv32.train.sft.data import IGNORE, encode_file, round_rows
-from dsv32.train.sft.model import byte_level_tokenizer
 
 TWO_ROUNDS = {
     "messages": [
@@ -23,13 +21,6 @@ TWO_ROUNDS = {
         {"role": "assistant", "reasoning_content": "SECOND-THOUGHT", "content": "12"},
     ]
 }
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    tok = byte_level_tokenizer()
-    add_v32_special_tokens(tok)
-    return tok
 
 
 def _trained(tokenizer, example) -> str:

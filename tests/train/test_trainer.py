@@ -11,22 +11,15 @@ import torch
 
 pytest.importorskip("transformers")
 
+from helpers.train import TINY_DSA, token_data
+
 from dsv32.dsa import DSAConfig
-from dsv32.train import ModelSpec, StageConfig, TokenData, load_dsa_model, read_metrics, train_stage
+from dsv32.train import ModelSpec, StageConfig, load_dsa_model, read_metrics, train_stage
 from dsv32.train.dsa.trainer import lr_factor
-
-DSA = DSAConfig(index_n_heads=2, index_head_dim=16, index_topk=8)
-
-
-def token_data(n=12, T=32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return TokenData.from_sequences(
-        torch.randint(0, 257, (n, T), generator=g), torch.randint(0, 257, (4, T), generator=g)
-    )
 
 
 def load(name="tiny-llama"):
-    return load_dsa_model(ModelSpec(name=name), DSA)
+    return load_dsa_model(ModelSpec(name=name), TINY_DSA)
 
 
 def snapshot(dm):

@@ -22,7 +22,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 from pathlib import Path
 
 import pytest
@@ -30,13 +29,16 @@ import torch
 
 pytest.importorskip("transformers")
 
-from dsv32.train import TokenData, load_dsa_model, load_run_config, train_stage
+from helpers.record import fingerprint
+from helpers.tolerances import OTHER_CPU
+from helpers.train import token_data
+
+from dsv32.train import load_dsa_model, load_run_config, train_stage
 from dsv32.train.sft import load_sft_config, prepare_sft_model, train_sft
 
 RECORD = Path(__file__).parent / "data" / "trainer_record.json"
 TINY_CPU = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.toml"
 WRITE = os.environ.get("DSV32_WRITE_RECORD") == "1"
-REL = 1e-5
 DSA_KEYS = ("loss_indexer", "loss_lm", "grad_norm_indexer", "grad_norm_model")
 SFT_KEYS = ("loss", "eval_loss", "grad_norm")
 
@@ -67,14 +69,6 @@ DSA_SETTINGS = {
 }
 
 
-def fingerprint() -> dict:
-    return {
-        "torch": torch.__version__,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "machine": platform.machine(),
-    }
-
-
 def digest(model: torch.nn.Module) -> str:
     """SHA-256 of every parameter tensor's bytes, in name order."""
     h = hashlib.sha256()
@@ -90,11 +84,7 @@ def _steps(metrics: list[dict], keys: tuple[str, ...]) -> list[dict]:
 def run_dsa(stage: str, tmp_path: Path) -> dict:
     cfg = load_run_config(TINY_CPU, [f"{k}={json.dumps(v)}" for k, v in DSA_SETTINGS.items()])
     dm = load_dsa_model(cfg.model, cfg.dsa)
-    g = torch.Generator().manual_seed(0)
-    data = TokenData.from_sequences(
-        torch.randint(0, 257, (12, 32), generator=g), torch.randint(0, 257, (4, 32), generator=g)
-    )
-    result = train_stage(dm, data, getattr(cfg, stage), tmp_path / stage, progress=False)
+    result = train_stage(dm, token_data(), getattr(cfg, stage), tmp_path / stage, progress=False)
     assert result.steps == 3
     return {"steps": _steps(result.metrics, DSA_KEYS), "digest": digest(dm.model)}
 
@@ -164,9 +154,9 @@ def test_three_steps_match_the_record(name, tmp_path, one_thread):
             if same_machine:
                 assert got[key] == value, f"{where} (same fingerprint: must be bit for bit equal)"
             else:
-                assert math.isclose(got[key], value, rel_tol=REL), (
+                assert math.isclose(got[key], value, rel_tol=OTHER_CPU), (
                     f"{where} (fingerprint {fingerprint()} differs from the record's "
-                    f"{record['fingerprint']}: compared within rel {REL:g}, weight digest not compared)"
+                    f"{record['fingerprint']}: compared within rel {OTHER_CPU:g}, weight digest not compared)"
                 )
     if same_machine:
         assert observed["digest"] == expected["digest"], f"{name}: weights after step 3 differ bit for bit"

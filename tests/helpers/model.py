@@ -1,4 +1,4 @@
-"""Helpers shared by the model tests (importable: conftest puts this folder on sys.path)."""
+"""What the model tests share: a tiny V3.2 config, random token ids, an indexer top-k recorder."""
 
 from __future__ import annotations
 

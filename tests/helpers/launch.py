@@ -1,4 +1,4 @@
-"""Launching a test's worker processes with ``torchrun`` on 127.0.0.1."""
+"""Launching a distributed test's worker processes (:mod:`helpers.worker`) with ``torchrun`` on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -21,7 +21,10 @@ def free_port() -> int:
 
 
 def env(**extra: str) -> dict[str, str]:
-    out = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    """This process's environment for a launched one: the source and ``tests/`` (the worker imports
+    :mod:`helpers`) on ``PYTHONPATH``, offline, one torch thread; ``extra`` added."""
+    path = [str(ROOT / "src"), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
+    out = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     out.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", **extra)
     return out
 
@@ -36,7 +39,7 @@ def torchrun_args(nproc: int, *rest: str) -> list[str]:
 def run_jobs(
     jobs: list[dict], spec: Path, nproc: int = 2, timeout: float = 600
 ) -> subprocess.CompletedProcess:
-    """Run ``jobs`` (see worker.py) in ``nproc`` processes; fails the test with their output."""
+    """Run ``jobs`` (see :mod:`helpers.worker`) in ``nproc`` processes; fails the test with their output."""
     spec.write_text(json.dumps(jobs))
     proc = subprocess.run(
         torchrun_args(nproc, str(WORKER), str(spec)),

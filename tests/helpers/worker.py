@@ -1,5 +1,6 @@
 """Runs training jobs described in a JSON file, in one process or in each process of a ``torchrun``
-launch (the distributed tests compare the two). Rank 0 writes each job's losses and final weights."""
+launch (the distributed tests compare the two). Rank 0 writes each job's losses and final weights.
+Launched as a script (:mod:`helpers.launch`), with ``tests/`` on ``PYTHONPATH``."""
 
 from __future__ import annotations
 
@@ -11,31 +12,19 @@ from pathlib import Path
 import torch
 
 from dsv32 import distributed
-from dsv32.dsa import DSAConfig
-from dsv32.train import ModelSpec, StageConfig, TokenData, load_dsa_model, train_stage
+from dsv32.train import ModelSpec, StageConfig, load_dsa_model, train_stage
+from helpers.rl import LetterReward
+from helpers.tolerances import PROCESSES
+from helpers.train import TINY_DSA, token_data
 
-DSA = DSAConfig(index_n_heads=2, index_head_dim=16, index_topk=8)
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
-def token_data(n=16, T=32, seed=0) -> TokenData:
-    g = torch.Generator().manual_seed(seed)
-    return TokenData.from_sequences(
-        torch.randint(0, 257, (n, T), generator=g), torch.randint(0, 257, (4, T), generator=g)
-    )
-
-
-#: Tolerances of a 2-process run against 1 process: (relative, absolute). fp64 weights are compared
-#: element by element; fp32 weights by the norm of each tensor's difference relative to its norm (Adam
-#: turns the rounding noise of a gradient entry that cancels to ~0 into an update difference of that
-#: entry far above its relative rounding).
-TOL = {"float64": (1e-10, 0.0), "float32": (1e-5, 1e-7)}
-
-
 def weight_errors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], dtype: str) -> dict[str, float]:
-    """Each tensor's difference as a fraction of what :data:`TOL` allows (> 1: too far apart)."""
+    """Each tensor's difference as a fraction of what :data:`helpers.tolerances.PROCESSES` allows (> 1:
+    too far apart)."""
     assert a.keys() == b.keys()
-    rel, _ = TOL[dtype]
+    rel, _ = PROCESSES[dtype]
     out = {}
     for n, x in a.items():
         y = b[n]
@@ -56,12 +45,12 @@ def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
 
 
 def run_stage_job(job: dict) -> dict | None:
-    dm = load_dsa_model(ModelSpec(name=job["model"]), DSA)
+    dm = load_dsa_model(ModelSpec(name=job["model"]), TINY_DSA)
     dm.model.to(DTYPES[job.get("dtype", "float32")])
     cfg = StageConfig(**job["cfg"])
     result = train_stage(
         dm,
-        token_data(),
+        token_data(n=16),
         cfg,
         job["out"],
         progress=False,
@@ -86,19 +75,6 @@ def run_sft_job(job: dict) -> dict | None:
     keys = ("loss", "grad_norm", "loss_tokens", "world_size", "step")
     metrics = [{k: m.get(k) for k in keys} for m in result.metrics]
     return None if weights is None else {"metrics": metrics, "weights": weights}
-
-
-class LetterReward:
-    """Share of the first 8 generated characters that are lowercase ASCII letters."""
-
-    def score_many(self, samples, max_workers=1):
-        from dsv32.rl.grpo.rewards import RewardResult
-
-        out = []
-        for s in samples:
-            share = sum("a" <= ch <= "z" for ch in s.completion[:8]) / 8
-            out.append(RewardResult(total=share, components={"letter": share}, correct=share >= 0.5))
-        return out
 
 
 def rl_config(job: dict):
@@ -132,83 +108,12 @@ def run_rl_job(job: dict) -> dict | None:
     return None if weights is None else {"metrics": metrics, "weights": weights, "evals": evals}
 
 
-class EchoEnv:
-    """Tool ``f()`` returns ``RESULT-<task id>``; the answer is correct when it is ``5`` (registered as
-    ``echo-dist`` by :func:`register_echo`)."""
-
-    @staticmethod
-    def make():
-        from dsv32.envs.base import Environment, Reward, tool_call, tool_schema
-
-        class Echo(Environment):
-            name = "echo-dist"
-
-            def reset(self, task):
-                self.task = task
-                return [{"role": "system", "content": "s"}, {"role": "user", "content": task.prompt}]
-
-            def tools(self):
-                return [tool_schema("f", "A tool.", {}, [])]
-
-            def call(self, name, arguments):
-                return f"RESULT-{self.task.id}" if name == "f" else "error"
-
-            def reward(self, trajectory):
-                return Reward(float((trajectory.final or "").strip() == "5"), {}, "")
-
-            def reference(self, task):
-                call = tool_call("f", {}, "r0")
-                return [
-                    {"role": "assistant", "content": "", "reasoning_content": "a", "tool_calls": [call]},
-                    {"role": "assistant", "content": "5", "reasoning_content": "b"},
-                ]
-
-        return Echo
-
-
-ECHO_TASKS = [("t0", "q"), ("t1", "q"), ("t2", "q"), ("t3", "q")]
-
-
-def register_echo():
-    from dsv32.envs.base import EnvSpec, Task, register
-
-    tasks = [Task(i, p, "5", "echo-dist") for i, p in ECHO_TASKS]
-    register(
-        EnvSpec(
-            "echo-dist", "test env", EchoEnv.make(), {"train": lambda: tasks, "heldout": lambda: tasks[:2]}
-        )
-    )
-    return tasks
-
-
-def train_tool_user(out: Path) -> None:
-    """A tiny model taught (SFT, memorized) to call ``f`` and then answer ``5``, saved to ``out``:
-    its episodes take several model calls."""
-    from dsv32.synth.coldstart import add_reasoning
-    from dsv32.train.sft import load_sft_config, train_sft
-    from dsv32.train.sft.model import prepare_sft_model
-
-    tasks = register_echo()
-    env = EchoEnv.make()()
-    reference = env.reference(tasks[0])
-    tool = {"role": "tool", "tool_call_id": "r0", "content": "RESULT-t0"}
-    conv = [*env.reset(tasks[0]), reference[0], tool, reference[1]]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "c.jsonl").write_text(json.dumps({"messages": add_reasoning(conv)}) + "\n")
-    sets = ["model.name=tiny-llama", "model.device=cpu", f"data.path={out / 'c.jsonl'}", "train.steps=60",
-            "train.lr=1e-2", "train.batch_size=1", f"out_dir={out / 'sft'}", "data.seq_len=512"]  # fmt: skip
-    sm = prepare_sft_model("tiny-llama", "cpu")
-    train_sft(load_sft_config(None, sets), model=sm, progress=False, save_model=False)
-    sm.model.save_pretrained(out / "model")
-    sm.tokenizer.save_pretrained(out / "model")
-
-
 def run_agentic_job(job: dict) -> dict | None:
+    import helpers.agentic  # noqa: F401  (registers the echo-test environment)
     from dsv32.rl.agentic.config import load_agentic_config
     from dsv32.rl.agentic.trainer import train_agentic
     from dsv32.rl.grpo.policy import load_policy
 
-    register_echo()
     policy = load_policy(job["model"], thinking=True, device="cpu")
     policy.model.to(DTYPES[job.get("dtype", "float32")])
     sets = {"out_dir": job["out"], **job["sets"]}

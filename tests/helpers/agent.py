@@ -1,5 +1,5 @@
-"""Shared pieces of the agent tests: scripted replies, a backend with a predictable token count and a
-stub Chat Completions server."""
+"""Shared pieces of the agent tests: scripted replies, a backend with a predictable token count, a stub
+Chat Completions server and the replies it sends, an environment with a counter tool."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from dsv32.agent import ScriptedBackend
+from dsv32.envs.base import Environment, Reward, Task, tool_call, tool_schema
 
 
 def calls(*pairs: tuple[str, object]) -> dict:
@@ -105,3 +106,59 @@ def chunk(delta: dict | None = None, finish: str | None = None, usage: dict | No
         "choices": choices,
         "usage": usage,
     }
+
+
+def completion(message: dict, finish: str | None = None, usage: dict | None = None) -> dict:
+    """A Chat Completions reply holding ``message``; ``finish`` is ``tool_calls`` when it calls tools,
+    else ``stop``, unless given."""
+    finish = finish or ("tool_calls" if message.get("tool_calls") else "stop")
+    return {
+        "id": "cmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish}],
+        "usage": usage or {"prompt_tokens": 50, "completion_tokens": 5, "total_tokens": 55},
+    }
+
+
+class Counter(Environment):
+    """A counter the agent increments; the task is solved when the answer states the final count."""
+
+    name = "counter"
+
+    def __init__(self) -> None:
+        self.count, self.calls, self.resets = 0, [], 0
+
+    def reset(self, task: Task) -> list[dict]:
+        self.count, self.resets = 0, self.resets + 1
+        return [{"role": "system", "content": "Use the counter."}, {"role": "user", "content": task.prompt}]
+
+    def tools(self) -> list[dict]:
+        return [tool_schema("increment", "Add n to the counter.", {"n": {"type": "integer", "minimum": 1}})]
+
+    def call(self, name: str, arguments: dict) -> str:
+        self.calls.append((name, arguments))
+        self.count += arguments["n"]
+        return f"count = {self.count}"
+
+    def reward(self, trajectory) -> Reward:
+        ok = trajectory.final is not None and trajectory.final.strip() == str(self.count) == str(
+            self.task_answer
+        )
+        tools_seen = sum(m["role"] == "tool" for m in trajectory.messages)
+        return Reward(float(ok), {"tool_results": tools_seen}, "right count" if ok else "wrong count")
+
+    def reference(self, task: Task) -> list[dict]:
+        return [
+            {
+                "content": "",
+                "tool_calls": [
+                    tool_call("increment", {"n": 2}, "r1"),
+                    tool_call("increment", {"n": 1}, "r2"),
+                ],
+            },
+            {"content": str(task.answer)},
+        ]
+
+    task_answer = 3

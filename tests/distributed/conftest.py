@@ -1,8 +1,0 @@
-"""The distributed tests import their worker and launcher (``worker``, ``launch``) by name."""
-
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))

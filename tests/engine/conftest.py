@@ -1,8 +1,0 @@
-"""The engine tests import their shared tiny models (``engine_helpers``) by name."""
-
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))

@@ -1,8 +1,0 @@
-"""The eval tests import their scripted endpoint (``eval_stub``) by name."""
-
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))

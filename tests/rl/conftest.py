@@ -1,8 +1,0 @@
-"""The RL tests import their shared helpers (``rl_helpers``) by name."""
-
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
