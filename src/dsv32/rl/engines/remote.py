@@ -46,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from dsv32.engine.lora import has_adapter, merged_copy
 from dsv32.engine.prefix import PrefixCache
 from dsv32.engine.wire import (
     GenerateChoice,
@@ -200,12 +201,16 @@ class RemoteEngine:
 
     def sync(self, model: torch.nn.Module, version: int) -> float:
         """Push ``model``'s weights as ``version`` with this engine's weight sync, and check the
-        version the engine then reports; returns the seconds the whole sync took."""
+        version the engine then reports; returns the seconds the whole sync took. A model that trains a
+        LoRA adapter is sent merged (:func:`dsv32.engine.lora.merged_copy`): the base weights with the
+        adapter folded in, under the base model's names."""
         if self.weight_sync is None:
             raise EngineError(
                 "this remote engine has no weight sync: give it a FileWeightSync or a CollectiveWeightSync"
             )
         t = time.perf_counter()
+        if has_adapter(model):  # LoRA: the engine holds full weights, so it gets the merged ones
+            model = merged_copy(model)
         self.weight_sync.push(self.client, model, version)
         served = self.weight_version()
         if served != version:
