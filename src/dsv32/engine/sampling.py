@@ -166,9 +166,11 @@ def _only_allowed(ids: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, 
     """The kept ``ids``/``vals`` ``[B, K]`` without the masked-out entries (-inf), order kept, -1-padded."""
     valid = (ids >= 0) & (vals > float("-inf"))
     count = valid.sum(-1)
-    order = (~valid).to(torch.int8).argsort(dim=-1, stable=True)[:, : int(count.max())]
-    pad = torch.arange(order.shape[1], device=ids.device) >= count[:, None]
-    return ids.gather(-1, order).masked_fill(pad, -1), vals.gather(-1, order).masked_fill(pad, float("-inf"))
+    K = int(count.max())
+    slot = torch.where(valid, valid.cumsum(-1) - 1, K)  # where each kept entry goes; the rest to column K
+    out_ids = ids.new_full((ids.shape[0], K + 1), -1).scatter_(1, slot, ids)[:, :K]
+    out_vals = vals.new_full((vals.shape[0], K + 1), float("-inf")).scatter_(1, slot, vals)[:, :K]
+    return out_ids, out_vals
 
 
 def sample_next(
