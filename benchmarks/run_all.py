@@ -435,6 +435,7 @@ FORMATS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "rollout_scale": (("rollout_scale.json",), rollout_scale_table),
     "rollout_prefix": (("rollout_prefix.json",), rollout_prefix_table),
     "rl_frozen_trunk": (("rl_frozen_trunk.json",), rl_frozen_trunk_table),
+    "rl_keep_indexing": (("rl_keep_indexing.json",), scalar_table),
 }
 
 
