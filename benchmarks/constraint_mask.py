@@ -97,7 +97,7 @@ def _per_step(grammar: Grammar, ids: list[int], logits: torch.Tensor) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and tokens")
-    ap.add_argument("--out", default="runs/bench/constraint_mask.json")
+    ap.add_argument("--out", default="runs/bench", help="output directory")
     add_max_wait(ap)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -170,7 +170,7 @@ def main() -> None:
             "others": others,
         },
     }
-    out = Path(args.out)
+    out = Path(args.out) / "constraint_mask.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
