@@ -411,6 +411,20 @@ def serve_load_table(result: dict) -> tuple[str, str]:
     return what, table
 
 
+def constraint_mask_table(result: dict) -> tuple[str, str]:
+    """``constraint_mask.json``: the grammar mask per step and a decode with and without a grammar."""
+    steps = result["per_step"]
+    rows = [[name, f"{s['steps']}", f"{s['mask_us']:.3g}", f"{s['mask_p90_us']:.3g}", f"{s['advance_us']:.3g}"]
+            for name, s in steps.items()]  # fmt: skip
+    decode = result["decode"]
+    what = (
+        f"vocabulary {result['vocab_size']} tokens built in {result['vocabulary_s']:.2g} s; decode "
+        f"{decode['free_ms_per_token']:.4g} / {decode['constrained_ms_per_token']:.4g} ms per token free / "
+        f"constrained; others {result['per_step_others']}"
+    )
+    return what, _table(["grammar", "steps", "mask median (µs)", "mask p90 (µs)", "advance (µs)"], rows)
+
+
 def scalar_table(result: object) -> tuple[str, str]:
     """Any other JSON object: its top-level numbers."""
     items = result.items() if isinstance(result, dict) else []
@@ -436,6 +450,7 @@ FORMATS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "rollout_prefix": (("rollout_prefix.json",), rollout_prefix_table),
     "rl_frozen_trunk": (("rl_frozen_trunk.json",), rl_frozen_trunk_table),
     "rl_keep_indexing": (("rl_keep_indexing.json",), scalar_table),
+    "constraint_mask": (("constraint_mask.json",), constraint_mask_table),
 }
 
 
