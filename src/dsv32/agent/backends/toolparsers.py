@@ -14,8 +14,9 @@ that ignores ``tools`` (:meth:`~ToolParser.instructions`), how a reply's calls a
 (:meth:`~ToolParser.parse`: ``(content, calls, problems)``, each problem in a tool-call block as the
 V3.2 parser marks them), where calls begin (``start``; ``at_start_only``: only as the reply's first
 text) and end (``end``, when each call closes on its own), and the text that opens a call
-(:meth:`~ToolParser.opening`), which a server forces for ``tool_choice`` ``required`` or a named
-function. :func:`detect_parser` picks one from a chat template; the rest default to ``hermes``.
+(:meth:`~ToolParser.opening`). The grammar a server constrains forced calls with
+(:mod:`dsv32.agent.backends.grammars`) writes calls as :meth:`~ToolParser.parse` reads them.
+:func:`detect_parser` picks one from a chat template; the rest default to ``hermes``.
 """
 
 from __future__ import annotations
