@@ -81,8 +81,13 @@ def _lazy_until(text: str) -> str:
 
 
 def _schema(tool: dict) -> dict[str, Any]:
-    function = tool.get("function", tool)
-    return function.get("parameters") or {"type": "object"}
+    """The tool's ``parameters``; a function without them takes none (OpenAI's reading)."""
+    parameters = tool.get("function", tool).get("parameters")
+    return (
+        {"type": "object", "properties": {}, "additionalProperties": False}
+        if parameters is None
+        else parameters
+    )
 
 
 def _name(tool: dict) -> str:
