@@ -130,8 +130,9 @@ def test_a_group_samples_the_same_whatever_else_is_in_the_batch():
     # engine gets one call per group: the same samples
     from dsv32.rl.engines import InProcessEngine
 
-    class PerGroup(InProcessEngine):
+    class PerGroup(InProcessEngine):  # samples as an engine in another process: one seed per call
         name = "per_group"
+        shares_weights = False
         calls = 0
 
         def generate(self, prompts, **kw):
