@@ -40,6 +40,7 @@ import torch
 from dsv32 import distributed
 from dsv32.engine.memory import release_free_memory
 from dsv32.rl.engines import RolloutEngine, build_engine, prepare_engine
+from dsv32.rl.grpo import build
 from dsv32.rl.grpo.build import (
     UPDATES,
     adapt_policy,
@@ -132,9 +133,8 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ what a kind of run provides
     def check_world(self, w: distributed.World) -> None:
-        from dsv32.rl.grpo.build import check_world
-
-        check_world(self.rl, w)
+        """A :class:`~dsv32.distributed.DistError` when the recipe cannot run over ``w``."""
+        build.check_world(self.rl, w)
 
     def prepare(self) -> None:
         """The kind's tasks and held-out items, checked before the model loads."""
