@@ -79,6 +79,11 @@ def _special_ids(tokenizer) -> set[int]:
     return ids
 
 
+def _is_markup(text: str, markup: Sequence[str]) -> bool:
+    """A special token's ``text`` is part of a format's markup (or holds a piece of it)."""
+    return any(text in m or m in text for m in markup)
+
+
 class Vocabulary:
     """The tokens of ``tokenizer`` as llguidance sees them, for a model with ``vocab_size`` logits.
 
@@ -101,14 +106,16 @@ class Vocabulary:
         tokens: list[bytes] = []
         special_ids: list[int] = []
         for i in range(vocab_size):
-            raw = token_bytes(i) if i < size else None
-            text = bytes(raw).decode("utf-8", errors="replace") if raw else ""
-            markup_token = bool(text) and any(text in m or m in text for m in markup)
-            if raw is None or not raw or i in eos or (i in special and not markup_token):
+            raw = bytes(token_bytes(i) or b"") if i < size else b""
+            if (
+                raw
+                and i not in eos
+                and (i not in special or _is_markup(raw.decode("utf-8", "replace"), markup))
+            ):
+                tokens.append(raw)
+            else:
                 tokens.append(f"<[{i}]>".encode())  # never text: only a grammar naming the id matches it
                 special_ids.append(i)
-            else:
-                tokens.append(bytes(raw))
         table = _TokenTable(tokenizer, tokens, special_ids, eos[0])
         self.tokenizer = llguidance.LLTokenizer(
             llguidance.TokenizerWrapper(table), n_vocab=vocab_size, eos_token=eos
