@@ -1,5 +1,6 @@
 """The RL endpoints of ``dsv32 serve``: file weight sync (tied LM head included) that leaves the
-server's logits equal to the trainer's, pause modes, token-in/token-out generation, refusals."""
+server's logits equal to the trainer's, pause modes, token-in/token-out generation, refusals (a bad
+weight file never quoted), and the routes that change the server off unless it is started with them."""
 
 from __future__ import annotations
 

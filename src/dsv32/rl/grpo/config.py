@@ -176,7 +176,7 @@ class EngineConfig(Checked, error=RLConfigError):
     """Where rollouts are sampled (docs/rl.md, "Scaling out").
 
     - ``kind``: ``"in_process"`` (the trainer's own model, the reference) or ``"remote"`` (an HTTP
-      engine at ``url``: ``dsv32 serve`` or vLLM, speaking ``/inference/v1/generate``);
+      engine at ``url``: ``dsv32 serve --enable-rl-routes`` or vLLM, speaking ``/inference/v1/generate``);
     - ``api``: ``"dsv32"`` (one batched request per turn, bit-identical to in-process sampling) or
       ``"vllm"`` (one request per row, seeded per row);
     - ``sync``: how weights reach a remote engine before each rollout: ``"file"`` (safetensors under
