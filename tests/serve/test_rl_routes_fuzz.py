@@ -24,7 +24,8 @@ ERROR_KEYS = {"message", "type", "param", "code"}
 def server(one_thread):
     from dsv32.serve import ServerThread, create_app, load_served
 
-    with ServerThread(create_app(load_served("tiny-llama", device="cpu"), max_batch=4, rl_routes=True)) as server:
+    app = create_app(load_served("tiny-llama", device="cpu"), max_batch=4, rl_routes=True)
+    with ServerThread(app) as server:
         server.root = server.base_url.removesuffix("/v1")
         yield server
 

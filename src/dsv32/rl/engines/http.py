@@ -129,7 +129,7 @@ class EngineClient:
             if err.code >= 500:
                 raise _Transient(error) from None
             raise error from None
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as err:  # refused, reset, timed out
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as err:  # refused, reset, late
             reason = getattr(err, "reason", err)
             error = EngineError(f"{where}: {reason or type(err).__name__}")
             if isinstance(reason, TimeoutError):  # it may still run on the engine: not sent twice
