@@ -36,8 +36,8 @@ CASES += [
     (["posttrain", "rl", "--policy", "tiny-llama", "--steps", "1", "--out", "{out}"], "does not speak V3.2"),
     (["posttrain", "rl", "--policy", "no-such-model", "--out", "{out}"], "cannot load model 'no-such-model'"),
     (["posttrain", "rl", "--set", "colour=blue", "--out", "{out}"],
-     "unknown sections ['colour']; accepted: agentic, engine, envs, eval, grpo, log_every, out_dir, policy, ray, "
-     "report_to, rewards, sampling, save_every, seed, sources"),
+     "unknown sections ['colour']; accepted: agentic, engine, envs, eval, grpo, log_every, lora, out_dir, policy, "
+     "ray, report_to, rewards, sampling, save_every, seed, sources"),
     (["posttrain", "rl", "{shipped}", "--set", "colour=blue", "--out", "{out}"],
      "unknown sections ['colour']; accepted: out_dir, report_to, rl, rl_model, sft, tasks, transfer"),
     (["posttrain", "rl", "{shipped}", "--set", "rl.colour=blue", "--out", "{out}"],

@@ -79,9 +79,9 @@ CASES = [
     (["dsa", "warmup", "--out", "{tmp}/a-file/out"], "cannot be the output directory:"),
     # an unknown section is named with every section the command accepts
     (["rl", "train", "--set", "colour=1", "--out", "{out}"], "unknown sections ['colour']; accepted: engine, "
-     "eval, grpo, log_every, out_dir, policy, ray, report_to, rewards, sampling, save_every, seed, sources"),
+     "eval, grpo, log_every, lora, out_dir, policy, ray, report_to, rewards, sampling, save_every, seed, sources"),
     (["sft", "--data", "{tmp}/conv.jsonl", "--set", "colour=1", "--out", "{out}"],
-     "unknown sections ['colour']; accepted: data, model, out_dir, report_to, train"),
+     "unknown sections ['colour']; accepted: data, lora, model, out_dir, report_to, train"),
     (["dsa", "sparse", "--set", "colour=1", "--out", "{out}"],
      "unknown sections ['colour']; accepted: data, dsa, eval, model, out_dir, report_to, sparse, warmup"),
 ]  # fmt: skip
