@@ -9,7 +9,8 @@ from typing import Any, NamedTuple
 
 from dsv32 import distributed
 from dsv32.posttrain.recipe import is_posttrain_recipe, read_posttrain_recipe
-from dsv32.recipe import read_recipe
+from dsv32.posttrain.transfer_recipe import is_transfer_recipe
+from dsv32.recipe import RecipeError, read_recipe
 from dsv32.rl.agentic.config import AgenticConfig, heldout_count, load_agentic_config, work_plan
 from dsv32.rl.agentic.trainer import AgenticResult, check_agentic_world, train_agentic, v32_policy
 from dsv32.rl.grpo.config import RLConfigError
@@ -33,7 +34,13 @@ def read_rl_recipe(config: str | None, sets: list[str], keys: dict[str, Any]) ->
     """The recipe ``config`` (None: the default agentic GRPO recipe) with the ``--set`` overrides
     ``sets``, then ``keys`` (agentic GRPO recipe key → value): in the post-training recipe every key
     but ``out_dir`` sets ``rl.<key>``. Nothing is written."""
-    if config is None or not is_posttrain_recipe(read_recipe(config, error=RLConfigError)):
+    data = read_recipe(config, error=RLConfigError) if config is not None else {}
+    if is_transfer_recipe(data):
+        raise RecipeError(
+            f"{config} is the transfer recipe: its two GRPO arms start from its own SFT stage; run it with "
+            "dsv32 posttrain proof"
+        )
+    if config is None or not is_posttrain_recipe(data):
         cfg = load_agentic_config(config, [*sets, *(f"{k}={v}" for k, v in keys.items())])
         return RLRecipe(cfg, heldout_count(cfg), None)
     overrides = [*sets, *(f"{k if k == 'out_dir' else f'rl.{k}'}={v}" for k, v in keys.items())]
