@@ -30,6 +30,7 @@ from dsv32.envs.base import Environment, Task, get_env, resolve_tasks
 from dsv32.envs.interpreter import InterpreterEnv
 from dsv32.posttrain.recipe import PosttrainRecipe, read_posttrain_recipe
 from dsv32.posttrain.report import first_tasks, machine, peak_memory_mb, report_dict, rl_curve, write_report
+from dsv32.recipe import read_recipe
 from dsv32.rl.agentic import trainer as agentic
 from dsv32.rl.agentic.episodes import EpisodeSettings
 from dsv32.rl.agentic.trainer import EnvItem, episode_settings
@@ -46,7 +47,14 @@ DOMAIN = "code-interpreter"
 
 def run_proof(config: str | None, overrides: list[str], out: str | None, progress: bool = True) -> dict:
     """The proof run (``report.{json,md,png}`` under the recipe's ``out_dir``, or ``out``); returns the
-    report. Every recipe section is checked before anything is loaded or written."""
+    report. Every recipe section is checked before anything is loaded or written. A recipe with
+    ``[synth]`` is the transfer recipe (:func:`dsv32.posttrain.transfer.run_transfer`)."""
+    from dsv32.posttrain.transfer_recipe import is_transfer_recipe
+
+    if config is not None and is_transfer_recipe(read_recipe(config)):
+        from dsv32.posttrain.transfer import run_transfer
+
+        return run_transfer(config, overrides, out, progress)
     recipe = read_posttrain_recipe(config, overrides, out)
     for report_to in recipe.trackers:  # the stages' trackers are installed, before the model loads
         require(report_to)
