@@ -154,7 +154,7 @@ def test_a_tiny_transfer_run_writes_every_key_with_valid_intervals(tmp_path, mon
     monkeypatch.setattr(trainer, "train_agentic", recording_train)
     monkeypatch.setattr(trainer, "run_episodes", recording_run)
     sets = ["sft.model.name=tiny-llama", "sft.train.freeze_layers=0", "sft.data.seq_len=8192", "sft.train.epochs=1",
-            "synth.envs=24", "synth.coldstart=2", "synth.heldout=2", "synth.min_heldout=2",
+            "synth.envs=24", "synth.coldstart=2", "synth.heldout=2", "synth.min_heldout=2", "synth.eval_batch=1",
             f"synth.heldout_domains={json.dumps(HELDOUT)}", "code.train=3", "code.coldstart=1", "code.heldout=1",
             "general.tasks=1", "bfcl.per_category=2", "bfcl.max_tokens=4", "rl.grpo.steps=1",
             "rl.grpo.prompts_per_step=1", "rl.grpo.group_size=2", "rl.grpo.mini_batches=1",
@@ -186,7 +186,8 @@ def test_a_tiny_transfer_run_writes_every_key_with_valid_intervals(tmp_path, mon
         ids = [[o["id"] for o in json.loads((out / "eval" / f"{suite}_{s}.json").read_text())["outcomes"]]
                for s in STAGES]  # fmt: skip
         assert all(x == ids[0] for x in ids) and ids[0], suite
-    assert json.loads((out / "eval" / "synth_heldout_rl.json").read_text())["outcomes"][0]["id"] == held[0]
+    synth_rl = json.loads((out / "eval" / "synth_heldout_rl.json").read_text())  # one episode at a time
+    assert [o["id"] for o in synth_rl["outcomes"]] == held and synth_rl["episodes"] == 2
     # GRPO sampled training domains only: the synthesized arm, then the code interpreter alone
     assert len(sampled) == 4 and {d for d, _ in sampled[:2]} == {"synth-general"}
     assert {dom for _, dom in sampled[:2]} <= set(DOMAIN_NAMES) - set(HELDOUT)

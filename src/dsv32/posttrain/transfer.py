@@ -52,6 +52,7 @@ from dsv32.posttrain.transfer_recipe import (
 from dsv32.posttrain.transfer_report import STAGES, transfer_report_dict, write_transfer_report
 from dsv32.recipe import RecipeError
 from dsv32.rl.agentic import trainer as agentic
+from dsv32.rl.agentic.episodes import EpisodeSettings
 from dsv32.rl.agentic.trainer import EnvItem, episode_settings
 from dsv32.rl.grpo.policy import Policy
 from dsv32.runlog import read_metrics
@@ -98,6 +99,35 @@ def check_never_trained(train: list[Task], heldout: list[Task], general: list[Ta
         raise RecipeError(f"training environments have tools of the general-tools suite: {sorted(tools)}")
     tables = set().union(*(c.tables for c in suite)) & set().union(*(c.tables for c in trained))
     return {"general_tools_tools_trained": 0, "general_tools_table_names_in_training": sorted(tables)}
+
+
+def evaluate_in_batches(
+    policy: Policy, items: list[EnvItem], settings: EpisodeSettings, max_new_tokens: int, batch: int
+) -> dict[str, Any]:
+    """:func:`~dsv32.rl.agentic.trainer.evaluate_agentic` on ``items``, ``batch`` episodes at a time
+    (memory: each episode holds its KV cache between its model calls), as one summary: every
+    outcome in task order, the shares and means over all of them."""
+    parts = [
+        agentic.evaluate_agentic(policy, items[i : i + batch], settings, max_new_tokens)
+        for i in range(0, len(items), batch)
+    ]
+    outcomes = [o for p in parts for o in p["outcomes"]]
+    n = len(outcomes)
+    stops: dict[str, int] = {}
+    for o in outcomes:
+        stops[o["stop"]] = stops.get(o["stop"], 0) + 1
+    return {
+        "episodes": n,
+        "accuracy": sum(o["correct"] for o in outcomes) / n,
+        "tool_call_valid": sum(o["tool_call_valid"] for o in outcomes) / n,
+        "used_tool": sum(o["used_tool"] for o in outcomes) / n,
+        "mean_steps": sum(o["steps"] for o in outcomes) / n,
+        "mean_generated_tokens": sum(o["tokens"] for o in outcomes) / n,
+        "stop_reasons": stops,
+        "not_scored": sum(p["not_scored"] for p in parts),
+        "outcomes": outcomes,
+        "samples": parts[0]["samples"],
+    }
 
 
 @dataclass
@@ -222,7 +252,9 @@ class TransferRun:
             if not items:
                 continue
             with self.timed(f"{suite}_{stage}"):
-                summary = agentic.evaluate_agentic(self.policy, items, settings, max_new)
+                summary = evaluate_in_batches(
+                    self.policy, items, settings, max_new, self.recipe.synth.eval_batch
+                )
             self.record(suite, stage, summary)
         b = self.recipe.bfcl
         with self.timed(f"bfcl_{stage}"):

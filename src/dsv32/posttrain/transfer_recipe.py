@@ -64,7 +64,8 @@ class SynthSection(Checked):
     the seed) are never trained on; ``train_domains`` (empty: every other domain) are what the cold
     start and GRPO draw from. The cold start replays the first ``coldstart`` training tasks; GRPO draws
     from the training tasks after them; every stage is evaluated on the first ``heldout`` held-out
-    tasks (0: all of them), of which there must be at least ``min_heldout``."""
+    tasks (0: all of them), of which there must be at least ``min_heldout``. ``eval_batch``: how
+    many greedy episodes of a suite run at once (each holds its KV cache between its model calls)."""
 
     RANGES: ClassVar[dict] = {
         "envs": at_least(1),
@@ -77,6 +78,7 @@ class SynthSection(Checked):
         "heldout": at_least(0),
         "min_heldout": at_least(1),
         "workers": at_least(1),
+        "eval_batch": at_least(1),
         "call_timeout_s": Rule(lambda v: v > 0, "> 0"),
     }
 
@@ -90,6 +92,7 @@ class SynthSection(Checked):
     heldout: int = 200
     min_heldout: int = 1
     workers: int = 1
+    eval_batch: int = 50
     call_timeout_s: float = 20.0
 
     def __post_init__(self) -> None:
