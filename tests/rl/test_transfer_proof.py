@@ -128,7 +128,9 @@ def test_posttrain_rl_refuses_the_transfer_recipe():
 
 
 # --------------------------------------------------------------------------------------- the pipeline
-def test_a_tiny_transfer_run_writes_every_key_with_valid_intervals(tmp_path, monkeypatch, capsys, cache):
+def test_a_tiny_transfer_run_writes_every_key_with_valid_intervals(
+    tmp_path, monkeypatch, capsys, cache, one_thread
+):
     import torch
 
     import dsv32.engine.models as models
