@@ -57,7 +57,7 @@ from dsv32.rl.agentic.trainer import EnvItem, episode_settings
 from dsv32.rl.grpo.policy import Policy
 from dsv32.runlog import read_metrics
 from dsv32.synth.coldstart import ColdStartReport, build_coldstart
-from dsv32.synth.programmatic import Card, cached_set, card_of_bundle, check_disjoint
+from dsv32.synth.programmatic import Card, SplitError, cached_set, card_of_bundle, check_disjoint
 from dsv32.trackers import require
 from dsv32.train.sft import train_sft
 from dsv32.train.sft.model import SFTModel, prepare_sft_model, vocab_matrices
@@ -96,7 +96,7 @@ def check_never_trained(train: list[Task], heldout: list[Task], general: list[Ta
     suite = cards(general)
     tools = set().union(*(c.tools for c in suite)) & set().union(*(c.tools for c in trained))
     if tools:
-        raise RecipeError(f"training environments have tools of the general-tools suite: {sorted(tools)}")
+        raise SplitError(f"training environments have tools of the general-tools suite: {sorted(tools)}")
     tables = set().union(*(c.tables for c in suite)) & set().union(*(c.tables for c in trained))
     return {"general_tools_tools_trained": 0, "general_tools_table_names_in_training": sorted(tables)}
 
