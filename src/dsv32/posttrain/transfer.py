@@ -52,7 +52,7 @@ from dsv32.posttrain.transfer_recipe import (
 from dsv32.posttrain.transfer_report import STAGES, transfer_report_dict, write_transfer_report
 from dsv32.recipe import RecipeError
 from dsv32.rl.agentic import trainer as agentic
-from dsv32.rl.agentic.episodes import EpisodeSettings
+from dsv32.rl.agentic.episodes import EpisodeSettings, outcome_summary
 from dsv32.rl.agentic.trainer import EnvItem, episode_settings
 from dsv32.rl.grpo.policy import Policy
 from dsv32.runlog import read_metrics
@@ -112,22 +112,8 @@ def evaluate_in_batches(
         for i in range(0, len(items), batch)
     ]
     outcomes = [o for p in parts for o in p["outcomes"]]
-    n = len(outcomes)
-    stops: dict[str, int] = {}
-    for o in outcomes:
-        stops[o["stop"]] = stops.get(o["stop"], 0) + 1
-    return {
-        "episodes": n,
-        "accuracy": sum(o["correct"] for o in outcomes) / n,
-        "tool_call_valid": sum(o["tool_call_valid"] for o in outcomes) / n,
-        "used_tool": sum(o["used_tool"] for o in outcomes) / n,
-        "mean_steps": sum(o["steps"] for o in outcomes) / n,
-        "mean_generated_tokens": sum(o["tokens"] for o in outcomes) / n,
-        "stop_reasons": stops,
-        "not_scored": sum(p["not_scored"] for p in parts),
-        "outcomes": outcomes,
-        "samples": parts[0]["samples"],
-    }
+    summary = outcome_summary(outcomes, sum(p["not_scored"] for p in parts))
+    return summary | {"samples": parts[0]["samples"]}
 
 
 @dataclass

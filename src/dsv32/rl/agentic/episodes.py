@@ -290,21 +290,26 @@ def episode_outcome(e: Episode) -> dict[str, Any]:
 def episode_summary(episodes: Sequence[Episode]) -> dict[str, Any]:
     """Accuracy (verifier = 1), well-formed tool use, steps, tokens, stop reasons, and each
     episode's :func:`episode_outcome` (``outcomes``, in order)."""
-    outcomes = [episode_outcome(e) for e in episodes]
-    n = max(1, len(episodes))
+    return outcome_summary([episode_outcome(e) for e in episodes], sum(not e.scored for e in episodes))
+
+
+def outcome_summary(outcomes: Sequence[dict[str, Any]], not_scored: int) -> dict[str, Any]:
+    """The shares and means over episodes' :func:`episode_outcome` rows, their stop reasons, and the
+    rows themselves (``outcomes``, in order)."""
+    n = max(1, len(outcomes))
     stops: dict[str, int] = {}
     for o in outcomes:
         stops[o["stop"]] = stops.get(o["stop"], 0) + 1
     return {
-        "episodes": len(episodes),
+        "episodes": len(outcomes),
         "accuracy": sum(o["correct"] for o in outcomes) / n,
         "tool_call_valid": sum(o["tool_call_valid"] for o in outcomes) / n,
         "used_tool": sum(o["used_tool"] for o in outcomes) / n,
         "mean_steps": sum(o["steps"] for o in outcomes) / n,
         "mean_generated_tokens": sum(o["tokens"] for o in outcomes) / n,
         "stop_reasons": stops,
-        "not_scored": sum(not e.scored for e in episodes),
-        "outcomes": outcomes,
+        "not_scored": not_scored,
+        "outcomes": list(outcomes),
     }
 
 
