@@ -19,10 +19,8 @@ they share (the tasks, the model in memory, the evaluations, the stage timings):
 from __future__ import annotations
 
 import functools
-import json
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +28,7 @@ from dsv32.envs.base import Environment, Task, get_env, resolve_tasks
 from dsv32.envs.interpreter import InterpreterEnv
 from dsv32.posttrain.recipe import PosttrainRecipe, read_posttrain_recipe
 from dsv32.posttrain.report import first_tasks, machine, peak_memory_mb, report_dict, rl_curve, write_report
+from dsv32.posttrain.stages import StagedRun
 from dsv32.recipe import read_recipe
 from dsv32.rl.agentic import trainer as agentic
 from dsv32.rl.agentic.episodes import EpisodeSettings
@@ -83,7 +82,7 @@ def transfer_items(recipe: PosttrainRecipe) -> list[EnvItem]:
 
 
 @dataclass
-class ProofRun:
+class ProofRun(StagedRun):
     """What the stages of one proof run share: the recipe, its tasks, the model being post-trained
     (in memory from the base evaluation to the last), each stage's evaluations and minutes."""
 
@@ -130,16 +129,6 @@ class ProofRun:
 
     def items(self, tasks: list[Task]) -> list[EnvItem]:
         return [EnvItem(t, DOMAIN, self.make_env) for t in tasks]
-
-    @contextmanager
-    def timed(self, stage: str) -> Iterator[None]:
-        """Record the minutes the block took as ``stage`` (``details.stage_minutes`` of the report)."""
-        t = time.time()
-        yield
-        self.minutes[stage] = round((time.time() - t) / 60, 2)
-
-    def write_json(self, name: str, data: dict) -> None:
-        (self.recipe.root / name).write_text(json.dumps(data, indent=1) + "\n")
 
     def evaluate(self, stage: str) -> None:
         """Greedy episodes on the held-out tasks (``eval_{stage}.json``) and, with ``[transfer]``, on

@@ -26,8 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from typing import Any
 from dsv32.envs.base import Task, get_env, load_tasks, resolve_tasks, save_tasks
 from dsv32.posttrain.bfcl import count_entries, evaluate_bfcl
 from dsv32.posttrain.report import machine, peak_memory_mb, rl_curve
+from dsv32.posttrain.stages import StagedRun
 from dsv32.posttrain.transfer_recipe import (
     CODE_ENV,
     CODE_HELDOUT,
@@ -127,7 +127,7 @@ class Suites:
 
 
 @dataclass
-class TransferRun:
+class TransferRun(StagedRun):
     """What the stages share: the recipe, the tasks, the model (in memory from the base evaluation to
     the last), the SFT weights both arms start from, every evaluation and the stage minutes."""
 
@@ -215,18 +215,6 @@ class TransferRun:
             recipe, where, manifest, train, code_train, suites, make_env, sm, policy, never, progress=progress,
             started=started, load_start=load_start, minutes=minutes,
         )  # fmt: skip
-
-    @contextmanager
-    def timed(self, stage: str) -> Iterator[None]:
-        """Record the minutes the block took as ``stage`` (``details.stage_minutes`` of the report)."""
-        t = time.time()
-        yield
-        self.minutes[stage] = round((time.time() - t) / 60, 2)
-
-    def write_json(self, name: str, data: dict) -> None:
-        path = self.recipe.root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=1) + "\n")
 
     def evaluate(self, stage: str) -> None:
         """Greedy episodes of every agentic suite and the BFCL entries (``eval/<suite>_<stage>.json``)."""
