@@ -109,8 +109,9 @@ def update_record(updates: list[dict]) -> dict:
     record["first_update_log_ratio_sampling"] = first["log_ratio_sampling"]
     record["first_update_abs_log_ratio"] = first["abs_log_ratio"]
     if later:
-        record["later_updates_ratio_mean"] = _mean(later)["ratio_mean"]
-        record["later_updates_abs_log_ratio"] = _mean(later)["abs_log_ratio"]
+        means = _mean(later)
+        record["later_updates_ratio_mean"] = means["ratio_mean"]
+        record["later_updates_abs_log_ratio"] = means["abs_log_ratio"]
     return record
 
 
