@@ -197,6 +197,14 @@ class UpdateWeightsRequest(_Request):
     shapes: list[list[Annotated[int, Field(ge=0)]]] | None = None
 
 
+class UpdateAdapterRequest(_Request):
+    """``{"path", "weight_version"}``: a LoRA adapter directory in peft's save format on the engine's
+    disk, merged into the base weights the engine serves."""
+
+    path: str = Field(min_length=1, max_length=4096)
+    weight_version: WeightVersion
+
+
 class InitTransferRequest(_Request):
     """Join the trainer's two-party group at ``master_address:master_port`` as rank 1; every wait
     at most ``timeout`` seconds (None ``backend``: by the engine's device)."""
@@ -217,6 +225,7 @@ class WeightInfo(_Reply):
     weight_version: int | str | None = None
     path: str | None = None
     model: str | None = None
+    adapter: bool | None = None
     transfer: TransferState | None = None
 
 

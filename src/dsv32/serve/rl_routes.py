@@ -24,6 +24,17 @@
 - ``POST /update_weights {"path", "weight_version"}`` — load a weight file
   (:mod:`dsv32.engine.weight_files`: every ``state_dict()`` key, checked) between two model steps;
   on a server that is not paused, it pauses (``wait``) first and resumes after.
+- ``POST /update_adapter {"path", "weight_version"}`` — a trainer that trains a LoRA adapter sends
+  only the adapter: a directory in peft's save format (``adapter_config.json``,
+  ``adapter_model.safetensors`` with the version stamped in its metadata,
+  :func:`dsv32.engine.lora.save_adapter`), merged into the served weights between two model steps
+  (:class:`dsv32.engine.lora.MergedAdapters`: each adapted layer ``W₀ + α/r · B A`` from a kept copy
+  of its weight before the first adapter; a layer a later adapter leaves out gets ``W₀`` back). The
+  version rules are those of a weight file: the stamped version must be the request's, and
+  ``/weight_info`` then reports it (``adapter`` True). A directory that is not a LoRA adapter, or
+  whose tensors do not fit the served model, is a 400 naming what is wrong, and nothing changes. The
+  served weights must be the trainer's base weights (start the server from the same checkpoint); a
+  later full ``/update_weights`` becomes the base of the next adapter.
 - ``POST /init_weight_transfer_engine {"master_address", "master_port", "backend", "timeout"}`` —
   join the trainer's two-party ``torch.distributed`` group as rank 1
   (:mod:`dsv32.engine.weight_transfer`; ``backend`` gloo or nccl, default by the model's device;
@@ -65,6 +76,7 @@ from fastapi import Depends, FastAPI, Query
 from dsv32.dsa.hf import sparse_dsa
 from dsv32.engine import generate, weight_transfer
 from dsv32.engine.backends import backend_for
+from dsv32.engine.lora import LoRAError, MergedAdapters, read_adapter
 from dsv32.engine.weight_files import WeightFileError, load_weights
 from dsv32.engine.wire import (
     ChoiceLogprobs,
@@ -73,6 +85,7 @@ from dsv32.engine.wire import (
     GenerateResponse,
     InitTransferRequest,
     TokenLogprob,
+    UpdateAdapterRequest,
     UpdateWeightsRequest,
     Usage,
     encode_topk,
@@ -91,6 +104,7 @@ CONTROL_ROUTES = (
     ("POST", "/pause"),
     ("POST", "/resume"),
     ("POST", "/update_weights"),
+    ("POST", "/update_adapter"),
     ("POST", "/init_weight_transfer_engine"),
 )
 
@@ -112,6 +126,8 @@ class RLControl:
         self.transfer_timeout = 60.0
         self.receiving: threading.Thread | None = None
         self.transfer_error: str | None = None
+        self.adapters = MergedAdapters(served.model)
+        self.adapter = False  # whether the version served is an adapter merged into the base weights
 
     # ------------------------------------------------------------------ pause / resume
     def pause(self, mode: str, timeout: float = WAIT_LIMIT) -> dict[str, Any]:
@@ -157,11 +173,37 @@ class RLControl:
                             f"{path} holds weight version {loaded}, the request says {version}",
                             "weight_version",
                         )
-                    self.version, self.path = version, path
+                    self.version, self.path, self.adapter = version, path, False
+                    self.adapters.forget()  # these weights are the base of the next adapter
             finally:
                 if not was_paused:
                     self._resume()
         return {"weight_version": self.version}
+
+    def update_adapter(self, path: str, version: int) -> dict[str, Any]:
+        """Merge the LoRA adapter at ``path`` (stamped ``version``) into the served weights."""
+        self._not_receiving()
+        try:
+            adapter = read_adapter(path)
+            self.adapters.check(adapter)
+        except LoRAError as err:
+            raise invalid(str(err), "path") from None
+        if adapter.version != version:
+            raise invalid(
+                f"{path} holds weight version {adapter.version}, the request says {version}", "weight_version"
+            )
+        with self.lock:
+            was_paused = self.mode is not None
+            if not was_paused:
+                self._pause("wait", WAIT_LIMIT)
+            try:
+                with self.scheduler.model_lock:
+                    self.adapters.apply(adapter)
+                    self.version, self.path, self.adapter = version, path, True
+            finally:
+                if not was_paused:
+                    self._resume()
+        return {"weight_version": self.version, "adapter": True, "layers": len(adapter.pairs)}
 
     def info(self) -> dict[str, Any]:
         transfer = {
@@ -173,6 +215,7 @@ class RLControl:
             "weight_version": self.version,
             "path": self.path,
             "model": self.served.name,
+            "adapter": self.adapter,
             "transfer": transfer,
         }
 
@@ -238,7 +281,8 @@ class RLControl:
             try:
                 with self.scheduler.model_lock:
                     weight_transfer.copy_into(self.served.model, tensors)
-                    self.version, self.path = version, None
+                    self.version, self.path, self.adapter = version, None, False
+                    self.adapters.forget()
             finally:
                 if not was_paused:
                     self._resume()
@@ -416,6 +460,11 @@ def register_rl_routes(
                 raise invalid("give path (a weight file) or names, dtypes and shapes (a transfer)", "path")
             return await asyncio.to_thread(control.update_collective, body)
         return await asyncio.to_thread(control.update, body.path, body.weight_version)
+
+    @app.post("/update_adapter", dependencies=auth)
+    async def update_adapter(body: UpdateAdapterRequest) -> dict[str, Any]:
+        check_text(body)
+        return await asyncio.to_thread(control.update_adapter, body.path, body.weight_version)
 
     @app.post("/init_weight_transfer_engine", dependencies=auth)
     async def init_weight_transfer_engine(body: InitTransferRequest) -> dict[str, Any]:

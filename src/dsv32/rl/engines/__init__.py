@@ -38,8 +38,9 @@ def build_engine(cfg, model, out_dir: str | Path) -> RolloutEngine:
         cfg.sync, cfg.sync_dir or Path(out_dir) / "weights", device=device, timeout=min(cfg.timeout, 120.0)
     )
     return RemoteEngine(
-        cfg.url, api=cfg.api, sync=sync, timeout=cfg.timeout, retries=cfg.retries, backoff=cfg.retry_backoff
-    )
+        cfg.url, api=cfg.api, sync=sync, timeout=cfg.timeout, retries=cfg.retries, backoff=cfg.retry_backoff,
+        lora_sync=cfg.lora_sync,
+    )  # fmt: skip
 
 
 __all__ = [

@@ -86,10 +86,12 @@ class EngineClient:
         timeout: float | None = None,
         *,
         retry: bool = True,
+        text: bool = False,
     ) -> Any:
         """``method path`` with ``body`` as JSON (a wire model is sent as the fields it was given);
-        the reply's JSON (``{}`` when empty). ``retry=False``: sent once whatever ``retries`` says
-        (a request paired with a collective the other side has begun)."""
+        the reply's JSON (``{}`` when empty), or with ``text`` its text as it is (vLLM answers its
+        LoRA routes in plain text). ``retry=False``: sent once whatever ``retries`` says (a request
+        paired with a collective the other side has begun)."""
         if isinstance(body, BaseModel):
             body = body.model_dump(exclude_unset=True)
         data = None if body is None else json.dumps(body).encode()
@@ -101,7 +103,7 @@ class EngineClient:
         wait = self.backoff
         while True:
             try:
-                text = self._send(req, timeout or self.timeout)
+                body_text = self._send(req, timeout or self.timeout)
                 break
             except _Transient as failure:
                 if left == 0:
@@ -111,10 +113,14 @@ class EngineClient:
                     self.retried += 1
                 time.sleep(wait)
                 left, wait = left - 1, wait * 2
+        if text:
+            return body_text
         try:
-            return json.loads(text) if text else {}
+            return json.loads(body_text) if body_text else {}
         except json.JSONDecodeError:
-            raise EngineError(f"{method} {self.url}{path}: the reply is not JSON: {text[:200]!r}") from None
+            raise EngineError(
+                f"{method} {self.url}{path}: the reply is not JSON: {body_text[:200]!r}"
+            ) from None
 
     def _send(self, req: urllib.request.Request, timeout: float) -> str:
         """One attempt: the reply's text; a :class:`_Transient` for what a retry may outlast, an

@@ -30,7 +30,11 @@ Weights (:meth:`RemoteEngine.sync`) go through the engine's
 group (:class:`~dsv32.rl.engines.weight_sync.CollectiveWeightSync`); to vLLM by file, reloaded in
 place through its dev-mode ``/collective_rpc``. By file: the trainer writes them where the engine can
 read them and calls ``POST /update_weights {"path", "weight_version"}``; the engine pauses, loads,
-resumes and reports ``GET /weight_info → {"weight_version"}``, which is checked.
+resumes and reports ``GET /weight_info → {"weight_version"}``, which is checked. A model that trains
+a LoRA adapter sends only the adapter where ``lora_sync`` routes it so
+(:func:`~dsv32.rl.engines.weight_sync.lora_route`: by file, ``dsv32 serve``'s ``/update_adapter`` or
+vLLM's ``/v1/load_lora_adapter``, after which vLLM is asked for the adapter's name), else its merged
+weights.
 
 Constructing a :class:`RemoteEngine` sends nothing: :meth:`RemoteEngine.connect` (or the first
 :meth:`~RemoteEngine.generate` or :meth:`~RemoteEngine.weight_version`) asks ``GET /v1/models`` for
@@ -60,7 +64,7 @@ from dsv32.engine.wire import (
 )
 from dsv32.rl.engines.base import SEED_MOD, EngineError, EngineOutput, turn_seed
 from dsv32.rl.engines.http import EngineClient, wire_body
-from dsv32.rl.engines.weight_sync import WeightSync
+from dsv32.rl.engines.weight_sync import VLLM_LORA_NAME, WeightSync, lora_route
 
 
 class RemoteEngine:
@@ -69,8 +73,9 @@ class RemoteEngine:
     ``sync``: the :class:`~dsv32.rl.engines.weight_sync.WeightSync` that pushes weights (None:
     :meth:`sync` is refused); ``model``: the name to ask for (None: the first one ``/v1/models``
     lists); ``retries``/``backoff``: a failed request sent again
-    (:class:`~dsv32.rl.engines.http.EngineClient`). Nothing is sent before :meth:`connect` or the
-    first call."""
+    (:class:`~dsv32.rl.engines.http.EngineClient`); ``lora_sync``: how a LoRA policy's weights are
+    sent (``auto``, ``adapter``, ``merged``: :func:`~dsv32.rl.engines.weight_sync.lora_route`, checked
+    here). Nothing is sent before :meth:`connect` or the first call."""
 
     name = "remote"
     shares_weights = False
@@ -86,7 +91,9 @@ class RemoteEngine:
         api_key: str | None = None,
         retries: int = 0,
         backoff: float = 1.0,
+        lora_sync: str = "auto",
     ) -> None:
+        self.lora_route = lora_route(lora_sync, sync) if sync is not None else "merged"
         self.client = EngineClient(
             url, api=api, timeout=timeout, api_key=api_key, retries=retries, backoff=backoff
         )
@@ -202,16 +209,22 @@ class RemoteEngine:
     def sync(self, model: torch.nn.Module, version: int) -> float:
         """Push ``model``'s weights as ``version`` with this engine's weight sync, and check the
         version the engine then reports; returns the seconds the whole sync took. A model that trains a
-        LoRA adapter is sent merged (:func:`dsv32.engine.lora.merged_copy`): the base weights with the
-        adapter folded in, under the base model's names."""
+        LoRA adapter sends the adapter alone (``lora_route`` ``"adapter"``: the engine holds the base
+        weights) or its merged weights (:func:`dsv32.engine.lora.merged_copy`: the base weights with
+        the adapter folded in, under the base model's names)."""
         if self.weight_sync is None:
             raise EngineError(
                 "this remote engine has no weight sync: give it a FileWeightSync or a CollectiveWeightSync"
             )
         t = time.perf_counter()
-        if has_adapter(model):  # LoRA: the engine holds full weights, so it gets the merged ones
-            model = merged_copy(model)
-        self.weight_sync.push(self.client, model, version)
+        if has_adapter(model) and self.lora_route == "adapter":
+            self.weight_sync.push_adapter(self.client, model, version)
+            if self.api == "vllm":  # vLLM samples with the adapter when asked for it by name
+                self.model = VLLM_LORA_NAME
+        else:
+            if has_adapter(model):
+                model = merged_copy(model)
+            self.weight_sync.push(self.client, model, version)
         served = self.weight_version()
         if served != version:
             raise EngineError(

@@ -17,6 +17,16 @@ on the address it reaches the engine from and asks the engine to join
 (``POST /update_weights``), the engine checks them against its model, the trainer broadcasts, and the
 sync ends when ``GET /weight_info`` reports the version (or the transfer's error). ``sync = "nccl"``
 is accepted as the same backend where the trainer's weights are on CUDA.
+
+A trainer that trains a LoRA adapter (``[lora]``) sends only the adapter where the route allows it
+(:func:`lora_route`, ``[engine] lora_sync``): :meth:`FileWeightSync.push_adapter` writes it in peft's
+save format, version-stamped, as ``adapter-v<version>/`` and — to ``dsv32 serve`` — calls
+``POST /update_adapter {"path", "weight_version"}`` (merged into the served base weights, the
+version checked as for a weight file), or — to vLLM started with ``--enable-lora`` and
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` — ``POST /v1/load_lora_adapter {"lora_name", "lora_path",
+"load_inplace": true}`` then ``/update_weight_version``, between a pause and a resume; the engine then
+samples with ``model = lora_name`` (:data:`VLLM_LORA_NAME`). Otherwise the merged weights go as a full
+sync.
 """
 
 from __future__ import annotations
@@ -32,10 +42,38 @@ from urllib.parse import urlsplit
 import torch
 
 from dsv32.engine import weight_transfer
+from dsv32.engine.lora import save_adapter
 from dsv32.engine.weight_files import save_weights, weights_file
-from dsv32.engine.wire import InitTransferRequest, TransferState, UpdateWeightsRequest, WeightInfo
+from dsv32.engine.wire import (
+    InitTransferRequest,
+    TransferState,
+    UpdateAdapterRequest,
+    UpdateWeightsRequest,
+    WeightInfo,
+)
 from dsv32.rl.engines.base import EngineError
 from dsv32.rl.engines.http import EngineClient, wire_body
+
+#: The name vLLM serves the trainer's adapter under (``/v1/load_lora_adapter``'s ``lora_name``).
+VLLM_LORA_NAME = "dsv32-policy"
+#: ``[engine] lora_sync``: ``adapter`` (only the adapter; by file), ``merged`` (the merged weights
+#: through the engine's weight sync), ``auto`` (the adapter where the sync is by file, else merged).
+LORA_SYNCS = ("auto", "adapter", "merged")
+
+
+def lora_route(lora_sync: str, sync: WeightSync | None) -> str:
+    """``"adapter"`` or ``"merged"``: how a LoRA policy's weights reach an engine whose weight sync
+    is ``sync``, as ``lora_sync`` asks; an :class:`EngineError` for an adapter sync ``sync`` cannot
+    send (only the file sync sends adapters)."""
+    if lora_sync not in LORA_SYNCS:
+        raise EngineError(f"unknown lora_sync {lora_sync!r}; known: {', '.join(map(repr, LORA_SYNCS))}")
+    by_file = callable(getattr(sync, "push_adapter", None))
+    if lora_sync == "adapter" and not by_file:
+        raise EngineError(
+            "[engine] lora_sync = 'adapter' sends the adapter by file: use sync = 'file', or lora_sync = "
+            "'merged' to send the merged weights over the collective sync"
+        )
+    return "adapter" if lora_sync == "adapter" or (lora_sync == "auto" and by_file) else "merged"
 
 
 class WeightSync(Protocol):
@@ -71,6 +109,36 @@ class FileWeightSync:
             if reply.get("weight_version") != version:
                 raise EngineError(
                     f"weight sync to {client.url}: pushed version {version}, the engine answered {reply}"
+                )
+        self.prune()
+
+    def push_adapter(self, client: EngineClient, model: torch.nn.Module, version: int) -> None:
+        """Only ``model``'s LoRA adapter, as ``version`` (module docstring): ``dsv32 serve``'s
+        ``/update_adapter``, or vLLM's ``/v1/load_lora_adapter`` (a vLLM without runtime LoRA loading
+        is an :class:`EngineError` that says how to start it, or to sync merged weights)."""
+        folder = save_adapter(model, self.directory / f"adapter-v{version:06d}", version=version)
+        path = str(folder.resolve())
+        if client.api == "vllm":
+            client.pause("wait")
+            try:
+                body = {"lora_name": VLLM_LORA_NAME, "lora_path": path, "load_inplace": True}
+                try:
+                    client.request("POST", "/v1/load_lora_adapter", body, retry=False, text=True)
+                except EngineError as err:
+                    raise EngineError(
+                        f"{err} — an adapter sync needs vLLM started with --enable-lora (and --max-lora-rank at "
+                        "least the adapter's rank) and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; else set [engine] "
+                        "lora_sync = 'merged'"
+                    ) from None
+                client.request("POST", "/update_weight_version", {"new_version": str(version)})
+            finally:
+                client.resume()
+        else:
+            body = wire_body(UpdateAdapterRequest, path=path, weight_version=version)
+            reply = client.request("POST", "/update_adapter", body)
+            if reply.get("weight_version") != version:
+                raise EngineError(
+                    f"adapter sync to {client.url}: pushed version {version}, the engine answered {reply}"
                 )
         self.prune()
 
@@ -110,9 +178,10 @@ class FileWeightSync:
         files = sorted(self.directory.glob("weights-v*.safetensors"))
         for old in files[: max(0, len(files) - self.keep)]:
             old.unlink(missing_ok=True)
-        folders = sorted(p for p in self.directory.glob("v[0-9]*") if p.is_dir())
-        for old in folders[: max(0, len(folders) - self.keep)]:
-            shutil.rmtree(old, ignore_errors=True)
+        for pattern in ("v[0-9]*", "adapter-v[0-9]*"):
+            folders = sorted(p for p in self.directory.glob(pattern) if p.is_dir())
+            for old in folders[: max(0, len(folders) - self.keep)]:
+                shutil.rmtree(old, ignore_errors=True)
 
 
 class CollectiveWeightSync:

@@ -155,7 +155,7 @@ BOOKKEEPING = {
     "policy": ("device",),
     "grpo": ("steps", "max_skipped_updates"),
     "eval": ("every", "batch_size"),
-    "engine": ("kind", "url", "api", "sync", "sync_dir", "timeout"),
+    "engine": ("kind", "url", "api", "sync", "sync_dir", "timeout", "lora_sync"),
     "ray": ("address", "num_cpus", "actors", "cpus_per_actor", "placement_timeout", "episode_timeout"),
 }
 

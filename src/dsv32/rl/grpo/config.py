@@ -188,7 +188,11 @@ class EngineConfig(Checked, error=RLConfigError):
       logged, and the Off-Policy Sequence Mask, ``grpo.opsm_delta``, guards them);
     - ``retries``: how many more times a request to a remote engine is sent when it could not reach
       the engine or got a 5xx (never a 4xx, a time-out or a version mismatch; 0: none), each retry
-      counted in the step's ``engine_retries``; ``retry_backoff``: seconds before the first, doubling.
+      counted in the step's ``engine_retries``; ``retry_backoff``: seconds before the first, doubling;
+    - ``lora_sync``: with ``[lora]``, what a remote engine gets: ``"adapter"`` (the adapter alone, by
+      file: ``dsv32 serve``'s ``/update_adapter``, vLLM's ``/v1/load_lora_adapter``), ``"merged"``
+      (the merged weights through ``sync``), ``"auto"`` (the adapter when ``sync = "file"``, else
+      merged).
     """
 
     RANGES: ClassVar[dict[str, Rule]] = {
@@ -199,6 +203,7 @@ class EngineConfig(Checked, error=RLConfigError):
         "max_off_policy_steps": NON_NEGATIVE,
         "retries": NON_NEGATIVE,
         "retry_backoff": NON_NEGATIVE,
+        "lora_sync": one_of("auto", "adapter", "merged"),
     }
 
     kind: str = "in_process"
@@ -210,9 +215,14 @@ class EngineConfig(Checked, error=RLConfigError):
     max_off_policy_steps: int = 0
     retries: int = 0
     retry_backoff: float = 1.0
+    lora_sync: str = "auto"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.lora_sync == "adapter" and self.sync != "file":
+            raise RLConfigError(
+                '[engine] lora_sync = "adapter" sends the adapter by file: it needs sync = "file"'
+            )
         if self.kind == "remote" and not self.url:
             raise RLConfigError('[engine] kind = "remote" needs url (the engine\'s base URL)')
 
