@@ -143,11 +143,15 @@ class MLA(nn.Module):
             kv_latent, k_rope, select_keys = cache.write(self.layer_idx, kv_latent, k_rope, select_keys)
         S = start + T
 
-        topk_indices = None
-        if self.dsa_mode == "sparse" and self.index_topk < S and forced_topk is not None:
-            topk_indices = forced_topk.to(x.device, torch.long)  # Keep Indexing: the sampled selection
-        elif self.dsa_mode == "sparse" and self.index_topk < S:
-            iq = self.indexer.project_queries(x_idx, q_input_idx, cos, sin)
+        topk_indices = forced = None if forced_topk is None else forced_topk.to(x.device, torch.long)
+        loss = self.compute_indexer_loss and start == 0
+        # The indexer's queries are projected whether or not this forward's length selects: under
+        # FSDP each call gathers the indexer's shard, and every rank must make the same calls.
+        selects = self.dsa_mode == "sparse" and forced is None
+        iq = self.indexer.project_queries(x_idx, q_input_idx, cos, sin) if selects or loss else None
+        if self.dsa_mode != "sparse" or self.index_topk >= S:
+            topk_indices = None
+        elif selects:
             q_sel, w_sel = iq.q, iq.weights
             if self.indexer_fp8 is not None:
                 q_sel, w_sel = fp8_indexer_queries(q_sel, w_sel, self.indexer_fp8)
@@ -155,11 +159,11 @@ class MLA(nn.Module):
                 q_sel, w_sel, select_keys, self.index_topk, key_padding_mask=key_padding_mask
             )
 
-        if self.compute_indexer_loss and start == 0:
-            iq = self.indexer.project_queries(x_idx, q_input_idx, cos, sin)
+        if loss:  # a forced selection is the loss's set also where it spans every visible key
             self.indexer_loss = self._indexer_kl_loss(
-                q_nope, q_rope, kv_latent, k_rope, iq, index_keys, topk_indices, key_padding_mask
-            )
+                q_nope, q_rope, kv_latent, k_rope, iq, index_keys,
+                topk_indices if forced is None else forced, key_padding_mask,
+            )  # fmt: skip
 
         gather = self.sparse_impl == "gather" or (
             self.sparse_impl == "auto"

@@ -85,8 +85,11 @@ def dsa_forward(
     sparse = cfg.mode == "sparse" and cfg.index_topk < S
     observe = p.fresh and (handle.collect_loss or handle.observer is not None)
     keep_keys = cfg.mode == "sparse" and cache is not None
+    # A fresh sparse-mode forward runs the indexer whether or not its length selects: under FSDP
+    # each call gathers the indexer's shard, and every rank must make the same calls.
+    fresh_sparse = cfg.mode == "sparse" and p.fresh
     topk_indices = None
-    if sparse or observe or keep_keys:
+    if sparse or observe or keep_keys or fresh_sparse:
         kept = cache if keep_keys else None
         topk_indices = _index(self, handle, hidden_states, p, attention_mask, kept, sparse, observe)
     if handle.record_topk:
@@ -125,24 +128,27 @@ def _index(
     x = hidden_states.detach().to(indexer.inputs_dtype())
     icos, isin = indexer.rope_angles(p.cos, p.sin)
     keys = _index_keys(self, cache, indexer.project_keys(x, icos, isin), S)
-    if not (sparse or observe):
+    forced = None if handle.forced_topk is None else handle.forced_topk.get(self.layer_idx)
+    # the queries of a fresh sparse-mode forward, also below top-k (the same calls on every rank)
+    selects = cfg.mode == "sparse" and forced is None and not handle.oracle
+    if not (sparse or observe or (selects and p.fresh)):
         return None  # decoding in sparse mode below top-k: only the keys are kept
     padding = _key_padding(attention_mask, S)
     # Dense (warm-up): only the loss reads the queries, and only at its query rows.
     loss = observe and handle.collect_loss
-    rows = None if sparse else handle.loss_query_rows
-    forced = None if handle.forced_topk is None else handle.forced_topk.get(self.layer_idx)
-    selects = sparse and forced is None and not handle.oracle
+    rows = None if sparse or selects else handle.loss_query_rows
     queries = query_rows_projection(indexer, x, icos, isin, rows) if selects or loss else None
     qt, kt = p.q.transpose(1, 2).detach(), p.k.transpose(1, 2).detach()
-    topk_indices = None
-    if sparse and forced is not None:  # Keep Indexing: the sampled selection (row positions)
+    topk_indices = forced_cols = None
+    if forced is not None and (sparse or loss):  # Keep Indexing: the sampled selection (row positions)
         B = hidden_states.shape[0]
         offsets = row_offsets(padding, B, hidden_states.device)
-        topk_indices = to_columns(forced.to(hidden_states.device), offsets, S)
+        forced_cols = to_columns(forced.to(hidden_states.device), offsets, S)
+    if sparse and forced_cols is not None:
+        topk_indices = forced_cols
     elif sparse and handle.oracle:
         topk_indices = oracle_topk(qt, kt, cfg.index_topk, scale=self.scaling, key_padding_mask=padding)
-    elif sparse:
+    elif sparse and selects:
         topk_indices = indexer_topk(
             queries.q, queries.weights, keys, cfg.index_topk, key_padding_mask=padding
         )
@@ -154,7 +160,8 @@ def _index(
             queries.weights,
             keys,
             scale=self.scaling,
-            topk_indices=topk_indices,
+            # a forced selection is the loss's set also where it spans every visible key
+            topk_indices=topk_indices if forced_cols is None else forced_cols,
             key_padding_mask=padding,
             query_rows=handle.loss_query_rows,
         )

@@ -123,7 +123,8 @@ def grpo_update(
         kl_coefs=sequence_kl_coefs(domains, cfg.domain_kl_coef, default=cfg.kl_coef).to(device),
         kept=batch.kept_ids if cfg.keep_sampling_mask else None,
         routing=batch.routing if cfg.keep_routing else None,
-        indexing=batch.indexing if cfg.keep_indexing else None,
+        indexing=_predicting(batch.indexing, batch.attention_mask) if cfg.keep_indexing else None,
+        queries=_predicting_queries(batch.attention_mask),
         old=old,
         trunk=trunk,
         guard=guard if guard is not None else rl_guard(cfg.max_skipped_updates),
@@ -158,6 +159,7 @@ class _Update:
     kept: torch.Tensor | None
     routing: torch.Tensor | None
     indexing: torch.Tensor | None
+    queries: torch.Tensor
     old: torch.Tensor
     trunk: tuple[torch.Tensor, int] | None
     guard: UpdateGuard
@@ -171,7 +173,9 @@ def _mini_batch(u: _Update, outputs: torch.Tensor) -> dict:
     mb = _rows_of(outputs, u.output_of_row, u.n_outputs)
     mb = _by_length(batch, mb)  # the sums do not depend on how the rows are split
     totals = OutputTotals.of(mask[mb], ids[mb])
-    n_out, n_tok = distributed.all_sum([totals.outputs, int(mask[mb].sum())])
+    n_out, n_tok, n_query = distributed.all_sum(
+        [totals.outputs, int(mask[mb].sum()), int(u.queries[mb].sum())]
+    )
     totals = replace(totals, outputs=int(n_out))  # Eq. 8 averages over the global mini-batch
     mb_tokens = max(1, int(n_tok))
     parts = [p for p in torch.arange(len(mb), device=device).split(cfg.micro_batch) if len(p)]
@@ -193,9 +197,12 @@ def _mini_batch(u: _Update, outputs: torch.Tensor) -> dict:
                 indexer_loss=cfg.indexer_loss,
             )  # fmt: skip
             continue
-        share = len(parts[k]) / len(mb)  # of the mini-batch's rows (the indexer loss's weight)
+        share = int(u.queries[mb[parts[k]]].sum()) / max(1, int(n_query))  # the indexer loss's weight
         finite &= _micro_batch(u, mb[parts[k]], totals.part(parts[k], rests[k]), sums, mb_tokens, share)
     keys = _SHARE_METRICS + _TOKEN_METRICS
+    if cfg.indexer_loss and distributed.all_max(["indexer_loss" in sums])[0]:  # a rank may hold no rows
+        keys += ("indexer_loss",)
+        sums.setdefault("indexer_loss", 0.0)
     sums |= dict(zip(keys, distributed.all_sum([sums[key] for key in keys])))
     high, low = distributed.all_max([sums["ratio_max"], -sums["ratio_min"]])
     sums["ratio_max"], sums["ratio_min"] = high, -low
@@ -226,7 +233,9 @@ def _micro_batch(
     metrics added to ``sums``; returns whether the loss was finite. With ``grpo.indexer_loss`` the
     forward also gives each DSA layer's indexer loss (Eq. 4 over the selection attended to), whose
     mean over the layers joins the backward weighted by ``share``, the micro-batch's part of the
-    mini-batch's rows (the two losses reach disjoint parameters: see :mod:`dsv32.rl.grpo.indexing`)."""
+    global mini-batch's predicting queries, so the indexer loss is the mini-batch's mean over them in
+    any split into micro-batches and ranks (the two losses reach disjoint parameters: see
+    :mod:`dsv32.rl.grpo.indexing`)."""
     batch, cfg, mask = u.batch, u.cfg, u.batch.action_mask
     with indexer_losses(u.policy.model, cfg.indexer_loss) as layer_losses:
         logp = u.policy.action_logprobs(
@@ -306,6 +315,25 @@ def _idle_pass(
 #: those that are means over the micro-batch's tokens (weighted by its tokens).
 _SHARE_METRICS = ("opsm_masked_frac", "kl", "pg_loss", "kl_loss", "log_ratio_sampling")
 _TOKEN_METRICS = ("clip_frac", "ratio_mean", "abs_log_ratio")
+
+
+def _predicting_queries(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B]`` each row's queries that predict one of its tokens (real positions but the last): the
+    queries the indexer loss averages over (its count does not depend on the rows' layout)."""
+    am = attention_mask.bool()
+    return (am[:, :-1] & am[:, 1:]).sum(1)
+
+
+def _predicting(indexing: torch.Tensor | None, attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """The recorded selections ``[layers, B, L - 1, k]`` emptied (−1) at the queries that predict none
+    of the row's tokens — padding and each row's last token: their outputs are never read, and an
+    empty selection leaves them out of the indexer loss (Eq. 4 over the replayed set) in every
+    batch layout."""
+    if indexing is None:
+        return None
+    am = attention_mask.bool()
+    predicts = am[:, :-1] & am[:, 1:]
+    return indexing.masked_fill(~predicts[None, :, : indexing.shape[2], None], -1)
 
 
 def _rows_of(outputs: torch.Tensor, output_of_row: torch.Tensor, n_outputs: int) -> torch.Tensor:
