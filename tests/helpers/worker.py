@@ -93,6 +93,9 @@ def run_rl_job(job: dict) -> dict | None:
 
     policy = load_policy(job["model"], device="cpu")
     policy.model.to(DTYPES[job.get("dtype", "float32")])
+    if job.get("index_topk"):  # a native model's DSA selecting below the context
+        for layer in policy.model.model.layers:
+            layer.self_attn.index_topk = job["index_topk"]
     result = train_grpo(
         rl_config(job),
         policy=policy,
@@ -102,7 +105,8 @@ def run_rl_job(job: dict) -> dict | None:
         stop_after=job.get("stop_after"),
     )
     weights = full_weights(policy.model)
-    keys = ("step", "world_size", "reward_mean", "pg_loss", "kl", "grad_norm", "ratio_mean", "length_mean")
+    keys = ("step", "world_size", "reward_mean", "pg_loss", "kl", "grad_norm", "ratio_mean", "length_mean",
+            "indexer_loss", "grad_norm_indexer")  # fmt: skip
     metrics = [{k: m.get(k) for k in keys} for m in result.metrics]
     evals = [result.eval_before, result.eval_after]
     return None if weights is None else {"metrics": metrics, "weights": weights, "evals": evals}

@@ -1,0 +1,56 @@
+"""GRPO of a DSA model under ``torchrun`` (2 processes, gloo, FSDP2) against one process on the same
+global batch, with the sampler's indexer selections replayed (Keep Indexing) and the indexer trained
+by its loss (Eq. 4): the tiny native V3.2 model in sparse mode with top-k 4, below every context, fp32.
+
+The same samples, the metrics and every weight (the indexer's included) within the fp32 tolerance of
+``helpers.tolerances.PROCESSES``. Measured here (torch 2.13, CPU): weights ≤ 7e-6 by the norm of
+each tensor's difference relative to its norm, kl ≤ 2e-6 relative; the indexer loss (a KL of ~1e-4)
+within 5e-9 absolute. ``benchmarks/rl_keep_indexing.py`` runs the same comparison without replay."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from helpers import worker
+from helpers.launch import run_jobs
+from helpers.rl import LETTER_TASKS
+from helpers.tolerances import PROCESSES
+
+pytestmark = pytest.mark.distributed
+
+SETS = [
+    "policy.name=ignored", "grpo.prompts_per_step=4", "grpo.group_size=2", "grpo.mini_batches=2",
+    "grpo.micro_batch=2", "grpo.lr=3e-3", "grpo.indexer_lr=3e-3", "grpo.kl_coef=0.05",
+    "grpo.opsm_delta=1e-3", "grpo.steps=2", "sampling.max_new_tokens=6", "sampling.top_p=0.9",
+    "save_every=0", "eval.problems=0", "grpo.keep_indexing=true", "grpo.indexer_loss=true",
+]  # fmt: skip
+METRICS = ("pg_loss", "kl", "grad_norm", "ratio_mean", "indexer_loss", "grad_norm_indexer")
+
+
+def test_two_processes_replaying_the_selections_compute_the_single_process_update(tmp_path):
+    tasks = tmp_path / "toy.jsonl"
+    tasks.write_text("".join(json.dumps({"prompt": t.prompt, "domain": "toy"}) + "\n" for t in LETTER_TASKS))
+    job = {"kind": "rl", "model": "tiny-native", "dtype": "float32", "tasks": str(tasks), "sets": SETS,
+           "index_topk": 4, "resume": False}  # fmt: skip
+    torch.set_num_threads(1)
+    one = worker.run_rl_job({**job, "out": str(tmp_path / "one")})
+    run_jobs(
+        [{**job, "out": str(tmp_path / "two"), "result": str(tmp_path / "two.pt")}], tmp_path / "spec.json"
+    )
+    two = torch.load(tmp_path / "two.pt")
+    rel, abs_ = PROCESSES["float32"]
+    assert [m["world_size"] for m in two["metrics"]] == [2, 2]
+    for x, y in zip(one["metrics"], two["metrics"], strict=True):
+        assert (x["reward_mean"], x["length_mean"]) == (y["reward_mean"], y["length_mean"])  # same samples
+        assert x["indexer_loss"] > 0 and x["grad_norm_indexer"] > 0  # the indexer trains
+        for key in METRICS:
+            assert abs(x[key] - y[key]) <= abs_ + rel * abs(x[key]), (key, x["step"], x[key], y[key])
+    errors = worker.weight_errors(one["weights"], two["weights"], "float32")
+    assert max(errors.values()) <= 1, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+    moved = [n for n in one["weights"] if ".indexer." in n]
+    assert moved and max(errors[n] for n in moved) <= 1
