@@ -172,6 +172,8 @@ def run_identity(config: dict, files: dict[tuple[str, int], str]) -> dict:
     identity = json.loads(json.dumps(config))
     if not identity.get("lora", {}).get("enabled", True):
         identity.pop("lora")  # off: the identity of a run from before [lora] existed
+    if identity.get("engine", {}).get("dtype") == "float32":
+        identity["engine"].pop("dtype")  # likewise for runs from before [engine] dtype
     for section, fields in BOOKKEEPING.items():
         table = identity.get(section, {}) if section else identity
         for f in fields:

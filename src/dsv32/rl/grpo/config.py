@@ -192,7 +192,11 @@ class EngineConfig(Checked, error=RLConfigError):
     - ``lora_sync``: with ``[lora]``, what a remote engine gets: ``"adapter"`` (the adapter alone, by
       file: ``dsv32 serve``'s ``/update_adapter``, vLLM's ``/v1/load_lora_adapter``), ``"merged"``
       (the merged weights through ``sync``), ``"auto"`` (the adapter when ``sync = "file"``, else
-      merged).
+      merged);
+    - ``dtype``: what the in-process engine samples in: ``"float32"`` (the trainer's model itself),
+      ``"bfloat16"`` (a bf16 copy, refreshed from the trainer's weights before every rollout batch;
+      log-probs and kept sets in fp32 from its logits) or ``"auto"`` (bf16 where the device has
+      native bf16). A remote engine samples in the dtype it was started with (``dsv32 serve --dtype``).
     """
 
     RANGES: ClassVar[dict[str, Rule]] = {
@@ -204,6 +208,7 @@ class EngineConfig(Checked, error=RLConfigError):
         "retries": NON_NEGATIVE,
         "retry_backoff": NON_NEGATIVE,
         "lora_sync": one_of("auto", "adapter", "merged"),
+        "dtype": one_of("float32", "bfloat16", "auto"),
     }
 
     kind: str = "in_process"
@@ -216,6 +221,7 @@ class EngineConfig(Checked, error=RLConfigError):
     retries: int = 0
     retry_backoff: float = 1.0
     lora_sync: str = "auto"
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -225,6 +231,11 @@ class EngineConfig(Checked, error=RLConfigError):
             )
         if self.kind == "remote" and not self.url:
             raise RLConfigError('[engine] kind = "remote" needs url (the engine\'s base URL)')
+        if self.kind == "remote" and self.dtype != "float32":
+            raise RLConfigError(
+                f'[engine] dtype = "{self.dtype}" is the in-process engine\'s; a remote engine samples in '
+                "the dtype it was started with (dsv32 serve --dtype)"
+            )
 
 
 @dataclass
