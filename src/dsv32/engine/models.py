@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dsv32.engine.dtype import cast_model, resolve_dtype
 from dsv32.errors import DSV32Error
 from dsv32.paths import cache_dir
 
@@ -275,10 +276,12 @@ def load_native(path: str | Path, dtype: torch.dtype = torch.float32):
     return model, tokenizer
 
 
-def load_model(name: str, *, device: str = "auto", dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """Load a model by name (see the module docstring) onto ``device``. Tiny models come with a
-    :class:`ByteTokenizer`; a directory without a tokenizer gives ``tokenizer=None``."""
+def load_model(name: str, *, device: str = "auto", dtype: torch.dtype | str = torch.float32) -> LoadedModel:
+    """Load a model by name (see the module docstring) onto ``device``, in ``dtype``: a torch dtype
+    or ``"float32"``, ``"bfloat16"``, ``"auto"`` (:func:`dsv32.engine.dtype.resolve_dtype`). Tiny
+    models come with a :class:`ByteTokenizer`; a directory without a tokenizer gives ``tokenizer=None``."""
     dev = resolve_device(device)
+    dtype = resolve_dtype(dtype, dev)
     if name == "tiny-native":
         from dsv32.model import DeepseekV32
 
@@ -294,5 +297,7 @@ def load_model(name: str, *, device: str = "auto", dtype: torch.dtype = torch.fl
         if name == "tiny-llama":
             tokenizer = ByteTokenizer()
         loaded = LoadedModel(model, tokenizer, "hf", name)
+    if name in TINY_MODELS:  # built in fp32
+        cast_model(loaded.model, dtype)
     loaded.model.to(dev)
     return loaded

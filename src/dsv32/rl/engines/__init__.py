@@ -32,7 +32,7 @@ def build_engine(cfg, model, out_dir: str | Path) -> RolloutEngine:
     ``model`` is the trainer's (the in-process engine samples with it). Nothing is sent to a remote
     engine yet: its first use (or :meth:`RolloutEngine.connect`) reaches it."""
     if cfg.kind == "in_process":
-        return InProcessEngine(model)
+        return InProcessEngine(model, dtype=cfg.dtype)
     device = next(model.parameters()).device if isinstance(model, torch.nn.Module) else "cpu"
     sync = weight_sync(
         cfg.sync, cfg.sync_dir or Path(out_dir) / "weights", device=device, timeout=min(cfg.timeout, 120.0)

@@ -130,8 +130,10 @@ class RolloutEngine(Protocol):
     """How logs and messages call the engine (``"in_process"``, ``"remote"``); nothing branches on it."""
 
     shares_weights: bool
-    """Whether the engine samples with the trainer's own model object. Then: :meth:`sync` only stamps
-    the version (the weights are the trainer's already), one call samples rows with a generator per
+    """Whether the engine samples in the trainer's process with the trainer's current weights (its own
+    model object, or a copy in another dtype that every :meth:`sync` refreshes). Then: :meth:`sync`
+    runs before every rollout batch (a copy is cast from the trainer's weights; else it only stamps the
+    version), one call samples rows with a generator per
     row (:func:`split_calls`), a ``prefix`` cache may be passed to :meth:`generate`, and a sample is
     never stale (no staleness metrics)."""
 

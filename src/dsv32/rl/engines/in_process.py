@@ -1,29 +1,53 @@
-"""The in-process engine: :func:`dsv32.engine.generate` on the trainer's own model (the reference)."""
+"""The in-process engine: :func:`dsv32.engine.generate` on the trainer's own model (the reference),
+or on a copy of it in another dtype (``[engine] dtype``: bf16 sampling beside an fp32 trainer)."""
 
 from __future__ import annotations
 
+import copy
+import time
 from collections.abc import Sequence
 
 import torch
 
 from dsv32.engine import generate
+from dsv32.engine.dtype import cast_model, copy_weights, model_dtype, resolve_dtype
 from dsv32.engine.prefix import PrefixCache
 from dsv32.rl.engines.base import EngineOutput, turn_generator
 
 
 class InProcessEngine:
-    """Samples with ``model`` itself: its weights are always the trainer's, so :meth:`sync` only
-    records the version (see :class:`~dsv32.rl.engines.base.RolloutEngine` for what
-    ``shares_weights`` allows)."""
+    """Samples in the trainer's process with the trainer's current weights (see
+    :class:`~dsv32.rl.engines.base.RolloutEngine` for what ``shares_weights`` allows).
+
+    ``dtype`` None (or the model's own): it samples with ``model`` itself, and :meth:`sync` only
+    records the version. Another dtype (``"bfloat16"``, ``"auto"``: :func:`dsv32.engine.dtype.resolve_dtype`):
+    it holds a copy of ``model`` in that dtype, and :meth:`sync` copies the trainer's weights into it,
+    cast (every rollout batch starts from the weights being trained). The sampling log-probs and
+    kept sets are computed in fp32 from the copy's logits; the trainer's first, on-policy update then
+    shows the two dtypes' difference in its log ratio (docs/rl.md, "bf16 rollouts")."""
 
     name = "in_process"
     shares_weights = True
     retried = 0  # nothing is sent anywhere
 
-    def __init__(self, model: torch.nn.Module, version: int = 0) -> None:
+    def __init__(
+        self, model: torch.nn.Module, version: int = 0, dtype: str | torch.dtype | None = None
+    ) -> None:
+        self.source = model
         self.model = model
+        if dtype is not None:
+            device = next(model.parameters()).device
+            target = resolve_dtype(dtype, device)
+            if target != model_dtype(model):
+                self.model = cast_model(copy.deepcopy(model), target).eval().requires_grad_(False)
         self.version = version
         self.synced: int | None = None
+        self.sync_s = 0.0  # seconds the last sync spent copying weights (0 without a copy)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the engine samples in."""
+        return model_dtype(self.model)
 
     def connect(self) -> None:
         pass
@@ -74,10 +98,14 @@ class InProcessEngine:
         )
 
     def sync(self, model: torch.nn.Module, version: int) -> float:
-        if model is not self.model:
-            raise ValueError("the in-process engine samples with the trainer's model itself")
+        if model is not self.source:
+            raise ValueError("the in-process engine samples with the trainer's model (or its copy) only")
+        start = time.perf_counter()
+        if self.model is not self.source:
+            copy_weights(self.model, self.source)
         self.version = self.synced = version
-        return 0.0
+        self.sync_s = time.perf_counter() - start if self.model is not self.source else 0.0
+        return self.sync_s
 
     def weight_version(self) -> int:
         return self.version
