@@ -425,6 +425,32 @@ def constraint_mask_table(result: dict) -> tuple[str, str]:
     return what, _table(["grammar", "steps", "mask median (µs)", "mask p90 (µs)", "advance (µs)"], rows)
 
 
+def interop_table(result: dict) -> tuple[str, str]:
+    """``interop.json``: the OpenEnv / verifiers reference rewards and LoRA against full fine-tuning."""
+    r = result
+    med = r["lora_recipe"]["medians"]
+
+    def reward(key: str) -> str:
+        return f"{r[key]} (wrong answer: {r[key.replace('reference', 'wrong').replace('adapter', 'adapter_wrong')]})"
+
+    rows = [
+        ["OpenEnv: openenv-core's client → `dsv32 envs serve code-interpreter`", reward("openenv_reference_reward")],
+        ["OpenEnv: an openenv-core server in dsv32's agent loop", reward("openenv_adapter_reward")],
+        ["verifiers: the `dsv32-envs` taskset's rubric", reward("verifiers_reference_reward")],
+        ["GRPO update, full / LoRA", f"{_s(med['full']['update_s'])} / {_s(med['lora']['update_s'])} = "
+         f"{_x(r['lora_update_speedup'])}"],
+        ["peak RSS during the update, LoRA / full", f"{_mb(med['lora']['peak_rss_mb'])} / "
+         f"{_mb(med['full']['peak_rss_mb'])} = {r['lora_peak_memory_ratio']:.2f}"],
+        ["on-policy max abs log-ratio with LoRA", f"{r['lora_onpolicy_max_abs_log_ratio']:.2g} "
+         f"({r['lora_onpolicy_tokens']} tokens)"],
+    ]  # fmt: skip
+    what = (
+        f"{r['dtype']}; {r['model']}, {r['rows']} rows, {r['frozen_layers']} frozen layers, LoRA rank {r['rank']}; "
+        f"load average {r['load_average_start']} → {r['load_average_end']}"
+    )
+    return what, _table(["measure", "value"], rows)
+
+
 def scalar_table(result: object) -> tuple[str, str]:
     """Any other JSON object: its top-level numbers."""
     items = result.items() if isinstance(result, dict) else []
@@ -451,6 +477,7 @@ FORMATS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "rl_frozen_trunk": (("rl_frozen_trunk.json",), rl_frozen_trunk_table),
     "rl_keep_indexing": (("rl_keep_indexing.json",), scalar_table),
     "constraint_mask": (("constraint_mask.json",), constraint_mask_table),
+    "interop": (("interop.json",), interop_table),
 }
 
 
