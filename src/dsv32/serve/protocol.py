@@ -150,6 +150,20 @@ class SamplingFields(_Strict):
     frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="only 0 (no penalty) is supported")
     presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="only 0 (no penalty) is supported")
     ignore_eos: bool = False
+    # Keep Indexing's selections are recorded by POST /inference/v1/generate alone (it runs the engine's
+    # whole-sequence generate); the continuous batch behind these endpoints records none: refused.
+    return_indexer_topk: bool = False
+
+    @field_validator("return_indexer_topk")
+    @classmethod
+    def _no_indexing(cls, value: bool) -> bool:
+        if value:
+            raise ValueError(
+                "the continuous batch of /v1/completions and /v1/chat/completions does not record the "
+                "DSA indexer's selections; ask POST /inference/v1/generate with "
+                "sampling_params.return_indexer_topk (it records them per choice)"
+            )
+        return value
 
     @field_validator("stop")
     @classmethod

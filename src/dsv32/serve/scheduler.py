@@ -20,6 +20,10 @@ rows at the next iteration. A row that cannot be sampled fails its own job; a re
 the batch (its prefill, or the checks that its cache can be merged, fail) fails alone; a failure
 inside a step or a merge is reported to every job in the batch, which is reset. The thread keeps
 serving.
+
+The batch records no DSA indexer selections (Keep Indexing): a request for them
+(``return_indexer_topk``) is refused with a 400 before it becomes a job
+(:class:`~dsv32.serve.protocol.SamplingFields`); ``POST /inference/v1/generate`` records them.
 """
 
 from __future__ import annotations
