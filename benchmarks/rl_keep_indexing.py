@@ -8,7 +8,16 @@ against the engine's: with the selections replayed (``replayed_max_abs_log_ratio
 kernel rounding) and recomputed (``unreplayed_max_abs_log_ratio``); ``selection_mismatch_fraction``:
 the share of (layer, position) selections that differ. ``indexer_loss_first``/``_last``: a few GRPO
 steps of the native model with the indexer loss on (the step record's ``indexer_loss``).
-``distributed_max_rel_diff`` is not measured here (null).
+
+``distributed_max_rel_diff``: 3 GRPO steps of the native model (top-k 4, Keep Indexing and the
+indexer loss on, fp32) in 2 processes (``torchrun``, gloo, FSDP2; the groups split over the ranks)
+against 1 process on the same global batch: the largest relative difference of the final weights
+(each tensor's norm of the difference over its norm) and of the step metrics ``kl``, ``grad_norm``,
+``ratio_mean`` and ``grad_norm_indexer`` (|a − b| / |a|). Two metrics are given apart as absolute
+differences: ``pg_loss``, a mean of advantages that cancel to about 0, and ``indexer_loss``, a KL of
+~1e-4 between nearly equal distributions, which moves by ~1e-8 when its fp32 inputs move by their
+rounding (another batch layout) — its gradient, and so the indexer's weights, do not.
+``distributed`` holds each part, and the same comparison without replay.
 
     python benchmarks/rl_keep_indexing.py [--json] [--quick] [--out DIR]
 
@@ -19,11 +28,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
+from dsv32 import distributed
 from dsv32.dsa import DSAConfig, attach_dsa, get_dsa
 from dsv32.engine import generate
 from dsv32.rl.grpo.config import load_rl_config
@@ -94,12 +108,13 @@ class Letters:
         return out
 
 
+PROMPTS = ("ab", "xyz", "hello", "q")
+
+
 def indexer_loss_curve(steps: int) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "toy.jsonl"
-        path.write_text(
-            "".join(json.dumps({"prompt": p, "domain": "toy"}) + "\n" for p in ("ab", "xyz", "hello", "q"))
-        )
+        path.write_text("".join(json.dumps({"prompt": p, "domain": "toy"}) + "\n" for p in PROMPTS))
         sets = [
             f"out_dir={tmp}/run", "policy.name=tiny-native", "grpo.prompts_per_step=4", "grpo.group_size=4",
             "grpo.mini_batches=2", "grpo.micro_batch=8", "grpo.lr=1e-3", "grpo.indexer_lr=3e-3",
@@ -112,15 +127,130 @@ def indexer_loss_curve(steps: int) -> list[float]:
         return [r["indexer_loss"] for r in read_metrics(result.out_dir / "metrics.jsonl")]
 
 
+#: The distributed comparison's recipe: 4 prompts × 2 outputs a step split over the ranks by whole
+#: groups, 2 mini-batches of micro-batches of 2, a KL term and OPSM (δ 1e-3: on the first, on-policy
+#: update the divergence is rounding noise around 0, whose sign δ = 0 would turn into a mask).
+DIST_SETS = [
+    "policy.name=tiny-native", "grpo.prompts_per_step=4", "grpo.group_size=2", "grpo.mini_batches=2",
+    "grpo.micro_batch=2", "grpo.lr=3e-3", "grpo.indexer_lr=3e-3", "grpo.kl_coef=0.05",
+    "grpo.opsm_delta=1e-3", "grpo.steps=3", "sampling.max_new_tokens=6", "sampling.top_p=0.9",
+    "save_every=0", "eval.problems=0",
+]  # fmt: skip
+DIST_METRICS = ("kl", "grad_norm", "ratio_mean", "grad_norm_indexer")
+DIST_ABSOLUTE = ("pg_loss", "indexer_loss")
+
+
+def grpo_job(job: dict) -> dict | None:
+    """One GRPO run of the native model (top-k ``TOPK``) in this process or in each of a ``torchrun``
+    launch's; rank 0 returns its step records and the full final weights."""
+    cfg = load_rl_config(None, [f"out_dir={job['out']}", *DIST_SETS, *job["sets"]])
+    cfg.sources[0].kind, cfg.sources[0].path, cfg.sources[0].domain = "jsonl", job["tasks"], "toy"
+    policy = load_policy("tiny-native", device="cpu")
+    for layer in policy.model.model.layers:
+        layer.self_attn.index_topk = TOPK
+    result = train_grpo(cfg, policy=policy, reward_fn=Letters(), progress=False, resume=False)
+    with distributed.full_parameters(policy.model) as writer:
+        if not writer:
+            return None
+        weights = {n: p.detach().to("cpu", copy=True) for n, p in policy.model.named_parameters()}
+    return {"metrics": result.metrics, "weights": weights}
+
+
+def worker(spec: str) -> None:
+    """``--worker SPEC``: each job of the JSON file ``SPEC`` in this rank of a ``torchrun`` launch."""
+    distributed.setup()
+    torch.set_num_threads(1)
+    for job in json.loads(Path(spec).read_text()):
+        out = grpo_job(job)
+        if out is not None:
+            torch.save(out, job["result"])
+        distributed.barrier()
+
+
+def _torchrun(spec: Path, nproc: int = 2) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")])
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+        "--master-addr", "127.0.0.1", "--master-port", str(port), "--max-restarts", "0",
+        str(Path(__file__).resolve()), "--worker", str(spec),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    if proc.returncode:
+        raise RuntimeError(
+            f"torchrun failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}"
+        )
+
+
+def compare(one: dict, two: dict) -> dict:
+    """The largest relative differences of 2 processes' run against 1 process's (see the docstring)."""
+    metrics = dict.fromkeys(DIST_METRICS, 0.0)
+    absolute = dict.fromkeys(DIST_ABSOLUTE, 0.0)
+    for a, b in zip(one["metrics"], two["metrics"], strict=True):
+        for k in DIST_METRICS:
+            metrics[k] = max(metrics[k], abs(a[k] - b[k]) / abs(a[k]))
+        for k in DIST_ABSOLUTE:
+            absolute[k] = max(absolute[k], abs(a[k] - b[k]))
+    w = {
+        n: float((x - two["weights"][n]).norm() / x.norm())
+        if x.norm() > 0
+        else float((two["weights"][n]).norm())
+        for n, x in one["weights"].items()
+    }
+    worst = max(w, key=w.get)
+    return {
+        "max_rel_diff": max(max(metrics.values()), w[worst]),
+        "metrics_rel_diff": metrics,
+        "weights_max_rel_diff": w[worst],
+        "weights_worst": worst,
+        "metrics_abs_diff": absolute,
+        "indexer_loss": [m["indexer_loss"] for m in one["metrics"]],
+        "steps": len(one["metrics"]),
+        "same_samples": all(
+            (a["reward_mean"], a["length_mean"]) == (b["reward_mean"], b["length_mean"])
+            for a, b in zip(one["metrics"], two["metrics"], strict=True)
+        ),
+        "world_sizes": [two["metrics"][0]["world_size"], one["metrics"][0]["world_size"]],
+    }
+
+
+def distributed_comparison() -> dict:
+    """GRPO in 2 processes against 1, with the selections replayed and without."""
+    torch.set_num_threads(1)
+    arms = {"replayed": ["grpo.keep_indexing=true"], "unreplayed": ["grpo.keep_indexing=false"]}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        tasks = root / "toy.jsonl"
+        tasks.write_text("".join(json.dumps({"prompt": p, "domain": "toy"}) + "\n" for p in PROMPTS))
+        jobs = {a: {"tasks": str(tasks), "sets": sets} for a, sets in arms.items()}
+        one = {a: grpo_job({**j, "out": str(root / f"one_{a}")}) for a, j in jobs.items()}
+        spec = root / "spec.json"
+        spec.write_text(json.dumps([
+            {**j, "out": str(root / f"two_{a}"), "result": str(root / f"two_{a}.pt")} for a, j in jobs.items()
+        ]))  # fmt: skip
+        _torchrun(spec)
+        return {a: compare(one[a], torch.load(root / f"two_{a}.pt")) for a in arms}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ap.add_argument("--quick", action="store_true", help="fewer GRPO steps")
     ap.add_argument("--out", default="runs/bench", help="output directory")
+    ap.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)  # a rank of the comparison
     args = ap.parse_args()
+    if args.worker:
+        worker(args.worker)
+        return
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
     per_model = {name: mismatch(name, steps=3) for name in ("tiny-native", "tiny-llama")}
     curve = indexer_loss_curve(3 if args.quick else 6)
+    dist = distributed_comparison()
     result = {
         "models": per_model,
         "replayed_max_abs_log_ratio": max(v["replayed"] for v in per_model.values()),
@@ -129,9 +259,11 @@ def main() -> None:
         "indexer_loss_first": curve[0],
         "indexer_loss_last": curve[-1],
         "indexer_loss": curve,
-        "distributed_max_rel_diff": None,
+        "distributed_max_rel_diff": dist["replayed"]["max_rel_diff"],
+        "distributed": dist,
         "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
+        "threads": threads,
+        "distributed_threads": 1,
     }
     out = Path(args.out) / "rl_keep_indexing.json"
     out.parent.mkdir(parents=True, exist_ok=True)
