@@ -78,6 +78,7 @@ def _run(args: argparse.Namespace) -> int:
         max_retries=args.max_retries,
         batch_size=args.batch_size,
         seed=args.seed,
+        dtype=args.dtype or ("auto" if args.backend == "local" else "float32"),
         **given,
     )
     results = run(
@@ -179,6 +180,12 @@ def add(sub: argparse._SubParsersAction) -> None:
     )
     q.add_argument("--batch-size", type=positive_int, default=8, help="prompts per batch (local model)")
     q.add_argument("--seed", type=int, default=0, help="sampling seed (local model)")
+    q.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16"),
+        help="a local model's dtype (default auto: bfloat16 where the device has native bf16, else "
+        "float32; log-probs and sampling in fp32 either way)",
+    )
     q.add_argument("--out", help="run directory (default runs/eval/<model>/<benchmark>)")
     q.add_argument("--fresh", action="store_true", help="discard the samples already in --out")
     q.add_argument("--no-progress", action="store_true")

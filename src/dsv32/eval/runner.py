@@ -45,7 +45,7 @@ from dsv32.eval.errors import EvalError, RunDirectoryBusy
 from dsv32.eval.paper import paper_number
 from dsv32.eval.report import git_commit, write_results
 from dsv32.eval.samples import SampleWriter, problem_hash, read_samples
-from dsv32.eval.settings import PAPER_CONTEXT, RunSettings
+from dsv32.eval.settings import IDENTITY, PAPER_CONTEXT, RunSettings
 from dsv32.eval.solvers import EndpointSolver, LocalSolver, ReferenceSolver
 from dsv32.eval.types import Benchmark, Problem, RunOptions, Score
 from dsv32.jsonl import read_json
@@ -79,7 +79,7 @@ def make_solver(settings: RunSettings, bench: Benchmark) -> Any:
             raise EvalError(
                 "--concurrency is for endpoints; a local model batches single-turn problems with --batch-size"
             )
-        return LocalSolver(settings.model, settings.batch_size)
+        return LocalSolver(settings.model, settings.batch_size, dtype=settings.dtype)
     raise EvalError(f"unknown backend {settings.backend!r}; choose reference, local or openai")
 
 
@@ -121,7 +121,9 @@ def _open_dir(out: Path, settings: RunSettings, fresh: bool) -> list[dict]:
         before = read_json(saved, EvalError, "pass --fresh to start over or another --out")
         if not isinstance(before, dict):
             raise EvalError(f"{saved}: not a run's settings (a JSON object); pass --fresh or another --out")
-        changed = {k: (before.get(k), v) for k, v in settings.identity().items() if before.get(k) != v}
+        now = settings.identity()
+        keys = [*now, *(k for k in IDENTITY if k in before and k not in now)]  # a setting now at its default
+        changed = {k: (before.get(k), now.get(k)) for k in keys if before.get(k) != now.get(k)}
         if changed:
             listed = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items()))
             raise EvalError(

