@@ -53,6 +53,13 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--served-model-name", help="the model id clients pass (default: MODEL)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="weights and activations (matmuls accumulate in fp32; log-probs are computed in fp32): "
+        "auto is bfloat16 on a GPU or CPU with native bf16 (AVX512-BF16, AMX), else float32",
+    )
+    p.add_argument(
         "--threads",
         type=positive_int,
         help="torch CPU threads (default: torch's; 1 is faster on a busy machine)",
@@ -77,6 +84,7 @@ def add(sub: argparse._SubParsersAction) -> None:
             device=args.device,
             max_model_len=args.max_model_len,
             tool_call_parser=args.tool_call_parser,
+            dtype=args.dtype,
         )
         if args.served_model_name:
             served.name = args.served_model_name
@@ -90,7 +98,8 @@ def add(sub: argparse._SubParsersAction) -> None:
         )
         rl = ", RL routes on" if args.enable_rl_routes else ""
         print(
-            f"dsv32 serve: {served.name} ({served.prompt_format}) on http://{args.host}:{args.port}/v1{rl}",
+            f"dsv32 serve: {served.name} ({served.prompt_format}) on http://{args.host}:{args.port}/v1{rl}; "
+            f"{served.dtype}",
             flush=True,
         )
         serve_forever(app, args.host, args.port)

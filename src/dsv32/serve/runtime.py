@@ -102,6 +102,13 @@ class ServedModel:
         self.vocab_size = int(getattr(self.model.config, "vocab_size", None) or len(self.tokenizer))
 
     @property
+    def dtype(self) -> str:
+        """The dtype the model computes in (``float32``, ``bfloat16``)."""
+        from dsv32.engine.dtype import dtype_name, model_dtype
+
+        return dtype_name(model_dtype(self.model))
+
+    @property
     def vocabulary(self) -> Vocabulary:
         """The tokens as constrained decoding sees them (built on first use, about a second)."""
         markup = grammars.V32_MARKUP if self.v32 else grammars.TEMPLATE_MARKUP
@@ -259,26 +266,33 @@ def speaks_v32(tokenizer) -> bool:
 
 
 def load_served(
-    name: str, *, device: str = "auto", max_model_len: int | None = None, tool_call_parser: str | None = None
+    name: str,
+    *,
+    device: str = "auto",
+    max_model_len: int | None = None,
+    tool_call_parser: str | None = None,
+    dtype: str = "float32",
 ) -> ServedModel:
     """``MODEL`` of ``dsv32 serve``: a native V3.2 checkpoint, a Hugging Face directory, ``smollm2``, a tiny
-    test model, or a DSA stage output (a directory with ``dsa_config.json`` holding its base weights)."""
+    test model, or a DSA stage output (a directory with ``dsa_config.json`` holding its base weights),
+    in ``dtype`` (``float32``, ``bfloat16``, or ``auto``: :func:`dsv32.engine.dtype.resolve_dtype`)."""
     from dsv32.dsa.hf.config import CONFIG_FILE
 
     if (Path(name) / CONFIG_FILE).is_file():
-        loaded = _load_dsa_stage(name, device)
+        loaded = _load_dsa_stage(name, device, dtype)
     else:
-        loaded = load_model(name, device=device)
+        loaded = load_model(name, device=device, dtype=dtype)
     return ServedModel(loaded, served_name(name), max_model_len, tool_call_parser)
 
 
-def _load_dsa_stage(path: str, device: str) -> LoadedModel:
+def _load_dsa_stage(path: str, device: str, dtype: str) -> LoadedModel:
     from transformers import AutoTokenizer
 
     from dsv32.dsa.hf import load_dsa
+    from dsv32.engine.dtype import cast_model, resolve_dtype
     from dsv32.engine.models import resolve_device
 
-    model = load_dsa(path)
+    model = cast_model(load_dsa(path), resolve_dtype(dtype, resolve_device(device)))
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as err:
