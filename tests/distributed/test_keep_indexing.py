@@ -5,7 +5,11 @@ by its loss (Eq. 4): the tiny native V3.2 model in sparse mode with top-k 4, bel
 The same samples, the metrics and every weight (the indexer's included) within the fp32 tolerance of
 ``helpers.tolerances.PROCESSES``. Measured here (torch 2.13, CPU): weights ≤ 7e-6 by the norm of
 each tensor's difference relative to its norm, kl ≤ 2e-6 relative; the indexer loss (a KL of ~1e-4)
-within 5e-9 absolute. ``benchmarks/rl_keep_indexing.py`` runs the same comparison without replay."""
+within 5e-9 absolute. ``benchmarks/rl_keep_indexing.py`` runs the same comparison without replay.
+
+Without replay (3 steps at the model's top-k of 8, no indexer loss), a micro-batch of short rows
+selects nothing on one rank while the other's selects: the run still completes (every sparse-mode
+forward runs the indexer's query projection, an FSDP collective, on every rank)."""
 
 from __future__ import annotations
 
@@ -39,9 +43,22 @@ def test_two_processes_replaying_the_selections_compute_the_single_process_updat
            "index_topk": 4, "resume": False}  # fmt: skip
     torch.set_num_threads(1)
     one = worker.run_rl_job({**job, "out": str(tmp_path / "one")})
+    # recomputed selections at the model's own top-k (8): some micro-batches are too short to select,
+    # and each rank's forwards must still make the same collective calls (no indexer loss, whose
+    # forwards project the queries anyway)
+    own = {
+        **job,
+        "sets": [*SETS, "grpo.keep_indexing=false", "grpo.indexer_loss=false", "grpo.steps=3"],
+        "index_topk": None,
+    }
     run_jobs(
-        [{**job, "out": str(tmp_path / "two"), "result": str(tmp_path / "two.pt")}], tmp_path / "spec.json"
-    )
+        [{**job, "out": str(tmp_path / "two"), "result": str(tmp_path / "two.pt")},
+         {**own, "out": str(tmp_path / "own"), "result": str(tmp_path / "own.pt")}],
+        tmp_path / "spec.json",
+    )  # fmt: skip
+    recomputed = torch.load(tmp_path / "own.pt")["metrics"]
+    assert [m["world_size"] for m in recomputed] == [2, 2, 2]
+    assert all(m["grad_norm"] > 0 for m in recomputed)
     two = torch.load(tmp_path / "two.pt")
     rel, abs_ = PROCESSES["float32"]
     assert [m["world_size"] for m in two["metrics"]] == [2, 2]
