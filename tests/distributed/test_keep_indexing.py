@@ -1,15 +1,17 @@
 """GRPO of a DSA model under ``torchrun`` (2 processes, gloo, FSDP2) against one process on the same
 global batch, with the sampler's indexer selections replayed (Keep Indexing) and the indexer trained
-by its loss (Eq. 4): the tiny native V3.2 model in sparse mode with top-k 4, below every context, fp32.
+by its loss (Eq. 4): the tiny native V3.2 model and tiny-llama with DSA attached, in sparse mode with
+top-k 4, below every context, fp32.
 
 The same samples, the metrics and every weight (the indexer's included) within the fp32 tolerance of
-``helpers.tolerances.PROCESSES``. Measured here (torch 2.13, CPU): weights ≤ 7e-6 by the norm of
-each tensor's difference relative to its norm, kl ≤ 2e-6 relative; the indexer loss (a KL of ~1e-4)
-within 5e-9 absolute. ``benchmarks/rl_keep_indexing.py`` runs the same comparison without replay.
+``helpers.tolerances.PROCESSES``. Measured here over 3 steps (torch 2.13, CPU), native: weights
+≤ 7e-6 by the norm of each tensor's difference relative to its norm, kl ≤ 2e-6 relative, the indexer
+loss (a KL of ~1e-4) within 5e-9 absolute; tiny-llama + DSA: weights ≤ 2.3e-6, metrics ≤ 4.1e-6
+relative. ``benchmarks/rl_keep_indexing.py`` runs the native comparison without replay too.
 
-Without replay (3 steps at the model's top-k of 8, no indexer loss), a micro-batch of short rows
-selects nothing on one rank while the other's selects: the run still completes (every sparse-mode
-forward runs the indexer's query projection, an FSDP collective, on every rank)."""
+Without replay (3 steps at top-k 8, no indexer loss), a micro-batch of short rows selects nothing
+on one rank while the other's selects: the run still completes (every sparse-mode forward runs the
+indexer's query projection, an FSDP collective, on every rank)."""
 
 from __future__ import annotations
 
@@ -36,20 +38,30 @@ SETS = [
 METRICS = ("pg_loss", "kl", "grad_norm", "ratio_mean", "indexer_loss", "grad_norm_indexer")
 
 
-def test_two_processes_replaying_the_selections_compute_the_single_process_update(tmp_path):
+#: The model's DSA at top-k 4 (replayed) and at top-k 8 (recomputed): the native model's own, or
+#: attached to tiny-llama.
+MODELS = {
+    "tiny-native": ({"index_topk": 4}, {"index_topk": None}),
+    "tiny-llama": ({"attach_dsa": 4}, {"attach_dsa": 8}),
+}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_two_processes_replaying_the_selections_compute_the_single_process_update(tmp_path, model):
     tasks = tmp_path / "toy.jsonl"
     tasks.write_text("".join(json.dumps({"prompt": t.prompt, "domain": "toy"}) + "\n" for t in LETTER_TASKS))
-    job = {"kind": "rl", "model": "tiny-native", "dtype": "float32", "tasks": str(tasks), "sets": SETS,
-           "index_topk": 4, "resume": False}  # fmt: skip
+    replayed, recomputed_dsa = MODELS[model]
+    job = {"kind": "rl", "model": model, "dtype": "float32", "tasks": str(tasks), "sets": SETS,
+           "resume": False, **replayed}  # fmt: skip
     torch.set_num_threads(1)
     one = worker.run_rl_job({**job, "out": str(tmp_path / "one")})
-    # recomputed selections at the model's own top-k (8): some micro-batches are too short to select,
-    # and each rank's forwards must still make the same collective calls (no indexer loss, whose
-    # forwards project the queries anyway)
+    # recomputed selections at top-k 8: some micro-batches are too short to select, and each rank's
+    # forwards must still make the same collective calls (no indexer loss, whose forwards project
+    # the queries anyway)
     own = {
         **job,
         "sets": [*SETS, "grpo.keep_indexing=false", "grpo.indexer_loss=false", "grpo.steps=3"],
-        "index_topk": None,
+        **recomputed_dsa,
     }
     run_jobs(
         [{**job, "out": str(tmp_path / "two"), "result": str(tmp_path / "two.pt")},

@@ -96,6 +96,11 @@ def run_rl_job(job: dict) -> dict | None:
     if job.get("index_topk"):  # a native model's DSA selecting below the context
         for layer in policy.model.model.layers:
             layer.self_attn.index_topk = job["index_topk"]
+    if job.get("attach_dsa"):  # an HF model with DSA attached in sparse mode, the same indexer everywhere
+        from dsv32.dsa import DSAConfig, attach_dsa
+
+        torch.manual_seed(0)
+        attach_dsa(policy.model, config=DSAConfig(index_topk=job["attach_dsa"], mode="sparse"))
     result = train_grpo(
         rl_config(job),
         policy=policy,
