@@ -11,15 +11,15 @@ steps of the native model with the indexer loss on (the step record's ``indexer_
 lr 1e-4 and the indexer at 3e-3 (a policy that moves faster moves the loss's targets, the attention,
 faster than this indexer follows them: at policy lr 1e-3 the loss holds at about 9e-5).
 
-``distributed_max_rel_diff``: 3 GRPO steps of the native model (top-k 4, Keep Indexing and the
-indexer loss on, fp32) in 2 processes (``torchrun``, gloo, FSDP2; the groups split over the ranks)
+``distributed_max_rel_diff``: 3 GRPO steps of each model (top-k 4, Keep Indexing and the indexer
+loss on, fp32) in 2 processes (``torchrun``, gloo, FSDP2; the groups split over the ranks)
 against 1 process on the same global batch: the largest relative difference of the final weights
 (each tensor's norm of the difference over its norm) and of the step metrics ``kl``, ``grad_norm``,
 ``ratio_mean`` and ``grad_norm_indexer`` (|a − b| / |a|). Two metrics are given apart as absolute
 differences: ``pg_loss``, a mean of advantages that cancel to about 0, and ``indexer_loss``, a KL of
 ~1e-4 between nearly equal distributions, which moves by ~1e-8 when its fp32 inputs move by their
 rounding (another batch layout) — its gradient, and so the indexer's weights, do not.
-``distributed`` holds each part, and the same comparison without replay.
+``distributed`` holds each part by model, and the same comparison without replay.
 
     python benchmarks/rl_keep_indexing.py [--json] [--quick] [--out DIR]
 
@@ -133,7 +133,7 @@ def indexer_loss_curve(steps: int) -> list[float]:
 #: groups, 2 mini-batches of micro-batches of 2, a KL term and OPSM (δ 1e-3: on the first, on-policy
 #: update the divergence is rounding noise around 0, whose sign δ = 0 would turn into a mask).
 DIST_SETS = [
-    "policy.name=tiny-native", "grpo.prompts_per_step=4", "grpo.group_size=2", "grpo.mini_batches=2",
+    "grpo.prompts_per_step=4", "grpo.group_size=2", "grpo.mini_batches=2",
     "grpo.micro_batch=2", "grpo.lr=3e-3", "grpo.indexer_lr=3e-3", "grpo.kl_coef=0.05",
     "grpo.opsm_delta=1e-3", "grpo.steps=3", "sampling.max_new_tokens=6", "sampling.top_p=0.9",
     "save_every=0", "eval.problems=0",
@@ -143,13 +143,19 @@ DIST_ABSOLUTE = ("pg_loss", "indexer_loss")
 
 
 def grpo_job(job: dict) -> dict | None:
-    """One GRPO run of the native model (top-k ``TOPK``) in this process or in each of a ``torchrun``
-    launch's; rank 0 returns its step records and the full final weights."""
-    cfg = load_rl_config(None, [f"out_dir={job['out']}", *DIST_SETS, *job["sets"]])
+    """One GRPO run of ``job["model"]`` (the native model, or tiny-llama with DSA attached; top-k
+    ``TOPK``) in this process or in each of a ``torchrun`` launch's; rank 0 returns its step records
+    and the full final weights."""
+    sets = [f"out_dir={job['out']}", *DIST_SETS, f"policy.name={job['model']}", *job["sets"]]
+    cfg = load_rl_config(None, sets)
     cfg.sources[0].kind, cfg.sources[0].path, cfg.sources[0].domain = "jsonl", job["tasks"], "toy"
-    policy = load_policy("tiny-native", device="cpu")
-    for layer in policy.model.model.layers:
-        layer.self_attn.index_topk = TOPK
+    policy = load_policy(job["model"], device="cpu")
+    if job["model"] == "tiny-native":
+        for layer in policy.model.model.layers:
+            layer.self_attn.index_topk = TOPK
+    else:  # the same initial indexer in every process
+        torch.manual_seed(0)
+        attach_dsa(policy.model, config=DSAConfig(index_topk=TOPK, mode="sparse"))
     result = train_grpo(cfg, policy=policy, reward_fn=Letters(), progress=False, resume=False)
     with distributed.full_parameters(policy.model) as writer:
         if not writer:
@@ -220,15 +226,15 @@ def compare(one: dict, two: dict) -> dict:
     }
 
 
-def distributed_comparison() -> dict:
-    """GRPO in 2 processes against 1, with the selections replayed and without."""
+def distributed_comparison(model: str) -> dict:
+    """GRPO of ``model`` in 2 processes against 1, with the selections replayed and without."""
     torch.set_num_threads(1)
     arms = {"replayed": ["grpo.keep_indexing=true"], "unreplayed": ["grpo.keep_indexing=false"]}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         tasks = root / "toy.jsonl"
         tasks.write_text("".join(json.dumps({"prompt": p, "domain": "toy"}) + "\n" for p in PROMPTS))
-        jobs = {a: {"tasks": str(tasks), "sets": sets} for a, sets in arms.items()}
+        jobs = {a: {"model": model, "tasks": str(tasks), "sets": sets} for a, sets in arms.items()}
         one = {a: grpo_job({**j, "out": str(root / f"one_{a}")}) for a, j in jobs.items()}
         spec = root / "spec.json"
         spec.write_text(json.dumps([
@@ -252,7 +258,7 @@ def main() -> None:
     threads = torch.get_num_threads()
     per_model = {name: mismatch(name, steps=3) for name in ("tiny-native", "tiny-llama")}
     curve = indexer_loss_curve(3 if args.quick else 6)
-    dist = distributed_comparison()
+    dist = {name: distributed_comparison(name) for name in ("tiny-native", "tiny-llama")}
     result = {
         "models": per_model,
         "replayed_max_abs_log_ratio": max(v["replayed"] for v in per_model.values()),
@@ -261,7 +267,7 @@ def main() -> None:
         "indexer_loss_first": curve[0],
         "indexer_loss_last": curve[-1],
         "indexer_loss": curve,
-        "distributed_max_rel_diff": dist["replayed"]["max_rel_diff"],
+        "distributed_max_rel_diff": max(d["replayed"]["max_rel_diff"] for d in dist.values()),
         "distributed": dist,
         "torch": torch.__version__,
         "threads": threads,
