@@ -16,13 +16,15 @@ against full fine-tuning.
   the starting model with β = 0.2, OPSM δ = 0.5, 2 mini-batches, micro-batches of 8, temperature
   0.8) on ``--rows`` rows shaped like the recipe's episodes (``rl_frozen_trunk.episode_rows``),
   full fine-tuning of the 8 trained layers against a LoRA adapter (``--rank``, α = 2·rank) on every
-  linear layer of the same 8 layers. Each side runs in a subprocess of its own (``--reps``
-  subprocesses each, sides alternating): its first update gives the peak resident memory of the
-  process during an update (``VmHWM`` after resetting it, so the model's loading does not count;
-  the full side's frozen reference copy and AdamW state, the LoRA side's reference as the base model
-  with the adapter switched off, both included), its second the seconds. AdamW runs at lr 0, so the
-  two updates see the same weights. ``--all-layers`` adds the same comparison with every layer
-  trained (full) and adapted (LoRA).
+  linear layer of the same 8 layers. Peak memory: each side in a subprocess of its own, the peak
+  resident memory of the process during one update (``VmHWM`` after resetting it, so the model's
+  loading does not count; the full side's frozen reference copy and AdamW state, the LoRA side's
+  reference as the base model with the adapter switched off, both included); the workers run with
+  glibc's mmap threshold fixed at 128 KiB, so a freed tensor's memory leaves the resident set and the
+  peak follows the live tensors. Seconds: both sides in this process, one warm-up update each, then
+  ``--reps`` blocks of (full, LoRA) with others' share of the CPU recorded
+  (``benchmarks/_timing.py``). AdamW runs at lr 0, so every update sees the same weights.
+  ``--all-layers`` adds the same comparison with every layer trained (full) and adapted (LoRA).
 - ``lora_onpolicy_max_abs_log_ratio``: a LoRA policy (the same adapter, its ``lora_B`` drawn
   non-zero) samples prompts with the in-process engine at the recipe's temperature and top-p; the
   max over every sampled token of |training forward's log-prob − sampling log-prob| (with the
@@ -38,13 +40,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _timing import add_max_wait  # noqa: E402 (beside this script)
+
 FROZEN = 22
 KEYS = (
     "openenv_reference_reward",
@@ -260,8 +264,8 @@ def _update_batch(policy, rows: int):
     return batch, torch.randn(rows, generator=g).sign()
 
 
-def worker(side: str, layers: str, rows: int, rank: int) -> dict:
-    """One side in this process: a first update (its peak memory), a second (its seconds)."""
+def _side(side: str, layers: str, rows: int, rank: int):
+    """One side ready to update: ``(update, policy, trained parameters)``."""
     import torch
 
     from dsv32.rl.grpo.build import reference_policy
@@ -275,27 +279,51 @@ def worker(side: str, layers: str, rows: int, rank: int) -> dict:
     batch, advantages = _update_batch(policy, rows)
     trained = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=0.0)
+
+    def update() -> list[dict]:
+        return grpo_update(policy, optimizer, batch, advantages, cfg, temperature=0.8, ref=ref,
+                           generator=torch.Generator().manual_seed(0))  # fmt: skip
+
+    return update, policy, trained, batch
+
+
+def worker(side: str, layers: str, rows: int, rank: int) -> dict:
+    """One side in this process: the peak resident memory of its first update."""
+    import torch
+
+    update, policy, trained, batch = _side(side, layers, rows, rank)
     before = _rss_kb("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := the current RSS
-    seconds = []
-    for _ in range(2):
-        t = time.perf_counter()
-        grpo_update(policy, optimizer, batch, advantages, cfg, temperature=0.8, ref=ref,
-                    generator=torch.Generator().manual_seed(0))  # fmt: skip
-        seconds.append(time.perf_counter() - t)
-        if len(seconds) == 1:
-            peak = _rss_kb("VmHWM")
+    t = time.perf_counter()
+    update()
+    seconds = time.perf_counter() - t
     return {
         "side": side,
         "layers": layers,
         "trained_parameters": sum(p.numel() for p in trained),
         "frozen_trunk": policy.frozen_trunk(),
         "rss_before_mb": before / 1024,
-        "peak_rss_mb": peak / 1024,
-        "first_update_s": seconds[0],
-        "update_s": seconds[1],
+        "peak_rss_mb": _rss_kb("VmHWM") / 1024,
+        "first_update_s": seconds,
         "tokens": int(batch.attention_mask.sum()),
         "threads": torch.get_num_threads(),
+    }
+
+
+def timing(args, layers: str) -> dict:
+    """Both sides in this process, their updates interleaved (one warm-up each, then ``--reps``
+    blocks of full, LoRA), with others' share of the CPU meanwhile (``benchmarks/_timing.py``)."""
+    from _timing import Meter, interleaved, spread, wait_budget  # beside this script
+
+    sides = {side: _side(side, layers, args.rows, args.rank)[0] for side in ("full", "lora")}
+    meter = Meter(max_wait=wait_budget(args))
+    runs = interleaved(sides, args.reps, meter)
+    return {
+        "full_update_s": spread(runs.seconds["full"]),
+        "lora_update_s": spread(runs.seconds["lora"]),
+        "speedup": runs.median("full") / runs.median("lora"),
+        "contention": runs.contention(),
+        **meter.facts(),
     }
 
 
@@ -341,6 +369,9 @@ def _run_worker(args, side: str, layers: str) -> dict:
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     )
+    # glibc's malloc: every block of 128 KiB or more its own mapping, returned to the kernel when freed
+    # (no threshold that moves with the frees), so the resident peak follows the live tensors
+    env |= {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode:
         raise RuntimeError(f"{side} worker failed: {done.stderr[-3000:]}")
@@ -348,22 +379,19 @@ def _run_worker(args, side: str, layers: str) -> dict:
 
 
 def compare(args, layers: str) -> dict:
-    """``--reps`` subprocesses per side, alternating (full, LoRA, LoRA, full, ...)."""
-    runs: dict[str, list[dict]] = {"full": [], "lora": []}
-    for rep in range(args.reps):
-        for side in ("full", "lora") if rep % 2 == 0 else ("lora", "full"):
-            runs[side].append(_run_worker(args, side, layers))
-            print(f"{layers} {side}: {json.dumps(runs[side][-1])}", file=sys.stderr, flush=True)
-    med = {s: {k: statistics.median(r[k] for r in rs) for k in ("update_s", "first_update_s", "peak_rss_mb",
-                                                                "rss_before_mb")}
-           for s, rs in runs.items()}  # fmt: skip
+    """Peak memory: one subprocess per side. Seconds: both sides interleaved in this process."""
+    memory = {side: _run_worker(args, side, layers) for side in ("full", "lora")}
+    for side, m in memory.items():
+        print(f"{layers} {side}: {json.dumps(m)}", file=sys.stderr, flush=True)
+    seconds = timing(args, layers)
+    full, lora = memory["full"], memory["lora"]
     return {
-        "speedup": med["full"]["update_s"] / med["lora"]["update_s"],
-        "peak_memory_ratio": med["lora"]["peak_rss_mb"] / med["full"]["peak_rss_mb"],
-        "peak_above_start_ratio": (med["lora"]["peak_rss_mb"] - med["lora"]["rss_before_mb"])
-        / (med["full"]["peak_rss_mb"] - med["full"]["rss_before_mb"]),
-        "medians": med,
-        "runs": runs,
+        "speedup": seconds["speedup"],
+        "peak_memory_ratio": lora["peak_rss_mb"] / full["peak_rss_mb"],
+        "peak_above_start_ratio": (lora["peak_rss_mb"] - lora["rss_before_mb"])
+        / (full["peak_rss_mb"] - full["rss_before_mb"]),
+        "memory": memory,
+        "seconds": seconds,
     }
 
 
@@ -377,12 +405,13 @@ def load_average() -> float | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=8, help="rows of the GRPO update (default 8)")
-    ap.add_argument("--reps", type=int, default=2, help="subprocesses per side (default 2)")
+    ap.add_argument("--reps", type=int, default=2, help="timed updates per side, interleaved (default 2)")
     ap.add_argument("--rank", type=int, default=16, help="LoRA rank (alpha = 2 rank)")
     ap.add_argument("--all-layers", action="store_true", help="also every layer trained / adapted")
     ap.add_argument("--quick", action="store_true", help="4 rows, one subprocess per side, 2 short samples")
     ap.add_argument("--json", action="store_true", help="the last line printed is one JSON object")
     ap.add_argument("--out", default="runs/bench")
+    add_max_wait(ap)
     ap.add_argument("--worker", choices=("full", "lora"), help=argparse.SUPPRESS)
     ap.add_argument("--layers", default="recipe", help=argparse.SUPPRESS)
     args = ap.parse_args()
