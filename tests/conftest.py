@@ -1,11 +1,34 @@
-"""Shared test setup: offline Hugging Face, deterministic CPU threads, the trained tool user."""
+"""Shared test setup: offline Hugging Face, one torch thread, the trained tool user."""
 
 import os
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+#: Test folders whose code splits its work by torch's thread count (the CPU DSA kernels and the models
+#: that call them): their modules keep torch's threads, so the split is tested.
+MANY_THREADS = ("dsa", "model")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def torch_threads(request):
+    """Every other module runs torch on one intra-op thread: the tests' models are tiny, and two
+    threads spin-waiting on each small kernel cost several times the CPU of one, more so on a shared
+    machine. A server a test starts in a subprocess takes the same count (``helpers.remote``)."""
+    folder = Path(str(request.path)).parent.name
+    if folder in MANY_THREADS:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
