@@ -31,8 +31,8 @@ def build_engine(cfg, model, out_dir: str | Path) -> RolloutEngine:
     """The engine of a recipe's ``[engine]`` section (:class:`~dsv32.rl.grpo.config.EngineConfig`);
     ``model`` is the trainer's (the in-process engine samples with it). Nothing is sent to a remote
     engine yet: its first use (or :meth:`RolloutEngine.connect`) reaches it."""
-    if cfg.kind == "in_process":
-        return InProcessEngine(model, dtype=cfg.dtype)
+    if cfg.kind == "in_process":  # "float32": the trainer's model itself, whatever its own dtype
+        return InProcessEngine(model, dtype=None if cfg.dtype == "float32" else cfg.dtype)
     device = next(model.parameters()).device if isinstance(model, torch.nn.Module) else "cpu"
     sync = weight_sync(
         cfg.sync, cfg.sync_dir or Path(out_dir) / "weights", device=device, timeout=min(cfg.timeout, 120.0)
