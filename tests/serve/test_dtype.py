@@ -45,3 +45,12 @@ def test_a_bf16_server_reports_fp32_logprobs_of_its_bf16_logits(one_thread):
     assert abs(first.token_logprobs[0] - float(want[token])) < 1e-5
     top = sorted(first.top_logprobs[0].values(), reverse=True)
     torch.testing.assert_close(torch.tensor(top), want.topk(3).values, atol=1e-5, rtol=0)
+
+
+def test_a_rollout_engine_samples_in_the_trainers_dtype_unless_bf16_is_asked_for():
+    from dsv32.cli.serve import serve_dtype
+
+    assert serve_dtype("auto", rl_routes=True) == "float32"  # on policy against an fp32 trainer
+    assert serve_dtype("bfloat16", rl_routes=True) == "bfloat16"
+    assert serve_dtype("auto", rl_routes=False) == "auto"
+    assert serve_dtype("float32", rl_routes=False) == "float32"
