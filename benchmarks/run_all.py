@@ -451,6 +451,32 @@ def interop_table(result: dict) -> tuple[str, str]:
     return what, _table(["measure", "value"], rows)
 
 
+def engine_dtype_table(result: dict) -> tuple[str, str]:
+    """``engine_dtype.json``: greedy decode in fp32 and bf16 by batch (wall and this process's CPU time)."""
+    rows = [[b, f"{s['float32_tok_s']:.3g}", f"{s['bfloat16_tok_s']:.3g}", _x(s["ratio"]), _x(s["cpu_ratio"])]
+            for b, s in result["speed"].items()]  # fmt: skip
+    agree = result["agreement"]
+    what = (
+        f"{result['model']}, {result['threads']} thread(s), {result['prompt_tokens']}-token prompts, "
+        f"{result['new_tokens']} new tokens; greedy outputs identical in {agree['identical']} of "
+        f"{agree['prompts']} prompts"
+    )
+    return what, _table(["batch", "fp32 tok/s", "bf16 tok/s", "bf16 / fp32", "by CPU time"], rows)
+
+
+def rl_bf16_ratio_table(result: dict) -> tuple[str, str]:
+    """``rl_bf16_ratio.json``: the first update's |log ratio| of the fp32 trainer against each engine dtype."""
+    rows = []
+    for name, sides in result.items():
+        if not isinstance(sides, dict):
+            continue
+        for side, r in sides.items():
+            rows.append([name, side, f"{r['max_abs_log_ratio']:.2g}", f"{r['mean_abs_log_ratio']:.2g}",
+                         f"{r['p99_abs_log_ratio']:.2g}", str(r["tokens"])])  # fmt: skip
+    what = f"group {result['group']}, {result['new_tokens']} new tokens, temperature {result['temperature']}"
+    return what, _table(["policy", "engine", "max", "mean", "p99", "tokens"], rows)
+
+
 def scalar_table(result: object) -> tuple[str, str]:
     """Any other JSON object: its top-level numbers."""
     items = result.items() if isinstance(result, dict) else []
@@ -478,6 +504,8 @@ FORMATS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "rl_keep_indexing": (("rl_keep_indexing.json",), scalar_table),
     "constraint_mask": (("constraint_mask.json",), constraint_mask_table),
     "interop": (("interop.json",), interop_table),
+    "engine_dtype": (("engine_dtype.json",), engine_dtype_table),
+    "rl_bf16_ratio": (("rl_bf16_ratio.json",), rl_bf16_ratio_table),
 }
 
 
