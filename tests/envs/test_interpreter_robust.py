@@ -6,11 +6,13 @@ works, the host survives and nothing is left behind."""
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from helpers.disk import FILL, allocated
@@ -140,8 +142,11 @@ def test_a_cell_cannot_make_the_kernel_restart_run_its_files():
         assert kernel.execute("import mine\nmine.VALUE").text == "7"  # cells import what they wrote
 
 
-def test_a_failed_restart_is_a_text_and_a_later_cell_recovers(tmp_path, monkeypatch):
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this kernel's directories only
+def test_a_failed_restart_is_a_text_and_a_later_cell_recovers(monkeypatch):
+    # this kernel's directories only, in a short directory: its ZeroMQ ipc sockets live there, and a
+    # socket's path must fit in 107 bytes (a pytest-xdist worker's tmp_path may not leave room)
+    tmp_path = Path(tempfile.mkdtemp(prefix="k"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     pattern = str(tmp_path / "dsv32-kernel-*")
     before = set(glob.glob(pattern))
     with SandboxedKernel(memory_mb=1024) as kernel:
@@ -156,6 +161,7 @@ def test_a_failed_restart_is_a_text_and_a_later_cell_recovers(tmp_path, monkeypa
         assert kernel.execute("1 + 1").text == "2" and kernel.alive()
         assert "NameError" in kernel.execute("x").text
     assert set(glob.glob(pattern)) <= before  # work dir and every start's dir removed
+    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def _peak_rss_mib(fn):
