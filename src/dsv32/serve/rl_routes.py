@@ -68,6 +68,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -156,28 +158,34 @@ class RLControl:
         self.resumed.set()
 
     # ------------------------------------------------------------------ weights
-    def update(self, path: str, version: int) -> dict[str, Any]:
-        self._not_receiving()
+    @contextmanager
+    def _swapping(self) -> Iterator[None]:
+        """The served weights may change inside: the control lock held, the scheduler paused (unless a
+        client paused it, then it stays paused after) and the model lock held."""
         with self.lock:
             was_paused = self.mode is not None
             if not was_paused:
                 self._pause("wait", WAIT_LIMIT)
             try:
                 with self.scheduler.model_lock:
-                    try:
-                        loaded = load_weights(self.served.model, path)
-                    except WeightFileError as err:
-                        raise invalid(str(err), "path") from None
-                    if loaded != version:
-                        raise invalid(
-                            f"{path} holds weight version {loaded}, the request says {version}",
-                            "weight_version",
-                        )
-                    self.version, self.path, self.adapter = version, path, False
-                    self.adapters.forget()  # these weights are the base of the next adapter
+                    yield
             finally:
                 if not was_paused:
                     self._resume()
+
+    def update(self, path: str, version: int) -> dict[str, Any]:
+        self._not_receiving()
+        with self._swapping():
+            try:
+                loaded = load_weights(self.served.model, path)
+            except WeightFileError as err:
+                raise invalid(str(err), "path") from None
+            if loaded != version:
+                raise invalid(
+                    f"{path} holds weight version {loaded}, the request says {version}", "weight_version"
+                )
+            self.version, self.path, self.adapter = version, path, False
+            self.adapters.forget()  # these weights are the base of the next adapter
         return {"weight_version": self.version}
 
     def update_adapter(self, path: str, version: int) -> dict[str, Any]:
@@ -192,17 +200,9 @@ class RLControl:
             raise invalid(
                 f"{path} holds weight version {adapter.version}, the request says {version}", "weight_version"
             )
-        with self.lock:
-            was_paused = self.mode is not None
-            if not was_paused:
-                self._pause("wait", WAIT_LIMIT)
-            try:
-                with self.scheduler.model_lock:
-                    self.adapters.apply(adapter)
-                    self.version, self.path, self.adapter = version, path, True
-            finally:
-                if not was_paused:
-                    self._resume()
+        with self._swapping():
+            self.adapters.apply(adapter)
+            self.version, self.path, self.adapter = version, path, True
         return {"weight_version": self.version, "adapter": True, "layers": len(adapter.pairs)}
 
     def info(self) -> dict[str, Any]:
@@ -270,22 +270,13 @@ class RLControl:
         except weight_transfer.TransferError as err:
             self.transfer_error, self.group = str(err), None  # the group's sequence is lost: set up anew
             return
-        with self.lock:
-            was_paused = self.mode is not None
-            try:
-                if not was_paused:
-                    self._pause("wait", WAIT_LIMIT)
-            except ServeError as err:
-                self.transfer_error = f"received, not loaded: {err}"
-                return
-            try:
-                with self.scheduler.model_lock:
-                    weight_transfer.copy_into(self.served.model, tensors)
-                    self.version, self.path, self.adapter = version, None, False
-                    self.adapters.forget()
-            finally:
-                if not was_paused:
-                    self._resume()
+        try:
+            with self._swapping():
+                weight_transfer.copy_into(self.served.model, tensors)
+                self.version, self.path, self.adapter = version, None, False
+                self.adapters.forget()
+        except ServeError as err:  # the scheduler could not be paused in time
+            self.transfer_error = f"received, not loaded: {err}"
 
     # ------------------------------------------------------------------ generation
     def generate(self, body: GenerateRequest) -> dict[str, Any]:
