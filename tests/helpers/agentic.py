@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from dsv32.envs.base import Environment, EnvSpec, Reward, Task, register, tool_call, tool_schema
-from dsv32.rl.agentic.episodes import EpisodeSettings
+from dsv32.rl.agentic.episodes import EpisodeSettings, episode_rows, rl_task, rows_to_rollouts
 from dsv32.rl.grpo.rollout import SamplingConfig
 
 
@@ -117,3 +117,14 @@ def agentic_config(tmp_path: Path, **over):
         "sampling.max_total_tokens": 400,
     } | over
     return load_agentic_config(None, [f"{k}={json.dumps(v)}" for k, v in sets.items()])
+
+
+def episodes_batch(policy, episodes):
+    """The training rows of ``episodes`` (every model call of each) and their rollout batch, with the
+    kept sets."""
+    rows, tasks = [], []
+    for e in episodes:
+        for row in episode_rows(e.records):
+            rows.append(row)
+            tasks.append(rl_task(e))
+    return rows, rows_to_rollouts(rows, tasks, policy.pad_token_id, policy.device, with_kept=True)

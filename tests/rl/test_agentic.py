@@ -9,7 +9,16 @@ import torch
 
 pytest.importorskip("transformers")
 
-from helpers.agentic import SAMPLING, SETTINGS, TASKS, TEMPERATURE, EchoEnv, agentic_config, train_tool_user
+from helpers.agentic import (
+    SAMPLING,
+    SETTINGS,
+    TASKS,
+    TEMPERATURE,
+    EchoEnv,
+    agentic_config,
+    episodes_batch,
+    train_tool_user,
+)
 from helpers.tolerances import ON_POLICY
 
 from dsv32.rl.agentic.batcher import StepRecord
@@ -17,7 +26,6 @@ from dsv32.rl.agentic.episodes import (
     Row,
     episode_rows,
     episode_summary,
-    rl_task,
     rows_to_rollouts,
     run_episodes,
 )
@@ -32,15 +40,6 @@ def _episodes(policy, n=6, seed=0, keep_routing=False):
     jobs = [(EchoEnv, TASKS[i % 4], "echo") for i in range(n)]
     gen = torch.Generator().manual_seed(seed)
     return run_episodes(policy, jobs, SAMPLING, SETTINGS, generator=gen, keep_routing=keep_routing)
-
-
-def _batch(policy, episodes):
-    rows, tasks = [], []
-    for e in episodes:
-        for row in episode_rows(e.records):
-            rows.append(row)
-            tasks.append(rl_task(e))
-    return rows, rows_to_rollouts(rows, tasks, policy.pad_token_id, policy.device, with_kept=True)
 
 
 # --------------------------------------------------------------------------------------- rows
@@ -101,7 +100,7 @@ def test_the_training_forward_reproduces_the_sampling_logprobs_of_every_turn(too
     episodes = _episodes(tool_user)
     summary = episode_summary(episodes)
     assert summary["tool_call_valid"] > 0.5, summary  # the memorized model calls the tool: multi-turn
-    rows, batch = _batch(tool_user, episodes)
+    rows, batch = episodes_batch(tool_user, episodes)
     multi = [r for r in rows if any(not a for a in r.actions)]
     assert multi, "no row holds two turns with a tool result between them"
     with torch.no_grad():
@@ -116,7 +115,7 @@ def test_the_training_forward_reproduces_the_sampling_logprobs_of_every_turn(too
 
 def test_tool_result_tokens_get_zero_gradient(tool_user):
     episodes = _episodes(tool_user, n=4, seed=1)
-    rows, batch = _batch(tool_user, episodes)
+    rows, batch = episodes_batch(tool_user, episodes)
     idx = torch.arange(len(batch))
     r = batch.rows(idx)
     ids, mask = r["sequences"][:, :-1], r["attention_mask"][:, :-1]
@@ -215,7 +214,7 @@ def test_the_update_sees_each_episode_as_one_output(tool_user, tmp_path, monkeyp
 def test_keep_routing_and_the_sampling_mask_hold_for_native_multi_turn(tmp_path):
     policy = train_tool_user("tiny-native", tmp_path)
     episodes = _episodes(policy, n=4, keep_routing=True)
-    rows, batch = _batch(policy, episodes)
+    rows, batch = episodes_batch(policy, episodes)
     assert batch.routing is not None and batch.kept_ids is not None
     with torch.no_grad():
         logp = policy.action_logprobs(**batch.rows(torch.arange(len(batch))), temperature=TEMPERATURE)

@@ -11,14 +11,23 @@ import torch
 
 pytest.importorskip("transformers")
 
-from helpers.agentic import SAMPLING, SETTINGS, TASKS, TEMPERATURE, EchoEnv, agentic_config, train_tool_user
+from helpers.agentic import (
+    SAMPLING,
+    SETTINGS,
+    TASKS,
+    TEMPERATURE,
+    EchoEnv,
+    agentic_config,
+    episodes_batch,
+    train_tool_user,
+)
 
 import dsv32.rl.grpo.trainer as grpo_trainer
 from dsv32.dsa.keep import IndexingError
 from dsv32.engine import generate
 from dsv32.engine.prefix import PrefixCache
 from dsv32.rl.agentic.batcher import LockstepBatcher
-from dsv32.rl.agentic.episodes import episode_rows, rl_task, rows_to_rollouts, run_episodes
+from dsv32.rl.agentic.episodes import run_episodes
 from dsv32.rl.agentic.trainer import train_agentic
 from dsv32.rl.grpo.indexing import indexer_losses, is_indexer_parameter
 
@@ -33,15 +42,6 @@ def native_tool_user(tmp_path_factory):
     return policy
 
 
-def _batch(policy, episodes):
-    rows, tasks = [], []
-    for e in episodes:
-        for row in episode_rows(e.records):
-            rows.append(row)
-            tasks.append(rl_task(e))
-    return rows_to_rollouts(rows, tasks, policy.pad_token_id, policy.device, with_kept=True)
-
-
 def test_episode_calls_record_the_selections_that_the_training_forward_replays(native_tool_user):
     policy = native_tool_user
     k = policy.model.model.layers[0].self_attn.index_topk
@@ -53,7 +53,7 @@ def test_episode_calls_record_the_selections_that_the_training_forward_replays(n
     for r in records:  # every position of every call: [layers, prompt + new - 1, k]
         assert r.indexing is not None and r.indexing.shape == (2, len(r.prompt) + len(r.tokens) - 1, k)
         assert len(r.prompt) + len(r.tokens) > 4 * k  # the calls select
-    batch = _batch(policy, episodes)
+    _, batch = episodes_batch(policy, episodes)
     assert batch.indexing is not None
     every = torch.arange(len(batch))
     # the indexer one update behind the engine: 3 AdamW steps on its loss over the batch
