@@ -109,6 +109,7 @@ def grpo_update(
         if cfg.old_logprobs == "recompute"
         else batch.sampling_logprobs
     )
+    predicts = _predicting_queries(batch.attention_mask)
     u = _Update(
         policy=policy,
         optimizer=optimizer,
@@ -123,8 +124,8 @@ def grpo_update(
         kl_coefs=sequence_kl_coefs(domains, cfg.domain_kl_coef, default=cfg.kl_coef).to(device),
         kept=batch.kept_ids if cfg.keep_sampling_mask else None,
         routing=batch.routing if cfg.keep_routing else None,
-        indexing=_predicting(batch.indexing, batch.attention_mask) if cfg.keep_indexing else None,
-        queries=_predicting_queries(batch.attention_mask),
+        indexing=_emptied(batch.indexing, predicts) if cfg.keep_indexing else None,
+        queries=predicts.sum(1),
         old=old,
         trunk=trunk,
         guard=guard if guard is not None else rl_guard(cfg.max_skipped_updates),
@@ -318,21 +319,19 @@ _TOKEN_METRICS = ("clip_frac", "ratio_mean", "abs_log_ratio")
 
 
 def _predicting_queries(attention_mask: torch.Tensor) -> torch.Tensor:
-    """``[B]`` each row's queries that predict one of its tokens (real positions but the last): the
-    queries the indexer loss averages over (its count does not depend on the rows' layout)."""
+    """``[B, L - 1]`` whether each query predicts one of its row's tokens (real positions but the
+    last): the queries the indexer loss averages over (their count does not depend on the rows' layout)."""
     am = attention_mask.bool()
-    return (am[:, :-1] & am[:, 1:]).sum(1)
+    return am[:, :-1] & am[:, 1:]
 
 
-def _predicting(indexing: torch.Tensor | None, attention_mask: torch.Tensor) -> torch.Tensor | None:
+def _emptied(indexing: torch.Tensor | None, predicts: torch.Tensor) -> torch.Tensor | None:
     """The recorded selections ``[layers, B, L - 1, k]`` emptied (−1) at the queries that predict none
-    of the row's tokens — padding and each row's last token: their outputs are never read, and an
-    empty selection leaves them out of the indexer loss (Eq. 4 over the replayed set) in every
-    batch layout."""
+    of the row's tokens (``predicts``: :func:`_predicting_queries`) — padding and each row's last
+    token: their outputs are never read, and an empty selection leaves them out of the indexer loss
+    (Eq. 4 over the replayed set) in every batch layout."""
     if indexing is None:
         return None
-    am = attention_mask.bool()
-    predicts = am[:, :-1] & am[:, 1:]
     return indexing.masked_fill(~predicts[None, :, : indexing.shape[2], None], -1)
 
 
