@@ -100,11 +100,11 @@ class InProcessEngine:
     def sync(self, model: torch.nn.Module, version: int) -> float:
         if model is not self.source:
             raise ValueError("the in-process engine samples with the trainer's model (or its copy) only")
-        start = time.perf_counter()
         if self.model is not self.source:
+            start = time.perf_counter()
             copy_weights(self.model, self.source)
+            self.sync_s = time.perf_counter() - start
         self.version = self.synced = version
-        self.sync_s = time.perf_counter() - start if self.model is not self.source else 0.0
         return self.sync_s
 
     def weight_version(self) -> int:

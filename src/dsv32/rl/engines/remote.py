@@ -217,14 +217,13 @@ class RemoteEngine:
                 "this remote engine has no weight sync: give it a FileWeightSync or a CollectiveWeightSync"
             )
         t = time.perf_counter()
-        if has_adapter(model) and self.lora_route == "adapter":
+        lora = has_adapter(model)
+        if lora and self.lora_route == "adapter":
             self.weight_sync.push_adapter(self.client, model, version)
             if self.api == "vllm":  # vLLM samples with the adapter when asked for it by name
                 self.model = VLLM_LORA_NAME
         else:
-            if has_adapter(model):
-                model = merged_copy(model)
-            self.weight_sync.push(self.client, model, version)
+            self.weight_sync.push(self.client, merged_copy(model) if lora else model, version)
         served = self.weight_version()
         if served != version:
             raise EngineError(

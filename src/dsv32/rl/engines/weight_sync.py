@@ -67,7 +67,7 @@ def lora_route(lora_sync: str, sync: WeightSync | None) -> str:
     send (only the file sync sends adapters)."""
     if lora_sync not in LORA_SYNCS:
         raise EngineError(f"unknown lora_sync {lora_sync!r}; known: {', '.join(map(repr, LORA_SYNCS))}")
-    by_file = callable(getattr(sync, "push_adapter", None))
+    by_file = sync is not None and sync.sends_adapters
     if lora_sync == "adapter" and not by_file:
         raise EngineError(
             "[engine] lora_sync = 'adapter' sends the adapter by file: use sync = 'file', or lora_sync = "
@@ -80,6 +80,8 @@ class WeightSync(Protocol):
     """How a remote engine gets the trainer's weights."""
 
     name: str
+    sends_adapters: bool
+    """Whether it has ``push_adapter(client, model, version)``: a LoRA policy's adapter alone."""
 
     def push(self, client: EngineClient, model: torch.nn.Module, version: int) -> None:
         """Give the engine behind ``client`` ``model``'s whole ``state_dict()`` as ``version``;
@@ -94,6 +96,7 @@ class FileWeightSync:
     read) and keeps only the newest ``keep`` of them."""
 
     name = "file"
+    sends_adapters = True
 
     def __init__(self, directory: str | Path, keep: int = 1) -> None:
         self.directory = Path(directory)
@@ -190,6 +193,7 @@ class CollectiveWeightSync:
     ``timeout``: seconds any step (joining, a tensor, the engine's confirmation) may take."""
 
     name = "collective"
+    sends_adapters = False
 
     def __init__(self, backend: str | None = None, timeout: float = 60.0) -> None:
         if backend is not None and backend not in weight_transfer.BACKENDS:
