@@ -54,6 +54,7 @@ import shutil
 import subprocess
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -113,8 +114,15 @@ CONCURRENT_STARTS = max(2, os.cpu_count() or 2)
 _STARTING = threading.BoundedSemaphore(CONCURRENT_STARTS)
 
 
+# The kernels of this process that are running: stopped at exit before their directories are removed
+# (a kernel still alive can write into its run dir while it is being removed).
+_RUNNING: weakref.WeakSet = weakref.WeakSet()
+
+
 @atexit.register
 def _remove_unclosed() -> None:
+    for kernel in list(_RUNNING):
+        _attempt(kernel._stop)
     for path in list(_UNREMOVED):
         sandbox.remove_tree(path)
 
@@ -431,6 +439,7 @@ class SandboxedKernel:
     def _launch(self, quota: int, deadline: float, answered: Callable[[], None]) -> None:
         self._run_dir = run_dir = sandbox.owned_tempdir("kernel-run")
         _UNREMOVED.add(run_dir)
+        _RUNNING.add(self)
         profile = os.path.join(run_dir, "ipython", "profile_default")
         os.makedirs(os.path.join(profile, "startup"))
         with open(os.path.join(profile, "ipython_kernel_config.py"), "w") as f:
