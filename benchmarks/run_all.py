@@ -242,6 +242,20 @@ def rollout_prefix_table(result: dict) -> tuple[str, str]:
     return f"{r['dtype']}, {r['threads']} threads", table
 
 
+def serve_prefix_table(result: dict) -> tuple[str, str]:
+    """``serve_prefix.json``: ``dsv32 serve`` with and without its prefix cache, two agent workloads."""
+    r = result
+    rows = [
+        [name, f"{r['tasks']} × {r['group']} × {r['turns']}", str(int(w["prompt_tokens"] or 0)),
+         f"{w['hit_rate']:.2f}" if w["hit_rate"] is not None else "—", _s(w["no_cache_s"]["median"]),
+         _s(w["cache_s"]["median"]), _x(w["speedup"]), str(w["same_tokens"]), _others(w)]
+        for name, w in ((n, r[n]) for n in ("chat", "tokens"))
+    ]  # fmt: skip
+    header = ["workload", "tasks × group × turns", "prompt tokens", "hit rate", "no cache", "cache",
+              "speed-up", "same tokens", "others' CPU"]  # fmt: skip
+    return f"{r['dtype']}, {r['threads']} threads", _table(header, rows)
+
+
 def rl_frozen_trunk_table(result: dict) -> tuple[str, str]:
     """``rl_frozen_trunk.json``: one GRPO update, every forward through every layer vs from the frozen
     trunk's states."""
@@ -500,6 +514,7 @@ FORMATS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "serve_soak": (("serve_soak.json",), serve_soak_table),
     "rollout_scale": (("rollout_scale.json",), rollout_scale_table),
     "rollout_prefix": (("rollout_prefix.json",), rollout_prefix_table),
+    "serve_prefix": (("serve_prefix.json",), serve_prefix_table),
     "rl_frozen_trunk": (("rl_frozen_trunk.json",), rl_frozen_trunk_table),
     "rl_keep_indexing": (("rl_keep_indexing.json",), scalar_table),
     "constraint_mask": (("constraint_mask.json",), constraint_mask_table),

@@ -53,6 +53,45 @@ def test_rows_joining_and_leaving_decode_as_alone(name):
     assert batch.mask.shape == (3, len(prompts["b"]) + 8)
 
 
+@pytest.mark.parametrize("name", ["tiny-native", "tiny-llama"])
+def test_prompts_prefilled_together_decode_as_alone(name):
+    model = load_model(name, device="cpu").model
+    prompts = [[5, 6, 7, 8, 9, 10], list(range(20, 40)), [70, 71, 72]]
+    budgets = [12, 5, 9]
+    expected = [_alone(model, p, b) for p, b in zip(prompts, budgets)]
+    batch = RunningBatch(model)
+    batch.add([90, 91, 92, 93], copies=1, budget=20)  # a row already decoding
+    batch.step([94])
+    batch.join(batch.prefill_many(prompts, [1, 2, 1], budgets))
+    assert batch.budgets == [19, 12, 5, 5, 9]
+    owner = [None, 0, 1, 1, 2]  # the prompt each row decodes
+    got: dict[int, list[list[int]]] = {i: [[] for _ in range(owner.count(i))] for i in range(3)}
+    while batch.size:
+        tokens, _ = sample_rows(batch.logits, [GREEDY] * batch.size, [None] * batch.size)
+        seen: dict[int, int] = {}
+        for row, tok in zip(owner, tokens):
+            if row is not None:
+                got[row][seen.get(row, 0)].append(tok)
+                seen[row] = seen.get(row, 0) + 1
+        keep = [i for i, b in enumerate(batch.budgets) if b > 1]
+        batch.remove(keep)
+        owner = [owner[i] for i in keep]
+        if keep:
+            batch.step([tokens[i] for i in keep])
+    assert got[0] == [expected[0]] and got[1] == [expected[1]] * 2 and got[2] == [expected[2]]
+
+
+def test_prefill_many_refuses_mismatched_and_empty_inputs():
+    batch = RunningBatch(load_model("tiny-llama", device="cpu").model)
+    with pytest.raises(BatchError, match="one copies and one budget per prompt"):
+        batch.prefill_many([[1, 2], [3]], [1], [4, 4])
+    with pytest.raises(BatchError, match="at least one token"):
+        batch.prefill_many([[1, 2], []], [1, 1], [4, 4])
+    with pytest.raises(BatchError, match="must be >= 1"):
+        batch.prefill_many([[1, 2], [3]], [1, 1], [4, 0])
+    assert batch.size == 0
+
+
 def test_native_cache_holds_every_budget():
     model = load_model("tiny-native", device="cpu").model
     batch = RunningBatch(model)

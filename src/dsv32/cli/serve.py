@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dsv32.cli import command, number_type, positive_int
+from dsv32.cli import command, non_negative_int, number_type, positive_int
 
 port_number = number_type(int, lambda v: 0 <= v <= 65535, "a port number in [0, 65535]")
 
@@ -61,6 +61,14 @@ def add(sub: argparse._SubParsersAction) -> None:
         "--enable-rl-routes auto is float32, the trainer's dtype, so that samples stay on policy",
     )
     p.add_argument(
+        "--prefix-cache-mb",
+        type=non_negative_int,
+        default=1024,
+        help="memory for KV entries kept across requests (automatic prefix caching: a prompt that "
+        "begins as an earlier prompt or conversation runs only its new tokens; least recently used "
+        "entries are evicted; 0 turns it off; default 1024)",
+    )
+    p.add_argument(
         "--threads",
         type=positive_int,
         help="torch CPU threads (default: torch's; 1 is faster on a busy machine)",
@@ -96,6 +104,7 @@ def add(sub: argparse._SubParsersAction) -> None:
             api_key=args.api_key,
             max_tokens_default=args.max_tokens_default,
             rl_routes=args.enable_rl_routes,
+            prefix_cache_bytes=args.prefix_cache_mb * 2**20,
         )
         rl = ", RL routes on" if args.enable_rl_routes else ""
         print(

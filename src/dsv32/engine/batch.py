@@ -11,9 +11,13 @@ batched matmuls).
   ``copies`` rows (``n`` samples of one prompt share the prefill) and merges it into the batch: the
   shorter side is left-padded to ``S = max(S_batch, P)`` with masked zero entries. Its two halves,
   :meth:`RunningBatch.prefill` (which leaves the batch untouched) and :meth:`RunningBatch.join`, let
-  a caller tell a prompt that cannot join from a batch that broke.
+  a caller tell a prompt that cannot join from a batch that broke; :meth:`RunningBatch.prefill_many`
+  prefills several prompts in one left-padded forward (waiting requests admitted together).
 - :meth:`RunningBatch.remove` drops rows and trims leading columns that no remaining row uses.
 - :meth:`RunningBatch.step` feeds each row its last sampled token and keeps the next-token logits.
+- With a :class:`~dsv32.engine.prefix.PrefixStore` (a server's prefix cache), :meth:`RunningBatch.prefill`
+  runs only what the store does not hold of a prompt and keeps the prompt's entries, and
+  :meth:`RunningBatch.keep` keeps rows' entries (a finished reply, for the next turn's prompt).
 
 Both kinds of cache are handled: the native :class:`~dsv32.model.cache.KVCache` (preallocated; merging
 reallocates it to ``S`` plus the largest remaining token budget of any row) and transformers'
@@ -29,7 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dsv32.engine.backends import HFBackend, NativeBackend, backend_for, hf_index_keys
+from dsv32.engine.backends import HFBackend, NativeBackend, backend_for, hf_index_keys, pad_prompts
+from dsv32.engine.prefix import PrefixStore
 from dsv32.engine.sampling import SamplingParams, sample_next
 from dsv32.errors import DSV32Error
 
@@ -114,12 +119,12 @@ def check_batchable(model) -> None:
 # ---------------------------------------------------------------------------------- the batch
 @dataclass
 class Prefilled:
-    """A prompt's ``copies`` rows, prefilled alone, ready to join a batch (:meth:`RunningBatch.join`)."""
+    """Prompts' rows, prefilled together, ready to join a batch (:meth:`RunningBatch.join`)."""
 
     cache: object
-    mask: torch.Tensor  # [copies, P]
-    logits: torch.Tensor  # [copies, V]
-    budget: int
+    mask: torch.Tensor  # [rows, P], left-padded
+    logits: torch.Tensor  # [rows, V]
+    budgets: list[int]  # per row
 
 
 class RunningBatch:
@@ -150,37 +155,62 @@ class RunningBatch:
         """Prefill ``prompt_ids`` and append ``copies`` rows for it, each allowed ``budget`` new tokens."""
         self.join(self.prefill(prompt_ids, copies, budget))
 
+    def prefill(
+        self, prompt_ids: Sequence[int], copies: int, budget: int, prefix: PrefixStore | None = None
+    ) -> Prefilled:
+        """``prompt_ids`` prefilled alone for ``copies`` rows (see :meth:`prefill_many`)."""
+        return self.prefill_many([prompt_ids], [copies], [budget], prefix)
+
     @torch.no_grad()
-    def prefill(self, prompt_ids: Sequence[int], copies: int, budget: int) -> Prefilled:
-        """``prompt_ids`` prefilled alone for ``copies`` rows and checked against the batch's cache; the
-        batch itself is unchanged, so a :class:`BatchError` or a failing forward here concerns only
-        this prompt."""
-        if not prompt_ids:
+    def prefill_many(
+        self,
+        prompts: Sequence[Sequence[int]],
+        copies: Sequence[int],
+        budgets: Sequence[int],
+        prefix: PrefixStore | None = None,
+    ) -> Prefilled:
+        """``prompts`` prefilled together (one left-padded forward) for ``copies[i]`` rows of prompt
+        ``i``, each allowed ``budgets[i]`` new tokens, and checked against the batch's cache; the batch
+        itself is unchanged, so a :class:`BatchError` or a failing forward here concerns only these
+        prompts. With ``prefix``, each prompt's longest prefix held there is not run again and the
+        prompts' entries are kept there."""
+        if not prompts or len(copies) != len(prompts) or len(budgets) != len(prompts):
+            raise BatchError(
+                f"one copies and one budget per prompt: {len(prompts)} prompts, {len(copies)} copies, "
+                f"{len(budgets)} budgets"
+            )
+        if any(not p for p in prompts):
             raise BatchError("a prompt needs at least one token")
-        if copies < 1 or budget < 1:
-            raise BatchError(f"copies and budget must be >= 1, got {copies} and {budget}")
-        P = len(prompt_ids)
-        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
-        mask = torch.ones_like(ids)
+        if any(c < 1 for c in copies) or any(b < 1 for b in budgets):
+            raise BatchError(f"copies and budget must be >= 1, got {list(copies)} and {list(budgets)}")
+        rows = [list(p) for p in prompts]
+        ids, mask = pad_prompts(rows, self.pad_token_id, self.device)
+        max_len = ids.shape[1] + max(budgets)
         fresh = backend_for(self.model)
-        logits = fresh.prefill(ids, mask, max_len=P + budget)  # [1, V]
-        repeat = torch.zeros(copies, dtype=torch.long, device=self.device)
-        if copies > 1:
-            fresh.drop_rows(repeat)
+        if prefix is not None and fresh.can_reuse_prefix:
+            logits = prefix.prefill(fresh, rows, ids, mask, max_len=max_len)
+            positions = list(range(len(rows)))
+            prefix.capture(fresh, positions, positions, rows, ids.shape[1])
+            prefix.commit()
+        else:
+            logits = fresh.prefill(ids, mask, max_len=max_len)  # [B, V]
+        repeat = [i for i, c in enumerate(copies) for _ in range(c)]
+        index = torch.tensor(repeat, dtype=torch.long, device=self.device)
+        if repeat != list(range(len(rows))):
+            fresh.drop_rows(index)
         if self.size and not self.native:
             _hf_check_merge(self.backend.cache, fresh.cache)
-        return Prefilled(fresh.cache, mask[repeat], logits[repeat], budget)
+        return Prefilled(fresh.cache, mask[index], logits[index], [budgets[i] for i in repeat])
 
     def join(self, rows: Prefilled) -> None:
         """Merge prefilled ``rows`` into the batch: the shorter side is left-padded to the longer."""
-        copies = rows.mask.shape[0]
         if self.size == 0:
             self.backend.cache, self.mask, self.logits = rows.cache, rows.mask, rows.logits
-            self.budgets = [rows.budget] * copies
+            self.budgets = list(rows.budgets)
             return
         S_old, P = self.mask.shape[1], rows.mask.shape[1]
         S = max(S_old, P)
-        budgets = self.budgets + [rows.budget] * copies
+        budgets = self.budgets + list(rows.budgets)
         if self.native:
             self.backend.cache = _native_merge(self.model, self.backend.cache, rows.cache, S + max(budgets))
         else:
@@ -207,6 +237,19 @@ class RunningBatch:
                 self.backend.cache.drop_front(drop)
             else:
                 _hf_trim(self.backend.cache, drop)
+
+    def keep(self, prefix: PrefixStore, positions: Sequence[int], ids: Sequence[Sequence[int]]) -> None:
+        """Keep in ``prefix`` the entries of rows ``positions``, which hold the tokens ``ids`` (every
+        token a row was fed: its prompt and its reply except the token sampled last)."""
+        if not positions or not self.backend.can_reuse_prefix:
+            return
+        held = self.mask[list(positions)].sum(1).tolist()
+        if held != [len(i) for i in ids]:
+            raise BatchError(f"rows hold {held} tokens, not the {[len(i) for i in ids]} given")
+        prefix.capture(
+            self.backend, list(positions), list(positions), [list(i) for i in ids], self.mask.shape[1]
+        )
+        prefix.commit()
 
     @torch.no_grad()
     def step(self, tokens: Sequence[int]) -> None:

@@ -31,6 +31,13 @@ and a model whose cache cannot be cut per row (sliding-window layers) runs witho
 
 Counters: ``prompt_tokens`` (of every prompt given), ``prefilled_tokens`` (run through the model,
 shared runs once) and ``reused_tokens``, the difference: the prefill work saved.
+
+:class:`PrefixStore` is the same matching and prefill kept across calls and requests, as a server
+keeps it (automatic prefix caching, as vLLM and SGLang do): kept rows stay until evicted, least
+recently used first, so that the store's entries never take more than ``max_bytes``; a row whose
+tokens begin another kept row's is dropped (the longer row serves every prompt the shorter one
+did). Like a :class:`PrefixCache`, a store belongs to the weights that computed its entries:
+whoever changes the weights clears it.
 """
 
 from __future__ import annotations
@@ -44,12 +51,16 @@ from dsv32.engine.backends import pad_prompts
 from dsv32.engine.session import common_prefix
 
 
-@dataclass
+@dataclass(eq=False)
 class KeptRow:
     """One row's KV entries: exactly ``len(ids)`` positions (backend-specific tensors, batch 1)."""
 
     ids: list[int]
     kv: dict
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in _tensors(self.kv))
 
 
 class PrefixCache:
@@ -71,7 +82,7 @@ class PrefixCache:
 
     def nbytes(self) -> int:
         """Memory the kept entries take."""
-        return sum(t.numel() * t.element_size() for r in self.rows for t in _tensors(r.kv))
+        return sum(r.nbytes for r in self.rows)
 
     # ------------------------------------------------------------------------------ prefill
     def match(self, prompt: Sequence[int]) -> tuple[KeptRow | None, int]:
@@ -118,7 +129,11 @@ class PrefixCache:
         ids, mask = pad_prompts(prompts, backend.pad_token_id or 0, backend.device)
         self._prefill(fresh, prompts, ids, mask, max_len=ids.shape[1] + 1)
         kvs = fresh.export_rows(list(range(len(prompts))), [len(p) for p in prompts], ids.shape[1])
-        self.rows += [KeptRow(list(p), kv) for p, kv in zip(prompts, kvs)]
+        for p, kv in zip(prompts, kvs):
+            self._add(KeptRow(list(p), kv))
+
+    def _add(self, row: KeptRow) -> None:
+        self.rows.append(row)
 
     def _prefill_duplicates(self, backend, prompts: list[list[int]]) -> None:
         """Prompts that occur more than once and match nothing kept: run each once (all but its last
@@ -146,6 +161,78 @@ class PrefixCache:
         """The rows captured in this call become the kept rows (the previous ones are released)."""
         self.rows = [self._captured[r] for r in sorted(self._captured)]
         self._captured = {}
+
+
+class PrefixStore(PrefixCache):
+    """Kept rows across calls, at most ``max_bytes`` of entries, least recently used evicted first
+    (see the module docstring). Not thread-safe: its users hold one lock around every call.
+
+    ``hit_tokens`` / ``query_tokens`` is the hit rate: of the prompt tokens looked up, those whose
+    entries came from the store (``reused_tokens``); ``evicted`` counts the rows evicted.
+    """
+
+    def __init__(self, max_bytes: int, *, dedupe: bool = True) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        super().__init__(dedupe=dedupe)
+        self.max_bytes = int(max_bytes)
+        self.evicted = 0
+        self._bytes = 0
+
+    @property
+    def query_tokens(self) -> int:
+        return self.prompt_tokens
+
+    @property
+    def hit_tokens(self) -> int:
+        return self.reused_tokens
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def clear(self) -> None:
+        """Forget every kept row (the weights changed); the counters stay."""
+        super().clear()
+        self._bytes = 0
+
+    def match(self, prompt: Sequence[int]) -> tuple[KeptRow | None, int]:
+        best, k = super().match(prompt)
+        if best is not None and k > 0:  # most recently used last
+            self.rows.remove(best)
+            self.rows.append(best)
+        return best, k
+
+    def commit(self) -> None:
+        """The rows captured in this call join the kept ones (instead of replacing them)."""
+        captured, self._captured = [self._captured[r] for r in sorted(self._captured)], {}
+        for row in captured:
+            self._add(row)
+
+    def _add(self, row: KeptRow) -> None:
+        size = row.nbytes
+        if size > self.max_bytes:  # never kept: it alone would exceed the bound
+            return
+        n = len(row.ids)
+        covered = [r for r in self.rows if len(r.ids) >= n and r.ids[:n] == row.ids]
+        if covered:  # a longer row already serves every prompt this one would
+            self.rows.remove(covered[0])
+            self.rows.append(covered[0])
+            return
+        for r in [r for r in self.rows if len(r.ids) < n and row.ids[: len(r.ids)] == r.ids]:
+            self._drop(r)
+        self.rows.append(row)
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            self._drop(self.rows[0])
+            self.evicted += 1
+
+    def _drop(self, row: KeptRow) -> None:
+        self.rows.remove(row)
+        self._bytes -= row.nbytes
 
 
 def _chunk(new: list[int]) -> int:

@@ -67,15 +67,24 @@ def create_app(
     api_key: str | None = None,
     max_tokens_default: int | None = None,
     rl_routes: bool = False,
+    prefix_cache_bytes: int = 2**30,
 ) -> FastAPI:
     """The application; its scheduler thread runs while the app's lifespan does. A model whose KV
     caches cannot be batched (sliding window) with ``max_batch > 1`` is a
     :class:`~dsv32.engine.batch.BatchError` naming ``--max-batch 1``. A chat request without
     ``max_tokens`` may generate ``max_tokens_default`` tokens, or (None) the rest of the window.
     ``rl_routes``: also serve the RL routes that pause the server and load weights
-    (:data:`~dsv32.serve.rl_routes.CONTROL_ROUTES`; ``--enable-rl-routes``), a 404 otherwise."""
+    (:data:`~dsv32.serve.rl_routes.CONTROL_ROUTES`; ``--enable-rl-routes``), a 404 otherwise.
+    ``prefix_cache_bytes``: the bound of the prefix cache across requests (0: none; see
+    :mod:`dsv32.serve.scheduler`)."""
     metrics = Metrics()
-    scheduler = Scheduler(served, max_batch=max_batch, max_queue=max_queue, metrics=metrics)
+    scheduler = Scheduler(
+        served,
+        max_batch=max_batch,
+        max_queue=max_queue,
+        metrics=metrics,
+        prefix_cache_bytes=prefix_cache_bytes,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

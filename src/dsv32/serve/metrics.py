@@ -1,7 +1,8 @@
 """Server metrics in the Prometheus text exposition format (``GET /metrics``).
 
-Counters (requests by endpoint and status, prompt and generated tokens), gauges (running rows,
-waiting requests) and histograms (request latency, time to first token, queue time, decode batch
+Counters (requests by endpoint and status, prompt and generated tokens, the prefix cache's looked-up
+and hit tokens and evictions), gauges (running rows, waiting requests, the prefix cache's size and hit
+rate) and histograms (request latency, time to first token, queue time, decode batch
 size). Updated from the event loop and the scheduler thread, hence the lock.
 """
 
@@ -22,8 +23,17 @@ COUNTERS = {
     "requests_total": "finished requests by endpoint and HTTP status",
     "prompt_tokens_total": "prompt tokens of admitted requests",
     "generation_tokens_total": "generated tokens",
+    "prefix_cache_queries_total": "prompt tokens looked up in the prefix cache",
+    "prefix_cache_hits_total": "prompt tokens whose KV entries came from the prefix cache",
+    "prefix_cache_evictions_total": "rows evicted from the prefix cache (least recently used)",
 }
-GAUGES = {"running_rows": "rows decoding now", "waiting_requests": "requests waiting for a slot"}
+GAUGES = {
+    "running_rows": "rows decoding now",
+    "waiting_requests": "requests waiting for a slot",
+    "prefix_cache_bytes": "memory the prefix cache's KV entries take",
+    "prefix_cache_rows": "token sequences held in the prefix cache",
+    "prefix_cache_hit_rate": "prefix_cache_hits_total / prefix_cache_queries_total",
+}
 
 
 def _labels(labels: dict[str, str]) -> str:

@@ -168,7 +168,10 @@ class RLControl:
                 self._pause("wait", WAIT_LIMIT)
             try:
                 with self.scheduler.model_lock:
-                    yield
+                    try:
+                        yield
+                    finally:  # the kept entries belong to the weights that computed them
+                        self.scheduler.clear_prefix()
             finally:
                 if not was_paused:
                     self._resume()
@@ -293,6 +296,8 @@ class RLControl:
         generator = None if p.seed is None else torch.Generator().manual_seed(p.seed)
         eos = served.eos_ids if p.stop_token_ids is None else p.stop_token_ids
         pad = self._pad_id(body.pad_token_id, eos)
+        routing = p.return_routed_experts and native
+        indexing = p.return_indexer_topk and sparse_dsa(model)
         with self.scheduler.model_lock:
             version = self.version
             out = generate(
@@ -305,10 +310,13 @@ class RLControl:
                 eos_token_id=eos,
                 pad_token_id=pad,
                 generator=generator,
-                return_routing=p.return_routed_experts and native,
+                return_routing=routing,
                 return_kept=p.return_sampling_mask and truncating,
-                return_indexing=p.return_indexer_topk and sparse_dsa(model),
+                return_indexing=indexing,
+                # kept positions' routing and selections are not recorded again
+                prefix=None if routing or indexing else self.scheduler.prefix,
             )
+        self.scheduler.report_prefix()
         reply = self._reply(prompts, out, set(eos), version, body.batched)
         if body.batched:
             reply.pad_token_id = pad

@@ -2,9 +2,10 @@
 
 Each loop iteration:
 
-1. **admit** waiting jobs in arrival order while their ``n`` rows fit into ``max_batch`` (a job's
-   prompt is prefilled once and its ``n`` rows join the running batch, see
-   :class:`~dsv32.engine.batch.RunningBatch`);
+1. **admit** waiting jobs in arrival order while their ``n`` rows fit into ``max_batch``: their
+   prompts are prefilled together (one left-padded forward for up to :data:`PREFILL_TOKENS` padded
+   tokens; a job's ``n`` rows share its prompt's) and their rows join the running batch, see
+   :class:`~dsv32.engine.batch.RunningBatch`;
 2. **sample** one token for every row, each with its own parameters and seeded generator (and, for
    a request with a grammar, only among the tokens its :class:`~dsv32.engine.constraint.Constraint`
    allows), decode it, check EOS / stop strings / ``max_tokens``, and send the row's new text (and
@@ -20,6 +21,13 @@ rows at the next iteration. A row that cannot be sampled fails its own job; a re
 the batch (its prefill, or the checks that its cache can be merged, fail) fails alone; a failure
 inside a step or a merge is reported to every job in the batch, which is reset. The thread keeps
 serving.
+
+With a prefix cache (``prefix_cache_bytes > 0``, a :class:`~dsv32.engine.prefix.PrefixStore`), a
+prompt's prefill runs only what the cache does not hold of it and keeps the prompt's entries, and a
+row that finishes keeps its prompt and reply, so the ``n`` samples of a group, repeated system prompts
+and every turn of a conversation share their prefixes. The cache is bounded in bytes (least recently
+used rows evicted), cleared whenever the weights change, and reported in ``/metrics``
+(``prefix_cache_queries_total`` and ``prefix_cache_hits_total`` in tokens, their ratio, its size).
 
 The batch records no DSA indexer selections (Keep Indexing): a request for them
 (``return_indexer_topk``) is refused with a 400 before it becomes a job
@@ -41,6 +49,7 @@ import torch
 
 from dsv32.engine.batch import RunningBatch, check_batchable, sample_rows
 from dsv32.engine.constraint import Grammar, GrammarError
+from dsv32.engine.prefix import PrefixStore
 from dsv32.engine.sampling import SamplingParams
 from dsv32.engine.tokenbytes import TokenBytes
 from dsv32.serve.detok import IncrementalText
@@ -51,6 +60,8 @@ from dsv32.serve.runtime import ServedModel
 logger = logging.getLogger(__name__)
 
 PAUSE_MODES = ("abort", "wait", "keep")
+#: The most padded prompt tokens prefilled in one forward when several requests are admitted at once.
+PREFILL_TOKENS = 8192
 
 
 @dataclass
@@ -101,6 +112,7 @@ class _Row:
         self.job = job
         self.index = index
         self.count = 0
+        self.tokens: list[int] = []  # sampled so far
         self.text = IncrementalText(tokenizer, skip_special_tokens=job.skip_special_tokens, stops=job.stops)
         self.generator = None
         if not job.params.greedy:
@@ -121,7 +133,12 @@ class Scheduler:
     """The batching loop over ``served``'s model (see the module docstring)."""
 
     def __init__(
-        self, served: ServedModel, max_batch: int = 8, max_queue: int = 64, metrics: Metrics | None = None
+        self,
+        served: ServedModel,
+        max_batch: int = 8,
+        max_queue: int = 64,
+        metrics: Metrics | None = None,
+        prefix_cache_bytes: int = 0,
     ):
         self.served = served
         self.max_batch = max_batch
@@ -130,6 +147,10 @@ class Scheduler:
         if max_batch > 1:  # a cache that cannot be merged is refused now, not at the second request
             check_batchable(served.model)
         self.batch = RunningBatch(served.model)
+        # the prefix cache: used under model_lock only (this thread, the RL routes' generate)
+        self.prefix = PrefixStore(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self._reported = (0, 0, 0)  # the prefix counters already in the metrics
+        self._reporting = threading.Lock()
         self.rows: list[_Row] = []
         self.waiting: deque[Job] = deque()
         self.cond = threading.Condition()
@@ -238,6 +259,7 @@ class Scheduler:
                 self.rows = []
                 self.batch = RunningBatch(self.served.model)
             self.metrics.set_gauges(running_rows=len(self.rows), waiting_requests=len(self.waiting))
+            self.report_prefix()
         with self.cond:
             jobs = [r.job for r in self.rows] + list(self.waiting)
             self.rows, self.waiting = [], deque()
@@ -245,23 +267,91 @@ class Scheduler:
             job.emit(Failed(shutting_down().message, status=503, code="shutting_down"))
         self.metrics.set_gauges(running_rows=0, waiting_requests=0)
 
+    def report_prefix(self) -> None:
+        """Bring the prefix cache's counters and size into the metrics (from any thread)."""
+        store = self.prefix
+        if store is None:
+            return
+        with self._reporting:
+            self._report(store)
+
+    def _report(self, store: PrefixStore) -> None:
+        now = (store.query_tokens, store.hit_tokens, store.evicted)
+        for name, new, old in zip(
+            ("prefix_cache_queries_total", "prefix_cache_hits_total", "prefix_cache_evictions_total"),
+            now,
+            self._reported,
+        ):
+            if new != old:
+                self.metrics.count(name, new - old)
+        self._reported = now
+        self.metrics.set_gauges(
+            prefix_cache_bytes=store.nbytes(),
+            prefix_cache_rows=len(store.rows),
+            prefix_cache_hit_rate=store.hit_rate,
+        )
+
+    def clear_prefix(self) -> None:
+        """Forget the prefix cache's entries (call with ``model_lock`` held, when the weights change)."""
+        if self.prefix is not None:
+            self.prefix.clear()
+            self.report_prefix()
+
     def _admit(self) -> None:
-        while True:
-            with self.cond:
-                if not self.waiting or len(self.rows) + self.waiting[0].n > self.max_batch:
-                    return
+        """Admit waiting jobs while their rows fit; their prompts are prefilled together, in groups of
+        at most :data:`PREFILL_TOKENS` padded tokens."""
+        jobs: list[Job] = []
+        free = self.max_batch - len(self.rows)
+        with self.cond:
+            while self.waiting and self.waiting[0].n <= free:
                 job = self.waiting.popleft()
-            if job.cancelled:
-                continue
-            self.metrics.observe("queue_time_seconds", time.monotonic() - job.submitted)
-            try:  # what only this job needs (its rows, its prefill, the merge checks) fails only this job
+                if job.cancelled:
+                    continue
+                jobs.append(job)
+                free -= job.n
+        now = time.monotonic()
+        for job in jobs:
+            self.metrics.observe("queue_time_seconds", now - job.submitted)
+        group: list[Job] = []
+        for job in jobs:
+            longest = max([len(j.prompt_ids) for j in group] + [len(job.prompt_ids)])
+            if group and longest * (len(group) + 1) > PREFILL_TOKENS:
+                self._join(group)
+                group = []
+            group.append(job)
+        if group:
+            self._join(group)
+
+    def _join(self, jobs: list[Job]) -> None:
+        """Prefill ``jobs`` together and add their rows; when that fails, each job alone, so that
+        what only one job needs (its rows, its prefill, the merge checks) fails only that job."""
+        if len(jobs) > 1:
+            try:
+                rows = [
+                    _Row(job, i, self.served.tokenizer, self.batch.device)
+                    for job in jobs
+                    for i in range(job.n)
+                ]
+                prefilled = self.batch.prefill_many(
+                    [j.prompt_ids for j in jobs],
+                    [j.n for j in jobs],
+                    [j.max_tokens for j in jobs],
+                    self.prefix,
+                )
+            except Exception:
+                logger.warning("prefilling %d requests together failed; each is tried alone", len(jobs))
+            else:
+                self.rows += rows  # the rows join before the merge: a failing merge fails them with the batch
+                self.batch.join(prefilled)
+                return
+        for job in jobs:
+            try:
                 rows = [_Row(job, i, self.served.tokenizer, self.batch.device) for i in range(job.n)]
-                prefilled = self.batch.prefill(job.prompt_ids, job.n, job.max_tokens)
+                prefilled = self.batch.prefill(job.prompt_ids, job.n, job.max_tokens, self.prefix)
             except Exception as err:
                 logger.exception("a request could not join the batch")
                 _fail([job], f"generation failed: {type(err).__name__}: {err}")
                 continue
-            # the rows join before the merge, so that a failing merge fails this job with the batch
             self.rows += rows
             self.batch.join(prefilled)
 
@@ -282,6 +372,7 @@ class Scheduler:
                 job.emit(Failed(f"generation failed: {type(err).__name__}: {err}"))
                 failed.add(id(job))
         keep: list[int] = []
+        done: list[int] = []  # rows that finished at this token
         advanced = 0
         for i, row in enumerate(rows):
             if row.job.cancelled or id(row.job) in failed:
@@ -296,7 +387,17 @@ class Scheduler:
                     continue
             if self._advance(row, tokens[i], None if logprobs is None else logprobs[i]):
                 keep.append(i)
+            else:
+                done.append(i)
         self.metrics.count("generation_tokens_total", advanced)
+        if self.prefix is not None:  # finished replies: the next turn's prompt begins with them
+            done = [i for i in done if len(rows[i].tokens) > 1]  # the others hold their prompt only
+            try:
+                self.batch.keep(
+                    self.prefix, done, [rows[i].job.prompt_ids + rows[i].tokens[:-1] for i in done]
+                )
+            except Exception:  # the cache is an optimization: a row it cannot keep costs nothing else
+                logger.exception("finished rows could not be kept in the prefix cache")
         self.rows = [rows[i] for i in keep]
         self.batch.remove(keep)
         if keep:
@@ -324,6 +425,7 @@ class Scheduler:
         """Record ``token`` for ``row``; send its events; True while the row goes on."""
         job = row.job
         row.count += 1
+        row.tokens.append(token)
         ends = token in self.eos and not job.ignore_eos
         piece = row.text.push(token) if job.eos_text or not ends else ""
         reason = None
