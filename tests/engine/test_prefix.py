@@ -130,3 +130,17 @@ def test_a_row_whose_kept_prefix_ends_early_does_not_make_every_row_rerun():
     assert torch.allclose(a.logprobs, b.logprobs, atol=1e-4)
     # five rows reuse all but their last 3 tokens; row 0 runs its 32 new tokens: far from 6 × 32
     assert prefix.prefilled_tokens - before <= 32 + 6 * 3
+
+
+def test_kept_rows_are_released_once_a_prefill_has_copied_them():
+    from dsv32.engine.backends import backend_for, pad_prompts
+
+    model = tiny_llama()
+    prefix = PrefixCache()
+    out = generate(model, [[5, 6, 7, 8]], max_new_tokens=3, temperature=0.0, eos_token_id=[], prefix=prefix)
+    assert len(prefix.rows) == 1
+    prompt = [5, 6, 7, 8, *out.tokens[0].tolist(), 9]
+    ids, mask = pad_prompts([prompt], 0)
+    prefix.prefill(backend_for(model), [prompt], ids, mask, max_len=len(prompt) + 2)
+    assert prefix.rows == [] and prefix.nbytes() == 0  # the entries live in the backend's cache now
+    assert prefix.reused_tokens == len(prompt) - 2  # all but the last reply token and the new one

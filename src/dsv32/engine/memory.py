@@ -6,7 +6,10 @@ eight per core) and keeps what a call freed in that arena for later use, so afte
 calls of 64–100 rows the process holds the peak of several arenas at once (with the agentic
 recipe's SmolLM2, 9.3 GB resident for 0.8 GB of live tensors after a GRPO step of 32 episodes;
 1.4 GB once released). :func:`release_free_memory` (``malloc_trim``) returns the free pages of every
-arena; the rollouts, the evaluations and the agentic GRPO step's update call it when they finish.
+arena; the rollouts, the evaluations and the agentic GRPO step's update call it when they finish,
+and the lockstep batcher after every batched call of the in-process engine (a greedy evaluation of
+16 synthesized-environment episodes of ~1 600 tokens on SmolLM2 peaked at 6.4 GB resident without
+it, 4.3 GB with it).
 It is a no-op where the C library has no ``malloc_trim`` (macOS, musl)."""
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ def _malloc_trim():
     return trim
 
 
-def release_free_memory() -> bool:
-    """Collect unreachable objects, then return every malloc arena's free pages to the OS; True when
-    the C library could do it (glibc), False where this is a no-op."""
-    gc.collect()
+def release_free_memory(collect: bool = True) -> bool:
+    """Collect unreachable objects (``collect``: tensors are freed when their last reference goes, so
+    a caller that holds no cycles can skip it), then return every malloc arena's free pages to the OS;
+    True when the C library could do it (glibc), False where this is a no-op."""
+    if collect:
+        gc.collect()
     trim = _malloc_trim()
     if trim is None:
         return False

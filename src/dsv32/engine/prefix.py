@@ -22,8 +22,8 @@ batch from those entries:
 - Identical prompts that match nothing kept (the G episodes of a task at their first call) are
   prefilled once: their unique prompts run first, and the duplicates reuse them.
 
-Kept rows live until the next call (a lockstep batch calls with every live episode each time) and
-belong to the weights that computed them: a cache lives for one batch of episodes, never across a
+Kept rows live until the next call has prefilled from them (a lockstep batch calls with every live
+episode each time) and belong to the weights that computed them: a cache lives for one batch of episodes, never across a
 weight update. Both kinds of model are handled (the native cache's MLA latents and indexer keys;
 transformers' K/V per layer and, with DSA attached, the indexer keys beside them); MoE routing of
 kept positions is not recorded again, so a call that asks for routing cannot take a prefix cache,
@@ -99,7 +99,15 @@ class PrefixCache:
         """Prefill the left-padded batch ``ids``/``mask`` (``prompts`` its rows as lists) on
         ``backend`` from the kept rows; the next-token logits ``[B, V]``."""
         self.prompt_tokens += sum(len(p) for p in prompts)
-        return self._prefill(backend, prompts, ids, mask, max_len)
+        logits = self._prefill(backend, prompts, ids, mask, max_len)
+        self._prefilled()
+        return logits
+
+    def _prefilled(self) -> None:
+        """After a prefill: the kept rows' entries are in the backend's cache now, and this call's rows
+        replace them at :meth:`commit`, so they are released at once (a batch of long episodes would
+        otherwise hold its KV entries twice through the whole call)."""
+        self.rows = []
 
     def _prefill(self, backend, prompts, ids, mask, max_len):
         N = ids.shape[1]  # without reuse every row runs all of its tokens
@@ -193,6 +201,9 @@ class PrefixStore(PrefixCache):
 
     def nbytes(self) -> int:
         return self._bytes
+
+    def _prefilled(self) -> None:
+        """The kept rows stay: they serve the requests that follow."""
 
     def clear(self) -> None:
         """Forget every kept row (the weights changed); the counters stay."""

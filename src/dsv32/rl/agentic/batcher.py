@@ -38,6 +38,7 @@ import torch
 from dsv32.agent.backends.base import Completion, Usage
 from dsv32.agent.backends.formats import V32Format
 from dsv32.agent.errors import BackendError
+from dsv32.engine.memory import release_free_memory
 from dsv32.engine.prefix import PrefixCache
 from dsv32.rl.engines import InProcessEngine, RolloutEngine, run_calls, split_calls
 from dsv32.rl.grpo.rollout import SamplingConfig, truncates
@@ -149,6 +150,8 @@ class LockstepBatcher:
             outs = run_calls(calls, lambda c: self._call([prompts[j] for j in c[0]], c[1]))
         finally:
             model.train(was)
+            if self.engine.shares_weights:  # the call's caches, freed in whichever thread ran it
+                release_free_memory(collect=False)
         self.calls += 1
         records: list[StepRecord | None] = [None] * len(prompts)
         for (rows, _), out in zip(calls, outs):
