@@ -8,25 +8,11 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from helpers.engine import tiny_hf, tiny_native  # noqa: E402
+from helpers.engine import PREFIX_MODELS as MODELS  # noqa: E402
+from helpers.engine import tiny_hf, tiny_llama, tiny_native  # noqa: E402
 
 from dsv32.engine import generate  # noqa: E402
 from dsv32.engine.prefix import PrefixCache  # noqa: E402
-
-
-def tiny_llama():
-    return tiny_hf("llama", max_position_embeddings=512)
-
-
-def tiny_dsa_llama():
-    from dsv32.dsa import attach_dsa
-
-    model = tiny_llama()
-    attach_dsa(model, 2, 16, 4, mode="sparse")  # 4 keys of dozens: the kept indexer keys matter
-    return model
-
-
-MODELS = {"llama": tiny_llama, "native": tiny_native, "llama+dsa": tiny_dsa_llama}
 
 
 def conversation(model, turns: int, prefix: PrefixCache | None, *, eos: int, sample: bool):

@@ -8,28 +8,14 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from helpers.engine import tiny_hf, tiny_native  # noqa: E402
+from helpers.engine import PREFIX_MODELS as MODELS  # noqa: E402
+from helpers.engine import tiny_hf, tiny_llama  # noqa: E402
 
 from dsv32.engine.batch import BatchError, RunningBatch, sample_rows  # noqa: E402
 from dsv32.engine.prefix import PrefixStore  # noqa: E402
 from dsv32.engine.sampling import SamplingParams  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
-
-
-def tiny_llama():
-    return tiny_hf("llama", max_position_embeddings=512)
-
-
-def tiny_dsa_llama():
-    from dsv32.dsa import attach_dsa
-
-    model = tiny_llama()
-    attach_dsa(model, 2, 16, 4, mode="sparse")  # 4 keys of dozens: the kept indexer keys matter
-    return model
-
-
-MODELS = {"llama": tiny_llama, "native": tiny_native, "llama+dsa": tiny_dsa_llama}
 
 
 def decode(model, prompt: list[int], steps: int, store: PrefixStore | None, keep: bool = True) -> list[int]:

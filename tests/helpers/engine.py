@@ -43,3 +43,21 @@ def tiny_native() -> DeepseekV32:
     m = DeepseekV32(cfg).eval()
     m.init_weights(std=0.3)  # peaky logits so that greedy decoding is not decided by rounding
     return m
+
+
+def tiny_llama():
+    """A tiny random Llama with a 512-token window."""
+    return tiny_hf("llama", max_position_embeddings=512)
+
+
+def tiny_dsa_llama():
+    """:func:`tiny_llama` with DSA attached in sparse mode, 4 keys of dozens (kept indexer keys matter)."""
+    from dsv32.dsa import attach_dsa
+
+    model = tiny_llama()
+    attach_dsa(model, 2, 16, 4, mode="sparse")
+    return model
+
+
+#: The three kinds of cache a prefix is kept from: transformers', the native one, and DSA's beside K/V.
+PREFIX_MODELS = {"llama": tiny_llama, "native": tiny_native, "llama+dsa": tiny_dsa_llama}
