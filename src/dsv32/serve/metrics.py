@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
+from collections.abc import Callable
 
 PREFIX = "dsv32_"
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -48,6 +49,12 @@ class Metrics:
         self.counters: dict[str, dict[tuple, float]] = {name: {} for name in COUNTERS}
         self.gauges: dict[str, float] = dict.fromkeys(GAUGES, 0.0)
         self.histograms = {name: [[0] * (len(b) + 1), 0.0, 0] for name, (_, b) in HISTOGRAMS.items()}
+        self.sources: list[Callable[[], dict[str, float]]] = []
+
+    def read_from(self, source: Callable[[], dict[str, float]]) -> None:
+        """Counters and gauges (by name, unlabelled) that ``source`` returns when the metrics are
+        rendered: numbers an object keeps itself, read where they are kept."""
+        self.sources.append(source)
 
     def count(self, name: str, value: float = 1.0, **labels: str) -> None:
         key = tuple(sorted(labels.items()))
@@ -70,14 +77,15 @@ class Metrics:
     def render(self) -> str:
         """The Prometheus text format (version 0.0.4)."""
         lines: list[str] = []
+        read = {name: value for source in self.sources for name, value in source().items()}
         with self.lock:
             for name, help_text in COUNTERS.items():
                 lines += [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} counter"]
-                values = self.counters[name] or {(): 0.0}
+                values = {(): read[name]} if name in read else self.counters[name] or {(): 0.0}
                 lines += [f"{PREFIX}{name}{_labels(dict(k))} {v:g}" for k, v in sorted(values.items())]
             for name, help_text in GAUGES.items():
                 lines += [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} gauge"]
-                lines.append(f"{PREFIX}{name} {self.gauges[name]:g}")
+                lines.append(f"{PREFIX}{name} {read.get(name, self.gauges[name]):g}")
             for name, (help_text, buckets) in HISTOGRAMS.items():
                 counts, total, n = self.histograms[name]
                 lines += [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} histogram"]

@@ -316,7 +316,6 @@ class RLControl:
                 # kept positions' routing and selections are not recorded again
                 prefix=None if routing or indexing else self.scheduler.prefix,
             )
-        self.scheduler.report_prefix()
         reply = self._reply(prompts, out, set(eos), version, body.batched)
         if body.batched:
             reply.pad_token_id = pad

@@ -111,7 +111,6 @@ class _Row:
     def __init__(self, job: Job, index: int, tokenizer, device: torch.device) -> None:
         self.job = job
         self.index = index
-        self.count = 0
         self.tokens: list[int] = []  # sampled so far
         self.text = IncrementalText(tokenizer, skip_special_tokens=job.skip_special_tokens, stops=job.stops)
         self.generator = None
@@ -149,8 +148,8 @@ class Scheduler:
         self.batch = RunningBatch(served.model)
         # the prefix cache: used under model_lock only (this thread, the RL routes' generate)
         self.prefix = PrefixStore(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
-        self._reported = (0, 0, 0)  # the prefix counters already in the metrics
-        self._reporting = threading.Lock()
+        if self.prefix is not None:
+            self.metrics.read_from(self._prefix_metrics)
         self.rows: list[_Row] = []
         self.waiting: deque[Job] = deque()
         self.cond = threading.Condition()
@@ -259,7 +258,6 @@ class Scheduler:
                 self.rows = []
                 self.batch = RunningBatch(self.served.model)
             self.metrics.set_gauges(running_rows=len(self.rows), waiting_requests=len(self.waiting))
-            self.report_prefix()
         with self.cond:
             jobs = [r.job for r in self.rows] + list(self.waiting)
             self.rows, self.waiting = [], deque()
@@ -267,35 +265,22 @@ class Scheduler:
             job.emit(Failed(shutting_down().message, status=503, code="shutting_down"))
         self.metrics.set_gauges(running_rows=0, waiting_requests=0)
 
-    def report_prefix(self) -> None:
-        """Bring the prefix cache's counters and size into the metrics (from any thread)."""
+    def _prefix_metrics(self) -> dict[str, float]:
+        """The prefix cache's counters and size, as ``/metrics`` shows them (read from any thread)."""
         store = self.prefix
-        if store is None:
-            return
-        with self._reporting:
-            self._report(store)
-
-    def _report(self, store: PrefixStore) -> None:
-        now = (store.query_tokens, store.hit_tokens, store.evicted)
-        for name, new, old in zip(
-            ("prefix_cache_queries_total", "prefix_cache_hits_total", "prefix_cache_evictions_total"),
-            now,
-            self._reported,
-        ):
-            if new != old:
-                self.metrics.count(name, new - old)
-        self._reported = now
-        self.metrics.set_gauges(
-            prefix_cache_bytes=store.nbytes(),
-            prefix_cache_rows=len(store.rows),
-            prefix_cache_hit_rate=store.hit_rate,
-        )
+        return {
+            "prefix_cache_queries_total": store.query_tokens,
+            "prefix_cache_hits_total": store.hit_tokens,
+            "prefix_cache_evictions_total": store.evicted,
+            "prefix_cache_bytes": store.nbytes(),
+            "prefix_cache_rows": len(store.rows),
+            "prefix_cache_hit_rate": store.hit_rate,
+        }
 
     def clear_prefix(self) -> None:
         """Forget the prefix cache's entries (call with ``model_lock`` held, when the weights change)."""
         if self.prefix is not None:
             self.prefix.clear()
-            self.report_prefix()
 
     def _admit(self) -> None:
         """Admit waiting jobs while their rows fit; their prompts are prefilled together, in groups of
@@ -313,11 +298,12 @@ class Scheduler:
         for job in jobs:
             self.metrics.observe("queue_time_seconds", now - job.submitted)
         group: list[Job] = []
+        longest = 0  # the group's longest prompt: a left-padded forward runs every row at its length
         for job in jobs:
-            longest = max([len(j.prompt_ids) for j in group] + [len(job.prompt_ids)])
+            longest = max(longest, len(job.prompt_ids))
             if group and longest * (len(group) + 1) > PREFILL_TOKENS:
                 self._join(group)
-                group = []
+                group, longest = [], len(job.prompt_ids)
             group.append(job)
         if group:
             self._join(group)
@@ -424,14 +410,13 @@ class Scheduler:
     def _advance(self, row: _Row, token: int, logprobs: torch.Tensor | None) -> bool:
         """Record ``token`` for ``row``; send its events; True while the row goes on."""
         job = row.job
-        row.count += 1
         row.tokens.append(token)
         ends = token in self.eos and not job.ignore_eos
         piece = row.text.push(token) if job.eos_text or not ends else ""
         reason = None
         if row.text.stopped or ends:
             reason = "stop"
-        elif row.count >= job.max_tokens:
+        elif len(row.tokens) >= job.max_tokens:
             reason = "length"
         if reason is not None:
             piece += row.text.flush()
@@ -440,7 +425,7 @@ class Scheduler:
         )
         job.emit(Chunk(row.index, piece, entries))
         if reason is not None:
-            job.emit(Finished(row.index, reason, row.count))
+            job.emit(Finished(row.index, reason, len(row.tokens)))
             return False
         return True
 
