@@ -1,4 +1,4 @@
-"""Bad-input rows for ``dsv32 eval list|run|report`` (see test_bad_input.py)."""
+"""Bad-input rows for ``dsv32 eval list|run|rescore|report`` (see test_bad_input.py)."""
 
 from __future__ import annotations
 
@@ -61,4 +61,7 @@ CASES = [
     (["eval", "report"], "the following arguments are required: dirs"),
     (["eval", "report", "{tmp}/noresults"], "noresults: no results.json"),
     (["eval", "report", "{tmp}/broken-results"], "not a results file"),
+    (["eval", "rescore"], "the following arguments are required: dir"),
+    (["eval", "rescore", "{tmp}/noresults"], "noresults: no results.json"),
+    (["eval", "rescore", "{tmp}/broken-results"], "not a results file"),
 ]  # fmt: skip

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from dsv32.eval import RunSettings, run, side_by_side
+from dsv32.eval import RunSettings, rescore, run, side_by_side
 from dsv32.eval.byo import Boxed
 from dsv32.eval.errors import EvalError
 from dsv32.eval.report import load_results
@@ -406,3 +406,58 @@ def test_several_samples_at_a_greedy_temperature_are_refused(backend, temperatur
 def test_a_tiny_temperature_is_sampling_for_an_endpoint_and_at_the_local_threshold():
     assert RunSettings("humaneval", backend="openai", temperature=1e-6, n=4).n == 4  # the server decides
     assert RunSettings("humaneval", backend="local", temperature=1e-5, n=4).n == 4
+
+
+def test_rescore_grades_the_kept_completions_again_and_records_it(tmp_path):
+    out = tmp_path / "he"
+    first = run(RunSettings("humaneval", limit=3), out, progress=False)
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    # as an older scorer might have left them: one right program graded 0, one wrong program graded 1
+    rows[0]["score"], rows[0]["reason"] = 0.0, "graded by an older rule"
+    broken = "```python\ndef something_else():\n    return None\n```"
+    rows[1]["completion"] = {**rows[1]["completion"], "content": broken}
+    (out / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stale = {**json.loads((out / "results.json").read_text()), "metrics": {"pass@1": {"value": 2 / 3}}}
+    (out / "results.json").write_text(json.dumps(stale))
+
+    results = rescore(out)
+
+    again = {r["id"]: r for r in map(json.loads, (out / "samples.jsonl").read_text().splitlines())}
+    assert (
+        again[rows[0]["id"]]["score"] == 1.0 and again[rows[0]["id"]]["reason"] != "graded by an older rule"
+    )
+    assert again[rows[1]["id"]]["score"] == 0.0 and again[rows[1]["id"]]["completion"]["content"] == broken
+    assert again[rows[2]["id"]]["score"] == 1.0
+    assert results["metrics"]["pass@1"]["value"] == pytest.approx(2 / 3)
+    assert results["rescored"]["changed"] == 2 and results["rescored"]["samples"] == 3
+    assert results["rescored"]["before"] == pytest.approx(2 / 3)
+    # the samples' making is kept: its date, commit and wall time
+    assert (results["date"], results["git_commit"]) == (first["date"], first["git_commit"])
+    assert results["elapsed_s"] == first["elapsed_s"]
+    assert load_results(out)["rescored"] == results["rescored"]
+    assert "graded again" in (out / "report.md").read_text()
+
+
+def test_rescore_from_the_command_line(tmp_path, capsys):
+    from dsv32.cli import main
+
+    out = tmp_path / "rg"
+    run(RunSettings("reasoning-gym", subset=["gcd"], limit=4), out, progress=False)
+    assert main(["eval", "rescore", str(out)]) == 0
+    line = capsys.readouterr().out
+    assert (
+        line.startswith("reasoning-gym reference: pass@1 100.0% [")
+        and "0 of 4 sample score(s) changed" in line
+    )
+
+
+def test_rescore_refuses_episodes_and_directories_without_a_run(tmp_path):
+    with pytest.raises(EvalError, match=r"no results\.json"):
+        rescore(tmp_path / "nothing")
+    out = tmp_path / "agent"
+    run(RunSettings("agent-search", subset=["stdlib"], limit=1), out, progress=False)
+    with pytest.raises(EvalError, match="environment's state"):
+        rescore(out)
+    (out / "results.json").write_text(json.dumps({"metrics": {}}))
+    with pytest.raises(EvalError, match="no run settings"):
+        rescore(out)

@@ -1,4 +1,4 @@
-"""``dsv32 eval list|run|report``: benchmarks under the paper's evaluation protocol (see docs/eval.md)."""
+"""``dsv32 eval list|run|rescore|report``: benchmarks under the paper's evaluation protocol (see docs/eval.md)."""
 
 from __future__ import annotations
 
@@ -100,6 +100,19 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rescore(args: argparse.Namespace) -> int:
+    from dsv32.eval import rescore
+
+    results = rescore(args.dir)
+    metric, record = results["metrics"]["pass@1"], results["rescored"]
+    print(
+        f"{results['benchmark']['name']} {results['model']['name']}: pass@1 {100 * metric['value']:.1f}% "
+        f"[{100 * metric['ci_low']:.1f}, {100 * metric['ci_high']:.1f}] over {metric['problems']} problems; "
+        f"{record['changed']} of {record['samples']} sample score(s) changed"
+    )
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -190,6 +203,13 @@ def add(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--fresh", action="store_true", help="discard the samples already in --out")
     q.add_argument("--no-progress", action="store_true")
     command(q, _run)
+
+    q = esub.add_parser(
+        "rescore",
+        help="grade a finished single-turn run's samples again with today's scorer (same completions)",
+    )
+    q.add_argument("dir", help="a run directory of 'dsv32 eval run'")
+    command(q, _rescore)
 
     q = esub.add_parser("report", help="a side-by-side table of several runs")
     q.add_argument("dirs", nargs="+", help="run directories (or results.json files)")

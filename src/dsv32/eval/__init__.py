@@ -21,7 +21,7 @@ from dsv32.eval.metrics import Metric, pass_at_k, summarize
 from dsv32.eval.paper import PAPER
 from dsv32.eval.registry import get, names
 from dsv32.eval.report import side_by_side
-from dsv32.eval.runner import run
+from dsv32.eval.runner import rescore, run
 from dsv32.eval.settings import DEFAULTS, RunSettings
 from dsv32.eval.types import Benchmark, EpisodeResult, Problem, Score
 
@@ -39,6 +39,7 @@ __all__ = [
     "get",
     "names",
     "pass_at_k",
+    "rescore",
     "run",
     "side_by_side",
     "summarize",

@@ -10,7 +10,9 @@ steps, tokens and context resets per episode), ``tokens`` (mean completion token
 ``selected`` (``problems`` and ``samples`` the settings asked for: problems × n), ``incomplete``
 (true when some selected sample has no scored result), ``missing`` (each such sample: ``id``,
 ``sample`` and the ``error`` that left it unscored), ``problem_set`` (:func:`problem_set`: which
-problems were selected), ``elapsed_s`` (this invocation's wall time) and, for the BFCL
+problems were selected), ``elapsed_s`` (this invocation's wall time), ``rescored`` (only when the
+samples were graded again by ``dsv32 eval rescore``: its ``date``, ``git_commit``, ``samples``,
+``changed`` and the pass@1 ``before``) and, for the BFCL
 benchmarks, ``bfcl`` (BFCL's own group scores, :mod:`dsv32.eval.bfcl.groups`).
 """
 
@@ -129,10 +131,14 @@ def write_results(
     elapsed_s: float,
     commit: str,
     failed: dict[tuple[str, int], str] | None = None,
+    *,
+    date: str | None = None,
+    rescored: dict | None = None,
 ) -> dict:
     """Write ``results.json`` and ``report.md`` under ``out`` (``commit``: the code's git commit when
-    the run started; ``failed``: the error of each ``(id, sample)`` this invocation could not score)
-    and return the results."""
+    the run started; ``failed``: the error of each ``(id, sample)`` this invocation could not score;
+    ``date``: when the samples were made, now by default; ``rescored``: what re-grading the samples
+    changed, see :func:`dsv32.eval.runner.rescore`) and return the results."""
     results = {
         "benchmark": {
             "name": bench.name,
@@ -143,8 +149,9 @@ def write_results(
         },
         "model": {"backend": settings.backend, "name": settings.model, "base_url": settings.base_url},
         "settings": settings.to_dict(),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": date or datetime.now(UTC).isoformat(timespec="seconds"),
         "git_commit": commit,
+        **({"rescored": rescored} if rescored else {}),
         **aggregate(problems, rows, settings.n, bench),
         **completeness(problems, rows, settings.n, failed),
         "problem_set": problem_set(problems),
@@ -155,6 +162,16 @@ def write_results(
     (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
     (out / "report.md").write_text(render(results), encoding="utf-8")
     return results
+
+
+def _rescored(r: dict) -> str:
+    before = (
+        f" (pass@1 {100 * r['before']:.1f} % before)" if isinstance(r.get("before"), (int, float)) else ""
+    )
+    return (
+        f"graded again {r['date']} at commit {r['git_commit'][:12]}: "
+        f"{r['changed']} of {r['samples']} sample score(s) changed{before}"
+    )
 
 
 def pct(metric: dict | None) -> str:
@@ -183,6 +200,7 @@ def render(results: dict) -> str:
         f"max_tokens={s['max_tokens']}, "
         f"thinking={'on' if s['thinking'] else 'off'}, context={s['context']}",
         f"- {_counts(results)}; {results['date']}; commit {results['git_commit'][:12]}",
+        *([f"- {_rescored(results['rescored'])}"] if results.get("rescored") else []),
         *(
             [f"- {_endings(results['endings'], bool(results.get('agentic')))}"]
             if results.get("endings")

@@ -24,6 +24,10 @@
    refused for its length, the error says what to change instead: a rerun would meet it again). (A
    local model that fills its window fails its episode like any wrong answer.)
 5. ``results.json`` and ``report.md`` (:mod:`dsv32.eval.report`).
+
+:func:`rescore` grades a finished single-turn run's samples again with the scorer of the code that
+runs now (``dsv32 eval rescore DIR``): the completions stay as they were made, and ``results.json``
+keeps the date, commit and wall time of their making with a ``rescored`` record beside them.
 """
 
 from __future__ import annotations
@@ -43,13 +47,14 @@ from typing import Any
 from dsv32.eval import registry
 from dsv32.eval.errors import EvalError, RunDirectoryBusy
 from dsv32.eval.paper import paper_number
-from dsv32.eval.report import git_commit, write_results
+from dsv32.eval.report import git_commit, load_results, write_results
 from dsv32.eval.samples import SampleWriter, problem_hash, read_samples
 from dsv32.eval.settings import IDENTITY, PAPER_CONTEXT, RunSettings
 from dsv32.eval.solvers import EndpointSolver, LocalSolver, ReferenceSolver
 from dsv32.eval.types import Benchmark, Problem, RunOptions, Score
 from dsv32.jsonl import read_json
 from dsv32.paths import lock_directory
+from dsv32.runlog import write_text
 
 log = logging.getLogger(__name__)
 SCORE_WORKERS = 2
@@ -312,6 +317,70 @@ def _run_locked(settings, bench, problems, paper, solver, out, fresh, progress, 
     if results["incomplete"]:
         raise EvalError(_incomplete_message(results, out, sorted(getattr(solver, "advice", ()))))
     return results
+
+
+def rescore(out: str | Path) -> dict:
+    """Grade the samples of the finished run in ``out`` again with the benchmark's scorer as it is
+    now, rewrite ``samples.jsonl`` (each line's ``score``, ``reason`` and ``secondary``; its
+    completion untouched) and ``results.json`` / ``report.md``, and return the new results.
+
+    Only single-turn benchmarks: an episode's grade depends on the environment's state during the
+    episode, which a sample file does not hold. The run's settings are read from its ``results.json``;
+    a sample of a problem that changed since it was made counts for nothing, as in :func:`run`."""
+    out = Path(out)
+    before = load_results(out)
+    saved = before.get("settings")
+    if not isinstance(saved, dict) or not isinstance(saved.get("benchmark"), str):
+        raise EvalError(f"{out}/results.json: no run settings in it; not a 'dsv32 eval run' directory")
+    known = {f for f in RunSettings.__dataclass_fields__}
+    settings = RunSettings(**{k: v for k, v in saved.items() if k in known})
+    bench, problems, paper = prepare(settings)
+    if bench.kind != "single":
+        raise EvalError(
+            f"{bench.name} is graded on the environment's state during each episode, which samples.jsonl "
+            "does not hold; run it again instead (dsv32 eval run ... --fresh)"
+        )
+    by_id = {p.id: p for p in problems}
+    with _locked(out):
+        rows = read_samples(out / "samples.jsonl")
+        hashes = {i: problem_hash(p) for i, p in by_id.items()}
+        scoring = [r for r in rows if r.get("id") in hashes and r.get("problem_hash") == hashes[r["id"]]]
+        start = time.perf_counter()
+
+        def grade(row: dict) -> bool:
+            message = row.get("completion")
+            score = _score(bench, by_id[row["id"]], message if isinstance(message, dict) else {})
+            changed = score.value != row.get("score")
+            row["score"], row["reason"] = score.value, score.reason
+            row.pop("secondary", None)
+            if score.secondary:
+                row["secondary"] = score.secondary
+            return changed
+
+        with ThreadPoolExecutor(SCORE_WORKERS) as pool:
+            changed = sum(pool.map(grade, scoring))
+        lines = "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows)
+        write_text(out / "samples.jsonl", lines)
+        record = {
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+            "git_commit": git_commit(),
+            "samples": len(scoring),
+            "changed": changed,
+            "before": before.get("metrics", {}).get("pass@1", {}).get("value"),
+            "elapsed_s": round(time.perf_counter() - start, 2),
+        }
+        return write_results(
+            out,
+            bench,
+            settings,
+            problems,
+            scoring,
+            paper,
+            float(before.get("elapsed_s") or 0.0),
+            str(before.get("git_commit") or "unknown"),
+            date=before.get("date"),
+            rescored=record,
+        )
 
 
 def _incomplete_message(results: dict, out: Path, advice: list[str] = (), shown: int = 20) -> str:
