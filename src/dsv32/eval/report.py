@@ -149,7 +149,7 @@ def write_results(
         },
         "model": {"backend": settings.backend, "name": settings.model, "base_url": settings.base_url},
         "settings": settings.to_dict(),
-        "date": date or datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": date or utc_now(),
         "git_commit": commit,
         **({"rescored": rescored} if rescored else {}),
         **aggregate(problems, rows, settings.n, bench),
@@ -162,6 +162,11 @@ def write_results(
     (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
     (out / "report.md").write_text(render(results), encoding="utf-8")
     return results
+
+
+def utc_now() -> str:
+    """The time of day as ``results.json`` records it (UTC, ISO 8601, seconds)."""
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _rescored(r: dict) -> str:

@@ -47,8 +47,8 @@ from typing import Any
 from dsv32.eval import registry
 from dsv32.eval.errors import EvalError, RunDirectoryBusy
 from dsv32.eval.paper import paper_number
-from dsv32.eval.report import git_commit, load_results, write_results
-from dsv32.eval.samples import SampleWriter, problem_hash, read_samples
+from dsv32.eval.report import git_commit, load_results, utc_now, write_results
+from dsv32.eval.samples import SampleWriter, problem_hash, read_samples, sample_line
 from dsv32.eval.settings import IDENTITY, PAPER_CONTEXT, RunSettings
 from dsv32.eval.solvers import EndpointSolver, LocalSolver, ReferenceSolver
 from dsv32.eval.types import Benchmark, Problem, RunOptions, Score
@@ -332,8 +332,7 @@ def rescore(out: str | Path) -> dict:
     saved = before.get("settings")
     if not isinstance(saved, dict) or not isinstance(saved.get("benchmark"), str):
         raise EvalError(f"{out}/results.json: no run settings in it; not a 'dsv32 eval run' directory")
-    known = {f for f in RunSettings.__dataclass_fields__}
-    settings = RunSettings(**{k: v for k, v in saved.items() if k in known})
+    settings = RunSettings(**{k: v for k, v in saved.items() if k in RunSettings.__dataclass_fields__})
     bench, problems, paper = prepare(settings)
     if bench.kind != "single":
         raise EvalError(
@@ -359,10 +358,9 @@ def rescore(out: str | Path) -> dict:
 
         with ThreadPoolExecutor(SCORE_WORKERS) as pool:
             changed = sum(pool.map(grade, scoring))
-        lines = "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows)
-        write_text(out / "samples.jsonl", lines)
+        write_text(out / "samples.jsonl", "".join(map(sample_line, rows)))
         record = {
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+            "date": utc_now(),
             "git_commit": git_commit(),
             "samples": len(scoring),
             "changed": changed,

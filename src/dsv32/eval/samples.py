@@ -60,6 +60,11 @@ def first_of_each(rows: list[dict]) -> list[dict]:
     return out
 
 
+def sample_line(row: dict) -> str:
+    """One line of ``samples.jsonl``."""
+    return json.dumps(row, ensure_ascii=False, default=str) + "\n"
+
+
 def read_samples(path: Path) -> list[dict]:
     return read_log(path, EvalError, "remove the line or use --fresh")
 
@@ -73,7 +78,7 @@ class SampleWriter:
         self.file = path.open("a", encoding="utf-8")
 
     def write(self, row: dict) -> None:
-        line = json.dumps(row, ensure_ascii=False, default=str) + "\n"
+        line = sample_line(row)
         with self.lock:
             self.file.write(line)
             self.file.flush()
