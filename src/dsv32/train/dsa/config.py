@@ -48,7 +48,12 @@ class TrainConfigError(RecipeError):
 
 
 def _sources_exist(source: str) -> bool:
-    return all(part.strip() == "stdlib" or Path(part.strip()).exists() for part in source.split(","))
+    return all(part.strip() in BUILTIN_SOURCES or Path(part.strip()).exists() for part in source.split(","))
+
+
+#: Text every machine with Python has: the standard library's ``.py`` sources and the language
+#: reference's prose (``pydoc_data.topics``).
+BUILTIN_SOURCES = ("stdlib", "stdlib-docs")
 
 
 @dataclass
@@ -75,7 +80,8 @@ class DataConfig(Checked, error=TrainConfigError):
     """Training text, tokenized and packed into ``seq_len`` sequences.
 
     ``source``: ``"stdlib"`` (the Python standard library's ``.py`` sources, on every machine: no
-    download), a text file, a ``.jsonl`` file (field ``text_field``), or a directory (its files with
+    download), ``"stdlib-docs"`` (the Python language reference's English prose, also shipped with
+    Python), a text file, a ``.jsonl`` file (field ``text_field``), or a directory (its files with
     ``extensions``, recursively); several sources separated by ``,``. A document (file or JSONL record)
     goes to the held-out split when a hash of its name falls under ``eval_percent`` — deterministic
     and independent of the other documents. When that leaves a split without one sequence (a single
@@ -87,7 +93,8 @@ class DataConfig(Checked, error=TrainConfigError):
 
     RANGES: ClassVar[dict[str, Rule]] = {
         "source": Rule(
-            _sources_exist, "'stdlib' or existing files/directories, separated by ','", on_disk=True
+            _sources_exist, "'stdlib', 'stdlib-docs' or existing files/directories, separated by ','",
+            on_disk=True,
         ),
         "seq_len": at_least(2),
         "eval_percent": Rule(lambda v: 0 < v < 100, "in (0, 100): both splits are needed"),
@@ -124,6 +131,10 @@ class StageConfig(Checked, error=TrainConfigError):
 
     ``seed`` (0 … 2³² − 1) sets the order of the sequences and the query subsamples.
 
+    ``seq_len``: the stage's training length when it differs from ``data.seq_len`` (e.g. a warm-up
+    at the model's full context, so the indexer learns to score keys as far back as it will be
+    asked to, and a sparse stage at a shorter, cheaper length).
+
     ``max_skipped_updates``: an optimizer step whose loss or gradient norm is NaN/inf is skipped (the
     weights and AdamW's moments stay as they were; ``skipped_updates`` in the metrics); this many in
     a row stop the stage with ``NonFiniteUpdateError``. The weights are checked before every
@@ -143,6 +154,7 @@ class StageConfig(Checked, error=TrainConfigError):
         "min_lr_ratio": UNIT,
         "clip_grad": POSITIVE,
         "index_topk": at_least(1),
+        "seq_len": at_least(2),
         "loss_queries": at_least(1),
         "replay": at_least(1),
         "replay_pool": at_least(1),
@@ -165,6 +177,7 @@ class StageConfig(Checked, error=TrainConfigError):
     min_lr_ratio: float = 0.1
     clip_grad: float = 1.0
     index_topk: int | None = None  # sparse stage; None: the model's DSA config
+    seq_len: int | None = None  # tokens per training sequence; None: data.seq_len
     loss_queries: int | None = None
     replay: int = 1
     replay_pool: int = 8
@@ -198,13 +211,32 @@ class EvalConfig(Checked, error=TrainConfigError):
     """``dsv32 dsa eval``: perplexity dense vs DSA at each ``topks`` × ``seq_lens`` on ``sequences``
     held-out sequences; attention recall (and the oracle's) at each top-k; ``untrained`` adds the
     same numbers for freshly initialized indexers (the baseline); ``oracle`` the perplexity with the
-    oracle top-k selection (the best any indexer could reach at that k)."""
+    oracle top-k selection (the best any indexer could reach at that k).
+
+    ``pairs``: evaluate ``seq_lens[i]`` at ``topks[i]`` only (e.g. 2048 at top-256 and 8192 at
+    top-512) instead of every combination. ``off_domain`` (``dsv32 demo``): a second data source
+    (``"stdlib-docs"``, a file or a directory) held out whole — evaluated at the same points after
+    each stage, and any file it is read from left out of the training text — so the report shows
+    the gap on text of another kind than the adaptation domain.
+
+    ``tokens``: held-out tokens per length instead of a number of sequences — each length gets
+    ``tokens // length`` sequences (at least one), so a 2K and an 8K point rest on as much text.
+    ``after_warmup`` (``dsv32 demo``): ``"all"`` evaluates every point after the warm-up as after the
+    sparse stage; ``"first"`` only the first point of the adaptation domain (the other points and
+    the off-domain text are then measured once, at the end)."""
 
     RANGES: ClassVar[dict[str, Rule]] = {
         "seq_lens": each(at_least(2)),
         "topks": each(at_least(1)),
         "sequences": at_least(1),
         "batch_size": at_least(1),
+        "tokens": at_least(2),
+        "after_warmup": one_of("all", "first"),
+        "off_domain": Rule(
+            lambda v: v == "" or _sources_exist(v),
+            "'' (none), 'stdlib-docs' or existing files/directories, separated by ','",
+            on_disk=True,
+        ),
     }
 
     seq_lens: list[int] = field(default_factory=lambda: [2048])
@@ -214,6 +246,28 @@ class EvalConfig(Checked, error=TrainConfigError):
     untrained: bool = True
     recall: bool = True
     oracle: bool = True
+    pairs: bool = False
+    off_domain: str = ""
+    tokens: int | None = None
+    after_warmup: str = "all"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.pairs and len(self.seq_lens) != len(self.topks):
+            raise TrainConfigError(
+                f"eval.pairs = true pairs seq_lens[i] with topks[i]: seq_lens {self.seq_lens} and "
+                f"topks {self.topks} must have the same length"
+            )
+
+    def sequences_at(self, length: int) -> int:
+        """Held-out sequences evaluated at ``length``."""
+        return self.sequences if self.tokens is None else max(1, self.tokens // length)
+
+    def grid(self) -> list[tuple[int, list[int]]]:
+        """``(length, top-ks)`` to evaluate, in order."""
+        if self.pairs:
+            return [(L, [k]) for L, k in zip(self.seq_lens, self.topks)]
+        return [(L, list(self.topks)) for L in self.seq_lens]
 
 
 @dataclass

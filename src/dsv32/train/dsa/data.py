@@ -41,8 +41,11 @@ class Document:
     line: int | None = None  # JSONL record: its line number (from 0) and its bytes in the file
     offset: int = 0
     size: int = 0
+    text: str | None = None  # a document held in memory (``stdlib-docs``): its text
 
     def read(self, text_field: str) -> str:
+        if self.text is not None:
+            return self.text
         if self.line is None:
             return self.path.read_text(encoding="utf-8", errors="replace")
         with self.path.open("rb") as f:
@@ -96,10 +99,32 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
+def stdlib_docs() -> list[Document]:
+    """``"stdlib-docs"``: the Python language reference's prose, one document per topic, as the
+    interpreter ships it for ``help()`` (``pydoc_data.topics``, about 460,000 characters of English
+    reStructuredText). Prose, not code: held-out text of another kind than ``"stdlib"``'s sources.
+    Each document's ``path`` is the module's file, so a run that evaluates on these documents can
+    leave that file out of its ``"stdlib"`` training text (:func:`exclude_documents`)."""
+    from pydoc_data import topics
+
+    path = Path(topics.__file__)
+    return [Document(f"stdlib-docs/{name}", path, text=text) for name, text in sorted(topics.topics.items())]
+
+
+def exclude_documents(docs: list[Document], other: list[Document]) -> list[Document]:
+    """``docs`` without any document read from a file that one of ``other`` is read from (the
+    training text of a run that holds ``other`` out whole)."""
+    taken = {d.path.resolve() for d in other}
+    return [d for d in docs if d.path.resolve() not in taken]
+
+
 def list_documents(cfg: DataConfig) -> list[Document]:
     """Every document of ``cfg.source`` (unordered)."""
     docs: list[Document] = []
     for source in [s.strip() for s in cfg.source.split(",") if s.strip()]:
+        if source == "stdlib-docs":
+            docs.extend(stdlib_docs())
+            continue
         if source == "stdlib":
             root = stdlib_root()
             for path in root.rglob("*.py"):
@@ -119,7 +144,7 @@ def list_documents(cfg: DataConfig) -> list[Document]:
             docs.append(Document(path.name, path))
         else:
             raise TrainConfigError(
-                f"data source {source!r} is neither 'stdlib' nor an existing file or directory"
+                f"data source {source!r} is neither 'stdlib', 'stdlib-docs' nor an existing file or directory"
             )
     if not docs:
         raise TrainConfigError(f"data source {cfg.source!r} holds no documents (extensions {cfg.extensions})")
@@ -228,6 +253,20 @@ def load_token_data(
             "data.eval_percent)"
         )
     return TokenData(train, held_out, cfg.seq_len, cfg.source)
+
+
+def held_out_stream(docs: list[Document], cfg: DataConfig, tokenizer, tokens: int) -> torch.Tensor:
+    """A source held out whole (``eval.off_domain``): its documents in the seeded hash order, joined by
+    the separator, until ``tokens`` tokens (or the documents end)."""
+    sep = separator_id(tokenizer)
+    stream: list[int] = []
+    for doc in sorted(docs, key=lambda d: _hash(f"order:{cfg.seed}:{d.name}")):
+        if len(stream) >= tokens:
+            break
+        text = doc.read(cfg.text_field)
+        if text.strip():
+            stream += _encode(tokenizer, text) + [sep]
+    return torch.tensor(stream[:tokens], dtype=torch.long)
 
 
 def _tokenize(

@@ -51,6 +51,7 @@ class EvalPoint:
     attention_recall_untrained: float | None = None
     recall_queries: int = 0
     per_layer: list[dict] = field(default_factory=list)  # {layer, recall, oracle, untrained}
+    by_position: list[dict] = field(default_factory=list)  # gap_by_position's rows
 
     @property
     def ppl_gap(self) -> float:
@@ -66,19 +67,51 @@ def _ppl(nll: float, n: int) -> float:
 
 
 @torch.no_grad()
-def _nll(dm, seqs: torch.Tensor, batch_size: int, observer=None) -> tuple[float, int]:
+def _nll(dm, seqs: torch.Tensor, batch_size: int, observer=None) -> tuple[float, int, torch.Tensor]:
+    """Summed NLL, predicted tokens, and the NLL summed over sequences per position ``[T - 1]``."""
     total, count = 0.0, 0
+    per_position = torch.zeros(seqs.shape[1] - 1, dtype=torch.float64)
     handle = get_dsa(dm.model) if observer is not None else None
     for a in range(0, seqs.shape[0], batch_size):
         ids = seqs[a : a + batch_size].to(dm.device)
         if handle is not None:
             with handle.observing(observer):
-                nll, n = dm.lm_loss_sum(ids)
+                nll = dm.token_nll(ids)
         else:
-            nll, n = dm.lm_loss_sum(ids)
-        total += float(nll)
-        count += n
-    return total, count
+            nll = dm.token_nll(ids)
+        per_position += nll.sum(0).double().cpu()
+        total += float(nll.sum())
+        count += nll.numel()
+    return total, count, per_position
+
+
+def position_buckets(length: int, topk: int) -> list[tuple[int, int]]:
+    """Query positions ``[start, end)`` of a ``length``-token sequence (positions ``0 … length - 2``
+    predict the next token): first those that see at most ``topk`` keys (DSA is exact there), then
+    buckets doubling from ``topk``."""
+    last = length - 1
+    edges = [0]
+    edge = min(topk, last)
+    while edge < last:
+        edges.append(edge)
+        edge *= 2
+    edges.append(last)
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def gap_by_position(
+    length: int, topk: int, n_sequences: int, dense: torch.Tensor, sparse: torch.Tensor, oracle: torch.Tensor | None
+) -> list[dict]:
+    """Where in the sequence the DSA loss goes: per :func:`position_buckets` bucket, perplexity dense,
+    DSA and oracle top-k, and DSA's gap over dense."""
+    rows = []
+    for a, b in position_buckets(length, topk):
+        n = (b - a) * n_sequences
+        d, p = _ppl(float(dense[a:b].sum()), n), _ppl(float(sparse[a:b].sum()), n)
+        o = None if oracle is None else _ppl(float(oracle[a:b].sum()), n)
+        rows.append({"start": a, "end": b, "tokens": n, "ppl_dense": d, "ppl_dsa": p, "ppl_dsa_oracle": o,
+                     "ppl_gap": p / d - 1})  # fmt: skip
+    return rows
 
 
 class _RecallObserver:
@@ -158,26 +191,33 @@ def evaluate_dsa(
             t0 = time.time()
             observer = _RecallObserver(topks, fresh) if recall else None
             dm.set_mode("dense")
+            dense_pos = None
             if ppl_dense is not None and L in ppl_dense and observer is None:
                 dense, tokens = ppl_dense[L], seqs.shape[0] * (L - 1)
             else:
-                nll, tokens = _nll(dm, seqs, batch_size, observer)
+                nll, tokens, dense_pos = _nll(dm, seqs, batch_size, observer)
                 dense = _ppl(nll, tokens)
             _log(progress, f"eval L={L}: dense ppl {dense:.4f} ({time.time() - t0:.0f} s)")
             for k in topks:
                 t1 = time.time()
                 dm.set_mode("sparse", k)
-                sparse = _ppl(*_nll(dm, seqs, batch_size))
+                nll, _, sparse_pos = _nll(dm, seqs, batch_size)
+                sparse = _ppl(nll, tokens)
                 base = None
                 if fresh is not None:
                     with get_dsa(dm.model).using_indexers(fresh):
-                        base = _ppl(*_nll(dm, seqs, batch_size))
-                best = None
+                        base = _ppl(*_nll(dm, seqs, batch_size)[:2])
+                best = oracle_pos = None
                 if oracle and k < L:
                     with get_dsa(dm.model).selecting_oracle():
-                        best = _ppl(*_nll(dm, seqs, batch_size))
+                        nll, _, oracle_pos = _nll(dm, seqs, batch_size)
+                        best = _ppl(nll, tokens)
                 elif oracle:
-                    best = sparse  # top-k >= L: every selection is complete
+                    best, oracle_pos = sparse, sparse_pos  # top-k >= L: every selection is complete
+                by_position = (
+                    [] if dense_pos is None
+                    else gap_by_position(L, k, seqs.shape[0], dense_pos, sparse_pos, oracle_pos)
+                )  # fmt: skip
                 rec, orc, unt, queries, rows = observer.summary(k) if observer else (None, None, None, 0, [])
                 if observer is not None and k >= L:  # every query selects all it sees
                     rec = orc = 1.0
@@ -197,6 +237,7 @@ def evaluate_dsa(
                         attention_recall_untrained=unt,
                         recall_queries=queries,
                         per_layer=rows,
+                        by_position=by_position,
                     )
                 )
                 msg = f"eval L={L} k={k}: DSA ppl {sparse:.4f}"

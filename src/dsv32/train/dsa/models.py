@@ -117,14 +117,19 @@ class DSAModel:
 
     def lm_loss_sum(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Summed next-token NLL over ``input_ids`` ``[B, T]`` and the number of predicted tokens."""
+        return self.token_nll(input_ids, reduction="sum"), input_ids[:, 1:].numel()
+
+    def token_nll(self, input_ids: torch.Tensor, reduction: str = "none") -> torch.Tensor:
+        """Next-token NLL of ``input_ids`` ``[B, T]``: ``[B, T - 1]`` (``reduction="none"``; position
+        ``t`` predicts token ``t + 1``) or summed (``"sum"``), in at least fp32."""
         logits = self.logits(input_ids)
         wide = torch.promote_types(logits.dtype, torch.float32)  # at least fp32 (an fp64 model stays fp64)
         nll = torch.nn.functional.cross_entropy(
             logits[:, :-1].to(wide).reshape(-1, logits.shape[-1]),
             input_ids[:, 1:].reshape(-1),
-            reduction="sum",
+            reduction=reduction,
         )
-        return nll, input_ids[:, 1:].numel()
+        return nll if reduction == "sum" else nll.view(input_ids.shape[0], -1)
 
     # ------------------------------------------------------------------ save
     def save(self, path: str | Path, *, weights: bool) -> Path:

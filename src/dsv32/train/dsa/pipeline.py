@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -18,7 +18,7 @@ import torch
 from dsv32 import distributed
 from dsv32.trackers import require
 from dsv32.train.dsa.config import RunConfig, StageConfig, TrainConfigError
-from dsv32.train.dsa.data import Document, TokenData, list_documents, load_token_data
+from dsv32.train.dsa.data import Document, TokenData, exclude_documents, list_documents, load_token_data
 from dsv32.train.dsa.models import DSAModel, load_dsa_model
 from dsv32.train.dsa.trainer import StageResult, train_stage
 
@@ -49,26 +49,27 @@ def prepare_data(
     cfg: RunConfig,
     dm: DSAModel,
     stages: list[StageConfig],
-    eval_sequences: int = 0,
+    eval_sequences: bool = False,
     docs: list[Document] | None = None,
 ) -> TokenData:
-    """Tokenize just enough text for ``stages`` and ``eval_sequences`` held-out sequences of each
-    evaluation length. ``docs``: ``cfg.data``'s documents, listed before the model was loaded (so a
+    """Tokenize just enough text for ``stages`` and (``eval_sequences``) the held-out sequences of
+    each evaluation length (:meth:`~dsv32.train.dsa.config.EvalConfig.sequences_at`). ``docs``: ``cfg.data``'s documents, listed before the model was loaded (so a
     bad source fails before the wait)."""
     if dm.tokenizer is None:
         raise TrainConfigError(
             f"model {dm.source!r} has no tokenizer: text data needs one (save one beside its weights)"
         )
-    need = max([unique_sequences(s) for s in stages] or [1])
     L = cfg.data.seq_len
-    eval_tokens = max([n * eval_sequences for n in cfg.eval.seq_lens] + [L]) + 1
-    return load_token_data(cfg.data, dm.tokenizer, need * L + 1, eval_tokens, docs=docs)
+    need = max([unique_sequences(s) * (s.seq_len or L) for s in stages] or [L])
+    counts = {n: cfg.eval.sequences_at(n) if eval_sequences else 0 for n in cfg.eval.seq_lens}
+    eval_tokens = max([n * c for n, c in counts.items()] + [L]) + 1
+    return load_token_data(cfg.data, dm.tokenizer, need + 1, eval_tokens, docs=docs)
 
 
 def eval_sequences(data: TokenData, cfg: RunConfig) -> dict[int, torch.Tensor]:
     out = {}
     for L in cfg.eval.seq_lens:
-        seqs = data.eval_sequences(L, cfg.eval.sequences)
+        seqs = data.eval_sequences(L, cfg.eval.sequences_at(L))
         if seqs.shape[0] == 0:
             raise TrainConfigError(
                 f"the held-out split has fewer than {L} tokens: lower eval.seq_lens or add text"
@@ -85,6 +86,9 @@ def check_lengths(cfg: RunConfig, dm: DSAModel, eval_only: bool = False) -> None
     lengths = {"eval.seq_lens": max(cfg.eval.seq_lens)}
     if not eval_only:
         lengths["data.seq_len"] = cfg.data.seq_len
+        for stage in (cfg.warmup, cfg.sparse):
+            if stage.seq_len:
+                lengths[f"{stage.stage}.seq_len"] = stage.seq_len
     for key, length in lengths.items():
         if length > limit:
             raise TrainConfigError(f"{key} = {length} exceeds the model's max_position_embeddings ({limit})")
@@ -140,7 +144,7 @@ def run_eval(cfg: RunConfig, out_dir: str | Path | None = None, progress: bool =
     docs = list_documents(cfg.data)
     dm = load_dsa_model(cfg.model, cfg.dsa)
     check_lengths(cfg, dm, eval_only=True)
-    data = prepare_data(cfg, dm, [], eval_sequences=cfg.eval.sequences, docs=docs)
+    data = prepare_data(cfg, dm, [], eval_sequences=True, docs=docs)
     points = evaluate_dsa(
         dm,
         eval_sequences(data, cfg),
@@ -158,8 +162,10 @@ def run_eval(cfg: RunConfig, out_dir: str | Path | None = None, progress: bool =
 
 
 def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
-    """The main job. Returns the report dict (also ``<out_dir>/dsa_report.json``)."""
-    from dsv32.train.dsa.evaluate import evaluate_dsa
+    """The main job (and any recipe of its shape, e.g. ``configs/smollm2-dsa-long.toml``): warm-up,
+    evaluation, sparse stage, evaluation again — of the adaptation domain's held-out text and, with
+    ``eval.off_domain``, of a source held out whole. Returns the report dict (also
+    ``<out_dir>/dsa_report.json``)."""
     from dsv32.train.dsa.report import report_dict, write_report
 
     distributed.require_one_process("dsv32 demo")  # runs both stages on one model in one process
@@ -169,12 +175,23 @@ def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
     timings: dict[str, float] = {}
     t = time.time()
     docs = list_documents(cfg.data)
+    off_docs: list[Document] = []
+    if cfg.eval.off_domain:
+        off_docs = list_documents(replace(cfg.data, source=cfg.eval.off_domain))
+        docs = exclude_documents(docs, off_docs)
+        if not docs:
+            raise TrainConfigError(
+                f"eval.off_domain = {cfg.eval.off_domain!r} holds out every document of data.source "
+                f"{cfg.data.source!r}: nothing is left to train on"
+            )
     dm = load_dsa_model(cfg.model, cfg.dsa)
     check_lengths(cfg, dm)
     timings["load"] = time.time() - t
     t = time.time()
-    data = prepare_data(cfg, dm, [cfg.warmup, cfg.sparse], eval_sequences=cfg.eval.sequences, docs=docs)
-    held_out = eval_sequences(data, cfg)
+    data = prepare_data(cfg, dm, [cfg.warmup, cfg.sparse], eval_sequences=True, docs=docs)
+    held = {"in_domain": eval_sequences(data, cfg)}
+    if off_docs:
+        held["off_domain"] = off_domain_sequences(cfg, dm, off_docs)
     timings["data"] = time.time() - t
     logger.info(
         "demo: %s with DSA (%d indexer heads × %d, top-%d) on %r: %d train / %d held-out tokens",
@@ -189,15 +206,16 @@ def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
     )  # fmt: skip
     timings["warmup"] = time.time() - t
     t = time.time()
-    points = evaluate_dsa(
-        dm,
-        held_out,
-        cfg.eval.topks,
-        batch_size=cfg.eval.batch_size,
-        untrained=cfg.eval.untrained,
-        oracle=cfg.eval.oracle,
-        progress=progress,
-    )
+    first = cfg.eval.after_warmup == "first"  # the adaptation domain's first point only
+    after_warmup = {
+        domain: evaluate_grid(
+            dm, seqs, cfg, untrained=cfg.eval.untrained and domain == "in_domain", progress=progress,
+            first_only=first,
+        )
+        for domain, seqs in held.items()
+        if domain == "in_domain" or not first
+    }  # fmt: skip
+    points = after_warmup["in_domain"]
     timings["eval_after_warmup"] = time.time() - t
 
     t = time.time()
@@ -207,17 +225,17 @@ def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
     )  # fmt: skip
     timings["sparse"] = time.time() - t
     t = time.time()
-    head = points[0]
-    after = evaluate_dsa(
-        dm, {head.seq_len: held_out[head.seq_len]}, [head.topk], batch_size=cfg.eval.batch_size, untrained=False,
-        oracle=False, progress=progress,
-    )[0]  # fmt: skip
+    after_sparse_points = {
+        domain: evaluate_grid(dm, seqs, cfg, untrained=False, progress=progress) for domain, seqs in held.items()
+    }
     timings["eval_after_sparse"] = time.time() - t
 
+    head, after = points[0], after_sparse_points["in_domain"][0]
     after_sparse = {
         "steps": sparse.steps,
         "ppl_dsa": after.ppl_dsa,
         "ppl_dense": after.ppl_dense,
+        "ppl_dsa_oracle": after.ppl_dsa_oracle,
         "attention_recall": after.attention_recall,
         "attention_recall_oracle": after.attention_recall_oracle,
         "ppl_gap_same_model": after.ppl_gap,
@@ -225,6 +243,16 @@ def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
         "gap_change_same_model": after.ppl_gap - head.ppl_gap,
     }
     timings["total"] = sum(timings.values())
+    sources = {"in_domain": data.source, "off_domain": cfg.eval.off_domain}
+    domains = {
+        domain: {
+            "source": sources[domain],
+            "sequences": {str(L): int(seqs.shape[0]) for L, seqs in held[domain].items()},
+            "after_warmup": [p.to_dict() for p in after_warmup.get(domain, [])],
+            "after_sparse": [p.to_dict() for p in after_sparse_points[domain]],
+        }
+        for domain in held
+    }
     report = report_dict(
         points,
         indexer=STAGE_LABELS["warmup"],
@@ -232,6 +260,9 @@ def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
         data=data.source,
         dsa=cfg.dsa.to_dict(),
         after_sparse=after_sparse,
+        **final_keys(after_sparse_points),
+        minutes=timings["total"] / 60,
+        domains=domains,
         stages={"warmup": _stage_summary(warm), "sparse": _stage_summary(sparse)},
         timings=timings,
     )
@@ -240,6 +271,63 @@ def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
     )
     print(md.read_text())
     return report
+
+
+def off_domain_sequences(cfg: RunConfig, dm: DSAModel, docs: list[Document]) -> dict[int, torch.Tensor]:
+    """The held-out sequences of every evaluation length from ``eval.off_domain``'s text."""
+    from dsv32.train.dsa.data import held_out_stream
+
+    need = max(L * cfg.eval.sequences_at(L) for L in cfg.eval.seq_lens)
+    stream = held_out_stream(docs, cfg.data, dm.tokenizer, need)
+    out = {}
+    for L in cfg.eval.seq_lens:
+        n = min(cfg.eval.sequences_at(L), stream.numel() // L)
+        if n == 0:
+            raise TrainConfigError(
+                f"eval.off_domain = {cfg.eval.off_domain!r} gives {stream.numel()} tokens: fewer than one "
+                f"sequence of {L}"
+            )
+        out[L] = stream[: n * L].view(n, L)
+    return out
+
+
+def evaluate_grid(dm: DSAModel, sequences: dict[int, torch.Tensor], cfg: RunConfig, *, untrained: bool,
+                  progress: bool, first_only: bool = False) -> list:  # fmt: skip
+    """:func:`~dsv32.train.dsa.evaluate.evaluate_dsa` at every point of ``cfg.eval.grid()`` (its first
+    point only: ``first_only``)."""
+    from dsv32.train.dsa.evaluate import evaluate_dsa
+
+    points = []
+    grid = cfg.eval.grid()
+    for L, topks in [(grid[0][0], grid[0][1][:1])] if first_only else grid:
+        points += evaluate_dsa(
+            dm, {L: sequences[L]}, topks, batch_size=cfg.eval.batch_size, untrained=untrained,
+            recall=cfg.eval.recall, oracle=cfg.eval.oracle, progress=progress,
+        )  # fmt: skip
+    return points
+
+
+def final_keys(after_sparse: dict[str, list]) -> dict[str, float | None]:
+    """The report's headline numbers after the sparse stage: for the first evaluation point,
+    ``final_ppl_gap_same_model`` (DSA against the same weights dense), ``final_attention_recall``
+    (and the oracle's) and ``oracle_ppl_gap`` (the oracle top-k against dense); the same for every
+    other point with its length as a suffix (``…_8k``), and for the off-domain text with
+    ``_off_domain``."""
+    out: dict[str, float | None] = {}
+    for domain, points in after_sparse.items():
+        tail = "" if domain == "in_domain" else f"_{domain}"
+        used: set[str] = set()
+        for i, p in enumerate(points):
+            tag = "" if i == 0 else f"_{p.seq_len // 1024}k" if p.seq_len % 1024 == 0 else f"_{p.seq_len}"
+            if tag in used:
+                tag += f"_top{p.topk}"
+            used.add(tag)
+            oracle = None if p.ppl_dsa_oracle is None else p.ppl_dsa_oracle / p.ppl_dense - 1
+            out[f"final_ppl_gap_same_model{tag}{tail}"] = p.ppl_gap
+            out[f"final_attention_recall{tag}{tail}"] = p.attention_recall
+            out[f"final_attention_recall_oracle{tag}{tail}"] = p.attention_recall_oracle
+            out[f"oracle_ppl_gap{tag}{tail}"] = oracle
+    return out
 
 
 #: What a stage's saved model holds, as the report names its indexer.

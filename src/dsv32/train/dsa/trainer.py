@@ -224,7 +224,12 @@ def train_stage(
     groups = _param_groups(dm, cfg)
     if not groups:
         raise TrainConfigError("nothing to train: the model has no indexer parameters")
-    seqs = data.train_sequences()
+    seqs = data.train_sequences(cfg.seq_len)
+    if seqs.shape[0] == 0:
+        raise TrainConfigError(
+            f"{cfg.stage}.seq_len = {cfg.seq_len}: the training text has {data.train_stream.numel()} tokens, "
+            "not one sequence of that length"
+        )
     replay = _Replay(dm, seqs, cfg) if cfg.stage == "warmup" and cfg.replay > 1 else None
     optimizer = torch.optim.AdamW(groups, betas=tuple(cfg.betas), eps=1e-8)
     identity = dict(
