@@ -3,6 +3,7 @@ gap sits (query positions, layers) and the report's headline keys — on a tiny 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import replace
@@ -55,7 +56,7 @@ def test_position_buckets_start_where_dsa_stops_being_exact():
     assert position_buckets(32, 64) == [(0, 31)]
     for L, k in ((2048, 256), (100, 7), (33, 32)):
         b = position_buckets(L, k)
-        assert b[0][0] == 0 and b[-1][1] == L - 1 and all(x[1] == y[0] for x, y in zip(b, b[1:]))
+        assert b[0][0] == 0 and b[-1][1] == L - 1 and all(x[1] == y[0] for x, y in itertools.pairwise(b))
 
 
 def test_the_gap_by_position_is_zero_before_k_and_adds_up_to_the_whole():
@@ -117,7 +118,11 @@ def test_the_long_recipe_reports_every_point_of_both_texts_after_the_sparse_stag
         assert [(p["seq_len"], p["topk"]) for p in d["after_sparse"]] == [(32, 8), (64, 16)]
         assert all(p["per_layer"] and p["by_position"] and p["ppl_dsa_oracle"] for p in d["after_sparse"])
     final = domains["in_domain"]["after_sparse"]
-    assert report["final_ppl_gap_same_model"] == final[0]["ppl_gap"] == report["after_sparse"]["ppl_gap_same_model"]
+    assert (
+        report["final_ppl_gap_same_model"]
+        == final[0]["ppl_gap"]
+        == report["after_sparse"]["ppl_gap_same_model"]
+    )
     assert report["final_ppl_gap_same_model_64"] == final[1]["ppl_gap"]
     assert report["final_attention_recall"] == final[0]["attention_recall"]
     assert report["oracle_ppl_gap"] == pytest.approx(final[0]["ppl_dsa_oracle"] / final[0]["ppl_dense"] - 1)
@@ -158,5 +163,5 @@ def test_a_stage_trains_at_its_own_length(tmp_path):
     cfg = StageConfig(stage="warmup", steps=2, batch_size=2, lr=1e-3, seq_len=64)
     result = train_stage(dm, data, cfg, tmp_path / "w", progress=False)
     assert [m["tokens"] for m in result.metrics] == [2 * 64, 4 * 64]
-    with pytest.raises(TrainConfigError, match="warmup.seq_len = 4096: the training text has 384 tokens"):
+    with pytest.raises(TrainConfigError, match=r"warmup\.seq_len = 4096: the training text has 384 tokens"):
         train_stage(dm, data, replace(cfg, seq_len=4096), tmp_path / "x", progress=False)

@@ -93,7 +93,8 @@ class DataConfig(Checked, error=TrainConfigError):
 
     RANGES: ClassVar[dict[str, Rule]] = {
         "source": Rule(
-            _sources_exist, "'stdlib', 'stdlib-docs' or existing files/directories, separated by ','",
+            _sources_exist,
+            "'stdlib', 'stdlib-docs' or existing files/directories, separated by ','",
             on_disk=True,
         ),
         "seq_len": at_least(2),

@@ -265,7 +265,7 @@ def held_out_stream(docs: list[Document], cfg: DataConfig, tokenizer, tokens: in
             break
         text = doc.read(cfg.text_field)
         if text.strip():
-            stream += _encode(tokenizer, text) + [sep]
+            stream += [*_encode(tokenizer, text), sep]
     return torch.tensor(stream[:tokens], dtype=torch.long)
 
 

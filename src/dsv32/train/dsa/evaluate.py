@@ -21,6 +21,7 @@ with the untrained baseline).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
@@ -96,11 +97,16 @@ def position_buckets(length: int, topk: int) -> list[tuple[int, int]]:
         edges.append(edge)
         edge *= 2
     edges.append(last)
-    return list(zip(edges[:-1], edges[1:]))
+    return list(itertools.pairwise(edges))
 
 
 def gap_by_position(
-    length: int, topk: int, n_sequences: int, dense: torch.Tensor, sparse: torch.Tensor, oracle: torch.Tensor | None
+    length: int,
+    topk: int,
+    n_sequences: int,
+    dense: torch.Tensor,
+    sparse: torch.Tensor,
+    oracle: torch.Tensor | None,
 ) -> list[dict]:
     """Where in the sequence the DSA loss goes: per :func:`position_buckets` bucket, perplexity dense,
     DSA and oracle top-k, and DSA's gap over dense."""

@@ -226,7 +226,8 @@ def run_demo(cfg: RunConfig | None = None, progress: bool = True) -> dict:
     timings["sparse"] = time.time() - t
     t = time.time()
     after_sparse_points = {
-        domain: evaluate_grid(dm, seqs, cfg, untrained=False, progress=progress) for domain, seqs in held.items()
+        domain: evaluate_grid(dm, seqs, cfg, untrained=False, progress=progress)
+        for domain, seqs in held.items()
     }
     timings["eval_after_sparse"] = time.time() - t
 

@@ -199,7 +199,12 @@ def _domain_sections(domains: dict) -> list[str]:
                 f"{_fmt(p.get('attention_recall'))} | {_fmt(p.get('attention_recall_oracle'))} |"
             )
     lines.append("")
-    rows = [(domain, p) for domain, d in domains.items() for p in d.get("after_sparse", []) if p.get("by_position")]
+    rows = [
+        (domain, p)
+        for domain, d in domains.items()
+        for p in d.get("after_sparse", [])
+        if p.get("by_position")
+    ]
     if rows:
         lines += [
             "### Where the gap is: by query position",
@@ -218,9 +223,14 @@ def _domain_sections(domains: dict) -> list[str]:
                     f"{_pct(None if oracle is None else oracle / b['ppl_dense'] - 1)} |"
                 )
         lines.append("")
-    cols = [(domain, p) for domain, d in domains.items() for p in d.get("after_sparse", []) if p.get("per_layer")]
+    cols = [
+        (domain, p) for domain, d in domains.items() for p in d.get("after_sparse", []) if p.get("per_layer")
+    ]
     if cols:
-        head = " | ".join(f"{'in' if dm == 'in_domain' else 'off'} {p['seq_len']}/{p['topk']} recall | oracle" for dm, p in cols)
+        head = " | ".join(
+            f"{'in' if dm == 'in_domain' else 'off'} {p['seq_len']}/{p['topk']} recall | oracle"
+            for dm, p in cols
+        )
         lines += [
             "### Where the gap is: recall per layer",
             "",
