@@ -134,7 +134,8 @@ def test_the_long_recipe_reports_every_point_of_both_texts_after_the_sparse_stag
     assert saved["final_ppl_gap_same_model_64"] == report["final_ppl_gap_same_model_64"]
     md = (tmp_path / "run" / "dsa_report.md").read_text()
     assert "## After the sparse stage" in md and "by query position" in md and "recall per layer" in md
-    assert "| 64 | 16 |" in md
+    assert "| 64 | 16 |" in md and "![recall per layer and gap by position" in md
+    assert (tmp_path / "run" / "dsa_final.png").stat().st_size > 10_000
 
 
 def test_text_held_out_whole_never_trains_and_may_not_take_all_of_it(tmp_path):

@@ -83,6 +83,52 @@ def plot_recall(points: list[EvalPoint], png: str | Path, label: str = INDEXER) 
     return png
 
 
+def plot_final(domains: dict, png: str | Path) -> Path | None:
+    """After the sparse stage: the recall per layer at every point beside the oracle's (left) and the
+    gap by query position (right), for each text of a demo-shaped report's ``domains``."""
+    series = [(domain, p) for domain, d in domains.items() for p in d.get("after_sparse", [])]
+    if not any(p.get("per_layer") or p.get("by_position") for _, p in series):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (domain, p) in enumerate(series):
+        label = f"{'in-domain' if domain == 'in_domain' else 'off-domain'} {p['seq_len']}/top-{p['topk']}"
+        color = colors[i % len(colors)]
+        rows = p.get("per_layer") or []
+        if rows:
+            layers = [r["layer"] for r in rows]
+            left.plot(layers, [r["recall"] for r in rows], "o-", ms=3, color=color, label=label)
+            left.plot(layers, [r["oracle"] for r in rows], "--", color=color, alpha=0.6)
+        buckets = [b for b in p.get("by_position") or [] if b["start"] > 0]
+        if buckets:
+            right.plot(
+                [(b["start"] + b["end"]) / 2 for b in buckets], [100 * b["ppl_gap"] for b in buckets],
+                "o-", color=color, label=label,
+            )  # fmt: skip
+    left.set_xlabel("layer")
+    left.set_ylabel("attention recall (dashed: oracle top-k)")
+    left.set_title("Recall per layer after the sparse stage")
+    left.grid(alpha=0.3)
+    left.legend(loc="lower right", fontsize=8)
+    right.set_xscale("log", base=2)
+    right.set_xlabel("query position (bucket middle)")
+    right.set_ylabel("DSA perplexity gap over dense (%)")
+    right.set_title("Where the gap is: by query position")
+    right.axhline(0, color="k", lw=0.8)
+    right.grid(alpha=0.3)
+    right.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    png = Path(png)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
 def markdown_report(report: dict, title: str = "DSA evaluation") -> str:
     """Markdown tables of a :func:`report_dict` (with the optional ``after_sparse`` / ``stages`` /
     ``timings`` sections the demo adds)."""
@@ -182,6 +228,8 @@ def _domain_sections(domains: dict) -> list[str]:
     lines = [
         "## After the sparse stage",
         "",
+        "![recall per layer and gap by position after the sparse stage](dsa_final.png)",
+        "",
         "Perplexity of the trained model with dense attention and with DSA; the oracle top-k attends to "
         "the k keys with the most dense attention (the best any indexer could select).",
         "",
@@ -250,12 +298,14 @@ def _domain_sections(domains: dict) -> list[str]:
 def write_report(
     out_dir: str | Path, report: dict, points: list[EvalPoint], title: str = "DSA evaluation"
 ) -> Path:
-    """Write ``dsa_report.json``, ``dsa_recall.png`` and ``dsa_report.md`` under ``out_dir``; returns
-    the Markdown path."""
+    """Write ``dsa_report.json``, ``dsa_recall.png``, ``dsa_report.md`` (and, for a demo-shaped report,
+    ``dsa_final.png``: :func:`plot_final`) under ``out_dir``; returns the Markdown path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "dsa_report.json").write_text(json.dumps(report, indent=2) + "\n")
     plot_recall(points, out / "dsa_recall.png", report.get("indexer", INDEXER))
+    if report.get("domains"):
+        plot_final(report["domains"], out / "dsa_final.png")
     md = out / "dsa_report.md"
     md.write_text(markdown_report(report, title) + "\n")
     return md
