@@ -124,6 +124,22 @@ SCRIPT = [
 ]  # fmt: skip
 
 
+def _until_dead(actor, seconds: float = 30.0) -> None:
+    """Wait until ``actor``'s calls fail (a direct call, not through the runner: nothing is replaced)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.close.remote("no-such-environment"), timeout=5)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.RayError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"the killed actor still answers after {seconds:g} s")
+
+
 def test_an_environment_whose_actor_is_killed_mid_episode_is_the_environments_failure(runner):
     """What agentic GRPO does with each episode (``runner.environment``, then ``run_episode`` in
     ``with env``), the actor killed by ``ray.kill`` after the first tool call."""
@@ -132,6 +148,7 @@ def test_an_environment_whose_actor_is_killed_mid_episode_is_the_environments_fa
 
     def kill_then_answer(messages, tools):
         ray.kill(env.actor, no_restart=True)
+        _until_dead(env.actor)  # ray.kill returns before the actor is gone
         return SCRIPT[1]
 
     env = runner.environment(Tool)
