@@ -226,9 +226,7 @@ def load_token_data(
         train_tokens = min(train_tokens, cfg.max_train_tokens)
     if cfg.max_eval_tokens is not None:
         eval_tokens = min(eval_tokens, cfg.max_eval_tokens)
-    docs = sorted(
-        list_documents(cfg) if docs is None else docs, key=lambda d: _hash(f"order:{cfg.seed}:{d.name}")
-    )
+    docs = in_order(list_documents(cfg) if docs is None else docs, cfg.seed)
     budget = {False: train_tokens, True: eval_tokens}
     streams = _tokenize(docs, cfg, tokenizer, budget, by_position=False)
     if min(len(streams[False]), len(streams[True])) < cfg.seq_len:
@@ -255,12 +253,17 @@ def load_token_data(
     return TokenData(train, held_out, cfg.seq_len, cfg.source)
 
 
+def in_order(docs: list[Document], seed: int) -> list[Document]:
+    """``docs`` in the seeded hash order every token budget reads them in."""
+    return sorted(docs, key=lambda d: _hash(f"order:{seed}:{d.name}"))
+
+
 def held_out_stream(docs: list[Document], cfg: DataConfig, tokenizer, tokens: int) -> torch.Tensor:
     """A source held out whole (``eval.off_domain``): its documents in the seeded hash order, joined by
     the separator, until ``tokens`` tokens (or the documents end)."""
     sep = separator_id(tokenizer)
     stream: list[int] = []
-    for doc in sorted(docs, key=lambda d: _hash(f"order:{cfg.seed}:{d.name}")):
+    for doc in in_order(docs, cfg.seed):
         if len(stream) >= tokens:
             break
         text = doc.read(cfg.text_field)

@@ -21,6 +21,7 @@ with the untrained baseline).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -70,20 +71,13 @@ def _ppl(nll: float, n: int) -> float:
 @torch.no_grad()
 def _nll(dm, seqs: torch.Tensor, batch_size: int, observer=None) -> tuple[float, int, torch.Tensor]:
     """Summed NLL, predicted tokens, and the NLL summed over sequences per position ``[T - 1]``."""
-    total, count = 0.0, 0
     per_position = torch.zeros(seqs.shape[1] - 1, dtype=torch.float64)
     handle = get_dsa(dm.model) if observer is not None else None
     for a in range(0, seqs.shape[0], batch_size):
         ids = seqs[a : a + batch_size].to(dm.device)
-        if handle is not None:
-            with handle.observing(observer):
-                nll = dm.token_nll(ids)
-        else:
-            nll = dm.token_nll(ids)
-        per_position += nll.sum(0).double().cpu()
-        total += float(nll.sum())
-        count += nll.numel()
-    return total, count, per_position
+        with handle.observing(observer) if handle is not None else contextlib.nullcontext():
+            per_position += dm.token_nll(ids).sum(0).double().cpu()
+    return float(per_position.sum()), seqs.shape[0] * per_position.numel(), per_position
 
 
 def position_buckets(length: int, topk: int) -> list[tuple[int, int]]:
