@@ -478,6 +478,30 @@ def engine_dtype_table(result: dict) -> tuple[str, str]:
     return what, _table(["batch", "fp32 tok/s", "bf16 tok/s", "bf16 / fp32", "by CPU time"], rows)
 
 
+def engine_vs_vllm_table(result: dict) -> tuple[str, str]:
+    """``engine_vs_vllm.json``: dsv32 serve and vLLM, output tokens/s by workload and dtype."""
+    rows = []
+    for dtype, sides in result["servers"].items():
+        workloads = [(f"{c} clients", str(c)) for c in result["concurrency"]] + [("agentic", None)]
+        for label, clients in workloads:
+            speeds = []
+            for name in ("dsv32", "vllm"):
+                rec = sides.get(name) or {}
+                one = (rec.get("serve") or {}).get(clients) if clients else rec.get("agentic")
+                speeds.append((one or {}).get("tok_s"))
+            ratio = speeds[0] / speeds[1] if all(speeds) else None
+            rows.append(
+                [dtype, label, *(f"{v:.1f}" if v else "—" for v in speeds), _x(ratio) if ratio else "—"]
+            )
+    fraction = result.get("decode_flops_fraction_bf16")
+    what = (
+        f"{result['model']}, {result['threads']} threads, {result['prompt_tokens']}-token prompts, "
+        f"{result['new_tokens']} new tokens (ignore_eos, greedy)"
+        + (f"; bf16 decode at 32 rows reaches {fraction:.0%} of the matmuls' FLOP/s" if fraction else "")
+    )
+    return what, _table(["dtype", "workload", "dsv32 tok/s", "vLLM tok/s", "dsv32 / vLLM"], rows)
+
+
 def rl_bf16_ratio_table(result: dict) -> tuple[str, str]:
     """``rl_bf16_ratio.json``: the first update's |log ratio| of the fp32 trainer against each engine dtype."""
     rows = []
@@ -520,6 +544,7 @@ FORMATS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "constraint_mask": (("constraint_mask.json",), constraint_mask_table),
     "interop": (("interop.json",), interop_table),
     "engine_dtype": (("engine_dtype.json",), engine_dtype_table),
+    "engine_vs_vllm": (("engine_vs_vllm.json",), engine_vs_vllm_table),
     "rl_bf16_ratio": (("rl_bf16_ratio.json",), rl_bf16_ratio_table),
 }
 

@@ -382,3 +382,28 @@ def test_serving_beyond_loopback_without_an_api_key_is_warned_of():
     plain, rl = exposure_warning("0.0.0.0", None, rl_routes=False), exposure_warning("0.0.0.0", None, True)
     assert "--api-key" in plain and "generate" in plain
     assert "--api-key" in rl and "load any weight file" in rl
+
+
+def test_ignore_eos_decodes_to_max_tokens_past_the_stop_tokens(server):
+    prompt = [72, 101, 108, 108, 111]
+    params = {"max_tokens": 5, "temperature": 0, "stop_token_ids": []}
+
+    def generate(**extra) -> dict:
+        body = {"token_ids": prompt, "sampling_params": params | extra}
+        reply = httpx.post(server.root + "/inference/v1/generate", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        return reply.json()["choices"][0]
+
+    free = generate()["token_ids"]
+    stop = free[1]
+    stopped = generate(stop_token_ids=[stop])
+    assert stopped["token_ids"] == free[: free.index(stop) + 1] and stopped["finish_reason"] == "stop"
+    ignored = generate(stop_token_ids=[stop], ignore_eos=True)
+    assert ignored["token_ids"] == free and ignored["finish_reason"] == "length"
+    assert generate(ignore_eos=True)["token_ids"] == free  # the model's own end tokens too
+    bad = httpx.post(
+        server.root + "/inference/v1/generate",
+        json={"token_ids": prompt, "sampling_params": {"ignore_eos": "yes"}},
+        timeout=60,
+    )
+    assert bad.status_code == 400 and "ignore_eos" in bad.text

@@ -207,6 +207,8 @@ class HFBackend:
         return self._forward(chunk, attention_mask, **self.prefill_kwargs)
 
     def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs) -> torch.Tensor:
+        from dsv32.engine.attention import decode_attention  # imports transformers
+
         T = input_ids.shape[1]
         # position = number of real tokens before this one: padding does not shift a row's positions
         position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)[:, -T:]
@@ -219,12 +221,13 @@ class HFBackend:
             **{self.cache_keyword: self.cache},
             **kwargs,
         )
-        if self.return_indexing:
-            with get_dsa(self.model).indexing(record=True) as handle:
+        with decode_attention(self.model):
+            if self.return_indexing:
+                with get_dsa(self.model).indexing(record=True) as handle:
+                    out = call()
+                    self.indexing.append(handle.stacked_indexing())
+            else:
                 out = call()
-                self.indexing.append(handle.stacked_indexing())
-        else:
-            out = call()
         self.cache = getattr(out, self.cache_keyword)
         return out.logits[:, -1]
 

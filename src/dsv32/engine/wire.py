@@ -75,13 +75,15 @@ class GenerateParams(_Request):
     sampled token's log-prob (of the truncated, renormalized distribution sampled from);
     ``return_sampling_mask``: the kept top-k/top-p set per generated token;
     ``return_routed_experts``: the MoE routing (native V3.2 models); ``return_indexer_topk``: the
-    keys each position's DSA layers attended to (Keep Indexing; a model with DSA in sparse mode)."""
+    keys each position's DSA layers attended to (Keep Indexing; a model with DSA in sparse mode);
+    ``ignore_eos``: decode to ``max_tokens`` past every stop token (vLLM's benchmark setting)."""
 
     max_tokens: MaxTokens = 16
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
     top_k: TopK = -1
     stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
     logprobs: int | None = Field(None, ge=0)
     return_sampling_mask: bool = False
     return_routed_experts: bool = False

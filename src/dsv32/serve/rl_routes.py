@@ -294,7 +294,7 @@ class RLControl:
         native = isinstance(model, DeepseekV32)
         truncating = p.temperature >= 1e-5 and (p.top_p < 1.0 or p.top_k > 0)
         generator = None if p.seed is None else torch.Generator().manual_seed(p.seed)
-        eos = served.eos_ids if p.stop_token_ids is None else p.stop_token_ids
+        eos = [] if p.ignore_eos else served.eos_ids if p.stop_token_ids is None else p.stop_token_ids
         pad = self._pad_id(body.pad_token_id, eos)
         routing = p.return_routed_experts and native
         indexing = p.return_indexer_topk and sparse_dsa(model)
