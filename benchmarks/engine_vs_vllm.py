@@ -3,8 +3,9 @@ server at a time in one run, and how much of this CPU's matmul throughput batche
 
 1. **Matmul FLOP/s** (in this process, ``--threads`` torch threads): every ``nn.Linear`` of SmolLM2
    (the 30 layers' seven projections and the LM head) applied in order to 32 rows, as one decode step
-   at 32 rows runs them, on the model's own weights; FLOP/s = 2 · rows · weights / seconds. Beside
-   it, a 1024³ square matmul for scale.
+   at 32 rows runs them, on the model's own weights, as stored (torch's ``linear``) and packed for
+   oneDNN; FLOP/s = 2 · rows · weights / seconds, the faster of the two. Beside it, a 1024³ square
+   matmul for scale.
 2. **Batched decode** (same process): the engine's running batch (``dsv32.engine.batch``, the
    serve scheduler's) at 32 rows of ~200-token prompts, greedy; the decode FLOP/s is the same
    matmul FLOPs per token over the measured step time (attention's few FLOPs not counted), and
@@ -15,7 +16,8 @@ server at a time in one run, and how much of this CPU's matmul throughput batche
 4. **Agentic** (``/inference/v1/generate``, the rollout route): the agentic proof's episode shapes,
    ``--tasks`` code-interpreter tasks × ``--group`` episodes, ``--turns`` calls each; every call's
    prompt is the previous prompt, the sampled reply and a tool result; temperature 0.8, top-p 0.95,
-   ``--agentic-tokens`` tokens per call with ``ignore_eos``. Each engine is driven the way dsv32's
+   ``--agentic-tokens`` tokens per call with ``ignore_eos``, unseeded (vLLM 0.32's CPU sampler fails
+   a seeded top-p request: "CPU Generator does not use offset"). Each engine is driven the way dsv32's
    remote rollout engine drives it: dsv32 gets one batched request per call, vLLM one request per
    row, all rows at once.
 
@@ -69,23 +71,32 @@ def linears(model) -> list[torch.Tensor]:
 
 @torch.no_grad()
 def matmul_flops(model, rows: int, reps: int) -> dict:
-    """FLOP/s of the model's linears applied to ``rows`` rows in order (best of ``reps``), and of a
-    1024³ matmul in the model's dtype."""
+    """FLOP/s of the model's linears applied to ``rows`` rows in order (best of ``reps``), with the
+    weights as stored (torch's ``linear``) and packed for oneDNN (what the engine's decode step uses);
+    ``gflops`` is the faster of the two. Beside them, a 1024³ matmul in the model's dtype."""
     weights = linears(model)
     xs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights}
     flop = sum(2 * rows * w.numel() for w in weights)
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in weights]
 
-    def run() -> None:
+    def plain() -> None:
         for w in weights:
             torch.nn.functional.linear(xs[w.shape[1]], w)
 
-    run()
-    best = min(_timed(run) for _ in range(reps))
+    def blocked() -> None:
+        for w, p in zip(weights, packed, strict=True):
+            torch.ops.mkldnn._linear_pointwise(xs[w.shape[1]], p, None, "none", [], "")
+
+    best = {}
+    for name, run in (("linear", plain), ("packed", blocked)):
+        run()
+        best[name] = flop / min(_timed(run) for _ in range(reps)) / 1e9
     a = torch.randn(1024, 1024, dtype=weights[0].dtype)
     torch.mm(a, a)
     square = min(_timed(lambda: torch.mm(a, a)) for _ in range(reps * 3))
-    return {"rows": rows, "gflops": flop / best / 1e9, "flop_per_token": flop // rows,
-            "seconds": best, "square_1024_gflops": 2 * 1024**3 / square / 1e9}  # fmt: skip
+    return {"rows": rows, "gflops": max(best.values()), "linear_gflops": best["linear"],
+            "packed_gflops": best["packed"], "flop_per_token": flop // rows,
+            "square_1024_gflops": 2 * 1024**3 / square / 1e9}  # fmt: skip
 
 
 def _timed(fn) -> float:
@@ -182,8 +193,8 @@ def agentic_load(url: str, api: str, first: list[list[int]], tool: list[list[int
     generated, calls = 0, []
     with httpx.Client(base_url=url, timeout=1800) as http:
 
-        def post(token_ids, seed: int) -> list[list[int]]:
-            body = {"model": "smollm2", "token_ids": token_ids, "sampling_params": {**params, "seed": seed}}
+        def post(token_ids) -> list[list[int]]:
+            body = {"model": "smollm2", "token_ids": token_ids, "sampling_params": params}
             reply = http.post("/inference/v1/generate", json=body)
             reply.raise_for_status()
             return [c["token_ids"] for c in reply.json()["choices"]]
@@ -192,10 +203,10 @@ def agentic_load(url: str, api: str, first: list[list[int]], tool: list[list[int
         for turn in range(args.turns):
             t0 = time.perf_counter()
             if api == "dsv32":
-                replies = post(prompts, turn)
+                replies = post(prompts)
             else:
                 with ThreadPoolExecutor(len(prompts)) as pool:
-                    replies = [r[0] for r in pool.map(post, prompts, range(len(prompts)))]
+                    replies = [r[0] for r in pool.map(post, prompts)]
             calls.append(round(time.perf_counter() - t0, 2))
             generated += sum(len(r) for r in replies)
             task_tool = tool[turn % len(tool)]

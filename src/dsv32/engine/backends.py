@@ -141,7 +141,19 @@ class HFBackend:
         return self._forward(input_ids, attention_mask, **self.prefill_kwargs)
 
     def step(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if self.fast_decode and not self.model.training:
+            from dsv32.engine.fastdecode import decode_step
+
+            return decode_step(self.model, self.cache, tokens, attention_mask)
         return self._forward(tokens[:, None], attention_mask)
+
+    @functools.cached_property
+    def fast_decode(self) -> bool:
+        """Whether decode steps run :func:`dsv32.engine.fastdecode.decode_step` (a Llama-family model
+        it computes exactly; anything else runs the model's own forward)."""
+        from dsv32.engine.fastdecode import supported
+
+        return not self.return_indexing and supported(self.model)
 
     def drop_rows(self, keep: torch.Tensor) -> None:
         self.cache.batch_select_indices(keep)

@@ -1,0 +1,182 @@
+"""The engine's one-token decode step for Llama-family transformers models (Llama, Qwen2, Mistral
+without a sliding window): the same arithmetic as transformers' forward, with the products a decode
+step is made of run where this CPU runs them fastest.
+
+A decode step multiplies a few rows (the batch) by every weight matrix of the model. torch's
+``linear`` hands that to oneDNN with the weights as they are stored, and at one to eight rows oneDNN
+then reads them at a third of the memory bandwidth; with the weights reordered once into oneDNN's
+blocked layout for matrix products (``torch.ops.mkldnn._reorder_linear_weight``, what PyTorch's own
+compiler and vLLM's CPU backend use) the same products take 1.4-2× less time on SmolLM2-135M
+(:class:`PackedWeights`). The packed copies are made when a model first decodes here and remade when
+a weight changes (a trainer's update, a weight sync: torch counts every in-place change of a tensor);
+they cost one more copy of the linear weights, so models whose linear weights exceed
+:data:`PACK_LIMIT_BYTES` are not packed (``DSV32_PACKED_WEIGHTS=0`` turns packing off).
+
+:func:`decode_step` is the model's own forward written out for one token per row: RMSNorm, the
+projections, rotary embeddings (the model's own rotary module, so every RoPE scaling applies), the
+KV cache's ``update``, attention with the query heads packed per key/value head
+(:func:`dsv32.engine.attention.engine_attention`), the gated SiLU MLP and the LM head; on SmolLM2 its
+logits equal transformers' to the bit with unpacked weights. :func:`supported` says which models it
+takes: anything else (a DSA-attached model, LoRA layers, hooks such as FSDP's, a model in training
+mode, other architectures) runs transformers' forward.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dsv32.dsa.hf import has_dsa
+
+ARCHITECTURES = ("llama", "qwen2", "mistral")
+PACK_LIMIT_BYTES = 4 << 30
+_PACK_DTYPES = (torch.float32, torch.bfloat16)
+#: bf16 products of fewer rows are padded to this many: oneDNN's packed bf16 kernel for one row is
+#: ~100× slower than for several, and four padded rows take less time than one unpacked row
+BF16_MIN_ROWS = 4
+
+
+def _plain(module: nn.Module) -> bool:
+    return not (module._forward_hooks or module._forward_pre_hooks)
+
+
+def supported(model) -> bool:
+    """Whether :func:`decode_step` computes ``model``'s forward: a Llama-family causal LM in eval
+    mode, full attention in every layer, SiLU MLPs, plain ``nn.Linear`` projections, no hooks (FSDP,
+    peft and other wrappers add them or replace the layers), no DSA attached."""
+    from dsv32.engine.hfcache import full_attention
+
+    config = model.config
+    inner = getattr(model, "model", None)
+    if (
+        getattr(config, "model_type", None) not in ARCHITECTURES
+        or model.training
+        or has_dsa(model)
+        or inner is None
+        or getattr(config, "hidden_act", None) != "silu"
+        or getattr(config, "pretraining_tp", 1) != 1
+        or not full_attention(config)
+        or not hasattr(inner, "rotary_emb")
+        or type(getattr(model, "lm_head", None)) is not nn.Linear
+        or nn.modules.module._global_forward_hooks
+        or nn.modules.module._global_forward_pre_hooks
+    ):
+        return False
+    for layer in inner.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = (
+            attn.q_proj,
+            attn.k_proj,
+            attn.v_proj,
+            attn.o_proj,
+            mlp.gate_proj,
+            mlp.up_proj,
+            mlp.down_proj,
+        )
+        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        if any(type(m) is not nn.Linear for m in linears) or not all(
+            hasattr(n, "variance_epsilon") for n in norms
+        ):
+            return False
+        if getattr(attn, "sliding_window", None) is not None or getattr(attn, "q_norm", None) is not None:
+            return False
+    return all(_plain(m) for m in model.modules())
+
+
+class PackedWeights:
+    """oneDNN-packed copies of a model's linear weights, remade when a weight changes."""
+
+    def __init__(self) -> None:
+        self.copies: dict[int, tuple[int, int, torch.Tensor]] = {}  # id(weight) → (ptr, version, packed)
+        self.failed = False
+
+    def linear(self, x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+        """``layer(x)`` for ``x`` ``[rows, in]``."""
+        w = layer.weight
+        rows = x.shape[0]
+        if self.failed:
+            return F.linear(x, w, layer.bias)
+        key, stamp = id(w), (w.data_ptr(), w._version)
+        held = self.copies.get(key)
+        if held is None or held[:2] != stamp:
+            try:
+                packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
+            except (RuntimeError, AttributeError):  # a torch build without oneDNN
+                self.failed = True
+                return F.linear(x, w, layer.bias)
+            held = (*stamp, packed)
+            self.copies[key] = held
+        if w.dtype == torch.bfloat16 and rows < BF16_MIN_ROWS:  # oneDNN's bf16 kernels for 1-2 rows are slow
+            x = torch.cat((x, x.new_zeros(BF16_MIN_ROWS - rows, x.shape[1])))
+            return torch.ops.mkldnn._linear_pointwise(x, held[2], layer.bias, "none", [], "")[:rows]
+        return torch.ops.mkldnn._linear_pointwise(x, held[2], layer.bias, "none", [], "")
+
+
+_packed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def packed_weights(model) -> PackedWeights | None:
+    """The model's :class:`PackedWeights`, or None where packing does not apply (not a CPU model, a
+    dtype oneDNN does not pack, linear weights over :data:`PACK_LIMIT_BYTES`, turned off)."""
+    if os.environ.get("DSV32_PACKED_WEIGHTS", "1") == "0":
+        return None
+    if model in _packed:
+        return _packed[model]
+    weight = model.lm_head.weight
+    linear_bytes = sum(
+        m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, nn.Linear)
+    )
+    ok = (
+        weight.device.type == "cpu"
+        and weight.dtype in _PACK_DTYPES
+        and linear_bytes <= PACK_LIMIT_BYTES
+        and torch.backends.mkldnn.is_available()
+    )
+    _packed[model] = PackedWeights() if ok else None
+    return _packed[model]
+
+
+def _rms(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """transformers' RMSNorm: in fp32, scaled back in the input's dtype."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * h.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+@torch.no_grad()
+def decode_step(model, cache, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """One token per row: ``tokens`` ``[B]`` appended to ``cache`` (a ``DynamicCache``),
+    ``attention_mask`` ``[B, S]`` over every token so far, this one included (1 = real). Returns the
+    next-token logits ``[B, V]`` (what ``model(...).logits[:, -1]`` gives)."""
+    from dsv32.engine.attention import engine_attention
+
+    inner = model.model
+    packed = packed_weights(model)
+    linear = packed.linear if packed is not None else (lambda x, layer: layer(x))
+    B = tokens.shape[0]
+    positions = attention_mask.sum(-1, keepdim=True) - 1  # padding does not shift a row's positions
+    h = inner.embed_tokens(tokens)  # [B, hidden]
+    cos, sin = inner.rotary_emb(h[:, None], positions)  # [B, 1, head_dim]
+    cos, sin = cos[:, None], sin[:, None]
+    mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]
+    for i, layer in enumerate(inner.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        x = _rms(h, layer.input_layernorm)
+        q = linear(x, attn.q_proj).view(B, -1, 1, attn.head_dim)
+        k = linear(x, attn.k_proj).view(B, -1, 1, attn.head_dim)
+        v = linear(x, attn.v_proj).view(B, -1, 1, attn.head_dim)
+        keys, values = cache.update(_rotate(k, cos, sin), v, i)
+        out, _ = engine_attention(attn, _rotate(q, cos, sin), keys, values, mask, scaling=attn.scaling)
+        h = h + linear(out.reshape(B, -1), attn.o_proj)
+        x = _rms(h, layer.post_attention_layernorm)
+        h = h + linear(F.silu(linear(x, mlp.gate_proj)) * linear(x, mlp.up_proj), mlp.down_proj)
+    return linear(_rms(h, inner.norm), model.lm_head)
