@@ -88,32 +88,52 @@ def supported(model) -> bool:
 
 
 class PackedWeights:
-    """oneDNN-packed copies of a model's linear weights, remade when a weight changes."""
+    """oneDNN-packed copies of a model's linear weights, remade when a weight changes. Layers that
+    read the same input (a layer's query, key and value projections; its gate and up projections)
+    are packed as one matrix, so one product computes them all."""
 
     def __init__(self) -> None:
-        self.copies: dict[int, tuple[int, int, torch.Tensor]] = {}  # id(weight) → (ptr, version, packed)
+        # the layers' weights (by id) → (their addresses and versions, the packed matrix, its bias)
+        self.copies: dict[tuple[int, ...], tuple[tuple, torch.Tensor, torch.Tensor | None]] = {}
         self.failed = False
 
-    def linear(self, x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-        """``layer(x)`` for ``x`` ``[rows, in]``."""
-        w = layer.weight
-        rows = x.shape[0]
-        if self.failed:
-            return F.linear(x, w, layer.bias)
-        key, stamp = id(w), (w.data_ptr(), w._version)
+    def _packed(self, layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        weights = [m.weight for m in layers]
+        key = tuple(id(w) for w in weights)
+        stamp = tuple((w.data_ptr(), w._version) for w in weights)
         held = self.copies.get(key)
-        if held is None or held[:2] != stamp:
+        if held is None or held[0] != stamp:
+            weight = weights[0] if len(layers) == 1 else torch.cat(weights)
+            biases = [m.bias for m in layers]
+            bias = None
+            if any(b is not None for b in biases):
+                bias = torch.cat(
+                    [b if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)]
+                )
             try:
-                packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
             except (RuntimeError, AttributeError):  # a torch build without oneDNN
                 self.failed = True
-                return F.linear(x, w, layer.bias)
-            held = (*stamp, packed)
+                return None
+            held = (stamp, packed, None if bias is None else bias.detach())
             self.copies[key] = held
-        if w.dtype == torch.bfloat16 and rows < BF16_MIN_ROWS:  # oneDNN's bf16 kernels for 1-2 rows are slow
+        return held[1], held[2]
+
+    def linear(self, x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """``layer(x)`` for each of ``layers`` (``x`` ``[rows, in]``): one tensor for one layer, a
+        tuple for several."""
+        packed = None if self.failed else self._packed(layers)
+        if packed is None:
+            outs = tuple(F.linear(x, m.weight, m.bias) for m in layers)
+            return outs[0] if len(outs) == 1 else outs
+        weight, bias = packed
+        rows = x.shape[0]
+        if x.dtype == torch.bfloat16 and rows < BF16_MIN_ROWS:  # oneDNN's bf16 kernels for 1-2 rows are slow
             x = torch.cat((x, x.new_zeros(BF16_MIN_ROWS - rows, x.shape[1])))
-            return torch.ops.mkldnn._linear_pointwise(x, held[2], layer.bias, "none", [], "")[:rows]
-        return torch.ops.mkldnn._linear_pointwise(x, held[2], layer.bias, "none", [], "")
+        y = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")[:rows]
+        if len(layers) == 1:
+            return y
+        return y.split([m.out_features for m in layers], dim=-1)
 
 
 _packed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -140,6 +160,12 @@ def packed_weights(model) -> PackedWeights | None:
     return _packed[model]
 
 
+def _unpacked(x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """The layers themselves (no packed copies)."""
+    outs = tuple(m(x) for m in layers)
+    return outs[0] if len(outs) == 1 else outs
+
+
 def _rms(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     """transformers' RMSNorm: in fp32, scaled back in the input's dtype."""
     h = x.float()
@@ -161,7 +187,7 @@ def decode_step(model, cache, tokens: torch.Tensor, attention_mask: torch.Tensor
 
     inner = model.model
     packed = packed_weights(model)
-    linear = packed.linear if packed is not None else (lambda x, layer: layer(x))
+    linear = packed.linear if packed is not None else _unpacked
     B = tokens.shape[0]
     positions = attention_mask.sum(-1, keepdim=True) - 1  # padding does not shift a row's positions
     h = inner.embed_tokens(tokens)  # [B, hidden]
@@ -171,12 +197,13 @@ def decode_step(model, cache, tokens: torch.Tensor, attention_mask: torch.Tensor
     for i, layer in enumerate(inner.layers):
         attn, mlp = layer.self_attn, layer.mlp
         x = _rms(h, layer.input_layernorm)
-        q = linear(x, attn.q_proj).view(B, -1, 1, attn.head_dim)
-        k = linear(x, attn.k_proj).view(B, -1, 1, attn.head_dim)
-        v = linear(x, attn.v_proj).view(B, -1, 1, attn.head_dim)
+        q, k, v = (
+            t.reshape(B, -1, 1, attn.head_dim) for t in linear(x, attn.q_proj, attn.k_proj, attn.v_proj)
+        )
         keys, values = cache.update(_rotate(k, cos, sin), v, i)
         out, _ = engine_attention(attn, _rotate(q, cos, sin), keys, values, mask, scaling=attn.scaling)
         h = h + linear(out.reshape(B, -1), attn.o_proj)
         x = _rms(h, layer.post_attention_layernorm)
-        h = h + linear(F.silu(linear(x, mlp.gate_proj)) * linear(x, mlp.up_proj), mlp.down_proj)
+        gate, up = linear(x, mlp.gate_proj, mlp.up_proj)
+        h = h + linear(F.silu(gate) * up, mlp.down_proj)
     return linear(_rms(h, inner.norm), model.lm_head)
