@@ -93,16 +93,19 @@ class PackedWeights:
     are packed as one matrix, so one product computes them all."""
 
     def __init__(self) -> None:
-        # the layers' weights (by id) → (their addresses and versions, the packed matrix, its bias)
-        self.copies: dict[tuple[int, ...], tuple[tuple, torch.Tensor, torch.Tensor | None]] = {}
+        # the layers' weights (by id) → (the weights themselves, weakly; the addresses and versions of
+        # the weights and biases; the packed matrix; its bias). The weak references tell a weight from a later one that
+        # happens to get a freed weight's id.
+        self.copies: dict[tuple[int, ...], tuple[tuple, tuple, torch.Tensor, torch.Tensor | None]] = {}
         self.failed = False
 
     def _packed(self, layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         weights = [m.weight for m in layers]
         key = tuple(id(w) for w in weights)
-        stamp = tuple((w.data_ptr(), w._version) for w in weights)
+        tensors = [t for m in layers for t in (m.weight, m.bias) if t is not None]
+        stamp = tuple((t.data_ptr(), t._version) for t in tensors)  # a trainer's step changes both
         held = self.copies.get(key)
-        if held is None or held[0] != stamp:
+        if held is None or held[1] != stamp or any(r() is not w for r, w in zip(held[0], weights)):
             weight = weights[0] if len(layers) == 1 else torch.cat(weights)
             biases = [m.bias for m in layers]
             bias = None
@@ -115,9 +118,10 @@ class PackedWeights:
             except (RuntimeError, AttributeError):  # a torch build without oneDNN
                 self.failed = True
                 return None
-            held = (stamp, packed, None if bias is None else bias.detach())
+            refs = tuple(weakref.ref(w) for w in weights)
+            held = (refs, stamp, packed, None if bias is None else bias.detach())
             self.copies[key] = held
-        return held[1], held[2]
+        return held[2], held[3]
 
     def linear(self, x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """``layer(x)`` for each of ``layers`` (``x`` ``[rows, in]``): one tensor for one layer, a
