@@ -46,7 +46,6 @@ def engine_attention(
     H_kv = key.shape[1]
     plain = (
         T == 1
-        and H % H_kv == 0
         and not torch.is_grad_enabled()
         and dropout == 0.0
         and kwargs.get("softcap") is None

@@ -13,9 +13,10 @@ they cost one more copy of the linear weights, so models whose linear weights ex
 :data:`PACK_LIMIT_BYTES` are not packed (``DSV32_PACKED_WEIGHTS=0`` turns packing off).
 
 :func:`decode_step` is the model's own forward written out for one token per row: RMSNorm, the
-projections, rotary embeddings (the model's own rotary module, so every RoPE scaling applies), the
-KV cache's ``update``, attention with the query heads packed per key/value head
-(:func:`dsv32.engine.attention.engine_attention`), the gated SiLU MLP and the LM head; on SmolLM2 its
+projections, rotary embeddings (the model's own rotary module and ``apply_rotary_pos_emb``, so every
+RoPE scaling applies), the KV cache's ``update``, attention with the query heads packed per key/value
+head (:func:`dsv32.engine.attention.engine_attention`), the gated MLP with the model's own activation
+and norms, and the LM head; on SmolLM2 its
 logits equal transformers' to the bit with unpacked weights. :func:`supported` says which models it
 takes: anything else (a DSA-attached model, LoRA layers, hooks such as FSDP's, a model in training
 mode, other architectures) runs transformers' forward.
@@ -24,13 +25,14 @@ mode, other architectures) runs transformers' forward.
 from __future__ import annotations
 
 import os
+import sys
 import weakref
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dsv32.dsa.hf import has_dsa
+from dsv32.engine.attention import engine_attention
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 PACK_LIMIT_BYTES = 4 << 30
@@ -44,10 +46,24 @@ def _plain(module: nn.Module) -> bool:
     return not (module._forward_hooks or module._forward_pre_hooks)
 
 
+def _modeling(model):
+    """The transformers module that defines ``model``'s class (its ``apply_rotary_pos_emb``)."""
+    return sys.modules[type(model).__module__]
+
+
+def _one_or_all(outs: tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    return outs[0] if len(outs) == 1 else outs
+
+
+def _unpacked(x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """The layers themselves (no packed copies)."""
+    return _one_or_all(tuple(m(x) for m in layers))
+
+
 def supported(model) -> bool:
     """Whether :func:`decode_step` computes ``model``'s forward: a Llama-family causal LM in eval
-    mode, full attention in every layer, SiLU MLPs, plain ``nn.Linear`` projections, no hooks (FSDP,
-    peft and other wrappers add them or replace the layers), no DSA attached."""
+    mode, full attention in every layer, plain ``nn.Linear`` projections, no hooks (FSDP, peft and
+    other wrappers add them or replace the layers), no DSA attached."""
     from dsv32.engine.hfcache import full_attention
 
     config = model.config
@@ -57,10 +73,10 @@ def supported(model) -> bool:
         or model.training
         or has_dsa(model)
         or inner is None
-        or getattr(config, "hidden_act", None) != "silu"
         or getattr(config, "pretraining_tp", 1) != 1
         or not full_attention(config)
         or not hasattr(inner, "rotary_emb")
+        or not hasattr(_modeling(model), "apply_rotary_pos_emb")
         or type(getattr(model, "lm_head", None)) is not nn.Linear
         or nn.modules.module._global_forward_hooks
         or nn.modules.module._global_forward_pre_hooks
@@ -77,10 +93,7 @@ def supported(model) -> bool:
             mlp.up_proj,
             mlp.down_proj,
         )
-        norms = (layer.input_layernorm, layer.post_attention_layernorm)
-        if any(type(m) is not nn.Linear for m in linears) or not all(
-            hasattr(n, "variance_epsilon") for n in norms
-        ):
+        if any(type(m) is not nn.Linear for m in linears):
             return False
         if getattr(attn, "sliding_window", None) is not None or getattr(attn, "q_norm", None) is not None:
             return False
@@ -128,16 +141,13 @@ class PackedWeights:
         tuple for several."""
         packed = None if self.failed else self._packed(layers)
         if packed is None:
-            outs = tuple(F.linear(x, m.weight, m.bias) for m in layers)
-            return outs[0] if len(outs) == 1 else outs
+            return _unpacked(x, *layers)
         weight, bias = packed
         rows = x.shape[0]
         if x.dtype == torch.bfloat16 and rows < BF16_MIN_ROWS:  # oneDNN's bf16 kernels for 1-2 rows are slow
             x = torch.cat((x, x.new_zeros(BF16_MIN_ROWS - rows, x.shape[1])))
         y = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")[:rows]
-        if len(layers) == 1:
-            return y
-        return y.split([m.out_features for m in layers], dim=-1)
+        return _one_or_all(y.split([m.out_features for m in layers], dim=-1))
 
 
 _packed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -164,50 +174,31 @@ def packed_weights(model) -> PackedWeights | None:
     return _packed[model]
 
 
-def _unpacked(x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor | tuple[torch.Tensor, ...]:
-    """The layers themselves (no packed copies)."""
-    outs = tuple(m(x) for m in layers)
-    return outs[0] if len(outs) == 1 else outs
-
-
-def _rms(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """transformers' RMSNorm: in fp32, scaled back in the input's dtype."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * h.to(x.dtype)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-
 @torch.no_grad()
 def decode_step(model, cache, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """One token per row: ``tokens`` ``[B]`` appended to ``cache`` (a ``DynamicCache``),
     ``attention_mask`` ``[B, S]`` over every token so far, this one included (1 = real). Returns the
     next-token logits ``[B, V]`` (what ``model(...).logits[:, -1]`` gives)."""
-    from dsv32.engine.attention import engine_attention
-
     inner = model.model
+    rotate = _modeling(model).apply_rotary_pos_emb
     packed = packed_weights(model)
     linear = packed.linear if packed is not None else _unpacked
     B = tokens.shape[0]
     positions = attention_mask.sum(-1, keepdim=True) - 1  # padding does not shift a row's positions
     h = inner.embed_tokens(tokens)  # [B, hidden]
     cos, sin = inner.rotary_emb(h[:, None], positions)  # [B, 1, head_dim]
-    cos, sin = cos[:, None], sin[:, None]
     mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]
     for i, layer in enumerate(inner.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        x = _rms(h, layer.input_layernorm)
+        x = layer.input_layernorm(h)
         q, k, v = (
             t.reshape(B, -1, 1, attn.head_dim) for t in linear(x, attn.q_proj, attn.k_proj, attn.v_proj)
         )
-        keys, values = cache.update(_rotate(k, cos, sin), v, i)
-        out, _ = engine_attention(attn, _rotate(q, cos, sin), keys, values, mask, scaling=attn.scaling)
+        q, k = rotate(q, k, cos, sin)
+        keys, values = cache.update(k, v, i)
+        out, _ = engine_attention(attn, q, keys, values, mask, scaling=attn.scaling)
         h = h + linear(out.reshape(B, -1), attn.o_proj)
-        x = _rms(h, layer.post_attention_layernorm)
+        x = layer.post_attention_layernorm(h)
         gate, up = linear(x, mlp.gate_proj, mlp.up_proj)
-        h = h + linear(F.silu(gate) * up, mlp.down_proj)
-    return linear(_rms(h, inner.norm), model.lm_head)
+        h = h + linear(mlp.act_fn(gate) * up, mlp.down_proj)
+    return linear(inner.norm(h), model.lm_head)
