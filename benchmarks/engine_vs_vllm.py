@@ -112,11 +112,9 @@ def decode_speed(model, prompts: list[list[int]], steps: int) -> dict:
     for p in prompts:
         batch.add(p, 1, steps + 8)
     tokens = batch.logits.float().argmax(-1).tolist()
-    for _ in range(4):
-        batch.step(tokens)
-        tokens = batch.logits.float().argmax(-1).tolist()
-    start = time.perf_counter()
-    for _ in range(steps):
+    for i in range(4 + steps):
+        if i == 4:
+            start = time.perf_counter()
         batch.step(tokens)
         tokens = batch.logits.float().argmax(-1).tolist()
     return {"rows": len(prompts), "steps": steps, "step_s": (time.perf_counter() - start) / steps}
@@ -185,7 +183,7 @@ def serve_load(url: str, prompts: list[str], clients: int, requests: int, new_to
             "completion_tokens": sum(tokens), "tok_s": round(sum(tokens) / wall, 2)}  # fmt: skip
 
 
-def agentic_load(url: str, api: str, first: list[list[int]], tool: list[list[int]], args) -> dict:
+def agentic_load(url: str, name: str, first: list[list[int]], tool: list[list[int]], args) -> dict:
     """The episodes' ``--turns`` calls (see the module docstring); output tokens/s over all calls."""
     prompts = [list(p) for p in first for _ in range(args.group)]
     params = {"max_tokens": args.agentic_tokens, "temperature": 0.8, "top_p": 0.95, "logprobs": 0,
@@ -202,7 +200,7 @@ def agentic_load(url: str, api: str, first: list[list[int]], tool: list[list[int
         start = time.perf_counter()
         for turn in range(args.turns):
             t0 = time.perf_counter()
-            if api == "dsv32":
+            if name == "dsv32":
                 replies = post(prompts)
             else:
                 with ThreadPoolExecutor(len(prompts)) as pool:
@@ -237,7 +235,6 @@ def agentic_prompts(tokenizer, tasks: int) -> tuple[list[list[int]], list[list[i
 
 
 def measure_server(name: str, url: str, texts: list[str], first, tool, args) -> dict:
-    api = "dsv32" if name == "dsv32" else "vllm"
     serve_load(url, texts, 1, 1, 8)  # warm-up
     rows = {}
     for clients in args.concurrency:
@@ -247,7 +244,7 @@ def measure_server(name: str, url: str, texts: list[str], first, tool, args) -> 
     agentic = None
     if args.tasks:
         try:
-            agentic = agentic_load(url, api, first, tool, args)
+            agentic = agentic_load(url, name, first, tool, args)
             print(f"  {name}: agentic {agentic['tok_s']} tok/s ({agentic['calls_s']} s per call)", flush=True)
         except httpx.HTTPError as err:  # the serving rows stand without it
             agentic = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
@@ -260,22 +257,34 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a and b else None
 
 
+def speeds(servers: dict, concurrency: list[int]) -> dict:
+    """``{dtype: {workload: {server: output tok/s or None}}}``, workloads ``"1"``, ``"8"``, ...
+    (clients) and ``"agentic"``: what the ratios, the plot and ``run_all``'s table read."""
+    table = {}
+    for dtype, sides in servers.items():
+        table[dtype] = {}
+        for workload in [*map(str, concurrency), "agentic"]:
+            row = {}
+            for name in ("dsv32", "vllm"):
+                rec = sides.get(name) or {}
+                one = rec.get("agentic") if workload == "agentic" else (rec.get("serve") or {}).get(workload)
+                row[name] = (one or {}).get("tok_s")
+            table[dtype][workload] = row
+    return table
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    dtypes = list(result["servers"])
-    fig, axes = plt.subplots(1, len(dtypes), figsize=(5.5 * len(dtypes), 3.8), squeeze=False)
-    for ax, dtype in zip(axes[0], dtypes, strict=True):
-        sides = result["servers"][dtype]
-        labels = [f"{c} clients" for c in result["concurrency"]] + ["agentic"]
-        for j, (name, rec) in enumerate(sides.items()):
-            if rec is None or "serve" not in rec:
-                continue
-            values = [rec["serve"][str(c)]["tok_s"] for c in result["concurrency"]]
-            values.append(rec["agentic"]["tok_s"] if rec.get("agentic") else 0)
+    table = result["tok_s"]
+    fig, axes = plt.subplots(1, len(table), figsize=(5.5 * len(table), 3.8), squeeze=False)
+    for ax, (dtype, rows) in zip(axes[0], table.items(), strict=True):
+        labels = [w if w == "agentic" else f"{w} clients" for w in rows]
+        for j, name in enumerate(("dsv32", "vllm")):
+            values = [row[name] or 0 for row in rows.values()]
             ax.bar([i + 0.4 * j for i in range(len(values))], values, width=0.4, label=name)
         ax.set_xticks([i + 0.2 for i in range(len(labels))], labels)
         ax.set_ylabel("output tokens/s")
@@ -360,16 +369,10 @@ def main() -> None:
                     print(f"  {name} {dtype}: {record['error']}", flush=True)
                 servers[dtype][name] = record
 
-    def tok(dtype: str, name: str, key: str, clients: int | None = None) -> float | None:
-        rec = servers.get(dtype, {}).get(name) or {}
-        if clients is not None:
-            return ((rec.get("serve") or {}).get(str(clients)) or {}).get("tok_s")
-        return (rec.get("agentic") or {}).get("tok_s")
+    table = speeds(servers, args.concurrency)
 
-    def serve_ratios(dtype: str) -> dict:
-        return {
-            str(c): ratio(tok(dtype, "dsv32", "", c), tok(dtype, "vllm", "", c)) for c in args.concurrency
-        }
+    def ratios(dtype: str, workloads: list[str]) -> dict:
+        return {w: ratio(table[dtype][w]["dsv32"], table[dtype][w]["vllm"]) for w in workloads}
 
     shape = {
         "tasks": args.tasks,
@@ -393,8 +396,9 @@ def main() -> None:
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "in_process": in_process,
         "servers": servers,
-        **{f"serve_ratio_{d}": serve_ratios(d) for d in args.dtypes},
-        "agentic_ratio": {d: ratio(tok(d, "dsv32", ""), tok(d, "vllm", "")) for d in args.dtypes},
+        "tok_s": table,
+        **{f"serve_ratio_{d}": ratios(d, [str(c) for c in args.concurrency]) for d in args.dtypes},
+        "agentic_ratio": {d: ratios(d, ["agentic"])["agentic"] for d in args.dtypes},
         "decode_flops_fraction_bf16": (
             round(in_process["bfloat16"]["fraction"], 3) if "bfloat16" in in_process else None
         ),

@@ -481,18 +481,12 @@ def engine_dtype_table(result: dict) -> tuple[str, str]:
 def engine_vs_vllm_table(result: dict) -> tuple[str, str]:
     """``engine_vs_vllm.json``: dsv32 serve and vLLM, output tokens/s by workload and dtype."""
     rows = []
-    for dtype, sides in result["servers"].items():
-        workloads = [(f"{c} clients", str(c)) for c in result["concurrency"]] + [("agentic", None)]
-        for label, clients in workloads:
-            speeds = []
-            for name in ("dsv32", "vllm"):
-                rec = sides.get(name) or {}
-                one = (rec.get("serve") or {}).get(clients) if clients else rec.get("agentic")
-                speeds.append((one or {}).get("tok_s"))
-            ratio = speeds[0] / speeds[1] if all(speeds) else None
-            rows.append(
-                [dtype, label, *(f"{v:.1f}" if v else "—" for v in speeds), _x(ratio) if ratio else "—"]
-            )
+    for dtype, workloads in result["tok_s"].items():
+        for workload, speed in workloads.items():
+            label = workload if workload == "agentic" else f"{workload} clients"
+            ours, theirs = speed["dsv32"], speed["vllm"]
+            shown = [f"{v:.1f}" if v else "—" for v in (ours, theirs)]
+            rows.append([dtype, label, *shown, _x(ours / theirs) if ours and theirs else "—"])
     fraction = result.get("decode_flops_fraction_bf16")
     what = (
         f"{result['model']}, {result['threads']} threads, {result['prompt_tokens']}-token prompts, "
