@@ -127,6 +127,102 @@ def test_sparse_gqa_kernel_equals_reference(B, T, S, H, Hkv, D, Dv, K, empty, mo
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
+DECODE_CASES = [
+    # B, H, H_kv, D, D_v, S
+    (32, 9, 3, 64, 64, 250),  # SmolLM2's heads at 32 rows
+    (1, 9, 3, 64, 64, 1),  # one key
+    (3, 4, 4, 16, 24, 13),  # MHA (one query head per KV head), D_v with an 8-tail, a partial key tile
+    (2, 14, 2, 32, 32, 70),  # 7 query heads per KV head: two value tiles, the second part padding
+    (4, 8, 1, 8, 8, 9),  # MQA, the smallest head dim
+    (2, 16, 2, 128, 128, 40),  # 8 query heads of 128 dims (Llama-3 8B's shape)
+]
+
+
+def _decode_reference(q, k, v, mask, scale):
+    """softmax(q k^T · scale) v over the attended keys in float64, zeros for a row that attends to none."""
+    B, H, _, D = q.shape
+    G = H // k.shape[1]
+    qd, kd, vd = q.double(), k.double().repeat_interleave(G, 1), v.double().repeat_interleave(G, 1)
+    scores = (qd @ kd.transpose(-1, -2)) * scale  # [B, H, 1, S]
+    if mask is not None:
+        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    p = torch.nan_to_num(scores.softmax(-1), nan=0.0)
+    return (p @ vd).transpose(1, 2)  # [B, 1, H, D_v]
+
+
+def _decode_inputs(B, H, Hkv, D, Dv, S, g, dtype=torch.float32):
+    q = torch.randn(B, H, 1, D, generator=g).to(dtype)
+    # the engine's growing cache hands out views [B, H_kv, S, D] of buffers with headroom
+    k = torch.randn(B, Hkv, S + 5, D, generator=g).to(dtype)[:, :, :S]
+    v = torch.randn(B, Hkv, S + 5, Dv, generator=g).to(dtype)[:, :, :S]
+    mask = torch.ones(B, S, dtype=torch.bool)
+    for b in range(1, B):  # left padding of different lengths
+        mask[b, : (b * S) // (B + 1)] = False
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("B,H,Hkv,D,Dv,S", DECODE_CASES)
+@pytest.mark.parametrize("masked", [False, True])
+def test_dense_decode_kernel_equals_attention_by_its_definition(B, H, Hkv, D, Dv, S, masked):
+    g = torch.Generator().manual_seed(B * 1000 + S)
+    q, k, v, mask = _decode_inputs(B, H, Hkv, D, Dv, S, g)
+    assert cpu.decode_gqa_supported(q, k, v)
+    mask = mask if masked else None
+    got = cpu.decode_gqa_attention_cpu(q, k, v, mask, 0.3)
+    assert got.shape == (B, 1, H, Dv) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), _decode_reference(q, k, v, mask, 0.3), atol=2e-6, rtol=1e-5)
+
+
+def test_dense_decode_kernel_in_bf16_reads_bf16_and_rounds_the_fp32_result_once():
+    g = torch.Generator().manual_seed(5)
+    q, k, v, mask = _decode_inputs(6, 9, 3, 64, 64, 77, g, torch.bfloat16)
+    got = cpu.decode_gqa_attention_cpu(q, k, v, mask, 0.125)
+    assert got.dtype == torch.bfloat16
+    # the fp32 arithmetic of the bf16 values, rounded once to bf16
+    want = _decode_reference(q, k, v, mask, 0.125).float().bfloat16()
+    assert (got.float() - want.float()).abs().max().item() <= 2**-8 * want.float().abs().max().item()
+
+
+def test_dense_decode_kernel_gives_zeros_to_a_row_that_attends_to_nothing_and_refuses_a_wrong_mask():
+    g = torch.Generator().manual_seed(6)
+    q, k, v, mask = _decode_inputs(3, 6, 2, 16, 16, 20, g)
+    mask[1] = False
+    got = cpu.decode_gqa_attention_cpu(q, k, v, mask, 0.25)
+    assert torch.equal(got[1], torch.zeros_like(got[1]))
+    torch.testing.assert_close(got.double(), _decode_reference(q, k, v, mask, 0.25), atol=2e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="must be"):
+        cpu.decode_gqa_attention_cpu(q, k, v, mask[:, :-1], 0.25)
+    with pytest.raises(ValueError, match="must be"):
+        cpu.decode_gqa_attention_cpu(q, k, v, mask[:2], 0.25)
+
+
+def test_dense_decode_kernel_gives_the_same_bits_on_one_thread_or_several():
+    """Each (row, KV head) problem is computed whole by one thread, so the split cannot change a bit."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v, mask = _decode_inputs(8, 9, 3, 64, 64, 100, g, torch.bfloat16)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cpu.decode_gqa_attention_cpu(q, k, v, mask, 0.125)
+        torch.set_num_threads(2)
+        two = cpu.decode_gqa_attention_cpu(q, k, v, mask, 0.125)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+def test_dense_decode_kernel_takes_only_what_it_computes():
+    g = torch.Generator().manual_seed(8)
+    q, k, v, _ = _decode_inputs(2, 6, 2, 16, 16, 10, g)
+    assert cpu.decode_gqa_supported(q, k, v)
+    assert not cpu.decode_gqa_supported(q.expand(2, 6, 2, 16), k, v)  # two query tokens
+    assert not cpu.decode_gqa_supported(q.half(), k.half(), v.half())
+    assert not cpu.decode_gqa_supported(q, k.bfloat16(), v)  # mixed dtypes
+    assert not cpu.decode_gqa_supported(q[..., :12], k[..., :12], v)  # a head dim not a multiple of 8
+    assert not cpu.decode_gqa_supported(q[:, :5], k, v)  # 5 query heads over 2 KV heads
+    assert not cpu.decode_gqa_supported(q, k.transpose(-1, -2).contiguous().transpose(-1, -2), v)
+
+
 def test_sparse_gqa_kernel_equals_torch_path_on_a_long_prefill_and_stays_off_under_autograd(monkeypatch):
     g = torch.Generator().manual_seed(8)
     T, H, Hkv, K = 600, 9, 3, 64
@@ -337,6 +433,30 @@ def test_the_portable_build_computes_the_same(tmp_path, monkeypatch):
         got = cpu.indexer_topk_cpu(iq, iw, ik, K)
         want = select_topk(index_scores(iq, iw, ik), K)
         assert torch.equal(got.sort(-1).values, want.sort(-1).values)
+        dq, dk, dv, dmask = _decode_inputs(3, 14, 2, 24, 16, 19, g)
+        torch.testing.assert_close(
+            cpu.decode_gqa_attention_cpu(dq, dk, dv, dmask, 0.2).double(),
+            _decode_reference(dq, dk, dv, dmask, 0.2),
+            atol=2e-6,
+            rtol=1e-5,
+        )
+    finally:
+        cpu._library.cache_clear()
+
+
+def test_a_build_without_openmp_gives_the_same_bits(tmp_path, monkeypatch):
+    """Where the compiler has no OpenMP (or its runtime does not load) the decode kernel runs on the
+    calling thread: the same arithmetic, so the same bits."""
+    g = torch.Generator().manual_seed(9)
+    q, k, v, mask = _decode_inputs(5, 9, 3, 64, 64, 60, g, torch.bfloat16)
+    threaded = cpu.decode_gqa_attention_cpu(q, k, v, mask, 0.125)
+    monkeypatch.setattr(cpu, "_FLAG_SETS", tuple(f for f in cpu._FLAG_SETS if "-fopenmp" not in f))
+    monkeypatch.setenv("DSV32_CACHE_DIR", str(tmp_path))
+    cpu._library.cache_clear()
+    try:
+        assert cpu.available()
+        assert not cpu._library().dsv32_decode_gqa_openmp()
+        assert torch.equal(cpu.decode_gqa_attention_cpu(q, k, v, mask, 0.125), threaded)
     finally:
         cpu._library.cache_clear()
 

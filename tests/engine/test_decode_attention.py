@@ -58,6 +58,27 @@ def test_a_decode_step_computes_what_sdpa_computes(H, H_kv, padded):
     torch.testing.assert_close(ours, exact, atol=2e-6, rtol=0)
 
 
+@pytest.mark.parametrize("padded", [False, True])
+@torch.no_grad()
+def test_where_the_cpu_kernels_are_built_a_decode_step_runs_the_dense_decode_kernel(padded, monkeypatch):
+    from dsv32.dsa.kernels import cpu
+
+    if not cpu.available():
+        pytest.skip("no CPU kernels here (no C compiler)")
+    calls, original = [], cpu.decode_gqa_attention_cpu
+    monkeypatch.setattr(cpu, "decode_gqa_attention_cpu", lambda *a: calls.append(a) or original(*a))
+    q, k, v, mask = _inputs(3, 6, 2, 1, 21, padded=padded)
+    layer = Layer(3)
+    ours, _ = engine_attention(layer, q, k, v, mask)  # no scaling given: SDPA's 1/sqrt(D)
+    assert len(calls) == 1
+    theirs, _ = sdpa_attention_forward(layer, q, k, v, mask)
+    torch.testing.assert_close(ours, theirs, atol=2e-6, rtol=0)
+    with cpu.enabled(False):  # and without the kernels: SDPA's packed call, the same values
+        packed, _ = engine_attention(layer, q, k, v, mask)
+    assert len(calls) == 1
+    torch.testing.assert_close(packed, theirs, atol=2e-6, rtol=0)
+
+
 @torch.no_grad()
 def test_in_bfloat16_the_decode_step_stays_within_bfloat16_rounding_of_float32():
     q, k, v, mask = _inputs(2, 6, 2, 1, 40, torch.bfloat16)

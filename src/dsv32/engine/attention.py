@@ -9,6 +9,12 @@ packs a masked decode step that way (``pack_gqa``); :func:`engine_attention` pac
 step, masked or not, and hands everything else (prefill, chunks of several tokens, a forward that
 records gradients) to transformers' own ``sdpa`` function unchanged.
 
+Where the CPU kernels are built (:mod:`dsv32.dsa.kernels.cpu`), a one-token step on CPU runs the
+dense decode kernel instead: every (row, KV head) reads its keys and values once, straight from the
+cache's views, in fp32 arithmetic over fp32 or bf16 inputs, on torch's OpenMP threads. On SmolLM2 at
+32 rows × 250 cached tokens it takes ~0.4 ms a layer in bf16 inside a decode step, where SDPA's
+packed call took ~1 ms. Its results agree with SDPA's to float rounding (not bit for bit).
+
 :func:`decode_attention` scopes it to the engine's calls: within it a model whose attention is
 ``sdpa`` runs with :func:`engine_attention` (registered as ``"dsv32"`` in transformers' attention and
 mask interfaces; the mask is SDPA's own). A trainer that shares the model is not affected outside the
@@ -25,6 +31,8 @@ import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from dsv32.dsa.kernels import cpu as kernels
 
 NAME = "dsv32"
 
@@ -55,6 +63,12 @@ def engine_attention(
     )
     if not plain:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    if kernels.decode_gqa_supported(query, key, value) and (
+        attention_mask is None or attention_mask.shape[1:3] == (1, 1)
+    ):
+        rows = None if attention_mask is None else attention_mask[:, 0, 0, :].expand(B, key.shape[2])
+        scale = scaling if scaling is not None else D**-0.5  # SDPA's default
+        return kernels.decode_gqa_attention_cpu(query, key, value, rows, scale), None
     G = H // H_kv
     out = F.scaled_dot_product_attention(
         query.reshape(B, H_kv, G, D),  # query head h reads key/value head h // G

@@ -1,6 +1,7 @@
 """Fused C kernels for DSA's CPU hot paths (``cpu_kernels.c``): MLA's MQA-mode sparse attention (and
 the GQA layout, each KV head an MQA problem with its own value rows) and the lightning indexer's
-scores with their exact top-k.
+scores with their exact top-k; and, for the engine's decode step of dense models, attention of one
+query token per row over its whole cache (:func:`decode_gqa_attention_cpu`).
 
 On the CPU the torch path of :func:`dsv32.dsa.sparse_mla_attention` spends more time moving data than
 multiplying: it gathers every query's selected latents into a buffer, then runs two batched matmuls
@@ -15,7 +16,11 @@ The library is compiled at first use with the system's C compiler (``$CC``, else
 the source, the compiler and the CPU, and loaded with :mod:`ctypes`. Without a working compiler — or
 with ``DSV32_CPU_KERNELS=0`` — :func:`available` is false and the torch path runs instead (the
 reference the tests hold the kernels to). Work is split across ``torch.get_num_threads()`` Python
-threads; each C call releases the GIL.
+threads; each C call releases the GIL. The dense decode kernel instead runs its (row, KV head)
+problems on OpenMP threads where the compiler has ``-fopenmp``: the library then uses the OpenMP
+runtime torch has loaded (``libgomp.so.1``), whose threads are still awake from torch's last op;
+inside a decode step, between torch's matrix products, a split across Python threads ran no faster
+than one thread.
 """
 
 from __future__ import annotations
@@ -41,7 +46,13 @@ import torch
 from dsv32.paths import cache_dir
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
-_FLAG_SETS = (["-O3", "-march=native"], ["-O3", "-mcpu=native"], ["-O3"])
+# -fopenmp: the decode-attention kernel's threads (its libgomp.so.1 is the one torch has loaded)
+_FLAG_SETS = (
+    ["-O3", "-march=native", "-fopenmp"],
+    ["-O3", "-march=native"],
+    ["-O3", "-mcpu=native"],
+    ["-O3"],
+)
 _I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 # ctypes signatures of the C entry points (see the comments above them in cpu_kernels.c).
 _ARGTYPES = (
@@ -58,6 +69,14 @@ _INDEXER_ARGTYPES = (
     + [_PTR, _PTR, _I64, _PTR]  # padding, out, out stride, scratch
 )
 _TRANSPOSE_ARGTYPES = [_PTR, _I64, _I64, _I64, _I64, _I64, _PTR]  # keys, stride, S, D, tiles t0..t1, out
+_DECODE_GQA_ARGTYPES = (
+    [_I64] * 7  # threads, B, H_kv, G, D, D_v, S
+    + [_F32]  # scale
+    + [_PTR, _I64, _I64]  # q and its strides (row, head)
+    + [_PTR, _I64, _I64, _I64] * 2  # k, v and their strides (row, KV head, key)
+    + [_PTR, _I64]  # mask (or NULL) and its row stride
+    + [_PTR, _I64, _I64, _PTR]  # out and its strides (row, head), scratch
+)
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}  # the kernels' input types
 DTYPES = tuple(_SUFFIX)
 
@@ -77,14 +96,15 @@ def _cpu_id() -> str:
         return platform.processor() or platform.machine()
 
 
-def _build() -> Path | None:
-    """Compile ``cpu_kernels.c`` (once per source × compiler × flags × CPU) and return the library's
-    path. ``$DSV32_CPU_KERNELS_CFLAGS`` adds flags (e.g. ``-fsanitize=address -g`` to debug)."""
+def _build(flag_sets: tuple[list[str], ...] | None = None) -> Path | None:
+    """Compile ``cpu_kernels.c`` (once per source × compiler × flags × CPU) with the first of
+    ``flag_sets`` (default :data:`_FLAG_SETS`) that works and return the library's path.
+    ``$DSV32_CPU_KERNELS_CFLAGS`` adds flags (e.g. ``-fsanitize=address -g`` to debug)."""
     source = SOURCE.read_bytes()
     extra = os.environ.get("DSV32_CPU_KERNELS_CFLAGS", "").split()
     errors = []
     for cc in _compilers():
-        for base in _FLAG_SETS:
+        for base in _FLAG_SETS if flag_sets is None else flag_sets:
             flags = [*base, *extra]
             key = hashlib.sha256(source + cc.encode() + " ".join(flags).encode() + _cpu_id().encode())
             lib = cache_dir("kernels") / f"dsv32_cpu_{key.hexdigest()[:16]}.so"
@@ -112,7 +132,13 @@ def _library() -> ctypes.CDLL | None:
         path = _build()
         if path is None:
             return None
-        lib = ctypes.CDLL(str(path))
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError:  # an OpenMP runtime that does not load next to torch's: build without it
+            path = _build(tuple(f for f in _FLAG_SETS if "-fopenmp" not in f))
+            if path is None:
+                return None
+            lib = ctypes.CDLL(str(path))
     except OSError as err:  # pragma: no cover - a broken toolchain or a read-only cache
         warnings.warn(f"dsv32: could not load the CPU kernels ({err}); using the torch path.", stacklevel=3)
         return None
@@ -123,6 +149,12 @@ def _library() -> ctypes.CDLL | None:
         getattr(lib, f"dsv32_indexer_topk_{suffix}").restype = None
         getattr(lib, f"dsv32_indexer_transpose_{suffix}").argtypes = _TRANSPOSE_ARGTYPES
         getattr(lib, f"dsv32_indexer_transpose_{suffix}").restype = None
+        getattr(lib, f"dsv32_decode_gqa_{suffix}").argtypes = _DECODE_GQA_ARGTYPES
+        getattr(lib, f"dsv32_decode_gqa_{suffix}").restype = None
+    lib.dsv32_decode_gqa_scratch_bytes.argtypes = [_I64] * 4
+    lib.dsv32_decode_gqa_scratch_bytes.restype = _I64
+    lib.dsv32_decode_gqa_openmp.argtypes = []
+    lib.dsv32_decode_gqa_openmp.restype = _I64
     lib.dsv32_sparse_mqa_scratch_bytes.argtypes = [_I64] * 5
     lib.dsv32_sparse_mqa_scratch_bytes.restype = _I64
     lib.dsv32_indexer_scratch_bytes.argtypes = [_I64, _I64, _I64]
@@ -378,6 +410,75 @@ def sparse_gqa_attention_cpu(
                     )
                 )  # fmt: skip
     _run(getattr(lib, f"dsv32_sparse_mqa_{_SUFFIX[q.dtype]}"), jobs, scratch)
+    return out
+
+
+def decode_gqa_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Inputs :func:`decode_gqa_attention_cpu` takes: CPU tensors all fp32 or all bf16, one query
+    token per row, the last dim contiguous, head dims multiples of 8, query heads a multiple of the
+    KV heads, K and V of one shape but their widths."""
+    return (
+        q.dtype in _SUFFIX
+        and q.dim() == k.dim() == v.dim() == 4
+        and q.shape[2] == 1
+        and all(t.device.type == "cpu" and t.dtype == q.dtype and t.stride(-1) == 1 for t in (q, k, v))
+        and q.shape[0] == k.shape[0]
+        and q.shape[-1] == k.shape[-1]
+        and k.shape[:3] == v.shape[:3]
+        and q.shape[-1] % 8 == 0
+        and v.shape[-1] % 8 == 0
+        and q.shape[1] % k.shape[1] == 0
+        and available()
+    )
+
+
+_DECODE_S_STEP = 256  # work buffers are sized for a multiple of this many keys, so steps reuse them
+
+
+def decode_gqa_attention_cpu(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of one query token per batch row over all its cached keys with the MQA kernel:
+    ``q`` ``[B, H, 1, D]``, ``k`` ``[B, H_kv, S, D]``, ``v`` ``[B, H_kv, S, D_v]`` (views of a cache
+    with room to grow welcome: only the last dim must be contiguous), ``mask`` ``[B, S]`` (True =
+    attend) or None (every key) → ``[B, 1, H, D_v]``, query head ``h`` reading KV head
+    ``h // (H / H_kv)``. A row that attends to no key gets zeros. One C call; its (row, KV head)
+    problems run on torch's OpenMP threads where the library has OpenMP, else on this thread. Check
+    :func:`decode_gqa_supported` first."""
+    lib = _require_library()
+    B, H, _, D = q.shape
+    Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[-1]
+    G = H // Hkv
+    if mask is not None:
+        if mask.shape != (B, S):
+            raise ValueError(f"mask {tuple(mask.shape)} must be [B, S] = {(B, S)}")
+        mask = mask if mask.dtype == torch.bool else mask.bool()
+        if mask.stride(-1) != 1:
+            mask = mask.contiguous()
+    out = q.new_empty(B, 1, H, Dv)
+    if B == 0:
+        return out
+    threads = torch.get_num_threads() if lib.dsv32_decode_gqa_openmp() else 1
+    room = -(-S // _DECODE_S_STEP) * _DECODE_S_STEP
+    (work,) = _scratch(1, threads * lib.dsv32_decode_gqa_scratch_bytes(G, D, Dv, room))
+    qs, ks, vs = q.stride(), k.stride(), v.stride()
+    getattr(lib, f"dsv32_decode_gqa_{_SUFFIX[q.dtype]}")(
+        threads, B, Hkv, G, D, Dv, S, scale,
+        q.data_ptr(), qs[0], qs[1],
+        k.data_ptr(), ks[0], ks[1], ks[2],
+        v.data_ptr(), vs[0], vs[1], vs[2],
+        None if mask is None else mask.data_ptr(), 0 if mask is None else mask.stride(0),
+        out.data_ptr(), out.stride(0), out.stride(2),
+        work.address,
+    )  # fmt: skip
+    if not work.intact():
+        raise RuntimeError(
+            "dsv32 CPU kernel dsv32_decode_gqa wrote past its work buffer (a bug: please report)"
+        )
     return out
 
 

@@ -44,6 +44,9 @@ typedef uint32_t u32x8 __attribute__((vector_size(32)));
 
 static inline f8 loadx(const void *p, int64_t c, const int bf16) {
     if (!bf16) return load8((const float *)p + c);
+#ifdef __AVX2__ /* one widening load (GCC splits the generic conversion below in two halves) */
+    return (f8)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + c))), 16);
+#endif
     u16x8 h;
     memcpy(&h, (const uint16_t *)p + c, sizeof h);
     return (f8)(__builtin_convertvector(h, u32x8) << 16);
@@ -313,6 +316,197 @@ static inline __attribute__((always_inline)) void sparse_mqa(
 
 void dsv32_sparse_mqa_f32(SPARSE_MQA_ARGS) { SPARSE_MQA_CALL(0); }
 void dsv32_sparse_mqa_bf16(SPARSE_MQA_ARGS) { SPARSE_MQA_CALL(1); }
+
+/* ---- dense decode attention for grouped-query heads: one query token per batch row ----
+ *
+ * The engine's decode step for a dense (GQA) model: every KV head of every batch row is one MQA
+ * problem of G query heads over all S cached keys, the ones its padding mask hides left out. The
+ * same kernel as above, with the row numbers made here from the mask, and the whole batch in one
+ * call: Python per (row, head) would cost more than the attention. The problems are split across
+ * `threads` OpenMP threads where the library is built with OpenMP; its runtime is the one PyTorch
+ * already loaded (libgomp.so.1), so they are the threads torch's own parallel ops just ran on and
+ * still spin on — a thread pool of the caller's would wake late next to them.
+ *
+ *   q[b][h][:]   = q + b*q_sb + h*q_sh           (D values; query head h reads KV head h / G)
+ *   key s        = k + b*k_sb + j*k_sh + s*k_ss  (D values, KV head j)
+ *   value s      = v + b*v_sb + j*v_sh + s*v_ss  (Dv values)
+ *   mask[b][s]   = mask + b*mask_sb + s          (nonzero = attend; mask NULL: every key)
+ *   out[b][h][:] = out + b*out_sb + h*out_sh     (Dv values)
+ *
+ * scratch: `threads` x dsv32_decode_gqa_scratch_bytes(G, D, Dv, S) bytes (one part per thread). */
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define DECODE_TILE 8 /* keys per score tile: one vector of scores per head */
+#define DECODE_AHEAD 4 /* score tiles between a key row's prefetch and its use */
+
+/* The 8 horizontal sums of a[0..7], as one vector (lane j = sum of a[j]). */
+static inline f8 hsum8x8(const f8 *a) {
+#ifdef __AVX__
+    __m256 t0 = _mm256_hadd_ps((__m256)a[0], (__m256)a[1]), t1 = _mm256_hadd_ps((__m256)a[2], (__m256)a[3]);
+    __m256 t2 = _mm256_hadd_ps((__m256)a[4], (__m256)a[5]), t3 = _mm256_hadd_ps((__m256)a[6], (__m256)a[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3); /* [a0..a3 low halves, a0..a3 high] */
+    return (f8)_mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+#else
+    f8 r;
+    for (int j = 0; j < 8; j++) r[j] = hsum8(a[j]);
+    return r;
+#endif
+}
+
+int64_t dsv32_decode_gqa_scratch_bytes(int64_t G, int64_t D, int64_t Dv, int64_t S) {
+    const int64_t St = (S + DECODE_TILE - 1) / DECODE_TILE * DECODE_TILE;
+    const int64_t Gp = (G + VALUE_H - 1) / VALUE_H * VALUE_H;
+    return (int64_t)sizeof(float) * (G * D + Gp * St + DECODE_TILE * D + G * Dv) + 64;
+}
+
+int64_t dsv32_decode_gqa_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* One problem: G query heads (fp32, scaled, qbuf [G][D]) over the keys s < S whose mask byte is
+ * nonzero; k/v point at key 0 of this row and KV head, rows k_ss/v_ss elements apart. Two passes:
+ * every score first ([G][St] in scratch), then softmax and the values, so each key and value row is
+ * read from memory once. The keys of a tile are made fp32 once ([8][D] in scratch) and read by
+ * every head from L1. */
+static inline __attribute__((always_inline)) void decode_one(int64_t G, int64_t D, int64_t Dv, int64_t S,
+                                                            const float *qbuf, const char *k, int64_t k_ss,
+                                                            const char *v, int64_t v_ss, const uint8_t *m,
+                                                            char *o, int64_t out_sh, float *work, const int bf16) {
+    const int64_t esize = bf16 ? 2 : 4, St = (S + DECODE_TILE - 1) / DECODE_TILE * DECODE_TILE;
+    const int64_t Gp = (G + VALUE_H - 1) / VALUE_H * VALUE_H;
+    float *sc = work, *kt = sc + Gp * St, *acc = kt + DECODE_TILE * D;
+    memset(sc + G * St, 0, sizeof(float) * (size_t)((Gp - G) * St));
+    for (int64_t s0 = 0; s0 < S; s0 += DECODE_TILE) {
+        const int64_t n = S - s0 < DECODE_TILE ? S - s0 : DECODE_TILE;
+        /* the key rows DECODE_AHEAD tiles ahead, and this tile's value rows (read after the scores) */
+        for (int64_t j = 0; j < n; j++) {
+            const int64_t ahead = s0 + DECODE_AHEAD * DECODE_TILE + j;
+            for (int64_t c = 0; c < D * esize; c += 64)
+                if (ahead < S) __builtin_prefetch(k + ahead * k_ss * esize + c);
+            for (int64_t c = 0; c < Dv * esize; c += 64) __builtin_prefetch(v + (s0 + j) * v_ss * esize + c);
+        }
+        for (int64_t j = 0; j < DECODE_TILE; j++) { /* rows past S repeat the last one */
+            const char *row = k + (s0 + (j < n ? j : n - 1)) * k_ss * esize;
+            for (int64_t c = 0; c < D; c += 8) store8(kt + j * D + c, loadx(row, c, bf16));
+        }
+        for (int64_t g = 0; g < G; g++) {
+            const float *qg = qbuf + g * D;
+            f8 a[DECODE_TILE];
+            for (int j = 0; j < DECODE_TILE; j++) a[j] = splat8(0.0f);
+            for (int64_t c = 0; c < D; c += 8) {
+                f8 x = load8(qg + c);
+                IN_REGISTER(x);
+                for (int j = 0; j < DECODE_TILE; j++) a[j] += x * load8(kt + j * D + c);
+            }
+            store8(sc + g * St + s0, hsum8x8(a));
+        }
+    }
+    int any = 0;
+    for (int64_t g = 0; g < G; g++) {
+        float *sg = sc + g * St, mx = -INFINITY;
+        for (int64_t s = 0; s < S; s++) {
+            if (m && !m[s]) sg[s] = -INFINITY;
+            else mx = sg[s] > mx ? sg[s] : mx;
+        }
+        if (mx == -INFINITY) { /* nothing to attend to: zeros */
+            for (int64_t s = 0; s < St; s++) sg[s] = 0.0f;
+            continue;
+        }
+        any = 1;
+        f8 total = splat8(0.0f);
+        for (int64_t s = 0; s < St; s += 8) {
+            f8 e = exp8(load8(sg + s) - splat8(mx));
+            for (int64_t l = 0; l < 8; l++)
+                if (s + l >= S || (m && !m[s + l])) e[l] = 0.0f;
+            store8(sg + s, e);
+            total += e;
+        }
+        const float inv = 1.0f / hsum8(total);
+        for (int64_t s = 0; s < St; s += 8) store8(sg + s, load8(sg + s) * splat8(inv));
+    }
+    /* values, VALUE_H heads at a time: heads past G have all-zero weights (rows Gp of the scores) */
+    if (any)
+        for (int64_t d = 0; d < Dv; d += 16) {
+            const int wide = d + 16 <= Dv;
+            for (int64_t g = 0; g < G; g += VALUE_H) {
+                f8 a[VALUE_H][2];
+                for (int h = 0; h < VALUE_H; h++) a[h][0] = a[h][1] = splat8(0.0f);
+                for (int64_t s = 0; s < S; s++) {
+                    const char *row = v + s * v_ss * esize;
+                    f8 y0 = loadx(row, d, bf16), y1 = wide ? loadx(row, d + 8, bf16) : splat8(0.0f);
+                    IN_REGISTER(y0);
+                    IN_REGISTER(y1);
+                    for (int h = 0; h < VALUE_H; h++) {
+                        f8 w = splat8(sc[(g + h) * St + s]);
+                        a[h][0] += w * y0;
+                        a[h][1] += w * y1;
+                    }
+                }
+                for (int h = 0; h < VALUE_H && g + h < G; h++) {
+                    store8(acc + (g + h) * Dv + d, a[h][0]);
+                    if (wide) store8(acc + (g + h) * Dv + d + 8, a[h][1]);
+                }
+            }
+        }
+    else
+        memset(acc, 0, sizeof(float) * (size_t)(G * Dv));
+    for (int64_t g = 0; g < G; g++) {
+        if (bf16) {
+            uint16_t *og = (uint16_t *)o + g * out_sh;
+            for (int64_t d = 0; d < Dv; d++) og[d] = to_bf16(acc[g * Dv + d]);
+        } else {
+            float *og = (float *)o + g * out_sh;
+            for (int64_t d = 0; d < Dv; d += 8) store8(og + d, load8(acc + g * Dv + d));
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void decode_gqa(
+    int64_t threads, int64_t B, int64_t Hkv, int64_t G, int64_t D, int64_t Dv, int64_t S, float scale,
+    const void *q, int64_t q_sb, int64_t q_sh, const void *k, int64_t k_sb, int64_t k_sh, int64_t k_ss,
+    const void *v, int64_t v_sb, int64_t v_sh, int64_t v_ss, const uint8_t *mask, int64_t mask_sb, void *out,
+    int64_t out_sb, int64_t out_sh, void *scratch, const int bf16) {
+    const int64_t esize = bf16 ? 2 : 4, part = dsv32_decode_gqa_scratch_bytes(G, D, Dv, S);
+    const int64_t problems = B * Hkv;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && problems > 1)
+#endif
+    for (int64_t p = 0; p < problems; p++) {
+#ifdef _OPENMP
+        char *base = (char *)scratch + omp_get_thread_num() * part;
+#else
+        char *base = (char *)scratch;
+#endif
+        float *qbuf = (float *)(((uintptr_t)base + 63) & ~(uintptr_t)63), *work = qbuf + G * D;
+        const int64_t b = p / Hkv, j = p % Hkv;
+        const char *qj = (const char *)q + (b * q_sb + j * G * q_sh) * esize;
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t c = 0; c < D; c += 8)
+                store8(qbuf + g * D + c, loadx(qj + g * q_sh * esize, c, bf16) * splat8(scale));
+        decode_one(G, D, Dv, S, qbuf, (const char *)k + (b * k_sb + j * k_sh) * esize, k_ss,
+                   (const char *)v + (b * v_sb + j * v_sh) * esize, v_ss, mask ? mask + b * mask_sb : NULL,
+                   (char *)out + (b * out_sb + j * G * out_sh) * esize, out_sh, work, bf16);
+    }
+    (void)threads;
+}
+
+#define DECODE_GQA_ARGS                                                                                     \
+    int64_t threads, int64_t B, int64_t Hkv, int64_t G, int64_t D, int64_t Dv, int64_t S, float scale,          \
+        const void *q, int64_t q_sb, int64_t q_sh, const void *k, int64_t k_sb, int64_t k_sh, int64_t k_ss,      \
+        const void *v, int64_t v_sb, int64_t v_sh, int64_t v_ss, const uint8_t *mask, int64_t mask_sb, void *out, \
+        int64_t out_sb, int64_t out_sh, void *scratch
+#define DECODE_GQA_CALL(bf16)                                                                                  \
+    decode_gqa(threads, B, Hkv, G, D, Dv, S, scale, q, q_sb, q_sh, k, k_sb, k_sh, k_ss, v, v_sb, v_sh, v_ss, mask, \
+               mask_sb, out, out_sb, out_sh, scratch, bf16)
+
+void dsv32_decode_gqa_f32(DECODE_GQA_ARGS) { DECODE_GQA_CALL(0); }
+void dsv32_decode_gqa_bf16(DECODE_GQA_ARGS) { DECODE_GQA_CALL(1); }
 
 /* ---- the lightning indexer: I[t, s] = sum_h w[t, h] ReLU(q[t, h] . k[s]) and its exact top-k ----
  *
