@@ -9,11 +9,14 @@ packs a masked decode step that way (``pack_gqa``); :func:`engine_attention` pac
 step, masked or not, and hands everything else (prefill, chunks of several tokens, a forward that
 records gradients) to transformers' own ``sdpa`` function unchanged.
 
-Where the CPU kernels are built (:mod:`dsv32.dsa.kernels.cpu`), a one-token step on CPU runs the
-dense decode kernel instead: every (row, KV head) reads its keys and values once, straight from the
-cache's views, in fp32 arithmetic over fp32 or bf16 inputs, on torch's OpenMP threads. On SmolLM2 at
-32 rows × 250 cached tokens it takes ~0.4 ms a layer in bf16 inside a decode step, where SDPA's
-packed call took ~1 ms. Its results agree with SDPA's to float rounding (not bit for bit).
+Where the CPU kernels are built (:mod:`dsv32.dsa.kernels.cpu`), a bf16 one-token step on CPU runs
+the dense decode kernel instead: every (row, KV head) reads its keys and values once, straight from
+the cache's views, in fp32 arithmetic, on torch's OpenMP threads. On SmolLM2 at 32 rows × 250 cached
+tokens it takes ~0.4 ms a layer inside a decode step, where SDPA's packed call took ~1 ms. Its
+results agree with SDPA's to float rounding, not bit for bit, so fp32 steps keep SDPA's call: an
+fp32 RL run then samples exactly what it sampled before (the kernel's rounding-level differences
+were enough to send the agentic proof's seeded GRPO rollouts down another path, see
+docs/results.md), and fp32 SDPA is already near the cache's bandwidth.
 
 :func:`decode_attention` scopes it to the engine's calls: within it a model whose attention is
 ``sdpa`` runs with :func:`engine_attention` (registered as ``"dsv32"`` in transformers' attention and
@@ -63,8 +66,10 @@ def engine_attention(
     )
     if not plain:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    if kernels.decode_gqa_supported(query, key, value) and (
-        attention_mask is None or attention_mask.shape[1:3] == (1, 1)
+    if (
+        query.dtype == torch.bfloat16  # fp32 keeps SDPA's arithmetic: see the module docstring
+        and kernels.decode_gqa_supported(query, key, value)
+        and (attention_mask is None or attention_mask.shape[1:3] == (1, 1))
     ):
         rows = None if attention_mask is None else attention_mask[:, 0, 0, :].expand(B, key.shape[2])
         scale = scaling if scaling is not None else D**-0.5  # SDPA's default
