@@ -442,7 +442,7 @@ def decode_gqa_attention_cpu(
     mask: torch.Tensor | None,
     scale: float,
 ) -> torch.Tensor:
-    """Attention of one query token per batch row over all its cached keys with the MQA kernel:
+    """Attention of one query token per batch row over all its cached keys with the C kernel:
     ``q`` ``[B, H, 1, D]``, ``k`` ``[B, H_kv, S, D]``, ``v`` ``[B, H_kv, S, D_v]`` (views of a cache
     with room to grow welcome: only the last dim must be contiguous), ``mask`` ``[B, S]`` (True =
     attend) or None (every key) → ``[B, 1, H, D_v]``, query head ``h`` reading KV head

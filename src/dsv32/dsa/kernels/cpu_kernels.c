@@ -320,9 +320,9 @@ void dsv32_sparse_mqa_bf16(SPARSE_MQA_ARGS) { SPARSE_MQA_CALL(1); }
 /* ---- dense decode attention for grouped-query heads: one query token per batch row ----
  *
  * The engine's decode step for a dense (GQA) model: every KV head of every batch row is one MQA
- * problem of G query heads over all S cached keys, the ones its padding mask hides left out. The
- * same kernel as above, with the row numbers made here from the mask, and the whole batch in one
- * call: Python per (row, head) would cost more than the attention. The problems are split across
+ * problem of G query heads over all S cached keys, the ones its padding mask hides left out. Keys
+ * are read in order (no row list, unlike the sparse kernel above), and the whole batch is one call:
+ * Python per (row, head) would cost more than the attention. The problems are split across
  * `threads` OpenMP threads where the library is built with OpenMP; its runtime is the one PyTorch
  * already loaded (libgomp.so.1), so they are the threads torch's own parallel ops just ran on and
  * still spin on — a thread pool of the caller's would wake late next to them.
