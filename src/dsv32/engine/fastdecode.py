@@ -16,8 +16,8 @@ they cost one more copy of the linear weights, so models whose linear weights ex
 projections, rotary embeddings (the model's own rotary module and ``apply_rotary_pos_emb``, so every
 RoPE scaling applies), the KV cache's ``update``, attention with the query heads packed per key/value
 head (:func:`dsv32.engine.attention.engine_attention`), the gated MLP with the model's own activation
-and norms, and the LM head; on SmolLM2 its
-logits equal transformers' to the bit with unpacked weights. :func:`supported` says which models it
+and norms, and the LM head; on SmolLM2 its logits equal transformers' to the bit with unpacked
+weights. :func:`supported` says which models it
 takes: anything else (a DSA-attached model, LoRA layers, hooks such as FSDP's, a model in training
 mode, other architectures) runs transformers' forward.
 """
@@ -107,8 +107,8 @@ class PackedWeights:
 
     def __init__(self) -> None:
         # the layers' weights (by id) → (the weights themselves, weakly; the addresses and versions of
-        # the weights and biases; the packed matrix; its bias). The weak references tell a weight from a later one that
-        # happens to get a freed weight's id.
+        # the weights and biases; the packed matrix; its bias). The weak references tell a weight
+        # from a later one that happens to get a freed weight's id.
         self.copies: dict[tuple[int, ...], tuple[tuple, tuple, torch.Tensor, torch.Tensor | None]] = {}
         self.failed = False
 

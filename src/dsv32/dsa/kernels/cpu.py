@@ -155,6 +155,7 @@ def _library() -> ctypes.CDLL | None:
     lib.dsv32_decode_gqa_scratch_bytes.restype = _I64
     lib.dsv32_decode_gqa_openmp.argtypes = []
     lib.dsv32_decode_gqa_openmp.restype = _I64
+    lib.openmp = bool(lib.dsv32_decode_gqa_openmp())  # read once: a property of this build
     lib.dsv32_sparse_mqa_scratch_bytes.argtypes = [_I64] * 5
     lib.dsv32_sparse_mqa_scratch_bytes.restype = _I64
     lib.dsv32_indexer_scratch_bytes.argtypes = [_I64, _I64, _I64]
@@ -462,23 +463,20 @@ def decode_gqa_attention_cpu(
     out = q.new_empty(B, 1, H, Dv)
     if B == 0:
         return out
-    threads = torch.get_num_threads() if lib.dsv32_decode_gqa_openmp() else 1
+    threads = torch.get_num_threads() if lib.openmp else 1
     room = -(-S // _DECODE_S_STEP) * _DECODE_S_STEP
-    (work,) = _scratch(1, threads * lib.dsv32_decode_gqa_scratch_bytes(G, D, Dv, room))
     qs, ks, vs = q.stride(), k.stride(), v.stride()
-    getattr(lib, f"dsv32_decode_gqa_{_SUFFIX[q.dtype]}")(
+    job = (
         threads, B, Hkv, G, D, Dv, S, scale,
         q.data_ptr(), qs[0], qs[1],
         k.data_ptr(), ks[0], ks[1], ks[2],
         v.data_ptr(), vs[0], vs[1], vs[2],
         None if mask is None else mask.data_ptr(), 0 if mask is None else mask.stride(0),
         out.data_ptr(), out.stride(0), out.stride(2),
-        work.address,
     )  # fmt: skip
-    if not work.intact():
-        raise RuntimeError(
-            "dsv32 CPU kernel dsv32_decode_gqa wrote past its work buffer (a bug: please report)"
-        )
+    # one job, on this thread (the kernel's threads are OpenMP's); one buffer holds every thread's part
+    scratch = _scratch(1, threads * lib.dsv32_decode_gqa_scratch_bytes(G, D, Dv, room))
+    _run(getattr(lib, f"dsv32_decode_gqa_{_SUFFIX[q.dtype]}"), [job], scratch)
     return out
 
 

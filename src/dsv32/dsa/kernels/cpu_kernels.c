@@ -46,10 +46,11 @@ static inline f8 loadx(const void *p, int64_t c, const int bf16) {
     if (!bf16) return load8((const float *)p + c);
 #ifdef __AVX2__ /* one widening load (GCC splits the generic conversion below in two halves) */
     return (f8)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + c))), 16);
-#endif
+#else
     u16x8 h;
     memcpy(&h, (const uint16_t *)p + c, sizeof h);
     return (f8)(__builtin_convertvector(h, u32x8) << 16);
+#endif
 }
 
 static inline float to_float(const void *p, int64_t c, const int bf16) {
@@ -370,7 +371,8 @@ int64_t dsv32_decode_gqa_openmp(void) {
 }
 
 /* One problem: G query heads (fp32, scaled, qbuf [G][D]) over the keys s < S whose mask byte is
- * nonzero; k/v point at key 0 of this row and KV head, rows k_ss/v_ss elements apart. Two passes:
+ * nonzero (none: zeros); k/v point at key 0 of this row and KV head, rows k_ss/v_ss elements apart.
+ * Two passes:
  * every score first ([G][St] in scratch), then softmax and the values, so each key and value row is
  * read from memory once. The keys of a tile are made fp32 once ([8][D] in scratch) and read by
  * every head from L1. */
@@ -381,14 +383,19 @@ static inline __attribute__((always_inline)) void decode_one(int64_t G, int64_t 
     const int64_t esize = bf16 ? 2 : 4, St = (S + DECODE_TILE - 1) / DECODE_TILE * DECODE_TILE;
     const int64_t Gp = (G + VALUE_H - 1) / VALUE_H * VALUE_H;
     float *sc = work, *kt = sc + Gp * St, *acc = kt + DECODE_TILE * D;
+    int64_t seen = S; /* keys attended to */
+    for (int64_t s = 0; m && s < S; s++) seen -= !m[s];
+    if (!seen) { /* nothing to attend to: zeros (all-zero bits in fp32 and bf16 alike) */
+        for (int64_t g = 0; g < G; g++) memset(o + g * out_sh * esize, 0, (size_t)(Dv * esize));
+        return;
+    }
     memset(sc + G * St, 0, sizeof(float) * (size_t)((Gp - G) * St));
     for (int64_t s0 = 0; s0 < S; s0 += DECODE_TILE) {
         const int64_t n = S - s0 < DECODE_TILE ? S - s0 : DECODE_TILE;
         /* the key rows DECODE_AHEAD tiles ahead, and this tile's value rows (read after the scores) */
         for (int64_t j = 0; j < n; j++) {
             const int64_t ahead = s0 + DECODE_AHEAD * DECODE_TILE + j;
-            for (int64_t c = 0; c < D * esize; c += 64)
-                if (ahead < S) __builtin_prefetch(k + ahead * k_ss * esize + c);
+            for (int64_t c = 0; ahead < S && c < D * esize; c += 64) __builtin_prefetch(k + ahead * k_ss * esize + c);
             for (int64_t c = 0; c < Dv * esize; c += 64) __builtin_prefetch(v + (s0 + j) * v_ss * esize + c);
         }
         for (int64_t j = 0; j < DECODE_TILE; j++) { /* rows past S repeat the last one */
@@ -407,18 +414,10 @@ static inline __attribute__((always_inline)) void decode_one(int64_t G, int64_t 
             store8(sc + g * St + s0, hsum8x8(a));
         }
     }
-    int any = 0;
-    for (int64_t g = 0; g < G; g++) {
+    for (int64_t g = 0; g < G; g++) { /* softmax over the attended keys; the others get 0 */
         float *sg = sc + g * St, mx = -INFINITY;
-        for (int64_t s = 0; s < S; s++) {
-            if (m && !m[s]) sg[s] = -INFINITY;
-            else mx = sg[s] > mx ? sg[s] : mx;
-        }
-        if (mx == -INFINITY) { /* nothing to attend to: zeros */
-            for (int64_t s = 0; s < St; s++) sg[s] = 0.0f;
-            continue;
-        }
-        any = 1;
+        for (int64_t s = 0; s < S; s++)
+            if (!m || m[s]) mx = sg[s] > mx ? sg[s] : mx;
         f8 total = splat8(0.0f);
         for (int64_t s = 0; s < St; s += 8) {
             f8 e = exp8(load8(sg + s) - splat8(mx));
@@ -431,31 +430,28 @@ static inline __attribute__((always_inline)) void decode_one(int64_t G, int64_t 
         for (int64_t s = 0; s < St; s += 8) store8(sg + s, load8(sg + s) * splat8(inv));
     }
     /* values, VALUE_H heads at a time: heads past G have all-zero weights (rows Gp of the scores) */
-    if (any)
-        for (int64_t d = 0; d < Dv; d += 16) {
-            const int wide = d + 16 <= Dv;
-            for (int64_t g = 0; g < G; g += VALUE_H) {
-                f8 a[VALUE_H][2];
-                for (int h = 0; h < VALUE_H; h++) a[h][0] = a[h][1] = splat8(0.0f);
-                for (int64_t s = 0; s < S; s++) {
-                    const char *row = v + s * v_ss * esize;
-                    f8 y0 = loadx(row, d, bf16), y1 = wide ? loadx(row, d + 8, bf16) : splat8(0.0f);
-                    IN_REGISTER(y0);
-                    IN_REGISTER(y1);
-                    for (int h = 0; h < VALUE_H; h++) {
-                        f8 w = splat8(sc[(g + h) * St + s]);
-                        a[h][0] += w * y0;
-                        a[h][1] += w * y1;
-                    }
-                }
-                for (int h = 0; h < VALUE_H && g + h < G; h++) {
-                    store8(acc + (g + h) * Dv + d, a[h][0]);
-                    if (wide) store8(acc + (g + h) * Dv + d + 8, a[h][1]);
+    for (int64_t d = 0; d < Dv; d += 16) {
+        const int wide = d + 16 <= Dv;
+        for (int64_t g = 0; g < G; g += VALUE_H) {
+            f8 a[VALUE_H][2];
+            for (int h = 0; h < VALUE_H; h++) a[h][0] = a[h][1] = splat8(0.0f);
+            for (int64_t s = 0; s < S; s++) {
+                const char *row = v + s * v_ss * esize;
+                f8 y0 = loadx(row, d, bf16), y1 = wide ? loadx(row, d + 8, bf16) : splat8(0.0f);
+                IN_REGISTER(y0);
+                IN_REGISTER(y1);
+                for (int h = 0; h < VALUE_H; h++) {
+                    f8 w = splat8(sc[(g + h) * St + s]);
+                    a[h][0] += w * y0;
+                    a[h][1] += w * y1;
                 }
             }
+            for (int h = 0; h < VALUE_H && g + h < G; h++) {
+                store8(acc + (g + h) * Dv + d, a[h][0]);
+                if (wide) store8(acc + (g + h) * Dv + d + 8, a[h][1]);
+            }
         }
-    else
-        memset(acc, 0, sizeof(float) * (size_t)(G * Dv));
+    }
     for (int64_t g = 0; g < G; g++) {
         if (bf16) {
             uint16_t *og = (uint16_t *)o + g * out_sh;
