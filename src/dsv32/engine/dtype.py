@@ -15,6 +15,8 @@ where bf16 is not fast; an explicit ``bfloat16`` there runs, with a warning.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
 import logging
 from pathlib import Path
@@ -145,6 +147,32 @@ def cast_model(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
             if tensor.dtype != target:
                 tensor.data = tensor.data.to(target)
     return model
+
+
+def mixed_precision(model: torch.nn.Module, dtype: str | torch.dtype) -> torch.dtype | None:
+    """The ``torch.autocast`` dtype of a training forward over ``model``'s weights in ``dtype``
+    (:func:`resolve_dtype`): bf16 mixed precision over fp32 weights (matmuls in bf16 with fp32
+    accumulation; the weights, their gradients and the optimizer state stay fp32); None when it is
+    the weights' own dtype (the forward runs as it is)."""
+    target = resolve_dtype(dtype, next(model.parameters()).device)
+    return None if target == model_dtype(model) else target
+
+
+def autocast(device: torch.device | str, dtype: torch.dtype | None):
+    """``torch.autocast`` to ``dtype`` on ``device``'s type, or no context for None."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=dtype)
+
+
+def sampling_copy(model: torch.nn.Module, dtype: str | torch.dtype) -> torch.nn.Module:
+    """``model`` itself when it already computes in ``dtype`` (:func:`resolve_dtype`), else a copy of
+    it cast to that dtype (:func:`cast_model`; eval mode, no gradients): what samples from a trainer's
+    fp32 weights in bf16. The copy holds the weights of the moment; :func:`copy_weights` refreshes it."""
+    target = resolve_dtype(dtype, next(model.parameters()).device)
+    if target == model_dtype(model):
+        return model
+    return cast_model(copy.deepcopy(model), target).eval().requires_grad_(False)
 
 
 @torch.no_grad()

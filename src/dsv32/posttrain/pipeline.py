@@ -33,7 +33,7 @@ from dsv32.recipe import read_recipe
 from dsv32.rl.agentic import trainer as agentic
 from dsv32.rl.agentic.episodes import EpisodeSettings
 from dsv32.rl.agentic.trainer import EnvItem, episode_settings
-from dsv32.rl.grpo.policy import Policy
+from dsv32.rl.grpo.policy import Policy, sampling_policy
 from dsv32.runlog import read_metrics
 from dsv32.synth.coldstart import ColdStartReport, build_coldstart
 from dsv32.trackers import require
@@ -127,6 +127,11 @@ class ProofRun(StagedRun):
     def max_new(self) -> int:
         return self.recipe.rl.rl.sampling.max_new_tokens
 
+    def sampling_policy(self) -> Policy:
+        """What an evaluation samples with: the model in memory in the rollouts' dtype
+        (``[rl.engine] dtype``; a bf16 copy of the weights of the moment, or the model itself)."""
+        return sampling_policy(self.policy, self.recipe.rl.rl.engine.dtype)
+
     def items(self, tasks: list[Task]) -> list[EnvItem]:
         return [EnvItem(t, DOMAIN, self.make_env) for t in tasks]
 
@@ -135,7 +140,7 @@ class ProofRun(StagedRun):
         the transfer environment's tasks (``transfer_{stage}.json``)."""
         with self.timed(f"eval_{stage}"):
             summary = agentic.evaluate_agentic(
-                self.policy, self.items(self.heldout), self.settings, self.max_new
+                self.sampling_policy(), self.items(self.heldout), self.settings, self.max_new
             )
         self.evals[stage] = summary
         self.write_json(f"eval_{stage}.json", summary)
@@ -153,7 +158,7 @@ class ProofRun(StagedRun):
         )
         with self.timed(f"transfer_{stage}"):
             self.transfer[stage] = agentic.evaluate_agentic(
-                self.policy, self.transfer_items, other, self.max_new
+                self.sampling_policy(), self.transfer_items, other, self.max_new
             )
         self.write_json(f"transfer_{stage}.json", self.transfer[stage])
         print(f"{stage}: transfer ({t.env}) accuracy {self.transfer[stage]['accuracy']:.3f}", flush=True)
@@ -189,7 +194,7 @@ class ProofRun(StagedRun):
             return
         with self.timed("rl_pool"):
             passed = agentic.evaluate_agentic(
-                self.policy, self.items(self.train), self.settings, self.max_new
+                self.sampling_policy(), self.items(self.train), self.settings, self.max_new
             )
         self.write_json("rl_pool_sft.json", passed)
         self.pool = r.use_rl_pool(self.train, {o["id"] for o in passed["outcomes"] if o["correct"]})

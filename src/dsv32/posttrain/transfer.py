@@ -54,7 +54,7 @@ from dsv32.recipe import RecipeError
 from dsv32.rl.agentic import trainer as agentic
 from dsv32.rl.agentic.episodes import EpisodeSettings, outcome_summary
 from dsv32.rl.agentic.trainer import EnvItem, episode_settings
-from dsv32.rl.grpo.policy import Policy
+from dsv32.rl.grpo.policy import Policy, sampling_policy
 from dsv32.runlog import read_metrics
 from dsv32.synth.coldstart import ColdStartReport, build_coldstart
 from dsv32.synth.programmatic import Card, SplitError, cached_set, card_of_bundle, check_disjoint
@@ -217,8 +217,10 @@ class TransferRun(StagedRun):
         )  # fmt: skip
 
     def evaluate(self, stage: str) -> None:
-        """Greedy episodes of every agentic suite and the BFCL entries (``eval/<suite>_<stage>.json``)."""
+        """Greedy episodes of every agentic suite and the BFCL entries (``eval/<suite>_<stage>.json``),
+        sampled in the rollouts' dtype (``[rl.engine] dtype``)."""
         settings = episode_settings(self.recipe.rl)
+        policy = sampling_policy(self.policy, self.recipe.rl.rl.engine.dtype)
         max_new = self.recipe.rl.rl.sampling.max_new_tokens
         agentic_suites = {"synth_heldout": self.suites.synth_heldout, "general": self.suites.general,
                           "code_heldout": self.suites.code_heldout}  # fmt: skip
@@ -226,14 +228,12 @@ class TransferRun(StagedRun):
             if not items:
                 continue
             with self.timed(f"{suite}_{stage}"):
-                summary = evaluate_in_batches(
-                    self.policy, items, settings, max_new, self.recipe.synth.eval_batch
-                )
+                summary = evaluate_in_batches(policy, items, settings, max_new, self.recipe.synth.eval_batch)
             self.record(suite, stage, summary)
         b = self.recipe.bfcl
         with self.timed(f"bfcl_{stage}"):
             summary = evaluate_bfcl(
-                self.model.model, self.model.tokenizer, b.categories, b.per_category,
+                policy.model, self.model.tokenizer, b.categories, b.per_category,
                 self.recipe.root / "bfcl" / stage, name=f"{self.recipe.sft.model.name}-{stage}",
                 max_tokens=b.max_tokens, batch_size=b.batch_size, thinking=settings.thinking,
                 progress=self.progress,

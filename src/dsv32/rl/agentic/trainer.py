@@ -268,8 +268,8 @@ class AgenticTrainer(GRPOTrainer):
     def has_held_out(self) -> bool:
         return bool(self.held)
 
-    def held_out(self) -> dict:
-        return evaluate_agentic(self.sampler, self.held, self.settings, self.rl.sampling.max_new_tokens)
+    def held_out(self, policy: Policy) -> dict:
+        return evaluate_agentic(policy, self.held, self.settings, self.rl.sampling.max_new_tokens)
 
     def identity(self) -> dict:
         files = {("envs", i): e.tasks for i, e in enumerate(self.cfg.envs) if Path(e.tasks).is_file()}

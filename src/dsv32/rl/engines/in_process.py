@@ -3,14 +3,13 @@ or on a copy of it in another dtype (``[engine] dtype``: bf16 sampling beside an
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Sequence
 
 import torch
 
 from dsv32.engine import generate
-from dsv32.engine.dtype import cast_model, copy_weights, model_dtype, resolve_dtype
+from dsv32.engine.dtype import copy_weights, model_dtype, sampling_copy
 from dsv32.engine.prefix import PrefixCache
 from dsv32.rl.engines.base import EngineOutput, turn_generator
 
@@ -34,12 +33,7 @@ class InProcessEngine:
         self, model: torch.nn.Module, version: int = 0, dtype: str | torch.dtype | None = None
     ) -> None:
         self.source = model
-        self.model = model
-        if dtype is not None:
-            device = next(model.parameters()).device
-            target = resolve_dtype(dtype, device)
-            if target != model_dtype(model):
-                self.model = cast_model(copy.deepcopy(model), target).eval().requires_grad_(False)
+        self.model = model if dtype is None else sampling_copy(model, dtype)
         self.version = version
         self.synced: int | None = None
         self.sync_s = 0.0  # seconds the last sync spent copying weights (0 without a copy)

@@ -74,7 +74,7 @@ def reference_policy(policy: Policy, g: GRPOConfig) -> Policy | None:
     if has_adapter(policy.model):
         return dataclasses.replace(policy, base_only=True)
     frozen = copy.deepcopy(policy.model).eval().requires_grad_(False)
-    return Policy(frozen, policy.tokenizer, policy.kind, policy.thinking)
+    return Policy(frozen, policy.tokenizer, policy.kind, policy.thinking, autocast=policy.autocast)
 
 
 def make_optimizer(policy: Policy, g: GRPOConfig) -> torch.optim.AdamW:
@@ -108,7 +108,7 @@ def sampling_replica(policy: Policy) -> Policy:
     if not distributed.world().active:
         return policy
     replica = copy.deepcopy(policy.model).eval().requires_grad_(False)
-    return Policy(replica, policy.tokenizer, policy.kind, policy.thinking)
+    return Policy(replica, policy.tokenizer, policy.kind, policy.thinking, autocast=policy.autocast)
 
 
 def shard_for_training(policy: Policy, ref: Policy | None) -> Policy:

@@ -37,13 +37,18 @@ class RLConfigError(RecipeError):
 @dataclass
 class PolicyConfig(Checked, error=RLConfigError):
     """``name``: ``"smollm2"``, ``"tiny-llama"``, ``"tiny-native"``, an HF model dir, or a native V3.2
-    checkpoint. ``thinking``: V3.2-format prompts in thinking mode (native models that speak it)."""
+    checkpoint. ``thinking``: V3.2-format prompts in thinking mode (native models that speak it).
+    ``dtype``: what the training forwards (the update's, the reference's, a recomputed π_old)
+    compute in: ``"float32"``, ``"bfloat16"`` (mixed precision: autocast over fp32 weights, fp32
+    gradients and optimizer state, log-probs from fp32 logits) or ``"auto"`` (bf16 where the device
+    has native bf16). What the rollouts sample in is ``[engine] dtype``."""
 
-    RANGES: ClassVar[dict[str, Rule]] = {}
+    RANGES: ClassVar[dict[str, Rule]] = {"dtype": one_of("float32", "bfloat16", "auto")}
 
     name: str = "smollm2"
     device: str = "auto"
     thinking: bool = False
+    dtype: str = "float32"
 
 
 @dataclass

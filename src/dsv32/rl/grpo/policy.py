@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dsv32.engine.dtype import autocast, mixed_precision, sampling_copy
 from dsv32.engine.models import ByteTokenizer, ModelLoadError, load_model
 from dsv32.rl.grpo.loss import token_logprobs
 from dsv32.rl.grpo.tasks import Task
@@ -36,7 +37,10 @@ logger = logging.getLogger(__name__)
 class Policy:
     """``kind``: ``"hf"`` or ``"native"``; ``thinking``: for V3.2-format prompts, thinking mode;
     ``base_only``: the training forward runs with the model's LoRA adapter switched off (the base
-    model: GRPO's reference when the policy trains an adapter, :func:`dsv32.engine.lora.adapter_disabled`)."""
+    model: GRPO's reference when the policy trains an adapter, :func:`dsv32.engine.lora.adapter_disabled`);
+    ``autocast``: the dtype the training forward computes in under ``torch.autocast`` (bf16 mixed
+    precision: matmuls in bf16 with fp32 accumulation, the weights, their gradients and the optimizer
+    state fp32, log-probs from fp32 logits; :func:`with_precision`); None: the weights' own dtype."""
 
     model: nn.Module
     tokenizer: object
@@ -44,6 +48,7 @@ class Policy:
     thinking: bool = False
     source: str = ""
     base_only: bool = False
+    autocast: torch.dtype | None = None
 
     # ------------------------------------------------------------------ prompts
     @property
@@ -101,6 +106,10 @@ class Policy:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def precision(self):
+        """The context the training forwards run in: ``torch.autocast`` to :attr:`autocast`, or none."""
+        return autocast(self.device, self.autocast)
 
     # ------------------------------------------------------------------ training forward
     def action_logprobs(
@@ -167,7 +176,7 @@ class Policy:
         if trunk is not None and self.kind == "native":
             raise ValueError("a trunk forward needs a Hugging Face model; this policy is the native one")
         if self.kind == "native":
-            with _head_at(self.model, select):
+            with _head_at(self.model, select), self.precision():
                 out = self.model(
                     ids, attention_mask=mask, routing=routing, indexing=indexing, logits_to_keep=T
                 )
@@ -182,6 +191,7 @@ class Policy:
                 _head_at(self.model, select),
                 _only_layers(self.model, depth, None),
                 _forcing(self.model, indexing),
+                self.precision(),
             ):
                 out = self.model(
                     **inputs, attention_mask=mask, position_ids=positions, logits_to_keep=T, use_cache=False
@@ -241,7 +251,7 @@ class Policy:
         captured = []
         hook = decoder.norm.register_forward_pre_hook(lambda _module, args: captured.append(args[0]))
         try:
-            with _only_layers(self.model, 0, depth):
+            with _only_layers(self.model, 0, depth), self.precision():
                 decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
         finally:
             hook.remove()
@@ -317,6 +327,22 @@ def _used_columns(attention_mask: torch.Tensor, start: int) -> tuple[int, int]:
     first = int(used.int().argmax())
     last = attention_mask.shape[1] - int(used.flip(0).int().argmax())
     return min(first, start), max(last, start + 1)
+
+
+def with_precision(policy: Policy, dtype: str) -> Policy:
+    """``policy`` whose training forwards compute in ``dtype`` (``"float32"``, ``"bfloat16"`` or
+    ``"auto"``: bf16 where the device has native bf16; :func:`dsv32.engine.dtype.mixed_precision`).
+    The model is shared, not copied."""
+    return dataclasses.replace(policy, autocast=mixed_precision(policy.model, dtype))
+
+
+def sampling_policy(policy: Policy, dtype: str) -> Policy:
+    """``policy`` sampling in ``dtype`` (``[engine] dtype``): itself when its weights are in that
+    dtype, else the same policy on a copy of its model cast to it, holding the weights of the moment
+    (:func:`dsv32.engine.dtype.sampling_copy`) — what an evaluation outside the trainer samples with,
+    as the rollouts do."""
+    model = sampling_copy(policy.model, dtype)
+    return policy if model is policy.model else dataclasses.replace(policy, model=model)
 
 
 def load_policy(name: str, *, thinking: bool = False, device: str = "auto") -> Policy:

@@ -75,9 +75,9 @@ class SingleTurnTrainer(GRPOTrainer):
     def has_held_out(self) -> bool:
         return bool(self.held)
 
-    def held_out(self) -> dict:
+    def held_out(self, policy: Policy) -> dict:
         e = self.rl.eval
-        return evaluate(self.sampler, self.held, self.reward_fn, e.max_new_tokens, e.batch_size)
+        return evaluate(policy, self.held, self.reward_fn, e.max_new_tokens, e.batch_size)
 
     def identity(self) -> dict:
         return run_identity(self.rl.to_dict(), task_files(self.rl))

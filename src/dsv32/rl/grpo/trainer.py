@@ -28,6 +28,7 @@ process over the global batch. Rank 0 alone writes. Outputs under ``out_dir``: `
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -39,7 +40,7 @@ import torch
 
 from dsv32 import distributed
 from dsv32.engine.memory import release_free_memory
-from dsv32.rl.engines import RolloutEngine, build_engine, prepare_engine
+from dsv32.rl.engines import InProcessEngine, RolloutEngine, build_engine, prepare_engine
 from dsv32.rl.grpo import build
 from dsv32.rl.grpo.build import (
     UPDATES,
@@ -54,7 +55,7 @@ from dsv32.rl.grpo.build import (
 )
 from dsv32.rl.grpo.config import RLConfig
 from dsv32.rl.grpo.metrics import StepSamples, step_record
-from dsv32.rl.grpo.policy import Policy
+from dsv32.rl.grpo.policy import Policy, with_precision
 from dsv32.rl.grpo.rewards.setup import judge_counts
 from dsv32.rl.grpo.update import check_finite_policy, grpo_update, rl_guard
 from dsv32.runlog import RUN_OUTPUTS, read_metrics, truncate_metrics, write_json
@@ -119,7 +120,7 @@ class GRPOTrainer:
         self.trackers = Trackers()  # opened by fit
         torch.manual_seed(rl.seed)
         self.prepare()
-        self.policy = policy or self.load_policy()
+        self.policy = with_precision(policy or self.load_policy(), rl.policy.dtype)
         self.lora = adapt_policy(self.policy, rl.lora, rl.seed)  # before anything reads its parameters
         self.reward_fn = self.build_reward_fn()
         self.grpo = trained_grpo(rl.grpo, self.policy)
@@ -151,10 +152,21 @@ class GRPOTrainer:
         their advantages; this rank's part under ``torchrun``."""
         raise NotImplementedError
 
-    def held_out(self) -> dict | None:
-        """The held-out result of the current weights (greedy; every rank gets all of it), or None
-        when the recipe has no held-out items."""
+    def held_out(self, policy: Policy) -> dict | None:
+        """The held-out result of the current weights, sampled with ``policy``
+        (:meth:`evaluation_policy`; greedy; every rank gets all of it), or None when the recipe has
+        no held-out items."""
         return None
+
+    def evaluation_policy(self, step: int) -> Policy:
+        """What held-out evaluations sample with: the rollouts' model in the rollouts' dtype. With an
+        in-process engine that samples from a copy in another dtype (``[engine] dtype``) that copy,
+        refreshed to the weights of ``step``; otherwise :attr:`sampler` itself."""
+        e = self.engine
+        if isinstance(e, InProcessEngine) and e.model is not e.source:
+            e.sync(self.sampler.model, step)
+            return dataclasses.replace(self.sampler, model=e.model)
+        return self.sampler
 
     def identity(self) -> dict:
         """What determines the run (compared with a checkpoint's before resuming)."""
@@ -212,7 +224,7 @@ class GRPOTrainer:
         """:meth:`held_out` at ``step``, appended to ``path`` (rank 0) with its seconds."""
         refresh_replica(self.policy, self.sampler)
         t = time.time()
-        res = self.held_out() or {}
+        res = self.held_out(self.evaluation_policy(step)) or {}
         res |= {"step": step, "seconds": round(time.time() - t, 1)}
         if distributed.is_main():
             self.trackers.append(path, res, prefix="eval/")

@@ -36,12 +36,15 @@ class SFTConfigError(RecipeError):
 @dataclass
 class SFTModelConfig(Checked, error=SFTConfigError):
     """``name``: ``smollm2``, a Hugging Face model directory or a native V3.2 checkpoint (with its
-    tokenizer)."""
+    tokenizer). ``dtype``: what the forward computes in — ``"float32"``, ``"bfloat16"`` (mixed
+    precision: autocast over fp32 weights; gradients, optimizer state and the loss fp32) or
+    ``"auto"`` (bf16 where the device has native bf16)."""
 
-    RANGES: ClassVar[dict[str, Rule]] = {}
+    RANGES: ClassVar[dict[str, Rule]] = {"dtype": one_of("float32", "bfloat16", "auto")}
 
     name: str = "smollm2"
     device: str = "auto"
+    dtype: str = "float32"
 
 
 @dataclass

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from dsv32 import distributed
+from dsv32.engine.dtype import autocast, mixed_precision
 from dsv32.runlog import (
     RUN_OUTPUTS,
     file_digest,
@@ -113,8 +114,16 @@ def step_rows(step: int, n_rows: int, cfg: SFTTrainConfig) -> list[int]:
     return out
 
 
-def loss_sum(sm: SFTModel, batch: dict[str, torch.Tensor], packed: bool) -> tuple[torch.Tensor, int]:
-    """Σ of −log π over the batch's loss tokens, and their count."""
+def loss_sum(
+    sm: SFTModel, batch: dict[str, torch.Tensor], packed: bool, precision: torch.dtype | None = None
+) -> tuple[torch.Tensor, int]:
+    """Σ of −log π over the batch's loss tokens, and their count; ``precision``: the forward's
+    autocast dtype (:func:`~dsv32.engine.dtype.mixed_precision`; the loss is fp32 either way)."""
+    with autocast(sm.device, precision):
+        return _loss_sum(sm, batch, packed)
+
+
+def _loss_sum(sm: SFTModel, batch: dict[str, torch.Tensor], packed: bool) -> tuple[torch.Tensor, int]:
     dev = sm.device
     ids, targets = batch["input_ids"].to(dev), batch["targets"].to(dev)
     positions, segments = batch["position_ids"].to(dev), batch["segments"].to(dev)
@@ -131,17 +140,24 @@ def loss_sum(sm: SFTModel, batch: dict[str, torch.Tensor], packed: bool) -> tupl
         logits = (
             bound(ids, mask, positions, keep) if bound else kept_logits(sm.model, ids, mask, positions, keep)
         )
-    return torch.nn.functional.cross_entropy(logits.float(), targets[keep], reduction="sum"), n
+    with autocast(dev, None):  # the loss over the vocabulary in fp32
+        return torch.nn.functional.cross_entropy(logits.float(), targets[keep], reduction="sum"), n
 
 
 @torch.no_grad()
-def eval_loss(sm: SFTModel, examples: list[Example], rows: list[list[int]], cfg: SFTConfig) -> float:
+def eval_loss(
+    sm: SFTModel,
+    examples: list[Example],
+    rows: list[list[int]],
+    cfg: SFTConfig,
+    precision: torch.dtype | None = None,
+) -> float:
     was = sm.model.training
     sm.model.eval()
     total, count = 0.0, 0
     for a in range(0, len(rows), cfg.train.batch_size):
         batch = collate(examples, rows[a : a + cfg.train.batch_size], sm.pad_id)
-        s, n = loss_sum(sm, batch, cfg.data.packing)
+        s, n = loss_sum(sm, batch, cfg.data.packing, precision)
         total, count = total + float(s), count + n
     sm.model.train(was)
     return total / max(1, count)
@@ -230,6 +246,7 @@ def train_sft(
     held = _encode(sm, cfg.data.eval_path, cfg) if cfg.data.eval_path else None
     held_rows = make_rows(held[0], cfg.data.seq_len, cfg.data.packing) if held else []
     total = total_steps(tc, len(rows))
+    precision = mixed_precision(sm.model, cfg.model.dtype)  # bf16: autocast over the fp32 weights
     out = Path(cfg.out_dir)
     optimizer = torch.optim.AdamW(_param_groups(sm, tc), lr=tc.lr, betas=tuple(tc.betas))
     ckpts = distributed.ShardedCheckpoints(
@@ -259,12 +276,12 @@ def train_sft(
     )
     try:
         while step < last:
-            record = _step(sm, optimizer, examples, rows, cfg, step, total)
+            record = _step(sm, optimizer, examples, rows, cfg, step, total, precision)
             step += 1
             record["seconds"] = round(time.time() - start, 2)
             record["world_size"] = w.size
             if held and ((tc.eval_every and step % tc.eval_every == 0) or step == total):
-                record["eval_loss"] = eval_loss(sm, held[0], held_rows, cfg)
+                record["eval_loss"] = eval_loss(sm, held[0], held_rows, cfg, precision)
             if w.main and (step % tc.log_every == 0 or step == last or "eval_loss" in record):
                 trackers.append(metrics_path, record)
             bar.set_postfix(loss=f"{record['loss']:.4f}")
@@ -330,7 +347,16 @@ def _param_groups(sm: SFTModel, tc: SFTTrainConfig) -> list[dict]:
     return groups
 
 
-def _step(sm: SFTModel, optimizer, examples, rows, cfg: SFTConfig, step: int, total: int) -> dict:
+def _step(
+    sm: SFTModel,
+    optimizer,
+    examples,
+    rows,
+    cfg: SFTConfig,
+    step: int,
+    total: int,
+    precision: torch.dtype | None,
+) -> dict:
     tc = cfg.train
     factor = lr_factor(step, total, tc)
     for group in optimizer.param_groups:
@@ -343,7 +369,7 @@ def _step(sm: SFTModel, optimizer, examples, rows, cfg: SFTConfig, step: int, to
         a = share.micro * tc.batch_size
         part = picked[a + share.start : a + share.stop]
         distributed.set_gradient_sync(sm.model, k == len(shares) - 1)  # one reduce per step
-        s, _ = loss_sum(sm, collate(examples, part, sm.pad_id), cfg.data.packing)
+        s, _ = loss_sum(sm, collate(examples, part, sm.pad_id), cfg.data.packing, precision)
         (s / n_total).backward()
         loss_value += float(s.detach()) / n_total
     loss_value = distributed.all_sum([loss_value])[0]
