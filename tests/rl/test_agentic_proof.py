@@ -133,7 +133,9 @@ def test_the_curve_counts_an_evaluation_over_its_first_tasks():
 def test_the_paired_comparison_counts_the_tasks_only_one_stage_solved():
     # 10 tasks: 7 only the second solved, 1 only the first; exact McNemar: 2 · P(X ≤ 1 | 8, 1/2)
     paired = paired_change(_outcomes("1100000000"), _outcomes("0111111110"))
-    assert paired == {"solved_only_after": 7, "solved_only_before": 1, "mcnemar_p": round(2 * 9 / 256, 6)}
+    assert paired == {"solved_only_after": 7, "solved_only_before": 1, "mcnemar_p": 0.07031}  # 2 · 9 / 256
+    one_sided = paired_change(_outcomes("0" * 23), _outcomes("1" * 23))
+    assert one_sided["mcnemar_p"] == 2.384e-07 and one_sided["solved_only_before"] == 0  # 2 / 2^23, not 0
     assert paired_change(_outcomes("10"), _outcomes("10"))["mcnemar_p"] == 1.0  # no discordant task
     assert paired_change(_outcomes("10"), _outcomes("100")) is None  # not the same tasks
     assert paired_change({}, _outcomes("1")) is None

@@ -130,7 +130,7 @@ def paired_change(before: dict, after: dict) -> dict[str, Any] | None:
     return {
         "solved_only_after": gained,
         "solved_only_before": lost,
-        "mcnemar_p": round(min(1.0, 2 * tail), 6),
+        "mcnemar_p": float(f"{min(1.0, 2 * tail):.4g}"),  # significant digits: a small p stays > 0
     }
 
 
