@@ -1,4 +1,4 @@
-"""The first GRPO update's log ratio with bf16 rollouts and an fp32 trainer.
+"""The first GRPO update's log ratio with bf16 rollouts and an fp32 (or bf16 mixed-precision) trainer.
 
 For each policy, a rollout batch is sampled by the in-process engine in float32 (the trainer's own
 model) and in bfloat16 (its bf16 copy, ``[engine] dtype = "bfloat16"``), with the same seed, top-p and
@@ -9,7 +9,8 @@ engine's sampling log-probs: max and mean |log π_θ − log π_old| over the ac
 Policies: SmolLM2-135M-Instruct on the arithmetic word problems of ``configs/rl-smollm2-arith.toml``
 (temperature 0.8, top-p 0.95), and the tiny random Llama and V3.2 of the tests on short prompts (the
 V3.2 also with Keep Routing and Keep Indexing: the trainer replays the bf16 engine's expert choices and
-indexer selections).
+indexer selections). ``bfloat16_trainer``: bf16 rollouts against the trainer's forward under bf16
+autocast (``[policy] dtype = "bfloat16"``, the weights fp32).
 
     python benchmarks/rl_bf16_ratio.py [--prompts 4] [--group 8] [--new-tokens 64] [--quick]
 
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 
 from dsv32.rl.engines import InProcessEngine
-from dsv32.rl.grpo.policy import load_policy
+from dsv32.rl.grpo.policy import load_policy, with_precision
 from dsv32.rl.grpo.rollout import SamplingConfig, rollout
 from dsv32.rl.grpo.tasks import ArithmeticWordProblems, Task
 
@@ -38,17 +39,21 @@ def tasks_for(name: str, n: int) -> list[Task]:
 
 
 @torch.no_grad()
-def log_ratios(policy, tasks: list[Task], args, dtype: str, replay: bool = False) -> dict:
-    """Max and mean |log ratio| of the fp32 trainer against the ``dtype`` engine over one batch;
-    ``replay``: the trainer replays the engine's expert choices and indexer selections (Keep Routing,
-    Keep Indexing; the native model)."""
+def log_ratios(
+    policy, tasks: list[Task], args, dtype: str, replay: bool = False, trainer_dtype: str = "float32"
+) -> dict:
+    """Max and mean |log ratio| of the ``trainer_dtype`` trainer against the ``dtype`` engine over one
+    batch; ``replay``: the trainer replays the engine's expert choices and indexer selections (Keep
+    Routing, Keep Indexing; the native model)."""
     engine = InProcessEngine(policy.model, dtype=dtype)
     params = SamplingConfig(temperature=0.8, top_p=0.95, max_new_tokens=args.new_tokens)
     batch = rollout(
         policy, tasks, args.group, params, generator=torch.Generator().manual_seed(0), engine=engine,
         keep_routing=replay, keep_indexing=replay,
     )  # fmt: skip
-    trainer = policy.action_logprobs(**batch.rows(torch.arange(len(batch))), temperature=0.8)
+    trainer = with_precision(policy, trainer_dtype).action_logprobs(
+        **batch.rows(torch.arange(len(batch))), temperature=0.8
+    )
     diff = (trainer - batch.sampling_logprobs)[batch.action_mask].abs()
     return {
         "tokens": int(diff.numel()),
@@ -75,6 +80,9 @@ def main() -> None:
         policy = load_policy(name, device="cpu")
         tasks = tasks_for(name, args.prompts)
         result[name] = {dtype: log_ratios(policy, tasks, args, dtype) for dtype in ("float32", "bfloat16")}
+        result[name]["bfloat16_trainer"] = log_ratios(
+            policy, tasks, args, "bfloat16", trainer_dtype="bfloat16"
+        )
         if policy.kind == "native":
             result[name]["bfloat16_replayed"] = log_ratios(policy, tasks, args, "bfloat16", replay=True)
         print(name, json.dumps(result[name]))

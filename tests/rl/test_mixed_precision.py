@@ -21,8 +21,10 @@ from dsv32.train.sft import SFTConfigError, load_sft_config, loss_sum, train_sft
 from dsv32.train.sft.data import collate, encode_example, make_rows
 from dsv32.train.sft.model import prepare_sft_model
 
-#: bf16 matmuls against fp32 on the tiny models, per token log-prob (8 significant bits)
-BF16_LOGPROB = 0.02
+#: bf16 matmuls against fp32, per token log-prob (8 significant bits); on the tiny V3.2 a bf16 score
+#: now and then flips one of the indexer's top-k selections or an expert choice (as bf16 sampling
+#: does, tests/rl/test_bf16_engine.py), moving that token's log-prob further
+BF16_LOGPROB = {"tiny-llama": 0.02, "tiny-native": 0.3}
 
 
 def _linear_output_dtypes(model: torch.nn.Module):
@@ -54,7 +56,7 @@ def test_a_bf16_training_forward_runs_its_matmuls_in_bf16_and_its_gradients_in_f
     assert with_precision(policy, "float32").autocast is None
     mixed = with_precision(policy, "bfloat16")
     assert mixed.autocast is torch.bfloat16 and mixed.model is policy.model  # shared, not copied
-    params = SamplingConfig(temperature=1.0, max_new_tokens=6)
+    params = SamplingConfig(temperature=1.0, max_new_tokens=24)  # past the tiny V3.2's top-k: sparse
     batch = rollout(policy, LETTER_TASKS, 2, params, generator=torch.Generator().manual_seed(0))
     rows = batch.rows(torch.arange(len(batch)))
     with torch.no_grad():
@@ -69,7 +71,12 @@ def test_a_bf16_training_forward_runs_its_matmuls_in_bf16_and_its_gradients_in_f
     assert half.dtype is torch.float32
     mask = batch.action_mask
     diff = (half.detach() - full)[mask].abs()
-    assert 0 < float(diff.max()) < BF16_LOGPROB  # bf16 arithmetic, close to fp32's
+    assert 0 < float(diff.max()) < BF16_LOGPROB[name]  # bf16 arithmetic, close to fp32's
+    with torch.no_grad():  # the reference's and a recomputed π_old's forward: the model's inference path
+        reference = mixed.action_logprobs(**rows)
+    assert (
+        reference.dtype is torch.float32 and float((reference - full)[mask].abs().max()) < BF16_LOGPROB[name]
+    )
     half[mask].sum().backward()
     grads = [p.grad for p in policy.model.parameters() if p.grad is not None]
     assert grads and all(g.dtype is torch.float32 and torch.isfinite(g).all() for g in grads)
@@ -83,7 +90,7 @@ def test_a_grpo_step_in_bf16_keeps_fp32_weights_and_optimizer_state_and_stays_ne
     before = {k: v.detach().clone() for k, v in trainer.policy.model.named_parameters()}
     result = trainer.fit()
     m = result.metrics[0]
-    assert 0 < m["first_update_abs_log_ratio"] < BF16_LOGPROB  # bf16 sampling, bf16 training forward
+    assert 0 < m["first_update_abs_log_ratio"] < BF16_LOGPROB["tiny-llama"]  # bf16 sampling and training
     after = dict(trainer.policy.model.named_parameters())
     assert all(p.dtype is torch.float32 for p in after.values())
     assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained

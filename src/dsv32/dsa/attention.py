@@ -381,6 +381,17 @@ def sparse_mla_attention_reference(
     return torch.einsum("bhts,bsc->bthc", probs, kv[..., :v_dim].float()).to(q.dtype)
 
 
+def _autocast_inputs(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """``tensors`` in the dtype of the autocast region they are in (a model's bf16 queries beside its
+    fp32-normed latents), unchanged outside one."""
+    first = next(t for t in tensors if t is not None)
+    kind = first.device.type
+    if not torch.is_autocast_enabled(kind):
+        return tensors
+    dtype = torch.get_autocast_dtype(kind)
+    return tuple(t if t is None or not t.is_floating_point() else t.to(dtype) for t in tensors)
+
+
 def _check_mla_inputs(q, kv, topk_indices, v_dim, k_rope=None, q_rope=None) -> None:
     """The shapes :func:`sparse_mla_attention` needs, as a ``ValueError`` naming the mismatch."""
     if q.dim() != 4 or kv.dim() != 3 or topk_indices.dim() != 3:
@@ -432,8 +443,10 @@ def sparse_mla_attention(
     pay — see :mod:`dsv32.dsa.union`.) On CUDA
     without autograd a fused Triton kernel runs instead (:mod:`dsv32.dsa.kernels.gpu`); on the CPU in
     fp32 or bf16 without autograd (and without ``chunk_size``, which tunes the torch path) a fused C
-    kernel (:mod:`dsv32.dsa.kernels.cpu`), whose output is a heads-major view.
+    kernel (:mod:`dsv32.dsa.kernels.cpu`), whose output is a heads-major view. Under ``torch.autocast``
+    (bf16 mixed-precision training) the inputs are taken in autocast's dtype, as its matmuls would.
     """
+    q, kv, k_rope, q_rope = _autocast_inputs(q, kv, k_rope, q_rope)
     _check_mla_inputs(q, kv, topk_indices, v_dim, k_rope, q_rope)
     grad = _needs_grad(q, kv, k_rope, q_rope)
     if (
