@@ -381,15 +381,14 @@ def sparse_mla_attention_reference(
     return torch.einsum("bhts,bsc->bthc", probs, kv[..., :v_dim].float()).to(q.dtype)
 
 
-def _autocast_inputs(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-    """``tensors`` in the dtype of the autocast region they are in (a model's bf16 queries beside its
-    fp32-normed latents), unchanged outside one."""
-    first = next(t for t in tensors if t is not None)
-    kind = first.device.type
+def _autocast_inputs(q: torch.Tensor, *others: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """``q`` and ``others`` in the dtype of the autocast region they are in (a model's bf16 queries
+    beside its fp32-normed latents), unchanged outside one."""
+    kind = q.device.type
     if not torch.is_autocast_enabled(kind):
-        return tensors
+        return (q, *others)
     dtype = torch.get_autocast_dtype(kind)
-    return tuple(t if t is None or not t.is_floating_point() else t.to(dtype) for t in tensors)
+    return tuple(t if t is None else t.to(dtype) for t in (q, *others))
 
 
 def _check_mla_inputs(q, kv, topk_indices, v_dim, k_rope=None, q_rope=None) -> None:

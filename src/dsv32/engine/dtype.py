@@ -150,10 +150,11 @@ def cast_model(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
 
 
 def mixed_precision(model: torch.nn.Module, dtype: str | torch.dtype) -> torch.dtype | None:
-    """The ``torch.autocast`` dtype of a training forward over ``model``'s weights in ``dtype``
-    (:func:`resolve_dtype`): bf16 mixed precision over fp32 weights (matmuls in bf16 with fp32
-    accumulation; the weights, their gradients and the optimizer state stay fp32); None when it is
-    the weights' own dtype (the forward runs as it is)."""
+    """``dtype`` (:func:`resolve_dtype` on ``model``'s device) where it is not the dtype ``model``'s
+    weights compute in, else None: the ``torch.autocast`` dtype of a training forward (bf16 mixed
+    precision over fp32 weights — matmuls in bf16 with fp32 accumulation; the weights, their
+    gradients and the optimizer state stay fp32), or the dtype of a sampling copy
+    (:func:`sampling_copy`). None: the model runs as it is."""
     target = resolve_dtype(dtype, next(model.parameters()).device)
     return None if target == model_dtype(model) else target
 
@@ -169,8 +170,8 @@ def sampling_copy(model: torch.nn.Module, dtype: str | torch.dtype) -> torch.nn.
     """``model`` itself when it already computes in ``dtype`` (:func:`resolve_dtype`), else a copy of
     it cast to that dtype (:func:`cast_model`; eval mode, no gradients): what samples from a trainer's
     fp32 weights in bf16. The copy holds the weights of the moment; :func:`copy_weights` refreshes it."""
-    target = resolve_dtype(dtype, next(model.parameters()).device)
-    if target == model_dtype(model):
+    target = mixed_precision(model, dtype)
+    if target is None:
         return model
     return cast_model(copy.deepcopy(model), target).eval().requires_grad_(False)
 

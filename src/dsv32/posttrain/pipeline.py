@@ -127,7 +127,7 @@ class ProofRun(StagedRun):
     def max_new(self) -> int:
         return self.recipe.rl.rl.sampling.max_new_tokens
 
-    def sampling_policy(self) -> Policy:
+    def evaluator(self) -> Policy:
         """What an evaluation samples with: the model in memory in the rollouts' dtype
         (``[rl.engine] dtype``; a bf16 copy of the weights of the moment, or the model itself)."""
         return sampling_policy(self.policy, self.recipe.rl.rl.engine.dtype)
@@ -137,11 +137,11 @@ class ProofRun(StagedRun):
 
     def evaluate(self, stage: str) -> None:
         """Greedy episodes on the held-out tasks (``eval_{stage}.json``) and, with ``[transfer]``, on
-        the transfer environment's tasks (``transfer_{stage}.json``)."""
+        the transfer environment's tasks (``transfer_{stage}.json``), both sampled by one
+        :meth:`evaluator`."""
+        policy = self.evaluator()
         with self.timed(f"eval_{stage}"):
-            summary = agentic.evaluate_agentic(
-                self.sampling_policy(), self.items(self.heldout), self.settings, self.max_new
-            )
+            summary = agentic.evaluate_agentic(policy, self.items(self.heldout), self.settings, self.max_new)
         self.evals[stage] = summary
         self.write_json(f"eval_{stage}.json", summary)
         print(
@@ -149,17 +149,15 @@ class ProofRun(StagedRun):
             flush=True,
         )
         if self.transfer_items:
-            self.evaluate_transfer(stage)
+            self.evaluate_transfer(stage, policy)
 
-    def evaluate_transfer(self, stage: str) -> None:
+    def evaluate_transfer(self, stage: str, policy: Policy) -> None:
         t, settings = self.recipe.transfer, self.settings
         other = EpisodeSettings(
             t.prompt, t.max_steps, settings.thinking, tool_timeout_s=settings.tool_timeout_s
         )
         with self.timed(f"transfer_{stage}"):
-            self.transfer[stage] = agentic.evaluate_agentic(
-                self.sampling_policy(), self.transfer_items, other, self.max_new
-            )
+            self.transfer[stage] = agentic.evaluate_agentic(policy, self.transfer_items, other, self.max_new)
         self.write_json(f"transfer_{stage}.json", self.transfer[stage])
         print(f"{stage}: transfer ({t.env}) accuracy {self.transfer[stage]['accuracy']:.3f}", flush=True)
 
@@ -194,7 +192,7 @@ class ProofRun(StagedRun):
             return
         with self.timed("rl_pool"):
             passed = agentic.evaluate_agentic(
-                self.sampling_policy(), self.items(self.train), self.settings, self.max_new
+                self.evaluator(), self.items(self.train), self.settings, self.max_new
             )
         self.write_json("rl_pool_sft.json", passed)
         self.pool = r.use_rl_pool(self.train, {o["id"] for o in passed["outcomes"] if o["correct"]})

@@ -119,11 +119,6 @@ def loss_sum(
 ) -> tuple[torch.Tensor, int]:
     """Σ of −log π over the batch's loss tokens, and their count; ``precision``: the forward's
     autocast dtype (:func:`~dsv32.engine.dtype.mixed_precision`; the loss is fp32 either way)."""
-    with autocast(sm.device, precision):
-        return _loss_sum(sm, batch, packed)
-
-
-def _loss_sum(sm: SFTModel, batch: dict[str, torch.Tensor], packed: bool) -> tuple[torch.Tensor, int]:
     dev = sm.device
     ids, targets = batch["input_ids"].to(dev), batch["targets"].to(dev)
     positions, segments = batch["position_ids"].to(dev), batch["segments"].to(dev)
@@ -131,17 +126,19 @@ def _loss_sum(sm: SFTModel, batch: dict[str, torch.Tensor], packed: bool) -> tup
     n = int(keep.sum())
     if packed:
         check_packing(sm)
-    if sm.kind == "native":
-        logits = sm.model(ids, attention_mask=(segments >= 0).long(), position_ids=positions).logits[keep]
-    else:
-        # packed: no mask, so transformers derives the block-diagonal one from the restarting positions
-        mask = None if packed else (segments >= 0).long()
-        bound = getattr(sm.model, "kept_logits", None)  # the FSDP-wrapped method of a sharded model
-        logits = (
-            bound(ids, mask, positions, keep) if bound else kept_logits(sm.model, ids, mask, positions, keep)
-        )
-    with autocast(dev, None):  # the loss over the vocabulary in fp32
-        return torch.nn.functional.cross_entropy(logits.float(), targets[keep], reduction="sum"), n
+    with autocast(dev, precision):
+        if sm.kind == "native":
+            logits = sm.model(ids, attention_mask=(segments >= 0).long(), position_ids=positions).logits[keep]
+        else:
+            # packed: no mask, so transformers derives the block-diagonal one from the restarting positions
+            mask = None if packed else (segments >= 0).long()
+            bound = getattr(sm.model, "kept_logits", None)  # the FSDP-wrapped method of a sharded model
+            logits = (
+                bound(ids, mask, positions, keep)
+                if bound
+                else kept_logits(sm.model, ids, mask, positions, keep)
+            )
+    return torch.nn.functional.cross_entropy(logits.float(), targets[keep], reduction="sum"), n
 
 
 @torch.no_grad()
